@@ -1,0 +1,41 @@
+"""The ``fp8lab`` command: a thin dispatcher onto the library modules.
+
+Each sub-command lives in the module that does the work; this file only routes
+argv there, so adding a command never means touching another module's code.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# sub-command -> (module, function taking argv list and returning an exit code, help)
+COMMANDS = {
+    "env": ("fp8lab.env", "main", "what this machine can do for FP8 (GPU, TE, torchao, backends)"),
+    "notebooks": ("fp8lab.notebooks", "main", "execute the tutorial notebooks with papermill"),
+    "train": ("fp8lab.train", "main", "train a model in BF16 or FP8 (CPU, GPUs, torchrun, SageMaker)"),
+    "launch": ("fp8lab.launch", "main", "plan / launch BF16 vs FP8 sweeps as SageMaker jobs"),
+    "report": ("fp8lab.analysis", "report_main", "turn runs into one self-contained HTML report"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        parser = argparse.ArgumentParser(prog="fp8lab", description=__doc__.splitlines()[0])
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+        for name, (_, _, help_) in COMMANDS.items():
+            sub.add_parser(name, help=help_)
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"fp8lab: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module, func, _ = COMMANDS[name]
+    result = getattr(importlib.import_module(module), func)(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

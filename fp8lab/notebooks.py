@@ -1,0 +1,239 @@
+"""Run the tutorial notebooks with papermill, and pass values from a notebook back to Python.
+
+Notebooks stay thin: each has one cell tagged ``parameters``; this module injects
+values there (rejecting names the notebook does not declare, which papermill alone
+only warns about), executes in order, and stops with the notebook, cell and error
+that failed. ``glue``/``read_glued`` let tests assert on numbers a notebook computed.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+GLUE_MIME = "application/x.fp8lab.glue+json"
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+class NotebookError(RuntimeError):
+    """A notebook failed; the message names the notebook, the cell and the error."""
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    ok: bool
+    seconds: float
+    output: Path
+    error: str | None = None
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Record a JSON-serialisable value in the executed notebook, for tests and reports."""
+    from IPython.display import display as ipy_display
+
+    data = {GLUE_MIME: {"name": name, "value": value}}
+    if display:
+        data["text/plain"] = f"{name} = {value!r}"
+    ipy_display(data, raw=True)
+
+
+def read_glued(path: str | Path) -> dict[str, Any]:
+    """Values recorded with :func:`glue` in an executed notebook, by name."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    out: dict[str, Any] = {}
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            payload = o.get("data", {}).get(GLUE_MIME)
+            if payload is not None:
+                if isinstance(payload, str):
+                    payload = json.loads(payload)
+                out[payload["name"]] = payload["value"]
+    return out
+
+
+def list_notebooks(directory: str | Path | None = None) -> list[Path]:
+    """The numbered notebooks, in order."""
+    d = Path(directory) if directory else NOTEBOOK_DIR
+    return sorted(p for p in d.glob("[0-9][0-9]_*.ipynb"))
+
+
+def resolve(names: Iterable[str] | None, directory: str | Path | None = None) -> list[Path]:
+    """Map names ('01', '01_fp8_formats', a path) onto notebook files, with a clear error."""
+    available = list_notebooks(directory)
+    if not names:
+        return available
+    chosen = []
+    for name in names:
+        p = Path(name)
+        if p.suffix == ".ipynb" and p.exists():
+            chosen.append(p)
+            continue
+        stem = p.stem if p.suffix == ".ipynb" else name
+        hits = [nb for nb in available if nb.stem == stem or nb.stem.startswith(stem + "_") or nb.stem.split("_")[0] == stem]
+        if len(hits) != 1:
+            valid = ", ".join(nb.stem for nb in available)
+            raise ValueError(f"notebook {name!r} not found (or ambiguous); choose from: {valid}")
+        chosen.append(hits[0])
+    return chosen
+
+
+def declared_parameters(path: str | Path) -> dict[str, Any]:
+    """Names and default values in the notebook's cell tagged ``parameters``."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise NotebookError(f"{Path(path).name}: expected exactly one cell tagged 'parameters', found {len(cells)}")
+    params: dict[str, Any] = {}
+    for node in ast.parse(cells[0].source).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    try:
+                        params[t.id] = ast.literal_eval(node.value)
+                    except Exception:
+                        params[t.id] = ast.unparse(node.value)
+    return params
+
+
+def check_parameters(path: str | Path, params: dict[str, Any]) -> None:
+    """Reject parameter names the notebook does not declare, listing the valid ones."""
+    valid = declared_parameters(path)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"{Path(path).name}: unknown parameter(s) {', '.join(unknown)}; "
+            f"valid parameters are: {', '.join(sorted(valid))}"
+        )
+
+
+def _failure_message(nb_name: str, exc: Exception, executed: Path) -> str:
+    """Find the failing cell in the executed copy and say which it was and why."""
+    import nbformat
+
+    detail = f"{type(exc).__name__}: {exc}".strip()
+    try:
+        nb = nbformat.read(str(executed), as_version=4)
+        code_cells = [c for c in nb.cells if c.cell_type == "code"]
+        for i, cell in enumerate(code_cells, start=1):
+            for o in cell.get("outputs", []):
+                if o.get("output_type") == "error":
+                    first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+                    return (
+                        f"notebook {nb_name} failed in code cell {i} ({first[:80]!r}): "
+                        f"{o.get('ename')}: {o.get('evalue')}\n(executed copy: {executed})"
+                    )
+    except Exception:
+        pass
+    return f"notebook {nb_name} failed: {detail.splitlines()[0] if detail else ''}\n(executed copy: {executed})"
+
+
+def coerce(value: str) -> Any:
+    """Parse a CLI parameter value as a Python literal when it is one ('3', 'True', "['a']")."""
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def run(
+    names: Iterable[str] | None = None,
+    params: dict[str, Any] | None = None,
+    output_dir: str | Path = "outputs",
+    kernel: str = "python3",
+    stop_on_error: bool = True,
+    progress: bool = True,
+    directory: str | Path | None = None,
+) -> list[NotebookResult]:
+    """Execute notebooks in order with papermill; parameters go to every notebook that declares them.
+
+    When several notebooks run, a parameter is injected only into those that declare it, and a
+    name no chosen notebook declares is rejected. With a single notebook every name must be valid.
+    """
+    import papermill as pm
+    from tqdm.auto import tqdm
+
+    params = dict(params or {})
+    paths = resolve(names, directory)
+    if not paths:
+        raise NotebookError("no notebooks found")
+    declared = {p: declared_parameters(p) for p in paths}
+    if len(paths) == 1:
+        check_parameters(paths[0], params)
+    else:
+        everything = set().union(*declared.values())
+        unknown = sorted(set(params) - everything)
+        if unknown:
+            raise ValueError(
+                f"unknown parameter(s) {', '.join(unknown)} for notebooks {', '.join(p.stem for p in paths)}; "
+                f"valid parameters are: {', '.join(sorted(everything))}"
+            )
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[NotebookResult] = []
+    bar = tqdm(paths, desc="notebooks", unit="nb", disable=not progress)
+    for path in bar:
+        bar.set_postfix_str(path.stem)
+        nb_params = {k: v for k, v in params.items() if k in declared[path]}
+        workdir = out / path.stem
+        workdir.mkdir(parents=True, exist_ok=True)
+        executed = out / path.name
+        t0 = time.perf_counter()
+        try:
+            pm.execute_notebook(
+                str(path), str(executed), parameters=nb_params, kernel_name=kernel,
+                cwd=str(workdir), progress_bar=False, log_output=False,
+            )
+            results.append(NotebookResult(path.stem, True, time.perf_counter() - t0, executed))
+        except Exception as exc:  # papermill raises PapermillExecutionError with the cell's error
+            msg = _failure_message(path.name, exc, executed)
+            results.append(NotebookResult(path.stem, False, time.perf_counter() - t0, executed, msg))
+            if stop_on_error:
+                bar.close()
+                raise NotebookError(msg) from None
+    return results
+
+
+def summary(results: list[NotebookResult]) -> str:
+    lines = [f"{'notebook':<32} {'status':<7} {'seconds':>8}"]
+    for r in results:
+        lines.append(f"{r.name:<32} {'ok' if r.ok else 'FAILED':<7} {r.seconds:>8.1f}")
+    ok = sum(r.ok for r in results)
+    lines.append(f"{ok}/{len(results)} notebooks ok")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fp8lab notebooks", description="Execute tutorial notebooks with papermill.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    r = sub.add_parser("run", help="execute notebooks in order (all by default)")
+    r.add_argument("names", nargs="*", help="notebook names or numbers, e.g. 01 or 02_convert_to_te")
+    r.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="inject a parameter (value parsed as a Python literal when possible)")
+    r.add_argument("-o", "--output-dir", default="outputs")
+    r.add_argument("-k", "--kernel", default="python3")
+    r.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
+    sub.add_parser("list", help="list notebooks and their parameters")
+    args = parser.parse_args(argv)
+    if args.action == "list":
+        for p in list_notebooks():
+            print(f"{p.stem}: {declared_parameters(p)}")
+        return 0
+    params = {k: coerce(v) for k, v in args.parameter}
+    try:
+        results = run(args.names or None, params, args.output_dir, args.kernel, stop_on_error=not args.keep_going)
+    except (NotebookError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(summary(results))
+    return 0 if all(r.ok for r in results) else 1
