@@ -1,0 +1,124 @@
+"""What this machine can do for FP8 training, and why not where it cannot.
+
+FP8 tensor cores exist from compute capability 8.9 (Ada) and 9.0 (Hopper); Transformer
+Engine and torchao need CUDA. Users ask this first, so it must never crash: every probe
+is wrapped and turns failures into a reason string.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+@dataclass
+class EnvReport:
+    python: str
+    platform: str
+    torch: str | None
+    cuda: str | None
+    gpu_count: int
+    gpu_name: str | None
+    compute_capability: str | None
+    fp8_tensor_cores: bool
+    fp8_reason: str | None
+    transformer_engine: str | None
+    transformer_engine_error: str | None
+    torchao: str | None
+    torchao_error: str | None
+    transformers: str | None
+    backends: dict[str, str | None] = field(default_factory=dict)
+
+    def usable_backends(self) -> list[str]:
+        return [name for name, why in self.backends.items() if why is None]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        yes = lambda ok: "yes" if ok else "no"  # noqa: E731
+        lines = [
+            f"python               {self.python} ({self.platform})",
+            f"torch                {self.torch or 'not installed'}"
+            + (f" (CUDA {self.cuda})" if self.cuda else " (CPU build)" if self.torch else ""),
+            f"transformers         {self.transformers or 'not installed'}",
+            f"GPU                  {self.gpu_name or 'none'}"
+            + (f" x{self.gpu_count}, compute capability {self.compute_capability}" if self.gpu_name else ""),
+            f"FP8 tensor cores     {yes(self.fp8_tensor_cores)}" + (f" ({self.fp8_reason})" if self.fp8_reason else ""),
+            f"Transformer Engine   {self.transformer_engine or 'no: ' + str(self.transformer_engine_error)}",
+            f"torchao              {self.torchao or 'no: ' + str(self.torchao_error)}",
+            "backends:",
+        ]
+        for name, why in self.backends.items():
+            lines.append(f"  {name:<10} {'usable' if why is None else 'not usable: ' + why}")
+        return "\n".join(lines)
+
+
+def _version(module: str) -> tuple[str | None, str | None]:
+    """(version, None) when the module imports, else (None, short reason)."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # ImportError, or a broken CUDA library (OSError, RuntimeError)
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, f"{type(exc).__name__}: {msg[:160]}"
+    return str(getattr(mod, "__version__", "unknown")), None
+
+
+def report() -> EnvReport:
+    """Probe torch, the GPU, Transformer Engine and torchao; never raises."""
+    torch_version, _ = _version("torch")
+    cuda = gpu_name = cc = None
+    count = 0
+    fp8 = False
+    fp8_reason: str | None = "torch is not installed"
+    if torch_version:
+        import torch
+
+        cuda = torch.version.cuda
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            gpu_name = torch.cuda.get_device_name(0)
+            major, minor = torch.cuda.get_device_capability(0)
+            cc = f"{major}.{minor}"
+            fp8 = (major, minor) >= FP8_MIN_CAPABILITY
+            fp8_reason = None if fp8 else f"{gpu_name} has compute capability {cc}; FP8 needs >= 8.9 (Ada/Hopper)"
+        else:
+            fp8_reason = "no CUDA GPU visible" + ("" if cuda else " (this torch is a CPU build)")
+    te_version, te_error = _version("transformer_engine.pytorch") if torch_version else (None, "needs torch")
+    if te_version == "unknown":
+        te_version, _ = _version("transformer_engine")
+    ao_version, ao_error = _version("torchao") if torch_version else (None, "needs torch")
+    hf_version, _ = _version("transformers")
+    backends: dict[str, str | None]
+    try:
+        from fp8lab.convert import available_backends
+
+        backends = dict(available_backends())
+    except Exception as exc:  # the conversion layer itself failed to import
+        backends = {"emulated": None if torch_version else "needs torch",
+                    "te": f"fp8lab.convert failed to import: {exc}", "torchao": f"fp8lab.convert failed to import: {exc}"}
+    return EnvReport(
+        python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
+        torch=torch_version, cuda=cuda, gpu_count=count, gpu_name=gpu_name, compute_capability=cc,
+        fp8_tensor_cores=fp8, fp8_reason=fp8_reason, transformer_engine=te_version,
+        transformer_engine_error=te_error, torchao=ao_version, torchao_error=ao_error,
+        transformers=hf_version, backends=backends,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fp8lab env", description="What this machine can do for FP8 training.")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    rep = report()
+    print(json.dumps(rep.to_dict(), indent=2) if args.json else rep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
