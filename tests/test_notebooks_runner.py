@@ -1,0 +1,105 @@
+"""The notebook runner: parameter injection and validation, failure messages, glue read-back,
+and the hygiene rules every committed notebook must follow."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from fp8lab import notebooks
+
+
+def _write_nb(path, param_src, body_src):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    p = nbformat.v4.new_code_cell(param_src)
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# toy"), p, nbformat.v4.new_code_cell(body_src)]
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture
+def toy_dir(tmp_path):
+    d = tmp_path / "nbs"
+    d.mkdir()
+    _write_nb(d / "01_square.ipynb", "x = 3  # any int\nlabel = 'a'",
+              "from fp8lab.notebooks import glue\nglue('square', x * x)\nglue('label', label)")
+    _write_nb(d / "02_boom.ipynb", "fail = True", "y = 1\nif fail:\n    raise ValueError('planned failure')\nglue_ok = 1")
+    return d
+
+
+def test_run_injects_parameters_and_reads_glued_values(toy_dir, tmp_path):
+    res = notebooks.run(["01"], {"x": 7, "label": "seven"}, output_dir=tmp_path / "out", progress=False, directory=toy_dir)
+    assert [r.ok for r in res] == [True]
+    assert notebooks.read_glued(res[0].output) == {"square": 49, "label": "seven"}
+    # defaults too
+    res = notebooks.run(["01_square"], None, output_dir=tmp_path / "out2", progress=False, directory=toy_dir)
+    assert notebooks.read_glued(res[0].output)["square"] == 9
+
+
+def test_unknown_parameter_is_rejected_with_valid_names(toy_dir, tmp_path):
+    with pytest.raises(ValueError) as err:
+        notebooks.run(["01"], {"y": 1}, output_dir=tmp_path, progress=False, directory=toy_dir)
+    msg = str(err.value)
+    assert "y" in msg and "label" in msg and "x" in msg
+    assert not (tmp_path / "01_square.ipynb").exists()  # rejected before executing anything
+
+
+def test_failure_names_notebook_cell_and_error(toy_dir, tmp_path):
+    with pytest.raises(notebooks.NotebookError) as err:
+        notebooks.run(None, None, output_dir=tmp_path, progress=False, directory=toy_dir)
+    msg = str(err.value)
+    assert "02_boom.ipynb" in msg and "code cell" in msg and "planned failure" in msg and "ValueError" in msg
+
+
+def test_keep_going_reports_each_notebook(toy_dir, tmp_path):
+    res = notebooks.run(None, {"fail": True}, output_dir=tmp_path, progress=False, directory=toy_dir, stop_on_error=False)
+    assert [(r.name, r.ok) for r in res] == [("01_square", True), ("02_boom", False)]
+    text = notebooks.summary(res)
+    assert "1/2 notebooks ok" in text and "FAILED" in text
+
+
+def test_unknown_notebook_name_lists_choices(toy_dir):
+    with pytest.raises(ValueError, match="01_square"):
+        notebooks.resolve(["07"], toy_dir)
+
+
+def test_cli_rejects_unknown_parameter():
+    proc = subprocess.run([sys.executable, "-m", "fp8lab", "notebooks", "run", "01", "-p", "no_such_param", "1"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "no_such_param" in proc.stderr and "valid parameters" in proc.stderr
+
+
+def test_coerce_parses_literals():
+    assert notebooks.coerce("3") == 3 and notebooks.coerce("True") is True
+    assert notebooks.coerce("['a', 'b']") == ["a", "b"] and notebooks.coerce("llama-tiny") == "llama-tiny"
+
+
+# --- rules for the committed notebooks ------------------------------------------------------
+
+COMMITTED = notebooks.list_notebooks()
+
+
+def test_the_numbered_sequence_exists():
+    stems = [p.stem.split("_")[0] for p in COMMITTED]
+    assert stems[:1] == ["01"], stems
+    assert stems == sorted(stems) and len(set(stems)) == len(stems)
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.stem for p in COMMITTED])
+def test_committed_notebook_is_clean(path):
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [], f"{path.name} has outputs"
+            assert cell.get("execution_count") is None, f"{path.name} has execution counts"
+    # exactly one parameters cell, whose defaults parse
+    params = notebooks.declared_parameters(path)
+    assert params, f"{path.name} declares no parameters"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert not any("def " in "".join(c["source"]).split("\n", 1)[0] for c in code), "logic belongs in fp8lab"
