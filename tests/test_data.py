@@ -1,0 +1,149 @@
+"""The data pipeline: shipped corpus and tokenizers, token shards, and the deterministic loader."""
+from __future__ import annotations
+
+import json
+import lzma
+
+import numpy as np
+import pytest
+
+from fp8lab import data
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The shipped corpus tokenized with the 512 tokenizer, in small shards to cross boundaries."""
+    out = tmp_path_factory.mktemp("prep")
+    data.prepare_data(None, out, None, 0.05, vocab_size=512, shard_tokens=300_000)
+    return out
+
+
+def test_corpus_is_real_english_text():
+    text = lzma.open(data.CORPUS_DIR / "kjv.txt.xz", "rt", encoding="utf-8").read()
+    assert text.startswith("In the beginning God created the heaven and the earth.")
+    assert len(text) > 4_000_000
+    docs = list(data.read_documents(data.default_corpus()))
+    assert len(docs) == 1189  # chapters of the KJV
+    assert text.count("\n") - (len(docs) - 1) == 31102  # verses
+
+
+@pytest.mark.parametrize("vocab", [512, 32000])
+def test_tokenizer_retraining_reproduces_shipped_file(vocab):
+    shipped = data.shipped_tokenizer_path(vocab).read_text()
+    again = data.train_tokenizer(None, vocab)
+    assert again.to_str(pretty=True) == shipped
+    assert again.token_to_id(data.EOS_TOKEN) == 0
+
+
+def test_shipped_tokenizer_sizes_and_round_trip():
+    big, small = data.load_tokenizer(), data.load_tokenizer(vocab_size=512)
+    assert small.get_vocab_size() == 512
+    assert 20000 < big.get_vocab_size() <= 32000  # the corpus saturates below the 32000 target
+    s = "And God said, Let there be light: and there was light."
+    for tok in (big, small):
+        assert tok.decode(tok.encode(s).ids) == s
+    assert len(big.encode(s).ids) < len(small.encode(s).ids) < len(s.encode())
+
+
+def test_prepare_writes_manifest_and_memmap_shards(prepared):
+    m = data.read_manifest(prepared)
+    assert m["format"] == "fp8lab-tokens" and m["dtype"] == "uint16" and m["vocab_size"] == 512
+    assert m["source"] == {"kind": "local", "files": ["kjv.txt.xz"]}
+    train, val = m["splits"]["train"], m["splits"]["val"]
+    assert len(train["shards"]) > 1 and all(s["tokens"] <= 300_000 for s in train["shards"])
+    assert val["documents"] == 1189 // 20 and train["documents"] + val["documents"] == 1189
+    tok = data.load_tokenizer(prepared)
+    arr = np.memmap(prepared / train["shards"][0]["file"], dtype=np.uint16, mode="r")
+    assert len(arr) == train["shards"][0]["tokens"]
+    assert tok.decode(arr[:9].tolist()).startswith("In the beginning God")
+    eos_count = sum(int((np.memmap(prepared / s["file"], dtype=np.uint16, mode="r") == m["eos_id"]).sum()) for s in train["shards"])
+    assert eos_count == train["documents"]
+
+
+def test_read_crosses_shard_boundaries(prepared):
+    shards = data.TokenShards(prepared, "train")
+    b = int(shards.starts[1])
+    whole = np.concatenate([np.asarray(a) for a in shards.arrays]).astype(np.int64)
+    assert np.array_equal(shards.read(b - 5, 10), whole[b - 5:b + 5])
+    with pytest.raises(IndexError):
+        shards.read(len(shards) - 3, 10)
+
+
+def test_loader_is_deterministic_and_resumes_exactly(prepared):
+    a = data.TokenLoader(prepared, "train", 32, 4, seed=7)
+    first = [a.next_batch() for _ in range(5)]
+    b = data.TokenLoader(prepared, "train", 32, 4, seed=7)
+    for x, y in first:
+        bx, by = b.next_batch()
+        assert torch_equal(x, bx) and torch_equal(y, by)
+        assert torch_equal(x[:, 1:], y[:, :-1])  # labels are inputs shifted by one
+    state = b.state_dict()
+    expected = b.next_batch()
+    c = data.TokenLoader(prepared, "train", 32, 4, seed=7)
+    c.load_state_dict(state)
+    assert torch_equal(c.next_batch()[0], expected[0])
+    other = data.TokenLoader(prepared, "train", 32, 4, seed=8)
+    assert not torch_equal(other.next_batch()[0], first[0][0])
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(state)
+
+
+def test_ranks_and_accumulation_read_the_same_samples_as_one_process(prepared):
+    """2 ranks x 2 micro-batches of 2 == 1 rank x 2 micro-batches of 4 == 1 rank x 1 of 8 per step."""
+    def step_samples(world, micro, accum, steps=3):
+        loaders = [data.TokenLoader(prepared, "train", 16, micro, seed=3, rank=r, world_size=world) for r in range(world)]
+        out = []
+        for _ in range(steps):
+            rows = []
+            for _ in range(accum):
+                for ld in loaders:
+                    rows.append(ld.next_batch()[0])
+            out.append(sorted(tuple(r.tolist()) for batch in rows for r in batch))
+        return out
+
+    one = step_samples(1, 8, 1)
+    assert step_samples(2, 2, 2) == one
+    assert step_samples(1, 4, 2) == one
+    assert step_samples(4, 1, 2) == one
+
+
+def test_epochs_wrap_with_a_new_order(prepared):
+    ld = data.TokenLoader(prepared, "val", 512, 1, seed=0)
+    n = ld.num_windows
+    firsts = [ld._window(g) for g in range(n)]
+    seconds = [ld._window(g) for g in range(n, 2 * n)]
+    assert sorted(firsts) == sorted(seconds) == list(range(n)) and firsts != seconds
+
+
+def test_prepare_from_local_text_and_bad_inputs(tmp_path):
+    src = tmp_path / "texts"
+    src.mkdir()
+    (src / "a.txt").write_text("\n\n".join(f"Document number {i} says hello to the reader." for i in range(40)))
+    out = tmp_path / "out"
+    m = data.prepare_data(src, out, data.shipped_tokenizer_path(512), 0.1)
+    assert m["documents"] == 40 and m["splits"]["val"]["documents"] == 4
+    assert json.loads((out / "manifest.json").read_text()) == m
+    with pytest.raises(ValueError, match="val_fraction"):
+        data.prepare_data(src, out, None, 0.7)
+    with pytest.raises(ValueError, match="no text files"):
+        (tmp_path / "empty").mkdir()
+        data.prepare_data(tmp_path / "empty", out)
+    with pytest.raises(ValueError, match="tokenizer"):
+        data.prepare_data(src, out, tmp_path / "nope.json")
+    with pytest.raises(ValueError, match="manifest"):
+        data.TokenLoader(tmp_path, "train", 8, 1)
+    with pytest.raises(ValueError, match="split"):
+        data.TokenLoader(out, "test", 8, 1)
+    with pytest.raises(ValueError, match="seq_len"):
+        data.TokenLoader(out, "train", 0, 1)
+
+
+def test_hf_dataset_name_offline_is_a_clear_error(tmp_path):
+    with pytest.raises(RuntimeError, match="Hugging Face dataset"):
+        data.prepare_data("hf:wikitext", tmp_path / "out")
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
