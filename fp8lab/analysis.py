@@ -1,0 +1,628 @@
+"""Turn training and benchmark runs into the answer: does FP8 pay off, by how much, at what loss?
+
+Three kinds of run sources load into one tidy table (a row per step, with the run's metadata):
+trainer output folders (``metrics.jsonl`` + ``config.json``), a ``fp8lab.launch.collect`` table,
+and result files under ``data/results/`` (format: ``data/results/README.md``). From that table:
+per-run summaries (steady-state throughput, MFU, memory, loss), BF16-vs-FP8 comparisons per model
+and scale, time and cost to train a token budget, and a verdict written from those numbers.
+
+Figures live in :mod:`fp8lab.plots`; the HTML report in :mod:`fp8lab.report`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fp8lab.paths import DATA_DIR, RESULTS_DIR
+
+# Run metadata carried on every row of the tidy table.
+META_COLUMNS = [
+    "run_id", "study", "source", "model", "precision", "backend", "recipe", "fuse", "variant",
+    "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
+]
+# Per-step metrics (the trainer's metrics.jsonl keys).
+METRIC_COLUMNS = [
+    "step", "tokens", "loss", "val_loss", "lr", "grad_norm", "step_time_s", "tokens_per_sec",
+    "tokens_per_sec_per_gpu", "mfu", "max_mem_gib",
+]
+COLUMNS = META_COLUMNS + ["record"] + METRIC_COLUMNS
+RECORD_TYPES = ("run", "step", "summary")
+SMOOTHING_METHODS = ("ema", "window", "none")
+# The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.
+SCALE_KEYS = ("model", "gpu_name", "instances", "world_size")
+
+# Other spellings of the metadata keys, as trainers, launchers and benchmarks write them.
+_ALIASES = {
+    "run_id": ("run_id", "run_name", "name", "job_name"),
+    "world_size": ("world_size", "num_gpus", "gpus"),
+    "instances": ("instances", "instance_count", "num_nodes", "nnodes", "nodes"),
+    "micro_batch_size": ("micro_batch_size", "batch_size", "per_device_batch_size", "micro_batch"),
+    "grad_accum": ("grad_accum", "gradient_accumulation_steps", "grad_accum_steps"),
+    "seq_len": ("seq_len", "seq_length", "max_seq_len", "block_size", "sequence_length"),
+}
+
+# Price used for time-and-cost estimates unless one is passed. It is an assumption, not a
+# measurement: the on-demand list price of one ml.p5.48xlarge (8x H100) SageMaker training
+# instance in us-east-1, USD per instance-hour, as the project noted it on 2026-11-29 (AWS
+# "Amazon SageMaker AI pricing" page). Prices change by region, date and discount: pass your own.
+DEFAULT_PRICE_PER_INSTANCE_HOUR = 55.04
+DEFAULT_TOKEN_BUDGET = 24e9  # the source's epoch: 24 billion tokens
+DEFAULT_GPUS_PER_INSTANCE = 8  # P5: 8 GPUs per instance
+
+
+class RunFileError(ValueError):
+    """A run file cannot be read; the message names the file and the line."""
+
+
+class RunFileWarning(UserWarning):
+    """A run file was read only in part (e.g. a run still in progress)."""
+
+
+# ----------------------------------------------------------------------------------- loading
+
+def load_runs(sources: object = None) -> pd.DataFrame:
+    """Read runs into one table: a row per step (or per summary record) with the run's metadata.
+
+    ``sources``: a path or a DataFrame, or a list of them. A path may be a trainer output folder
+    (``metrics.jsonl`` + optional ``config.json``), a result file (``*.jsonl`` whose first line is a
+    ``{"record": "run"}``), a bare ``metrics.jsonl``, or a folder searched recursively for both.
+    A DataFrame is a ``fp8lab.launch.collect`` table (metrics columns plus ``job_name`` and
+    ``instance_count``). ``None`` reads the committed results in ``data/results/``.
+    Column ``record`` is ``"step"`` for per-step rows and ``"summary"`` for a benchmark's summary.
+    """
+    if sources is None:
+        sources = [RESULTS_DIR] if RESULTS_DIR.exists() else []
+    if isinstance(sources, (str, Path, pd.DataFrame)):
+        sources = [sources]
+    frames = []
+    for src in sources:
+        if isinstance(src, pd.DataFrame):
+            frames.append(_from_collect_table(src))
+            continue
+        if not isinstance(src, (str, Path)):
+            raise ValueError(f"sources: expected paths or DataFrames, got {type(src).__name__}")
+        frames.extend(_load_path(Path(src)))
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype="object" if c in META_COLUMNS + ["record"] else "float64") for c in COLUMNS})
+    df = pd.concat(frames, ignore_index=True, sort=False)
+    df["run_id"] = _unique_run_ids(df)
+    for c in COLUMNS:
+        if c not in df:
+            df[c] = np.nan
+    extra = [c for c in df.columns if c not in COLUMNS]
+    return df[COLUMNS + extra].reset_index(drop=True)
+
+
+def _load_path(path: Path) -> list[pd.DataFrame]:
+    if not path.exists():
+        raise FileNotFoundError(f"run source {str(path)!r} does not exist")
+    if path.is_file():
+        if path.name == "metrics.jsonl":
+            return [_load_trainer_dir(path.parent)]
+        if path.suffix != ".jsonl":
+            raise ValueError(f"run source {str(path)!r}: expected a .jsonl file or a folder")
+        return [_load_result_file(path)]
+    if (path / "metrics.jsonl").exists():
+        return [_load_trainer_dir(path)]
+    frames = []
+    for f in sorted(path.rglob("*.jsonl")):
+        if any(part.startswith(".") for part in f.relative_to(path).parts):
+            continue
+        if f.name == "metrics.jsonl":
+            frames.append(_load_trainer_dir(f.parent))
+        else:
+            frames.append(_load_result_file(f))
+    return frames
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, object) for each record; a truncated last line is dropped with a warning.
+
+    A corrupt line anywhere else raises :class:`RunFileError` naming the file and line.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            is_last = i == len(lines) and not text.endswith("\n")
+            if is_last:
+                warnings.warn(
+                    f"{path}: line {i} is incomplete (run still in progress?); read the "
+                    f"{len(records)} complete record(s) before it", RunFileWarning, stacklevel=3)
+                break
+            raise RunFileError(f"{path}: line {i} is not valid JSON ({exc.msg}): {line[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise RunFileError(f"{path}: line {i} is not a JSON object: {line[:80]!r}")
+        records.append((i, obj))
+    return records
+
+
+def _flatten(d: dict) -> dict:
+    """One level of nesting folded in ({"config": {...}, "provenance": {...}} -> flat keys)."""
+    out: dict = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k not in ("versions",):
+            for k2, v2 in v.items():
+                out.setdefault(k2, v2)
+        else:
+            out[k] = v
+    return out
+
+
+def _meta(raw: dict) -> dict:
+    """Canonical metadata names from any of their spellings."""
+    flat = _flatten(raw)
+    meta = {k: v for k, v in flat.items() if not isinstance(v, (dict, list))}
+    for canon, names in _ALIASES.items():
+        for n in names:
+            if flat.get(n) is not None and not isinstance(flat[n], (dict, list)):
+                meta[canon] = flat[n]
+                break
+    return meta
+
+
+def _step_frame(path: Path, records: list[tuple[int, dict]], meta: dict) -> pd.DataFrame:
+    for lineno, rec in records:
+        if "step" not in rec:
+            raise RunFileError(f"{path}: line {lineno} has no 'step' key (keys: {', '.join(sorted(rec))[:120]})")
+    df = pd.DataFrame([rec for _, rec in records])
+    df = df.drop(columns=[c for c in ("record",) if c in df])
+    for k, v in meta.items():  # per-step values say what ran; the config fills what they leave out
+        if k in META_COLUMNS:
+            df[k] = df[k].where(df[k].notna(), v) if k in df else v
+    df["record"] = "step"
+    return df
+
+
+def _load_trainer_dir(folder: Path) -> pd.DataFrame:
+    meta: dict = {}
+    cfg = folder / "config.json"
+    if cfg.exists():
+        try:
+            meta = _meta(json.loads(cfg.read_text(encoding="utf-8")))
+        except json.JSONDecodeError as exc:
+            raise RunFileError(f"{cfg}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
+    meta["run_id"] = folder.name
+    meta.setdefault("study", folder.parent.name or "local")
+    meta["source"] = str(folder)
+    records = read_jsonl(folder / "metrics.jsonl")
+    if not records:
+        warnings.warn(f"{folder / 'metrics.jsonl'}: no complete records yet; run skipped", RunFileWarning, stacklevel=3)
+        return pd.DataFrame()
+    return _finish(_step_frame(folder / "metrics.jsonl", records, meta))
+
+
+def _load_result_file(path: Path) -> pd.DataFrame:
+    records = read_jsonl(path)
+    if not records:
+        warnings.warn(f"{path}: empty result file; skipped", RunFileWarning, stacklevel=3)
+        return pd.DataFrame()
+    first_line, first = records[0]
+    if first.get("record") != "run":
+        raise RunFileError(
+            f"{path}: line {first_line} must be the run record {{\"record\": \"run\", ...}}; "
+            f"found record={first.get('record')!r} (see data/results/README.md)")
+    meta = _meta({k: v for k, v in first.items() if k != "record"})
+    meta.setdefault("run_id", path.stem)
+    meta.setdefault("study", path.parent.name)
+    meta["source"] = str(path)
+    steps, summaries = [], []
+    for lineno, rec in records[1:]:
+        kind = rec.get("record")
+        if kind == "step":
+            steps.append((lineno, rec))
+        elif kind == "summary":
+            summaries.append((lineno, rec))
+        else:
+            raise RunFileError(f"{path}: line {lineno} has record={kind!r}; allowed after line 1: 'step', 'summary'")
+    frames = []
+    if steps:
+        frames.append(_step_frame(path, steps, meta))
+    if summaries:
+        rows = [{k: v for k, v in rec.items() if k != "record" and not isinstance(v, (dict, list))} for _, rec in summaries]
+        s = pd.DataFrame([rows[-1]])  # the last summary wins (a rerun may append a newer one)
+        for k, v in meta.items():
+            if k in META_COLUMNS:
+                s[k] = v
+        s["record"] = "summary"
+        frames.append(s)
+    if not frames:
+        warnings.warn(f"{path}: run record only, no step or summary records; skipped", RunFileWarning, stacklevel=3)
+        return pd.DataFrame()
+    return _finish(pd.concat(frames, ignore_index=True, sort=False))
+
+
+def _from_collect_table(table: pd.DataFrame) -> pd.DataFrame:
+    """A ``fp8lab.launch.collect`` table: metrics columns plus job metadata columns."""
+    missing = [c for c in ("step",) if c not in table]
+    if "job_name" not in table and "run_id" not in table:
+        missing.append("job_name")
+    if missing:
+        raise ValueError(
+            f"sources: the collect table lacks column(s) {', '.join(missing)}; it needs the metrics.jsonl "
+            f"keys ({', '.join(METRIC_COLUMNS)}) plus job_name and instance_count")
+    df = table.copy()
+    renames = {}
+    for canon, names in _ALIASES.items():
+        if canon not in df:
+            hit = next((n for n in names if n in df), None)
+            if hit:
+                renames[hit] = canon
+    df = df.rename(columns=renames)
+    if "source" not in df:
+        df["source"] = "launch.collect"
+    if "study" not in df:
+        df["study"] = "launch"
+    df["record"] = "step"
+    return _finish(df)
+
+
+def _finish(df: pd.DataFrame) -> pd.DataFrame:
+    """Normalise values, merge records of the same step, and name each run's variant."""
+    for c in COLUMNS:
+        if c not in df:
+            df[c] = np.nan
+    if "instances" in df:
+        df["instances"] = df["instances"].fillna(1)
+    for c in ("precision", "backend", "recipe"):
+        df[c] = df[c].map(lambda v: v.lower() if isinstance(v, str) else v)
+    for c in METRIC_COLUMNS + ["world_size", "instances", "micro_batch_size", "grad_accum", "seq_len"]:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    steps = df[df["record"] == "step"]
+    if len(steps) and steps.duplicated(["run_id", "step"]).any():
+        # a validation record may come as its own line for the same step: merge, first non-null wins
+        merged = steps.groupby(["run_id", "step"], sort=False, as_index=False).first()
+        df = pd.concat([merged, df[df["record"] != "step"]], ignore_index=True, sort=False)
+    df["variant"] = [variant_label(r) for r in df.to_dict("records")]
+    return df.sort_values(["run_id", "record", "step"], na_position="last", kind="stable")
+
+
+def _unique_run_ids(df: pd.DataFrame) -> pd.Series:
+    """Run ids made unique across sources (two folders both named 'bf16' stay apart)."""
+    ids = df["run_id"].astype(str)
+    per_id = df.groupby(ids)["source"].nunique()
+    clash = set(per_id[per_id > 1].index)
+    if not clash:
+        return ids
+    return pd.Series([f"{i} ({s})" if i in clash else i for i, s in zip(ids, df["source"])], index=df.index)
+
+
+def variant_label(row: dict) -> str:
+    """Short name of what ran: precision, backend, recipe, fused or not (e.g. 'fp8 te delayed fused')."""
+    parts = []
+    fp8 = is_fp8(row.get("precision"))
+    for key in ("precision", "backend", "recipe") if fp8 else ("precision", "backend"):
+        v = row.get(key)
+        if isinstance(v, str) and v and v not in parts and v != "none":
+            parts.append(v)
+    fuse = row.get("fuse")
+    if isinstance(fuse, (bool, np.bool_)) and fp8:
+        parts.append("fused" if fuse else "unfused")
+    return " ".join(parts) or "unknown"
+
+
+def is_fp8(precision: object) -> bool:
+    return isinstance(precision, str) and precision.lower().startswith("fp8")
+
+
+def model_size_b(name: object) -> float:
+    """Parameter count in billions parsed from a model name ('llama-1b' -> 1.0, 'x-125m' -> 0.125)."""
+    if not isinstance(name, str):
+        return math.nan
+    m = re.search(r"(\d+(?:\.\d+)?)\s*([mb])(?![a-z])", name.lower())
+    if not m:
+        return math.nan
+    return float(m.group(1)) * (1e-3 if m.group(2) == "m" else 1.0)
+
+
+def load_reference(path: str | Path | None = None) -> pd.DataFrame:
+    """The source blog's headline figures (reported by the source, not measured here)."""
+    path = Path(path) if path else DATA_DIR / "reference" / "source_blog.json"
+    ref = json.loads(Path(path).read_text(encoding="utf-8"))
+    df = pd.DataFrame(ref["results"]).drop(columns=["approximate"], errors="ignore")
+    df["label"] = ref["label"]
+    df["hardware"] = ref["hardware"]
+    df["tokens"] = float(ref["tokens"])
+    return df
+
+
+# --------------------------------------------------------------------------------- summaries
+
+def _check_smoothing(smoothing: str, span: int) -> None:
+    if smoothing not in SMOOTHING_METHODS:
+        raise ValueError(f"smoothing={smoothing!r}; allowed: {', '.join(SMOOTHING_METHODS)}")
+    if not isinstance(span, (int, np.integer)) or isinstance(span, bool) or span < 1:
+        raise ValueError(f"smoothing_span={span!r}; allowed: an integer >= 1")
+
+
+def smooth(values: Sequence[float] | pd.Series, smoothing: str = "ema", span: int = 20) -> pd.Series:
+    """Smoothed loss: exponential moving average ('ema', span like pandas), trailing mean ('window') or 'none'."""
+    _check_smoothing(smoothing, span)
+    s = pd.Series(values, dtype="float64").reset_index(drop=True)
+    if smoothing == "ema":
+        return s.ewm(span=span, adjust=True, ignore_na=True).mean()
+    if smoothing == "window":
+        return s.rolling(span, min_periods=1).mean()
+    return s
+
+
+def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = "ema",
+                   smoothing_span: int = 20) -> pd.DataFrame:
+    """One row per run: steady-state tokens/s/GPU (median, quartiles, spread), MFU, memory, loss.
+
+    The first ``warmup_steps`` steps of each run are left out of throughput and MFU (compilation,
+    allocator and FP8 amax warm-up). A benchmark's summary record, measured with its own timing,
+    takes precedence over numbers derived from its steps.
+    """
+    if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps!r}; allowed: an integer >= 0")
+    _check_smoothing(smoothing, smoothing_span)
+    rows = []
+    for run_id, g in runs.groupby("run_id", sort=False):
+        meta = {c: g[c].dropna().iloc[0] if g[c].notna().any() else np.nan for c in META_COLUMNS if c != "run_id"}
+        steps = g[g["record"] == "step"].sort_values("step")
+        summ = g[g["record"] == "summary"]
+        summ = summ.iloc[-1] if len(summ) else None
+        timed = steps[steps["tokens_per_sec_per_gpu"].notna()]
+        steady = timed.iloc[warmup_steps:]
+        row = {"run_id": run_id, **meta, "n_steps": int(steps["step"].nunique())}
+        tps = steady["tokens_per_sec_per_gpu"]
+        row.update(
+            tokens_per_sec_per_gpu=tps.median() if len(tps) else np.nan,
+            tps_p25=tps.quantile(0.25) if len(tps) else np.nan,
+            tps_p75=tps.quantile(0.75) if len(tps) else np.nan,
+            steady_steps=len(tps),
+            mfu=steady["mfu"].median() if steady["mfu"].notna().any() else np.nan,
+            step_time_s=steady["step_time_s"].median() if steady["step_time_s"].notna().any() else np.nan,
+            max_mem_gib=steps["max_mem_gib"].max() if steps["max_mem_gib"].notna().any() else np.nan,
+            tokens=steps["tokens"].max() if steps["tokens"].notna().any() else np.nan,
+        )
+        note = []
+        if len(timed) and not len(steady):
+            note.append(f"all {len(timed)} timed steps fall within warmup_steps={warmup_steps}")
+        throughput_from = f"median of {len(tps)} steps after {warmup_steps} warm-up" if len(tps) else "none"
+        loss = steps["loss"].dropna()
+        row["final_loss"] = loss.iloc[-1] if len(loss) else np.nan
+        row["smoothed_loss"] = smooth(loss, smoothing, smoothing_span).iloc[-1] if len(loss) else np.nan
+        val = steps[["step", "val_loss"]].dropna()
+        row["val_loss"] = val["val_loss"].iloc[-1] if len(val) else np.nan
+        if summ is not None:
+            if pd.notna(summ.get("tokens_per_sec_per_gpu")):
+                row["tokens_per_sec_per_gpu"] = summ["tokens_per_sec_per_gpu"]
+                row["tps_p25"] = summ.get("tokens_per_sec_per_gpu_p25", np.nan)
+                row["tps_p75"] = summ.get("tokens_per_sec_per_gpu_p75", np.nan)
+                row["steady_steps"] = summ.get("timed_steps", np.nan)
+                throughput_from = "benchmark summary record"
+            for key, src in (("mfu", "mfu"), ("max_mem_gib", "max_mem_gib"), ("step_time_s", "step_time_s"),
+                             ("tokens", "tokens"), ("val_loss", "val_loss")):
+                if pd.notna(summ.get(src, np.nan)):
+                    row[key] = summ[src]
+            for key in ("final_loss", "loss"):
+                if pd.isna(row["final_loss"]) and pd.notna(summ.get(key, np.nan)):
+                    row["final_loss"] = row["smoothed_loss"] = summ[key]
+        for k in ("tps_p25", "tps_p75"):
+            row[k] = pd.to_numeric(row[k], errors="coerce")
+        row["tps_iqr"] = row["tps_p75"] - row["tps_p25"]
+        row["tps_spread_pct"] = 100 * row["tps_iqr"] / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"] else np.nan
+        row["throughput_from"] = throughput_from
+        row["note"] = "; ".join(note)
+        rows.append(row)
+    cols = (["run_id"] + [c for c in META_COLUMNS if c != "run_id"] +
+            ["n_steps", "steady_steps", "tokens", "tokens_per_sec_per_gpu", "tps_p25", "tps_p75", "tps_iqr",
+             "tps_spread_pct", "mfu", "step_time_s", "max_mem_gib", "final_loss", "smoothed_loss", "val_loss",
+             "throughput_from", "note"])
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _key(v: object) -> object:
+    return "?" if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = None,
+                       loss: str = "smoothed") -> pd.DataFrame:
+    """FP8 against BF16 per model and scale: speedup and loss gap in percent.
+
+    Runs pair when they share model, GPU, instance count and world size. The BF16 baseline is the
+    fastest BF16 run of that scale, or the one with ``baseline_backend`` (e.g. 'hf' for plain
+    transformers). Loss gaps are given only when both runs saw the same number of tokens
+    (``valid``); otherwise ``note`` says why. Speedup compares steady-state rates either way.
+    ``loss``: 'smoothed' or 'final' training loss for ``loss_gap_pct`` (``val_loss_gap_pct`` too).
+    """
+    if loss not in ("smoothed", "final"):
+        raise ValueError(f"loss={loss!r}; allowed: 'smoothed', 'final'")
+    cols = ["model", "gpu_name", "instances", "world_size", "baseline_run", "baseline_variant", "fp8_run",
+            "fp8_variant", "tps_baseline", "tps_fp8", "speedup", "mfu_baseline", "mfu_fp8", "tokens_baseline",
+            "tokens_fp8", "valid", "loss_baseline", "loss_fp8", "loss_gap_pct", "val_loss_baseline",
+            "val_loss_fp8", "val_loss_gap_pct", "note"]
+    rows = []
+    if not len(summary):
+        return pd.DataFrame(columns=cols)
+    keyed = summary.assign(**{f"_{k}": summary[k].map(_key) for k in SCALE_KEYS})
+    for scale, g in keyed.groupby([f"_{k}" for k in SCALE_KEYS], sort=True):
+        bf16 = g[g["precision"] == "bf16"]
+        if baseline_backend is not None:
+            bf16 = bf16[bf16["backend"] == baseline_backend]
+        bf16 = bf16[bf16["tokens_per_sec_per_gpu"].notna()]
+        fp8 = g[g["precision"].map(is_fp8)]
+        if not len(bf16) or not len(fp8):
+            continue
+        base = bf16.loc[bf16["tokens_per_sec_per_gpu"].idxmax()]
+        lcol = "smoothed_loss" if loss == "smoothed" else "final_loss"
+        for _, r in fp8.iterrows():
+            note = []
+            same = pd.notna(base["tokens"]) and pd.notna(r["tokens"]) and base["tokens"] == r["tokens"]
+            if pd.isna(base["tokens"]) or pd.isna(r["tokens"]):
+                note.append("tokens seen unknown: loss not compared")
+            elif not same:
+                note.append(f"different tokens seen ({base['tokens']:.0f} vs {r['tokens']:.0f}): loss not compared")
+            gap = 100 * (r[lcol] - base[lcol]) / base[lcol] if same else np.nan
+            vgap = 100 * (r["val_loss"] - base["val_loss"]) / base["val_loss"] if same else np.nan
+            rows.append({
+                **dict(zip(SCALE_KEYS, [base[k] for k in SCALE_KEYS])),
+                "baseline_run": base["run_id"], "baseline_variant": base["variant"],
+                "fp8_run": r["run_id"], "fp8_variant": r["variant"],
+                "tps_baseline": base["tokens_per_sec_per_gpu"], "tps_fp8": r["tokens_per_sec_per_gpu"],
+                "speedup": r["tokens_per_sec_per_gpu"] / base["tokens_per_sec_per_gpu"],
+                "mfu_baseline": base["mfu"], "mfu_fp8": r["mfu"],
+                "tokens_baseline": base["tokens"], "tokens_fp8": r["tokens"], "valid": bool(same),
+                "loss_baseline": base[lcol], "loss_fp8": r[lcol], "loss_gap_pct": gap,
+                "val_loss_baseline": base["val_loss"], "val_loss_fp8": r["val_loss"], "val_loss_gap_pct": vgap,
+                "note": "; ".join(note),
+            })
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _check_cost_args(tokens: float, price: float, gpus_per_instance: int) -> None:
+    if not (isinstance(tokens, (int, float)) and tokens > 0):
+        raise ValueError(f"tokens={tokens!r}; allowed: a number > 0 (e.g. 24e9)")
+    if not (isinstance(price, (int, float)) and price >= 0):
+        raise ValueError(f"price_per_instance_hour={price!r}; allowed: a number >= 0 (USD)")
+    if not isinstance(gpus_per_instance, (int, np.integer)) or gpus_per_instance < 1:
+        raise ValueError(f"gpus_per_instance={gpus_per_instance!r}; allowed: an integer >= 1")
+
+
+def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
+               price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
+               gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE) -> pd.DataFrame:
+    """Time and cost to train ``tokens`` at each run's steady tokens/s/GPU.
+
+    The cluster is the run's instance count, each with ``gpus_per_instance`` GPUs running at the
+    measured per-GPU rate. Where the run used fewer GPUs than that (e.g. one H200), the figure is a
+    projection (``projected`` = True), assuming the per-GPU rate holds on a full instance.
+    """
+    _check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
+    out = summary[["run_id", "model", "precision", "variant", "gpu_name", "instances", "world_size",
+                   "tokens_per_sec_per_gpu"]].copy()
+    inst = out["instances"].fillna(1).clip(lower=1)
+    gpus = inst * gpus_per_instance
+    out["cluster_gpus"] = gpus
+    out["hours"] = tokens / (out["tokens_per_sec_per_gpu"] * gpus) / 3600.0
+    out["cost_usd"] = out["hours"] * inst * price_per_instance_hour
+    out["projected"] = out["world_size"].fillna(1) != gpus
+    out["token_budget"] = float(tokens)
+    out["price_per_instance_hour"] = float(price_per_instance_hour)
+    return out
+
+
+def scaling_table(summary: pd.DataFrame, by: str = "instances") -> pd.DataFrame:
+    """Per-GPU scaling efficiency: tokens/s/GPU at each scale over that at the smallest scale.
+
+    Grouped per model, GPU and variant; 1.0 means perfect linear scaling.
+    """
+    if by not in ("instances", "world_size"):
+        raise ValueError(f"by={by!r}; allowed: 'instances', 'world_size'")
+    cols = ["model", "gpu_name", "variant", "precision", by, "tokens_per_sec_per_gpu", "efficiency"]
+    rows = []
+    s = summary[summary["tokens_per_sec_per_gpu"].notna()]
+    for _, g in s.assign(_g=s["gpu_name"].map(_key)).groupby(["model", "_g", "variant"], sort=True):
+        g = g.groupby(by, as_index=False).agg(tokens_per_sec_per_gpu=("tokens_per_sec_per_gpu", "median"),
+                                              precision=("precision", "first"), gpu_name=("gpu_name", "first"),
+                                              model=("model", "first"), variant=("variant", "first")).sort_values(by)
+        g["efficiency"] = g["tokens_per_sec_per_gpu"] / g["tokens_per_sec_per_gpu"].iloc[0]
+        rows.append(g[cols])
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=cols)
+
+
+# ----------------------------------------------------------------------------------- verdict
+
+def _fmt_tokens(n: float) -> str:
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:g}{unit}"
+    return f"{n:g}"
+
+
+def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
+            price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
+            gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE, reference: pd.DataFrame | None = None,
+            loss_tolerance_pct: float = 1.0) -> str:
+    """A one-paragraph verdict written from the comparison table (never by hand).
+
+    Per model it takes the fastest FP8 variant at the smallest scale measured, states its speedup,
+    loss gap (only from runs that saw the same tokens), and the cost saved on ``tokens``; then the
+    source's reported figures, labelled as such. Missing pieces are said, not guessed.
+    """
+    _check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
+    parts = []
+    comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
+    if not len(comp):
+        parts.append("There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
+                     "precisions), so this report cannot say from its own numbers whether FP8 pays off.")
+    else:
+        pays, pays_unknown_loss, faster_worse, slower = [], [], [], []
+        for model, g in comp.groupby("model", sort=False):
+            g = g.sort_values(["world_size", "instances", "speedup"], ascending=[True, True, False])
+            r = g.iloc[0]
+            gpu = r["gpu_name"] if isinstance(r["gpu_name"], str) else "an unnamed GPU"
+            scale = f"{int(r['world_size'])} GPU(s)" if pd.notna(r["world_size"]) else "an unknown number of GPUs"
+            s = (f"For {model} on {scale} of {gpu}, {r['fp8_variant']} ran at {r['speedup']:.2f}x the tokens/s/GPU "
+                 f"of {r['baseline_variant']} ({r['tps_fp8']:,.0f} vs {r['tps_baseline']:,.0f})")
+            hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
+            hours_f = tokens / (r["tps_fp8"] * gpus_per_instance) / 3600.0
+            s += (f"; at ${price_per_instance_hour:,.2f} per {gpus_per_instance}-GPU instance-hour, "
+                  f"{_fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
+                  f"${hours_b * price_per_instance_hour:,.0f} ({100 * (1 - hours_f / hours_b):.0f}% saved)")
+            gap_kind, gap = None, np.nan
+            valid = g[g["valid"]]
+            if len(valid):
+                v = valid.iloc[0]
+                if pd.notna(v["val_loss_gap_pct"]):
+                    gap_kind, gap = "validation loss", v["val_loss_gap_pct"]
+                elif pd.notna(v["loss_gap_pct"]):
+                    gap_kind, gap = "smoothed training loss", v["loss_gap_pct"]
+            if gap_kind:
+                s += (f"; after the same {_fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
+                      f"{gap:+.2f}% relative to BF16")
+            elif len(valid):
+                s += "; no loss was recorded, so the loss gap is unknown"
+            else:
+                s += "; the BF16 and FP8 runs did not see the same tokens, so their loss is not compared"
+            parts.append(s + ".")
+            if r["speedup"] <= 1.0:
+                slower.append(model)
+            elif gap_kind and gap > loss_tolerance_pct:
+                faster_worse.append(model)
+            elif gap_kind:
+                pays.append(model)
+            else:
+                pays_unknown_loss.append(model)
+        concl = []
+        if pays:
+            concl.append(f"FP8 pays off for {', '.join(pays)} (faster, loss within {loss_tolerance_pct:g}% of BF16)")
+        if pays_unknown_loss:
+            concl.append(f"FP8 is faster for {', '.join(pays_unknown_loss)}, but these runs do not show its loss")
+        if faster_worse:
+            concl.append(f"for {', '.join(faster_worse)} FP8 is faster but its loss is more than "
+                         f"{loss_tolerance_pct:g}% above BF16's")
+        if slower:
+            concl.append(f"for {', '.join(slower)} FP8 is not faster than BF16")
+        parts.append("In short: " + "; ".join(concl) + ".")
+    if reference is not None and len(reference):
+        refs = ", ".join(f"{r['speedup']:.2f}x and ~{r['loss_gap_pct']:g}% higher loss at {r['model_size']}"
+                         for _, r in reference.iterrows())
+        parts.append(f"For comparison, the source blog reported (not measured here) {refs} on "
+                     f"{reference['hardware'].iloc[0]}.")
+    return " ".join(parts)
+
+
+# -------------------------------------------------------------------------------------- CLI
+
+def report_main(argv: Iterable[str] | None = None) -> int:
+    """``fp8lab report RUNS... --out report.html`` (implemented in :mod:`fp8lab.report`)."""
+    from fp8lab.report import main
+
+    return main(argv)

@@ -1,0 +1,309 @@
+"""Figures for BF16 vs FP8 runs: throughput, speedup, loss, MFU, cost and scaling.
+
+Each function takes the tables of :mod:`fp8lab.analysis` and returns a matplotlib ``Figure``
+(saved as PNG and SVG when ``save`` names a path stem). With no measured data a figure still
+renders and says so, so notebooks and reports work before any GPU result exists.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from fp8lab.analysis import is_fp8, model_size_b, smooth
+
+NO_DATA = "no measured runs yet"
+REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
+
+
+def save_figure(fig: Figure, path: str | Path) -> list[Path]:
+    """Write ``path``.png and ``path``.svg (any suffix on ``path`` is replaced)."""
+    stem = Path(path).with_suffix("")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for ext in (".png", ".svg"):
+        fig.savefig(stem.with_suffix(ext), dpi=120, bbox_inches="tight")
+        out.append(stem.with_suffix(ext))
+    return out
+
+
+def to_png(fig: Figure, dpi: int = 110) -> bytes:
+    """The figure as PNG bytes (for HTML reports and notebook display)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def show(fig: Figure) -> None:
+    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included)."""
+    from IPython.display import Image, display
+
+    display(Image(data=to_png(fig), format="png"))
+
+
+def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, np.ndarray]:
+    # Figure() directly (not pyplot) keeps figures out of pyplot's global registry; notebooks display it.
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes
+
+
+def _empty(title: str, message: str = NO_DATA) -> Figure:
+    fig, axes = _new()
+    ax = axes[0, 0]
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="0.4")
+    ax.set_title(title)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return fig
+
+
+def _finish(fig: Figure, save: str | Path | None) -> Figure:
+    if save is not None:
+        save_figure(fig, save)
+    return fig
+
+
+def _models(frame: pd.DataFrame) -> list[str]:
+    """Model names ordered by parameter count parsed from the name, then alphabetically."""
+    names = [m for m in frame["model"].dropna().unique()]
+    return sorted(names, key=lambda m: (np.nan_to_num(model_size_b(m), nan=np.inf), str(m)))
+
+
+def _variant_colors(variants: list[str], precisions: dict[str, str]) -> dict[str, tuple]:
+    """BF16 variants in blues, FP8 in oranges, so the two precisions read apart at a glance."""
+    bf = [v for v in variants if not is_fp8(precisions.get(v))]
+    f8 = [v for v in variants if is_fp8(precisions.get(v))]
+    colors = {}
+    for group, cmap in ((bf, matplotlib.colormaps["Blues"]), (f8, matplotlib.colormaps["Oranges"])):
+        for i, v in enumerate(group):
+            colors[v] = cmap(0.75 - 0.45 * i / max(len(group) - 1, 1)) if len(group) > 1 else cmap(0.7)
+    return colors
+
+
+def _ordered_variants(frame: pd.DataFrame) -> list[str]:
+    v = frame[["variant", "precision"]].drop_duplicates("variant")
+    return sorted(v["variant"], key=lambda x: (is_fp8(dict(v.values).get(x)), x))
+
+
+def _scale_axis(summary: pd.DataFrame, by: str) -> str:
+    if by == "auto":
+        return "instances" if summary["instances"].nunique(dropna=True) > 1 else "world_size"
+    if by not in ("instances", "world_size"):
+        raise ValueError(f"by={by!r}; allowed: 'auto', 'instances', 'world_size'")
+    return by
+
+
+_SCALE_LABEL = {"instances": "instances", "world_size": "GPUs"}
+
+
+def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path | None = None) -> Figure:
+    """Tokens/s/GPU against instance (or GPU) count, BF16 and FP8 bars side by side, per model.
+
+    Bar height is the steady-state median; the whisker spans the quartiles where known.
+    """
+    title = "Throughput per GPU (steady state)"
+    s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
+    if not len(s):
+        return _finish(_empty(title), save)
+    by = _scale_axis(s, by)
+    models = _models(s)
+    fig, axes = _new(ncols=len(models))
+    for ax, model in zip(axes[0], models):
+        g = s[s["model"] == model]
+        scales = sorted(g[by].fillna(1).unique())
+        variants = _ordered_variants(g)
+        colors = _variant_colors(variants, dict(g[["variant", "precision"]].values))
+        width = 0.8 / len(variants)
+        for i, var in enumerate(variants):
+            gv = g[g["variant"] == var].groupby(g[by].fillna(1)).median(numeric_only=True).reindex(scales)
+            x = np.arange(len(scales)) + (i - (len(variants) - 1) / 2) * width
+            err = None
+            if gv["tps_p25"].notna().any():
+                err = np.vstack([(gv["tokens_per_sec_per_gpu"] - gv["tps_p25"]).clip(lower=0).fillna(0),
+                                 (gv["tps_p75"] - gv["tokens_per_sec_per_gpu"]).clip(lower=0).fillna(0)])
+            ax.bar(x, gv["tokens_per_sec_per_gpu"].fillna(0), width, yerr=err, capsize=3,
+                   label=var, color=colors[var])
+        ax.set_xticks(np.arange(len(scales)), [f"{v:g}" for v in scales])
+        ax.set_xlabel(_SCALE_LABEL[by])
+        ax.set_ylabel("tokens/s/GPU")
+        ax.set_title(str(model))
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    return _finish(fig, save)
+
+
+def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = None,
+                   save: str | Path | None = None) -> Figure:
+    """FP8 speedup over BF16 per model size (smallest measured scale), with the source's reported
+    values as labelled reference markers."""
+    title = "FP8 speedup over BF16 (tokens/s/GPU)"
+    comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
+    has_ref = reference is not None and len(reference)
+    if not len(comp) and not has_ref:
+        return _finish(_empty(title), save)
+    fig, axes = _new(width=6.5)
+    ax = axes[0, 0]
+    categories = _models(comp) if len(comp) else []
+    ref_pos = {}
+    if has_ref:
+        for _, r in reference.iterrows():
+            match = [m for m in categories if np.isclose(model_size_b(m), r["params_b"])]
+            if match:
+                ref_pos[r["model_size"]] = categories.index(match[0])
+            else:
+                categories.append(f"{r['model_size']} (source)")
+                ref_pos[r["model_size"]] = len(categories) - 1
+    if len(comp):
+        variants = sorted(comp["fp8_variant"].unique())
+        colors = _variant_colors(variants, {v: "fp8" for v in variants})
+        width = 0.8 / len(variants)
+        for i, var in enumerate(variants):
+            xs, ys = [], []
+            for m in _models(comp):
+                g = comp[(comp["model"] == m) & (comp["fp8_variant"] == var)]
+                g = g[(g["world_size"].fillna(1) == g["world_size"].fillna(1).min())]
+                if len(g):
+                    xs.append(categories.index(m) + (i - (len(variants) - 1) / 2) * width)
+                    ys.append(g["speedup"].max())
+            ax.bar(xs, ys, width, label=f"measured: {var}", color=colors[var])
+            for x, y in zip(xs, ys):
+                ax.annotate(f"{y:.2f}x", (x, y), ha="center", va="bottom", fontsize=8)
+    else:
+        ax.text(0.5, 0.92, NO_DATA, ha="center", transform=ax.transAxes, color="0.4")
+    if has_ref:
+        xs = [ref_pos[r["model_size"]] for _, r in reference.iterrows()]
+        ax.scatter(xs, reference["speedup"], marker="D", s=60, color="crimson", zorder=5, label=REFERENCE_LABEL)
+        for x, y in zip(xs, reference["speedup"]):
+            ax.annotate(f"{y:.2f}x (reported)", (x, y), xytext=(6, -12), textcoords="offset points",
+                        fontsize=8, color="crimson")
+    ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+    ax.set_xticks(range(len(categories)), categories)
+    ax.set_xlim(-0.7, len(categories) - 0.3)
+    ax.set_ylabel("speedup (FP8 / BF16)")
+    lowest = min([1.0, *comp["speedup"]]) if len(comp) else 1.0
+    ax.set_ylim(bottom=0.8 * lowest)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    return _finish(fig, save)
+
+
+def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int = 20,
+                save: str | Path | None = None) -> Figure:
+    """Training loss against tokens, BF16 vs FP8 (raw faint, smoothed solid), and below it the
+    gap of each FP8 run's smoothed loss to the BF16 run of the same model, in percent."""
+    title = f"Training loss ({smoothing}, span {smoothing_span}) and FP8 gap"
+    steps = runs[(runs["record"] == "step") & runs["loss"].notna()] if len(runs) else runs
+    if not len(steps):
+        return _finish(_empty(title, "no per-step loss in these runs"), save)
+    models = _models(steps)
+    fig, axes = _new(ncols=len(models), nrows=2, height=3.2, sharex="col")
+    for col, model in enumerate(models):
+        top, bottom = axes[0, col], axes[1, col]
+        g = steps[steps["model"] == model]
+        x_col = "tokens" if g["tokens"].notna().all() else "step"
+        variants = _ordered_variants(g)
+        colors = _variant_colors(variants, dict(g[["variant", "precision"]].values))
+        curves = {}
+        for run_id, r in g.groupby("run_id", sort=True):
+            r = r.sort_values("step")
+            sm = smooth(r["loss"], smoothing, smoothing_span).to_numpy()
+            x = r[x_col].to_numpy(dtype=float)
+            var = r["variant"].iloc[0]
+            top.plot(x, r["loss"], color=colors[var], alpha=0.25, lw=0.8)
+            top.plot(x, sm, color=colors[var], lw=1.8, label=f"{var} ({run_id})", gid=f"smoothed:{run_id}")
+            curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
+        base = [(k, v) for k, v in curves.items() if not v[0]]
+        for run_id, (fp8, x, sm) in curves.items():
+            if not fp8 or not base:
+                continue
+            _, (_, bx, bsm) = base[0]
+            inside = (x >= bx.min()) & (x <= bx.max())
+            gap = 100 * (sm[inside] - np.interp(x[inside], bx, bsm)) / np.interp(x[inside], bx, bsm)
+            var = g[g["run_id"] == run_id]["variant"].iloc[0]
+            bottom.plot(x[inside], gap, color=colors[var], label=f"{run_id} vs {base[0][0]}", gid=f"gap:{run_id}")
+        bottom.axhline(0, color="0.3", lw=0.8, ls="--")
+        top.set_title(str(model))
+        top.set_ylabel("loss")
+        top.legend(fontsize=7)
+        bottom.set_ylabel("FP8 - BF16 (% of BF16)")
+        bottom.set_xlabel(x_col)
+        if bottom.lines[:-1]:
+            bottom.legend(fontsize=7)
+        else:
+            bottom.text(0.5, 0.5, "needs a BF16 and an FP8 run", ha="center", transform=bottom.transAxes, color="0.4")
+    fig.suptitle(title)
+    return _finish(fig, save)
+
+
+def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """Model FLOPs utilisation per run, as each run reported it (see the trainer for the peak used)."""
+    title = "MFU per run (as reported by the run)"
+    s = summary[summary["mfu"].notna()] if len(summary) else summary
+    if not len(s):
+        return _finish(_empty(title, "no MFU in these runs"), save)
+    s = s.assign(_size=s["model"].map(model_size_b)).sort_values(["_size", "model", "world_size", "precision", "variant"])
+    labels = [f"{m} | {v} | {int(w) if pd.notna(w) else '?'} GPU" for m, v, w in
+              zip(s["model"], s["variant"], s["world_size"])]
+    colors = _variant_colors(list(s["variant"].unique()), dict(s[["variant", "precision"]].values))
+    fig, axes = _new(width=7, height=0.45 * len(s) + 1.5)
+    ax = axes[0, 0]
+    ax.barh(range(len(s)), 100 * s["mfu"], color=[colors[v] for v in s["variant"]])
+    ax.set_yticks(range(len(s)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("MFU (%)")
+    ax.set_title(title)
+    return _finish(fig, save)
+
+
+def cost_figure(costs: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """Time (hours) and cost (USD) to train the token budget, per run, from ``analysis.cost_table``."""
+    if len(costs):
+        budget, price = costs["token_budget"].iloc[0], costs["price_per_instance_hour"].iloc[0]
+        title = f"Time and cost to train {budget / 1e9:g}B tokens at ${price:,.2f}/instance-hour"
+    else:
+        title = "Time and cost to train the token budget"
+    c = costs[costs["hours"].notna() & np.isfinite(costs["hours"])] if len(costs) else costs
+    if not len(c):
+        return _finish(_empty(title), save)
+    c = c.assign(_size=c["model"].map(model_size_b)).sort_values(["_size", "model", "instances", "precision", "variant"])
+    labels = [f"{m} | {v} | {int(i)} inst" + (" (projected)" if p else "")
+              for m, v, i, p in zip(c["model"], c["variant"], c["instances"].fillna(1), c["projected"])]
+    colors = _variant_colors(list(c["variant"].unique()), dict(c[["variant", "precision"]].values))
+    fig, axes = _new(ncols=2, width=5.5, height=0.45 * len(c) + 1.6, sharey=True)
+    for ax, col, xlabel in ((axes[0, 0], "hours", "hours"), (axes[0, 1], "cost_usd", "cost (USD)")):
+        ax.barh(range(len(c)), c[col], color=[colors[v] for v in c["variant"]])
+        for y, val in enumerate(c[col]):
+            ax.annotate(f"{val:,.0f}", (val, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.set_xlabel(xlabel)
+    axes[0, 0].set_yticks(range(len(c)), labels, fontsize=8)
+    axes[0, 0].invert_yaxis()
+    fig.suptitle(title)
+    return _finish(fig, save)
+
+
+def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """Per-GPU scaling efficiency (tokens/s/GPU relative to the smallest scale), from
+    ``analysis.scaling_table``; 1.0 is perfect linear scaling."""
+    title = "Per-GPU scaling efficiency"
+    if not len(scaling):
+        return _finish(_empty(title), save)
+    by = "instances" if "instances" in scaling.columns else "world_size"
+    fig, axes = _new(width=6)
+    ax = axes[0, 0]
+    colors = _variant_colors(list(scaling["variant"].unique()), dict(scaling[["variant", "precision"]].values))
+    for (model, var), g in scaling.groupby(["model", "variant"], sort=True):
+        ax.plot(g[by], g["efficiency"], marker="o", color=colors[var], label=f"{model} | {var}")
+    ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+    ax.set_xlabel(_SCALE_LABEL[by])
+    ax.set_ylabel("tokens/s/GPU relative to smallest scale")
+    ax.set_ylim(0, max(1.1, float(scaling["efficiency"].max()) * 1.05))
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _finish(fig, save)
