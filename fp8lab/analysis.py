@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from fp8lab.paths import DATA_DIR, RESULTS_DIR
+from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 
 # Run metadata carried on every row of the tidy table.
 META_COLUMNS = [
@@ -123,6 +123,17 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
     return frames
 
 
+def display_path(path: Path) -> str:
+    """A path as shown in tables: relative to the repository or the working folder, never absolute."""
+    path = Path(path).resolve()
+    for base in (REPO_ROOT, Path.cwd()):
+        try:
+            return path.relative_to(base.resolve()).as_posix()
+        except ValueError:
+            continue
+    return "/".join(path.parts[-2:])
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, object) for each record; a truncated last line is dropped with a warning.
 
@@ -198,7 +209,7 @@ def _load_trainer_dir(folder: Path) -> pd.DataFrame:
             raise RunFileError(f"{cfg}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
     meta["run_id"] = folder.name
     meta.setdefault("study", folder.parent.name or "local")
-    meta["source"] = str(folder)
+    meta["source"] = display_path(folder)
     records = read_jsonl(folder / "metrics.jsonl")
     if not records:
         warnings.warn(f"{folder / 'metrics.jsonl'}: no complete records yet; run skipped", RunFileWarning, stacklevel=3)
@@ -219,7 +230,7 @@ def _load_result_file(path: Path) -> pd.DataFrame:
     meta = _meta({k: v for k, v in first.items() if k != "record"})
     meta.setdefault("run_id", path.stem)
     meta.setdefault("study", path.parent.name)
-    meta["source"] = str(path)
+    meta["source"] = display_path(path)
     steps, summaries = [], []
     for lineno, rec in records[1:]:
         kind = rec.get("record")
@@ -338,6 +349,20 @@ def load_reference(path: str | Path | None = None) -> pd.DataFrame:
     df["hardware"] = ref["hardware"]
     df["tokens"] = float(ref["tokens"])
     return df
+
+
+def describe(runs: pd.DataFrame) -> str:
+    """One line saying what was loaded (or that nothing was), for notebooks and reports."""
+    if not len(runs):
+        return ("No measured runs yet: data/results/ holds no result files (or the given sources are empty). "
+                "Only the source blog's reported figures are shown; they are not measured here.")
+    n = runs["run_id"].nunique()
+    steps = int((runs["record"] == "step").sum())
+    summaries = runs.loc[runs["record"] == "summary", "run_id"].nunique()
+    models = ", ".join(sorted(map(str, runs["model"].dropna().unique()))) or "unknown models"
+    gpus = ", ".join(sorted(map(str, runs["gpu_name"].dropna().unique()))) or "unknown GPU"
+    return (f"{n} measured run(s) of {models} on {gpus}: {steps} step record(s)"
+            f"{f' and {summaries} benchmark summary record(s)' if summaries else ''}.")
 
 
 # --------------------------------------------------------------------------------- summaries

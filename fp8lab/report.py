@@ -1,0 +1,154 @@
+"""One self-contained HTML page of the BF16-vs-FP8 analysis: verdict, figures, tables.
+
+Images are embedded as base64 PNG and styles inline, so the page has no external ``src`` or
+``href`` and opens offline (attach it to an issue, mail it, open it on a laptop).
+``fp8lab report RUNS... --out report.html`` calls :func:`main`.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from fp8lab import analysis, plots
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+.verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}
+.ref{color:#a3162b}.muted{color:#666;font-size:.9em}img{max-width:100%}
+"""
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What the report assumes; every value is printed in the page."""
+
+    tokens: float = analysis.DEFAULT_TOKEN_BUDGET  # token budget for time/cost (source's epoch: 24B)
+    price_per_instance_hour: float = analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR  # USD, an assumption
+    gpus_per_instance: int = analysis.DEFAULT_GPUS_PER_INSTANCE  # P5: 8
+    warmup_steps: int = 10  # steps left out of steady-state throughput
+    smoothing: str = "ema"  # "ema", "window" or "none"
+    smoothing_span: int = 20  # EMA span or window length, in logged steps
+    title: str = "fp8lab: BF16 vs FP8 training results"
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        if v != v:  # NaN
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def _table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
+    if not len(df):
+        return '<p class="muted">(none)</p>'
+    d = df[[c for c in (columns or df.columns) if c in df]]
+    return d.to_html(index=False, escape=True, na_rep="-", formatters={c: _fmt for c in d.columns}, border=0)
+
+
+def _img(fig, alt: str) -> str:
+    data = base64.b64encode(plots.to_png(fig)).decode("ascii")
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
+
+
+def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
+                reference: pd.DataFrame | None = None) -> str:
+    """The report page for a runs table from :func:`fp8lab.analysis.load_runs`."""
+    reference = analysis.load_reference() if reference is None else reference
+    summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
+    comparison = analysis.compare_precisions(summary)
+    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance)
+    by = "instances" if summary["instances"].nunique() > 1 else "world_size"
+    scaling = analysis.scaling_table(summary, by=by)
+    text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour,
+                            config.gpus_per_instance, reference=reference)
+    figs = [
+        (plots.throughput_figure(summary), "tokens/s/GPU, BF16 vs FP8"),
+        (plots.speedup_figure(comparison, reference), "FP8 speedup per model, with the source's reported values"),
+        (plots.loss_figure(runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap"),
+        (plots.mfu_figure(summary), "MFU per run"),
+        (plots.cost_figure(costs), "time and cost to train the token budget"),
+        (plots.scaling_figure(scaling), "per-GPU scaling efficiency"),
+    ]
+    n_runs = summary["run_id"].nunique()
+    e = html.escape
+    body = [
+        f"<h1>{e(config.title)}</h1>",
+        f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
+        f"run(s). Assumptions: token budget {config.tokens:,.0f}; price ${config.price_per_instance_hour:,.2f} per "
+        f"instance-hour with {config.gpus_per_instance} GPUs per instance (an assumption: pass your own); "
+        f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
+        f"{config.smoothing_span}.</p>",
+        "<h2>Verdict</h2>", f'<p class="verdict">{e(text)}</p>',
+    ]
+    if not n_runs:
+        body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are shown.</p>')
+    body.append("<h2>Figures</h2>")
+    body += [_img(f, alt) for f, alt in figs]
+    body += [
+        "<h2>FP8 vs BF16 per model and scale</h2>",
+        '<p class="muted">Loss gaps only between runs that saw the same number of tokens (column valid).</p>',
+        _table(comparison),
+        "<h2>Runs</h2>",
+        _table(summary, ["run_id", "study", "model", "variant", "gpu_name", "world_size", "instances", "n_steps",
+                         "tokens", "tokens_per_sec_per_gpu", "tps_spread_pct", "mfu", "max_mem_gib", "final_loss",
+                         "smoothed_loss", "val_loss", "throughput_from", "note"]),
+        "<h2>Time and cost</h2>",
+        '<p class="muted">projected = the run used fewer GPUs than the cluster priced here; its per-GPU rate is '
+        "assumed to hold on full instances.</p>",
+        _table(costs),
+        '<h2 class="ref">Source blog figures (reported by the source, not measured here)</h2>',
+        _table(reference),
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{e(config.title)}</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def build_report(sources: object = None, out: str | Path = "report.html",
+                 config: ReportConfig = ReportConfig()) -> Path:
+    """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``."""
+    runs = analysis.load_runs(sources)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(runs, config), encoding="utf-8")
+    return out
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    d = ReportConfig()
+    p = argparse.ArgumentParser(prog="fp8lab report", description="Turn runs into one self-contained HTML report.")
+    p.add_argument("runs", nargs="*", help="trainer output folders, result files or folders (default: data/results)")
+    p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
+    p.add_argument("--tokens", type=float, default=d.tokens, help="token budget for time/cost (default: 24e9)")
+    p.add_argument("--price", type=float, default=d.price_per_instance_hour,
+                   help=f"USD per instance-hour (default: {d.price_per_instance_hour}, an assumption)")
+    p.add_argument("--gpus-per-instance", type=int, default=d.gpus_per_instance)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--smoothing", choices=analysis.SMOOTHING_METHODS, default=d.smoothing)
+    p.add_argument("--smoothing-span", type=int, default=d.smoothing_span)
+    args = p.parse_args(list(argv) if argv is not None else None)
+    config = ReportConfig(args.tokens, args.price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
+                          args.smoothing_span)
+    try:
+        out = build_report(args.runs or None, args.out, config)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
