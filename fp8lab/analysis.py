@@ -162,6 +162,34 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     return records
 
 
+RUN_RECORD_REQUIRED = ("model", "precision", "gpu_name", "world_size", "command", "date")
+
+
+def write_result_file(path: str | Path, run: dict, steps: Iterable[dict] = (), summary: dict | None = None) -> Path:
+    """Write one run as a result file in the format of ``data/results/README.md``.
+
+    ``run`` is the provenance (must hold at least ``RUN_RECORD_REQUIRED``); ``steps`` are
+    metrics.jsonl-style dicts; ``summary`` a benchmark's own summary. Checked before writing.
+    """
+    missing = [k for k in RUN_RECORD_REQUIRED if k not in run]
+    if missing:
+        raise ValueError(f"run: missing key(s) {', '.join(missing)}; required: {', '.join(RUN_RECORD_REQUIRED)}")
+    steps = [dict(s) for s in steps]
+    bad = [i for i, s in enumerate(steps) if "step" not in s]
+    if bad:
+        raise ValueError(f"steps: record(s) {bad[:5]} have no 'step' key")
+    if not steps and not summary:
+        raise ValueError("steps/summary: a result file needs step records, a summary record, or both")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"record": "run", **{k: v for k, v in run.items() if k != "record"}}]
+    lines += [{"record": "step", **{k: v for k, v in s.items() if k != "record"}} for s in steps]
+    if summary:
+        lines.append({"record": "summary", **{k: v for k, v in summary.items() if k != "record"}})
+    path.write_text("".join(json.dumps(line, sort_keys=False) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
 def _flatten(d: dict) -> dict:
     """One level of nesting folded in ({"config": {...}, "provenance": {...}} -> flat keys)."""
     out: dict = {}

@@ -1,0 +1,375 @@
+"""fp8lab.analysis: loading runs (good, partial, corrupt), summaries with known answers,
+BF16-vs-FP8 comparison, cost, scaling and the generated verdict.
+
+The helpers at the top build realistic run files (trainer output folders and result files);
+test_plots, test_report and test_notebook_05 import them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fp8lab import analysis
+from fp8lab.paths import RESULTS_DIR
+
+GPU = "NVIDIA H200"
+
+
+def step_records(n: int, tps: float, precision: str, *, model: str = "llama-1b", loss0: float = 10.0,
+                 loss_scale: float = 1.0, tokens_per_step: int = 4096, world_size: int = 1, warmup_tps: float | None = None,
+                 warmup: int = 0, val_every: int = 0, backend: str = "te", recipe: str | None = "delayed") -> list[dict]:
+    """metrics.jsonl-style records (the trainer's keys). Loss follows loss0/step**0.1 times loss_scale."""
+    recs = []
+    for s in range(1, n + 1):
+        rate = warmup_tps if (warmup_tps is not None and s <= warmup) else tps
+        r = {"step": s, "tokens": s * tokens_per_step, "loss": loss_scale * loss0 / s ** 0.1, "lr": 3e-4,
+             "grad_norm": 1.0, "step_time_s": tokens_per_step / (rate * world_size),
+             "tokens_per_sec": rate * world_size, "tokens_per_sec_per_gpu": rate, "mfu": rate / 1e4,
+             "max_mem_gib": 10.0 + s / 100, "precision": precision, "backend": backend,
+             "recipe": recipe if precision == "fp8" else None, "model": model, "world_size": world_size,
+             "gpu_name": GPU}
+        if val_every and s % val_every == 0:
+            r["val_loss"] = r["loss"] + 0.1
+        recs.append(r)
+    return recs
+
+
+def make_trainer_run(root: Path, name: str, precision: str, tps: float, n: int = 30, **kw) -> Path:
+    """A trainer output folder: metrics.jsonl + config.json (config nested with provenance)."""
+    d = Path(root) / name
+    d.mkdir(parents=True, exist_ok=True)
+    recs = step_records(n, tps, precision, **kw)
+    cfg = {"config": {"model": recs[0]["model"], "precision": precision, "backend": recs[0]["backend"],
+                      "recipe": recs[0]["recipe"], "micro_batch_size": 4, "grad_accum": 2, "seq_len": 512,
+                      "max_steps": n},
+           "provenance": {"gpu_name": GPU, "world_size": recs[0]["world_size"], "torch": "2.x",
+                          "command": "fp8lab train ..."}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return d
+
+
+def run_meta(model: str, precision: str, **kw) -> dict:
+    meta = {"model": model, "precision": precision, "backend": "te", "recipe": "delayed" if precision == "fp8" else None,
+            "fuse": True, "gpu_name": GPU, "world_size": 1, "instances": 1, "micro_batch_size": 4, "grad_accum": 1,
+            "seq_len": 1024, "versions": {"torch": "2.x"}, "command": "python benchmarks/x.py", "date": "2026-11-29T20:00:00Z"}
+    meta.update(kw)
+    return meta
+
+
+def make_pair(root: Path, bf16_tps: float = 1000.0, fp8_tps: float = 1250.0, **kw) -> Path:
+    make_trainer_run(root, "bf16", "bf16", bf16_tps, **kw)
+    make_trainer_run(root, "fp8", "fp8", fp8_tps, loss_scale=1.03, **kw)
+    return Path(root)
+
+
+# ------------------------------------------------------------------------------------ loading
+
+def test_trainer_folder_loads_steps_with_metadata_from_config(tmp_path):
+    make_trainer_run(tmp_path, "run-a", "fp8", 1000.0, n=12)
+    df = analysis.load_runs(tmp_path / "run-a")
+    assert len(df) == 12 and set(df["record"]) == {"step"}
+    assert list(df.columns[: len(analysis.COLUMNS)]) == analysis.COLUMNS
+    row = df.iloc[0]
+    assert row["run_id"] == "run-a" and row["model"] == "llama-1b" and row["precision"] == "fp8"
+    assert row["micro_batch_size"] == 4 and row["grad_accum"] == 2 and row["seq_len"] == 512  # from config.json
+    assert row["gpu_name"] == GPU and row["world_size"] == 1 and row["instances"] == 1
+    assert row["variant"] == "fp8 te delayed"
+    assert not Path(row["source"]).is_absolute()  # no machine paths in tables
+    assert df["step"].tolist() == list(range(1, 13))
+
+
+def test_result_file_with_steps_and_summary_and_summary_only(tmp_path):
+    study = tmp_path / "throughput"
+    analysis.write_result_file(study / "a.jsonl", run_meta("llama-1b", "bf16"), step_records(5, 900.0, "bf16"))
+    analysis.write_result_file(study / "b.jsonl", run_meta("llama-1b", "fp8", run_id="fp8-bench"),
+                               summary={"tokens_per_sec_per_gpu": 1200.0, "tokens_per_sec_per_gpu_p25": 1190.0,
+                                        "tokens_per_sec_per_gpu_p75": 1210.0, "mfu": 0.5, "max_mem_gib": 40.0,
+                                        "tokens": 20480, "timed_steps": 50})
+    df = analysis.load_runs(tmp_path)  # a folder: searched recursively
+    assert sorted(df["run_id"].unique()) == ["a", "fp8-bench"]
+    assert (df.loc[df["run_id"] == "a", "record"] == "step").sum() == 5
+    summ = df[df["run_id"] == "fp8-bench"]
+    assert summ["record"].tolist() == ["summary"] and summ["study"].iloc[0] == "throughput"
+    assert summ["tokens_per_sec_per_gpu"].iloc[0] == 1200.0 and summ["tokens_per_sec_per_gpu_p25"].iloc[0] == 1190.0
+    s = analysis.summarize_runs(df, warmup_steps=0).set_index("run_id")
+    assert s.loc["fp8-bench", "tokens_per_sec_per_gpu"] == 1200.0
+    assert s.loc["fp8-bench", "tps_iqr"] == pytest.approx(20.0)
+    assert s.loc["fp8-bench", "throughput_from"] == "benchmark summary record"
+    assert s.loc["a", "tokens_per_sec_per_gpu"] == 900.0
+
+
+def test_truncated_last_line_is_read_up_to_last_complete_line_with_warning(tmp_path):
+    d = make_trainer_run(tmp_path, "live", "bf16", 1000.0, n=8)
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 9, "tokens": 36864, "lo')  # the trainer is mid-write
+    with pytest.warns(analysis.RunFileWarning, match=r"metrics.jsonl: line 9 is incomplete"):
+        df = analysis.load_runs(d)
+    assert df["step"].max() == 8 and len(df) == 8
+
+
+@pytest.mark.parametrize("bad, match", [
+    ('{"step": 3, "loss": }\n', r"a\.jsonl: line 3 is not valid JSON"),
+    ('[1, 2]\n', r"a\.jsonl: line 3 is not a JSON object"),
+    ('{"record": "step", "loss": 1.0}\n', r"a\.jsonl: line 3 has no 'step' key"),
+    ('{"record": "metrics", "step": 3}\n', r"a\.jsonl: line 3 has record='metrics'; allowed after line 1: 'step', 'summary'"),
+])
+def test_corrupt_result_file_names_file_and_line(tmp_path, bad, match):
+    p = analysis.write_result_file(tmp_path / "a.jsonl", run_meta("llama-1b", "bf16"), step_records(1, 1.0, "bf16"))
+    lines = p.read_text().splitlines(keepends=True)
+    p.write_text("".join(lines) + bad + json.dumps({"record": "step", "step": 4}) + "\n")
+    with pytest.raises(analysis.RunFileError, match=match):
+        analysis.load_runs(p)
+
+
+def test_corrupt_line_in_the_middle_of_metrics_is_an_error_not_a_warning(tmp_path):
+    d = make_trainer_run(tmp_path, "r", "bf16", 1000.0, n=3)
+    text = (d / "metrics.jsonl").read_text().splitlines()
+    text[1] = text[1][:20]
+    (d / "metrics.jsonl").write_text("\n".join(text) + "\n")
+    with pytest.raises(analysis.RunFileError, match=r"metrics\.jsonl: line 2 is not valid JSON"):
+        analysis.load_runs(d)
+
+
+def test_result_file_must_start_with_run_record(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps({"record": "step", "step": 1}) + "\n")
+    with pytest.raises(analysis.RunFileError, match=r"x\.jsonl: line 1 must be the run record"):
+        analysis.load_runs(p)
+
+
+def test_missing_source_and_wrong_type_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        analysis.load_runs(tmp_path / "nope")
+    with pytest.raises(ValueError, match="sources"):
+        analysis.load_runs([42])
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(ValueError, match=r"expected a \.jsonl file or a folder"):
+        analysis.load_runs(tmp_path / "notes.txt")
+
+
+def test_validation_record_for_the_same_step_is_merged(tmp_path):
+    d = make_trainer_run(tmp_path, "v", "bf16", 1000.0, n=4)
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 4, "val_loss": 3.25}) + "\n")
+    df = analysis.load_runs(d)
+    assert len(df) == 4
+    last = df[df["step"] == 4].iloc[0]
+    assert last["val_loss"] == 3.25 and last["loss"] == pytest.approx(10 / 4 ** 0.1)
+
+
+def test_collect_table_is_accepted_and_checked():
+    recs = step_records(6, 800.0, "fp8")
+    table = pd.DataFrame([{**r, "job_name": "fp8lab-llama-1b-fp8-2x", "instance_count": 2, "world_size": 16} for r in recs])
+    df = analysis.load_runs(table)
+    assert set(df["run_id"]) == {"fp8lab-llama-1b-fp8-2x"}
+    assert set(df["instances"]) == {2} and set(df["world_size"]) == {16} and len(df) == 6
+    with pytest.raises(ValueError, match="job_name"):
+        analysis.load_runs(table.drop(columns=["job_name"]))
+
+
+def test_same_folder_name_in_two_places_keeps_runs_apart(tmp_path):
+    make_trainer_run(tmp_path / "a", "bf16", "bf16", 1000.0, n=3)
+    make_trainer_run(tmp_path / "b", "bf16", "bf16", 2000.0, n=3)
+    df = analysis.load_runs([tmp_path / "a" / "bf16", tmp_path / "b" / "bf16"])
+    assert df["run_id"].nunique() == 2
+
+
+def test_empty_sources_give_an_empty_table_with_all_columns(tmp_path):
+    df = analysis.load_runs(tmp_path)
+    assert len(df) == 0 and list(df.columns) == analysis.COLUMNS
+    assert "No measured runs yet" in analysis.describe(df)
+    s = analysis.summarize_runs(df)
+    assert len(s) == 0 and len(analysis.compare_precisions(s)) == 0
+
+
+def test_committed_result_files_load_and_carry_provenance():
+    """Whatever GPU results are committed in data/results/ must follow the README's format."""
+    files = [p for p in RESULTS_DIR.rglob("*.jsonl") if not any(x.startswith(".") for x in p.parts)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", analysis.RunFileWarning)  # committed files must be complete
+        df = analysis.load_runs()
+    assert df["run_id"].nunique() == len(files)
+    for p in files:
+        first = json.loads(p.read_text().splitlines()[0])
+        missing = [k for k in analysis.RUN_RECORD_REQUIRED if k not in first]
+        assert not missing, f"{p.name}: run record lacks {missing}"
+
+
+def test_write_result_file_checks_its_input(tmp_path):
+    with pytest.raises(ValueError, match="run: missing key"):
+        analysis.write_result_file(tmp_path / "a.jsonl", {"model": "x"}, step_records(1, 1.0, "bf16"))
+    with pytest.raises(ValueError, match="steps/summary"):
+        analysis.write_result_file(tmp_path / "a.jsonl", run_meta("x", "bf16"))
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+def test_reference_holds_the_source_headline_figures():
+    ref = analysis.load_reference().set_index("model_size")
+    assert ref.loc["1B", "speedup"] == 1.13 and ref.loc["7B", "speedup"] == 1.18
+    assert ref.loc["1B", "loss_gap_pct"] == 3.0 and ref.loc["7B", "loss_gap_pct"] == 2.0
+    assert set(ref["label"]) == {"reported by the source, not measured here"}
+    assert set(ref["tokens"]) == {24e9}
+
+
+def test_model_size_parsing():
+    assert analysis.model_size_b("llama-1b") == 1.0
+    assert analysis.model_size_b("gptneo-1.3b") == 1.3
+    assert analysis.model_size_b("llama-125m") == pytest.approx(0.125)
+    assert math.isnan(analysis.model_size_b("llama-tiny"))
+
+
+# ---------------------------------------------------------------------------------- summaries
+
+def test_summary_excludes_warmup_and_gives_median_and_quartiles(tmp_path):
+    # 5 slow warm-up steps, then steady steps at 1000, 1000, 1100, 1200 tokens/s/GPU repeated
+    recs = step_records(25, 1000.0, "bf16", warmup_tps=10.0, warmup=5)
+    steady = [1000.0, 1000.0, 1100.0, 1200.0] * 5
+    for r, v in zip(recs[5:], steady):
+        r["tokens_per_sec_per_gpu"] = v
+        r["mfu"] = v / 1e4
+    analysis.write_result_file(tmp_path / "r.jsonl", run_meta("llama-1b", "bf16"), recs)
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path), warmup_steps=5).iloc[0]
+    assert s["steady_steps"] == 20
+    assert s["tokens_per_sec_per_gpu"] == np.median(steady) == 1050.0
+    assert s["tps_p25"] == np.quantile(steady, 0.25) and s["tps_p75"] == np.quantile(steady, 0.75)
+    assert s["tps_spread_pct"] == pytest.approx(100 * (np.quantile(steady, 0.75) - np.quantile(steady, 0.25)) / 1050.0)
+    assert s["mfu"] == pytest.approx(0.105)
+    assert s["max_mem_gib"] == pytest.approx(10.25) and s["tokens"] == 25 * 4096
+    assert s["final_loss"] == pytest.approx(10 / 25 ** 0.1)
+    # without excluding warm-up the slow steps drag the median down
+    s0 = analysis.summarize_runs(analysis.load_runs(tmp_path), warmup_steps=0).iloc[0]
+    assert s0["tokens_per_sec_per_gpu"] == np.median([10.0] * 5 + steady) == 1000.0
+
+
+def test_smoothed_loss_ema_window_and_none():
+    x = pd.Series([4.0, 2.0, 6.0, 0.0])
+    alpha = 2 / (3 + 1)  # pandas span convention
+    w = np.array([(1 - alpha) ** k for k in range(4)])[::-1]
+    assert analysis.smooth(x, "ema", 3).iloc[-1] == pytest.approx(float((w * x).sum() / w.sum()))
+    assert analysis.smooth(x, "window", 2).tolist() == [4.0, 3.0, 4.0, 3.0]
+    assert analysis.smooth(x, "none", 5).tolist() == x.tolist()
+    with pytest.raises(ValueError, match=r"smoothing='median'; allowed: ema, window, none"):
+        analysis.smooth(x, "median", 3)
+    with pytest.raises(ValueError, match="smoothing_span"):
+        analysis.smooth(x, "ema", 0)
+
+
+def test_summary_rejects_bad_parameters():
+    empty = analysis.load_runs([])
+    with pytest.raises(ValueError, match="warmup_steps"):
+        analysis.summarize_runs(empty, warmup_steps=-1)
+    with pytest.raises(ValueError, match="smoothing"):
+        analysis.summarize_runs(empty, smoothing="gaussian")
+
+
+def test_all_steps_in_warmup_is_said_not_hidden(tmp_path):
+    make_trainer_run(tmp_path, "short", "bf16", 1000.0, n=4)
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path / "short"), warmup_steps=10).iloc[0]
+    assert math.isnan(s["tokens_per_sec_per_gpu"]) and "warmup_steps=10" in s["note"]
+
+
+def test_speedup_and_loss_gap_known_answers(tmp_path):
+    make_pair(tmp_path, 1000.0, 1250.0, val_every=10)
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path), warmup_steps=10, smoothing="window", smoothing_span=5)
+    c = analysis.compare_precisions(s)
+    assert len(c) == 1
+    r = c.iloc[0]
+    assert r["baseline_run"] == "bf16" and r["fp8_run"] == "fp8" and bool(r["valid"])
+    assert r["speedup"] == pytest.approx(1.25)
+    # FP8 loss is exactly 1.03x BF16 at every step, so every smoothed gap is exactly +3%
+    assert r["loss_gap_pct"] == pytest.approx(3.0)
+    bf_val, f8_val = 10 / 30 ** 0.1 + 0.1, 1.03 * 10 / 30 ** 0.1 + 0.1
+    assert r["val_loss_gap_pct"] == pytest.approx(100 * (f8_val - bf_val) / bf_val)
+    c_final = analysis.compare_precisions(s, loss="final")
+    assert c_final.iloc[0]["loss_baseline"] == pytest.approx(10 / 30 ** 0.1)
+    with pytest.raises(ValueError, match="loss='best'"):
+        analysis.compare_precisions(s, loss="best")
+
+
+def test_loss_not_compared_when_tokens_differ(tmp_path):
+    make_trainer_run(tmp_path, "bf16", "bf16", 1000.0, n=30)
+    make_trainer_run(tmp_path, "fp8", "fp8", 1200.0, n=20)
+    c = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(tmp_path)))
+    r = c.iloc[0]
+    assert not r["valid"] and math.isnan(r["loss_gap_pct"]) and "different tokens" in r["note"]
+    assert r["speedup"] == pytest.approx(1.2)  # rates still compare
+    text = analysis.verdict(c)
+    assert "did not see the same tokens" in text
+
+
+def test_baseline_is_fastest_bf16_or_the_named_backend(tmp_path):
+    make_trainer_run(tmp_path, "hf-bf16", "bf16", 800.0, backend="hf")
+    make_trainer_run(tmp_path, "te-bf16", "bf16", 1000.0, backend="te")
+    make_trainer_run(tmp_path, "te-fp8", "fp8", 1400.0)
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path))
+    best = analysis.compare_precisions(s).iloc[0]
+    assert best["baseline_run"] == "te-bf16" and best["speedup"] == pytest.approx(1.4)
+    hf = analysis.compare_precisions(s, baseline_backend="hf").iloc[0]
+    assert hf["baseline_run"] == "hf-bf16" and hf["speedup"] == pytest.approx(1.75)
+
+
+def test_runs_pair_only_within_model_and_scale(tmp_path):
+    make_trainer_run(tmp_path, "bf16-1b", "bf16", 1000.0, model="llama-1b")
+    make_trainer_run(tmp_path, "fp8-7b", "fp8", 300.0, model="llama-7b")
+    make_trainer_run(tmp_path, "fp8-1b-2gpu", "fp8", 1200.0, model="llama-1b", world_size=2)
+    assert len(analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(tmp_path)))) == 0
+
+
+def test_cost_table_known_numbers(tmp_path):
+    make_pair(tmp_path, 1000.0, 1250.0)
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path))
+    tokens = 1000.0 * 8 * 3600  # one hour of 8 GPUs at 1000 tokens/s/GPU
+    cost = analysis.cost_table(s, tokens=tokens, price_per_instance_hour=50.0, gpus_per_instance=8).set_index("run_id")
+    assert cost.loc["bf16", "hours"] == pytest.approx(1.0) and cost.loc["bf16", "cost_usd"] == pytest.approx(50.0)
+    assert cost.loc["fp8", "hours"] == pytest.approx(0.8) and cost.loc["fp8", "cost_usd"] == pytest.approx(40.0)
+    assert cost["projected"].all()  # measured on 1 GPU, priced on 8-GPU instances
+    for bad in ({"tokens": 0}, {"price_per_instance_hour": -1.0}, {"gpus_per_instance": 0}):
+        with pytest.raises(ValueError, match=list(bad)[0]):
+            analysis.cost_table(s, **bad)
+
+
+def test_scaling_efficiency(tmp_path):
+    table = pd.concat([
+        pd.DataFrame([{**r, "job_name": f"bf16-{n}x", "instance_count": n, "world_size": 8 * n}
+                      for r in step_records(12, tps, "bf16")]) for n, tps in ((1, 1000.0), (2, 950.0), (4, 900.0))])
+    s = analysis.summarize_runs(analysis.load_runs(table), warmup_steps=2)
+    sc = analysis.scaling_table(s, by="instances")
+    assert sc["instances"].tolist() == [1, 2, 4]
+    assert sc["efficiency"].tolist() == pytest.approx([1.0, 0.95, 0.9])
+    with pytest.raises(ValueError, match="by='nodes'"):
+        analysis.scaling_table(s, by="nodes")
+
+
+# ------------------------------------------------------------------------------------ verdict
+
+def test_verdict_is_written_from_the_numbers(tmp_path):
+    make_pair(tmp_path, 1000.0, 1250.0)
+    c = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(tmp_path)))
+    text = analysis.verdict(c, tokens=24e9, price_per_instance_hour=100.0, reference=analysis.load_reference())
+    assert "1.25x" in text and "+3.00%" in text and "20% saved" in text
+    hours_bf16 = 24e9 / (1000.0 * 8) / 3600
+    assert f"${hours_bf16 * 100:,.0f}" in text and f"${hours_bf16 * 0.8 * 100:,.0f}" in text
+    assert "more than 1% above" in text  # 3% gap > 1% tolerance
+    assert "reported (not measured here) 1.13x" in text and "1.18x" in text
+    assert "pays off" in analysis.verdict(c, loss_tolerance_pct=5.0)
+
+
+def test_verdict_without_loss_or_pairs_says_so(tmp_path):
+    recs = step_records(20, 1000.0, "bf16")
+    recs_f = step_records(20, 900.0, "fp8")
+    for r in recs + recs_f:
+        del r["loss"]
+    analysis.write_result_file(tmp_path / "b.jsonl", run_meta("llama-1b", "bf16"), recs)
+    analysis.write_result_file(tmp_path / "f.jsonl", run_meta("llama-1b", "fp8"), recs_f)
+    c = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(tmp_path)))
+    text = analysis.verdict(c)
+    assert "0.90x" in text and "no loss was recorded" in text and "not faster than BF16" in text
+    empty = analysis.verdict(analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs([]))))
+    assert "no measured BF16/FP8 pairs" in empty
