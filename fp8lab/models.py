@@ -129,6 +129,8 @@ def to_hf_config(cfg: ModelConfig):
         max_position_embeddings=cfg.max_seq_len, window_size=cfg.window_size,
         layer_norm_epsilon=cfg.norm_eps, embed_dropout=0.0, resid_dropout=0.0, attention_dropout=0.0,
         tie_word_embeddings=True,
+        # GPT-Neo's <|endoftext|> is the last token of its vocabulary; keep it inside smaller vocabularies
+        bos_token_id=min(50256, cfg.vocab_size - 1), eos_token_id=min(50256, cfg.vocab_size - 1),
     )
 
 

@@ -1,0 +1,319 @@
+"""The fused decoder (``fuse=True``) shared by the TE and emulated backends, and its HF weight map.
+
+Each HF decoder block becomes four fused pieces, the layout of Transformer Engine's building blocks:
+
+    qkv  = LayerNormLinear(norm -> one GEMM for Q, K and V)       [q; k; v] rows concatenated
+    attn = DotProductAttention(causal, GQA, window, softmax_scale)  no parameters
+    proj = Linear(attention output -> hidden)
+    mlp  = LayerNormMLP(norm -> fc1 -> activation -> fc2)         Llama: fc1 = [gate; up] (SwiGLU)
+
+A backend supplies the pieces (``Parts``); this module wires them, applies RoPE (Llama) or learned
+positions (GPT-Neo) itself, and keeps the token embedding and LM head as plain high-precision
+modules. GPT-Neo does not divide attention scores by sqrt(head_dim): ``softmax_scale=1.0``.
+
+The HF <-> fused mapping is data (``weight_map``): ``{}`` stands for the layer index, a rule with
+several HF keys concatenates them along dim 0 in order (and splits them back by their HF shapes).
+Both directions check key counts and shapes and load strictly.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt_neo": "GPTNeoForCausalLM"}
+
+
+@dataclass(frozen=True)
+class FusedSpec:
+    """Everything the fused model needs to know about the HF architecture."""
+
+    family: str  # "llama" | "gptneo"
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_pos: int
+    eps: float
+    normalization: str  # TE spelling: "RMSNorm" | "LayerNorm"
+    activation: str  # TE spelling: "swiglu" | "gelu" (tanh approximation = HF gelu_new)
+    bias: bool  # GPT-Neo: out_proj and MLP biases (its Q/K/V have none)
+    softmax_scale: float  # 1/sqrt(head_dim) for Llama; 1.0 for GPT-Neo (unscaled scores)
+    windows: tuple[int | None, ...]  # per layer: None = full causal, w = the last w tokens (self included)
+    rope_theta: float | None  # Llama RoPE base; None = learned positions
+    tied: bool  # LM head shares the token embedding (GPT-Neo)
+
+
+def architecture_of(model: nn.Module) -> str:
+    """'llama' or 'gpt_neo', else a ValueError listing the supported classes."""
+    mt = getattr(getattr(model, "config", None), "model_type", None)
+    if mt not in SUPPORTED_ARCHITECTURES or not hasattr(model, "lm_head"):
+        raise ValueError(
+            f"unsupported architecture {type(model).__name__} (model_type={mt!r}); supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES.values())} (e.g. from fp8lab.models.build_model)"
+        )
+    return mt
+
+
+def spec_from_hf(model: nn.Module) -> FusedSpec:
+    c = model.config
+    if architecture_of(model) == "llama":
+        if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False):
+            raise ValueError("Llama with attention_bias/mlp_bias is not supported by the fused conversion; use fuse=False")
+        if c.hidden_act != "silu":
+            raise ValueError(f"Llama hidden_act must be 'silu' for SwiGLU, got {c.hidden_act!r}")
+        rp = getattr(c, "rope_parameters", None) or {}
+        if rp.get("rope_type", "default") != "default":
+            raise ValueError(f"only default RoPE is supported by the fused conversion, got {rp.get('rope_type')!r}")
+        hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return FusedSpec(
+            "llama", c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+            c.num_key_value_heads, hd, c.vocab_size, c.max_position_embeddings, c.rms_norm_eps,
+            "RMSNorm", "swiglu", False, 1.0 / math.sqrt(hd), (None,) * c.num_hidden_layers,
+            float(rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))), bool(c.tie_word_embeddings),
+        )
+    if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"GPT-Neo activation must be gelu_new (tanh GELU), got {c.activation_function!r}")
+    windows = tuple(c.window_size if t == "local" else None for t in c.attention_layers)
+    return FusedSpec(
+        "gptneo", c.hidden_size, c.intermediate_size or 4 * c.hidden_size, c.num_layers, c.num_heads,
+        c.num_heads, c.hidden_size // c.num_heads, c.vocab_size, c.max_position_embeddings,
+        c.layer_norm_epsilon, "LayerNorm", "gelu", True, 1.0, windows, None, True,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# weight map: data, applied by one function per direction
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rule:
+    hf: tuple[str, ...]  # HF keys ({} = layer index); several = concatenated along dim 0 in this order
+    fused: str  # key in the fused model
+
+
+def weight_map(family: str) -> list[Rule]:
+    """The HF -> fused key map for one family."""
+    R = Rule
+    if family == "llama":
+        a, m = "model.layers.{}.self_attn.", "model.layers.{}.mlp."
+        return [
+            R(("model.embed_tokens.weight",), "embed.weight"),
+            R(("model.layers.{}.input_layernorm.weight",), "blocks.{}.qkv.layer_norm_weight"),
+            R((a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), "blocks.{}.qkv.weight"),
+            R((a + "o_proj.weight",), "blocks.{}.proj.weight"),
+            R(("model.layers.{}.post_attention_layernorm.weight",), "blocks.{}.mlp.layer_norm_weight"),
+            R((m + "gate_proj.weight", m + "up_proj.weight"), "blocks.{}.mlp.fc1_weight"),  # gate first: SwiGLU
+            R((m + "down_proj.weight",), "blocks.{}.mlp.fc2_weight"),
+            R(("model.norm.weight",), "norm.weight"),
+            R(("lm_head.weight",), "lm_head.weight"),
+        ]
+    h, a = "transformer.h.{}.", "transformer.h.{}.attn.attention."
+    return [
+        R(("transformer.wte.weight",), "embed.weight"),
+        R(("transformer.wpe.weight",), "pos_embed.weight"),
+        R((h + "ln_1.weight",), "blocks.{}.qkv.layer_norm_weight"),
+        R((h + "ln_1.bias",), "blocks.{}.qkv.layer_norm_bias"),
+        R((a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), "blocks.{}.qkv.weight"),
+        R((a + "out_proj.weight",), "blocks.{}.proj.weight"),
+        R((a + "out_proj.bias",), "blocks.{}.proj.bias"),
+        R((h + "ln_2.weight",), "blocks.{}.mlp.layer_norm_weight"),
+        R((h + "ln_2.bias",), "blocks.{}.mlp.layer_norm_bias"),
+        R((h + "mlp.c_fc.weight",), "blocks.{}.mlp.fc1_weight"),
+        R((h + "mlp.c_fc.bias",), "blocks.{}.mlp.fc1_bias"),
+        R((h + "mlp.c_proj.weight",), "blocks.{}.mlp.fc2_weight"),
+        R((h + "mlp.c_proj.bias",), "blocks.{}.mlp.fc2_bias"),
+        R(("transformer.ln_f.weight",), "norm.weight"),
+        R(("transformer.ln_f.bias",), "norm.bias"),
+        R(("lm_head.weight",), "lm_head.weight"),  # tied to wte in both models
+    ]
+
+
+def expand_rules(family: str, layers: int) -> list[Rule]:
+    """Rules with ``{}`` replaced by every layer index."""
+    out = []
+    for r in weight_map(family):
+        if "{}" in r.fused:
+            out += [Rule(tuple(k.format(i) for k in r.hf), r.fused.format(i)) for i in range(layers)]
+        else:
+            out.append(r)
+    return out
+
+
+def _is_state(key: str) -> bool:
+    return key.endswith("_extra_state")  # TE's FP8 metadata: not a weight
+
+
+def hf_to_fused(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> dict[str, torch.Tensor]:
+    """Fused state dict from an HF one; every HF key must be used exactly once."""
+    rules = expand_rules(spec.family, spec.layers)
+    needed = {k for r in rules for k in r.hf}
+    missing, unused = sorted(needed - set(hf_sd)), sorted(set(hf_sd) - needed)
+    if missing or unused:
+        raise ValueError(f"HF state dict does not match the {spec.family} map: missing {missing[:5]}, unused {unused[:5]}")
+    return {r.fused: torch.cat([hf_sd[k] for k in r.hf], 0) if len(r.hf) > 1 else hf_sd[r.hf[0]] for r in rules}
+
+
+def fused_to_hf(fused_sd: dict[str, torch.Tensor], spec: FusedSpec, hf_shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+    """HF state dict from a fused one, split by the HF shapes; counts and shapes are checked."""
+    rules = expand_rules(spec.family, spec.layers)
+    sd = {k: v for k, v in fused_sd.items() if not _is_state(k)}
+    needed = {r.fused for r in rules}
+    missing, unused = sorted(needed - set(sd)), sorted(set(sd) - needed)
+    if missing or unused:
+        raise ValueError(f"fused state dict does not match the {spec.family} map: missing {missing[:5]}, unused {unused[:5]}")
+    out: dict[str, torch.Tensor] = {}
+    for r in rules:
+        t = sd[r.fused]
+        sizes = [hf_shapes[k][0] for k in r.hf]
+        if sum(sizes) != t.shape[0]:
+            raise ValueError(f"{r.fused}: shape {tuple(t.shape)} does not split into {r.hf} of rows {sizes}")
+        for k, piece in zip(r.hf, torch.split(t, sizes, 0) if len(r.hf) > 1 else (t,)):
+            if piece.shape != hf_shapes[k]:
+                raise ValueError(f"{k}: fused piece has shape {tuple(piece.shape)}, HF expects {tuple(hf_shapes[k])}")
+            out[k] = piece.detach().clone()
+    if set(out) != set(hf_shapes):
+        raise ValueError(f"HF keys not produced: {sorted(set(hf_shapes) - set(out))[:5]}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------------------------
+
+class Parts(Protocol):
+    """What a backend provides to build fused blocks (TE modules, or their emulated twins)."""
+
+    def norm_linear(self, spec: FusedSpec, out_features: int) -> nn.Module: ...
+    def linear(self, spec: FusedSpec, in_features: int, out_features: int, bias: bool) -> nn.Module: ...
+    def norm_mlp(self, spec: FusedSpec) -> nn.Module: ...
+    def attention(self, spec: FusedSpec, window: int | None, layer_number: int) -> nn.Module: ...
+    def norm(self, spec: FusedSpec) -> nn.Module: ...
+    def high_precision(self) -> Any: ...  # context manager that turns FP8 off inside an FP8 region
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables in the non-interleaved (rotate-half) layout that HF Llama uses; fp32 math."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    f = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    emb = torch.cat([f, f], dim=-1)  # [s, d]
+    return emb.cos().to(dtype)[None, :, None, :], emb.sin().to(dtype)[None, :, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, s, h, d] rotated: x*cos + rotate_half(x)*sin."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class FusedBlock(nn.Module):
+    def __init__(self, spec: FusedSpec, parts: Parts, layer: int):
+        super().__init__()
+        self.spec, self.window = spec, spec.windows[layer]
+        q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+        self.qkv = parts.norm_linear(spec, q + 2 * kv)
+        self.attn = parts.attention(spec, self.window, layer + 1)
+        self.proj = parts.linear(spec, q, spec.hidden, spec.bias)
+        self.mlp = parts.norm_mlp(spec)
+        self.fp8 = True  # False: this block runs in high precision even inside an FP8 autocast
+        self._hp = parts.high_precision
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        with nullcontext() if self.fp8 else self._hp():
+            s = self.spec
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
+            q, k, v = (z.reshape(b, t, -1, s.head_dim) for z in (q, k, v))
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            x = x + self.proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous()))
+            return x + self.mlp(x)
+
+
+class FusedCausalLM(nn.Module):
+    """A causal LM assembled from fused blocks; embeddings, final norm and LM head stay high precision.
+
+    ``forward(input_ids, labels=None)`` returns a ``CausalLMOutput`` with HF's loss convention
+    (labels shifted inside, -100 ignored).
+    """
+
+    def __init__(self, spec: FusedSpec, parts: Parts, hf_config: Any, hf_class: type, backend: str,
+                 device=None, dtype=None):
+        super().__init__()
+        self.spec, self.config, self.hf_class, self.backend = spec, hf_config, hf_class, backend
+        kw = {"device": device, "dtype": dtype}
+        self.embed = nn.Embedding(spec.vocab, spec.hidden, **kw)
+        self.pos_embed = nn.Embedding(spec.max_pos, spec.hidden, **kw) if spec.rope_theta is None else None
+        self.blocks = nn.ModuleList(FusedBlock(spec, parts, i) for i in range(spec.layers))
+        self.norm = parts.norm(spec)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **kw)
+        if spec.tied:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: Any):
+        from transformers.modeling_outputs import CausalLMOutput
+
+        b, t = input_ids.shape
+        if t > self.spec.max_pos:
+            raise ValueError(f"sequence length {t} exceeds max_position_embeddings {self.spec.max_pos}")
+        x = self.embed(input_ids)
+        rope = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(t, device=input_ids.device))[None]
+        else:
+            rope = rope_cos_sin(t, self.spec.head_dim, self.spec.rope_theta, x.device, x.dtype)
+        for blk in self.blocks:
+            x = blk(x, rope)
+        logits = self.lm_head(self.norm(x))
+        loss = causal_lm_loss(logits, labels) if labels is not None else None
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """HF's causal-LM loss: predict token t+1 from position t, in float32, ignoring -100."""
+    return nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+
+
+def build_fused(hf_model: nn.Module, parts: Parts, backend: str, device=None,
+                block_filter: Callable[[nn.Module, str], bool] | None = None) -> FusedCausalLM:
+    """A fused model holding exactly ``hf_model``'s weights (loaded strictly), on ``device``."""
+    spec = spec_from_hf(hf_model)
+    p = next(hf_model.parameters())
+    dev = torch.device(device) if device is not None else p.device
+    fused = FusedCausalLM(spec, parts, hf_model.config, type(hf_model), backend, device=dev, dtype=p.dtype)
+    fused.to(dtype=p.dtype)  # TE parts take params_dtype; make the norms and everything else agree
+    sd = hf_to_fused(hf_model.state_dict(), spec)
+    target = {k: v for k, v in fused.state_dict().items() if not _is_state(k)}
+    for k, v in sd.items():
+        if k not in target or target[k].shape != v.shape:
+            raise ValueError(f"{k}: HF gives shape {tuple(v.shape)}, fused model expects "
+                             f"{tuple(target[k].shape) if k in target else 'no such key'}")
+    if set(target) != set(sd):
+        raise ValueError(f"fused keys without an HF source: {sorted(set(target) - set(sd))[:5]}")
+    result = fused.load_state_dict(sd, strict=False)  # strict except TE's _extra_state (FP8 metadata)
+    bad = [k for k in result.missing_keys if not _is_state(k)] + list(result.unexpected_keys)
+    if bad:
+        raise ValueError(f"fused model did not load strictly: {bad[:5]}")
+    if block_filter is not None:
+        layers = decoder_layers(hf_model)
+        for i, blk in enumerate(fused.blocks):
+            blk.fp8 = bool(block_filter(layers[i][1], layers[i][0]))
+    return fused
+
+
+def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(fqn, module) of each decoder block, in order, for HF and fused models."""
+    if isinstance(model, FusedCausalLM):
+        return [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
+    if architecture_of(model) == "llama":
+        return [(f"model.layers.{i}", b) for i, b in enumerate(model.model.layers)]
+    return [(f"transformer.h.{i}", b) for i, b in enumerate(model.transformer.h)]

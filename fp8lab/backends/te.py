@@ -1,0 +1,149 @@
+"""NVIDIA Transformer Engine: real FP8 GEMMs on Ada/Hopper/Blackwell GPUs.
+
+Two levels, because the difference is part of the lesson:
+
+* ``fuse=False``: module for module, in place, as the source blog does: ``nn.Linear`` ->
+  ``te.Linear``, RMSNorm -> ``te.RMSNorm``, ``nn.LayerNorm`` -> ``te.LayerNorm``. HF's attention,
+  RoPE and residual code keep running; each projection is its own FP8 GEMM.
+* ``fuse=True``: each decoder block -> ``te.LayerNormLinear`` (norm + one QKV GEMM) +
+  ``te.DotProductAttention`` (fused attention kernels; GQA; GPT-Neo's sliding window as
+  ``window_size=(w-1, 0)`` and its unscaled scores as ``softmax_scale=1.0``) + ``te.Linear`` +
+  ``te.LayerNormMLP`` (norm + fc1 [gate; up] + SwiGLU / GELU + fc2). Built by fp8lab from the
+  HF config (``_fused``), never by patching ``transformers``.
+
+The model must already be on the CUDA device (``model.to("cuda")``); TE builds its modules there.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import nn
+
+from fp8lab.backends import _fused, fp8_gpu_problem, fused_targets, is_rmsnorm, linear_targets, swap_modules
+from fp8lab.recipe import Recipe
+
+INSTALL = "install: pip install --no-build-isolation 'transformer-engine[pytorch]', with a CUDA build of torch"
+
+
+def _te():
+    import transformer_engine.pytorch as te
+
+    return te
+
+
+class TEParts:
+    """The fused pieces (``_fused.Parts``) as Transformer Engine modules."""
+
+    def __init__(self, device, dtype):
+        self.device, self.dtype = device, dtype
+
+    def norm_linear(self, spec, out_features):
+        return _te().LayerNormLinear(spec.hidden, out_features, eps=spec.eps, bias=False,
+                                     normalization=spec.normalization, params_dtype=self.dtype, device=self.device)
+
+    def linear(self, spec, in_features, out_features, bias):
+        return _te().Linear(in_features, out_features, bias=bias, params_dtype=self.dtype, device=self.device)
+
+    def norm_mlp(self, spec):
+        return _te().LayerNormMLP(spec.hidden, spec.ffn, eps=spec.eps, bias=spec.bias, normalization=spec.normalization,
+                                  activation=spec.activation, params_dtype=self.dtype, device=self.device)
+
+    def attention(self, spec, window, layer_number):
+        return _te().DotProductAttention(
+            spec.heads, spec.head_dim, num_gqa_groups=spec.kv_heads, attention_dropout=0.0, qkv_format="bshd",
+            attn_mask_type="causal", window_size=(window - 1, 0) if window else None,
+            softmax_scale=spec.softmax_scale, layer_number=layer_number,
+        )
+
+    def norm(self, spec):
+        cls = _te().RMSNorm if spec.normalization == "RMSNorm" else _te().LayerNorm
+        return cls(spec.hidden, eps=spec.eps, dtype=self.dtype, device=self.device)
+
+    def high_precision(self):
+        return _te().autocast(enabled=False)
+
+
+def _copy_into(new: nn.Module, old: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for name, p in old.named_parameters(recurse=False):
+            getattr(new, name).copy_(p)
+    return new
+
+
+class TEBackend:
+    name = "te"
+    default_recipe = Recipe()  # TE's own default: DelayedScaling, HYBRID
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec("transformer_engine") is None:
+            return f"Transformer Engine is not installed ({INSTALL})"
+        gpu = fp8_gpu_problem()
+        if gpu is not None:
+            return gpu
+        try:
+            te = _te()
+            ok, reason = te.is_fp8_available(return_reason=True)
+        except Exception as exc:  # a broken install must not break available_backends()
+            return f"Transformer Engine does not import: {type(exc).__name__}: {exc}"
+        return None if ok else f"Transformer Engine reports no FP8 support: {reason}"
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        """Refuse recipes this GPU cannot run (e.g. MXFP8 before Blackwell), naming the GPU."""
+        te = _te()
+        check = {"mxfp8": te.is_mxfp8_available, "block": te.is_fp8_block_scaling_available}.get(recipe.kind)
+        if check is not None:
+            ok, reason = check(return_reason=True)
+            if not ok:
+                cc = ".".join(map(str, torch.cuda.get_device_capability()))
+                raise ValueError(
+                    f"Recipe(kind={recipe.kind!r}) is not supported on {torch.cuda.get_device_name()} "
+                    f"(compute capability {cc}): {reason}. Use kind='delayed' or 'current'"
+                )
+        recipe.to_te()  # raises for combinations TE has no equivalent of
+
+    def convert(self, model, recipe, *, fuse, module_filter):
+        self.check_recipe(recipe)
+        p = next(model.parameters())
+        if p.device.type != "cuda":
+            raise ValueError(f"the te backend builds its modules on the GPU: move the model first "
+                             f"(model.to('cuda')); it is on {p.device}")
+        te = _te()
+        if fuse:
+            fused_targets(model, module_filter)
+            return _fused.build_fused(model, TEParts(p.device, p.dtype), self.name, block_filter=module_filter)
+        targets = dict(linear_targets(model, module_filter))
+        linears: list[str] = []
+
+        def make(fqn: str, m: nn.Module):
+            dt, dev = (m.weight.dtype, m.weight.device) if isinstance(getattr(m, "weight", None), torch.Tensor) else (None, None)
+            if fqn in targets:
+                linears.append(fqn)
+                return _copy_into(te.Linear(m.in_features, m.out_features, bias=m.bias is not None,
+                                            params_dtype=dt, device=dev), m)
+            if is_rmsnorm(m):
+                return _copy_into(te.RMSNorm(m.weight.shape[0], eps=m.variance_epsilon, dtype=dt, device=dev), m)
+            if type(m) is nn.LayerNorm:
+                return _copy_into(te.LayerNorm(m.normalized_shape[0], eps=m.eps, dtype=dt, device=dev), m)
+            return None
+
+        swap_modules(model, make)
+        model.__dict__["_fp8lab_swapped"] = tuple(linears)
+        return model
+
+    def autocast(self, recipe: Recipe, enabled: bool = True):
+        if not enabled:
+            return _te().autocast(enabled=False) if importlib.util.find_spec("transformer_engine") else _Null()
+        self.check_recipe(recipe)
+        return _te().autocast(enabled=True, recipe=recipe.to_te())
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+BACKEND = TEBackend()

@@ -1,0 +1,78 @@
+"""torchao float8 training: ``nn.Linear`` -> ``Float8Linear`` via ``convert_to_float8_training``.
+
+torchao scales dynamically (per tensor, from the tensor's own amax: ``Recipe(kind="current")``, its
+default here) and has no fused decoder: ``fuse`` is accepted and has no effect (the conversion
+info records ``fused=False``). Its speed comes with ``torch.compile``; in eager mode it is usually
+slower than bf16. There is no runtime FP8 switch in torchao, so ``autocast(enabled=False)`` routes
+the converted layers through a plain ``F.linear`` on the same weights for as long as it is active.
+"""
+from __future__ import annotations
+
+import importlib.util
+import weakref
+from contextlib import contextmanager
+from functools import partial
+from typing import Iterator
+
+from torch import nn
+
+from fp8lab.backends import fp8_gpu_problem, linear_targets
+from fp8lab.recipe import Recipe
+
+INSTALL = "install: pip install torchao, with a CUDA build of torch"
+
+
+class TorchaoBackend:
+    name = "torchao"
+    default_recipe = Recipe(kind="current")  # torchao's tensorwise dynamic scaling, E5M2 gradients
+
+    def __init__(self) -> None:
+        self._converted: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # for autocast(enabled=False)
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec("torchao") is None:
+            return f"torchao is not installed ({INSTALL})"
+        gpu = fp8_gpu_problem()
+        if gpu is not None:
+            return gpu
+        try:
+            import torchao.float8  # noqa: F401
+        except Exception as exc:
+            return f"torchao.float8 does not import: {type(exc).__name__}: {exc}"
+        return None
+
+    def convert(self, model, recipe, *, fuse, module_filter):
+        from torchao.float8 import convert_to_float8_training
+
+        config = recipe.to_torchao()  # ValueError for recipes torchao does not implement
+        p = next(model.parameters())
+        if p.device.type != "cuda":
+            raise ValueError(f"torchao float8 runs on the GPU: move the model first (model.to('cuda')); it is on {p.device}")
+        targets = {n for n, _ in linear_targets(model, module_filter)}
+        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in targets, config=config)
+        self._converted.update(model.get_submodule(n) for n in targets)
+        model.__dict__["_fp8lab_swapped"] = tuple(sorted(targets))
+        return model
+
+    def autocast(self, recipe: Recipe, enabled: bool = True):
+        return _nothing() if enabled else _plain_linears(list(self._converted))
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _plain_linears(mods: list[nn.Module]) -> Iterator[None]:
+    """Run the given Float8Linear layers as high-precision nn.Linear while active (then restore)."""
+    for m in mods:
+        m.__dict__["forward"] = partial(nn.Linear.forward, m)  # instance attribute shadows the class method
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.__dict__.pop("forward", None)
+
+
+BACKEND = TorchaoBackend()

@@ -1,0 +1,350 @@
+"""Convert a Hugging Face Llama / GPT-Neo model for FP8 training, check it, and get HF weights back.
+
+    from fp8lab.models import build_model
+    from fp8lab.convert import convert_model, autocast, check_equivalence, export_hf_state_dict
+
+    hf = build_model("llama-tiny")
+    fp8 = convert_model(hf, backend="emulated", fuse=True)      # "te" on a Hopper GPU
+    with autocast("emulated", recipe=None):                      # FP8 region
+        loss = fp8(input_ids, labels=input_ids).loss
+    hf_sd = export_hf_state_dict(fp8)                            # loads into LlamaForCausalLM
+
+What stays in high precision by default, on every backend: the token (and position) embeddings,
+the final norm, the LM head, attention's softmax (TE's default DotProductAttention) and all
+normalisations; only the GEMMs of the decoder blocks run in FP8.
+
+``fuse=False`` swaps modules one for one, in place (the returned model *is* the HF model, now with
+TE / torchao / emulated layers; keep a ``copy.deepcopy`` if you need the original).
+``fuse=True`` returns a new fused model (QKV and gate/up GEMMs fused) holding copies of the
+weights; the HF model is left untouched. torchao has no fused form: it always swaps Linear layers.
+
+``module_filter(module, fqn) -> bool`` picks what runs in FP8: nn.Linear layers when
+``fuse=False`` (default: all but ``lm_head``), whole decoder blocks (the HF block and its fqn, e.g.
+``model.layers.0``) when ``fuse=True`` (default: all); unselected blocks run in high precision.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from fp8lab.backends import BackendUnavailableError, available_backends, get_backend, require
+from fp8lab.backends import _fused
+from fp8lab.recipe import Recipe
+
+__all__ = [
+    "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
+    "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
+    "describe_modules", "weight_mapping", "time_forward_backward",
+]
+
+
+@dataclass(frozen=True)
+class ConversionInfo:
+    """What a conversion did; attached to the converted model as ``model.fp8lab_conversion``."""
+
+    backend: str
+    recipe: Recipe
+    fused: bool
+    architecture: str  # 'llama' | 'gpt_neo'
+    fp8_modules: tuple[str, ...]  # fqns whose GEMMs run in FP8 inside autocast
+    high_precision: tuple[str, ...]  # fqns kept in high precision (embeddings, LM head, ...)
+
+
+def _resolve_recipe(backend, recipe) -> Recipe:
+    return backend.default_recipe if recipe is None else Recipe.parse(recipe)
+
+
+def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | None = None, fuse: bool = True,
+                  module_filter: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
+    """Convert ``model`` (LlamaForCausalLM / GPTNeoForCausalLM) for FP8 on ``backend``.
+
+    Every check (architecture, backend installed, FP8 GPU, recipe supported, GEMM shapes divisible
+    by 16) runs before anything is built. See the module docstring for ``fuse`` and ``module_filter``.
+    """
+    arch = _fused.architecture_of(model)
+    if not isinstance(fuse, bool):
+        raise ValueError(f"fuse must be True or False, got {fuse!r}")
+    if module_filter is not None and not callable(module_filter):
+        raise ValueError("module_filter must be a callable (module, fqn) -> bool, or None")
+    if getattr(model, "fp8lab_conversion", None) is not None:
+        raise ValueError(f"model is already converted ({model.fp8lab_conversion.backend}); convert the HF model")
+    be = require(backend)
+    rec = _resolve_recipe(be, recipe)
+    converted = be.convert(model, rec, fuse=fuse, module_filter=module_filter)
+    fused = isinstance(converted, _fused.FusedCausalLM)
+    if fused:
+        fp8 = tuple(f"{n}.{p}" for n, b in _fused.decoder_layers(converted) if b.fp8 for p in ("qkv", "proj", "mlp"))
+        hp = tuple(n for n in ("embed", "pos_embed", "norm", "lm_head") if getattr(converted, n) is not None)
+        hp += tuple(n for n, b in _fused.decoder_layers(converted) if not b.fp8)
+    else:
+        fp8 = tuple(sorted(getattr(converted, "_fp8lab_swapped", ())))
+        hp = tuple(n for n, m in converted.named_modules()
+                   if isinstance(m, (nn.Embedding, nn.Linear)) and n not in fp8)
+    info = ConversionInfo(backend, rec, fused, arch, fp8, hp)
+    converted.fp8lab_conversion = info
+    return converted
+
+
+def autocast(backend: str, recipe: Recipe | str | None = None, enabled: bool = True):
+    """One FP8 context manager for every backend (TE's ``te.autocast``, the emulator's region;
+    torchao converts statically, so ``enabled=False`` routes its layers through plain matmuls)."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled must be True or False, got {enabled!r}")
+    be = require(backend) if enabled else get_backend(backend)
+    return be.autocast(_resolve_recipe(be, recipe), enabled)
+
+
+def pick_backend(requested: str = "auto") -> str:
+    """'auto' -> 'te' where TE and an FP8 GPU are present, else 'emulated'; other names are checked."""
+    if requested == "auto":
+        return "te" if available_backends().get("te") is None else "emulated"
+    get_backend(requested)
+    return requested
+
+
+# --------------------------------------------------------------------------------------------
+# weights back to Hugging Face
+# --------------------------------------------------------------------------------------------
+
+def _info(converted: nn.Module) -> ConversionInfo:
+    info = getattr(converted, "fp8lab_conversion", None)
+    if info is None:
+        raise ValueError("not a converted model: pass the result of fp8lab.convert.convert_model")
+    return info
+
+
+def _hf_class_and_config(converted: nn.Module):
+    if isinstance(converted, _fused.FusedCausalLM):
+        return converted.hf_class, converted.config
+    return type(converted), converted.config
+
+
+def export_hf_state_dict(converted: nn.Module) -> dict[str, torch.Tensor]:
+    """The converted model's weights as a state dict of its original HF class (strict-loadable).
+
+    Fused QKV and gate/up weights are split back; TE's FP8 metadata (``_extra_state``) is dropped.
+    Tensors are detached copies, in the model's dtype and device.
+    """
+    _info(converted)
+    cls, cfg = _hf_class_and_config(converted)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in cls(cfg).state_dict().items()}
+    if isinstance(converted, _fused.FusedCausalLM):
+        return _fused.fused_to_hf(converted.state_dict(), converted.spec, shapes)
+    sd = {k: v.detach().clone() for k, v in converted.state_dict().items() if not k.endswith("_extra_state")}
+    if set(sd) != set(shapes):
+        raise ValueError(f"state dict keys differ from {cls.__name__}: "
+                         f"missing {sorted(set(shapes) - set(sd))[:5]}, extra {sorted(set(sd) - set(shapes))[:5]}")
+    bad = [k for k in sd if sd[k].shape != shapes[k]]
+    if bad:
+        raise ValueError(f"shapes differ from {cls.__name__} for {bad[:5]}")
+    return sd
+
+
+def export_hf_model(converted: nn.Module) -> nn.Module:
+    """A plain HF model (original class, on CPU) holding the converted model's weights; ready for
+    ``save_pretrained``."""
+    cls, cfg = _hf_class_and_config(converted)
+    sd = export_hf_state_dict(converted)
+    dtype = next(iter(sd.values())).dtype
+    with torch.device("meta"):
+        hf = cls(cfg)
+    hf.load_state_dict({k: v.cpu() for k, v in sd.items()}, strict=True, assign=True)
+    if hasattr(hf, "tie_weights"):
+        hf.tie_weights()
+    # non-persistent buffers (RoPE inv_freq, GPT-Neo masks) are still on meta: rebuild them on CPU
+    fresh = cls(cfg).to(dtype)
+    for name, buf in list(hf.named_buffers()):
+        if buf.is_meta:
+            parent, _, leaf = name.rpartition(".")
+            getattr(hf.get_submodule(parent) if parent else hf, "_buffers")[leaf] = fresh.get_buffer(name)
+    return hf.eval()
+
+
+# --------------------------------------------------------------------------------------------
+# numerical equivalence
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class LayerDiff:
+    name: str  # converted model's block fqn
+    rel_diff: float  # ||converted - reference|| / ||reference|| of the block output
+    max_abs_diff: float
+
+
+@dataclass
+class EquivalenceReport:
+    """Differences between a reference HF model and a converted one on the same batch."""
+
+    backend: str
+    fp8: bool
+    recipe: str
+    dtype: str
+    logits_max_abs_diff: float
+    logits_rel_diff: float  # Frobenius norm of the difference / norm of the reference logits
+    loss_reference: float
+    loss_converted: float
+    loss_abs_diff: float
+    loss_rel_diff: float
+    per_layer: list[LayerDiff] | None = field(default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return batch, batch
+    if isinstance(batch, dict) and "input_ids" in batch:
+        return batch["input_ids"], batch.get("labels", batch["input_ids"])
+    raise ValueError("batch must be a LongTensor of input_ids or a dict with 'input_ids' (and optional 'labels')")
+
+
+def _out_tensor(o) -> torch.Tensor:
+    return o[0] if isinstance(o, (tuple, list)) else o
+
+
+def check_equivalence(reference: nn.Module, converted: nn.Module, batch, per_layer: bool = False, *,
+                      fp8: bool = False, recipe: Recipe | str | None = None, warmup: int = 2) -> EquivalenceReport:
+    """Run both models on ``batch`` and report logits and loss differences (per block if asked).
+
+    ``fp8=True`` runs the converted model inside its backend's FP8 autocast (the conversion's
+    recipe unless ``recipe`` is given), after ``warmup`` forward passes so that delayed scaling
+    has an amax history (TE updates it only with grad enabled, so the passes run with grad on).
+    """
+    info = _info(converted)
+    ids, labels = _batch(batch)
+    rec = info.recipe if recipe is None else Recipe.parse(recipe)
+    be = get_backend(info.backend)
+    ctx = (lambda: be.autocast(rec, True)) if fp8 else (lambda: be.autocast(rec, False))
+    ref_layers = _fused.decoder_layers(reference)
+    conv_layers = _fused.decoder_layers(converted)
+    if len(ref_layers) != len(conv_layers):
+        raise ValueError(f"reference has {len(ref_layers)} blocks, converted {len(conv_layers)}")
+    captured: dict[str, list[torch.Tensor]] = {"ref": [], "conv": []}
+    hooks = []
+    if per_layer:
+        for key, layers in (("ref", ref_layers), ("conv", conv_layers)):
+            for _, mod in layers:
+                hooks.append(mod.register_forward_hook(
+                    lambda m, i, o, key=key: captured[key].append(_out_tensor(o).detach().float())))
+    modes = (reference.training, converted.training)
+    reference.eval(), converted.eval()
+    try:
+        with torch.no_grad():
+            ref_out = reference(input_ids=ids, labels=labels)
+        with torch.enable_grad():
+            for _ in range(warmup if fp8 else 0):
+                with ctx():
+                    converted(input_ids=ids, labels=labels)
+            captured["conv"].clear()
+            with ctx():
+                conv_out = converted(input_ids=ids, labels=labels)
+    finally:
+        for h in hooks:
+            h.remove()
+        reference.train(modes[0]), converted.train(modes[1])
+    a, b = ref_out.logits.detach().float(), conv_out.logits.detach().float()
+    la, lb = float(ref_out.loss.detach()), float(conv_out.loss.detach())
+    layers = None
+    if per_layer:
+        layers = [
+            LayerDiff(name, float((y - x).norm() / x.norm().clamp_min(1e-30)), float((y - x).abs().max()))
+            for (name, _), x, y in zip(conv_layers, captured["ref"], captured["conv"])
+        ]
+    return EquivalenceReport(
+        info.backend, fp8, rec.describe(), str(conv_out.logits.dtype).replace("torch.", ""),
+        float((a - b).abs().max()), float((a - b).norm() / a.norm().clamp_min(1e-30)),
+        la, lb, abs(la - lb), abs(la - lb) / max(abs(la), 1e-30), layers,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# notebook helpers: module tree, weight map, timing
+# --------------------------------------------------------------------------------------------
+
+def describe_modules(model: nn.Module, blocks: int = 1) -> str:
+    """The module tree with parameter shapes, showing only the first ``blocks`` decoder blocks."""
+    layer_names = [n for n, _ in _fused.decoder_layers(model)] if _is_supported(model) else []
+    skip = tuple(n + "." for n in layer_names[blocks:])
+    lines = []
+    for name, mod in model.named_modules():
+        if name in layer_names[blocks:] or (skip and name.startswith(skip)):
+            continue
+        depth = name.count(".") + 1 if name else 0
+        shapes = ", ".join(f"{p}{tuple(t.shape)}" for p, t in mod.named_parameters(recurse=False))
+        lines.append(f"{'  ' * depth}{name.rpartition('.')[2] or type(model).__name__}: {type(mod).__name__}"
+                     + (f"  [{shapes}]" if shapes else ""))
+    if len(layer_names) > blocks:
+        lines.append(f"  ... {len(layer_names) - blocks} more decoder blocks of the same structure")
+    return "\n".join(lines)
+
+
+def _is_supported(model) -> bool:
+    try:
+        _fused.decoder_layers(model)
+        return True
+    except ValueError:
+        return False
+
+
+def weight_mapping(converted: nn.Module, layer: int | None = 0) -> list[dict[str, Any]]:
+    """Rows (hf_keys, converted_key, rule, shapes) of the HF -> converted weight map; layer-indexed
+    rules shown for ``layer`` only (None: all layers)."""
+    info = _info(converted)
+    cls, cfg = _hf_class_and_config(converted)
+    with torch.device("meta"):
+        hf_shapes = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
+    conv = {k: tuple(v.shape) for k, v in converted.state_dict().items() if not k.endswith("_extra_state")}
+    if not info.fused:
+        rules = [_fused.Rule((k,), k) for k in hf_shapes]
+    else:
+        rules = _fused.expand_rules(converted.spec.family, converted.spec.layers)
+    rows = []
+    for r in rules:
+        idx = [int(p) for p in r.fused.split(".") if p.isdigit()]
+        if layer is not None and idx and idx[0] != layer:
+            continue
+        rows.append({
+            "hf_keys": " + ".join(r.hf), "converted_key": r.fused,
+            "rule": "concat dim 0" if len(r.hf) > 1 else "copy",
+            "hf_shapes": " + ".join(str(hf_shapes[k]) for k in r.hf), "converted_shape": str(conv[r.fused]),
+        })
+    return rows
+
+
+def time_forward_backward(model: nn.Module, batch, *, backend: str | None = None, recipe: Recipe | str | None = None,
+                          fp8: bool = False, warmup: int = 3, iters: int = 10) -> dict[str, float]:
+    """Median forward+backward time of ``model`` on ``batch`` with CUDA events (GPU only).
+
+    ``backend``/``fp8`` wrap the step in that backend's autocast. Gradients are cleared each step.
+    """
+    if not torch.cuda.is_available():
+        raise ValueError("time_forward_backward needs a CUDA GPU: CPU timings of FP8 emulation mean nothing")
+    if warmup < 1 or iters < 1:
+        raise ValueError("warmup and iters must be >= 1")
+    ids, labels = _batch(batch)
+    ctx = (lambda: autocast(backend, recipe, enabled=fp8)) if backend is not None else nullcontext
+    model.train()
+    times = []
+    for i in range(warmup + iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with ctx():
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        end.record()
+        torch.cuda.synchronize()
+        model.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    tokens = ids.numel()
+    ms = statistics.median(times)
+    return {"ms": ms, "tokens_per_s": tokens / (ms / 1e3), "iters": iters, "min_ms": min(times),
+            "max_ms": max(times), "finite_loss": math.isfinite(float(loss))}

@@ -1,0 +1,216 @@
+"""CPU tests of the conversion API through the emulated backend (both families x both fuse levels),
+the weight round trip back to Hugging Face, the recipe mapping and every error path."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from fp8lab import formats
+from fp8lab.backends import BackendUnavailableError, available_backends, fp8_gpu_problem
+from fp8lab.backends import emulated
+from fp8lab.convert import (
+    Recipe, autocast, check_equivalence, convert_model, describe_modules, export_hf_model, export_hf_state_dict,
+    pick_backend, time_forward_backward, weight_mapping,
+)
+from fp8lab.models import build_model
+
+CASES = [(fam, fuse) for fam in ("llama-tiny", "gptneo-tiny") for fuse in (False, True)]
+
+
+def _ids(seed=0, b=2, t=48):  # t=48 > gptneo-tiny's window of 16: local layers are exercised
+    return torch.randint(0, 512, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(params=CASES, ids=[f"{f}-{'fused' if u else 'swap'}" for f, u in CASES])
+def pair(request):
+    name, fuse = request.param
+    hf = build_model(name)
+    ref = copy.deepcopy(hf)
+    return ref, convert_model(hf, backend="emulated", fuse=fuse), fuse
+
+
+def test_fp8_off_matches_hf_and_fp8_on_reports_error(pair):
+    ref, conv, fuse = pair
+    off = check_equivalence(ref, conv, _ids(), per_layer=True)
+    assert off.logits_rel_diff < 1e-5 and off.loss_rel_diff < 1e-5, off
+    assert len(off.per_layer) == 2 and all(d.rel_diff < 1e-5 for d in off.per_layer)
+    on = check_equivalence(ref, conv, _ids(), per_layer=True, fp8=True)
+    assert on.fp8 and "delayed" in on.recipe
+    # E4M3 has 3 mantissa bits: relative rounding error ~2-6% per tensor; it must show and stay bounded
+    assert 1e-3 < on.logits_rel_diff < 0.2, on
+    assert on.loss_abs_diff < 0.05
+    assert all(0 < d.rel_diff < 0.2 for d in on.per_layer)
+    assert [d.name.split(".")[-1] for d in on.per_layer] == ["0", "1"]
+
+
+def test_round_trip_back_to_hf_is_exact(pair):
+    ref, conv, _ = pair
+    sd = export_hf_state_dict(conv)
+    fresh = type(ref)(ref.config)
+    fresh.load_state_dict(sd, strict=True)
+    ref_sd = ref.state_dict()
+    assert set(sd) == set(ref_sd) and all(torch.equal(sd[k], ref_sd[k]) for k in sd)
+
+
+def test_training_in_fp8_then_export_keeps_the_trained_weights(pair):
+    ref, conv, fuse = pair
+    opt = torch.optim.SGD(conv.parameters(), lr=0.5)
+    ids = _ids(1)
+    with autocast("emulated"):
+        loss = conv(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = [p.grad for p in conv.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    opt.step()
+    hf = export_hf_model(conv)
+    assert type(hf) is type(ref)
+    changed = sum(not torch.equal(a, b) for a, b in zip(hf.state_dict().values(), ref.state_dict().values()))
+    assert changed > 5
+    with torch.no_grad():  # the exported HF model computes what the trained converted model does (FP8 off)
+        a, b = hf(input_ids=ids).logits, conv(input_ids=ids).logits
+    assert (a - b).norm() / a.norm() < 1e-5
+
+
+def test_save_pretrained_round_trip(tmp_path):
+    ref = build_model("gptneo-tiny")
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True)
+    export_hf_model(conv).save_pretrained(tmp_path)
+    back = type(ref).from_pretrained(tmp_path)
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.allclose(back(input_ids=ids).logits, ref(input_ids=ids).logits, atol=1e-6)
+
+
+def test_fp8_gemm_quantises_inputs_in_e4m3_and_grads_in_e5m2():
+    torch.manual_seed(0)
+    lin = emulated.EmuLinear(32, 16)
+    x = torch.randn(4, 32, requires_grad=True)
+    rec = Recipe(kind="current")
+    with autocast("emulated", rec):
+        y = lin(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    xq, wq = formats.quantize_current(x.detach(), formats.E4M3), formats.quantize_current(lin.weight.detach(), formats.E4M3)
+    gq = formats.quantize_current(g, formats.E5M2)
+    torch.testing.assert_close(y, xq @ wq.t() + lin.bias, rtol=0, atol=1e-6)
+    torch.testing.assert_close(lin.weight.grad, gq.t() @ xq, rtol=0, atol=1e-6)
+    torch.testing.assert_close(x.grad, gq @ wq, rtol=0, atol=1e-6)
+    assert not torch.equal(gq, g)  # the gradient really was rounded
+
+
+def test_delayed_scaling_state_per_tensor():
+    lin = emulated.EmuLinear(32, 16)
+    rec = Recipe(amax_history_len=4)
+    for i in range(6):
+        with autocast("emulated", rec):
+            lin(torch.randn(8, 32) * (i + 1)).sum().backward()
+    q = lin.__dict__["_fp8lab_q"]
+    assert {r: d.steps for r, d in q.delayed.items()} == {"x": 6, "w": 6, "g": 6}
+    assert len(q.delayed["x"].history) == 4  # the history is bounded by amax_history_len
+    assert q.delayed["x"].scale == pytest.approx(448 / q.delayed["x"].amax)
+    assert q.delayed["g"].fmt.name == "E5M2"
+    assert emulated.TensorQuantizers(Recipe(format="e4m3")).fmt["g"].name == "E4M3"
+
+
+@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8", Recipe(format="e4m3", margin=1)], ids=str)
+def test_every_recipe_runs_forward_and_backward(recipe):
+    ref = build_model("llama-tiny")
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True, recipe=recipe)
+    rep = check_equivalence(ref, conv, _ids(), fp8=True)
+    assert 1e-3 < rep.logits_rel_diff < 0.2
+    with autocast("emulated", recipe):
+        conv(input_ids=_ids(), labels=_ids()).loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in conv.parameters())
+
+
+def test_module_filter_unfused_and_fused():
+    ref = build_model("llama-tiny")
+    only_attn = convert_model(copy.deepcopy(ref), backend="emulated", fuse=False,
+                              module_filter=lambda m, fqn: "self_attn" in fqn)
+    assert type(only_attn.model.layers[0].mlp.up_proj) is nn.Linear
+    assert isinstance(only_attn.model.layers[0].self_attn.q_proj, emulated.EmuLinear)
+    assert type(only_attn.lm_head) is nn.Linear
+    assert "lm_head" in only_attn.fp8lab_conversion.high_precision
+    skip_first = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True,
+                               module_filter=lambda m, fqn: fqn != "model.layers.0")
+    rep = check_equivalence(ref, skip_first, _ids(), per_layer=True, fp8=True)
+    assert rep.per_layer[0].rel_diff < 1e-5 < rep.per_layer[1].rel_diff  # block 0 stayed high precision
+    assert "blocks.0" in skip_first.fp8lab_conversion.high_precision
+
+
+def test_notebook_helpers():
+    ref = build_model("llama-tiny")
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True)
+    rows = weight_mapping(conv, layer=0)
+    qkv = next(r for r in rows if r["converted_key"] == "blocks.0.qkv.weight")
+    assert qkv["rule"] == "concat dim 0" and qkv["converted_shape"] == "(128, 64)"  # 64 q + 2 x 32 kv rows
+    assert all("layers.1" not in r["hf_keys"] for r in rows)
+    tree = describe_modules(conv)
+    assert "EmuLayerNormLinear" in tree and "1 more decoder blocks" in tree
+    assert "LlamaDecoderLayer" in describe_modules(ref)
+    assert pick_backend("auto") == ("te" if available_backends()["te"] is None else "emulated")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            time_forward_backward(conv, _ids())
+
+
+def test_recipe_validation_and_mapping():
+    r = Recipe()
+    assert (r.kind, r.format, r.amax_history_len, r.amax_compute_algo, r.margin) == ("delayed", "hybrid", 1024, "max", 0)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Recipe(kind="nvfp4")
+    with pytest.raises(ValueError, match="format must be one of"):
+        Recipe(format="e5m2")
+    with pytest.raises(ValueError, match="format='e4m3'"):
+        Recipe(kind="mxfp8")
+    with pytest.raises(ValueError, match="amax_compute_algo"):
+        Recipe(amax_compute_algo="mean")
+    with pytest.raises(ValueError, match="margin"):
+        Recipe(margin=-1)
+    assert Recipe.parse("block") == Recipe(kind="block", format="e4m3")
+    with pytest.raises(ValueError, match="dynamic per-tensor scaling only"):
+        Recipe().to_torchao()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.kind = "current"
+
+
+def test_clear_errors_before_compute(monkeypatch):
+    with pytest.raises(ValueError, match="unsupported architecture.*LlamaForCausalLM, GPTNeoForCausalLM"):
+        convert_model(nn.Sequential(nn.Linear(16, 16)), backend="emulated")
+    with pytest.raises(ValueError, match="backend must be one of emulated, te, torchao"):
+        convert_model(build_model("llama-tiny"), backend="tensorrt")
+    odd = build_model("llama-tiny", hidden_size=72, num_heads=4, num_kv_heads=4)
+    with pytest.raises(ValueError, match=r"layer model\.layers\.0\.self_attn\.q_proj has shape \(out=72, in=72\)"):
+        convert_model(odd, backend="emulated", fuse=False)
+    with pytest.raises(ValueError, match=r"blocks\.0\.qkv .*divisible by 16"):
+        convert_model(odd, backend="emulated", fuse=True)
+    m = convert_model(build_model("llama-tiny"), backend="emulated", fuse=False)
+    with pytest.raises(ValueError, match="already converted"):
+        convert_model(m, backend="emulated")
+    with pytest.raises(ValueError, match="fuse must be True or False"):
+        convert_model(build_model("llama-tiny"), backend="emulated", fuse="yes")
+    with pytest.raises(ValueError, match="not a converted model"):
+        export_hf_state_dict(build_model("llama-tiny"))
+    with pytest.raises(ValueError, match="enabled must be True or False"):
+        autocast("emulated", enabled=1)
+
+
+@pytest.mark.skipif(available_backends()["te"] is None, reason="TE is usable here: the unavailable path cannot be shown")
+def test_missing_backend_says_how_to_install_and_what_works():
+    with pytest.raises(BackendUnavailableError, match=r"backend 'te' is not usable here: .*Usable on this machine: emulated"):
+        convert_model(build_model("llama-tiny"), backend="te")
+    reasons = available_backends()
+    assert reasons["emulated"] is None
+    assert "pip install" in reasons["te"] or "GPU" in reasons["te"]
+
+
+def test_gpu_without_fp8_is_named(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    msg = fp8_gpu_problem()
+    assert "NVIDIA A100-SXM4-80GB" in msg and "8.0" in msg and "8.9" in msg
