@@ -40,7 +40,7 @@ SCALE_KEYS = ("model", "gpu_name", "instances", "world_size")
 
 # Other spellings of the metadata keys, as trainers, launchers and benchmarks write them.
 _ALIASES = {
-    "run_id": ("run_id", "run_name", "name", "job_name"),
+    "run_id": ("run_id", "run_name", "name", "job_name", "job"),
     "world_size": ("world_size", "num_gpus", "gpus"),
     "instances": ("instances", "instance_count", "num_nodes", "nnodes", "nodes"),
     "micro_batch_size": ("micro_batch_size", "batch_size", "per_device_batch_size", "micro_batch"),
@@ -48,11 +48,14 @@ _ALIASES = {
     "seq_len": ("seq_len", "seq_length", "max_seq_len", "block_size", "sequence_length"),
 }
 
-# Price used for time-and-cost estimates unless one is passed. It is an assumption, not a
-# measurement: the on-demand list price of one ml.p5.48xlarge (8x H100) SageMaker training
-# instance in us-east-1, USD per instance-hour, as the project noted it on 2026-11-29 (AWS
-# "Amazon SageMaker AI pricing" page). Prices change by region, date and discount: pass your own.
-DEFAULT_PRICE_PER_INSTANCE_HOUR = 55.04
+# Price used for time-and-cost estimates unless one is passed: the same assumption as
+# fp8lab.launch (DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]; a test keeps them equal): the
+# SageMaker AI on-demand training price of one ml.p5.48xlarge (8x H100) in us-east-1, USD per
+# instance-hour, as listed around the source blog's date (2024-11). Not a quote: prices differ by
+# region and changed since (AWS cut P5 prices in 2025). Pass your own.
+DEFAULT_PRICE_PER_INSTANCE_HOUR = 113.07
+PRICE_SOURCE = ("assumed SageMaker on-demand training price of ml.p5.48xlarge in us-east-1 as of 2024-11 "
+                "(the value fp8lab.launch uses); pass your own price")
 DEFAULT_TOKEN_BUDGET = 24e9  # the source's epoch: 24 billion tokens
 DEFAULT_GPUS_PER_INSTANCE = 8  # P5: 8 GPUs per instance
 
@@ -288,12 +291,12 @@ def _load_result_file(path: Path) -> pd.DataFrame:
 def _from_collect_table(table: pd.DataFrame) -> pd.DataFrame:
     """A ``fp8lab.launch.collect`` table: metrics columns plus job metadata columns."""
     missing = [c for c in ("step",) if c not in table]
-    if "job_name" not in table and "run_id" not in table:
-        missing.append("job_name")
+    if not {"job_name", "job", "run_id"} & set(table.columns):
+        missing.append("job_name (or job)")
     if missing:
         raise ValueError(
             f"sources: the collect table lacks column(s) {', '.join(missing)}; it needs the metrics.jsonl "
-            f"keys ({', '.join(METRIC_COLUMNS)}) plus job_name and instance_count")
+            f"keys ({', '.join(METRIC_COLUMNS)}) plus job_name (or job) and instance_count")
     df = table.copy()
     renames = {}
     for canon, names in _ALIASES.items():
@@ -448,7 +451,7 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
         if len(timed) and not len(steady):
             note.append(f"all {len(timed)} timed steps fall within warmup_steps={warmup_steps}")
         throughput_from = f"median of {len(tps)} steps after {warmup_steps} warm-up" if len(tps) else "none"
-        loss = steps["loss"].dropna()
+        loss = steps["loss"][np.isfinite(steps["loss"])]  # skipped (overflow) steps may carry no loss
         row["final_loss"] = loss.iloc[-1] if len(loss) else np.nan
         row["smoothed_loss"] = smooth(loss, smoothing, smoothing_span).iloc[-1] if len(loss) else np.nan
         val = steps[["step", "val_loss"]].dropna()

@@ -87,7 +87,8 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         f"<h1>{e(config.title)}</h1>",
         f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
         f"run(s). Assumptions: token budget {config.tokens:,.0f}; price ${config.price_per_instance_hour:,.2f} per "
-        f"instance-hour with {config.gpus_per_instance} GPUs per instance (an assumption: pass your own); "
+        f"instance-hour with {config.gpus_per_instance} GPUs per instance ("
+        f"{e(analysis.PRICE_SOURCE if config.price_per_instance_hour == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR else 'price given by the caller')}); "
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
         "<h2>Verdict</h2>", f'<p class="verdict">{e(text)}</p>',

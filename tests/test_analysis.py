@@ -174,6 +174,20 @@ def test_collect_table_is_accepted_and_checked():
         analysis.load_runs(table.drop(columns=["job_name"]))
 
 
+def test_table_shaped_like_launch_collect_output():
+    """launch.collect names the job column 'job' and adds 'source' and 'instance_count'."""
+    recs = step_records(4, 700.0, "bf16")
+    table = pd.DataFrame([{"job": "fp8lab-llama-1b-bf16-1x", **r, "instance_count": 1, "source": "s3:output.tar.gz"}
+                          for r in recs])
+    df = analysis.load_runs(table)
+    assert set(df["run_id"]) == {"fp8lab-llama-1b-bf16-1x"} and set(df["source"]) == {"s3:output.tar.gz"}
+
+
+def test_default_price_is_the_one_the_launch_helper_uses():
+    launch = pytest.importorskip("fp8lab.launch")
+    assert analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR == launch.DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]
+
+
 def test_same_folder_name_in_two_places_keeps_runs_apart(tmp_path):
     make_trainer_run(tmp_path / "a", "bf16", "bf16", 1000.0, n=3)
     make_trainer_run(tmp_path / "b", "bf16", "bf16", 2000.0, n=3)

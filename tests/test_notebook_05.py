@@ -1,0 +1,60 @@
+"""Notebook 05 executes for real under papermill: with its defaults (the results committed in
+data/results/, possibly none yet) and with a user's own trainer output folders."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from fp8lab import analysis
+from fp8lab.notebooks import NOTEBOOK_DIR, declared_parameters, read_glued, run
+from test_analysis import make_pair
+
+NB = NOTEBOOK_DIR / "05_analyze_results.ipynb"
+
+
+def _images(path) -> int:
+    nb = nbformat.read(str(path), as_version=4)
+    return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
+    res = run(["05"], {}, output_dir=tmp_path, progress=False)
+    vals = read_glued(res[0].output)
+    committed = analysis.load_runs()  # whatever is committed now: the notebook must agree with the library
+    assert vals["n_runs"] == committed["run_id"].nunique()
+    assert vals["reference_speedups"] == {"1B": 1.13, "7B": 1.18}
+    summary = analysis.summarize_runs(committed)
+    expected = analysis.verdict(analysis.compare_precisions(summary), reference=analysis.load_reference())
+    assert vals["verdict"] == expected and "not measured here" in vals["verdict"]
+    if vals["n_runs"] == 0:
+        assert "no measured BF16/FP8 pairs" in vals["verdict"]
+    assert _images(res[0].output) == 6  # throughput, speedup, loss, MFU, scaling, cost: drawn even with no runs
+
+
+def test_user_run_folders_are_analysed(tmp_path):
+    runs = make_pair(tmp_path / "my-runs", 1000.0, 1250.0)
+    res = run(["05"], {"runs": [str(runs)], "price_per_instance_hour": 10.0, "token_budget": 1e9,
+                       "warmup_steps": 5, "smoothing": "window", "smoothing_span": 5, "save_figures": True},
+              output_dir=tmp_path / "out", progress=False)
+    vals = read_glued(res[0].output)
+    assert vals["n_runs"] == 2 and vals["run_ids"] == ["bf16", "fp8"] and vals["n_step_records"] == 60
+    assert vals["speedups"] == {"fp8": pytest.approx(1.25)}
+    assert vals["loss_gaps_pct"] == {"fp8": pytest.approx(3.0)}  # FP8 loss is 1.03x BF16's at every step
+    hours_bf16 = 1e9 / (1000.0 * 8) / 3600
+    assert vals["cost_usd"] == {"bf16": pytest.approx(10 * hours_bf16), "fp8": pytest.approx(10 * hours_bf16 / 1.25)}
+    assert "1.25x" in vals["verdict"] and "20% saved" in vals["verdict"]
+    workdir = tmp_path / "out" / "05_analyze_results"
+    for name in ("throughput", "speedup", "loss", "mfu", "cost", "scaling"):
+        assert (workdir / f"{name}.png").exists() and (workdir / f"{name}.svg").exists()
+
+
+def test_notebook_is_thin_and_its_defaults_match_the_library():
+    nb = nbformat.read(str(NB), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert not any("def " in c.source for c in code)
+    params = declared_parameters(NB)
+    assert params["runs"] == [] and params["token_budget"] == analysis.DEFAULT_TOKEN_BUDGET
+    assert params["price_per_instance_hour"] == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR
+    assert params["gpus_per_instance"] == analysis.DEFAULT_GPUS_PER_INSTANCE
+    assert params["smoothing"] in analysis.SMOOTHING_METHODS

@@ -1,0 +1,148 @@
+"""fp8lab.plots: every figure renders, and its axes carry the data of the tables it was given."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.figure import Figure
+
+from fp8lab import analysis, plots
+from test_analysis import make_pair, make_trainer_run, step_records
+
+
+@pytest.fixture
+def tables(tmp_path):
+    make_pair(tmp_path, 1000.0, 1250.0, val_every=10)
+    runs = analysis.load_runs(tmp_path)
+    summary = analysis.summarize_runs(runs, warmup_steps=10)
+    return runs, summary, analysis.compare_precisions(summary)
+
+
+def _bars(ax):
+    return [p for p in ax.patches if p.get_height() > 0 and p.get_width() > 0]
+
+
+def _texts(fig: Figure) -> str:
+    return " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+
+
+def test_throughput_bars_are_the_medians_side_by_side(tables):
+    _, summary, _ = tables
+    fig = plots.throughput_figure(summary)
+    ax = fig.axes[0]
+    heights = sorted(p.get_height() for p in _bars(ax))
+    assert heights == pytest.approx([1000.0, 1250.0])
+    assert ax.get_title() == "llama-1b" and ax.get_ylabel() == "tokens/s/GPU" and ax.get_xlabel() == "GPUs"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["bf16 te", "fp8 te delayed"]
+
+
+def test_throughput_groups_by_instance_count_with_quartile_whiskers():
+    rows = []
+    for n, bf, f8 in ((1, 1000.0, 1300.0), (2, 950.0, 1240.0)):
+        for prec, tps in (("bf16", bf), ("fp8", f8)):
+            rows += [{**r, "job_name": f"{prec}-{n}", "instance_count": n, "world_size": 8 * n}
+                     for r in step_records(12, tps, prec)]
+    summary = analysis.summarize_runs(analysis.load_runs(pd.DataFrame(rows)), warmup_steps=2)
+    ax = plots.throughput_figure(summary).axes[0]
+    assert ax.get_xlabel() == "instances"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2"]
+    bars = sorted(_bars(ax), key=lambda p: p.get_x())
+    assert [b.get_height() for b in bars] == pytest.approx([1000.0, 1300.0, 950.0, 1240.0])
+
+
+def test_speedup_bars_and_labelled_reference_markers(tables):
+    _, _, comparison = tables
+    ref = analysis.load_reference()
+    fig = plots.speedup_figure(comparison, ref)
+    ax = fig.axes[0]
+    assert [p.get_height() for p in _bars(ax)] == pytest.approx([1.25])
+    markers = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(markers) == 1
+    assert markers[0].get_offsets()[:, 1].tolist() == pytest.approx([1.13, 1.18])
+    assert markers[0].get_label() == plots.REFERENCE_LABEL and "not measured here" in plots.REFERENCE_LABEL
+    # the 1B reference sits on the measured llama-1b bar; 7B gets its own "(source)" slot
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["llama-1b", "7B (source)"]
+    assert markers[0].get_offsets()[:, 0].tolist() == [0, 1]
+
+
+def test_speedup_with_no_measured_runs_still_shows_the_reference():
+    empty = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs([])))
+    fig = plots.speedup_figure(empty, analysis.load_reference())
+    ax = fig.axes[0]
+    assert not _bars(ax)
+    assert [c for c in ax.collections if isinstance(c, PathCollection)][0].get_offsets()[:, 1].tolist() == pytest.approx([1.13, 1.18])
+    assert plots.NO_DATA in _texts(fig)
+
+
+def test_loss_curves_are_smoothed_and_gap_is_exact(tables):
+    runs, _, _ = tables
+    fig = plots.loss_figure(runs, smoothing="ema", smoothing_span=5)
+    top, bottom = fig.axes[0], fig.axes[1]
+    smoothed = {l.get_gid(): l for l in top.lines if l.get_gid()}
+    bf = runs[runs["run_id"] == "bf16"].sort_values("step")
+    assert smoothed["smoothed:bf16"].get_xdata().tolist() == bf["tokens"].tolist()
+    assert smoothed["smoothed:bf16"].get_ydata() == pytest.approx(analysis.smooth(bf["loss"], "ema", 5).to_numpy())
+    raw = [l for l in top.lines if not l.get_gid()]
+    assert any(np.allclose(l.get_ydata(), bf["loss"]) for l in raw)
+    gap = [l for l in bottom.lines if l.get_gid() == "gap:fp8"][0]
+    assert gap.get_ydata() == pytest.approx(np.full(30, 3.0))  # FP8 loss is exactly 1.03x BF16's
+
+
+def test_loss_without_a_bf16_run_says_what_is_missing(tmp_path):
+    make_trainer_run(tmp_path, "only-fp8", "fp8", 1000.0, n=5)
+    fig = plots.loss_figure(analysis.load_runs(tmp_path))
+    assert "needs a BF16 and an FP8 run" in _texts(fig)
+
+
+def test_mfu_bars_are_percent(tables):
+    _, summary, _ = tables
+    ax = plots.mfu_figure(summary).axes[0]
+    widths = sorted(p.get_width() for p in _bars(ax))
+    assert widths == pytest.approx(sorted(100 * summary["mfu"]))
+    assert ax.get_xlabel() == "MFU (%)"
+
+
+def test_cost_bars_are_hours_and_dollars(tables):
+    _, summary, _ = tables
+    costs = analysis.cost_table(summary, tokens=1000.0 * 8 * 3600, price_per_instance_hour=50.0)
+    fig = plots.cost_figure(costs)
+    hours_ax, cost_ax = fig.axes[0], fig.axes[1]
+    assert sorted(p.get_width() for p in _bars(hours_ax)) == pytest.approx([0.8, 1.0])
+    assert sorted(p.get_width() for p in _bars(cost_ax)) == pytest.approx([40.0, 50.0])
+    assert "$50.00/instance-hour" in fig.get_suptitle()
+    assert "(projected)" in hours_ax.get_yticklabels()[0].get_text()
+
+
+def test_scaling_lines_are_efficiencies():
+    rows = [{**r, "job_name": f"fp8-{n}x", "instance_count": n, "world_size": 8 * n}
+            for n, tps in ((1, 1000.0), (2, 970.0), (4, 930.0)) for r in step_records(12, tps, "fp8")]
+    scaling = analysis.scaling_table(analysis.summarize_runs(analysis.load_runs(pd.DataFrame(rows)), warmup_steps=2))
+    ax = plots.scaling_figure(scaling).axes[0]
+    line = [l for l in ax.lines if l.get_label().startswith("llama-1b")][0]
+    assert line.get_xdata().tolist() == [1, 2, 4]
+    assert line.get_ydata() == pytest.approx([1.0, 0.97, 0.93])
+
+
+def test_every_figure_renders_on_empty_tables_and_saves_png_and_svg(tmp_path):
+    runs = analysis.load_runs([])
+    summary = analysis.summarize_runs(runs)
+    figs = {
+        "throughput": plots.throughput_figure(summary, save=tmp_path / "throughput"),
+        "speedup": plots.speedup_figure(analysis.compare_precisions(summary), None, save=tmp_path / "speedup"),
+        "loss": plots.loss_figure(runs, save=tmp_path / "loss"),
+        "mfu": plots.mfu_figure(summary, save=tmp_path / "mfu"),
+        "cost": plots.cost_figure(analysis.cost_table(summary), save=tmp_path / "cost.png"),
+        "scaling": plots.scaling_figure(analysis.scaling_table(summary), save=tmp_path / "scaling"),
+    }
+    for name, fig in figs.items():
+        assert isinstance(fig, Figure)
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"<svg" in (tmp_path / f"{name}.svg").read_bytes()[:400]
+        assert _texts(fig), f"{name}: an empty figure must say why it is empty"
+
+
+def test_bad_scale_axis_is_rejected(tables):
+    _, summary, _ = tables
+    with pytest.raises(ValueError, match="by='gpus'"):
+        plots.throughput_figure(summary, by="gpus")

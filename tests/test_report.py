@@ -1,0 +1,70 @@
+"""fp8lab report: one self-contained HTML page (no external src/href), from the CLI and the library."""
+from __future__ import annotations
+
+import base64
+import html
+from html.parser import HTMLParser
+
+from fp8lab import analysis, cli, report
+from test_analysis import make_pair
+
+
+class _Refs(HTMLParser):
+    """Every URL-bearing attribute and every tag name in the page."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls: list[tuple[str, str, str]] = []
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href", "srcset", "data", "action", "poster") or (value or "").startswith("url("):
+                self.urls.append((tag, name, value or ""))
+
+
+def _parse(text: str) -> _Refs:
+    p = _Refs()
+    p.feed(text)
+    return p
+
+
+def test_cli_writes_a_self_contained_report(tmp_path, capsys):
+    runs = make_pair(tmp_path / "runs", 1000.0, 1250.0, val_every=10)
+    out = tmp_path / "site" / "report.html"
+    assert cli.main(["report", str(runs / "bf16"), str(runs / "fp8"), "--out", str(out), "--price", "100",
+                     "--tokens", "1e9", "--warmup-steps", "5"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    text = out.read_text()
+    refs = _parse(text)
+    assert refs.urls, "the figures must be embedded images"
+    assert all(v.startswith("data:image/png;base64,") for _, _, v in refs.urls), refs.urls
+    assert "link" not in refs.tags and "script" not in refs.tags and "@import" not in text
+    imgs = [v for t, n, v in refs.urls if t == "img"]
+    assert len(imgs) == 6
+    for v in imgs:  # each is a real PNG
+        assert base64.b64decode(v.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    # the numbers in the page are the analysis's numbers, and the reference is labelled
+    summary = analysis.summarize_runs(analysis.load_runs(runs), warmup_steps=5)
+    expected = analysis.verdict(analysis.compare_precisions(summary), 1e9, 100.0,
+                                reference=analysis.load_reference())
+    assert html.escape(expected) in text and "1.25x" in expected
+    assert "not measured here" in text and "1.13" in str(analysis.load_reference()["speedup"].tolist())
+    assert "$100.00 per instance-hour" in text and "1,000,000,000" in text
+    assert str(tmp_path) not in text  # no machine paths in the page
+
+
+def test_report_with_no_runs_says_so_and_shows_reference(tmp_path):
+    empty = tmp_path / "results"
+    empty.mkdir()
+    out = report.build_report([empty], tmp_path / "r.html")
+    text = out.read_text()
+    assert "no measured runs yet" in text.lower() and "not measured here" in text
+    assert len([1 for t, _, _ in _parse(text).urls if t == "img"]) == 6
+
+
+def test_report_bad_source_is_a_clear_error(tmp_path, capsys):
+    assert analysis.report_main([str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 1
+    assert "missing" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
