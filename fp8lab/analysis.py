@@ -488,6 +488,13 @@ def _key(v: object) -> object:
     return "?" if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
+def _hardware_fp8(run: pd.Series) -> bool:
+    """Whether a run's FP8 ran on FP8 hardware (not the PyTorch emulation, not a CPU)."""
+    gpu = run.get("gpu_name")
+    return (run.get("backend") != "emulated" and isinstance(gpu, str)
+            and not any(w in gpu.lower() for w in ("cpu", "mps")))
+
+
 def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = None,
                        loss: str = "smoothed") -> pd.DataFrame:
     """FP8 against BF16 per model and scale: speedup and loss gap in percent.
@@ -502,7 +509,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
         raise ValueError(f"loss={loss!r}; allowed: 'smoothed', 'final'")
     cols = ["model", "gpu_name", "instances", "world_size", "baseline_run", "baseline_variant", "fp8_run",
             "fp8_variant", "tps_baseline", "tps_fp8", "speedup", "mfu_baseline", "mfu_fp8", "tokens_baseline",
-            "tokens_fp8", "valid", "loss_baseline", "loss_fp8", "loss_gap_pct", "val_loss_baseline",
+            "tokens_fp8", "valid", "hardware_fp8", "loss_baseline", "loss_fp8", "loss_gap_pct", "val_loss_baseline",
             "val_loss_fp8", "val_loss_gap_pct", "note"]
     rows = []
     if not len(summary):
@@ -520,6 +527,9 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
         lcol = "smoothed_loss" if loss == "smoothed" else "final_loss"
         for _, r in fp8.iterrows():
             note = []
+            hardware = _hardware_fp8(r)
+            if not hardware:
+                note.append("FP8 emulated or on CPU: its speed says nothing about FP8 hardware")
             same = pd.notna(base["tokens"]) and pd.notna(r["tokens"]) and base["tokens"] == r["tokens"]
             if pd.isna(base["tokens"]) or pd.isna(r["tokens"]):
                 note.append("tokens seen unknown: loss not compared")
@@ -535,6 +545,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
                 "speedup": r["tokens_per_sec_per_gpu"] / base["tokens_per_sec_per_gpu"],
                 "mfu_baseline": base["mfu"], "mfu_fp8": r["mfu"],
                 "tokens_baseline": base["tokens"], "tokens_fp8": r["tokens"], "valid": bool(same),
+                "hardware_fp8": hardware,
                 "loss_baseline": base[lcol], "loss_fp8": r[lcol], "loss_gap_pct": gap,
                 "val_loss_baseline": base["val_loss"], "val_loss_fp8": r["val_loss"], "val_loss_gap_pct": vgap,
                 "note": "; ".join(note),
@@ -619,7 +630,7 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
         parts.append("There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
                      "precisions), so this report cannot say from its own numbers whether FP8 pays off.")
     else:
-        pays, pays_unknown_loss, faster_worse, slower = [], [], [], []
+        pays, pays_unknown_loss, faster_worse, slower, emulated = [], [], [], [], []
         for model, g in comp.groupby("model", sort=False):
             g = g.sort_values(["world_size", "instances", "speedup"], ascending=[True, True, False])
             r = g.iloc[0]
@@ -627,11 +638,15 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
             scale = f"{int(r['world_size'])} GPU(s)" if pd.notna(r["world_size"]) else "an unknown number of GPUs"
             s = (f"For {model} on {scale} of {gpu}, {r['fp8_variant']} ran at {r['speedup']:.2f}x the tokens/s/GPU "
                  f"of {r['baseline_variant']} ({r['tps_fp8']:,.0f} vs {r['tps_baseline']:,.0f})")
-            hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
-            hours_f = tokens / (r["tps_fp8"] * gpus_per_instance) / 3600.0
-            s += (f"; at ${price_per_instance_hour:,.2f} per {gpus_per_instance}-GPU instance-hour, "
-                  f"{_fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
-                  f"${hours_b * price_per_instance_hour:,.0f} ({100 * (1 - hours_f / hours_b):.0f}% saved)")
+            if r["hardware_fp8"]:
+                hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
+                hours_f = tokens / (r["tps_fp8"] * gpus_per_instance) / 3600.0
+                s += (f"; at ${price_per_instance_hour:,.2f} per {gpus_per_instance}-GPU instance-hour, "
+                      f"{_fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
+                      f"${hours_b * price_per_instance_hour:,.0f} ({100 * (1 - hours_f / hours_b):.0f}% saved)")
+            else:
+                s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
+                      "of FP8 speed or cost")
             gap_kind, gap = None, np.nan
             valid = g[g["valid"]]
             if len(valid):
@@ -648,7 +663,9 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
             else:
                 s += "; the BF16 and FP8 runs did not see the same tokens, so their loss is not compared"
             parts.append(s + ".")
-            if r["speedup"] <= 1.0:
+            if not r["hardware_fp8"]:
+                emulated.append(model)
+            elif r["speedup"] <= 1.0:
                 slower.append(model)
             elif gap_kind and gap > loss_tolerance_pct:
                 faster_worse.append(model)
@@ -666,6 +683,8 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                          f"{loss_tolerance_pct:g}% above BF16's")
         if slower:
             concl.append(f"for {', '.join(slower)} FP8 is not faster than BF16")
+        if emulated:
+            concl.append(f"for {', '.join(emulated)} these runs cannot say whether FP8 pays off (no FP8 hardware)")
         parts.append("In short: " + "; ".join(concl) + ".")
     if reference is not None and len(reference):
         refs = ", ".join(f"{r['speedup']:.2f}x and ~{r['loss_gap_pct']:g}% higher loss at {r['model_size']}"

@@ -375,6 +375,16 @@ def test_verdict_is_written_from_the_numbers(tmp_path):
     assert "pays off" in analysis.verdict(c, loss_tolerance_pct=5.0)
 
 
+def test_emulated_fp8_on_cpu_is_not_a_speed_claim(tmp_path):
+    make_trainer_run(tmp_path, "bf16", "bf16", 100.0, backend="hf")
+    make_trainer_run(tmp_path, "fp8", "fp8", 150.0, backend="emulated", loss_scale=1.002)
+    c = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(tmp_path)))
+    assert not c.iloc[0]["hardware_fp8"] and "emulated" in c.iloc[0]["note"]
+    text = analysis.verdict(c)
+    assert "1.50x" in text and "not a measurement of FP8 speed" in text
+    assert "saved" not in text and "pays off for" not in text and "+0.20%" in text
+
+
 def test_verdict_without_loss_or_pairs_says_so(tmp_path):
     recs = step_records(20, 1000.0, "bf16")
     recs_f = step_records(20, 900.0, "fp8")
