@@ -115,14 +115,13 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
         return [_load_result_file(path)]
     if (path / "metrics.jsonl").exists():
         return [_load_trainer_dir(path)]
-    frames = []
-    for f in sorted(path.rglob("*.jsonl")):
-        if any(part.startswith(".") for part in f.relative_to(path).parts):
-            continue
-        if f.name == "metrics.jsonl":
-            frames.append(_load_trainer_dir(f.parent))
-        else:
-            frames.append(_load_result_file(f))
+    files = [f for f in sorted(path.rglob("*.jsonl"))
+             if not any(part.startswith(".") for part in f.relative_to(path).parts)]
+    trainer_dirs = {f.parent for f in files if f.name == "metrics.jsonl"}
+    frames = [_load_trainer_dir(d) for d in sorted(trainer_dirs)]
+    # any other .jsonl is a result file, unless it lives inside a trainer output folder
+    frames += [_load_result_file(f) for f in files
+               if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
     return frames
 
 

@@ -92,7 +92,12 @@ def test_result_file_with_steps_and_summary_and_summary_only(tmp_path):
                                summary={"tokens_per_sec_per_gpu": 1200.0, "tokens_per_sec_per_gpu_p25": 1190.0,
                                         "tokens_per_sec_per_gpu_p75": 1210.0, "mfu": 0.5, "max_mem_gib": 40.0,
                                         "tokens": 20480, "timed_steps": 50})
+    trainer = make_trainer_run(tmp_path / "local", "bf16-local", "bf16", 500.0, n=3)
+    (trainer / "checkpoints").mkdir()
+    (trainer / "checkpoints" / "state.jsonl").write_text('{"not": "a result file"}\n')  # ignored: inside a run folder
     df = analysis.load_runs(tmp_path)  # a folder: searched recursively
+    assert set(df.loc[df["run_id"] == "bf16-local", "study"]) == {"local"}
+    df = df[df["run_id"] != "bf16-local"]
     assert sorted(df["run_id"].unique()) == ["a", "fp8-bench"]
     assert (df.loc[df["run_id"] == "a", "record"] == "step").sum() == 5
     summ = df[df["run_id"] == "fp8-bench"]
