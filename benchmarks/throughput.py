@@ -1,0 +1,204 @@
+"""Full-training-step throughput of BF16 and FP8 variants, one process per variant.
+
+Each variant is a run of the real trainer (``python -m fp8lab.train``): embedding, every layer, LM
+head, loss, backward, clipping and the AdamW step, on batches of the shipped corpus. The trainer
+synchronises the GPU at the end of every step and logs ``step_time_s``; this script drops the
+warm-up steps and reports the median (and quartiles, min, max) of the rest, and writes one result
+file per variant under ``data/results/<study>/`` with its provenance (GPU, driver, CUDA, torch, TE,
+torchao, the exact trainer command).
+
+Run on the GPU machine, from the repository root::
+
+    python benchmarks/throughput.py --models llama-1b --variants all --steps 40 --warmup 15
+
+Variants (``--variants all`` or a comma list):
+  hf-bf16              plain transformers model, torch.autocast bf16: what a user starts from
+  hf-bf16-compile      the same with torch.compile on every decoder block
+  te-bf16              Transformer Engine fused layers, FP8 off (the best BF16 fp8lab offers, or not)
+  te-fp8-delayed       TE fused layers, FP8 DelayedScaling (HYBRID)
+  te-fp8-current       TE fused layers, FP8 per-tensor current scaling
+  te-fp8-block         TE fused layers, FP8 block scaling (1x128 / 128x128)
+  te-fp8-delayed-swap  the source blog's approach: nn.Linear -> te.Linear one for one, delayed scaling
+  torchao-fp8-compile  torchao float8 (tensorwise) with torch.compile on every block
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+VARIANTS: dict[str, list[str]] = {
+    "hf-bf16": ["--precision", "bf16", "--backend", "none"],
+    "hf-bf16-compile": ["--precision", "bf16", "--backend", "none", "--compile", "True"],
+    "te-bf16": ["--precision", "bf16", "--backend", "te", "--fuse", "True"],
+    "te-fp8-delayed": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True"],
+    "te-fp8-current": ["--precision", "fp8", "--backend", "te", "--recipe", "current", "--fuse", "True"],
+    "te-fp8-block": ["--precision", "fp8", "--backend", "te", "--recipe", "block", "--fuse", "True"],
+    "te-fp8-delayed-swap": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "False"],
+    "torchao-fp8-compile": ["--precision", "fp8", "--backend", "torchao", "--recipe", "current", "--compile", "True"],
+}
+# CPU smoke variants (emulated FP8: for checking this script, never for speed claims)
+CPU_VARIANTS: dict[str, list[str]] = {
+    "hf-bf16": VARIANTS["hf-bf16"],
+    "emulated-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
+}
+
+
+def _arg_value(args: list[str], name: str, default: str | None = None) -> str | None:
+    return args[args.index(name) + 1] if name in args else default
+
+
+def versions() -> dict:
+    """Driver, CUDA, torch, transformers, TE and torchao versions of this machine."""
+    out: dict = {"python": sys.version.split()[0]}
+    try:
+        out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except Exception:
+        out["driver"] = None
+    for mod, key in (("torch", "torch"), ("transformers", "transformers"), ("transformer_engine", "transformer_engine"),
+                     ("torchao", "torchao")):
+        try:
+            out[key] = __import__(mod).__version__
+        except Exception:
+            out[key] = None
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+    except Exception:
+        out["cuda"] = None
+    return out
+
+
+def quantiles(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": xs[0], "max": xs[-1]}
+
+
+def run_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> dict:
+    """Train ``args.steps`` steps in a fresh process; return the run record, steps and summary."""
+    run_id = f"{model}-{variant}"
+    out_dir = work / run_id
+    # fixed options first: argparse keeps the last value, so ``flags``/``extra`` may override them
+    cmd = [sys.executable, "-m", "fp8lab.train", "--model", model,
+           "--steps", str(args.steps), "--warmup-steps", "5", "--output-dir", str(out_dir),
+           "--checkpoint-every", "-1", "--save-model", "False", "--plot", "False", "--progress", "off",
+           "--val-every", "0", "--val-batches", "1", "--resume", "False", "--seed", str(args.seed), *flags, *extra]
+    if args.data:
+        cmd += ["--data", args.data]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+    (work / f"{run_id}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    shown = " ".join(shlex.quote(c) for c in ["python", "-m", "fp8lab.train", *cmd[3:]]).replace(str(work), "<work>")
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"run_id": run_id, "error": f"exit {proc.returncode}: {' | '.join(tail)}", "seconds": time.time() - t0}
+    recs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    cfg = json.loads((out_dir / "config.json").read_text())
+    timed = [r for r in recs if r["step"] > args.warmup and r.get("loss") is not None]
+    tps = quantiles([r["tokens_per_sec_per_gpu"] for r in timed])
+    mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
+    run = {
+        "record": "run", "run_id": run_id, "study": args.study, "model": model, "variant": variant,
+        "precision": _arg_value(flags, "--precision"), "backend": "hf" if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--backend"),
+        "recipe": _arg_value(flags, "--recipe"), "fuse": None if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--fuse", "True") == "True",
+        "compile": _arg_value(flags, "--compile", "False") == "True",
+        "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
+        "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
+        "micro_batch_size": int(_arg_value(extra, "--micro-batch-size", "4")),
+        "grad_accum": int(_arg_value(extra, "--grad-accum", "1")), "seq_len": int(_arg_value(extra, "--seq-len", "256")),
+        "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
+        "optimizer": "AdamW (fused on GPU), fp32 master weights, bf16 autocast",
+        "versions": versions(), "command": shown, "harness": "python " + " ".join(sys.argv).replace(str(REPO) + "/", ""),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    summary = {
+        "record": "summary", "tokens_per_sec_per_gpu": tps["median"], "tokens_per_sec_per_gpu_p25": tps["p25"],
+        "tokens_per_sec_per_gpu_p75": tps["p75"], "tokens_per_sec_per_gpu_min": tps["min"],
+        "tokens_per_sec_per_gpu_max": tps["max"], "timed_steps": len(timed), "warmup_steps": args.warmup,
+        "step_time_s": statistics.median(r["step_time_s"] for r in timed),
+        "mfu": statistics.median(mfus) if mfus else None, "mfu_peak_tflops": 989.0 if mfus else None,
+        "max_mem_gib": max(r["max_mem_gib"] or 0 for r in recs), "tokens": recs[-1]["tokens"],
+        "loss": recs[-1]["loss"], "first_loss": recs[0]["loss"],
+    }
+    every = max(1, len(recs) // args.max_step_records) if getattr(args, "max_step_records", 0) else 1
+    keep = [r for i, r in enumerate(recs) if i % every == 0 or r is recs[-1] or r.get("val_loss") is not None]
+    steps = [{"record": "step", **{k: r.get(k) for k in ("step", "tokens", "loss", "val_loss", "grad_norm", "step_time_s",
+                                                         "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "max_mem_gib")
+                                   if k != "val_loss" or r.get(k) is not None}}
+             for r in keep]
+    vals = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
+    if vals:
+        summary["val_loss"] = vals[-1]
+    return {"run_id": run_id, "run": run, "steps": steps, "summary": summary, "seconds": time.time() - t0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="llama-1b", help="comma list of fp8lab.models names")
+    p.add_argument("--variants", default="all", help="'all' or a comma list of: " + ", ".join(VARIANTS))
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=15, help="steps left out of the statistics")
+    p.add_argument("--model-args", action="append", default=[], metavar="MODEL=ARGS",
+                   help="trainer options for one model, e.g. 'llama-7b=--micro-batch-size 2 --activation-checkpointing True'")
+    p.add_argument("--common-args", default="--seq-len 2048 --micro-batch-size 8", help="trainer options for every run")
+    p.add_argument("--data", default=None, help="prepared data folder (default: the shipped corpus)")
+    p.add_argument("--study", default="throughput-h200")
+    p.add_argument("--out", default=None, help="result folder (default data/results/<study>)")
+    p.add_argument("--work", default="/tmp/fp8lab-bench")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per variant")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU check of this script (emulated FP8; no speed claim)")
+    args = p.parse_args(argv)
+
+    table = CPU_VARIANTS if args.cpu_smoke else VARIANTS
+    variants = list(table) if args.variants == "all" else [v.strip() for v in args.variants.split(",")]
+    bad = [v for v in variants if v not in table]
+    if bad:
+        p.error(f"--variants: unknown {', '.join(bad)}; allowed: all, {', '.join(table)}")
+    per_model = {}
+    for item in args.model_args:
+        name, _, rest = item.partition("=")
+        per_model[name.strip()] = shlex.split(rest)
+    from fp8lab.analysis import write_result_file
+
+    out = Path(args.out) if args.out else REPO / "data" / "results" / args.study
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for model in [m.strip() for m in args.models.split(",")]:
+        extra = shlex.split(args.common_args) + per_model.get(model, [])
+        for variant in variants:
+            res = run_variant(model, variant, table[variant], extra, args, work)
+            if "error" in res:
+                print(f"[bench] {res['run_id']}: FAILED ({res['seconds']:.0f}s) {res['error']}", flush=True)
+                rows.append((res["run_id"], None, None, None))
+                continue
+            path = write_result_file(out / f"{res['run_id']}.jsonl", res["run"], res["steps"], res["summary"])
+            s = res["summary"]
+            print(f"[bench] {res['run_id']}: {s['tokens_per_sec_per_gpu']:.0f} tok/s/GPU "
+                  f"(IQR {s['tokens_per_sec_per_gpu_p25']:.0f}-{s['tokens_per_sec_per_gpu_p75']:.0f}) "
+                  f"mfu={s['mfu'] if s['mfu'] is None else round(s['mfu'], 3)} mem={s['max_mem_gib']:.1f}GiB "
+                  f"loss {s['first_loss']:.3f}->{s['loss']:.3f} ({res['seconds']:.0f}s) -> {path.name}", flush=True)
+            rows.append((res["run_id"], s["tokens_per_sec_per_gpu"], s["mfu"], s["max_mem_gib"]))
+    print("\nrun                                  tok/s/GPU     MFU   mem GiB")
+    for run_id, tps, mfu, mem in rows:
+        print(f"{run_id:<36} {tps if tps is None else f'{tps:>9.0f}'} {'' if mfu is None else f'{mfu:7.3f}'} "
+              f"{'' if mem is None else f'{mem:8.1f}'}")
+    return 0 if all(r[1] is not None for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
