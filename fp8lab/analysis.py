@@ -630,11 +630,14 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                      "precisions), so this report cannot say from its own numbers whether FP8 pays off.")
     else:
         pays, pays_unknown_loss, faster_worse, slower, emulated = [], [], [], [], []
-        for model, g in comp.groupby("model", sort=False):
+        by_size = sorted(comp["model"].unique(), key=lambda m: (np.nan_to_num(model_size_b(m), nan=np.inf), str(m)))
+        for model in by_size:
+            g = comp[comp["model"] == model]
             g = g.sort_values(["world_size", "instances", "speedup"], ascending=[True, True, False])
             r = g.iloc[0]
             gpu = r["gpu_name"] if isinstance(r["gpu_name"], str) else "an unnamed GPU"
-            scale = f"{int(r['world_size'])} GPU(s)" if pd.notna(r["world_size"]) else "an unknown number of GPUs"
+            n = int(r["world_size"]) if pd.notna(r["world_size"]) else None
+            scale = f"{n} GPU{'s' if n != 1 else ''}" if n else "an unknown number of GPUs"
             s = (f"For {model} on {scale} of {gpu}, {r['fp8_variant']} ran at {r['speedup']:.2f}x the tokens/s/GPU "
                  f"of {r['baseline_variant']} ({r['tps_fp8']:,.0f} vs {r['tps_baseline']:,.0f})")
             if r["hardware_fp8"]:

@@ -115,11 +115,11 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
     by = _scale_axis(s, by)
     models = _models(s)
     fig, axes = _new(ncols=len(models))
+    colors = _variant_colors(_ordered_variants(s), dict(s[["variant", "precision"]].values))
     for ax, model in zip(axes[0], models):
         g = s[s["model"] == model]
         scales = sorted(g[by].fillna(1).unique())
         variants = _ordered_variants(g)
-        colors = _variant_colors(variants, dict(g[["variant", "precision"]].values))
         width = 0.8 / len(variants)
         for i, var in enumerate(variants):
             gv = g[g["variant"] == var].groupby(g[by].fillna(1)).median(numeric_only=True).reindex(scales)
@@ -134,9 +134,19 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
         ax.set_xlabel(_SCALE_LABEL[by])
         ax.set_ylabel("tokens/s/GPU")
         ax.set_title(str(model))
-        ax.legend(fontsize=8)
+    _shared_legend(fig, axes)
     fig.suptitle(title)
     return _finish(fig, save)
+
+
+def _shared_legend(fig: Figure, axes: np.ndarray) -> None:
+    """One legend below all panels (each label once), so it never hides a bar."""
+    seen: dict[str, object] = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(4, len(seen)), fontsize=8)
 
 
 def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = None,
@@ -148,9 +158,10 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
     has_ref = reference is not None and len(reference)
     if not len(comp) and not has_ref:
         return _finish(_empty(title), save)
-    fig, axes = _new(width=6.5)
-    ax = axes[0, 0]
     categories = _models(comp) if len(comp) else []
+    n_var = comp["fp8_variant"].nunique() if len(comp) else 1
+    fig, axes = _new(width=max(6.5, 1.5 + 0.45 * n_var * (len(categories) + (len(reference) if has_ref else 0))))
+    ax = axes[0, 0]
     ref_pos = {}
     if has_ref:
         for _, r in reference.iterrows():
@@ -174,23 +185,26 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
                     ys.append(g["speedup"].max())
             ax.bar(xs, ys, width, label=f"measured: {var}", color=colors[var])
             for x, y in zip(xs, ys):
-                ax.annotate(f"{y:.2f}x", (x, y), ha="center", va="bottom", fontsize=8)
+                ax.annotate(f"{y:.2f}x", (x, y), ha="center", va="bottom", fontsize=7)
     else:
         ax.text(0.5, 0.92, NO_DATA, ha="center", transform=ax.transAxes, color="0.4")
     if has_ref:
         xs = [ref_pos[r["model_size"]] for _, r in reference.iterrows()]
-        ax.scatter(xs, reference["speedup"], marker="D", s=60, color="crimson", zorder=5, label=REFERENCE_LABEL)
+        ax.scatter(xs, reference["speedup"], marker="D", s=50, color="crimson", zorder=5, label=REFERENCE_LABEL)
+        ax.hlines(reference["speedup"], np.array(xs) - 0.45, np.array(xs) + 0.45, colors="crimson",
+                  linestyles=":", lw=1.5, zorder=4)
         for x, y in zip(xs, reference["speedup"]):
-            ax.annotate(f"{y:.2f}x (reported)", (x, y), xytext=(6, -12), textcoords="offset points",
-                        fontsize=8, color="crimson")
+            ax.annotate(f"source: {y:.2f}x (reported)", (x - 0.45, y), xytext=(0, -4), textcoords="offset points",
+                        ha="left", va="top", fontsize=7, color="crimson", zorder=6,
+                        bbox={"fc": "white", "ec": "none", "alpha": 0.85, "pad": 1})
     ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
     ax.set_xticks(range(len(categories)), categories)
     ax.set_xlim(-0.7, len(categories) - 0.3)
     ax.set_ylabel("speedup (FP8 / BF16)")
-    lowest = min([1.0, *comp["speedup"]]) if len(comp) else 1.0
-    ax.set_ylim(bottom=0.8 * lowest)
+    values = [1.0, *(comp["speedup"] if len(comp) else []), *(reference["speedup"] if has_ref else [])]
+    ax.set_ylim(0.8 * min(values), 1.12 * max(values))
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    _shared_legend(fig, axes)
     return _finish(fig, save)
 
 

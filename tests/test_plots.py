@@ -34,7 +34,7 @@ def test_throughput_bars_are_the_medians_side_by_side(tables):
     heights = sorted(p.get_height() for p in _bars(ax))
     assert heights == pytest.approx([1000.0, 1250.0])
     assert ax.get_title() == "llama-1b" and ax.get_ylabel() == "tokens/s/GPU" and ax.get_xlabel() == "GPUs"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["bf16 te", "fp8 te delayed"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["bf16 te", "fp8 te delayed"]
 
 
 def test_throughput_groups_by_instance_count_with_quartile_whiskers():
