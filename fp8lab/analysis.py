@@ -606,10 +606,10 @@ def scaling_table(summary: pd.DataFrame, by: str = "instances") -> pd.DataFrame:
 # ----------------------------------------------------------------------------------- verdict
 
 def _fmt_tokens(n: float) -> str:
-    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
         if n >= div:
-            return f"{n / div:g}{unit}"
-    return f"{n:g}"
+            return f"{n / div:.4g}{unit}"
+    return f"{n:,.0f}"
 
 
 def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
@@ -638,7 +638,8 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
             gpu = r["gpu_name"] if isinstance(r["gpu_name"], str) else "an unnamed GPU"
             n = int(r["world_size"]) if pd.notna(r["world_size"]) else None
             scale = f"{n} GPU{'s' if n != 1 else ''}" if n else "an unknown number of GPUs"
-            s = (f"For {model} on {scale} of {gpu}, {r['fp8_variant']} ran at {r['speedup']:.2f}x the tokens/s/GPU "
+            where = f"a CPU ({n} process{'es' if n and n > 1 else ''})" if gpu.lower() == "cpu" else f"{scale} of {gpu}"
+            s = (f"For {model} on {where}, {r['fp8_variant']} ran at {r['speedup']:.2f}x the tokens/s/GPU "
                  f"of {r['baseline_variant']} ({r['tps_fp8']:,.0f} vs {r['tps_baseline']:,.0f})")
             if r["hardware_fp8"]:
                 hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
@@ -666,7 +667,8 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                 s += "; the BF16 and FP8 runs did not see the same tokens, so their loss is not compared"
             parts.append(s + ".")
             if not r["hardware_fp8"]:
-                emulated.append(model)
+                emulated.append(model + (f" (its loss is within {loss_tolerance_pct:g}% of BF16's)" if gap_kind and
+                                         abs(gap) <= loss_tolerance_pct else ""))
             elif r["speedup"] <= 1.0:
                 slower.append(model)
             elif gap_kind and gap > loss_tolerance_pct:
@@ -686,7 +688,7 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
         if slower:
             concl.append(f"for {', '.join(slower)} FP8 is not faster than BF16")
         if emulated:
-            concl.append(f"for {', '.join(emulated)} these runs cannot say whether FP8 pays off (no FP8 hardware)")
+            concl.append(f"for {', '.join(emulated)} these runs cannot say whether FP8 is faster (no FP8 hardware)")
         parts.append("In short: " + "; ".join(concl) + ".")
     if reference is not None and len(reference):
         refs = ", ".join(f"{r['speedup']:.2f}x and ~{r['loss_gap_pct']:g}% higher loss at {r['model_size']}"

@@ -48,6 +48,24 @@ def test_user_run_folders_are_analysed(tmp_path):
         assert (workdir / f"{name}.png").exists() and (workdir / f"{name}.svg").exists()
 
 
+def test_runs_of_the_real_trainer_are_analysed(tmp_path):
+    """Notebook 03's path: fp8lab.train output folders (tiny Llama on CPU, FP8 emulated, same data order)."""
+    train = pytest.importorskip("fp8lab.train")
+    common = dict(model="llama-tiny", steps=8, backend="emulated", compute_dtype="fp32", device="cpu",
+                  progress="off", print_metrics=False, save_model=False, plot=False, checkpoint_every=-1)
+    for precision in ("bf16", "fp8"):
+        train.train(train.TrainConfig(precision=precision, output_dir=str(tmp_path / "runs" / precision), **common))
+    res = run(["05"], {"runs": [str(tmp_path / "runs")], "warmup_steps": 2}, output_dir=tmp_path / "out",
+              progress=False)
+    vals = read_glued(res[0].output)
+    assert vals["n_runs"] == 2 and vals["run_ids"] == ["bf16", "fp8"] and vals["n_step_records"] == 16
+    loaded = analysis.summarize_runs(analysis.load_runs(tmp_path / "runs"), warmup_steps=2).set_index("run_id")
+    assert loaded.loc["fp8", "tokens"] == loaded.loc["bf16", "tokens"] == 8 * 4 * 256  # steps x micro-batch x seq
+    assert set(vals["speedups"]) == {"fp8"} and vals["loss_gaps_pct"]["fp8"] is not None
+    # emulated FP8 on a CPU: the loss comparison stands, the speed is not claimed
+    assert "not a measurement of FP8 speed" in vals["verdict"] and "validation loss" in vals["verdict"]
+
+
 def test_notebook_is_thin_and_its_defaults_match_the_library():
     nb = nbformat.read(str(NB), as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
