@@ -1,0 +1,88 @@
+"""Entry script of fp8lab's SageMaker jobs: check the container can do what was asked, then train.
+
+The SDK's torchrun driver runs ``torchrun ... fp8lab/sm_entry.py --model ... --precision ...``
+from the code channel (``/opt/ml/input/data/code``), so this file runs as a script, not as
+part of the package: it first puts the folder holding ``fp8lab/`` on ``sys.path``.
+
+Why a preflight: an FP8 job on an image without Transformer Engine (or on a GPU without FP8
+tensor cores) would otherwise fail minutes into model building with an ImportError deep in a
+traceback, or worse, silently train in BF16. Here it stops at once and writes the reason to
+SageMaker's failure file, which becomes the job's ``FailureReason``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+FAILURE_FILE = "/opt/ml/output/failure"  # SageMaker shows its content as FailureReason
+
+
+def _option(argv: list[str], name: str, default: str | None = None) -> str | None:
+    """Value of ``--name value`` or ``--name=value`` in argv (the trainer's parser owns the rest)."""
+    flag = f"--{name}"
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def preflight(argv: list[str]) -> str | None:
+    """None when the job can run as asked, else a message saying what is missing and how to fix it."""
+    precision = (_option(argv, "precision", "bf16") or "bf16").lower()
+    backend = (_option(argv, "backend", "te") or "te").lower()
+    if precision != "fp8":
+        return None
+    if backend == "te":
+        try:
+            import transformer_engine.pytorch  # noqa: F401
+        except Exception as exc:  # ImportError, or a CUDA/ABI mismatch raised while loading
+            return (
+                "fp8lab: FP8 was requested with backend 'te' but Transformer Engine does not import "
+                f"in this container ({type(exc).__name__}: {exc}). Use an image that ships TE, or "
+                "launch with JobSpec(install_te=True) so the job installs transformer-engine[pytorch] "
+                "from its requirements file."
+            )
+    try:
+        import torch
+    except Exception as exc:  # pragma: no cover - every training image has torch
+        return f"fp8lab: torch does not import ({exc})"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        if (major, minor) < (8, 9):
+            return (
+                f"fp8lab: FP8 needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper, Blackwell); "
+                f"this GPU ({torch.cuda.get_device_name(0)}) is {major}.{minor}. "
+                "Use ml.p5.* / ml.p5e.* / ml.p5en.* / ml.p6-b200.*, or precision='bf16'."
+            )
+    return None
+
+
+def _report_failure(message: str) -> None:
+    """Write the reason where SageMaker reads it (first writer wins, as the SDK's drivers do)."""
+    print(message, file=sys.stderr, flush=True)
+    path = Path(os.environ.get("FP8LAB_FAILURE_FILE", FAILURE_FILE))
+    if path.parent.is_dir() and not path.exists():
+        path.write_text(message + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    problem = preflight(argv)
+    if problem:
+        _report_failure(problem)
+        return 2
+    from fp8lab.train import main as train_main
+
+    return int(train_main(argv) or 0)
+
+
+if __name__ == "__main__":
+    here = Path(__file__).resolve().parent
+    # Run as a script, sys.path[0] is fp8lab/ itself: replace it by its parent so that
+    # ``import fp8lab`` works and fp8lab's modules cannot shadow top-level ones.
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    sys.path.insert(0, str(here.parent))
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""A real local AWS endpoint for the launch tests: moto's HTTP server, and a strict request checker.
+
+moto accepts almost any CreateTrainingJob, so it only plays the service; the judge is
+botocore's SageMaker model (``validate_parameters``) plus the enum / min / max / pattern rules
+that botocore does not enforce client-side (``strict_errors``).
+"""
+from __future__ import annotations
+
+import re
+import socket
+
+import regex
+from pathlib import Path
+from typing import Any
+
+CONFIG_YAML = Path(__file__).resolve().parent / "config.yaml"
+# Fake credentials that are easy to find if anything ever prints them.
+FAKE_KEY_ID = "AKIAFP8LABTESTONLY00"
+FAKE_SECRET = "fp8labFakeSecretThatMustNeverBePrinted00"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_for(endpoint: str, home: Path) -> dict[str, str]:
+    """Everything the SDK and boto3 read, pinned: endpoint, fake credentials, region, SDK config."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": FAKE_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(home / "aws-config-none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "aws-credentials-none"),
+        # The SDK validates the role through IAM when building a ModelTrainer; moto has no such role.
+        "SAGEMAKER_VALIDATE_ROLE": "false",
+        "SAGEMAKER_ADMIN_CONFIG_OVERRIDE": str(CONFIG_YAML),
+        "SAGEMAKER_USER_CONFIG_OVERRIDE": str(CONFIG_YAML),
+    }
+
+
+def strict_errors(shape, value: Any, path: str = "") -> list[str]:
+    """Enum, length/range and pattern violations of ``value`` against a botocore shape."""
+    errs: list[str] = []
+    meta = shape.metadata
+    t = shape.type_name
+    if t == "structure":
+        for key, v in value.items():
+            if key not in shape.members:
+                errs.append(f"{path}.{key}: not a member of {shape.name}")
+                continue
+            errs += strict_errors(shape.members[key], v, f"{path}.{key}")
+    elif t == "list":
+        if "min" in meta and len(value) < meta["min"]:
+            errs.append(f"{path}: {len(value)} items < min {meta['min']}")
+        if "max" in meta and len(value) > meta["max"]:
+            errs.append(f"{path}: {len(value)} items > max {meta['max']}")
+        for i, v in enumerate(value):
+            errs += strict_errors(shape.member, v, f"{path}[{i}]")
+    elif t == "map":
+        if "max" in meta and len(value) > meta["max"]:
+            errs.append(f"{path}: {len(value)} entries > max {meta['max']}")
+        for k, v in value.items():
+            errs += strict_errors(shape.key, k, f"{path}<key {k}>")
+            errs += strict_errors(shape.value, v, f"{path}[{k}]")
+    elif t == "string":
+        if shape.enum and value not in shape.enum:
+            errs.append(f"{path}: {value!r} not in enum of {shape.name}")
+        if "min" in meta and len(value) < meta["min"]:
+            errs.append(f"{path}: length {len(value)} < min {meta['min']}")
+        if "max" in meta and len(value) > meta["max"]:
+            errs.append(f"{path}: length {len(value)} > max {meta['max']}")
+        # AWS patterns are Java regexes (\p{L}, \p{Alnum}); the `regex` module (a transformers
+        # dependency) understands them, Python's `re` does not.
+        if "pattern" in meta and not regex.fullmatch(meta["pattern"], value, flags=regex.DOTALL):
+            errs.append(f"{path}: {value!r} does not match {meta['pattern']!r}")
+    elif t in ("integer", "long", "float", "double"):
+        if "min" in meta and value < meta["min"]:
+            errs.append(f"{path}: {value} < min {meta['min']}")
+        if "max" in meta and value > meta["max"]:
+            errs.append(f"{path}: {value} > max {meta['max']}")
+    return errs
+
+
+def check_request(operation: str, params: dict[str, Any]) -> None:
+    """Raise AssertionError unless ``params`` is a valid ``operation`` request for SageMaker."""
+    import botocore.session
+    from botocore.validate import validate_parameters
+
+    model = botocore.session.get_session().get_service_model("sagemaker").operation_model(operation)
+    validate_parameters(params, model.input_shape)  # raises ParamValidationError
+    errs = strict_errors(model.input_shape, params)
+    assert not errs, "\n".join(errs)

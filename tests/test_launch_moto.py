@@ -1,0 +1,376 @@
+"""fp8lab.launch against a real local HTTP endpoint (moto's server): the SDK's real train() path.
+
+Nothing here patches the SDK. Offline snags are handled in the fixture: role validation off
+(SAGEMAKER_VALIDATE_ROLE=false), telemetry off and the user's SDK config ignored (both SDK
+config override variables point at tests/sagemaker/config.yaml), fake credentials, and
+AWS_ENDPOINT_URL at moto. Requests are captured with botocore event hooks on the session
+handed to launch(), and judged by botocore's service model, not by moto.
+"""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("sagemaker.train")
+pytest.importorskip("moto.server")
+
+from fp8lab import launch as L  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("moto_env", Path(__file__).parent / "sagemaker" / "moto_env.py")
+menv = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(menv)
+
+BUCKET = "fp8lab-test-bucket"
+ROLE = "arn:aws:iam::123456789012:role/fp8lab-test-role"  # moto's account; must never be printed
+TS = re.compile(r"-\d{14}")
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    from moto.server import ThreadedMotoServer
+
+    port = menv.free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    mp = pytest.MonkeyPatch()
+    for k, v in menv.env_for(url, tmp_path_factory.mktemp("awshome")).items():
+        mp.setenv(k, v)
+    mp.delenv("AWS_PROFILE", raising=False)
+    mp.delenv("AWS_SESSION_TOKEN", raising=False)
+    yield url
+    mp.undo()
+    server.stop()
+
+
+class Recorder:
+    """Every API call made through one boto3 session: operation name -> list of params."""
+
+    def __init__(self, boto):
+        self.calls: dict[str, list[dict]] = {}
+        boto.events.register("before-parameter-build.*.*", self._record)
+
+    def _record(self, params, model, **_):
+        self.calls.setdefault(f"{model.service_model.service_name}.{model.name}", []).append(dict(params))
+
+    def __getitem__(self, op):
+        return self.calls.get(op, [])
+
+
+@pytest.fixture
+def aws(endpoint):
+    """A clean moto, a bucket, and a SageMaker session whose calls are recorded."""
+    import urllib.request
+
+    from sagemaker.core.helper.session_helper import Session
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).read()
+    boto = boto3.Session(region_name="us-east-1")
+    boto.client("s3").create_bucket(Bucket=BUCKET)
+    rec = Recorder(boto)
+    return Session(boto_session=boto, default_bucket=BUCKET), rec, boto
+
+
+def _spec(**kw):
+    base = dict(model="llama-1b", precision="fp8", role=ROLE, bucket=BUCKET, steps=5, instance_count=2)
+    base.update(kw)
+    return L.JobSpec(**base)
+
+
+def _assert_clean(*texts):
+    """No credential, secret or (non-public) account id in anything shown to the user."""
+    public = L._public_registry_accounts()
+    for text in texts:
+        assert menv.FAKE_KEY_ID not in text and menv.FAKE_SECRET not in text
+        assert "123456789012" not in text
+        for acct in re.findall(r"(?<!\d)\d{12}(?!\d)", text):
+            assert acct in public, f"account id {acct} leaked"
+
+
+def _s3_text(boto, uri_or_bucket, key=None):
+    if key is None:
+        uri_or_bucket, key = L._split_s3(uri_or_bucket)
+    return boto.client("s3").get_object(Bucket=uri_or_bucket, Key=key)["Body"].read().decode()
+
+
+def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog):
+    sess, rec, boto = aws
+    spec = _spec(spot=True, checkpoint_every=100, data_s3_uri=f"s3://{BUCKET}/data/tokens", install_te=True)
+    plan = L.plan_sweep(["llama-1b"], ["fp8"], [2], price_per_hour=100.0,
+                        **{k: getattr(spec, k) for k in ("role", "bucket", "steps", "spot", "checkpoint_every",
+                                                         "data_s3_uri", "install_te")})
+    names = L.launch(plan, dry_run=False, session=sess)
+
+    creates = rec["sagemaker.CreateTrainingJob"]
+    assert len(creates) == 1 and names == [creates[0]["TrainingJobName"]]
+    req = creates[0]
+    menv.check_request("CreateTrainingJob", req)
+    job = plan.jobs[0]
+    assert TS.sub("", req["TrainingJobName"]) == job.name and len(req["TrainingJobName"]) <= 63
+    assert req["ResourceConfig"] == {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 200}
+    assert req["AlgorithmSpecification"]["TrainingImage"] == L.training_image(job.spec)
+    assert re.fullmatch(r"\d{12}\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch-training:2\.9-gpu-py312",
+                        req["AlgorithmSpecification"]["TrainingImage"])
+    hp = req["HyperParameters"]
+    assert hp["model"] == "llama-1b" and hp["precision"] == "fp8" and hp["backend"] == "te"
+    assert hp["steps"] == "5" and hp["checkpoint-every"] == "100" and hp["micro-batch-size"] == "4"
+    assert "tokens" not in hp
+    mdefs = {m["Name"]: m["Regex"] for m in req["AlgorithmSpecification"]["MetricDefinitions"]}
+    assert mdefs == L.METRIC_DEFINITIONS
+    assert req["StoppingCondition"]["MaxRuntimeInSeconds"] == job.spec.max_run_s >= 3600
+    assert req["StoppingCondition"]["MaxWaitTimeInSeconds"] == 2 * job.spec.max_run_s
+    assert req["EnableManagedSpotTraining"] is True
+    assert req["CheckpointConfig"] == {"S3Uri": f"s3://{BUCKET}/fp8lab/p5-sweep/checkpoints/{job.name}",
+                                       "LocalPath": "/opt/ml/checkpoints"}
+    assert req["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/fp8lab/p5-sweep/output"
+    tags = {t["Key"]: t["Value"] for t in req["Tags"]}
+    assert tags == {"fp8lab:job": job.name, "fp8lab:study": "p5-sweep", "fp8lab:precision": "fp8",
+                    "fp8lab:model": "llama-1b"}
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in req["InputDataConfig"]}
+    assert channels["train"] == f"s3://{BUCKET}/data/tokens"
+    assert set(channels) == {"train", "code", "sm_drivers"}
+    assert req["RoleArn"] == ROLE
+
+    # What was uploaded: the package and requirements under the study's prefix, no bytecode.
+    keys = [p["Key"] for p in rec["s3.PutObject"]]
+    code_prefix = f"fp8lab/p5-sweep/code/{req['TrainingJobName']}/input/code/"
+    code = sorted(k.removeprefix(code_prefix) for k in keys if k.startswith(code_prefix))
+    assert {"fp8lab/sm_entry.py", "fp8lab/launch.py", "fp8lab/__init__.py", "requirements.txt",
+            "fp8lab/sagemaker_job_requirements.txt"} <= set(code)
+    assert not [k for k in code if "__pycache__" in k or k.endswith(".pyc")]
+    assert channels["code"] == f"s3://{BUCKET}/{code_prefix.rstrip('/')}"
+    reqs = _s3_text(boto, BUCKET, code_prefix + "requirements.txt")
+    assert "transformer-engine[pytorch]" in reqs and "transformers" in reqs
+    drivers = channels["sm_drivers"]
+    src_json = json.loads(_s3_text(boto, drivers + "/sourcecode.json"))
+    assert src_json["entry_script"] == "fp8lab/sm_entry.py" and src_json["requirements"] == "requirements.txt"
+    assert json.loads(_s3_text(boto, drivers + "/distributed.json"))["process_count_per_node"] == 8
+    train_sh = _s3_text(boto, drivers + "/sm_train.sh")
+    assert "install_requirements.py requirements.txt" in train_sh and "torchrun_driver.py" in train_sh
+
+    # The dry run builds the same request through the same SDK path (only the timestamp differs).
+    dry = L.build_requests(plan)[0]
+    assert json.loads(TS.sub("-T", json.dumps(dry, sort_keys=True))) == json.loads(TS.sub("-T", json.dumps(req, sort_keys=True)))
+    out = capsys.readouterr()
+    _assert_clean(out.out, out.err, caplog.text)
+
+
+def test_relaunch_skips_existing_jobs_and_restarts_failed_ones(aws, capsys):
+    sess, rec, boto = aws
+    plan = L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, steps=5)
+    first = L.launch(plan, dry_run=False, session=sess)
+    assert len(first) == 2 and len(rec["sagemaker.CreateTrainingJob"]) == 2
+    again = L.launch(plan, dry_run=False, session=sess)
+    assert again == first and len(rec["sagemaker.CreateTrainingJob"]) == 2
+    assert capsys.readouterr().out.count("skip ") == 2
+
+    # moto cannot fail a job; mark the first one Failed in the ListTrainingJobs answer instead.
+    def failed(parsed, **_):
+        for s in parsed.get("TrainingJobSummaries", []):
+            if s["TrainingJobName"] == first[0]:
+                s["TrainingJobStatus"] = "Failed"
+
+    boto.events.register("after-call.sagemaker.ListTrainingJobs", failed)
+    time.sleep(1.1)  # the SDK's name suffix has 1 s resolution; a real relaunch is never that fast
+    third = L.launch(plan, dry_run=False, session=sess)
+    assert third[1] == first[1] and third[0] != first[0]
+    assert TS.sub("", third[0]) == TS.sub("", first[0]) == plan.jobs[0].name
+    assert len(rec["sagemaker.CreateTrainingJob"]) == 3
+
+
+def test_real_launch_refuses_placeholders(aws):
+    sess, rec, _ = aws
+    plan = L.plan_sweep(["llama-1b"], ["fp8"], [1], role=L.PLACEHOLDER_ROLE, bucket=BUCKET, steps=5)
+    with pytest.raises(ValueError, match="placeholders"):
+        L.launch(plan, dry_run=False, session=sess)
+    assert rec.calls == {}
+
+
+def _throttle_first(boto, op, n):
+    """Answer the first n calls of op with ThrottlingException (injected on the real client)."""
+    from botocore.awsrequest import AWSResponse
+
+    seen = {"n": 0}
+
+    def hook(**_):
+        if seen["n"] < n:
+            seen["n"] += 1
+            err = {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                   "ResponseMetadata": {"HTTPStatusCode": 400}}
+            return AWSResponse("http://throttled", 400, {}, None), err
+        return None
+
+    boto.events.register(f"before-call.sagemaker.{op}", hook)
+    return seen
+
+
+def test_wait_backs_off_on_throttling(aws, capsys):
+    sess, rec, boto = aws
+    names = L.launch(L.plan_sweep(["llama-1b"], ["fp8"], [1], role=ROLE, bucket=BUCKET, steps=5),
+                     dry_run=False, session=sess)
+    seen = _throttle_first(boto, "DescribeTrainingJob", 3)
+    sleeps = []
+    table = L.wait(names, session=sess, poll_s=0, sleep=sleeps.append, progress=False)
+    assert seen["n"] == 3 and sleeps == [2.0, 4.0, 8.0]
+    assert list(table["status"]) == ["Completed"]
+    out = capsys.readouterr().out
+    assert out.count("throttled by AWS (ThrottlingException)") == 3 and "Completed" in out
+
+    # Throttling that never ends gives up with the AWS error, not a hang.
+    _throttle_first(boto, "DescribeTrainingJob", 100)
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError, match="ThrottlingException"):
+        L.wait(names, session=sess, poll_s=0, sleep=lambda s: None, progress=False)
+
+
+def test_failed_job_reason_surfaces(aws, capsys, caplog):
+    sess, rec, boto = aws
+    names = L.launch(L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, steps=5),
+                     dry_run=False, session=sess)
+    # The reason the entry script writes when TE is missing (this CPU machine has no TE).
+    from fp8lab import sm_entry
+
+    reason = sm_entry.preflight(["--precision", "fp8", "--backend", "te"])
+    if reason is None:
+        pytest.skip("Transformer Engine imports here; the missing-TE message cannot be produced")
+    calls = {"n": 0}
+
+    # moto reports every job Completed; turn the FP8 job's second poll into SageMaker's Failed answer.
+    def fail(parsed, **_):
+        if parsed.get("TrainingJobName") == names[1]:
+            calls["n"] += 1
+            parsed["TrainingJobStatus"] = "InProgress" if calls["n"] == 1 else "Failed"
+            parsed["SecondaryStatus"] = "Training" if calls["n"] == 1 else "Failed"
+            if calls["n"] > 1:
+                parsed["FailureReason"] = f"AlgorithmError: {reason}"
+
+    boto.events.register("after-call.sagemaker.DescribeTrainingJob", fail)
+    with pytest.raises(L.TrainingJobFailed) as exc:
+        L.wait(names, session=sess, poll_s=0, sleep=lambda s: None, progress=False)
+    assert names[1] in str(exc.value) and "Transformer Engine does not import" in str(exc.value)
+    assert names[0] not in str(exc.value)
+    out = capsys.readouterr().out
+    assert "FailureReason: AlgorithmError: fp8lab: FP8 was requested" in out
+    assert "InProgress / Training" in out
+    table = L.wait(names, session=sess, poll_s=0, sleep=lambda s: None, progress=False, raise_on_failure=False)
+    assert list(table["status"]) == ["Completed", "Failed"]
+    _assert_clean(out, caplog.text)
+
+
+def _metrics_rows(job_precision, n=3):
+    return [{"step": i, "tokens": 1000 * i, "loss": 5.0 - 0.1 * i, "lr": 3e-4, "grad_norm": 1.0,
+             "step_time_s": 0.5, "tokens_per_sec": 8000.0, "tokens_per_sec_per_gpu": 1000.0 + i, "mfu": 0.4,
+             "max_mem_gib": 1.0, "precision": job_precision, "backend": "te", "recipe": "delayed",
+             "model": "llama-1b", "world_size": 8, "gpu_name": "H100"} for i in range(1, n + 1)]
+
+
+def test_collect_reads_output_tar_and_falls_back_to_cloudwatch_logs(aws, capsys):
+    sess, rec, boto = aws
+    names = L.launch(L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, steps=5),
+                     dry_run=False, session=sess)
+    # Job 0: the trainer's metrics.jsonl inside output.tar.gz, where SageMaker puts /opt/ml/output/data.
+    buf = io.BytesIO()
+    payload = "".join(json.dumps(r) + "\n" for r in _metrics_rows("bf16")).encode()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("metrics.jsonl")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    s3 = boto.client("s3")
+    s3.put_object(Bucket=BUCKET, Key=f"fp8lab/p5-sweep/output/{names[0]}/output/output.tar.gz", Body=buf.getvalue())
+    # Job 1: no archive (e.g. stopped); its metric lines are in CloudWatch Logs.
+    logs = boto.client("logs")
+    group, stream = "/aws/sagemaker/TrainingJobs", f"{names[1]}/algo-1-1700000000"
+    logs.create_log_group(logGroupName=group)
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    lines = ["Starting training script", "fp8lab-metrics step=1 loss=5.5 tokens_per_sec_per_gpu=1200.5 mfu=0.41 "
+             "step_time_s=0.5 lr=0.0003 grad_norm=1.5", "fp8lab-metrics step=2 val_loss=5.25",
+             "fp8lab-metrics step=2 loss=5.25 tokens_per_sec_per_gpu=1210 mfu=0.42 step_time_s=0.49 lr=0.0003 grad_norm=1.25"]
+    logs.put_log_events(logGroupName=group, logStreamName=stream,
+                        logEvents=[{"timestamp": int(time.time() * 1000) + i, "message": m} for i, m in enumerate(lines)])
+    df = L.collect(names, session=sess)
+    a, b = df[df.job == names[0]], df[df.job == names[1]]
+    assert list(a.step) == [1, 2, 3] and set(a.source) == {"s3:output.tar.gz"}
+    assert list(a.tokens_per_sec_per_gpu) == [1001.0, 1002.0, 1003.0]
+    assert set(b.source) == {"cloudwatch-logs"} and list(b.step) == [1, 2, 2]
+    assert b.loss.tolist()[0] == 5.5 and b.val_loss.dropna().tolist() == [5.25]
+    assert set(b.precision) == {"fp8"} and set(b.model) == {"llama-1b"}
+    assert set(df.instance_count) == {1}
+
+
+def test_dry_run_opens_no_connection(monkeypatch, capsys):
+    import socket
+
+    def refuse(*a, **k):
+        raise AssertionError("dry run tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    plan = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [2], role=ROLE, bucket=BUCKET, tokens=10**9)
+    names = L.launch(plan)
+    out = capsys.readouterr().out
+    assert len(names) == 4 == out.count("CreateTrainingJob request for")
+    assert [TS.sub("", n) for n in names] == plan.names
+    assert "TOTAL" in out and "113.07" in out
+    _assert_clean(out)
+    # The printed requests are the real ones with the account id masked.
+    printed = [json.loads(block.split("\n", 1)[1]) for block in re.findall(
+        r"--- CreateTrainingJob request for \S+ \(dry run: not sent\) ---\n(.*?\n})", out, flags=re.S)
+        for block in ["x\n" + block]]
+    assert [p["TrainingJobName"] for p in printed] == names
+    assert {p["RoleArn"] for p in printed} == {"arn:aws:iam::<account-id>:role/fp8lab-test-role"}
+    for p in printed:
+        menv.check_request("CreateTrainingJob", {**p, "RoleArn": ROLE})
+
+
+def test_torchrun_command_on_each_node_of_a_two_node_job(aws, tmp_path):
+    """Run the SDK's own torchrun driver's command builder with the env SageMaker gives node k."""
+    sess, rec, boto = aws
+    names = L.launch(L.plan_sweep(["llama-1b"], ["fp8"], [2], role=ROLE, bucket=BUCKET, steps=5),
+                     dry_run=False, session=sess)
+    req = rec["sagemaker.CreateTrainingJob"][0]
+    drivers = next(c for c in req["InputDataConfig"] if c["ChannelName"] == "sm_drivers")
+    root = drivers["DataSource"]["S3DataSource"]["S3Uri"]
+    distributed = _s3_text(boto, root + "/distributed.json")
+    entry = json.loads(_s3_text(boto, root + "/sourcecode.json"))["entry_script"]
+    # The driver files as uploaded to S3 for this job, so this is the code the job would run.
+    bucket, prefix = L._split_s3(root)
+    local = tmp_path / "sm_drivers"
+    for key in ("common/__init__.py", "common/utils.py", "distributed_drivers/__init__.py",
+                "distributed_drivers/torchrun_driver.py"):
+        (local / key).parent.mkdir(parents=True, exist_ok=True)
+        (local / key).write_text(_s3_text(boto, bucket, f"{prefix}/{key}"))
+    probe = ("import json, os, sys; sys.path.insert(0, os.environ['DRIVER_DIR']); import torchrun_driver as d; "
+             "d.setup_env(); print(json.dumps({'cmd': d.create_commands(), 'env': {k: os.environ.get(k) for k in "
+             "('NCCL_PROTO', 'FI_PROVIDER', 'FI_EFA_USE_DEVICE_RDMA', 'NCCL_SOCKET_IFNAME')}}))")
+    for rank in (0, 1):
+        env = {**os.environ, "DRIVER_DIR": str(local / "distributed_drivers"), "SM_ENTRY_SCRIPT": entry,
+               "SM_DISTRIBUTED_CONFIG": distributed, "SM_HPS": json.dumps(req["HyperParameters"]),
+               "SM_HOST_COUNT": "2", "SM_MASTER_ADDR": "algo-1", "SM_MASTER_PORT": "7777",
+               "SM_CURRENT_HOST_RANK": str(rank), "SM_CURRENT_INSTANCE_TYPE": "ml.p5.48xlarge",
+               "SM_NETWORK_INTERFACE_NAME": "eth0"}
+        res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        cmd = got["cmd"]
+        assert cmd[:6] == ["torchrun", "--nnodes=2", "--nproc_per_node=8", "--master_addr=algo-1",
+                           "--master_port=7777", f"--node_rank={rank}"]
+        assert cmd[6] == "fp8lab/sm_entry.py"
+        args = dict(zip(cmd[7::2], cmd[8::2]))
+        assert args["--model"] == "llama-1b" and args["--precision"] == "fp8" and args["--steps"] == "5"
+        assert args["--micro-batch-size"] == "4" and args["--seq-len"] == "2048"
+        # The driver's NCCL/EFA settings, identical for BF16 and FP8 jobs.
+        assert got["env"] == {"NCCL_PROTO": "simple", "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
+                              "NCCL_SOCKET_IFNAME": "eth0"}
+    assert names
