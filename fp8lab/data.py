@@ -454,9 +454,12 @@ def ensure_prepared(data: str | Path | None, cache_dir: str | Path, vocab_size: 
         return Path(data)
     cache = Path(cache_dir)
     vocab = min(vocab_size, DEFAULT_VOCAB)
+    local = data is None or Path(data).exists()
     if is_prepared(cache):
         m = read_manifest(cache)
-        if m["vocab_size"] <= vocab_size and m["source"].get("files") == [p.name for p in text_files(data)]:
+        same = (m["source"].get("files") == [p.name for p in text_files(data)]) if local else (
+            m["source"].get("dataset") == str(data).removeprefix("hf:"))
+        if m["vocab_size"] <= vocab_size and same:
             return cache
     if cache.exists():
         shutil.rmtree(cache)

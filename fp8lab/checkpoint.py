@@ -1,0 +1,147 @@
+"""Training checkpoints that survive kill -9, spot interruptions and a change of world size.
+
+One checkpoint is a folder ``step_00000120/``:
+
+* model and optimizer state through ``torch.distributed.checkpoint`` (DCP), which writes each
+  rank's shards in parallel and reshards on load, so DDP, FSDP2 and one process all read it.
+  The model state includes the FP8 scaling state that modules keep in their state dict
+  (Transformer Engine's amax history and scales live in each module's ``_extra_state``);
+* ``trainer_rank{r}.pt`` per rank: scheduler, data-loader position, RNG states, counters, config.
+
+It is written into ``step_00000120.tmp/`` and renamed when every rank has finished, so a folder
+without ``.tmp`` is complete; a crash mid-write leaves only a ``.tmp`` that is ignored (and
+removed at the next start). Resuming takes the newest complete folder that loads.
+"""
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from fp8lab import distributed as fdist
+
+_NAME = re.compile(r"^step_(\d{8})$")
+TRAINER_FILE = "trainer_rank{rank}.pt"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step:08d}"
+
+
+def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of complete checkpoints, newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_dir() and (p / ".metadata").is_file() and (p / TRAINER_FILE.format(rank=0)).is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found, reverse=True)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+@contextmanager
+def _quiet_single_process(env: fdist.DistEnv) -> Iterator[None]:
+    """DCP warns that it 'assumes a single process' when no process group exists: that is the intent."""
+    with warnings.catch_warnings():
+        if not env.distributed:
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to", category=UserWarning)
+        yield
+
+
+def _model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(model, optimizer)
+
+
+def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+         trainer_state: dict[str, Any], env: fdist.DistEnv, keep: int = 2) -> Path:
+    """Write checkpoint ``step`` atomically (every rank calls this) and keep the newest ``keep``."""
+    import torch.distributed.checkpoint as dcp
+
+    root = Path(root)
+    final = step_dir(root, step)
+    tmp = final.with_name(final.name + ".tmp")
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    fdist.barrier(env)
+    tmp.mkdir(parents=True, exist_ok=True)  # each node's local disk needs the folder (multi-node jobs)
+    model_sd, optim_sd = _model_and_optim_state(model, optimizer)
+    with _quiet_single_process(env):
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    torch.save({**trainer_state, "rng": rng_state(env.device)}, tmp / TRAINER_FILE.format(rank=env.rank))
+    fdist.barrier(env)
+    # rank 0 renames; then, on a node whose disk rank 0 does not share, that node's first rank
+    if env.is_main:
+        _promote(tmp, final)
+    fdist.barrier(env)
+    if not env.is_main and env.local_rank == 0 and tmp.exists():
+        _promote(tmp, final)
+    fdist.barrier(env)
+    if env.is_main or env.local_rank == 0:
+        for _, old in complete_checkpoints(root)[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _promote(tmp: Path, final: Path) -> None:
+    if final.exists():  # re-saving the same step after a resume
+        shutil.rmtree(final)
+    tmp.rename(final)
+
+
+def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: fdist.DistEnv) -> dict[str, Any]:
+    """Restore model + optimizer in place and return this rank's trainer state (RNG already restored)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    path = Path(path)
+    model_sd, optim_sd = _model_and_optim_state(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    with _quiet_single_process(env):
+        dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    mine = path / TRAINER_FILE.format(rank=env.rank)
+    if not mine.is_file():  # resumed with more ranks than saved: rank 0's counters, fresh RNG offsets
+        mine = path / TRAINER_FILE.format(rank=0)
+    trainer_state = torch.load(mine, map_location="cpu", weights_only=False)
+    set_rng_state(trainer_state["rng"], env.device)
+    return trainer_state
+
+
+def remove_partial(root: str | Path) -> list[Path]:
+    """Delete ``*.tmp`` folders left by a crash mid-save (rank 0, before training starts)."""
+    root = Path(root)
+    removed = []
+    if root.is_dir():
+        for p in root.glob("step_*.tmp"):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed

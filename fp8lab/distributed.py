@@ -1,0 +1,150 @@
+"""Process-group set-up and model wrapping for the trainer: one process, torchrun DDP, or FSDP2.
+
+Rendezvous is torchrun's (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR`` in the
+environment, ``init_method="env://"``); nothing here invents its own. Without those variables
+the trainer is a plain single process. NCCL on GPUs, gloo on CPUs (what the CPU tests use).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+PARALLEL_MODES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Who this process is in the job and which device it computes on."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    initialized_here: bool  # we created the process group, so we destroy it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(choice: str) -> torch.device:
+    """'auto' -> cuda when available else cpu; 'cuda' without a GPU is a clear error."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA GPU is visible to torch here; use --device cpu or auto")
+    return torch.device(choice)
+
+
+def setup(device_choice: str = "auto") -> DistEnv:
+    """Join the torchrun job when launched by torchrun; otherwise a world of one."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_choice)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    created = False
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method="env://",
+                                device_id=device if device.type == "cuda" else None)
+        created = True
+    return DistEnv(rank, local_rank, world, device, created)
+
+
+def teardown(env: DistEnv) -> None:
+    import torch.distributed as dist
+
+    if env.initialized_here and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    import torch.distributed as dist
+
+    if env.distributed:
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum over ranks in place (gloo has no AVG, so callers divide)."""
+    import torch.distributed as dist
+
+    if env.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_object(obj, env: DistEnv):
+    """Rank 0's Python object on every rank (e.g. the checkpoint to resume from)."""
+    import torch.distributed as dist
+
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def block_list(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks: the ModuleList holding the most parameters (HF ``layers``/``h`` or a fused stack)."""
+    best, best_n = None, -1
+    for mod in model.modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0:
+            n = sum(p.numel() for p in mod.parameters())
+            if n > best_n:
+                best, best_n = mod, n
+    if best is None:
+        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of decoder blocks to shard / checkpoint / compile")
+    return best
+
+
+def wrap(model: nn.Module, env: DistEnv, mode: str) -> nn.Module:
+    """DDP, or FSDP2 ``fully_shard`` per decoder block then the root; unchanged in a world of one."""
+    if mode not in PARALLEL_MODES:
+        raise ValueError(f"--parallel must be one of {', '.join(PARALLEL_MODES)}, got {mode!r}")
+    if not env.distributed:
+        return model
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    for block in block_list(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DDP (FSDP2 shards in place, so it is the model itself)."""
+    return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+
+
+@contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter on accumulation micro-steps but the last."""
+    if type(model).__name__ == "DistributedDataParallel" and not enabled:
+        with model.no_sync():
+            yield
+        return
+    setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2 modules
+    if setter is not None:
+        setter(enabled)
+    with nullcontext():
+        yield

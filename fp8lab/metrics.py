@@ -1,0 +1,175 @@
+"""What a training run reports: per-step records, the log line SageMaker parses, MFU, provenance.
+
+``metrics.jsonl`` holds one JSON object per optimizer step (keys in ``STEP_KEYS``, plus
+``val_loss`` on validation steps and ``skipped: true`` on steps the overflow guard dropped). The
+same numbers go to stdout as one line a SageMaker metric-definition regex can read::
+
+    fp8lab-metrics step=12 loss=3.456789 tokens_per_sec_per_gpu=12345.6 mfu=0.4123 step_time_s=0.5123 lr=0.0003 grad_norm=1.234
+    fp8lab-metrics step=12 val_loss=3.4567
+
+MFU is model FLOPs (``fp8lab.models.model_flops_per_token``) per second per GPU over the GPU's
+**dense BF16** peak, for BF16 and FP8 runs alike, so the two are comparable (an FP8 run may then
+exceed what "100%" would mean for BF16 alone). On CPUs there is no meaningful peak: ``mfu`` is
+null in the file and 0 in the log line.
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+STEP_KEYS = (
+    "step", "tokens", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_sec", "tokens_per_sec_per_gpu",
+    "mfu", "max_mem_gib", "precision", "backend", "recipe", "model", "world_size", "gpu_name",
+)
+LINE_PREFIX = "fp8lab-metrics"
+
+# Dense (no 2:4 sparsity) BF16 tensor-core peaks in FLOP/s, from NVIDIA's data sheets.
+# Matched in order against torch.cuda.get_device_name(): specific names before general ones.
+PEAK_BF16_DENSE: tuple[tuple[str, float], ...] = (
+    ("GH200", 989e12),
+    ("H200", 989e12),  # H200 SXM (and NVL at a lower clock is close; use --peak-tflops to set it)
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # H100 SXM5 ("NVIDIA H100 80GB HBM3"), the GPU of SageMaker P5
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+
+
+def peak_bf16_flops(gpu_name: str | None) -> float | None:
+    """Dense BF16 peak FLOP/s of a GPU by name; None for CPUs and GPUs not in the table."""
+    if not gpu_name or gpu_name == "cpu":
+        return None
+    for key, peak in PEAK_BF16_DENSE:
+        if key.lower() in gpu_name.lower():
+            return peak
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_sec_per_gpu: float, peak: float | None) -> float | None:
+    if not peak or not math.isfinite(tokens_per_sec_per_gpu):
+        return None
+    return flops_per_token * tokens_per_sec_per_gpu / peak
+
+
+def plain(x: float | None, digits: int) -> str:
+    """A number without exponent or thousands separators (what a metric regex can read); nan if missing."""
+    if x is None or not math.isfinite(x):
+        return "nan"
+    s = f"{x:.{digits}f}"
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    return s or "0"
+
+
+def step_line(rec: dict[str, Any]) -> str:
+    """The stdout metric line of one step (same numbers as its metrics.jsonl record)."""
+    return (
+        f"{LINE_PREFIX} step={rec['step']} loss={_fixed(rec['loss'], 6)}"
+        f" tokens_per_sec_per_gpu={_fixed(rec['tokens_per_sec_per_gpu'], 1)}"
+        f" mfu={_fixed(rec['mfu'] if rec['mfu'] is not None else 0.0, 4)}"
+        f" step_time_s={_fixed(rec['step_time_s'], 4)} lr={plain(rec['lr'], 10)} grad_norm={_fixed(rec['grad_norm'], 4)}"
+    )
+
+
+def val_line(step: int, val_loss: float) -> str:
+    return f"{LINE_PREFIX} step={step} val_loss={_fixed(val_loss, 4)}"
+
+
+def _fixed(x: float | None, digits: int) -> str:
+    if x is None or not math.isfinite(x):
+        return "nan"
+    return f"{x:.{digits}f}"
+
+
+def sagemaker_metric_definitions() -> list[dict[str, str]]:
+    """Regexes for a SageMaker estimator's ``metric_definitions`` that read the lines above."""
+    num = r"([0-9]+(?:\.[0-9]+)?)"
+    names = ("loss", "tokens_per_sec_per_gpu", "mfu", "step_time_s", "lr", "grad_norm")
+    defs = [{"Name": f"train:{n}", "Regex": rf"{LINE_PREFIX} step=[0-9]+ .*\b{n}={num}"} for n in names]
+    defs.append({"Name": "validation:loss", "Regex": rf"{LINE_PREFIX} step=[0-9]+ val_loss={num}"})
+    return defs
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl`` that a resumed run continues without losing or repeating a step.
+
+    Opening with ``resume_step=S`` keeps the records of steps ``<= S`` (those the checkpoint
+    covers) and drops later ones, and any torn last line a kill left behind; ``resume_step=None``
+    starts a fresh file.
+    """
+
+    def __init__(self, path: str | Path, resume_step: int | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept: list[str] = []
+        if resume_step is not None and self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line torn by kill -9
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= resume_step:
+                    kept.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        tmp.replace(self.path)
+        self.kept = len(kept)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, rec: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(rec, allow_nan=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file (complete lines only)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in (dist, dist.replace("-", "_")):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def provenance(gpu_name: str, world_size: int, argv: list[str] | None) -> dict[str, Any]:
+    """What ran where: versions, device, world size and the command (no host names or paths)."""
+    import torch
+
+    te = _version("transformer-engine") or _version("transformer-engine-torch")
+    return {
+        "gpu_name": gpu_name,
+        "world_size": world_size,
+        "peak_bf16_flops": peak_bf16_flops(gpu_name),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": _version("transformers"),
+        "transformer_engine": te,
+        "torchao": _version("torchao"),
+        "fp8lab": _version("fp8lab"),
+        "command": "fp8lab train " + " ".join(argv) if argv is not None else " ".join(sys.argv),
+    }

@@ -1,0 +1,877 @@
+"""Train one model in BF16 or FP8 on real text: a CPU, one GPU, torchrun (DDP / FSDP2) or SageMaker.
+
+The same file runs everywhere; only the launch differs::
+
+    # CPU, seconds: tiny Llama, FP8 emulated in PyTorch (only the loss comparison means anything)
+    python -m fp8lab.train --model llama-tiny --precision fp8 --backend emulated --steps 50
+
+    # one H100/H200: llama-1b, BF16 then FP8 with Transformer Engine, same data order
+    fp8lab train --model llama-1b --precision bf16 --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-bf16
+    fp8lab train --model llama-1b --precision fp8  --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-fp8
+
+    # 8 GPUs of one node, FSDP2 (fully_shard per decoder block)
+    torchrun --nproc-per-node 8 -m fp8lab.train --model llama-7b --precision fp8 --parallel fsdp ...
+
+    # SageMaker: fp8lab.launch passes the same options as hyperparameters; data comes from
+    # SM_CHANNEL_TRAIN, the model goes to SM_MODEL_DIR, metrics + plots to SM_OUTPUT_DATA_DIR,
+    # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
+
+Order of set-up (as torchtitan): build the HF model, convert it for FP8, activation checkpointing,
+compile each block, shard (FSDP2) or wrap (DDP), then create the optimizer. The loop is
+backend-agnostic: FP8 is the backend's autocast region plus its optional ``after_optimizer_step``.
+
+``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.
+``--precision bf16`` with an explicit ``--backend`` runs the *same converted layers* with FP8 off
+(TE BF16 vs TE FP8, what SageMaker jobs of fp8lab.launch compare); with ``--backend auto`` (the
+default) a BF16 run is the plain Hugging Face model. Non-FP8 math runs under ``torch.autocast``
+in ``--compute-dtype`` (default bf16 on GPUs, fp32 on CPUs, where bf16 autocast is slow and
+adds nothing to a loss comparison) over float32 master weights.
+
+Outputs in ``--output-dir``: ``metrics.jsonl`` (one record per step), ``config.json`` (options +
+provenance), ``summary.json``, ``loss.png``, ``checkpoints/`` and ``model/`` (HF ``save_pretrained``
+plus the tokenizer) unless SageMaker or the options place them elsewhere.
+
+Exit codes of ``main``: 0 done (or stopped by SIGTERM after a checkpoint), 2 bad options,
+3 stopped by the FP8 overflow guard (too many non-finite steps in a row).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from fp8lab import data as fdata
+from fp8lab import metrics as fmetrics
+
+PRECISIONS = ("bf16", "fp8")
+BACKENDS = ("auto", "none", "te", "torchao", "emulated")
+RECIPES = ("auto", "delayed", "current", "block", "mxfp8")  # fp8lab.recipe.KINDS; auto = the backend's default
+PARALLEL = ("ddp", "fsdp")
+COMPUTE_DTYPES = ("auto", "bf16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+PROGRESS = ("auto", "on", "off")
+SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"  # SageMaker syncs this folder with checkpoint_s3_uri
+CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
+EXIT_BAD_OPTIONS, EXIT_OVERFLOW = 2, 3
+
+
+def _opt(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of a training run; CLI flags and SageMaker hyperparameters have the same names.
+
+    Validated on construction: a bad value raises ValueError naming the option (``--seq-len``)
+    and what is allowed, before anything is built or downloaded.
+    """
+
+    model: str = "llama-tiny"  # fp8lab.models name: llama-tiny/1b/7b, gptneo-tiny/125m/1.3b
+    model_overrides: dict = field(default_factory=dict)  # ModelConfig fields, e.g. {"num_layers": 2}
+    precision: str = "bf16"  # bf16 | fp8
+    backend: str = "auto"  # auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | te | torchao | emulated
+    recipe: str = "auto"  # auto (backend default: TE delayed scaling) | delayed | current | block | mxfp8
+    fuse: bool = True  # fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers
+    steps: int | None = None  # optimizer steps; default 100 when --tokens is not given either
+    tokens: int | None = None  # or: train this many tokens (all GPUs), rounded up to whole steps
+    micro_batch_size: int = 4  # sequences per GPU per forward/backward
+    grad_accum: int = 1  # micro-batches per optimizer step
+    seq_len: int = 256  # tokens per sequence (at most the model's max_seq_len)
+    lr: float = 3e-4  # peak learning rate of AdamW
+    min_lr: float = 3e-5  # end of the cosine decay
+    warmup_steps: int | None = None  # linear warm-up; default 5% of the steps (at most 1000)
+    weight_decay: float = 0.1  # on matrices only (not norms, biases)
+    beta1: float = 0.9
+    beta2: float = 0.95  # 0.95 rather than 0.999: steadier for LLM pre-training
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still logged)
+    activation_checkpointing: bool = False  # recompute each block in backward: less memory, ~1/3 more compute
+    compile: bool = False  # torch.compile each decoder block
+    seed: int = 1234  # model init and data order
+    data: str | None = None  # prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus
+    output_dir: str | None = None  # default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>
+    checkpoint_dir: str | None = None  # default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints
+    model_dir: str | None = None  # final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model
+    checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never
+    keep_checkpoints: int = 2  # newest complete checkpoints kept
+    resume: bool = True  # continue from the newest complete checkpoint in the checkpoint folder
+    val_every: int = 0  # validation loss every N steps (0: only at the end)
+    val_batches: int = 4  # validation size in global batches (micro-batch x grad-accum x ranks sequences each)
+    parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
+    compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    device: str = "auto"  # auto | cpu | cuda
+    max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
+    peak_tflops: float = 0.0  # dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)
+    save_model: bool = True  # write the final HF model (save_pretrained) to the model folder
+    plot: bool = True  # write loss.png next to metrics.jsonl at the end
+    progress: str = "auto"  # tqdm bar: auto (terminal or notebook) | on | off
+    print_metrics: bool = True  # the fp8lab-metrics line per step on stdout (rank 0)
+    inject_nan_at_steps: tuple = ()  # FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch_size * self.seq_len
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["inject_nan_at_steps"] = list(self.inject_nan_at_steps)
+        return d
+
+
+# ----------------------------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------------------------
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _validate(c: TrainConfig) -> None:
+    from fp8lab.models import MODEL_CONFIGS, get_config
+
+    def bad(name: str, allowed: str) -> ValueError:
+        return ValueError(f"{_opt(name)}={getattr(c, name)!r} is invalid; allowed: {allowed}")
+
+    if c.model not in MODEL_CONFIGS:
+        raise bad("model", ", ".join(MODEL_CONFIGS))
+    if not isinstance(c.model_overrides, dict):
+        raise ValueError(f"--model-override must be key=value pairs (a dict), got {c.model_overrides!r}")
+    try:
+        mcfg = get_config(c.model, **c.model_overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--model-override: {exc}") from None
+    for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("recipe", RECIPES),
+                          ("parallel", PARALLEL), ("compute_dtype", COMPUTE_DTYPES), ("device", DEVICES),
+                          ("progress", PROGRESS)):
+        if getattr(c, name) not in choices:
+            raise bad(name, " | ".join(choices))
+    if c.precision == "fp8" and c.backend == "none":
+        raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
+    for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics"):
+        if not isinstance(getattr(c, name), bool):
+            raise bad(name, "True | False")
+    if c.steps is not None and c.tokens is not None:
+        raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
+    for name in ("steps", "tokens"):
+        v = getattr(c, name)
+        if v is not None and (not _is_int(v) or v < 1):
+            raise bad(name, "a positive integer")
+    for name in ("micro_batch_size", "grad_accum", "seq_len", "val_batches", "keep_checkpoints", "max_bad_steps"):
+        v = getattr(c, name)
+        if not _is_int(v) or v < 1:
+            raise bad(name, "a positive integer")
+    if c.seq_len > mcfg.max_seq_len:
+        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} (its max_seq_len)")
+    for name in ("seed", "val_every"):
+        v = getattr(c, name)
+        if not _is_int(v) or v < 0:
+            raise bad(name, "an integer >= 0")
+    if not _is_int(c.checkpoint_every) or c.checkpoint_every < -1:
+        raise bad("checkpoint_every", "an integer: N > 0 steps, 0 = only at the end, -1 = never")
+    if c.warmup_steps is not None and (not _is_int(c.warmup_steps) or c.warmup_steps < 0):
+        raise bad("warmup_steps", "an integer >= 0")
+    if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
+        raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
+    if not _is_num(c.lr) or not 0 < c.lr < 1:
+        raise bad("lr", "a number in (0, 1)")
+    if not _is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
+        raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
+    for name in ("weight_decay", "grad_clip", "peak_tflops"):
+        if not _is_num(getattr(c, name)) or getattr(c, name) < 0:
+            raise bad(name, "a number >= 0")
+    for name in ("beta1", "beta2"):
+        if not _is_num(getattr(c, name)) or not 0 <= getattr(c, name) < 1:
+            raise bad(name, "a number in [0, 1)")
+    for name in ("data", "output_dir", "checkpoint_dir", "model_dir"):
+        v = getattr(c, name)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise bad(name, "a non-empty path")
+    if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
+        raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
+    if not isinstance(c.inject_nan_at_steps, tuple) or not all(_is_int(s) and s >= 1 for s in c.inject_nan_at_steps):
+        raise bad("inject_nan_at_steps", "comma-separated positive step numbers (testing only)")
+
+
+# ----------------------------------------------------------------------------------------------
+# command line (and SageMaker hyperparameters, which arrive as --key value strings)
+# ----------------------------------------------------------------------------------------------
+
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def _to_bool(name: str, s: str) -> bool:
+    v = _BOOL.get(str(s).strip().lower())
+    if v is None:
+        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: True | False")
+    return v
+
+
+def _to_int(name: str, s: str) -> int:
+    try:
+        f = float(s)
+        if not f.is_integer():
+            raise ValueError
+        return int(f)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: an integer") from None
+
+
+def _to_float(name: str, s: str) -> float:
+    try:
+        return float(s)
+    except (TypeError, ValueError):
+        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: a number") from None
+
+
+def _none_or(conv: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    def f(name: str, s: str) -> Any:
+        return None if str(s).strip().lower() in ("none", "null", "") else conv(name, s)
+    return f
+
+
+def _overrides(name: str, values: list[str]) -> dict[str, Any]:
+    """``key=value`` items (repeated flags or comma-separated), values parsed as Python literals."""
+    out: dict[str, Any] = {}
+    for item in values:
+        for pair in str(item).split(","):
+            if not pair.strip():
+                continue
+            key, eq, value = pair.partition("=")
+            if not eq or not key.strip():
+                raise ValueError(f"--model-override {pair!r} is invalid; allowed: key=value, e.g. num_layers=2")
+            try:
+                out[key.strip()] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                out[key.strip()] = value.strip()
+    return out
+
+
+def _steps_list(name: str, s: str) -> tuple:
+    try:
+        return tuple(int(x) for x in str(s).replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: comma-separated step numbers") from None
+
+
+_CONVERT: dict[str, Callable[[str, Any], Any]] = {}
+for _f in dataclasses.fields(TrainConfig):
+    if _f.name == "model_overrides":
+        continue
+    if _f.name == "inject_nan_at_steps":
+        _CONVERT[_f.name] = _steps_list
+    elif isinstance(_f.default, bool):
+        _CONVERT[_f.name] = _to_bool
+    elif _f.name in ("steps", "tokens", "warmup_steps"):
+        _CONVERT[_f.name] = _none_or(_to_int)
+    elif isinstance(_f.default, int):
+        _CONVERT[_f.name] = _to_int
+    elif isinstance(_f.default, float):
+        _CONVERT[_f.name] = _to_float
+    elif _f.name in ("data", "output_dir", "checkpoint_dir", "model_dir"):
+        _CONVERT[_f.name] = _none_or(lambda n, s: str(s))
+    else:
+        _CONVERT[_f.name] = lambda n, s: str(s)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line instead of usage + exit inside a library call
+        raise ValueError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fp8lab train", description=__doc__.splitlines()[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "model_overrides":
+            p.add_argument("--model-override", "--model_override", "--model-overrides", "--model_overrides",
+                           dest="model_overrides", action="append", default=None, metavar="KEY=VALUE",
+                           help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)")
+            continue
+        names = [_opt(f.name)] + ([f"--{f.name}"] if "_" in f.name else [])
+        kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.name.upper()}
+        if isinstance(f.default, bool):
+            kw.update(nargs="?", const="True")  # `--compile` alone, or `--compile False` (SageMaker)
+        p.add_argument(*names, **kw)
+    return p
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    """TrainConfig from CLI-style arguments; every value is converted and checked with a clear message."""
+    args = vars(build_parser().parse_args(argv))
+    kwargs: dict[str, Any] = {}
+    for name, raw in args.items():
+        if raw is None:
+            continue
+        kwargs[name] = _overrides(name, raw) if name == "model_overrides" else _CONVERT[name](name, raw)
+    return TrainConfig(**kwargs)
+
+
+def _sagemaker_argv() -> list[str]:
+    """Hyperparameters from SM_HPS (JSON) when the job passed none on the command line."""
+    raw = os.environ.get("SM_HPS")
+    if not raw:
+        return []
+    hps = json.loads(raw)
+    out = []
+    for k, v in hps.items():
+        if k.startswith("sagemaker_"):
+            continue
+        out += [f"--{k}", json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# where things go
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunPaths:
+    output_dir: Path
+    checkpoint_dir: Path
+    model_dir: Path
+    data_cache: Path  # where text sources are tokenized when --data is not prepared already
+
+
+def on_sagemaker() -> bool:
+    return bool(os.environ.get("SM_MODEL_DIR") or os.environ.get("SM_TRAINING_ENV"))
+
+
+def resolve_paths(c: TrainConfig) -> RunPaths:
+    """Output, checkpoint and model folders for this run (SageMaker's when inside a job)."""
+    sm = on_sagemaker()
+    if c.output_dir is not None:
+        out = Path(c.output_dir)
+    elif sm and os.environ.get("SM_OUTPUT_DATA_DIR"):
+        out = Path(os.environ["SM_OUTPUT_DATA_DIR"])
+    else:
+        out = Path("runs") / f"{c.model}-{c.precision}"
+    if c.checkpoint_dir is not None:
+        ck = Path(c.checkpoint_dir)
+    elif os.environ.get(CHECKPOINT_DIR_ENV):
+        ck = Path(os.environ[CHECKPOINT_DIR_ENV])
+    elif sm:
+        ck = Path(SAGEMAKER_CHECKPOINT_DIR)
+    else:
+        ck = out / "checkpoints"
+    if c.model_dir is not None:
+        md = Path(c.model_dir)
+    elif sm and os.environ.get("SM_MODEL_DIR"):
+        md = Path(os.environ["SM_MODEL_DIR"])
+    else:
+        md = out / "model"
+    return RunPaths(out, ck, md, out / "data")
+
+
+def data_source(c: TrainConfig) -> str | None:
+    return c.data if c.data is not None else os.environ.get("SM_CHANNEL_TRAIN")
+
+
+# ----------------------------------------------------------------------------------------------
+# pieces of the run
+# ----------------------------------------------------------------------------------------------
+
+def resolve_fp8(c: TrainConfig):
+    """(backend name or None, Recipe or None) for this run, with a clear error if unusable here."""
+    from fp8lab.convert import pick_backend
+    from fp8lab.backends import get_backend
+    from fp8lab.recipe import Recipe
+
+    if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16"):
+        return None, None
+    name = pick_backend(c.backend)
+    be = get_backend(name)
+    reason = be.available()
+    if reason is not None:
+        raise ValueError(f"--backend {name}: not usable on this machine: {reason}. On a CPU use --backend emulated")
+    recipe = be.default_recipe if c.recipe == "auto" else Recipe.parse(c.recipe)
+    return name, recipe
+
+
+def lr_lambda(c: TrainConfig, total_steps: int, warmup: int) -> Callable[[int], float]:
+    """Multiplier of --lr after ``i`` optimizer steps: linear warm-up, then cosine down to --min-lr."""
+    def f(i: int) -> float:
+        if i < warmup:
+            return (i + 1) / warmup
+        progress = min(1.0, (i - warmup) / max(1, total_steps - warmup))
+        return (c.min_lr + (c.lr - c.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))) / c.lr
+    return f
+
+
+def make_optimizer(model, c: TrainConfig, device):
+    """AdamW, weight decay on matrices only; fused kernels on GPU (foreach under FSDP2)."""
+    import torch
+
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kw: dict[str, Any] = {}
+    if device.type == "cuda":
+        kw = {"foreach": True} if c.parallel == "fsdp" else {"fused": True}
+    return torch.optim.AdamW(groups, lr=c.lr, betas=(c.beta1, c.beta2), **kw)
+
+
+def apply_activation_checkpointing(model, backend: str | None, fp8_context: Callable[[], Any]) -> int:
+    """Recompute every decoder block in backward; returns how many blocks were wrapped.
+
+    Transformer Engine recomputes with its own ``te.checkpoint`` (keeps FP8 scaling state right);
+    other backends use ``torch.utils.checkpoint`` re-entering their FP8 region for the recompute.
+    The block's ``forward`` is wrapped on the instance, so parameter names do not change.
+    """
+    import functools
+
+    import torch.utils.checkpoint as tuc
+
+    from fp8lab.distributed import block_list
+
+    blocks = block_list(model)
+    for block in blocks:
+        fwd = block.forward
+        if backend == "te":
+            import transformer_engine.pytorch as te
+
+            block.forward = functools.partial(te.checkpoint, fwd)
+        else:
+            block.forward = functools.partial(
+                tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))
+    return len(blocks)
+
+
+def _gpu_name(device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _max_mem_gib(device) -> float:
+    """Peak GPU memory allocated by torch; on CPU the process's peak resident memory."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _show_progress(choice: str, is_main: bool) -> bool:
+    if not is_main or choice == "off":
+        return False
+    if choice == "on":
+        return True
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
+
+
+class _StopFlag:
+    """Set by SIGTERM (spot interruption, torchrun/SageMaker stop): checkpoint and leave after this step."""
+
+    def __init__(self):
+        self.set = False
+        self._old = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.set = True
+
+    def uninstall(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def _fingerprint(c: TrainConfig, world_size: int) -> dict[str, Any]:
+    """What must not change between a checkpoint and the run resuming from it."""
+    return {"model": c.model, "model_overrides": c.model_overrides, "precision": c.precision,
+            "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": c.seq_len, "seed": c.seed,
+            "global_batch": c.micro_batch_size * c.grad_accum * world_size}
+
+
+def _export_hf_state_dict(model, inner, conversion) -> dict:
+    """Full HF-named weights on rank 0 (every rank must call: FSDP2 gathers the shards)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if conversion is None:
+        return full
+    if conversion.fused:
+        import torch
+
+        from fp8lab.backends import _fused
+
+        with torch.device("meta"):
+            shapes = {k: v.shape for k, v in inner.hf_class(inner.config).state_dict().items()}
+        return _fused.fused_to_hf(full, inner.spec, shapes) if full else {}
+    return {k: v for k, v in full.items() if not k.endswith("_extra_state")}
+
+
+def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, data_dir: Path, env) -> None:
+    """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
+
+    ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it."""
+    from fp8lab.models import build_model
+
+    sd = _export_hf_state_dict(model, inner, conversion)
+    if not env.is_main:
+        return
+    from transformers import PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    hf = build_model(c.model, device="meta", **c.model_overrides)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
+    try:
+        hf.save_pretrained(str(model_dir), state_dict=sd)
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
+    tok.save_pretrained(str(model_dir))
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+# ----------------------------------------------------------------------------------------------
+
+def train(config: TrainConfig | None = None, *, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run one training job as configured; returns the summary (also written to summary.json)."""
+    from fp8lab import distributed as fdist
+
+    c = config or TrainConfig()
+    env = fdist.setup(c.device)
+    try:
+        return _run(c, env, argv)
+    finally:
+        fdist.teardown(env)
+
+
+def _run(c: TrainConfig, env, argv: list[str] | None) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from tqdm.auto import tqdm
+
+    from fp8lab import checkpoint as fckpt
+    from fp8lab import distributed as fdist
+    from fp8lab.convert import autocast as fp8_autocast
+    from fp8lab.convert import convert_model
+    from fp8lab.models import build_model, count_parameters, get_config, model_flops_per_token
+
+    wall0 = time.perf_counter()
+    paths = resolve_paths(c)
+    mcfg = get_config(c.model, **c.model_overrides)
+    backend, recipe = resolve_fp8(c)  # errors before any compute
+    world = env.world_size
+    tokens_per_step = c.micro_batch_size * c.grad_accum * world * c.seq_len
+    total_steps = c.steps if c.steps is not None else (math.ceil(c.tokens / tokens_per_step) if c.tokens else 100)
+    warmup = c.warmup_steps if c.warmup_steps is not None else min(1000, total_steps // 20)
+    if warmup >= total_steps:
+        raise ValueError(f"--warmup-steps={warmup} is invalid; allowed: fewer than the run's {total_steps} steps")
+    log = print if env.is_main else (lambda *a, **k: None)
+
+    # data: tokenized once per node (deterministic, so every node gets the same shards)
+    source = data_source(c)
+    if env.local_rank == 0:
+        paths.output_dir.mkdir(parents=True, exist_ok=True)
+        data_dir = fdata.ensure_prepared(source, paths.data_cache, mcfg.vocab_size)
+    fdist.barrier(env)
+    if env.local_rank != 0:
+        data_dir = fdata.ensure_prepared(source, paths.data_cache, mcfg.vocab_size)
+    manifest = fdata.read_manifest(data_dir)
+    if manifest["vocab_size"] > mcfg.vocab_size:
+        raise ValueError(
+            f"--data: its tokenizer has {manifest['vocab_size']} tokens but {c.model} has vocab_size "
+            f"{mcfg.vocab_size}; use --model-override vocab_size={manifest['vocab_size']} or data prepared with a smaller tokenizer")
+
+    # model: build -> convert -> activation checkpointing -> compile -> shard/wrap -> optimizer
+    torch.manual_seed(c.seed)
+    model = build_model(c.model, device=env.device, seed=c.seed, **c.model_overrides)
+    conversion = None
+    if backend is not None:
+        model = convert_model(model, backend=backend, recipe=recipe, fuse=c.fuse)
+        conversion = model.fp8lab_conversion
+    fp8_on = c.precision == "fp8"
+    fp8_ctx = (lambda: fp8_autocast(backend, recipe, enabled=fp8_on)) if backend else nullcontext
+    compute_dtype = c.compute_dtype if c.compute_dtype != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
+    amp_ctx = lambda: torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bf16")  # noqa: E731
+    if c.activation_checkpointing:
+        apply_activation_checkpointing(model, backend, fp8_ctx)
+    if c.compile:
+        for block in fdist.block_list(model):
+            block.compile()
+    inner = model
+    model = fdist.wrap(model, env, c.parallel)
+    optimizer = make_optimizer(model, c, env.device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c, total_steps, warmup))
+    after_step = getattr(__import__("fp8lab.backends", fromlist=["get_backend"]).get_backend(backend),
+                         "after_optimizer_step", None) if backend else None
+    loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
+                               rank=env.rank, world_size=world)
+
+    # resume from the newest complete checkpoint
+    state: dict[str, Any] = {"step": 0, "nonfinite_steps": 0}
+    resumed_from = None
+    if env.is_main and c.resume:
+        fckpt.remove_partial(paths.checkpoint_dir)
+    candidates = fdist.broadcast_object(
+        [str(p) for _, p in fckpt.complete_checkpoints(paths.checkpoint_dir)] if c.resume else [], env)
+    for cand in candidates:
+        try:
+            loaded = fckpt.load(cand, model, optimizer, env)
+        except Exception as exc:  # a corrupt checkpoint: fall back to the previous one
+            log(f"fp8lab: checkpoint {Path(cand).name} does not load ({type(exc).__name__}: {exc}); trying an older one")
+            continue
+        if loaded["fingerprint"] != _fingerprint(c, world):
+            diff = {k: (loaded["fingerprint"].get(k), v) for k, v in _fingerprint(c, world).items()
+                    if loaded["fingerprint"].get(k) != v}
+            raise ValueError(
+                f"checkpoint {cand} was written by a different run ({', '.join(f'{k}: {a!r} there, {b!r} here' for k, (a, b) in diff.items())}); "
+                "use the same options, another --checkpoint-dir, or --resume False")
+        scheduler.load_state_dict(loaded["scheduler"])
+        loader.load_state_dict(loaded["loader"])
+        state = {"step": loaded["step"], "nonfinite_steps": loaded["nonfinite_steps"]}
+        resumed_from = loaded["step"]
+        break
+
+    gpu_name = _gpu_name(env.device)
+    peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(gpu_name)
+    flops_per_token = model_flops_per_token(mcfg, c.seq_len)
+    recipe_name = recipe.kind if (recipe is not None and fp8_on) else None
+    backend_name = backend or "none"
+    metrics_log = None
+    if env.is_main:
+        metrics_log = fmetrics.MetricsLog(paths.output_dir / "metrics.jsonl", resume_step=resumed_from)
+        cfg_record = {**c.as_dict(), "backend_resolved": backend_name, "recipe_resolved": recipe.describe() if recipe else None,
+                      "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
+                      "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
+                      "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
+                      "resumed_from_step": resumed_from, **fmetrics.provenance(gpu_name, world, argv)}
+        (paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
+        log(f"fp8lab: {c.model} ({count_parameters(mcfg).total / 1e6:.1f}M params) | {c.precision}"
+            f"{f' via {backend_name} ({recipe.describe()})' if fp8_on else (f' on {backend_name} layers, FP8 off' if backend else '')}"
+            f" | {world} x {gpu_name} | {c.parallel if world > 1 else 'single process'} | {total_steps} steps x {tokens_per_step} tokens")
+        log(f"fp8lab: {fdata.describe(data_dir)}")
+        if peak:
+            log(f"fp8lab: MFU = model FLOPs / dense BF16 peak of {gpu_name} ({peak / 1e12:.0f} TFLOP/s), for BF16 and FP8 runs alike")
+        else:
+            log(f"fp8lab: MFU not computed on {gpu_name} (no dense BF16 peak known): null in metrics.jsonl, 0 in log lines")
+        if resumed_from is not None:
+            log(f"fp8lab: resumed from checkpoint at step {resumed_from} ({paths.checkpoint_dir.name}/)")
+        if c.inject_nan_at_steps:
+            log(f"fp8lab: TEST HOOK: NaN loss injected at steps {list(c.inject_nan_at_steps)}")
+
+    val_loader_args = (data_dir, "val", c.seq_len, c.micro_batch_size)
+
+    def evaluate() -> float:
+        vl = fdata.TokenLoader(*val_loader_args, seed=0, rank=env.rank, world_size=world, shuffle=False)
+        model.eval()
+        total = torch.zeros((), device=env.device, dtype=torch.float64)
+        with torch.no_grad():
+            for _ in range(c.val_batches * c.grad_accum):  # val_batches global batches: same windows at any layout
+                x, y = (t.to(env.device) for t in vl.next_batch())
+                with amp_ctx(), fp8_ctx():
+                    logits = model(x).logits
+                total += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1)).double()
+        model.train()
+        fdist.all_reduce_sum(total, env)
+        return float(total) / (c.val_batches * c.grad_accum * world)
+
+    def save_checkpoint(step: int) -> None:
+        trainer_state = {"step": step, "nonfinite_steps": state["nonfinite_steps"], "scheduler": scheduler.state_dict(),
+                         "loader": loader.state_dict(), "fingerprint": _fingerprint(c, world), "config": c.as_dict()}
+        fckpt.save(paths.checkpoint_dir, step, model, optimizer, trainer_state, env, keep=c.keep_checkpoints)
+
+    stop = _StopFlag()
+    stop.install()
+    bar = tqdm(total=total_steps, initial=state["step"], unit="step", dynamic_ncols=True,
+               disable=not _show_progress(c.progress, env.is_main), desc=f"{c.model} {c.precision}")
+    emit = (lambda line: bar.write(line, file=sys.stdout)) if not bar.disable else (lambda line: print(line, flush=True))
+    status, message = "completed", None
+    consecutive_bad = 0
+    last_val = None
+    model.train()
+    try:
+        for step in range(state["step"] + 1, total_steps + 1):
+            t0 = time.perf_counter()
+            lr = optimizer.param_groups[0]["lr"]
+            loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
+            for micro in range(c.grad_accum):
+                x, y = (t.to(env.device, non_blocking=True) for t in loader.next_batch())
+                with fdist.gradient_sync(model, micro == c.grad_accum - 1):
+                    with amp_ctx(), fp8_ctx():
+                        logits = model(x).logits
+                    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+                    if step in c.inject_nan_at_steps and env.is_main and micro == 0:
+                        loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step
+                    (loss / c.grad_accum).backward()
+                loss_sum += loss.detach()
+            max_norm = c.grad_clip if c.grad_clip > 0 else float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
+            packed = torch.stack([loss_sum / c.grad_accum, torch.tensor(float(stop.set), device=env.device)])
+            fdist.all_reduce_sum(packed, env)
+            step_loss, stop_now = float(packed[0]) / world, bool(packed[1] > 0)
+            gn = float(grad_norm)
+            skipped = not (math.isfinite(step_loss) and math.isfinite(gn))
+            if skipped:  # FP8 overflow guard: drop the update, keep the weights
+                consecutive_bad += 1
+                state["nonfinite_steps"] += 1
+            else:
+                consecutive_bad = 0
+                optimizer.step()
+                if after_step is not None:
+                    after_step(inner)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            if env.device.type == "cuda":
+                torch.cuda.synchronize(env.device)
+            dt = time.perf_counter() - t0
+            state["step"] = step
+            tps = tokens_per_step / dt
+            rec = {"step": step, "tokens": step * tokens_per_step, "loss": None if skipped else step_loss,
+                   "lr": lr, "grad_norm": gn if math.isfinite(gn) else None, "step_time_s": dt,
+                   "tokens_per_sec": tps, "tokens_per_sec_per_gpu": tps / world,
+                   "mfu": fmetrics.mfu(flops_per_token, tps / world, peak), "max_mem_gib": _max_mem_gib(env.device),
+                   "precision": c.precision, "backend": backend_name, "recipe": recipe_name, "model": c.model,
+                   "world_size": world, "gpu_name": gpu_name}
+            if skipped:
+                rec.update(skipped=True, nonfinite_steps=state["nonfinite_steps"])
+            if (c.val_every and step % c.val_every == 0) or (step == total_steps and not skipped):
+                last_val = evaluate()
+                rec["val_loss"] = last_val
+            if env.is_main:
+                metrics_log.write(rec)
+                if c.print_metrics:
+                    emit(fmetrics.step_line({**rec, "loss": step_loss, "grad_norm": gn}))
+                    if "val_loss" in rec:
+                        emit(fmetrics.val_line(step, last_val))
+                if skipped:
+                    emit(f"fp8lab: step {step} skipped: non-finite loss or gradient "
+                         f"({consecutive_bad} in a row, {state['nonfinite_steps']} in total; limit {c.max_bad_steps} in a row)")
+                bar.update(1)
+                bar.set_postfix(loss=f"{step_loss:.4f}", refresh=False)
+            if consecutive_bad >= c.max_bad_steps:
+                status = "stopped_nonfinite"
+                message = (f"fp8lab: stopped at step {step}: {consecutive_bad} steps in a row had a non-finite loss or "
+                           f"gradient (--max-bad-steps {c.max_bad_steps}). Weights are those of step {step - consecutive_bad}; "
+                           f"the newest checkpoint is left as it was. Try --recipe current, a larger margin, a lower --lr, "
+                           f"or --precision bf16.")
+                break
+            periodic = c.checkpoint_every > 0 and step % c.checkpoint_every == 0
+            final = step == total_steps and c.checkpoint_every >= 0
+            if stop_now:
+                if c.checkpoint_every >= 0:
+                    save_checkpoint(step)
+                status = "interrupted"
+                message = f"fp8lab: SIGTERM received: checkpoint written at step {step}; exiting (a restart resumes here)"
+                break
+            if (periodic or final) and consecutive_bad == 0:
+                save_checkpoint(step)
+    finally:
+        bar.close()
+        stop.uninstall()
+        if metrics_log is not None:
+            metrics_log.close()
+
+    if status == "completed" and c.save_model:
+        save_hf_model(model, inner, conversion, c, paths.model_dir, data_dir, env)
+    summary = _summary(c, env, paths, status, message, state, total_steps, tokens_per_step, last_val,
+                       resumed_from, backend_name, recipe_name, gpu_name, peak, time.perf_counter() - wall0)
+    if env.is_main:
+        (paths.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if c.plot:
+            _plot(paths.output_dir)
+        if message:
+            print(message, file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
+    return summary
+
+
+def _summary(c, env, paths, status, message, state, total_steps, tokens_per_step, last_val, resumed_from,
+             backend_name, recipe_name, gpu_name, peak, wall_s) -> dict[str, Any]:
+    recs = fmetrics.read_metrics(paths.output_dir / "metrics.jsonl") if env.is_main else []
+    good = [r for r in recs if r.get("loss") is not None]
+    steady = [r["tokens_per_sec_per_gpu"] for r in good[min(10, len(good) // 2):]]
+    mfus = [r["mfu"] for r in good[min(10, len(good) // 2):] if r.get("mfu") is not None]
+    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
+    return {
+        "status": status, "message": message, "model": c.model, "precision": c.precision, "backend": backend_name,
+        "recipe": recipe_name, "world_size": env.world_size, "gpu_name": gpu_name, "steps": state["step"],
+        "total_steps": total_steps, "tokens": state["step"] * tokens_per_step,
+        "final_loss": good[-1]["loss"] if good else None, "first_loss": good[0]["loss"] if good else None,
+        "val_loss": last_val, "nonfinite_steps": state["nonfinite_steps"], "resumed_from_step": resumed_from,
+        "tokens_per_sec_per_gpu_median": med(steady), "mfu_median": med(mfus),
+        "mfu_peak": "dense BF16 peak of the GPU, for BF16 and FP8 alike" if peak else None,
+        "output_dir": str(paths.output_dir), "checkpoint_dir": str(paths.checkpoint_dir),
+        "model_dir": str(paths.model_dir) if (status == "completed" and c.save_model) else None,
+        "wall_s": wall_s,
+    }
+
+
+def _plot(output_dir: Path) -> None:
+    """loss.png of this run (fp8lab.plots); a plotting problem never fails a finished run."""
+    try:
+        import warnings
+
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from fp8lab.analysis import load_runs
+        from fp8lab.plots import loss_figure
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig = loss_figure(load_runs([output_dir]), smoothing_span=10)
+            fig.savefig(output_dir / "loss.png", dpi=100)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    except Exception as exc:  # noqa: BLE001
+        print(f"fp8lab: loss.png not written ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        build_parser().print_help()
+        return 0
+    if not argv and os.environ.get("SM_HPS"):
+        argv = _sagemaker_argv()
+    try:
+        config = parse_args(argv)
+    except ValueError as exc:
+        print(f"fp8lab train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_OPTIONS
+    try:
+        summary = train(config, argv=argv)
+    except ValueError as exc:  # environment checks (backend, data, resume) before compute
+        print(f"fp8lab train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_OPTIONS
+    return EXIT_OVERFLOW if summary["status"] == "stopped_nonfinite" else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
