@@ -321,6 +321,7 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
         df["instances"] = df["instances"].fillna(1)
     for c in ("precision", "backend", "recipe"):
         df[c] = df[c].map(lambda v: v.lower() if isinstance(v, str) else v)
+    df["backend"] = df["backend"].replace({"none": "hf"})  # the trainer's "none" = plain transformers layers
     for c in METRIC_COLUMNS + ["world_size", "instances", "micro_batch_size", "grad_accum", "seq_len"]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     steps = df[df["record"] == "step"]
