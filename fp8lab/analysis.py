@@ -76,8 +76,8 @@ def load_runs(sources: object = None) -> pd.DataFrame:
     ``sources``: a path or a DataFrame, or a list of them. A path may be a trainer output folder
     (``metrics.jsonl`` + optional ``config.json``), a result file (``*.jsonl`` whose first line is a
     ``{"record": "run"}``), a bare ``metrics.jsonl``, or a folder searched recursively for both.
-    A DataFrame is a ``fp8lab.launch.collect`` table (metrics columns plus ``job_name`` and
-    ``instance_count``). ``None`` reads the committed results in ``data/results/``.
+    A DataFrame (or a ``.csv`` file, as ``fp8lab launch collect --csv`` writes) is a
+    ``fp8lab.launch.collect`` table (metrics columns plus ``job``/``job_name`` and ``instance_count``). ``None`` reads the committed results in ``data/results/``.
     Column ``record`` is ``"step"`` for per-step rows and ``"summary"`` for a benchmark's summary.
     """
     if sources is None:
@@ -110,8 +110,13 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
     if path.is_file():
         if path.name == "metrics.jsonl":
             return [_load_trainer_dir(path.parent)]
+        if path.suffix == ".csv":  # `fp8lab launch collect --csv FILE`
+            try:
+                return [_from_collect_table(pd.read_csv(path))]
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
         if path.suffix != ".jsonl":
-            raise ValueError(f"run source {str(path)!r}: expected a .jsonl file or a folder")
+            raise ValueError(f"run source {str(path)!r}: expected a .jsonl or .csv file, or a folder")
         return [_load_result_file(path)]
     if (path / "metrics.jsonl").exists():
         return [_load_trainer_dir(path)]

@@ -155,7 +155,7 @@ def test_missing_source_and_wrong_type_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="sources"):
         analysis.load_runs([42])
     (tmp_path / "notes.txt").write_text("hi")
-    with pytest.raises(ValueError, match=r"expected a \.jsonl file or a folder"):
+    with pytest.raises(ValueError, match=r"expected a \.jsonl or \.csv file, or a folder"):
         analysis.load_runs(tmp_path / "notes.txt")
 
 
@@ -186,6 +186,16 @@ def test_table_shaped_like_launch_collect_output():
                           for r in recs])
     df = analysis.load_runs(table)
     assert set(df["run_id"]) == {"fp8lab-llama-1b-bf16-1x"} and set(df["source"]) == {"s3:output.tar.gz"}
+
+
+def test_collect_csv_file_is_a_source(tmp_path):
+    recs = step_records(4, 700.0, "fp8")
+    pd.DataFrame([{"job": "j1", **r, "instance_count": 2} for r in recs]).to_csv(tmp_path / "jobs.csv", index=False)
+    df = analysis.load_runs(tmp_path / "jobs.csv")
+    assert set(df["run_id"]) == {"j1"} and set(df["instances"]) == {2} and df["step"].tolist() == [1, 2, 3, 4]
+    pd.DataFrame({"x": [1]}).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(ValueError, match=r"bad\.csv: sources: the collect table lacks column\(s\) step"):
+        analysis.load_runs(tmp_path / "bad.csv")
 
 
 def test_default_price_is_the_one_the_launch_helper_uses():
