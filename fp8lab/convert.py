@@ -40,7 +40,7 @@ from fp8lab.recipe import Recipe
 __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
     "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
-    "describe_modules", "weight_mapping", "time_forward_backward",
+    "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed",
 ]
 
 
@@ -347,4 +347,33 @@ def time_forward_backward(model: nn.Module, batch, *, backend: str | None = None
     tokens = ids.numel()
     ms = statistics.median(times)
     return {"ms": ms, "tokens_per_s": tokens / (ms / 1e3), "iters": iters, "min_ms": min(times),
-            "max_ms": max(times), "finite_loss": math.isfinite(float(loss))}
+            "max_ms": max(times), "finite_loss": math.isfinite(float(loss.detach()))}
+
+
+def compare_speed(model_name: str, *, batch_size: int = 4, seq_len: int = 512, recipe: Recipe | str | None = None,
+                  warmup: int = 3, iters: int = 10, **overrides: Any) -> list[dict[str, Any]]:
+    """Forward+backward time of HF bf16 vs TE bf16 vs TE FP8, unfused and fused (needs TE + FP8 GPU).
+
+    Each variant is built fresh (same seed) in bf16 on the GPU, timed with
+    :func:`time_forward_backward` and freed; ``speedup`` is relative to HF bf16.
+    """
+    from fp8lab.models import build_model
+
+    require("te")
+    variants = [("HF bf16", None, False), ("TE bf16 (swap)", False, False), ("TE FP8 (swap)", False, True),
+                ("TE bf16 (fused)", True, False), ("TE FP8 (fused)", True, True)]
+    rows: list[dict[str, Any]] = []
+    for label, fuse, fp8 in variants:
+        model = build_model(model_name, device="cuda", dtype=torch.bfloat16, **overrides)
+        ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len), device="cuda")
+        if fuse is not None:
+            model = convert_model(model, backend="te", recipe=recipe, fuse=fuse)
+        t = time_forward_backward(model, ids, backend="te" if fuse is not None else None, recipe=recipe,
+                                  fp8=fp8, warmup=warmup, iters=iters)
+        rows.append({"variant": label, "fused": bool(fuse), "fp8": fp8, **t})
+        del model
+        torch.cuda.empty_cache()
+    base = rows[0]["ms"]
+    for r in rows:
+        r["speedup_vs_hf_bf16"] = base / r["ms"]
+    return rows

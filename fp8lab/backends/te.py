@@ -75,6 +75,16 @@ class TEBackend:
     name = "te"
     default_recipe = Recipe()  # TE's own default: DelayedScaling, HYBRID
 
+    def __init__(self) -> None:
+        # one TE recipe object per Recipe: TE re-initialises a module's FP8 state (its amax
+        # history) when the recipe it sees differs from the last one, so reuse the same object
+        self._te_recipes: dict[Recipe, object] = {}
+
+    def te_recipe(self, recipe: Recipe):
+        if recipe not in self._te_recipes:
+            self._te_recipes[recipe] = recipe.to_te()
+        return self._te_recipes[recipe]
+
     def available(self) -> str | None:
         if importlib.util.find_spec("transformer_engine") is None:
             return f"Transformer Engine is not installed ({INSTALL})"
@@ -100,7 +110,7 @@ class TEBackend:
                     f"Recipe(kind={recipe.kind!r}) is not supported on {torch.cuda.get_device_name()} "
                     f"(compute capability {cc}): {reason}. Use kind='delayed' or 'current'"
                 )
-        recipe.to_te()  # raises for combinations TE has no equivalent of
+        self.te_recipe(recipe)  # raises for combinations TE has no equivalent of
 
     def convert(self, model, recipe, *, fuse, module_filter):
         self.check_recipe(recipe)
@@ -135,7 +145,7 @@ class TEBackend:
         if not enabled:
             return _te().autocast(enabled=False) if importlib.util.find_spec("transformer_engine") else _Null()
         self.check_recipe(recipe)
-        return _te().autocast(enabled=True, recipe=recipe.to_te())
+        return _te().autocast(enabled=True, recipe=self.te_recipe(recipe))
 
 
 class _Null:
