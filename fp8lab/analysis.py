@@ -26,7 +26,10 @@ from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 META_COLUMNS = [
     "run_id", "study", "source", "model", "precision", "backend", "recipe", "fuse", "variant",
     "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
+] + [  # provenance: what software ran, when, by which command
+    "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]
+PROVENANCE_COLUMNS = META_COLUMNS[META_COLUMNS.index("date"):]
 # Per-step metrics (the trainer's metrics.jsonl keys).
 METRIC_COLUMNS = [
     "step", "tokens", "loss", "val_loss", "lr", "grad_norm", "step_time_s", "tokens_per_sec",
@@ -201,7 +204,7 @@ def _flatten(d: dict) -> dict:
     """One level of nesting folded in ({"config": {...}, "provenance": {...}} -> flat keys)."""
     out: dict = {}
     for k, v in d.items():
-        if isinstance(v, dict) and k not in ("versions",):
+        if isinstance(v, dict):  # e.g. {"versions": {"torch": ...}} -> torch
             for k2, v2 in v.items():
                 out.setdefault(k2, v2)
         else:

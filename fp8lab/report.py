@@ -105,6 +105,8 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         _table(summary, ["run_id", "study", "model", "variant", "gpu_name", "world_size", "instances", "n_steps",
                          "tokens", "tokens_per_sec_per_gpu", "tps_spread_pct", "mfu", "max_mem_gib", "final_loss",
                          "smoothed_loss", "val_loss", "throughput_from", "note"]),
+        "<h2>Provenance</h2>",
+        _table(summary, ["run_id", "source", *analysis.PROVENANCE_COLUMNS]),
         "<h2>Time and cost</h2>",
         '<p class="muted">projected = the run used fewer GPUs than the cluster priced here; its per-GPU rate is '
         "assumed to hold on full instances.</p>",

@@ -103,6 +103,9 @@ def test_result_file_with_steps_and_summary_and_summary_only(tmp_path):
     summ = df[df["run_id"] == "fp8-bench"]
     assert summ["record"].tolist() == ["summary"] and summ["study"].iloc[0] == "throughput"
     assert summ["tokens_per_sec_per_gpu"].iloc[0] == 1200.0 and summ["tokens_per_sec_per_gpu_p25"].iloc[0] == 1190.0
+    # provenance of the run record: versions flattened, command and date kept on every row
+    assert set(df["torch"]) == {"2.x"} and set(df["command"]) == {"python benchmarks/x.py"}
+    assert set(df["date"]) == {"2026-11-29T20:00:00Z"}
     s = analysis.summarize_runs(df, warmup_steps=0).set_index("run_id")
     assert s.loc["fp8-bench", "tokens_per_sec_per_gpu"] == 1200.0
     assert s.loc["fp8-bench", "tps_iqr"] == pytest.approx(20.0)
