@@ -1,0 +1,130 @@
+"""The trainer as real processes on CPU: torchrun (gloo) DDP and FSDP2 against one process,
+kill -9 then restart, and SIGTERM (a spot interruption) then restart."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fp8lab import data as fdata
+from fp8lab import metrics as fmetrics
+from fp8lab.train import TrainConfig, train
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokens")
+    fdata.prepare_data(None, out, None, vocab_size=512)
+    return out
+
+
+def common(prepared, out, steps, *extra):
+    return ["--model", "llama-tiny", "--seq-len", "32", "--compute-dtype", "fp32", "--steps", str(steps),
+            "--data", str(prepared), "--output-dir", str(out), "--progress", "off", "--plot", "False",
+            "--save-model", "False", *extra]
+
+
+def trainer(args):
+    return [sys.executable, "-m", "fp8lab.train", *args]
+
+
+def torchrun(args, nproc=2):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "fp8lab.train", *args]
+
+
+def run(cmd, timeout=240):
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"{' '.join(cmd[-20:])}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
+    return p
+
+
+def records(out):
+    return fmetrics.read_metrics(out / "metrics.jsonl")
+
+
+def test_ddp_and_fsdp2_under_torchrun_match_one_process(prepared, tmp_path):
+    """Global batch 4 sequences: 1 process x 4, 2 ranks x 2 (DDP), 2 ranks x 1 x 2 accumulation (FSDP2)."""
+    one = tmp_path / "one"
+    train(TrainConfig(model="llama-tiny", seq_len=32, compute_dtype="fp32", steps=5, micro_batch_size=4,
+                      val_every=5, data=str(prepared), output_dir=str(one), progress="off", plot=False,
+                      print_metrics=False, save_model=False))
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    run(torchrun(common(prepared, ddp, 5, "--micro-batch-size", "2", "--val-every", "5")))
+    run(torchrun(common(prepared, fsdp, 5, "--micro-batch-size", "1", "--grad-accum", "2", "--parallel", "fsdp",
+                        "--val-every", "5", "--checkpoint-every", "5")))
+    ref = records(one)
+    for out in (ddp, fsdp):
+        recs = records(out)
+        assert [r["step"] for r in recs] == [1, 2, 3, 4, 5]
+        assert all(r["world_size"] == 2 for r in recs)
+        for a, b in zip(ref, recs):
+            assert b["loss"] == pytest.approx(a["loss"], rel=2e-5)
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+            assert b["tokens"] == a["tokens"]
+        assert recs[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], rel=2e-5)
+    assert json.loads((fsdp / "config.json").read_text())["parallel"] == "fsdp"
+    # FSDP2 wrote its checkpoint with DCP from both ranks: one rank file each, complete
+    ck = fsdp / "checkpoints" / "step_00000005"
+    assert (ck / ".metadata").is_file() and {"trainer_rank0.pt", "trainer_rank1.pt"} <= {p.name for p in ck.iterdir()}
+
+
+def _start_and_wait(cmd, out, min_steps, timeout=120):
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout
+    metrics = out / "metrics.jsonl"
+    while time.time() < deadline:
+        if metrics.exists() and len(fmetrics.read_metrics(metrics)) >= min_steps:
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer ended early (rc {proc.returncode}): {proc.stderr.read()[-2000:]}")
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError("trainer did not reach the step in time")
+
+
+@pytest.fixture(scope="module")
+def reference(prepared, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run(trainer(common(prepared, out, 150, "--checkpoint-every", "4")))
+    return records(out)
+
+
+def test_kill_9_then_restart_continues_bit_identically(prepared, reference, tmp_path):
+    out = tmp_path / "killed"
+    args = common(prepared, out, 150, "--checkpoint-every", "4")
+    proc = _start_and_wait(trainer(args), out, min_steps=10)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close(), proc.stderr.close()
+    at_kill = len(records(out))
+    assert proc.returncode == -signal.SIGKILL and at_kill < 150
+    restarted = run(trainer(args))
+    resumed = int(restarted.stdout.split("resumed from checkpoint at step ")[1].split()[0])
+    assert 4 <= resumed <= at_kill and resumed % 4 == 0
+    recs = records(out)
+    assert [r["step"] for r in recs] == list(range(1, 151))  # none lost, none repeated
+    assert [r["loss"] for r in recs] == [r["loss"] for r in reference]
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly(prepared, reference, tmp_path):
+    out = tmp_path / "spot"
+    args = common(prepared, out, 150)  # no periodic checkpoints: only SIGTERM's
+    proc = _start_and_wait(trainer(args), out, min_steps=5)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    step = int(stdout.split("SIGTERM received: checkpoint written at step ")[1].split(";")[0])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == step < 150
+    assert [r["step"] for r in records(out)] == list(range(1, step + 1))
+    assert (out / "checkpoints" / f"step_{step:08d}" / ".metadata").is_file()
+    run(trainer(args))
+    assert [r["loss"] for r in records(out)] == [r["loss"] for r in reference]
