@@ -257,8 +257,9 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
 
 
 def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """Model FLOPs utilisation per run, as each run reported it (see the trainer for the peak used)."""
-    title = "MFU per run (as reported by the run)"
+    """Model FLOPs utilisation per run, as each run reported it: fp8lab's trainer and benchmarks divide
+    by the GPU's dense BF16 peak for BF16 and FP8 runs alike, so the bars compare like with like."""
+    title = "MFU per run (model FLOPs / dense BF16 peak, FP8 runs too)"
     s = summary[summary["mfu"].notna()] if len(summary) else summary
     if not len(s):
         return _finish(_empty(title, "no MFU in these runs"), save)
@@ -271,7 +272,7 @@ def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
     ax.barh(range(len(s)), 100 * s["mfu"], color=[colors[v] for v in s["variant"]])
     ax.set_yticks(range(len(s)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("MFU (%)")
+    ax.set_xlabel("MFU (% of dense BF16 peak)")
     ax.set_title(title)
     return _finish(fig, save)
 

@@ -100,7 +100,7 @@ def test_mfu_bars_are_percent(tables):
     ax = plots.mfu_figure(summary).axes[0]
     widths = sorted(p.get_width() for p in _bars(ax))
     assert widths == pytest.approx(sorted(100 * summary["mfu"]))
-    assert ax.get_xlabel() == "MFU (%)"
+    assert ax.get_xlabel() == "MFU (% of dense BF16 peak)"
 
 
 def test_cost_bars_are_hours_and_dollars(tables):
