@@ -85,6 +85,7 @@ PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
 PRECISIONS = ("bf16", "fp8")
 BACKENDS = ("te", "torchao")
 RECIPES = ("delayed", "current", "block", "mxfp8")  # fp8lab.recipe.KINDS
+PARALLEL = ("ddp", "fsdp")  # fp8lab.train --parallel
 SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
 MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
@@ -175,6 +176,8 @@ class JobSpec:
     lr: float = 3e-4
     fuse: bool = True  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = False  # torch.compile each block
+    parallel: str = "fsdp"  # ddp | fsdp (FSDP2): a 7B model with AdamW state does not fit one GPU under DDP
+    activation_checkpointing: bool = False  # recompute blocks in backward: less memory, ~1/3 more compute
     seed: int = 0
     checkpoint_every: int = 0  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
     data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data
@@ -203,6 +206,8 @@ class JobSpec:
             raise bad("backend", self.backend, ", ".join(BACKENDS))
         if self.recipe not in RECIPES:
             raise bad("recipe", self.recipe, ", ".join(RECIPES))
+        if self.parallel not in PARALLEL:
+            raise bad("parallel", self.parallel, ", ".join(PARALLEL))
         if self.instance_type not in INSTANCES:
             raise bad("instance_type", self.instance_type, ", ".join(INSTANCES))
         info = INSTANCES[self.instance_type]
@@ -518,10 +523,14 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
         "model": spec.model, "precision": spec.precision, "backend": spec.backend, "recipe": spec.recipe,
         "micro-batch-size": spec.micro_batch_size, "grad-accum": spec.grad_accum, "seq-len": spec.seq_len,
         "lr": spec.lr, "seed": spec.seed, "fuse": spec.fuse, "compile": spec.compile,
+        "parallel": spec.parallel, "activation-checkpointing": spec.activation_checkpointing,
+        "progress": "off",  # no tqdm bar in CloudWatch logs; the metric lines carry the progress
     }
     hp["tokens" if spec.tokens is not None else "steps"] = spec.tokens if spec.tokens is not None else spec.steps
     if spec.checkpoint_every:
         hp["checkpoint-every"] = spec.checkpoint_every
+    if spec.data_s3_uri is not None:
+        hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
     return hp
 
 
@@ -532,11 +541,22 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
 
 
 def stage_source(dest: str | Path, install_te: bool = False) -> Path:
-    """Copy the fp8lab package and the job's requirements.txt into ``dest`` (the code channel's content)."""
+    """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, requirements.txt.
+
+    In the job ``fp8lab.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
+    without a ``data_s3_uri`` the trainer reads the shipped corpus, as on a laptop.
+    """
+    from fp8lab.paths import DATA_DIR
+
     pkg = Path(__file__).resolve().parent
     dest = Path(dest)
     shutil.copytree(pkg, dest / "fp8lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"),
                     dirs_exist_ok=True)
+    (dest / "data").mkdir(parents=True, exist_ok=True)
+    if (DATA_DIR / "corpus").is_dir():
+        shutil.copytree(DATA_DIR / "corpus", dest / "data" / "corpus", dirs_exist_ok=True)
+    for tok in sorted(DATA_DIR.glob("tokenizer*.json")):
+        shutil.copy2(tok, dest / "data" / tok.name)
     reqs = (pkg / "sagemaker_job_requirements.txt").read_text()
     if install_te:
         reqs += "transformer-engine[pytorch]\n"

@@ -31,55 +31,9 @@ _spec = importlib.util.spec_from_file_location("moto_env", Path(__file__).parent
 menv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(menv)
 
-BUCKET = "fp8lab-test-bucket"
-ROLE = "arn:aws:iam::123456789012:role/fp8lab-test-role"  # moto's account; must never be printed
+BUCKET, ROLE = menv.BUCKET, menv.ROLE
 TS = re.compile(r"-\d{14}")
-
-
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory):
-    from moto.server import ThreadedMotoServer
-
-    port = menv.free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    mp = pytest.MonkeyPatch()
-    for k, v in menv.env_for(url, tmp_path_factory.mktemp("awshome")).items():
-        mp.setenv(k, v)
-    mp.delenv("AWS_PROFILE", raising=False)
-    mp.delenv("AWS_SESSION_TOKEN", raising=False)
-    yield url
-    mp.undo()
-    server.stop()
-
-
-class Recorder:
-    """Every API call made through one boto3 session: operation name -> list of params."""
-
-    def __init__(self, boto):
-        self.calls: dict[str, list[dict]] = {}
-        boto.events.register("before-parameter-build.*.*", self._record)
-
-    def _record(self, params, model, **_):
-        self.calls.setdefault(f"{model.service_model.service_name}.{model.name}", []).append(dict(params))
-
-    def __getitem__(self, op):
-        return self.calls.get(op, [])
-
-
-@pytest.fixture
-def aws(endpoint):
-    """A clean moto, a bucket, and a SageMaker session whose calls are recorded."""
-    import urllib.request
-
-    from sagemaker.core.helper.session_helper import Session
-
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).read()
-    boto = boto3.Session(region_name="us-east-1")
-    boto.client("s3").create_bucket(Bucket=BUCKET)
-    rec = Recorder(boto)
-    return Session(boto_session=boto, default_bucket=BUCKET), rec, boto
+endpoint, aws = menv.endpoint, menv.aws  # fixtures
 
 
 def _spec(**kw):
@@ -89,13 +43,7 @@ def _spec(**kw):
 
 
 def _assert_clean(*texts):
-    """No credential, secret or (non-public) account id in anything shown to the user."""
-    public = L._public_registry_accounts()
-    for text in texts:
-        assert menv.FAKE_KEY_ID not in text and menv.FAKE_SECRET not in text
-        assert "123456789012" not in text
-        for acct in re.findall(r"(?<!\d)\d{12}(?!\d)", text):
-            assert acct in public, f"account id {acct} leaked"
+    menv.assert_clean(L._public_registry_accounts(), *texts)
 
 
 def _s3_text(boto, uri_or_bucket, key=None):
@@ -370,6 +318,12 @@ def test_torchrun_command_on_each_node_of_a_two_node_job(aws, tmp_path):
         args = dict(zip(cmd[7::2], cmd[8::2]))
         assert args["--model"] == "llama-1b" and args["--precision"] == "fp8" and args["--steps"] == "5"
         assert args["--micro-batch-size"] == "4" and args["--seq-len"] == "2048"
+        # The trainer accepts exactly what the driver passes (same parser as `fp8lab train`).
+        from fp8lab.train import parse_args
+
+        cfg = parse_args(cmd[7:])
+        assert (cfg.model, cfg.precision, cfg.backend, cfg.recipe, cfg.steps) == ("llama-1b", "fp8", "te", "delayed", 5)
+        assert (cfg.seq_len, cfg.micro_batch_size, cfg.parallel, cfg.fuse, cfg.compile) == (2048, 4, "fsdp", True, False)
         # The driver's NCCL/EFA settings, identical for BF16 and FP8 jobs.
         assert got["env"] == {"NCCL_PROTO": "simple", "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
                               "NCCL_SOCKET_IFNAME": "eth0"}

@@ -13,6 +13,8 @@ import regex
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 CONFIG_YAML = Path(__file__).resolve().parent / "config.yaml"
 # Fake credentials that are easy to find if anything ever prints them.
 FAKE_KEY_ID = "AKIAFP8LABTESTONLY00"
@@ -94,3 +96,66 @@ def check_request(operation: str, params: dict[str, Any]) -> None:
     validate_parameters(params, model.input_shape)  # raises ParamValidationError
     errs = strict_errors(model.input_shape, params)
     assert not errs, "\n".join(errs)
+
+
+# ---- fixtures, imported by the test modules (tests/conftest.py is not ours to extend) ----
+
+BUCKET = "fp8lab-test-bucket"
+ROLE = "arn:aws:iam::123456789012:role/fp8lab-test-role"  # moto's account; must never be printed
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    """moto's HTTP server on 127.0.0.1 (free port) with the environment pinned to it."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    mp = pytest.MonkeyPatch()
+    for k, v in env_for(url, tmp_path_factory.mktemp("awshome")).items():
+        mp.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_PROFILE"):
+        mp.delenv(k, raising=False)
+    yield url
+    mp.undo()
+    server.stop()
+
+
+class Recorder:
+    """Every API call made through one boto3 session: "service.Operation" -> list of params."""
+
+    def __init__(self, boto):
+        self.calls: dict[str, list[dict]] = {}
+        boto.events.register("before-parameter-build.*.*", self._record)
+
+    def _record(self, params, model, **_):
+        self.calls.setdefault(f"{model.service_model.service_name}.{model.name}", []).append(dict(params))
+
+    def __getitem__(self, op):
+        return self.calls.get(op, [])
+
+
+@pytest.fixture
+def aws(endpoint):
+    """A clean moto, a bucket, and a SageMaker session whose calls are recorded: (session, recorder, boto3 session)."""
+    import urllib.request
+
+    import boto3
+    from sagemaker.core.helper.session_helper import Session
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")).read()
+    boto = boto3.Session(region_name="us-east-1")
+    boto.client("s3").create_bucket(Bucket=BUCKET)
+    rec = Recorder(boto)
+    return Session(boto_session=boto, default_bucket=BUCKET), rec, boto
+
+
+def assert_clean(public_accounts: set[str], *texts: str) -> None:
+    """No credential, secret or (non-public) account id in anything shown to the user."""
+    for text in texts:
+        assert FAKE_KEY_ID not in text and FAKE_SECRET not in text
+        assert "123456789012" not in text
+        for acct in re.findall(r"(?<!\d)\d{12}(?!\d)", text):
+            assert acct in public_accounts, f"account id {acct} leaked"
