@@ -428,8 +428,8 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
                    smoothing_span: int = 20) -> pd.DataFrame:
     """One row per run: steady-state tokens/s/GPU (median, quartiles, spread), MFU, memory, loss.
 
-    The first ``warmup_steps`` steps of each run are left out of throughput and MFU (compilation,
-    allocator and FP8 amax warm-up). A benchmark's summary record, measured with its own timing,
+    The first ``warmup_steps`` steps of each run (by step number, counted from its first logged step)
+    are left out of throughput and MFU (compilation, allocator and FP8 amax warm-up). A benchmark's summary record, measured with its own timing,
     takes precedence over numbers derived from its steps.
     """
     if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
@@ -442,7 +442,8 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
         summ = g[g["record"] == "summary"]
         summ = summ.iloc[-1] if len(summ) else None
         timed = steps[steps["tokens_per_sec_per_gpu"].notna()]
-        steady = timed.iloc[warmup_steps:]
+        # by step number, not position: downsampled files keep exact step numbers
+        steady = timed[timed["step"] >= timed["step"].min() + warmup_steps] if len(timed) else timed
         row = {"run_id": run_id, **meta, "n_steps": int(steps["step"].nunique())}
         tps = steady["tokens_per_sec_per_gpu"]
         row.update(
@@ -593,13 +594,16 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     return out
 
 
-def scaling_table(summary: pd.DataFrame, by: str = "instances") -> pd.DataFrame:
+def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
     """Per-GPU scaling efficiency: tokens/s/GPU at each scale over that at the smallest scale.
 
-    Grouped per model, GPU and variant; 1.0 means perfect linear scaling.
+    Grouped per model, GPU and variant; 1.0 means perfect linear scaling. ``by``: 'instances',
+    'world_size' (GPUs), or 'auto' (instances when runs differ in instance count, else GPUs).
     """
+    if by == "auto":
+        by = "instances" if summary["instances"].nunique() > 1 else "world_size"
     if by not in ("instances", "world_size"):
-        raise ValueError(f"by={by!r}; allowed: 'instances', 'world_size'")
+        raise ValueError(f"by={by!r}; allowed: 'auto', 'instances', 'world_size'")
     cols = ["model", "gpu_name", "variant", "precision", by, "tokens_per_sec_per_gpu", "efficiency"]
     rows = []
     s = summary[summary["tokens_per_sec_per_gpu"].notna()]

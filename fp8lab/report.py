@@ -69,8 +69,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
     comparison = analysis.compare_precisions(summary)
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance)
-    by = "instances" if summary["instances"].nunique() > 1 else "world_size"
-    scaling = analysis.scaling_table(summary, by=by)
+    scaling = analysis.scaling_table(summary)
     text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour,
                             config.gpus_per_instance, reference=reference)
     figs = [

@@ -301,6 +301,13 @@ def test_summary_rejects_bad_parameters():
         analysis.summarize_runs(empty, smoothing="gaussian")
 
 
+def test_warmup_counts_steps_not_records_in_downsampled_files(tmp_path):
+    recs = step_records(40, 1000.0, "bf16", warmup_tps=10.0, warmup=10)[::5]  # steps 1, 6, 11, ... 36
+    analysis.write_result_file(tmp_path / "r.jsonl", run_meta("llama-1b", "bf16"), recs)
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path), warmup_steps=10).iloc[0]
+    assert s["steady_steps"] == 6 and s["tokens_per_sec_per_gpu"] == 1000.0  # steps 11..36 are steady
+
+
 def test_all_steps_in_warmup_is_said_not_hidden(tmp_path):
     make_trainer_run(tmp_path, "short", "bf16", 1000.0, n=4)
     s = analysis.summarize_runs(analysis.load_runs(tmp_path / "short"), warmup_steps=10).iloc[0]
