@@ -678,6 +678,14 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                 s += "; no loss was recorded, so the loss gap is unknown"
             else:
                 s += "; the BF16 and FP8 runs did not see the same tokens, so their loss is not compared"
+            scales = comp[(comp["model"] == model) & (comp["fp8_variant"] == r["fp8_variant"])]
+            if scales["world_size"].nunique() > 1:
+                s += (f"; across {scales['world_size'].min():g} to {scales['world_size'].max():g} GPUs its speedup "
+                      f"ranged from {scales['speedup'].min():.2f}x to {scales['speedup'].max():.2f}x")
+            if reference is not None and len(reference):
+                same = reference[np.isclose(reference["params_b"], model_size_b(model))]
+                if len(same):
+                    s += f" (the source reported {same['speedup'].iloc[0]:.2f}x at {same['model_size'].iloc[0]})"
             parts.append(s + ".")
             if not r["hardware_fp8"]:
                 emulated.append(model + (f" (its loss is within {loss_tolerance_pct:g}% of BF16's)" if gap_kind and

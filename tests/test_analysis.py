@@ -384,6 +384,17 @@ def test_scaling_efficiency(tmp_path):
     assert sc["efficiency"].tolist() == pytest.approx([1.0, 0.95, 0.9])
     with pytest.raises(ValueError, match="by='nodes'"):
         analysis.scaling_table(s, by="nodes")
+    assert analysis.scaling_table(s)["instances"].tolist() == [1, 2, 4]  # auto: instance counts differ
+
+
+def test_verdict_mentions_the_speedup_range_across_scales():
+    rows = [{**r, "job_name": f"{p}-{n}x", "instance_count": n, "world_size": 8 * n}
+            for n, bf, f8 in ((1, 1000.0, 1200.0), (2, 950.0, 1100.0))
+            for p, tps in (("bf16", bf), ("fp8", f8)) for r in step_records(12, tps, p)]
+    c = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(pd.DataFrame(rows)), warmup_steps=2))
+    text = analysis.verdict(c)
+    assert "on 8 GPUs of NVIDIA H200" in text and "1.20x" in text
+    assert f"across 8 to 16 GPUs its speedup ranged from {1100 / 950:.2f}x to 1.20x" in text
 
 
 # ------------------------------------------------------------------------------------ verdict
@@ -397,6 +408,7 @@ def test_verdict_is_written_from_the_numbers(tmp_path):
     assert f"${hours_bf16 * 100:,.0f}" in text and f"${hours_bf16 * 0.8 * 100:,.0f}" in text
     assert "more than 1% above" in text  # 3% gap > 1% tolerance
     assert "reported (not measured here) 1.13x" in text and "1.18x" in text
+    assert "(the source reported 1.13x at 1B)" in text  # llama-1b is set beside the source's 1B figure
     assert "pays off" in analysis.verdict(c, loss_tolerance_pct=5.0)
 
 
