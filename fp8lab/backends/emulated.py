@@ -89,7 +89,7 @@ class _FP8Linear(torch.autograd.Function):
         return gx, gw, gb, None
 
 
-class _FP8Gemm(nn.Module):
+class FP8Gemm(nn.Module):
     """Holds the per-GEMM scaling state, rebuilt when the autocast recipe changes."""
 
     def _quantizers(self, recipe: Recipe) -> TensorQuantizers:
@@ -106,7 +106,7 @@ class _FP8Gemm(nn.Module):
         return _FP8Linear.apply(x, w, b, self._quantizers(recipe))
 
 
-class EmuLinear(nn.Linear, _FP8Gemm):
+class EmuLinear(nn.Linear, FP8Gemm):
     """nn.Linear whose GEMM is fake-quantised inside ``autocast`` (same parameters, same state dict)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,7 @@ class EmuNorm(nn.Module):
         return _norm(x, self.weight, self.bias, self.kind, self.eps)
 
 
-class EmuLayerNormLinear(_FP8Gemm):
+class EmuLayerNormLinear(FP8Gemm):
     """Twin of te.LayerNormLinear: norm then one GEMM (parameter names as TE's)."""
 
     def __init__(self, spec: _fused.FusedSpec, out_features: int, device=None, dtype=None):
@@ -165,7 +165,7 @@ class EmuLayerNormMLP(nn.Module):
         self.fc1_bias = _param(fc1_out, device=device, dtype=dtype) if spec.bias else None
         self.fc2_weight = _param(h, f, device=device, dtype=dtype)
         self.fc2_bias = _param(h, device=device, dtype=dtype) if spec.bias else None
-        self.fc1, self.fc2 = _FP8Gemm(), _FP8Gemm()  # separate scaling state per GEMM
+        self.fc1, self.fc2 = FP8Gemm(), FP8Gemm()  # separate scaling state per GEMM
 
     def forward(self, x):
         y = self.fc1.gemm(_norm(x, self.layer_norm_weight, self.layer_norm_bias, self.kind, self.eps),
