@@ -1,0 +1,169 @@
+"""fp8lab.launch without any endpoint: validation, names, estimates, cost, redaction, CLI."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+pytest.importorskip("sagemaker.train")
+from fp8lab import launch as L  # noqa: E402
+
+ROLE, BUCKET = L.PLACEHOLDER_ROLE, L.PLACEHOLDER_BUCKET
+
+
+def spec(**kw):
+    base = dict(model="llama-1b", precision="fp8", role=ROLE, bucket=BUCKET, tokens=10**9)
+    base.update(kw)
+    return L.JobSpec(**base)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"model": "gpt-5"}, r"JobSpec.model='gpt-5'.*llama-1b"),
+    ({"instance_type": "ml.p9.48xlarge"}, r"instance_type.*ml.p5.48xlarge"),
+    ({"instance_type": "ml.p4d.24xlarge"}, r"FP8 tensor cores.*ml.p4d.24xlarge"),
+    ({"instance_count": 0}, r"instance_count=0.*>= 1"),
+    ({"role": ""}, r"JobSpec.role is missing"),
+    ({"role": "my-role"}, r"JobSpec.role='my-role'.*IAM role ARN"),
+    ({"bucket": ""}, r"JobSpec.bucket is missing"),
+    ({"bucket": "s3://b"}, r"JobSpec.bucket.*without s3://"),
+    ({"region": "mars-east-1"}, r"JobSpec.region='mars-east-1'.*us-east-1"),
+    ({"steps": 10}, r"exactly one of tokens= or steps="),
+    ({"precision": "fp4"}, r"precision='fp4'.*bf16, fp8"),
+    ({"recipe": "mxfp8"}, r"mxfp8.*Blackwell"),
+    ({"backend": "apex"}, r"backend='apex'.*te, torchao"),
+    ({"parallel": "zero3"}, r"parallel='zero3'.*ddp, fsdp"),
+    ({"lr": 3.0}, r"lr=3.0"),
+    ({"max_run_s": 10**9}, r"max_run_s.*28 days"),
+    ({"data_s3_uri": "/local/data"}, r"data_s3_uri.*s3://"),
+])
+def test_jobspec_rejects_bad_input_with_a_clear_error(kw, match):
+    with pytest.raises(ValueError, match=match):
+        spec(**kw)
+
+
+def test_bf16_is_fine_on_a100_and_mxfp8_on_blackwell():
+    assert spec(precision="bf16", instance_type="ml.p4d.24xlarge").world_size == 8
+    assert spec(recipe="mxfp8", instance_type="ml.p6-b200.48xlarge").info.blackwell
+
+
+def test_region_check_uses_the_sdk_instance_table(monkeypatch):
+    # The SDK's table lists the regions it knows for an instance type; a listed region
+    # without the type is rejected, a region the table does not know is allowed.
+    assert L._known_regions("ml.p5.48xlarge") and "us-east-1" in L._known_regions("ml.p5.48xlarge")
+    monkeypatch.setattr(L, "_instance_region_table", lambda: {"us-east-1": frozenset(), "us-west-2": frozenset(L.INSTANCES)})
+    with pytest.raises(ValueError, match=r"region='us-east-1'.*not offered there.*us-west-2"):
+        spec()
+    assert spec(region="eu-west-1").region == "eu-west-1"  # not in the (patched) table: not known, allowed
+
+
+def test_instance_table_names_are_valid_sagemaker_training_types():
+    import botocore.session
+
+    shape = botocore.session.get_session().get_service_model("sagemaker").shape_for("TrainingInstanceType")
+    assert set(L.INSTANCES) <= set(shape.enum)
+    assert set(L.DEFAULT_PRICES_USD_PER_HOUR) <= set(L.INSTANCES)
+
+
+def test_plan_names_are_deterministic_unique_and_valid():
+    args = (["llama-1b", "llama-7b", "gptneo-1.3b"], ["bf16", "fp8"], [1, 2, 4, 16])
+    a = L.plan_sweep(*args, role=ROLE, bucket=BUCKET, tokens=24 * 10**9)
+    b = L.plan_sweep(*args, role=ROLE, bucket=BUCKET, tokens=24 * 10**9)
+    assert a.names == b.names and len(set(a.names)) == len(a.names) == 24
+    for name in a.names:
+        # room for the SDK's "-YYYYmmddHHMMSS" within SageMaker's 63 characters
+        assert len(name) <= 48 and re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", name)
+    assert a.names[0] == L.job_name(a.jobs[0].spec) and a.names[0].startswith("fp8lab-llama-1b-bf16-1xp5-")
+    assert "fp8lab-gptneo-1-3b-fp8-16xp5-" in " ".join(a.names)
+    # the experiment defines the name; who pays and where it is stored do not
+    other = L.plan_sweep(*args, role="arn:aws:iam::444455556666:role/x", bucket="other-bucket", tokens=24 * 10**9)
+    assert other.names == a.names
+    assert L.plan_sweep(*args, role=ROLE, bucket=BUCKET, tokens=10**9).names != a.names
+
+
+def test_plan_bf16_and_fp8_differ_only_in_precision():
+    plan = L.plan_sweep(["llama-7b"], ["bf16", "fp8"], [2], role=ROLE, bucket=BUCKET, tokens=10**9)
+    bf16, fp8 = (j.spec for j in plan.jobs)
+    diff = {k for k, v in dataclasses.asdict(bf16).items() if dataclasses.asdict(fp8)[k] != v}
+    assert diff <= {"precision", "max_run_s"}  # the time limit follows each job's own estimate
+    hb, hf = L.hyperparameters(bf16), L.hyperparameters(fp8)
+    assert {k for k in hb if hb[k] != hf[k]} == {"precision"} and hb["backend"] == "te"
+
+
+def test_plan_costs_add_up_and_follow_the_price():
+    plan = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 4], role=ROLE, bucket=BUCKET,
+                        tokens=24 * 10**9)
+    assert plan.price_per_hour == 113.07 and "ml.p5.48xlarge" in plan.price_source and "2024" in plan.price_source
+    for j in plan.jobs:
+        assert j.cost_usd == pytest.approx(j.est_hours * j.spec.instance_count * 113.07)
+        assert j.gpu_hours == pytest.approx(j.est_hours * 8 * j.spec.instance_count)
+        assert j.spec.max_run_s >= 2 * j.est_hours * 3600
+    assert plan.total_cost_usd == pytest.approx(sum(j.cost_usd for j in plan.jobs))
+    by = {(j.spec.model, j.spec.precision, j.spec.instance_count): j for j in plan.jobs}
+    # more parameters -> more time; FP8 faster than BF16 by the assumed factor; more nodes -> shorter
+    assert by["llama-7b", "bf16", 1].est_hours > 4 * by["llama-1b", "bf16", 1].est_hours
+    start = plan.estimate.startup_s / 3600
+    assert (by["llama-1b", "bf16", 1].est_hours - start) == pytest.approx(1.15 * (by["llama-1b", "fp8", 1].est_hours - start))
+    assert by["llama-1b", "bf16", 4].est_hours < by["llama-1b", "bf16", 1].est_hours
+    cheaper = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 4], role=ROLE, bucket=BUCKET,
+                           tokens=24 * 10**9, price_per_hour=50.0)
+    assert cheaper.total_cost_usd == pytest.approx(plan.total_cost_usd * 50.0 / 113.07)
+    table = plan.table()
+    assert table.iloc[-1]["job"] == "TOTAL" and table.iloc[-1]["cost_usd"] == pytest.approx(plan.total_cost_usd, abs=0.01)
+    assert plan.summary()["n_jobs"] == 8
+    assert "113.07 USD per instance-hour" in L.format_cost_table(plan)
+
+
+def test_plan_rejects_bad_sweeps():
+    with pytest.raises(ValueError, match="duplicates"):
+        L.plan_sweep(["llama-1b", "llama-1b"], ["fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9)
+    with pytest.raises(ValueError, match="non-empty list"):
+        L.plan_sweep("llama-1b", ["fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9)
+    with pytest.raises(ValueError, match="unknown or reserved JobSpec field.*nodes"):
+        L.plan_sweep(["llama-1b"], ["fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9, nodes=2)
+    with pytest.raises(ValueError, match="no default price for ml.p5e.48xlarge"):
+        L.plan_sweep(["llama-1b"], ["fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9,
+                     instance_type="ml.p5e.48xlarge")
+    with pytest.raises(ValueError, match="instance_count=0"):
+        L.plan_sweep(["llama-1b"], ["fp8"], [0, 1], role=ROLE, bucket=BUCKET, tokens=10**9)
+    with pytest.raises(ValueError, match="assumed_mfu"):
+        L.Estimate(assumed_mfu=0)
+
+
+def test_steps_give_tokens_from_the_global_batch():
+    s = spec(tokens=None, steps=100, instance_count=2, micro_batch_size=4, grad_accum=2, seq_len=1024)
+    assert s.total_tokens == 100 * 4 * 2 * 1024 * 16
+
+
+def test_redact_masks_account_ids_and_keys_but_not_aws_image_registries():
+    image = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-gpu-py312"
+    text = f"arn:aws:iam::123456789012:role/r {image} AKIAABCDEFGHIJKLMNOP sagemaker-us-east-1-210987654321"
+    out = L.redact(text)
+    assert "123456789012" not in out and "210987654321" not in out and "AKIAABCDEFGHIJKLMNOP" not in out
+    assert image in out and out.count("<account-id>") == 2 and "<access-key-id>" in out
+
+
+def test_parse_metric_line():
+    line = ("2024-11-01 algo-1 fp8lab-metrics step=12 loss=3.456789 tokens_per_sec_per_gpu=12345.6 mfu=0.4123 "
+            "step_time_s=0.5123 lr=0.0003 grad_norm=1.234")
+    assert L.parse_metric_line(line) == {"step": 12, "loss": 3.456789, "tokens_per_sec_per_gpu": 12345.6,
+                                         "mfu": 0.4123, "step_time_s": 0.5123, "lr": 0.0003, "grad_norm": 1.234}
+    assert L.parse_metric_line("fp8lab-metrics step=12 val_loss=3.4567") == {"step": 12, "val_loss": 3.4567}
+    assert L.parse_metric_line("Starting training script") is None
+
+
+def test_cli_plan_and_errors(capsys):
+    assert L.main(["plan", "--models", "llama-1b", "--instance-counts", "1", "2", "--tokens", "1000000000"]) == 0
+    out = capsys.readouterr().out
+    assert "TOTAL" in out and out.count("fp8lab-llama-1b-") == 4
+    assert L.main(["plan", "--models", "nope"]) == 1
+    assert "JobSpec.model='nope'" in capsys.readouterr().err
+    assert L.main(["launch", "--models", "llama-1b", "--instance-counts", "1"]) == 1  # placeholders refused
+    assert "placeholders" in capsys.readouterr().err
+
+
+def test_wait_and_collect_reject_bad_job_lists():
+    with pytest.raises(ValueError, match="job names"):
+        L.wait([])
+    with pytest.raises(ValueError, match="job names"):
+        L.collect([None])
