@@ -24,6 +24,7 @@ weights; the HF model is left untouched. torchao has no fused form: it always sw
 """
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from contextlib import nullcontext
@@ -40,7 +41,8 @@ from fp8lab.recipe import Recipe
 __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
     "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
-    "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed",
+    "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed", "save_hf_checkpoint",
+    "after_optimizer_step",
 ]
 
 
@@ -148,23 +150,49 @@ def export_hf_state_dict(converted: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def export_hf_model(converted: nn.Module) -> nn.Module:
-    """A plain HF model (original class, on CPU) holding the converted model's weights; ready for
-    ``save_pretrained``."""
+    """A plain HF model (original class, on CPU, the converted model's dtype) holding its weights.
+
+    This materialises a full model on the CPU; for large models :func:`save_hf_checkpoint` writes
+    the same checkpoint without building one.
+    """
+    from fp8lab.models import _default_dtype
+
     cls, cfg = _hf_class_and_config(converted)
     sd = export_hf_state_dict(converted)
-    dtype = next(iter(sd.values())).dtype
-    with torch.device("meta"):
+    with _default_dtype(next(iter(sd.values())).dtype), torch.device("cpu"):
         hf = cls(cfg)
-    hf.load_state_dict({k: v.cpu() for k, v in sd.items()}, strict=True, assign=True)
-    if hasattr(hf, "tie_weights"):
-        hf.tie_weights()
-    # non-persistent buffers (RoPE inv_freq, GPT-Neo masks) are still on meta: rebuild them on CPU
-    fresh = cls(cfg).to(dtype)
-    for name, buf in list(hf.named_buffers()):
-        if buf.is_meta:
-            parent, _, leaf = name.rpartition(".")
-            getattr(hf.get_submodule(parent) if parent else hf, "_buffers")[leaf] = fresh.get_buffer(name)
+    hf.load_state_dict(sd, strict=True)
     return hf.eval()
+
+
+def save_hf_checkpoint(converted: nn.Module, directory) -> list[str]:
+    """Write a ``from_pretrained``-loadable checkpoint (config.json + model.safetensors) of the
+    converted model's weights, without instantiating the HF model. Returns the files written."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    cls, cfg = _hf_class_and_config(converted)
+    sd = export_hf_state_dict(converted)
+    cfg = copy.deepcopy(cfg)
+    cfg.architectures = [cls.__name__]
+    if getattr(cfg, "tie_word_embeddings", False):
+        sd.pop("lm_head.weight", None)  # tied: HF re-ties it to the input embedding on load
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(out)
+    save_file({k: v.contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return [str(out / "config.json"), str(out / "model.safetensors")]
+
+
+def after_optimizer_step(model: nn.Module) -> None:
+    """Call the backend's post-optimizer hook, if it has one (keeps training loops backend-agnostic)."""
+    info = getattr(model, "fp8lab_conversion", None)
+    if info is None:
+        return
+    hook = getattr(get_backend(info.backend), "after_optimizer_step", None)
+    if hook is not None:
+        hook(model)
 
 
 # --------------------------------------------------------------------------------------------
