@@ -118,6 +118,38 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
             + "\n".join(body) + "\n</body></html>\n")
 
 
+MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the README's results table)
+    "model": "model", "gpu_name": "GPU", "world_size": "GPUs", "baseline_variant": "BF16 baseline",
+    "fp8_variant": "FP8", "tps_baseline": "BF16 tokens/s/GPU", "tps_fp8": "FP8 tokens/s/GPU",
+    "speedup": "speedup", "mfu_baseline": "BF16 MFU", "mfu_fp8": "FP8 MFU", "val_loss_gap_pct": "val loss gap %",
+}
+
+
+def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -> str:
+    """The comparison table and the verdict as Markdown, for a README: every number from the run files."""
+    summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
+    comparison = analysis.compare_precisions(summary)
+    text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
+                            reference=analysis.load_reference())
+    lines = ["| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
+    for _, r in comparison.iterrows():
+        cells = []
+        for col in MARKDOWN_COLUMNS:
+            v = r[col]
+            if col == "speedup":
+                cells.append(f"**{v:.2f}x**")
+            elif col.startswith("mfu"):
+                cells.append("-" if pd.isna(v) else f"{100 * v:.1f}%")
+            elif col == "val_loss_gap_pct":
+                cells.append("-" if pd.isna(v) else f"{v:+.2f}")
+            else:
+                cells.append(_fmt(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    if not len(comparison):
+        lines.append("| " + " | ".join(["-"] * len(MARKDOWN_COLUMNS)) + " |")
+    return "\n".join(lines) + "\n\n" + text + "\n"
+
+
 def build_report(sources: object = None, out: str | Path = "report.html",
                  config: ReportConfig = ReportConfig()) -> Path:
     """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``."""
@@ -140,15 +172,19 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--smoothing", choices=analysis.SMOOTHING_METHODS, default=d.smoothing)
     p.add_argument("--smoothing-span", type=int, default=d.smoothing_span)
+    p.add_argument("--markdown", metavar="FILE", help="also write the comparison table and verdict as Markdown")
     args = p.parse_args(list(argv) if argv is not None else None)
     config = ReportConfig(args.tokens, args.price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
                           args.smoothing_span)
     try:
         out = build_report(args.runs or None, args.out, config)
+        if args.markdown:
+            Path(args.markdown).write_text(render_markdown(analysis.load_runs(args.runs or None), config),
+                                           encoding="utf-8")
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" and {args.markdown}" if args.markdown else ""))
     return 0
 
 

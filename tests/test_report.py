@@ -68,3 +68,15 @@ def test_report_bad_source_is_a_clear_error(tmp_path, capsys):
     assert analysis.report_main([str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 1
     assert "missing" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_markdown_table_for_the_readme(tmp_path):
+    runs = make_pair(tmp_path / "runs", 1000.0, 1250.0, val_every=10)
+    md = tmp_path / "results.md"
+    assert report.main([str(runs), "--out", str(tmp_path / "r.html"), "--markdown", str(md)]) == 0
+    lines = md.read_text().splitlines()
+    assert lines[0].startswith("| model | GPU | GPUs | BF16 baseline | FP8 |")
+    row = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert row[:5] == ["llama-1b", "NVIDIA H200", "1", "bf16 te", "fp8 te delayed"]
+    assert row[5:8] == ["1,000", "1,250", "**1.25x**"] and row[8:10] == ["10.0%", "12.5%"]
+    assert "not measured here" in md.read_text()
