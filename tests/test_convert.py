@@ -220,3 +220,19 @@ def test_gpu_without_fp8_is_named(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     msg = fp8_gpu_problem()
     assert "NVIDIA A100-SXM4-80GB" in msg and "8.0" in msg and "8.9" in msg
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["swap", "fused"])
+def test_fp8_under_torch_autocast_with_fp32_master_weights(fuse):
+    """The trainer's set-up: fp32 parameters, bf16 compute via torch.autocast, FP8 GEMMs inside."""
+    ref = build_model("gptneo-tiny")
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=fuse)
+    ids = _ids()
+    with torch.autocast("cpu", dtype=torch.bfloat16), autocast("emulated"):
+        out = conv(input_ids=ids, labels=ids)
+    out.loss.backward()
+    assert out.logits.dtype == torch.bfloat16
+    assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in conv.parameters())
+    with torch.no_grad():
+        ref_loss = ref(input_ids=ids, labels=ids).loss
+    assert abs(float(out.loss.detach()) - float(ref_loss)) < 0.05

@@ -127,3 +127,20 @@ def test_timing_helpers_run():
     rows = compare_speed("llama-tiny", batch_size=2, seq_len=128, warmup=1, iters=2)
     assert [r["variant"] for r in rows][0] == "HF bf16" and len(rows) == 5
     assert all(r["finite_loss"] for r in rows)
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["swap", "fused"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_te_with_fp32_master_weights_under_torch_autocast(name, fuse):
+    """The trainer's GPU set-up: fp32 parameters, torch.autocast(bf16), TE FP8 autocast inside."""
+    _need("te")
+    ref = build_model(name, device="cuda")
+    conv = convert_model(copy.deepcopy(ref), backend="te", fuse=fuse)
+    ids = _ids()
+    with torch.autocast("cuda", dtype=torch.bfloat16), autocast("te"):
+        out = conv(input_ids=ids, labels=ids)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in conv.parameters() if p.grad is not None)
+    with torch.no_grad():
+        ref_loss = ref(input_ids=ids, labels=ids).loss
+    assert abs(float(out.loss.detach()) - float(ref_loss)) < 0.1

@@ -208,8 +208,9 @@ def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tu
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, s, h, d] rotated: x*cos + rotate_half(x)*sin."""
+    """x [b, s, h, d] rotated: x*cos + rotate_half(x)*sin, in x's dtype (also under autocast)."""
     x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 

@@ -70,22 +70,30 @@ class TensorQuantizers:
 
 
 class _FP8Linear(torch.autograd.Function):
-    """y = Q(x) @ Q(w)^T + b; backward with Q(grad_y) (E5M2 under HYBRID) in both gradient GEMMs."""
+    """y = Q(x) @ Q(w)^T + b; backward with Q(grad_y) (E5M2 under HYBRID) in both gradient GEMMs.
+
+    Under ``torch.autocast`` the three GEMMs run in the autocast dtype (as the forward would), and
+    the gradients come back in the dtypes of x, w and b.
+    """
 
     @staticmethod
     def forward(ctx, x, w, b, q: TensorQuantizers):
+        dev = x.device.type
+        cd = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         xq, wq = q("x", x), q("w", w)
         ctx.save_for_backward(xq, wq)
-        ctx.q, ctx.has_bias = q, b is not None
-        return F.linear(xq, wq, b)
+        ctx.q, ctx.cd, ctx.dtypes = q, cd, (x.dtype, w.dtype, b.dtype if b is not None else None)
+        with torch.autocast(dev, enabled=False):
+            return F.linear(xq.to(cd), wq.to(cd), b.to(cd) if b is not None else None)
 
     @staticmethod
     def backward(ctx, gy):
         xq, wq = ctx.saved_tensors
-        gq = ctx.q("g", gy)
-        gx = gq @ wq
-        gw = gq.reshape(-1, gq.shape[-1]).t() @ xq.reshape(-1, xq.shape[-1])
-        gb = gy.reshape(-1, gy.shape[-1]).sum(0) if ctx.has_bias else None
+        cd, (xd, wd, bd) = ctx.cd, ctx.dtypes
+        gq = ctx.q("g", gy).to(cd)
+        gx = (gq @ wq.to(cd)).to(xd)
+        gw = (gq.reshape(-1, gq.shape[-1]).t() @ xq.to(cd).reshape(-1, xq.shape[-1])).to(wd)
+        gb = gy.reshape(-1, gy.shape[-1]).sum(0).to(bd) if bd is not None else None
         return gx, gw, gb, None
 
 
