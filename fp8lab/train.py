@@ -845,9 +845,6 @@ def _plot(output_dir: Path) -> None:
             warnings.simplefilter("ignore")
             fig = loss_figure(load_runs([output_dir]), smoothing_span=10)
             fig.savefig(output_dir / "loss.png", dpi=100)
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
     except Exception as exc:  # noqa: BLE001
         print(f"fp8lab: loss.png not written ({type(exc).__name__}: {exc})", file=sys.stderr)
 

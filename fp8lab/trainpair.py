@@ -1,0 +1,112 @@
+"""Train the same model in BF16 and in FP8 on the same tokens, then put them side by side.
+
+The experiment the project reproduces, in one call (notebook 03 is a thin page over it)::
+
+    pair = run_pair("llama-tiny", steps=60)                # CPU: FP8 emulated
+    pair = run_pair("llama-1b", steps=300, backends=["te"], seq_len=2048, micro_batch_size=8)  # H100/H200
+    pair.table                                             # tokens/s/GPU, MFU, losses, speedup
+    pair_figure(pair)                                      # loss curves | throughput, side by side
+
+Both runs share the seed, so they start from the same weights and read the same batches in the
+same order (``fp8lab.data.TokenLoader``); the BF16 baseline runs on the *same converted layers*
+with FP8 switched off (TE BF16 vs TE FP8, as the source blog compares). On a CPU the FP8 run is
+an emulation: its loss is meaningful, its speed is not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from fp8lab import data as fdata
+from fp8lab import metrics as fmetrics
+
+CPU_NOTE = ("CPU run: FP8 is emulated in PyTorch (fake quantisation), so only the loss comparison is "
+            "meaningful; tokens/s and MFU here say nothing about FP8 speed (that needs an H100/H200 with TE).")
+
+
+@dataclass
+class PairResult:
+    """Where the runs went and what they measured."""
+
+    runs: dict[str, Path]  # label ('bf16', 'fp8 te', ...) -> trainer output folder
+    summaries: dict[str, dict[str, Any]]  # label -> train() summary
+    table: Any  # pandas DataFrame: one row per run
+    device: str  # 'cpu' or the GPU name
+    note: str  # what the numbers mean on this device
+    losses: dict[str, list[float | None]] = field(default_factory=dict)  # label -> loss per step
+
+
+def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str] = ("auto",), recipe: str = "auto",
+             output_dir: str | Path = "runs", **options: Any) -> PairResult:
+    """One BF16 run and one FP8 run per backend, same seed and data; ``options`` go to TrainConfig."""
+    import pandas as pd
+
+    from fp8lab.convert import pick_backend
+    from fp8lab.models import get_config
+    from fp8lab.train import TrainConfig, train
+
+    if isinstance(backends, str) or not backends:
+        raise ValueError(f"backends must be a non-empty list such as ['auto'] or ['te', 'torchao'], got {backends!r}")
+    for forbidden in ("precision", "backend", "output_dir", "recipe", "steps", "model"):
+        if forbidden in options:
+            raise ValueError(f"run_pair sets {forbidden!r} itself; pass model/steps/backends/recipe/output_dir as arguments")
+    names = [pick_backend(b) for b in backends]
+    out = Path(output_dir)
+    vocab = get_config(model, **options.get("model_overrides", {})).vocab_size
+    if options.get("data") is None:  # tokenize the shipped corpus once for all runs
+        options["data"] = str(fdata.ensure_prepared(None, out / "data", vocab))
+    base = {"progress": "off", "print_metrics": False, "plot": False, "save_model": False, "resume": False, **options}
+    plan = [("bf16", "bf16", names[0])] + [(f"fp8 {n}", "fp8", n) for n in names]
+    runs, summaries, losses = {}, {}, {}
+    for label, precision, backend in plan:
+        run_dir = out / label.replace(" ", "-")
+        cfg = TrainConfig(model=model, steps=steps, precision=precision, backend=backend, recipe=recipe,
+                          output_dir=str(run_dir), **base)
+        summaries[label] = train(cfg)
+        runs[label] = run_dir
+        losses[label] = [r.get("loss") for r in fmetrics.read_metrics(run_dir / "metrics.jsonl")]
+    device = summaries["bf16"]["gpu_name"]
+    table = pd.DataFrame([_row(label, s) for label, s in summaries.items()]).set_index("run")
+    base_tps = table.loc["bf16", "tokens_per_sec_per_gpu"]
+    table["speedup_vs_bf16"] = table["tokens_per_sec_per_gpu"] / base_tps
+    base_loss = table.loc["bf16", "final_val_loss"]
+    table["val_loss_gap_pct"] = 100 * (table["final_val_loss"] - base_loss) / base_loss
+    note = CPU_NOTE if device == "cpu" else (
+        f"{device}: tokens/s/GPU is the median after warm-up; MFU divides by the GPU's dense BF16 peak "
+        "for both precisions (so FP8 is not flattered by a higher FP8 peak).")
+    return PairResult(runs, summaries, table, device, note, losses)
+
+
+def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
+    return {"run": label, "precision": s["precision"], "backend": s["backend"], "recipe": s["recipe"] or "-",
+            "steps": s["steps"], "tokens": s["tokens"], "tokens_per_sec_per_gpu": s["tokens_per_sec_per_gpu_median"],
+            "mfu": s["mfu_median"], "first_loss": s["first_loss"], "final_loss": s["final_loss"],
+            "final_val_loss": s["val_loss"], "nonfinite_steps": s["nonfinite_steps"]}
+
+
+def pair_figure(pair: PairResult, smoothing_span: int = 10):
+    """Loss against step (raw faint, smoothed solid) beside tokens/s/GPU bars, one colour per run."""
+    from matplotlib.figure import Figure
+
+    from fp8lab.analysis import smooth
+
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    ax_loss, ax_tps = fig.subplots(1, 2, width_ratios=[3, 2])
+    colors = {label: f"C{i}" for i, label in enumerate(pair.runs)}
+    for label, losses in pair.losses.items():
+        steps = [i + 1 for i, v in enumerate(losses) if v is not None]
+        vals = [v for v in losses if v is not None]
+        ax_loss.plot(steps, vals, color=colors[label], alpha=0.3, lw=0.8)
+        ax_loss.plot(steps, smooth(vals, "ema", smoothing_span), color=colors[label], lw=1.8, label=label)
+    ax_loss.set(xlabel="step", ylabel="training loss", title="Loss (same weights at step 0, same batches)")
+    ax_loss.legend()
+    t = pair.table
+    bars = ax_tps.bar(range(len(t)), t["tokens_per_sec_per_gpu"].fillna(0), color=[colors[r] for r in t.index])
+    for bar, (label, row) in zip(bars, t.iterrows()):
+        ax_tps.annotate(f"{row['speedup_vs_bf16']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=9)
+    ax_tps.set_xticks(range(len(t)), list(t.index))
+    ax_tps.set(ylabel="tokens/s/GPU (median after warm-up)",
+               title="Throughput" + (" (CPU emulation: not a speed claim)" if pair.device == "cpu" else f" on {pair.device}"))
+    return fig
