@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from throughput import REPO, VARIANTS, run_variant  # noqa: E402
+from throughput import REPO, VARIANTS, prepare_once, run_variant  # noqa: E402
 
 LOSS_VARIANTS: dict[str, list[str]] = {
     "hf-bf16": VARIANTS["hf-bf16"],
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else REPO / "data" / "results" / args.study
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    args.cpu_smoke = args.model.endswith("-tiny")
+    prepare_once(args, work)
     finals = {}
     for v in variants:
         res = run_variant(args.model, v, LOSS_VARIANTS[v], extra, args, work)

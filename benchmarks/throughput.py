@@ -93,7 +93,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     out_dir = work / run_id
     # fixed options first: argparse keeps the last value, so ``flags``/``extra`` may override them
     cmd = [sys.executable, "-m", "fp8lab.train", "--model", model,
-           "--steps", str(args.steps), "--warmup-steps", "5", "--output-dir", str(out_dir),
+           "--steps", str(args.steps), "--warmup-steps", str(min(5, args.steps - 1)), "--output-dir", str(out_dir),
            "--checkpoint-every", "-1", "--save-model", "False", "--plot", "False", "--progress", "off",
            "--val-every", "0", "--val-batches", "1", "--resume", "False", "--seed", str(args.seed), *flags, *extra]
     if args.data:
@@ -145,6 +145,16 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     return {"run_id": run_id, "run": run, "steps": steps, "summary": summary, "seconds": time.time() - t0}
 
 
+def prepare_once(args, work: Path) -> None:
+    """Tokenize the shipped corpus once for every variant (same tokens, same order, no repeated work)."""
+    if args.data is None:
+        from fp8lab.data import prepare_data
+
+        target = work / "data-32k"
+        prepare_data(None, target, None, vocab_size=512 if args.cpu_smoke else 32000)
+        args.data = str(target)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="llama-1b", help="comma list of fp8lab.models names")
@@ -177,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else REPO / "data" / "results" / args.study
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    prepare_once(args, work)
     rows = []
     for model in [m.strip() for m in args.models.split(",")]:
         extra = shlex.split(args.common_args) + per_model.get(model, [])
