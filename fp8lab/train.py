@@ -449,7 +449,8 @@ def apply_activation_checkpointing(model, backend: str | None, fp8_context: Call
         if backend == "te":
             import transformer_engine.pytorch as te
 
-            block.forward = functools.partial(te.checkpoint, fwd)
+            # non-reentrant: blocks take non-tensor arguments (RoPE tables as a tuple, HF kwargs)
+            block.forward = functools.partial(te.checkpoint, fwd, use_reentrant=False)
         else:
             block.forward = functools.partial(
                 tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))

@@ -270,3 +270,19 @@ def test_metrics_log_truncates_past_the_checkpoint_and_torn_lines(tmp_path):
     assert [(r["step"], r["loss"]) for r in fmetrics.read_metrics(p)] == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0), (5, 1.0), (6, 2.0)]
     fmetrics.MetricsLog(p, resume_step=None).close()
     assert p.read_text() == ""
+
+
+@pytest.mark.parametrize("precision,backend", [("bf16", "auto"), ("fp8", "emulated")])
+def test_activation_checkpointing_recomputes_the_same_math(prepared, tmp_path, precision, backend):
+    base = dict(**TINY, precision=precision, backend=backend, recipe="current", steps=3, data=str(prepared),
+                save_model=False, checkpoint_every=-1)
+    train(TrainConfig(**base, output_dir=str(tmp_path / "plain")))
+    train(TrainConfig(**base, activation_checkpointing=True, output_dir=str(tmp_path / "ac")))
+    assert losses(tmp_path / "ac") == pytest.approx(losses(tmp_path / "plain"), rel=1e-6)
+    assert not (tmp_path / "ac" / "checkpoints").exists()  # --checkpoint-every -1: none at all
+
+
+def test_tokens_budget_sets_the_number_of_steps(prepared, tmp_path):
+    s = train(TrainConfig(**TINY, tokens=200, grad_accum=2, data=str(prepared), output_dir=str(tmp_path / "t"),
+                          save_model=False, checkpoint_every=-1))
+    assert s["total_steps"] == 2 and s["tokens"] == 2 * 2 * 2 * 32  # ceil(200 / 128) steps of 128 tokens
