@@ -48,23 +48,20 @@ def test_user_run_folders_are_analysed(tmp_path):
         assert (workdir / f"{name}.png").exists() and (workdir / f"{name}.svg").exists()
 
 
-def test_runs_of_the_real_trainer_are_analysed(tmp_path):
-    """Notebook 03's path: fp8lab.train output folders (tiny Llama on CPU, FP8 emulated, same data order)."""
-    train = pytest.importorskip("fp8lab.train")
-    common = dict(model="llama-tiny", steps=8, micro_batch_size=2, seq_len=64, val_batches=1, backend="emulated",
-                  compute_dtype="fp32", device="cpu", progress="off", print_metrics=False, save_model=False,
-                  plot=False, checkpoint_every=-1)
-    train.train(train.TrainConfig(precision="bf16", output_dir=str(tmp_path / "runs" / "bf16"), **common))
-    # the FP8 run reuses the tokens the BF16 run prepared: same data, same order, no second tokenisation
-    train.train(train.TrainConfig(precision="fp8", output_dir=str(tmp_path / "runs" / "fp8"),
-                                  data=str(tmp_path / "runs" / "bf16" / "data"), **common))
+def test_runs_of_notebook_03_are_analysed(tmp_path):
+    """Notebook 03's output: a BF16 and an FP8 trainer folder from fp8lab.trainpair.run_pair (the real
+    trainer; tiny Llama on CPU, FP8 emulated, same weights and batches), read by notebook 05."""
+    from fp8lab import trainpair
+
+    trainpair.run_pair("llama-tiny", 8, ["emulated"], output_dir=tmp_path / "runs", seq_len=64,
+                       micro_batch_size=2, val_batches=1, compute_dtype="fp32", device="cpu", checkpoint_every=-1)
     res = run(["05"], {"runs": [str(tmp_path / "runs")], "warmup_steps": 2}, output_dir=tmp_path / "out",
               progress=False)
     vals = read_glued(res[0].output)
-    assert vals["n_runs"] == 2 and vals["run_ids"] == ["bf16", "fp8"] and vals["n_step_records"] == 16
+    assert vals["n_runs"] == 2 and vals["run_ids"] == ["bf16", "fp8-emulated"] and vals["n_step_records"] == 16
     loaded = analysis.summarize_runs(analysis.load_runs(tmp_path / "runs"), warmup_steps=2).set_index("run_id")
-    assert loaded.loc["fp8", "tokens"] == loaded.loc["bf16", "tokens"] == 8 * 2 * 64  # steps x micro-batch x seq
-    assert set(vals["speedups"]) == {"fp8"} and vals["loss_gaps_pct"]["fp8"] is not None
+    assert loaded.loc["fp8-emulated", "tokens"] == loaded.loc["bf16", "tokens"] == 8 * 2 * 64  # steps x batch x seq
+    assert set(vals["speedups"]) == {"fp8-emulated"} and vals["loss_gaps_pct"]["fp8-emulated"] is not None
     # emulated FP8 on a CPU: the loss comparison stands, the speed is not claimed
     assert "not a measurement of FP8 speed" in vals["verdict"] and "validation loss" in vals["verdict"]
 
