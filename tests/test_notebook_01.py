@@ -1,0 +1,120 @@
+"""Notebook 01 executed for real (papermill), with its defaults and with E5M2 + margin 1.
+
+Both runs share one module-scoped fixture each, so every assertion reads the same executed copy.
+"""
+from __future__ import annotations
+
+import math
+
+import nbformat
+import pytest
+import torch
+
+from fp8lab import formats_viz as V
+from fp8lab.notebooks import NOTEBOOK_DIR, read_glued, run
+
+# same model, tokens and seed; only the format and the margin change
+OTHER = {"fmt": "E5M2", "margin": 1}
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    res = run(["01"], {}, output_dir=tmp_path_factory.mktemp("nb01_default"), progress=False)
+    return res[0].output, read_glued(res[0].output)
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory):
+    res = run(["01"], OTHER, output_dir=tmp_path_factory.mktemp("nb01_e5m2"), progress=False)
+    return res[0].output, read_glued(res[0].output)
+
+
+def _png_count(path) -> int:
+    nb = nbformat.read(str(path), as_version=4)
+    return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_default_run_values(default_run):
+    path, g = default_run
+    assert g["e4m3_max"] == 448.0 and g["e5m2_max"] == 57344.0
+    assert g["n_values_e4m3"] == 253 and g["n_values_e5m2"] == 247
+    # real gradients of a random-init Llama mostly vanish in E4M3 without a scale; current scaling saves them
+    assert g["grad_underflow_unscaled"] > 0.5
+    assert g["grad_underflow_current"] < 0.01
+    assert g["grad_snr_current_db"] > 25 > g["grad_snr_unscaled_db"]
+    # outlier tensor: block/MX scaling protect the bulk that per-tensor scaling pushes into subnormals
+    bulk, under = g["recipe_bulk_mean_rel_error"], g["recipe_underflow"]
+    assert bulk["block 1x128"] < bulk["current per-tensor"] and bulk["MXFP8 (1x32, E8M0)"] < bulk["current per-tensor"]
+    assert under["MXFP8 (1x32, E8M0)"] < under["block 1x128"] < under["current per-tensor"]
+    # the stale delayed history clips the grown outliers; current scaling never clips
+    clipped = g["recipe_clipped"]
+    assert clipped["delayed (stale history)"] > 0 and clipped["current per-tensor"] == 0
+    assert g["recipe_snr_db"]["delayed (stale history)"] < g["recipe_snr_db"]["current per-tensor"] - 10
+    # the spike step is clipped by both delayed algorithms, never by current scaling
+    assert g["spike_clipped"]["max"] > 0.5 and g["spike_clipped"]["most_recent"] > 0.5
+    assert g["spike_clipped"]["current"] == 0
+    ex = g["explorer"]
+    assert (ex["fmt"], ex["margin"], ex["history_len"]) == ("E4M3", 0, 16)
+    assert ex["scale_after_spike"] < ex["scale_before_spike"] / 1000  # the spike's amax now rules the scale
+    assert ex["snr_after_spike_db"] < ex["snr_before_spike_db"] - 2
+    assert ex["steps_to_recover"] == 16 + 1  # the spike leaves a 16-step history one step after it
+    assert _png_count(path) >= 7  # bits, value grid, rel. error, histograms, recipes, spike, explorer
+
+
+def test_other_run_differs_as_expected(default_run, other_run):
+    path, o = other_run
+    _, d = default_run
+    assert o["explorer"]["fmt"] == "E5M2" and o["explorer"]["margin"] == 1
+    # E5M2's range keeps more unscaled gradients; its 2-bit mantissa costs ~6 dB of SNR
+    assert o["grad_underflow_unscaled"] < d["grad_underflow_unscaled"]
+    assert o["grad_snr_current_db"] < d["grad_snr_current_db"] - 3
+    # same tensors, other format and margin: scales differ by exactly 57344 / 448 / 2**1 = 64
+    ratio = o["explorer"]["scale_before_spike"] / d["explorer"]["scale_before_spike"]
+    assert ratio == pytest.approx(64, rel=1e-6)
+    # E5M2's range absorbs the post-spike scale that costs E4M3 its small values
+    assert o["explorer"]["underflow_after_spike"] < d["explorer"]["underflow_after_spike"]
+    assert o["explorer"]["steps_to_recover"] < d["explorer"]["steps_to_recover"]
+    assert o["spike_clipped"]["max"] > 0.5
+    # the format-independent numbers are the same in both runs
+    assert (o["e4m3_max"], o["n_values_e5m2"]) == (d["e4m3_max"], d["n_values_e5m2"])
+    assert _png_count(path) >= 7  # bits, value grid, rel. error, histograms, recipes, spike, explorer
+
+
+def test_explorer_scale_follows_format_and_margin():
+    """Same tensor, E5M2 with margin 1 vs E4M3 with margin 0: scales differ by 57344 / 448 / 2 = 64."""
+    g = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 1e-4
+    _, a = V.explorer_figure(g, "E4M3", 0, 8, spike_factor=1e4, steps=24, spike_step=8)
+    _, b = V.explorer_figure(g, "E5M2", 1, 8, spike_factor=1e4, steps=24, spike_step=8)
+    assert b["scale_before_spike"] / a["scale_before_spike"] == pytest.approx(64, rel=1e-6)
+    assert a["steps_to_recover"] == 9 and b["steps_to_recover"] == 1  # E5M2 barely notices the small scale
+
+
+def test_capture_tensors_on_a_real_llama():
+    model = V.tiny_llama(64, 1, 32, seed=0)
+    ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    cap = V.capture_tensors(model, ids)
+    names = set(cap.weights)
+    assert len(names) == 7  # q, k, v, o, gate, up, down of the one layer (lm_head excluded)
+    assert names == set(cap.activations) == set(cap.gradients)
+    for n in names:
+        w, a, gr = cap.weights[n], cap.activations[n], cap.gradients[n]
+        assert a.shape[-1] == w.shape[1] and gr.shape[-1] == w.shape[0]
+        assert torch.isfinite(gr).all() and gr.abs().sum() > 0
+    assert math.isfinite(cap.loss) and not any(h for h in model._forward_hooks.values())
+    with pytest.raises(ValueError, match="model_hidden must be a multiple of 64"):
+        V.tiny_llama(100)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        cap.flat("biases")
+
+
+def test_bad_parameter_is_rejected_before_running(tmp_path):
+    with pytest.raises(ValueError, match="valid parameters are"):
+        run(["01"], {"format": "E4M3"}, output_dir=tmp_path, progress=False)
+
+
+def test_committed_notebook_is_thin_and_clean():
+    nb = nbformat.read(str(NOTEBOOK_DIR / "01_fp8_formats.ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1
+    assert not any("def " in c.source for c in code)
