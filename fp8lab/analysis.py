@@ -559,7 +559,11 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
                 "val_loss_baseline": base["val_loss"], "val_loss_fp8": r["val_loss"], "val_loss_gap_pct": vgap,
                 "note": "; ".join(note),
             })
-    return pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=cols)
+    if len(out):  # smallest model first, then scale, then fastest FP8 variant
+        order = out.assign(_size=out["model"].map(model_size_b).fillna(np.inf), _neg=-out["speedup"])
+        out = out.loc[order.sort_values(["_size", "model", "world_size", "instances", "_neg"]).index]
+    return out.reset_index(drop=True)
 
 
 def _check_cost_args(tokens: float, price: float, gpus_per_instance: int) -> None:

@@ -354,6 +354,15 @@ def test_baseline_is_fastest_bf16_or_the_named_backend(tmp_path):
     assert hf["baseline_run"] == "hf-bf16" and hf["speedup"] == pytest.approx(1.75)
 
 
+def test_comparison_rows_are_ordered_by_model_size_then_speedup(tmp_path):
+    for model, f8 in (("llama-7b", (300.0, 320.0)), ("llama-1b", (1200.0, 1300.0))):
+        make_trainer_run(tmp_path, f"{model}-bf16", "bf16", 1000.0 if model == "llama-1b" else 250.0, model=model)
+        make_trainer_run(tmp_path, f"{model}-fp8-a", "fp8", f8[0], model=model, recipe="block")
+        make_trainer_run(tmp_path, f"{model}-fp8-b", "fp8", f8[1], model=model, recipe="current")
+    c = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(tmp_path)))
+    assert c["fp8_run"].tolist() == ["llama-1b-fp8-b", "llama-1b-fp8-a", "llama-7b-fp8-b", "llama-7b-fp8-a"]
+
+
 def test_runs_pair_only_within_model_and_scale(tmp_path):
     make_trainer_run(tmp_path, "bf16-1b", "bf16", 1000.0, model="llama-1b")
     make_trainer_run(tmp_path, "fp8-7b", "fp8", 300.0, model="llama-7b")
