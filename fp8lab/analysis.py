@@ -472,6 +472,10 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
                 row["tps_p75"] = summ.get("tokens_per_sec_per_gpu_p75", np.nan)
                 row["steady_steps"] = summ.get("timed_steps", np.nan)
                 throughput_from = "benchmark summary record"
+                if pd.isna(row["tps_p25"]) and pd.notna(summ.get("tokens_per_sec_per_gpu_min", np.nan)):
+                    row["tps_p25"] = summ["tokens_per_sec_per_gpu_min"]  # no quartiles: min-max of repeats
+                    row["tps_p75"] = summ.get("tokens_per_sec_per_gpu_max", np.nan)
+                    throughput_from += " (spread: min-max of repeats)"
             for key, src in (("mfu", "mfu"), ("max_mem_gib", "max_mem_gib"), ("step_time_s", "step_time_s"),
                              ("tokens", "tokens"), ("val_loss", "val_loss")):
                 if pd.notna(summ.get(src, np.nan)):

@@ -113,6 +113,15 @@ def test_result_file_with_steps_and_summary_and_summary_only(tmp_path):
     assert s.loc["a", "tokens_per_sec_per_gpu"] == 900.0
 
 
+def test_summary_with_min_max_of_repeats_only(tmp_path):
+    analysis.write_result_file(tmp_path / "r.jsonl", run_meta("llama-7b", "fp8"),
+                               summary={"tokens_per_sec_per_gpu": 500.0, "tokens_per_sec_per_gpu_min": 490.0,
+                                        "tokens_per_sec_per_gpu_max": 520.0, "repeats": 3})
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path)).iloc[0]
+    assert s["tps_iqr"] == 30.0 and s["tps_spread_pct"] == pytest.approx(6.0)
+    assert s["throughput_from"] == "benchmark summary record (spread: min-max of repeats)"
+
+
 def test_truncated_last_line_is_read_up_to_last_complete_line_with_warning(tmp_path):
     d = make_trainer_run(tmp_path, "live", "bf16", 1000.0, n=8)
     with open(d / "metrics.jsonl", "a") as f:
