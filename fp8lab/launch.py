@@ -392,10 +392,15 @@ class SweepPlan:
         }
 
 
+def _max_run(seconds: float) -> int:
+    """Time limit from an estimate: twice the estimate plus an hour, within SageMaker's 28 days."""
+    return int(min(MAX_RUNTIME_CAP_S, math.ceil(2 * seconds + 3600)))
+
+
 def _plan_job(spec: JobSpec, price: float, est: Estimate) -> PlannedJob:
     seconds = est.seconds(spec)
     if spec.max_run_s is None:
-        spec = dataclasses.replace(spec, max_run_s=int(min(MAX_RUNTIME_CAP_S, math.ceil(2 * seconds + 3600))))
+        spec = dataclasses.replace(spec, max_run_s=_max_run(seconds))
     hours = seconds / 3600
     return PlannedJob(spec, job_name(spec), hours, hours * spec.world_size, hours * spec.instance_count * price)
 
@@ -432,6 +437,14 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
              for m, p, n in itertools.product(models, precisions, instance_counts)]
     price, source = _price_for((s.instance_type for s in specs), price_per_hour)
     est = estimate or Estimate()
+    if "max_run_s" not in common:
+        # One time limit per (model, instance count), the longer of its BF16 and FP8 estimates,
+        # so the paired jobs differ in nothing but precision.
+        longest: dict[tuple, float] = {}
+        for s in specs:
+            key = (s.model, s.instance_count)
+            longest[key] = max(longest.get(key, 0.0), est.seconds(s))
+        specs = [dataclasses.replace(s, max_run_s=_max_run(longest[s.model, s.instance_count])) for s in specs]
     jobs = tuple(_plan_job(s, price, est) for s in specs)
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):  # cannot happen with distinct inputs; guard the invariant
@@ -758,21 +771,41 @@ def find_existing(name: str, client, **backoff: Any) -> list[dict[str, Any]]:
     return sorted(found, key=lambda j: j["TrainingJobName"], reverse=True)
 
 
+def _flatten(obj: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return {k: v for key, val in obj.items() for k, v in _flatten(val, f"{path}.{key}" if path else key).items()}
+    if isinstance(obj, list):
+        return {k: v for i, val in enumerate(obj) for k, v in _flatten(val, f"{path}[{i}]").items()}
+    return {path: obj}
+
+
+def request_diff(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Fields of ``other`` that differ from ``reference`` (flattened paths), ignoring the job's own name and S3 keys."""
+    a, b = _flatten(reference), _flatten(other)
+    skip = re.compile(r"TrainingJobName|InputDataConfig\[\d+\]\.DataSource\.S3DataSource\.S3Uri")
+    return {k: b.get(k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not skip.fullmatch(k)}
+
+
 def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool = True, *,
-           skip_existing: bool = True, relaunch_failed: bool = True, session=None,
+           skip_existing: bool = True, relaunch_failed: bool = True, session=None, show_requests: int | None = None,
            out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """Submit the plan's jobs (or, with ``dry_run``, print their requests and cost and call nothing).
 
     Re-running is safe: a job whose plan name already has a SageMaker job that is running or
     completed is skipped and its existing name returned (``relaunch_failed`` starts failed or
-    stopped ones again). Returns the SageMaker job names, in plan order.
+    stopped ones again). Returns the SageMaker job names, in plan order. ``show_requests``
+    limits the dry run's full printouts (the others are shown as their differences to the first).
     """
     plan = _as_plan(spec_or_plan)
     if dry_run:
         requests = build_requests(plan)
-        for job, req in zip(plan.jobs, requests):
-            out(f"--- CreateTrainingJob request for {job.name} (dry run: not sent) ---")
-            out(redact(json.dumps(req, indent=2, sort_keys=True)))
+        for i, (job, req) in enumerate(zip(plan.jobs, requests)):
+            if show_requests is None or i < show_requests:
+                out(f"--- CreateTrainingJob request for {job.name} (dry run: not sent) ---")
+                out(redact(json.dumps(req, indent=2, sort_keys=True)))
+            else:
+                diff = request_diff(requests[0], req)
+                out(f"--- {job.name}: as the first request except " + redact(json.dumps(diff, sort_keys=True)))
         out(format_cost_table(plan))
         out("dry run: nothing was uploaded or submitted. Launch with launch(plan, dry_run=False) "
             "(or `fp8lab launch launch ...`) with a real role ARN and bucket and AWS credentials.")
