@@ -644,6 +644,8 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     source's reported figures, labelled as such. Missing pieces are said, not guessed.
     """
     _check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
+    if not (isinstance(loss_tolerance_pct, (int, float)) and loss_tolerance_pct >= 0):
+        raise ValueError(f"loss_tolerance_pct={loss_tolerance_pct!r}; allowed: a number >= 0 (percent)")
     parts = []
     comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
     if not len(comp):

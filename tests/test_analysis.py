@@ -428,6 +428,10 @@ def test_verdict_is_written_from_the_numbers(tmp_path):
     assert "reported (not measured here) 1.13x" in text and "1.18x" in text
     assert "(the source reported 1.13x at 1B)" in text  # llama-1b is set beside the source's 1B figure
     assert "pays off" in analysis.verdict(c, loss_tolerance_pct=5.0)
+    with pytest.raises(ValueError, match="loss_tolerance_pct"):
+        analysis.verdict(c, loss_tolerance_pct=-1)
+    with pytest.raises(ValueError, match="price_per_instance_hour"):
+        analysis.verdict(c, price_per_instance_hour=-5.0)
 
 
 def test_emulated_fp8_on_cpu_is_not_a_speed_claim(tmp_path):
