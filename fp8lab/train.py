@@ -44,6 +44,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from contextlib import nullcontext
@@ -291,14 +292,33 @@ for _f in dataclasses.fields(TrainConfig):
         _CONVERT[_f.name] = lambda n, s: str(s)
 
 
+class OptionError(ValueError):
+    """A run that cannot start as configured (bad option, unusable backend, data/model mismatch)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one clear line instead of usage + exit inside a library call
         raise ValueError(message)
 
 
+def _field_help() -> dict[str, str]:
+    """Each TrainConfig field's trailing comment, so --help and the dataclass never disagree."""
+    import inspect
+    import re
+
+    out = {}
+    for line in inspect.getsource(TrainConfig).splitlines():
+        m = re.match(r"\s+(\w+): [^=]+= (.+?)  # (.+)$", line)
+        if m:
+            out[m.group(1)] = f"{m.group(3)} (default: {m.group(2)})".replace("%", "%%")  # argparse formats %
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fp8lab train", description=__doc__.splitlines()[0],
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    p = _Parser(prog="fp8lab train", description=__doc__.splitlines()[0], allow_abbrev=False,
+                epilog="Booleans accept True/False (SageMaker passes hyperparameters as strings); "
+                       "every option also has an underscore spelling (--micro_batch_size).")
+    helps = _field_help()
     for f in dataclasses.fields(TrainConfig):
         if f.name == "model_overrides":
             p.add_argument("--model-override", "--model_override", "--model-overrides", "--model_overrides",
@@ -306,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)")
             continue
         names = [_opt(f.name)] + ([f"--{f.name}"] if "_" in f.name else [])
-        kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.name.upper()}
+        kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.name.upper(),
+                              "help": helps.get(f.name, f"default: {f.default!r}")}
         if isinstance(f.default, bool):
             kw.update(nargs="?", const="True")  # `--compile` alone, or `--compile False` (SageMaker)
         p.add_argument(*names, **kw)
@@ -377,7 +398,10 @@ def resolve_paths(c: TrainConfig) -> RunPaths:
         md = Path(os.environ["SM_MODEL_DIR"])
     else:
         md = out / "model"
-    return RunPaths(out, ck, md, out / "data")
+    # text tokenized on the fly goes next to the run, except on SageMaker where the output folder is
+    # uploaded as the job's output: there it stays on the instance's scratch disk
+    cache = Path(tempfile.gettempdir()) / "fp8lab-tokens" if sm else out / "data"
+    return RunPaths(out, ck, md, cache)
 
 
 def data_source(c: TrainConfig) -> str | None:
@@ -561,7 +585,10 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None) -
     from fp8lab import distributed as fdist
 
     c = config or TrainConfig()
-    env = fdist.setup(c.device)
+    try:
+        env = fdist.setup(c.device)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from exc
     try:
         return _run(c, env, argv)
     finally:
@@ -569,6 +596,17 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None) -
 
 
 def _run(c: TrainConfig, env, argv: list[str] | None) -> dict[str, Any]:
+    """Set up (a ValueError there is an OptionError: the run cannot start as configured), then train."""
+    phase = {"setup": True}
+    try:
+        return _run_phases(c, env, argv, phase)
+    except ValueError as exc:
+        if phase["setup"] and not isinstance(exc, OptionError):
+            raise OptionError(str(exc)) from exc
+        raise
+
+
+def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bool]) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     from tqdm.auto import tqdm
@@ -703,6 +741,7 @@ def _run(c: TrainConfig, env, argv: list[str] | None) -> dict[str, Any]:
                          "loader": loader.state_dict(), "fingerprint": _fingerprint(c, world), "config": c.as_dict()}
         fckpt.save(paths.checkpoint_dir, step, model, optimizer, trainer_state, env, keep=c.keep_checkpoints)
 
+    phase["setup"] = False  # from here on an error is a training failure, with its traceback
     stop = _StopFlag()
     stop.install()
     bar = tqdm(total=total_steps, initial=state["step"], unit="step", dynamic_ncols=True,
@@ -865,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_OPTIONS
     try:
         summary = train(config, argv=argv)
-    except ValueError as exc:  # environment checks (backend, data, resume) before compute
+    except OptionError as exc:  # environment checks (device, backend, data, resume) before training
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
     return EXIT_OVERFLOW if summary["status"] == "stopped_nonfinite" else 0

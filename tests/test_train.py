@@ -286,3 +286,11 @@ def test_tokens_budget_sets_the_number_of_steps(prepared, tmp_path):
     s = train(TrainConfig(**TINY, tokens=200, grad_accum=2, data=str(prepared), output_dir=str(tmp_path / "t"),
                           save_model=False, checkpoint_every=-1))
     assert s["total_steps"] == 2 and s["tokens"] == 2 * 2 * 2 * 32  # ceil(200 / 128) steps of 128 tokens
+
+
+def test_help_lists_every_option_with_its_default(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for f in ftrain.dataclasses.fields(TrainConfig):
+        assert (ftrain._opt(f.name) if f.name != "model_overrides" else "--model-override") in text
+    assert "sequences per GPU per forward/backward (default: 4)" in " ".join(text.split())
