@@ -327,6 +327,9 @@ def quantize(x: torch.Tensor, fmt: FP8Format | str, scale: float | torch.Tensor 
     ``scale`` is a number or a tensor broadcastable to x. NaN stays NaN; +-inf become +-max/scale.
     ``method='arith'`` computes the rounding without torch's float8 dtypes (needed for formats that
     have no torch dtype). Runs under no_grad: use it inside a custom autograd Function.
+    Note: as in the reference expression, ``x * scale`` is formed in x's dtype (with a scalar or
+    0-d scale); TE's kernels form it in float32, so for bf16/fp16 inputs a value lying within a
+    bf16 rounding of an FP8 midpoint can land one FP8 step apart. Pass float32 x to avoid that.
     """
     fmt = get_format(fmt)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
