@@ -382,6 +382,8 @@ def simulate_spike(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float =
         raise ValueError(f"steps must be an int >= 2, got {steps!r}")
     if not isinstance(spike_step, int) or not 0 <= spike_step < steps:
         raise ValueError(f"spike_step must be an int in 0..{steps - 1}, got {spike_step!r}")
+    if isinstance(spike_factor, bool) or not isinstance(spike_factor, (int, float)) or not 0 < spike_factor < math.inf:
+        raise ValueError(f"spike_factor must be a finite number > 0, got {spike_factor!r}")
     g = torch.Generator().manual_seed(seed)
     drift = 1 + 0.1 * (2 * torch.rand(steps, generator=g) - 1)
     x = x.detach().float()

@@ -107,6 +107,19 @@ def test_capture_tensors_on_a_real_llama():
         cap.flat("biases")
 
 
+@pytest.mark.parametrize("call, match", [
+    (lambda x: V.add_outlier_channels(x, n_channels=999), "n_channels must be an int in 0..32"),
+    (lambda x: V.simulate_spike(x, steps=10, spike_step=10), "spike_step must be an int in 0..9"),
+    (lambda x: V.simulate_spike(x, spike_factor=0), "spike_factor must be a finite number > 0"),
+    (lambda x: V.simulate_spike(x, history_len=0), "amax_history_len"),
+    (lambda x: V.scaling_comparison(x, "E3M3"), "fmt must be"),
+    (lambda x: V.scaling_comparison(x, stale_factor=0), "stale_factor"),
+])
+def test_viz_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(torch.randn(4, 32))
+
+
 def test_bad_parameter_is_rejected_before_running(tmp_path):
     with pytest.raises(ValueError, match="valid parameters are"):
         run(["01"], {"format": "E4M3"}, output_dir=tmp_path, progress=False)
