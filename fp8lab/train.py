@@ -846,6 +846,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             _plot(paths.output_dir)
         if message:
             print(message, file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
+    fdist.barrier(env)  # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
     return summary
 
 

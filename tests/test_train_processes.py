@@ -57,9 +57,9 @@ def test_ddp_and_fsdp2_under_torchrun_match_one_process(prepared, tmp_path):
                       val_every=5, data=str(prepared), output_dir=str(one), progress="off", plot=False,
                       print_metrics=False, save_model=False))
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    run(torchrun(common(prepared, ddp, 5, "--micro-batch-size", "2", "--val-every", "5")))
+    run(torchrun(common(prepared, ddp, 5, "--micro-batch-size", "2", "--val-every", "5", "--save-model", "True")))
     run(torchrun(common(prepared, fsdp, 5, "--micro-batch-size", "1", "--grad-accum", "2", "--parallel", "fsdp",
-                        "--val-every", "5", "--checkpoint-every", "5")))
+                        "--val-every", "5", "--checkpoint-every", "5", "--save-model", "True")))
     ref = records(one)
     for out in (ddp, fsdp):
         recs = records(out)
@@ -72,6 +72,13 @@ def test_ddp_and_fsdp2_under_torchrun_match_one_process(prepared, tmp_path):
         assert recs[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], rel=2e-5)
     assert json.loads((fsdp / "config.json").read_text())["parallel"] == "fsdp"
     # FSDP2 wrote its checkpoint with DCP from both ranks: one rank file each, complete
+    # the final HF models agree: FSDP2 gathered its shards into the same weights DDP kept whole
+    from safetensors.torch import load_file
+
+    wd, wf = load_file(ddp / "model" / "model.safetensors"), load_file(fsdp / "model" / "model.safetensors")
+    assert wd.keys() == wf.keys() and len(wd) == 21
+    for k in wd:
+        assert wf[k].shape == wd[k].shape and (wf[k] - wd[k]).abs().max() < 1e-5, k
     ck = fsdp / "checkpoints" / "step_00000005"
     assert (ck / ".metadata").is_file() and {"trainer_rank0.pt", "trainer_rank1.pt"} <= {p.name for p in ck.iterdir()}
 
