@@ -90,6 +90,10 @@ PARALLEL = ("ddp", "fsdp")  # fp8lab.train --parallel
 SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
 MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
+# pip-installed in every job before training (the job's requirements.txt). torch comes with the
+# image and is not pinned; Transformer Engine only with JobSpec(install_te=True), because it
+# compiles against the image's CUDA (slow) and some images already ship it.
+JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm")
 THROTTLE_CODES = {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
                   "ProvisionedThroughputExceededException", "SlowDown"}
 TERMINAL = {"Completed", "Failed", "Stopped"}
@@ -579,10 +583,8 @@ def stage_source(dest: str | Path, install_te: bool = False) -> Path:
         shutil.copytree(DATA_DIR / "corpus", dest / "data" / "corpus", dirs_exist_ok=True)
     for tok in sorted(DATA_DIR.glob("tokenizer*.json")):
         shutil.copy2(tok, dest / "data" / tok.name)
-    reqs = (pkg / "sagemaker_job_requirements.txt").read_text()
-    if install_te:
-        reqs += "transformer-engine[pytorch]\n"
-    (dest / "requirements.txt").write_text(reqs)
+    reqs = list(JOB_REQUIREMENTS) + (["transformer-engine[pytorch]"] if install_te else [])
+    (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 
 
