@@ -613,6 +613,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
 
     from fp8lab import checkpoint as fckpt
     from fp8lab import distributed as fdist
+    from fp8lab.backends import get_backend
     from fp8lab.convert import autocast as fp8_autocast
     from fp8lab.convert import convert_model
     from fp8lab.models import build_model, count_parameters, get_config, model_flops_per_token
@@ -663,8 +664,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     model = fdist.wrap(model, env, c.parallel)
     optimizer = make_optimizer(model, c, env.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c, total_steps, warmup))
-    after_step = getattr(__import__("fp8lab.backends", fromlist=["get_backend"]).get_backend(backend),
-                         "after_optimizer_step", None) if backend else None
+    after_step = getattr(get_backend(backend), "after_optimizer_step", None) if backend else None  # optional hook
     loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
                                rank=env.rank, world_size=world)
 
