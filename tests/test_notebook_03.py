@@ -3,7 +3,6 @@ runs of a tiny Llama on the shipped corpus, same weights and batches, loss curve
 from __future__ import annotations
 
 import nbformat
-import pytest
 
 from fp8lab import metrics as fmetrics
 from fp8lab.notebooks import NOTEBOOK_DIR, declared_parameters, read_glued, run
@@ -17,7 +16,6 @@ def test_parameters_are_declared():
     assert params["model"] == "llama-tiny" and params["backends"] == ["auto"]
 
 
-@pytest.mark.slow
 def test_defaults_train_bf16_and_fp8_on_the_same_tokens(tmp_path):
     res = run(["03"], {}, output_dir=tmp_path, progress=False)
     vals = read_glued(res[0].output)

@@ -51,16 +51,19 @@ def records(out):
 
 
 def test_ddp_and_fsdp2_under_torchrun_match_one_process(prepared, tmp_path):
-    """Global batch 4 sequences: 1 process x 4, 2 ranks x 2 (DDP), 2 ranks x 1 x 2 accumulation (FSDP2)."""
+    """Global batch 4 sequences: 1 process x 4, 2 ranks x 2 (DDP), 2 ranks x 1 x 2 accumulation (FSDP2).
+    A constant learning rate lets a 7-step run be the reference for 5-step runs and their resumption."""
+    lr = ["--lr", "0.001", "--min-lr", "0.001", "--warmup-steps", "0"]
+    one_cfg = dict(model="llama-tiny", seq_len=32, compute_dtype="fp32", micro_batch_size=4, lr=1e-3, min_lr=1e-3,
+                   warmup_steps=0, val_every=5, data=str(prepared), progress="off", plot=False, print_metrics=False,
+                   save_model=False)
     one = tmp_path / "one"
-    train(TrainConfig(model="llama-tiny", seq_len=32, compute_dtype="fp32", steps=5, micro_batch_size=4,
-                      val_every=5, data=str(prepared), output_dir=str(one), progress="off", plot=False,
-                      print_metrics=False, save_model=False))
+    train(TrainConfig(**one_cfg, steps=7, output_dir=str(one)))
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    run(torchrun(common(prepared, ddp, 5, "--micro-batch-size", "2", "--val-every", "5", "--save-model", "True")))
-    run(torchrun(common(prepared, fsdp, 5, "--micro-batch-size", "1", "--grad-accum", "2", "--parallel", "fsdp",
+    run(torchrun(common(prepared, ddp, 5, *lr, "--micro-batch-size", "2", "--val-every", "5", "--save-model", "True")))
+    run(torchrun(common(prepared, fsdp, 5, *lr, "--micro-batch-size", "1", "--grad-accum", "2", "--parallel", "fsdp",
                         "--val-every", "5", "--checkpoint-every", "5", "--save-model", "True")))
-    ref = records(one)
+    ref = records(one)[:5]
     for out in (ddp, fsdp):
         recs = records(out)
         assert [r["step"] for r in recs] == [1, 2, 3, 4, 5]
@@ -81,6 +84,13 @@ def test_ddp_and_fsdp2_under_torchrun_match_one_process(prepared, tmp_path):
         assert wf[k].shape == wd[k].shape and (wf[k] - wd[k]).abs().max() < 1e-5, k
     ck = fsdp / "checkpoints" / "step_00000005"
     assert (ck / ".metadata").is_file() and {"trainer_rank0.pt", "trainer_rank1.pt"} <= {p.name for p in ck.iterdir()}
+    # one process resumes the 2-rank FSDP2 checkpoint (DCP reshards) and continues like the 7-step run
+    s = train(TrainConfig(**one_cfg, steps=7, output_dir=str(fsdp)))
+    assert s["resumed_from_step"] == 5
+    cont, full = records(fsdp), records(one)
+    assert [r["step"] for r in cont] == list(range(1, 8)) and cont[-1]["world_size"] == 1
+    for a, b in zip(full[5:], cont[5:]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-5)
 
 
 def _start_and_wait(cmd, out, min_steps, timeout=120):
