@@ -477,3 +477,32 @@ def describe(data_dir: str | Path) -> str:
     t, v = m["splits"]["train"]["tokens"], m["splits"]["val"]["tokens"]
     src = m["source"].get("files") or m["source"].get("dataset")
     return f"data: {src} | vocab {m['vocab_size']} ({m['dtype']}) | train {t} tokens, val {v} tokens | {math.ceil(m['documents'])} documents"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fp8lab.data OUT_DIR [--source ...]``: prepare a token folder (e.g. a SageMaker channel)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m fp8lab.data", description="Tokenize text into fp8lab token shards.")
+    p.add_argument("out_dir", help="folder to write manifest.json, tokenizer.json and the shards into")
+    p.add_argument("--source", nargs="*", default=None,
+                   help="text files/folders, or hf:<dataset> (default: the shipped KJV corpus)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one for --vocab-size)")
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="which shipped tokenizer (32000 or 512)")
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--shard-tokens", type=int, default=1 << 26)
+    args = p.parse_args(argv)
+    source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
+    try:
+        m = prepare_data(source, args.out_dir, args.tokenizer, args.val_fraction, vocab_size=args.vocab_size,
+                         shard_tokens=args.shard_tokens)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(args.out_dir))
+    return 0 if m else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -147,3 +147,13 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_command_line_prepares_a_channel_folder(tmp_path, capsys):
+    src = tmp_path / "a.txt"
+    src.write_text("\n\n".join(f"Line {i} of a small text." for i in range(30)))
+    assert data.main([str(tmp_path / "chan"), "--source", str(src), "--vocab-size", "512", "--val-fraction", "0.1"]) == 0
+    assert "vocab 512" in capsys.readouterr().out
+    assert data.read_manifest(tmp_path / "chan")["documents"] == 30
+    assert data.main([str(tmp_path / "x"), "--source", str(tmp_path / "missing.txt")]) == 2
+    assert "is not an existing file or folder" in capsys.readouterr().err
