@@ -518,6 +518,9 @@ class _RedactFilter(logging.Filter):
 @contextlib.contextmanager
 def _redacted_sdk_logs() -> Iterator[None]:
     """While the SDK works for us, its log records (role ARNs, bucket names) are redacted."""
+    import sagemaker.train  # noqa: F401  (import first: its module loggers must exist to be filtered)
+    from sagemaker.train import ModelTrainer  # noqa: F401
+
     flt = _RedactFilter()
     names = [n for n in logging.Logger.manager.loggerDict if n.split(".")[0] in ("sagemaker", "botocore", "boto3")]
     loggers = [logging.getLogger(n) for n in names]

@@ -4,9 +4,9 @@ The SDK's torchrun driver runs ``torchrun ... fp8lab/sm_entry.py --model ... --p
 from the code channel (``/opt/ml/input/data/code``), so this file runs as a script, not as
 part of the package: it first puts the folder holding ``fp8lab/`` on ``sys.path``.
 
-Why a preflight: an FP8 job on an image without Transformer Engine (or on a GPU without FP8
-tensor cores) would otherwise fail minutes into model building with an ImportError deep in a
-traceback, or worse, silently train in BF16. Here it stops at once and writes the reason to
+Why a preflight: a job on an image without Transformer Engine (or an FP8 job on a GPU without
+FP8 tensor cores) would otherwise fail after the requirements install and data preparation, with
+the reason only in the logs and a generic FailureReason. Here it stops at once and writes the reason to
 SageMaker's failure file, which becomes the job's ``FailureReason``.
 """
 from __future__ import annotations
@@ -30,21 +30,25 @@ def _option(argv: list[str], name: str, default: str | None = None) -> str | Non
 
 
 def preflight(argv: list[str]) -> str | None:
-    """None when the job can run as asked, else a message saying what is missing and how to fix it."""
+    """None when the job can run as asked, else a message saying what is missing and how to fix it.
+
+    Transformer Engine is checked for every ``--backend te`` job: the BF16 twin of an FP8 job runs
+    the same TE layers (with FP8 off), so it needs TE as much as the FP8 job does.
+    """
     precision = (_option(argv, "precision", "bf16") or "bf16").lower()
     backend = (_option(argv, "backend", "te") or "te").lower()
-    if precision != "fp8":
-        return None
     if backend == "te":
         try:
             import transformer_engine.pytorch  # noqa: F401
         except Exception as exc:  # ImportError, or a CUDA/ABI mismatch raised while loading
             return (
-                "fp8lab: FP8 was requested with backend 'te' but Transformer Engine does not import "
-                f"in this container ({type(exc).__name__}: {exc}). Use an image that ships TE, or "
+                f"fp8lab: {precision.upper()} was requested with backend 'te' but Transformer Engine does not "
+                f"import in this container ({type(exc).__name__}: {exc}). Use an image that ships TE, or "
                 "launch with JobSpec(install_te=True) so the job installs transformer-engine[pytorch] "
                 "from its requirements file."
             )
+    if precision != "fp8":
+        return None
     try:
         import torch
     except Exception as exc:  # pragma: no cover - every training image has torch

@@ -119,7 +119,10 @@ def test_fp8_without_transformer_engine_fails_fast_with_the_reason(tmp_path):
                          cwd=code, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     reason = (tmp_path / "output" / "failure").read_text()
-    assert "Transformer Engine does not import" in reason and "install_te=True" in reason
+    assert reason.startswith("fp8lab: FP8 was requested with backend 'te' but Transformer Engine does not import")
+    assert "install_te=True" in reason
     assert "fp8lab-metrics" not in res.stdout  # nothing trained
-    # BF16 needs no TE: the preflight lets it through
-    assert sm_entry.preflight(["--precision", "bf16", "--backend", "te"]) is None
+    # The BF16 twin runs the same TE layers, so it needs TE too; without TE layers it does not.
+    assert "BF16 was requested with backend 'te'" in sm_entry.preflight(["--precision", "bf16", "--backend", "te"])
+    assert sm_entry.preflight(["--precision", "bf16", "--backend", "none"]) is None
+    assert sm_entry.preflight(["--precision=fp8", "--backend=torchao"]) is None  # CPU: no GPU to check

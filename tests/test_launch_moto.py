@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import os
 import re
 import subprocess
@@ -53,6 +54,7 @@ def _s3_text(boto, uri_or_bucket, key=None):
 
 
 def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog):
+    caplog.set_level(logging.INFO)  # the SDK logs role ARNs and bucket names at INFO: all must be redacted
     sess, rec, boto = aws
     spec = _spec(spot=True, checkpoint_every=100, data_s3_uri=f"s3://{BUCKET}/data/tokens", install_te=True)
     plan = L.plan_sweep(["llama-1b"], ["fp8"], [2], price_per_hour=100.0,
@@ -111,6 +113,7 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog):
     dry = L.build_requests(plan)[0]
     assert json.loads(TS.sub("-T", json.dumps(dry, sort_keys=True))) == json.loads(TS.sub("-T", json.dumps(req, sort_keys=True)))
     out = capsys.readouterr()
+    assert "<account-id>" in caplog.text  # the SDK did log the role ARN; the filter masked it
     _assert_clean(out.out, out.err, caplog.text)
 
 
@@ -121,7 +124,9 @@ def test_relaunch_skips_existing_jobs_and_restarts_failed_ones(aws, capsys):
     assert len(first) == 2 and len(rec["sagemaker.CreateTrainingJob"]) == 2
     again = L.launch(plan, dry_run=False, session=sess)
     assert again == first and len(rec["sagemaker.CreateTrainingJob"]) == 2
-    assert capsys.readouterr().out.count("skip ") == 2
+    out = capsys.readouterr().out
+    assert out.count("skip ") == 2
+    _assert_clean(out)
 
     # moto cannot fail a job; mark the first one Failed in the ListTrainingJobs answer instead.
     def failed(parsed, **_):
@@ -174,6 +179,7 @@ def test_wait_backs_off_on_throttling(aws, capsys):
     assert list(table["status"]) == ["Completed"]
     out = capsys.readouterr().out
     assert out.count("throttled by AWS (ThrottlingException)") == 3 and "Completed" in out
+    _assert_clean(out)
 
     # Throttling that never ends gives up with the AWS error, not a hang.
     _throttle_first(boto, "DescribeTrainingJob", 100)
@@ -184,6 +190,7 @@ def test_wait_backs_off_on_throttling(aws, capsys):
 
 
 def test_failed_job_reason_surfaces(aws, capsys, caplog):
+    caplog.set_level(logging.INFO)
     sess, rec, boto = aws
     names = L.launch(L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, steps=5),
                      dry_run=False, session=sess)
