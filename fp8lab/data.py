@@ -74,7 +74,8 @@ def text_files(source: str | Path | Iterable[str | Path] | None) -> list[Path]:
         elif p.is_file():
             files.append(p)
         else:
-            raise ValueError(f"source {str(item)!r} is not an existing file or folder")
+            raise ValueError(f"source {str(item)!r} is not an existing file or folder "
+                             "(for a Hugging Face dataset write hf:<name>)")
     return files
 
 
@@ -94,13 +95,18 @@ def read_documents(files: Iterable[Path]) -> Iterator[str]:
             yield "\n".join(block)
 
 
+def _is_hf(source: Any) -> bool:
+    """Hugging Face datasets are named explicitly, ``hf:<name>``, so a mistyped path is never sent to the Hub."""
+    return isinstance(source, str) and source.startswith("hf:")
+
+
 def _hf_documents(name: str, split: str, text_field: str) -> Iterator[str]:
     """Documents of a Hugging Face dataset; a clear error when the package or the network is missing."""
     try:
         import datasets  # optional: not a project dependency
     except ImportError:
         raise RuntimeError(
-            f"source {name!r} is not a local file or folder; loading it as a Hugging Face dataset needs the "
+            f"source hf:{name} is a Hugging Face dataset; loading it needs the "
             "'datasets' package (pip install datasets) and network access to the Hub. Offline, pass local text files."
         ) from None
     try:
@@ -240,7 +246,7 @@ def prepare_data(
     """Tokenize documents into memmap-able shards plus ``manifest.json``; returns the manifest.
 
     ``source``: None (the shipped corpus), local text files/folders (.txt, .md, optionally .xz/.gz),
-    or a Hugging Face dataset name (needs ``datasets`` and the network; a clear error otherwise).
+    or ``hf:<dataset name>`` (needs ``datasets`` and the network; a clear error otherwise).
     Every ``round(1/val_fraction)``-th document goes to the validation split, so both splits cover
     the whole corpus. Ids are stored as uint16 when the vocabulary fits, else uint32.
     """
@@ -248,13 +254,12 @@ def prepare_data(
         raise ValueError(f"val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
-    local = source is None or not isinstance(source, str) or Path(source).exists()
-    if local:
+    if not _is_hf(source):
         files = text_files(source)
         docs: Iterable[str] = read_documents(files)
         source_desc = {"kind": "local", "files": [p.name for p in files]}  # names only, no machine paths
     else:
-        name = source[3:] if source.startswith("hf:") else source
+        name = source[3:]
         docs = _hf_documents(name, hf_split, text_field)
         source_desc = {"kind": "huggingface", "dataset": name, "split": hf_split, "text_field": text_field}
     tok = load_tokenizer(tokenizer, vocab_size)
@@ -454,7 +459,7 @@ def ensure_prepared(data: str | Path | None, cache_dir: str | Path, vocab_size: 
         return Path(data)
     cache = Path(cache_dir)
     vocab = min(vocab_size, DEFAULT_VOCAB)
-    local = data is None or Path(data).exists()
+    local = not _is_hf(data)
     if is_prepared(cache):
         m = read_manifest(cache)
         same = (m["source"].get("files") == [p.name for p in text_files(data)]) if local else (
