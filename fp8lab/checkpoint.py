@@ -106,7 +106,9 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
         _promote(tmp, final)
     fdist.barrier(env)
     if env.is_main or env.local_rank == 0:
-        for _, old in complete_checkpoints(root)[keep:]:
+        # by folder name: on a node that does not share rank 0's disk the folders hold shards but no .metadata
+        named = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name))), reverse=True)
+        for _, old in named[keep:]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
