@@ -294,3 +294,15 @@ def test_help_lists_every_option_with_its_default(capsys):
     for f in ftrain.dataclasses.fields(TrainConfig):
         assert (ftrain._opt(f.name) if f.name != "model_overrides" else "--model-override") in text
     assert "sequences per GPU per forward/backward (default: 4)" in " ".join(text.split())
+
+
+def test_only_the_newest_checkpoints_are_kept_and_partial_ones_ignored(prepared, tmp_path):
+    out = tmp_path / "k"
+    cfg = dict(**TINY, checkpoint_every=2, keep_checkpoints=2, data=str(prepared), output_dir=str(out), save_model=False)
+    train(TrainConfig(**cfg, steps=6))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000004", "step_00000006"]
+    # a save killed mid-write leaves step_N.tmp: never resumed from, removed at the next start
+    shutil.copytree(out / "checkpoints" / "step_00000006", out / "checkpoints" / "step_00000008.tmp")
+    s = train(TrainConfig(**cfg, steps=8))
+    assert s["resumed_from_step"] == 6
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]
