@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import io
 import itertools
 import json
 import logging
@@ -37,7 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -380,7 +379,9 @@ class SweepPlan:
             "est_hours": round(j.est_hours, 2), "gpu_hours": round(j.gpu_hours, 1),
             "cost_usd": round(j.cost_usd, 2),
         } for j in self.jobs]
-        rows.append({"job": "TOTAL", "gpus": sum(j.spec.world_size for j in self.jobs),
+        rows.append({"job": "TOTAL", "instances": sum(j.spec.instance_count for j in self.jobs),
+                     "gpus": sum(j.spec.world_size for j in self.jobs),
+                     "tokens": sum(j.spec.total_tokens for j in self.jobs),
                      "gpu_hours": round(self.total_gpu_hours, 1), "cost_usd": round(self.total_cost_usd, 2)})
         df = pd.DataFrame(rows)
         for col in ("instances", "tokens"):
@@ -434,7 +435,8 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
             raise ValueError(f"plan_sweep({pname}=...) needs a non-empty list, got {values!r}")
         if len(set(values)) != len(list(values)):
             raise ValueError(f"plan_sweep({pname}={list(values)!r}) has duplicates")
-    bad = sorted(set(common) - {f.name for f in dataclasses.fields(JobSpec)} | ({"model", "precision", "instance_count"} & set(common)))
+    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    bad = sorted((set(common) - fields) | (set(common) & {"model", "precision", "instance_count"}))
     if bad:
         raise ValueError(f"plan_sweep: unknown or reserved JobSpec field(s) {', '.join(bad)}")
     specs = [JobSpec(model=m, precision=p, instance_count=n, **common)
@@ -498,15 +500,27 @@ def _public_registry_accounts() -> frozenset[str]:
     return frozenset(out)
 
 
-_ACCOUNT = re.compile(r"(?<!\d)\d{12}(?!\d)")
+# Where account ids appear in what the SDK and fp8lab print: ARNs, ECR hosts, the SDK's default
+# bucket name. Plain numbers (a token count of 288000000000) are left alone.
+_ACCOUNT = re.compile(r"(?P<pre>arn:aws[\w-]*:[\w-]*:[\w-]*:)(?P<id>\d{12})(?!\d)"
+                      r"|(?<![\w-])(?P<id2>\d{12})(?P<post>\.dkr\.ecr\.)"
+                      r"|(?P<pre3>sagemaker-[a-z]{2}(?:-[a-z]+)+-\d-)(?P<id3>\d{12})(?!\d)")
 _KEY = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
 
 
 def redact(text: str) -> str:
-    """Replace account ids (except AWS's public image registries) and access key ids by placeholders."""
+    """Replace account ids in ARNs, ECR hosts and default bucket names (except AWS's public image
+    registries, part of every image URI) and access key ids by placeholders."""
     public = _public_registry_accounts()
-    text = _ACCOUNT.sub(lambda m: m.group(0) if m.group(0) in public else "<account-id>", text)
-    return _KEY.sub("<access-key-id>", text)
+
+    def sub(m: re.Match) -> str:
+        if m.group("id"):
+            return m.group("pre") + "<account-id>"
+        if m.group("id2"):
+            return m.group(0) if m.group("id2") in public else "<account-id>" + m.group("post")
+        return m.group("pre3") + "<account-id>"
+
+    return _KEY.sub("<access-key-id>", _ACCOUNT.sub(sub, text))
 
 
 class _RedactFilter(logging.Filter):

@@ -152,10 +152,17 @@ def aws(endpoint):
     return Session(boto_session=boto, default_bucket=BUCKET), rec, boto
 
 
+ACCOUNT_CONTEXTS = (r"arn:aws[\w-]*:[\w-]*:[\w-]*:(\d{12})",  # any ARN
+                    r"(\d{12})\.dkr\.ecr\.",  # an ECR registry host
+                    r"sagemaker-[a-z]{2}(?:-[a-z]+)+-\d-(\d{12})")  # the SDK's default bucket name
+
+
 def assert_clean(public_accounts: set[str], *texts: str) -> None:
     """No credential, secret or (non-public) account id in anything shown to the user."""
     for text in texts:
         assert FAKE_KEY_ID not in text and FAKE_SECRET not in text
-        assert "123456789012" not in text
-        for acct in re.findall(r"(?<!\d)\d{12}(?!\d)", text):
-            assert acct in public_accounts, f"account id {acct} leaked"
+        assert "123456789012" not in text  # moto's account, present in every ARN moto returns
+        assert not re.search(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])", text), "access key id leaked"
+        for pattern in ACCOUNT_CONTEXTS:
+            for acct in re.findall(pattern, text):
+                assert acct in public_accounts, f"account id {acct} leaked"
