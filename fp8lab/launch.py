@@ -244,6 +244,13 @@ class JobSpec:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise bad(name, v, "a positive integer or None")
+        if self.keep_alive_s > 3600:
+            raise bad("keep_alive_s", self.keep_alive_s, "0..3600 seconds (SageMaker warm pool limit)")
+        if self.keep_alive_s and self.spot:
+            raise ValueError("JobSpec: keep_alive_s (warm pool) and spot=True cannot be combined; "
+                             "SageMaker warm pools do not support managed spot training")
+        if self.max_wait_s is not None and not self.spot:
+            raise ValueError("JobSpec.max_wait_s only applies to spot=True jobs")
         if self.max_run_s is not None and self.max_run_s > MAX_RUNTIME_CAP_S:
             raise bad("max_run_s", self.max_run_s, f"at most {MAX_RUNTIME_CAP_S} (28 days)")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):

@@ -36,6 +36,9 @@ def spec(**kw):
     ({"lr": 3.0}, r"lr=3.0"),
     ({"max_run_s": 10**9}, r"max_run_s.*28 days"),
     ({"data_s3_uri": "/local/data"}, r"data_s3_uri.*s3://"),
+    ({"keep_alive_s": 7200}, r"keep_alive_s=7200.*0..3600"),
+    ({"keep_alive_s": 600, "spot": True}, r"warm pools do not support managed spot"),
+    ({"max_wait_s": 7200}, r"max_wait_s only applies to spot"),
 ])
 def test_jobspec_rejects_bad_input_with_a_clear_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -155,6 +158,23 @@ def test_parse_metric_line():
                                          "mfu": 0.4123, "step_time_s": 0.5123, "lr": 0.0003, "grad_norm": 1.234}
     assert L.parse_metric_line("fp8lab-metrics step=12 val_loss=3.4567") == {"step": 12, "val_loss": 3.4567}
     assert L.parse_metric_line("Starting training script") is None
+
+
+def test_warm_pool_request_and_cli_dry_run(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "sagemaker" / "moto_env.py"
+    sp = importlib.util.spec_from_file_location("moto_env", path)
+    menv = importlib.util.module_from_spec(sp)
+    sp.loader.exec_module(menv)
+    (req,) = L.build_requests(spec(keep_alive_s=900, instance_count=2))
+    assert req["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900 and "EnableManagedSpotTraining" not in req
+    menv.check_request("CreateTrainingJob", req)
+    assert L.main(["dry-run", "--models", "llama-7b", "--precisions", "fp8", "--instance-counts", "2",
+                   "--tokens", "1000000000"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("CreateTrainingJob request for fp8lab-llama-7b-fp8-2xp5-") == 1 and "TOTAL" in out
 
 
 def test_cli_plan_and_errors(capsys):
