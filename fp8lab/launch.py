@@ -13,8 +13,8 @@ real SDK code path while every AWS call is answered locally, so it runs with no 
     wait(names); df = collect(names)
 
 Job names: ``plan_sweep`` gives each job a deterministic name (``fp8lab-<model>-<precision>-
-<count>x<instance>-<hash>``, at most 48 characters). The SDK appends ``-<UTC timestamp>`` to
-it when it creates the job, so SageMaker's name is ``<plan name>-YYYYmmddHHMMSS`` (<= 63).
+<count>x<instance>-<hash>``, at most 48 characters). The SDK appends a ``-<timestamp>`` (its
+local clock) to it when it creates the job, so SageMaker's name is ``<plan name>-YYYYmmddHHMMSS`` (<= 63).
 Re-launching the same plan finds the existing jobs by that prefix and skips them.
 See ``docs/launch.md`` for how Transformer Engine gets into the job and what the SDK's torchrun
 driver sets (NCCL/EFA variables) for every job alike.
@@ -539,8 +539,7 @@ class _RedactFilter(logging.Filter):
 @contextlib.contextmanager
 def _redacted_sdk_logs() -> Iterator[None]:
     """While the SDK works for us, its log records (role ARNs, bucket names) are redacted."""
-    import sagemaker.train  # noqa: F401  (import first: its module loggers must exist to be filtered)
-    from sagemaker.train import ModelTrainer  # noqa: F401
+    from sagemaker.train import ModelTrainer  # noqa: F401  (import first: its loggers must exist to be filtered)
 
     flt = _RedactFilter()
     names = [n for n in logging.Logger.manager.loggerDict if n.split(".")[0] in ("sagemaker", "botocore", "boto3")]
