@@ -53,9 +53,32 @@ def _s3_text(boto, uri_or_bucket, key=None):
     return boto.client("s3").get_object(Bucket=uri_or_bucket, Key=key)["Body"].read().decode()
 
 
-def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog):
+@pytest.fixture
+def outside_calls(monkeypatch):
+    """Host names the process tries to reach other than the local endpoint (telemetry would be one)."""
+    import socket
+    import threading
+
+    seen: list[str] = []
+    real = socket.getaddrinfo
+
+    def spy(host, *a, **k):
+        if host not in ("127.0.0.1", "localhost"):
+            seen.append(str(host))
+            raise OSError(f"test: no network beyond 127.0.0.1 ({host})")
+        return real(host, *a, **k)
+
+    monkeypatch.setattr(socket, "getaddrinfo", spy)
+    yield seen
+    for t in threading.enumerate():  # let a telemetry thread, if any was started, try its call
+        if t.name == "sagemaker-telemetry":
+            t.join(timeout=5)
+
+
+def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, outside_calls):
     caplog.set_level(logging.INFO)  # the SDK logs role ARNs and bucket names at INFO: all must be redacted
     sess, rec, boto = aws
+    assert sess.sagemaker_config["SageMaker"]["PythonSDK"]["Modules"]["TelemetryOptOut"] is True
     spec = _spec(spot=True, checkpoint_every=100, data_s3_uri=f"s3://{BUCKET}/data/tokens", install_te=True)
     plan = L.plan_sweep(["llama-1b"], ["fp8"], [2], price_per_hour=100.0,
                         **{k: getattr(spec, k) for k in ("role", "bucket", "steps", "spot", "checkpoint_every",
@@ -112,6 +135,12 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog):
     # The dry run builds the same request through the same SDK path (only the timestamp differs).
     dry = L.build_requests(plan)[0]
     assert json.loads(TS.sub("-T", json.dumps(dry, sort_keys=True))) == json.loads(TS.sub("-T", json.dumps(req, sort_keys=True)))
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "sagemaker-telemetry":
+            t.join(timeout=5)
+    assert outside_calls == []  # telemetry opted out by tests/sagemaker/config.yaml: nothing left 127.0.0.1
     out = capsys.readouterr()
     assert "<account-id>" in caplog.text  # the SDK did log the role ARN; the filter masked it
     _assert_clean(out.out, out.err, caplog.text)
