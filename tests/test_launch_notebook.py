@@ -20,6 +20,14 @@ TS = re.compile(r"-\d{14}$")
 ALLOWED = L._public_registry_accounts() | {"111122223333"}
 
 
+def _outputs(executed: Path) -> str:
+    """Everything the executed notebook shows below its cells (text, tables, errors)."""
+    import json
+
+    nb = json.loads(executed.read_text())
+    return json.dumps([c.get("outputs", []) for c in nb["cells"]])
+
+
 def _check(vals, plan, executed: Path):
     assert vals["dry_run"] is True
     assert vals["n_jobs"] == len(plan.jobs)
@@ -55,3 +63,44 @@ def test_notebook_04_custom_sweep(tmp_path):
     _check(vals, plan, res[0].output)
     assert vals["n_jobs"] == 8 and vals["price_per_hour"] == 98.32
     assert "us-west-2.amazonaws.com/pytorch-training" in res[0].output.read_text()
+
+
+endpoint, aws = menv.endpoint, menv.aws  # fixtures: moto's server and a clean account
+
+
+def test_notebook_04_real_launch_against_moto_and_idempotent_rerun(aws, tmp_path):
+    """dry_run=False end to end against the local endpoint; a papermill rerun launches nothing new."""
+    import io
+    import json
+    import tarfile
+
+    sess, rec, boto = aws
+    params = {"models": ["llama-1b"], "precisions": ["bf16", "fp8"], "instance_counts": [1], "tokens": 10**8,
+              "role": menv.ROLE, "bucket": menv.BUCKET, "dry_run": False}
+    res1 = run(["04"], params, output_dir=tmp_path / "a", progress=False)[0]
+    menv.assert_clean(ALLOWED - {"111122223333"}, _outputs(res1.output))
+    first = read_glued(res1.output)
+    assert first["dry_run"] is False and len(first["job_names"]) == 2 and first["n_metric_rows"] == 0
+    sm = boto.client("sagemaker")
+    assert sorted(j["TrainingJobName"] for j in sm.list_training_jobs()["TrainingJobSummaries"]) == sorted(first["job_names"])
+    # The jobs "finish": their metrics.jsonl lands where SageMaker puts /opt/ml/output/data.
+    for name in first["job_names"]:
+        buf = io.BytesIO()
+        payload = "".join(json.dumps({"step": s, "loss": 5.0 - s / 10, "tokens_per_sec_per_gpu": 1000.0 + s})
+                          + "\n" for s in (1, 2)).encode()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            info = tarfile.TarInfo("metrics.jsonl")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+        boto.client("s3").put_object(Bucket=menv.BUCKET, Key=f"fp8lab/p5-sweep/output/{name}/output/output.tar.gz",
+                                     Body=buf.getvalue())
+    res = run(["04"], params, output_dir=tmp_path / "b", progress=False)[0]
+    second = read_glued(res.output)
+    assert second["job_names"] == first["job_names"]  # skipped, not relaunched
+    assert len(sm.list_training_jobs()["TrainingJobSummaries"]) == 2
+    assert second["n_metric_rows"] == 4
+    text = res.output.read_text()
+    assert text.count("skip fp8lab-llama-1b-") == 2
+    # Papermill writes the parameters passed (the role ARN) into its injected cell; the outputs carry none.
+    menv.assert_clean(ALLOWED - {"111122223333"}, _outputs(res.output))
+    assert (tmp_path / "b" / "04_launch_p5_sweep" / "sweep_metrics.csv").is_file()
