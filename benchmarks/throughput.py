@@ -89,10 +89,14 @@ def quantiles(xs: list[float]) -> dict:
 
 def run_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> dict:
     """Train ``args.steps`` steps in a fresh process; return the run record, steps and summary."""
-    run_id = f"{model}-{variant}"
+    nproc = getattr(args, "nproc", 1)
+    run_id = f"{model}-{variant}" + (f"-{nproc}gpu-{args.parallel}" if nproc > 1 else "")
     out_dir = work / run_id
+    # several GPUs: torchrun's own rendezvous (--standalone), one process per GPU
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+                if nproc > 1 else [sys.executable])
     # fixed options first: argparse keeps the last value, so ``flags``/``extra`` may override them
-    cmd = [sys.executable, "-m", "fp8lab.train", "--model", model,
+    cmd = [*launcher, "-m", "fp8lab.train", "--model", model, "--parallel", getattr(args, "parallel", "ddp"),
            "--steps", str(args.steps), "--warmup-steps", str(min(5, args.steps - 1)), "--output-dir", str(out_dir),
            "--checkpoint-every", "-1", "--save-model", "False", "--plot", "False", "--progress", "off",
            "--val-every", "0", "--val-batches", "1", "--resume", "False", "--seed", str(args.seed), *flags, *extra]
@@ -101,7 +105,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
     (work / f"{run_id}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    shown = " ".join(shlex.quote(c) for c in ["python", "-m", "fp8lab.train", *cmd[3:]]).replace(str(work), "<work>")
+    shown = " ".join(shlex.quote(c) for c in ["python" if i == 0 else c for i, c in enumerate(cmd)]).replace(str(work), "<work>")
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"run_id": run_id, "error": f"exit {proc.returncode}: {' | '.join(tail)}", "seconds": time.time() - t0}
@@ -117,6 +121,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "compile": _arg_value(flags, "--compile", "False") == "True",
         "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
+        "parallel": args.parallel if nproc > 1 else None,
         "micro_batch_size": int(_arg_value(extra, "--micro-batch-size", "4")),
         "grad_accum": int(_arg_value(extra, "--grad-accum", "1")), "seq_len": int(_arg_value(extra, "--seq-len", "256")),
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
@@ -170,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="/tmp/fp8lab-bench")
     p.add_argument("--timeout", type=int, default=600, help="seconds per variant")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--nproc", type=int, default=1, help="GPUs per run (torchrun when > 1)")
+    p.add_argument("--parallel", default="fsdp", choices=["ddp", "fsdp"], help="how runs with --nproc > 1 split the model")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU check of this script (emulated FP8; no speed claim)")
     args = p.parse_args(argv)
 
