@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -154,15 +155,15 @@ def run(
     stop_on_error: bool = True,
     progress: bool = True,
     directory: str | Path | None = None,
+    timeout: int | None = 900,
 ) -> list[NotebookResult]:
     """Execute notebooks in order with papermill; parameters go to every notebook that declares them.
 
     When several notebooks run, a parameter is injected only into those that declare it, and a
     name no chosen notebook declares is rejected. With a single notebook every name must be valid.
-    """
-    import papermill as pm
-    from tqdm.auto import tqdm
 
+    ``timeout`` (seconds per cell) turns a hung kernel into a clear failure instead of a stall.
+    """
     params = dict(params or {})
     paths = resolve(names, directory)
     if not paths:
@@ -180,6 +181,19 @@ def run(
             )
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # a kernel inherits MPLBACKEND; 'Agg' (set by test runners) would hide every figure
+    saved_backend = os.environ.pop("MPLBACKEND", None)
+    try:
+        return _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout)
+    finally:
+        if saved_backend is not None:
+            os.environ["MPLBACKEND"] = saved_backend
+
+
+def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout) -> list[NotebookResult]:
+    import papermill as pm
+    from tqdm.auto import tqdm
+
     results: list[NotebookResult] = []
     bar = tqdm(paths, desc="notebooks", unit="nb", disable=not progress)
     for path in bar:
@@ -192,7 +206,7 @@ def run(
         try:
             pm.execute_notebook(
                 str(path), str(executed), parameters=nb_params, kernel_name=kernel,
-                cwd=str(workdir), progress_bar=False, log_output=False,
+                cwd=str(workdir), progress_bar=False, log_output=False, execution_timeout=timeout,
             )
             results.append(NotebookResult(path.stem, True, time.perf_counter() - t0, executed))
         except Exception as exc:  # papermill raises PapermillExecutionError with the cell's error
