@@ -169,6 +169,7 @@ def test_relaunch_skips_existing_jobs_and_restarts_failed_ones(aws, capsys):
     assert third[1] == first[1] and third[0] != first[0]
     assert TS.sub("", third[0]) == TS.sub("", first[0]) == plan.jobs[0].name
     assert len(rec["sagemaker.CreateTrainingJob"]) == 3
+    assert rec.checked == sum(len(v) for k, v in rec.calls.items() if k.startswith("sagemaker."))
 
 
 def test_real_launch_refuses_placeholders(aws):

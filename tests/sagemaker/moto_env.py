@@ -124,14 +124,23 @@ def endpoint(tmp_path_factory):
 
 
 class Recorder:
-    """Every API call made through one boto3 session: "service.Operation" -> list of params."""
+    """Every API call made through one boto3 session: "service.Operation" -> list of params.
+
+    Every SageMaker request is also judged as it is made (``check_request``): a request that
+    breaks the service model fails the test even where the test does not look at it.
+    """
 
     def __init__(self, boto):
         self.calls: dict[str, list[dict]] = {}
+        self.checked = 0
         boto.events.register("before-parameter-build.*.*", self._record)
 
     def _record(self, params, model, **_):
-        self.calls.setdefault(f"{model.service_model.service_name}.{model.name}", []).append(dict(params))
+        service = model.service_model.service_name
+        self.calls.setdefault(f"{service}.{model.name}", []).append(dict(params))
+        if service == "sagemaker":
+            check_request(model.name, params)
+            self.checked += 1
 
     def __getitem__(self, op):
         return self.calls.get(op, [])
