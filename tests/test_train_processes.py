@@ -145,3 +145,23 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(prepared, reference, tmp_
     assert (out / "checkpoints" / f"step_{step:08d}" / ".metadata").is_file()
     run(trainer(args))
     assert [r["loss"] for r in records(out)] == [r["loss"] for r in reference]
+
+
+def test_sigterm_to_torchrun_checkpoints_every_rank_at_the_same_step(prepared, tmp_path):
+    """SageMaker stops a job (spot reclaim) by signalling torchrun, which passes SIGTERM to every rank."""
+    out = tmp_path / "spot2"
+    proc = _start_and_wait(torchrun(common(prepared, out, 400, "--micro-batch-size", "2")), out, min_steps=5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)  # torchrun itself exits non-zero on the signal; the ranks exit cleanly
+    recs = records(out)
+    step = recs[-1]["step"]
+    assert [r["step"] for r in recs] == list(range(1, step + 1)) and step < 400
+    ck = out / "checkpoints" / f"step_{step:08d}"
+    assert (ck / ".metadata").is_file() and {"trainer_rank0.pt", "trainer_rank1.pt"} <= {p.name for p in ck.iterdir()}
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+    # the job restarts (here as one process with the same global batch of 4) and carries on from there
+    s = train(TrainConfig(model="llama-tiny", seq_len=32, compute_dtype="fp32", steps=step + 3, micro_batch_size=4,
+                          data=str(prepared), output_dir=str(out), progress="off", plot=False, print_metrics=False,
+                          save_model=False))
+    assert s["resumed_from_step"] == step
+    assert [r["step"] for r in records(out)] == list(range(1, step + 4))
