@@ -658,7 +658,16 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     if c.activation_checkpointing:
         apply_activation_checkpointing(model, backend, fp8_ctx)
     if c.compile:
-        for block in fdist.block_list(model):
+        blocks = fdist.block_list(model)
+        # each block is its own compiled frame (torchao's Float8Linear and TE guard on the module):
+        # without head-room dynamo stops compiling after 8 blocks and runs the rest eagerly
+        import torch._dynamo
+
+        limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 2 * len(blocks) + 8)
+        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            getattr(torch._dynamo.config, "accumulated_recompile_limit", 256), 4 * limit)
+        for block in blocks:
             block.compile()
     inner = model
     model = fdist.wrap(model, env, c.parallel)
