@@ -18,6 +18,9 @@ Never use this backend to claim speed: fake quantisation is slower than bf16, no
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import contextvars
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,14 +101,43 @@ class _FP8Linear(torch.autograd.Function):
 
 
 class FP8Gemm(nn.Module):
-    """Holds the per-GEMM scaling state, rebuilt when the autocast recipe changes."""
+    """Holds the per-GEMM scaling state, rebuilt when the autocast recipe changes.
+
+    Delayed scaling's amax histories and scales go into the state dict as ``_extra_state`` (as in
+    Transformer Engine), so a checkpoint restores them and a resumed run scales exactly as the
+    uninterrupted one. They travel as JSON bytes: an opaque value that any checkpoint format keeps.
+    """
 
     def _quantizers(self, recipe: Recipe) -> TensorQuantizers:
         q = self.__dict__.get("_fp8lab_q")
         if q is None or q.recipe != recipe:
             q = TensorQuantizers(recipe)
-            self.__dict__["_fp8lab_q"] = q  # plain attribute: not a parameter, not in the state dict
+            self.__dict__["_fp8lab_q"] = q  # plain attribute: not a parameter
+            pending = self.__dict__.pop("_fp8lab_pending", None)
+            if pending and pending.get("recipe") == dataclasses.asdict(recipe):
+                for role, st in pending["delayed"].items():
+                    d = q.delayed[role]
+                    d._history.extend(st["history"])
+                    d.scale, d.steps = st["scale"], st["steps"]
         return q
+
+    def get_extra_state(self) -> bytes:
+        q = self.__dict__.get("_fp8lab_q")
+        if q is None or not q.delayed:
+            return b""
+        state = {"recipe": dataclasses.asdict(q.recipe),
+                 "delayed": {role: {"history": list(d._history), "scale": d.scale, "steps": d.steps}
+                             for role, d in q.delayed.items()}}
+        return json.dumps(state).encode()
+
+    def set_extra_state(self, state) -> None:
+        if isinstance(state, torch.Tensor):
+            state = state.cpu().numpy().tobytes()
+        if not state:
+            return
+        pending = json.loads(bytes(state).decode())
+        self.__dict__.pop("_fp8lab_q", None)  # rebuilt from the restored state at the next GEMM
+        self.__dict__["_fp8lab_pending"] = pending
 
     def gemm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         recipe = active_recipe()
