@@ -26,6 +26,8 @@ from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 META_COLUMNS = [
     "run_id", "study", "source", "model", "precision", "backend", "recipe", "fuse", "variant",
     "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
+    "parallel",  # ddp | fsdp on several GPUs: runs pair only within one mode
+    "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]
@@ -39,7 +41,7 @@ COLUMNS = META_COLUMNS + ["record"] + METRIC_COLUMNS
 RECORD_TYPES = ("run", "step", "summary")
 SMOOTHING_METHODS = ("ema", "window", "none")
 # The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.
-SCALE_KEYS = ("model", "gpu_name", "instances", "world_size")
+SCALE_KEYS = ("model", "gpu_name", "instances", "world_size", "parallel")
 
 # Other spellings of the metadata keys, as trainers, launchers and benchmarks write them.
 _ALIASES = {
@@ -497,6 +499,11 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
     return pd.DataFrame(rows, columns=cols)
 
 
+def _is_false(v: object) -> bool:
+    """An explicit False (a missing value is not False)."""
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
+
+
 def _key(v: object) -> object:
     return "?" if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
@@ -544,7 +551,10 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
             if not hardware:
                 note.append("FP8 emulated or on CPU: its speed says nothing about FP8 hardware")
             same = pd.notna(base["tokens"]) and pd.notna(r["tokens"]) and base["tokens"] == r["tokens"]
-            if pd.isna(base["tokens"]) or pd.isna(r["tokens"]):
+            if _is_false(base.get("loss_comparable")) or _is_false(r.get("loss_comparable")):
+                same = False
+                note.append("throughput run: too short for a loss comparison (see the loss-parity study)")
+            elif pd.isna(base["tokens"]) or pd.isna(r["tokens"]):
                 note.append("tokens seen unknown: loss not compared")
             elif not same:
                 note.append(f"different tokens seen ({base['tokens']:.0f} vs {r['tokens']:.0f}): loss not compared")
@@ -686,6 +696,8 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                       f"{gap:+.2f}% relative to BF16")
             elif len(valid):
                 s += "; no loss was recorded, so the loss gap is unknown"
+            elif "throughput run" in str(r.get("note", "")):
+                s += "; these are short throughput runs, so their loss is not compared here"
             else:
                 s += "; the BF16 and FP8 runs did not see the same tokens, so their loss is not compared"
             scales = comp[(comp["model"] == model) & (comp["fp8_variant"] == r["fp8_variant"])]
