@@ -364,6 +364,9 @@ def variant_label(row: dict) -> str:
     fuse = row.get("fuse")
     if isinstance(fuse, (bool, np.bool_)) and fp8:
         parts.append("fused" if fuse else "unfused")
+    parallel = row.get("parallel")
+    if isinstance(parallel, str) and parallel:  # several GPUs: DDP and FSDP2 are different set-ups
+        parts.append(parallel)
     return " ".join(parts) or "unknown"
 
 
