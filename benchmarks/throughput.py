@@ -122,7 +122,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,
-        "loss_comparable": args.study.startswith("loss"),
+        "loss_comparable": not args.study.startswith("throughput"),  # throughput runs are too short
         "micro_batch_size": int(_arg_value(extra, "--micro-batch-size", "4")),
         "grad_accum": int(_arg_value(extra, "--grad-accum", "1")), "seq_len": int(_arg_value(extra, "--seq-len", "256")),
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
