@@ -87,6 +87,14 @@ def quantiles(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": xs[0], "max": xs[-1]}
 
 
+def _harness_command(args) -> str:
+    """This script's command line, with machine-specific folders replaced by placeholders."""
+    line = "python " + " ".join(shlex.quote(a) for a in sys.argv).replace(str(REPO) + "/", "")
+    if getattr(args, "out", None):
+        line = line.replace(str(args.out), "<out>")
+    return line.replace(str(args.work), "<work>")
+
+
 def run_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> dict:
     """Train ``args.steps`` steps in a fresh process; return the run record, steps and summary."""
     nproc = getattr(args, "nproc", 1)
@@ -127,7 +135,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "grad_accum": int(_arg_value(extra, "--grad-accum", "1")), "seq_len": int(_arg_value(extra, "--seq-len", "256")),
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
         "optimizer": "AdamW (fused on GPU), fp32 master weights, bf16 autocast",
-        "versions": versions(), "command": shown, "harness": "python " + " ".join(sys.argv).replace(str(REPO) + "/", ""),
+        "versions": versions(), "command": shown, "harness": _harness_command(args),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     summary = {
