@@ -73,9 +73,19 @@ def _quiet_single_process(env: fdist.DistEnv) -> Iterator[None]:
         yield
 
 
-def _model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer):
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def _is_master(optimizer) -> bool:
+    from fp8lab.master_weights import MasterWeights
 
+    return isinstance(optimizer, MasterWeights)
+
+
+def _model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer):
+    """Model + optimizer state dicts. With fp32 master weights (--param-dtype bf16) the model part
+    holds the masters where the parameters go, so the layout and precision are an fp32 run's."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if _is_master(optimizer):
+        return optimizer.model_state_dict(get_model_state_dict(model)), optimizer.state_dict()
     return get_state_dict(model, optimizer)
 
 
@@ -122,14 +132,18 @@ def _promote(tmp: Path, final: Path) -> None:
 def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: fdist.DistEnv) -> dict[str, Any]:
     """Restore model + optimizer in place and return this rank's trainer state (RNG already restored)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     path = Path(path)
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     with _quiet_single_process(env):
-        dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        dcp.load(state, checkpoint_id=str(path))  # the masters and AdamW states are filled in place
+    if _is_master(optimizer):
+        set_model_state_dict(model, state["model"])  # non-parameter state (FP8 scaling) and bf16(master)
+        optimizer.load_state_dict(state["optim"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     mine = path / TRAINER_FILE.format(rank=env.rank)
     if not mine.is_file():  # resumed with more ranks than saved: rank 0's counters, fresh RNG offsets
         mine = path / TRAINER_FILE.format(rank=0)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 PARALLEL_MODES = ("ddp", "fsdp")
+PARAM_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,17 @@ def block_list(model: nn.Module) -> nn.ModuleList:
     return best
 
 
-def wrap(model: nn.Module, env: DistEnv, mode: str) -> nn.Module:
-    """DDP, or FSDP2 ``fully_shard`` per decoder block then the root; unchanged in a world of one."""
+def wrap(model: nn.Module, env: DistEnv, mode: str, param_dtype: str = "fp32") -> nn.Module:
+    """DDP, or FSDP2 ``fully_shard`` per decoder block then the root; unchanged in a world of one.
+
+    ``param_dtype="bf16"`` under FSDP2: the shards stay fp32 (the optimizer steps them) and every
+    ``fully_shard`` gets ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: bf16
+    all-gathers and compute, gradients reduce-scattered in fp32. Under DDP the caller has already
+    made the parameters bf16 (fp8lab.master_weights), so DDP is wrapped as it is."""
     if mode not in PARALLEL_MODES:
         raise ValueError(f"--parallel must be one of {', '.join(PARALLEL_MODES)}, got {mode!r}")
+    if param_dtype not in PARAM_DTYPES:
+        raise ValueError(f"--param-dtype={param_dtype!r} is invalid; allowed: {' | '.join(PARAM_DTYPES)}")
     if not env.distributed:
         return model
     if mode == "ddp":
@@ -125,9 +133,14 @@ def wrap(model: nn.Module, env: DistEnv, mode: str) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(env.device.type, (env.world_size,))
+    kw = {}
+    if param_dtype == "bf16":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in block_list(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **kw)
+    fully_shard(model, mesh=mesh, **kw)
     return model
 
 

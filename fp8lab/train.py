@@ -25,7 +25,10 @@ backend-agnostic: FP8 is the backend's autocast region plus its optional ``after
 (TE BF16 vs TE FP8, what SageMaker jobs of fp8lab.launch compare); with ``--backend auto`` (the
 default) a BF16 run is the plain Hugging Face model. Non-FP8 math runs under ``torch.autocast``
 in ``--compute-dtype`` (default bf16 on GPUs, fp32 on CPUs, where bf16 autocast is slow and
-adds nothing to a loss comparison) over float32 master weights.
+adds nothing to a loss comparison) over float32 parameters. ``--param-dtype bf16`` keeps the
+parameters (and gradients) in bf16 instead, so nothing is re-cast per step, and the optimizer
+steps fp32 master copies (fp8lab.master_weights); under FSDP2 the shards stay fp32 and are
+gathered as bf16. The model then computes in bf16 whatever ``--compute-dtype`` says.
 
 Outputs in ``--output-dir``: ``metrics.jsonl`` (one record per step), ``config.json`` (options +
 provenance), ``summary.json``, ``loss.png``, ``checkpoints/`` and ``model/`` (HF ``save_pretrained``
@@ -60,6 +63,7 @@ BACKENDS = ("auto", "none", "te", "torchao", "emulated")
 RECIPES = ("auto", "delayed", "current", "block", "mxfp8")  # fp8lab.recipe.KINDS; auto = the backend's default
 PARALLEL = ("ddp", "fsdp")
 COMPUTE_DTYPES = ("auto", "bf16", "fp32")
+PARAM_DTYPES = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "on", "off")
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"  # SageMaker syncs this folder with checkpoint_s3_uri
@@ -111,6 +115,7 @@ class TrainConfig:
     val_batches: int = 4  # validation size in global batches (micro-batch x grad-accum x ranks sequences each)
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
     device: str = "auto"  # auto | cpu | cuda
     max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
     peak_tflops: float = 0.0  # dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)
@@ -160,7 +165,7 @@ def _validate(c: TrainConfig) -> None:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model-override: {exc}") from None
     for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("recipe", RECIPES),
-                          ("parallel", PARALLEL), ("compute_dtype", COMPUTE_DTYPES), ("device", DEVICES),
+                          ("parallel", PARALLEL), ("compute_dtype", COMPUTE_DTYPES), ("param_dtype", PARAM_DTYPES), ("device", DEVICES),
                           ("progress", PROGRESS)):
         if getattr(c, name) not in choices:
             raise bad(name, " | ".join(choices))
@@ -440,11 +445,13 @@ def lr_lambda(c: TrainConfig, total_steps: int, warmup: int) -> Callable[[int], 
 
 
 def make_optimizer(model, c: TrainConfig, device):
-    """AdamW, weight decay on matrices only; fused kernels on GPU (foreach under FSDP2)."""
+    """AdamW, weight decay on matrices only; fused kernels on GPU (foreach under FSDP2).
+
+    ``model`` is a module or a list of parameters (the fp32 masters of ``--param-dtype bf16``)."""
     import torch
 
     decay, no_decay = [], []
-    for p in model.parameters():
+    for p in (model.parameters() if isinstance(model, torch.nn.Module) else model):
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -532,11 +539,16 @@ def _fingerprint(c: TrainConfig, world_size: int) -> dict[str, Any]:
             "global_batch": c.micro_batch_size * c.grad_accum * world_size}
 
 
-def _export_hf_state_dict(model, inner, conversion) -> dict:
-    """Full HF-named weights on rank 0 (every rank must call: FSDP2 gathers the shards)."""
+def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
+    """Full HF-named weights on rank 0 (every rank must call: FSDP2 gathers the shards).
+
+    Under ``--param-dtype bf16`` the weights are fp32: the optimizer's fp32 masters (``master``, one
+    process / DDP), or FSDP2's fp32 sharded parameters (it casts to bf16 only when gathering)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if master is not None and full:
+        full = master.model_state_dict(full)
     if conversion is None:
         return full
     if conversion.fused:
@@ -550,13 +562,14 @@ def _export_hf_state_dict(model, inner, conversion) -> dict:
     return {k: v for k, v in full.items() if not k.endswith("_extra_state")}
 
 
-def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, data_dir: Path, env) -> None:
+def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, data_dir: Path, env, master=None) -> None:
     """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
 
-    ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it."""
+    ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
+    the fp32 master weights of ``--param-dtype bf16`` (written instead of the bf16 parameters)."""
     from fp8lab.models import build_model
 
-    sd = _export_hf_state_dict(model, inner, conversion)
+    sd = _export_hf_state_dict(model, inner, conversion, master)
     if not env.is_main:
         return
     from transformers import PreTrainedTokenizerFast
@@ -670,9 +683,16 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         for block in blocks:
             block.compile()
     inner = model
-    model = fdist.wrap(model, env, c.parallel)
-    optimizer = make_optimizer(model, c, env.device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c, total_steps, warmup))
+    master = None
+    if c.param_dtype == "bf16" and not (env.distributed and c.parallel == "fsdp"):
+        # bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype
+        from fp8lab.master_weights import MasterWeights
+
+        master = MasterWeights(model, lambda params: make_optimizer(params, c, env.device))
+    model = fdist.wrap(model, env, c.parallel, param_dtype=c.param_dtype)
+    optimizer = master if master is not None else make_optimizer(model, c, env.device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(master.optimizer if master is not None else optimizer,
+                                                  lr_lambda(c, total_steps, warmup))
     after_step = getattr(get_backend(backend), "after_optimizer_step", None) if backend else None  # optional hook
     loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
                                rank=env.rank, world_size=world)
@@ -776,7 +796,10 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                     (loss / c.grad_accum).backward()
                 loss_sum += loss.detach()
             max_norm = c.grad_clip if c.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            if master is not None:  # fp32 copies of the bf16 gradients, clipped; the norm is theirs
+                grad_norm = master.clip_grad_norm_(max_norm)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             if hasattr(grad_norm, "full_tensor"):
                 grad_norm = grad_norm.full_tensor()
             # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
@@ -846,7 +869,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             metrics_log.close()
 
     if status == "completed" and c.save_model:
-        save_hf_model(model, inner, conversion, c, paths.model_dir, data_dir, env)
+        save_hf_model(model, inner, conversion, c, paths.model_dir, data_dir, env, master=master)
     summary = _summary(c, env, paths, status, message, state, total_steps, tokens_per_step, last_val,
                        resumed_from, backend_name, recipe_name, gpu_name, peak, time.perf_counter() - wall0)
     if env.is_main:

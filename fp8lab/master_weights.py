@@ -1,0 +1,183 @@
+"""BF16 model parameters with FP32 master weights inside the optimizer (one process and DDP).
+
+Why: a model kept in fp32 under ``torch.autocast`` re-casts every weight to bf16 (or FP8 in TE) on
+every forward, and gets its gradients back as fp32. Keeping the parameters in bf16 removes those
+casts; the optimizer keeps an fp32 copy of each parameter (the *master*) and fp32 AdamW states, so
+small updates are not lost to bf16 rounding. One optimizer step here is:
+
+1. copy the bf16 gradients into fp32 master gradients (``torch._foreach_copy_``);
+2. clip on the fp32 gradients (the returned norm is the fp32 global norm that the trainer logs);
+3. ``torch.optim.AdamW`` steps the fp32 masters (fused / foreach kernels as configured);
+4. copy the masters back into the bf16 parameters (``torch._foreach_copy_``).
+
+A step the trainer skips (non-finite loss or gradient) calls 1-2 only: masters, AdamW states and
+parameters stay as they were. Memory per parameter: bf16 parameter and gradient (2 + 2 bytes),
+fp32 master, its gradient buffer and two AdamW moments (4 x 4 bytes).
+
+Checkpoints: :meth:`model_state_dict` puts the fp32 masters where a model state dict has its
+parameters and :meth:`state_dict` is keyed by parameter name like
+``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``, so a checkpoint has the same
+layout and precision as one of an fp32 run. FSDP2 does not use this class: there the sharded
+parameters stay fp32 and ``MixedPrecisionPolicy(param_dtype=bf16)`` casts them when gathering.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+class MasterWeights:
+    """Casts ``module``'s parameters to ``dtype`` in place and steps fp32 copies of them.
+
+    Create it before DDP wraps the model (DDP buckets gradients by the parameters' dtype) and
+    before the first forward. ``make_optimizer(masters)`` builds the inner optimizer (AdamW with
+    the trainer's parameter groups) over the fp32 masters; an LR scheduler attaches to
+    ``.optimizer``. Duck-types the parts of ``torch.optim.Optimizer`` the trainer uses.
+    """
+
+    def __init__(self, module: nn.Module, make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+                 dtype: torch.dtype = torch.bfloat16):
+        self.params: list[nn.Parameter] = []
+        self.names: list[list[str]] = []  # every name of each parameter (tied weights have several)
+        index: dict[int, int] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            if not p.requires_grad:
+                continue
+            if id(p) not in index:
+                index[id(p)] = len(self.params)
+                self.params.append(p)
+                self.names.append([])
+            self.names[index[id(p)]].append(name)
+        if not self.params:
+            raise ValueError(f"{type(module).__name__} has no trainable parameters to keep master weights of")
+        with torch.no_grad():
+            self.masters = [nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in self.params]
+            for p in self.params:  # the same Parameter objects, now bf16: modules and hooks still see them
+                p.data = p.data.to(dtype)
+        self._master_grads = [torch.zeros_like(m) for m in self.masters]
+        for m, g in zip(self.masters, self._master_grads):
+            m.grad = g  # persistent buffers: filled by _foreach_copy_ every step, never re-allocated
+        self.dtype = dtype
+        self.optimizer = make_optimizer(self.masters)
+
+    # -- what the trainer calls ---------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Copy the bf16 gradients into the fp32 master gradients, clip those; return the fp32 norm."""
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):  # a parameter the forward did not use: not stepped (as in torch)
+            for m, g, buf in zip(self.masters, grads, self._master_grads):
+                m.grad = None if g is None else buf
+            pairs = [(m.grad, g) for m, g in zip(self.masters, grads) if g is not None]
+            if not pairs:
+                return torch.zeros((), device=self.masters[0].device)
+            dst, src = (list(t) for t in zip(*pairs))
+        else:
+            dst, src = self._master_grads, grads
+        with torch.no_grad():
+            torch._foreach_copy_(dst, src)
+        return torch.nn.utils.clip_grad_norm_([m for m in self.masters if m.grad is not None], max_norm)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """AdamW on the fp32 masters, then the bf16 parameters become their rounded copies."""
+        self.optimizer.step()
+        torch._foreach_copy_(self.params, self.masters)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the bf16 gradients; the master gradient buffers are overwritten by the next copy."""
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        for m, buf in zip(self.masters, self._master_grads):
+            m.grad = buf
+
+    # -- checkpoints and export ---------------------------------------------------------------
+    def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` (the model's, e.g. from get_model_state_dict) with the fp32 masters for the parameters.
+
+        On the masters' device the values are the masters themselves (a checkpoint load writes into
+        them in place); elsewhere (``cpu_offload``) copies on that device."""
+        out = dict(state_dict)
+        for names, m in zip(self.names, self.masters):
+            present = [n for n in names if n in out]
+            if not present:
+                raise KeyError(f"parameter {names[0]!r} is not in the model state dict (keys like {next(iter(out), None)!r})")
+            for n in present:
+                out[n] = m.detach().to(out[n].device)
+        return out
+
+    def _ensure_state(self) -> None:
+        """Create the AdamW states (zero moments, step 0) so a checkpoint load has tensors to fill.
+
+        As torch.distributed.checkpoint does for a fresh optimizer: one step with lr 0 and zero
+        gradients, which leaves the masters unchanged; the step counters are then reset to 0, so the
+        next real step is exactly a first step."""
+        if len(self.optimizer.state) == len(self.masters):
+            return
+        saved = [m.grad for m in self.masters]
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
+        with torch.no_grad():
+            for m in self.masters:
+                m.grad = torch.zeros_like(m)
+            for g in self.optimizer.param_groups:
+                g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+            self.optimizer.step()
+            for g, lr in zip(self.optimizer.param_groups, lrs):
+                g["lr"] = lr
+            for st in self.optimizer.state.values():
+                if isinstance(st.get("step"), torch.Tensor):
+                    st["step"].zero_()
+                elif "step" in st:
+                    st["step"] = 0
+        for m, g in zip(self.masters, saved):
+            m.grad = g
+
+    def state_dict(self) -> dict[str, Any]:
+        """AdamW state keyed by parameter name (the layout of get_optimizer_state_dict); tensors are the live ones."""
+        self._ensure_state()
+        first = {id(m): names[0] for m, names in zip(self.masters, self.names)}
+        state = {first[id(m)]: self.optimizer.state[m] for m in self.masters}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [first[id(m)] for m in g["params"]]}
+                  for g in self.optimizer.param_groups]
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take AdamW states and hyperparameters from ``state_dict`` (masters already restored), then
+        copy the masters into the bf16 parameters."""
+        own = self.state_dict()
+        for name, st in state_dict["state"].items():
+            if name not in own["state"]:
+                raise KeyError(f"optimizer state for unknown parameter {name!r}")
+            for k, v in st.items():
+                live = own["state"][name][k]
+                if isinstance(live, torch.Tensor):
+                    if live is not v:
+                        live.copy_(v)
+                else:
+                    own["state"][name][k] = v
+        if len(state_dict["param_groups"]) != len(self.optimizer.param_groups):
+            raise ValueError("optimizer state has a different number of parameter groups")
+        for g, saved in zip(self.optimizer.param_groups, state_dict["param_groups"]):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        self.sync_params()
+
+    @torch.no_grad()
+    def sync_params(self) -> None:
+        """The bf16 parameters from the masters (after a load)."""
+        torch._foreach_copy_(self.params, self.masters)
+
+    def master_for(self, name: str) -> torch.Tensor:
+        """The fp32 master of the parameter called ``name`` (tests, inspection)."""
+        for names, m in zip(self.names, self.masters):
+            if name in names:
+                return m
+        raise KeyError(name)
+

@@ -1,0 +1,198 @@
+"""``--param-dtype bf16``: bf16 parameters with fp32 master weights (one process, kill -9 resume),
+FSDP2 with a bf16 MixedPrecisionPolicy against one process, the overflow guard, bad values."""
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+from test_train_processes import _start_and_wait, common, prepared, records, run, torchrun, trainer  # noqa: F401
+
+from fp8lab import train as ftrain
+from fp8lab.master_weights import MasterWeights
+from fp8lab.models import build_model
+from fp8lab.train import TrainConfig, main, make_optimizer, train
+
+TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, plot=False, progress="off", print_metrics=False)
+
+
+def test_bf16_params_track_fp32_params_and_export_the_fp32_masters(prepared, tmp_path):
+    """20 steps, both under bf16 autocast: the fp32-parameter run feeds its GEMMs the bf16 rounding of
+    the very weights the bf16 run holds (masters stepped identically), so the runs differ only where
+    else bf16 rounding falls (embedding and norm outputs, bf16 gradients before the fp32 copy): each
+    ~2^-9 relative. Measured: loss <= 8e-4 relative over 20 steps; the bound is 3e-3, still far below
+    the ~0.75 the loss falls by. Gradient norms of this tiny model spike at lr 3e-3 and those spikes
+    are chaotic (one run's step 18 was 4x the other's), so only the first 4 steps' norms, before the
+    runs have drifted, are compared (measured 1.2e-4, bound 1e-3)."""
+    base = dict(**TINY, compute_dtype="bf16", steps=20, lr=3e-3, warmup_steps=2, data=str(prepared), checkpoint_every=-1)
+    a, b = tmp_path / "fp32", tmp_path / "bf16"
+    train(TrainConfig(**base, output_dir=str(a)))
+    s = train(TrainConfig(**base, param_dtype="bf16", output_dir=str(b)))
+    ra, rb = records(a), records(b)
+    assert s["status"] == "completed" and [r["step"] for r in rb] == list(range(1, 21))
+    assert rb[-1]["loss"] < rb[0]["loss"] - 0.5
+    for x, y in zip(ra, rb):
+        assert y["loss"] == pytest.approx(x["loss"], rel=3e-3)
+    for x, y in zip(ra[:4], rb[:4]):
+        assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-3)
+    assert all(0 < r["grad_norm"] < 100 for r in rb)  # logged every step, finite
+    assert json.loads((b / "config.json").read_text())["param_dtype"] == "bf16"
+    # the HF export holds the fp32 masters, not bf16 parameters upcast: most values are not bf16-representable
+    from safetensors.torch import load_file
+
+    w = load_file(b / "model" / "model.safetensors")
+    assert len(w) == 21 and all(t.dtype == torch.float32 for t in w.values())
+    q = w["model.layers.0.self_attn.q_proj.weight"]
+    assert (q.to(torch.bfloat16).float() != q).float().mean() > 0.9
+
+
+def _tiny_with_masters(lr=1e-2):
+    model = build_model("llama-tiny", seed=0)
+    fp32 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = TrainConfig(lr=lr, weight_decay=0.1)
+    mw = MasterWeights(model, lambda ps: make_optimizer(ps, cfg, torch.device("cpu")))
+    return model, fp32, mw
+
+
+def _backward(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 512, (2, 16), generator=g)
+    model(x, labels=x).loss.backward()
+
+
+def test_masters_are_fp32_params_bf16_and_a_step_copies_back():
+    model, fp32, mw = _tiny_with_masters()
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    for n, p in model.named_parameters():
+        m = mw.master_for(n)
+        assert m.dtype == torch.float32 and torch.equal(m, fp32[n])  # the masters are the fp32 init, not bf16 upcast
+        assert torch.equal(p.float(), fp32[n].to(torch.bfloat16).float())
+    _backward(model)
+    assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters())
+    expected = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in model.parameters()]))
+    norm = mw.clip_grad_norm_(1e9)
+    assert norm.dtype == torch.float32 and torch.allclose(norm, expected, rtol=1e-6)
+    mw.step()
+    mw.zero_grad()
+    moved = 0
+    for n, p in model.named_parameters():
+        m = mw.master_for(n)
+        assert torch.equal(p, m.to(torch.bfloat16)) and p.grad is None
+        moved += int(not torch.equal(m, fp32[n]))
+    assert moved == len(fp32)
+    st = mw.state_dict()
+    assert set(st["state"]) == set(fp32) and st["param_groups"][0]["params"][0] in fp32
+    assert all(v["exp_avg"].dtype == torch.float32 and float(v["step"]) == 1 for v in st["state"].values())
+
+
+def test_a_non_finite_step_leaves_masters_states_and_params_untouched():
+    model, _, mw = _tiny_with_masters()
+    _backward(model, seed=1)
+    mw.clip_grad_norm_(1.0)
+    mw.step()
+    mw.zero_grad()
+    snap = lambda: ([m.detach().clone() for m in mw.masters], [p.detach().clone() for p in model.parameters()],  # noqa: E731
+                    {k: {kk: vv.clone() for kk, vv in v.items()} for k, v in mw.state_dict()["state"].items()})
+    before = snap()
+    _backward(model, seed=2)
+    next(model.parameters()).grad[0, 0] = float("nan")  # what an FP8 overflow leaves in a gradient
+    norm = mw.clip_grad_norm_(1.0)
+    assert not torch.isfinite(norm)
+    mw.zero_grad()  # the trainer skips step() and drops the gradients
+    after = snap()
+    assert all(torch.equal(x, y) for x, y in zip(before[0], after[0]))
+    assert all(torch.equal(x, y) for x, y in zip(before[1], after[1]))
+    assert before[2].keys() == after[2].keys()
+    assert all(torch.equal(before[2][k][kk], after[2][k][kk]) for k in before[2] for kk in before[2][k])
+
+
+def test_trainer_skips_a_nan_step_under_bf16_params(prepared, tmp_path):
+    out = tmp_path / "nan"
+    s = train(TrainConfig(**TINY, param_dtype="bf16", steps=5, inject_nan_at_steps=(3,), data=str(prepared),
+                          output_dir=str(out), save_model=False, checkpoint_every=-1))
+    recs = records(out)
+    assert s["status"] == "completed" and s["nonfinite_steps"] == 1
+    assert recs[2]["skipped"] is True and recs[2]["loss"] is None
+    assert all(r["loss"] is not None and r["grad_norm"] is not None for i, r in enumerate(recs) if i != 2)
+
+
+def test_kill_9_then_restart_continues_bit_identically_with_bf16_params(prepared, tmp_path):
+    """The checkpoint holds the fp32 masters and fp32 AdamW states: a restart resumes exactly."""
+    args = lambda out: common(prepared, out, 60, "--checkpoint-every", "4", "--param-dtype", "bf16")  # noqa: E731
+    ref = tmp_path / "ref"
+    run(trainer(args(ref)))
+    out = tmp_path / "killed"
+    proc = _start_and_wait(trainer(args(out)), out, min_steps=10)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close(), proc.stderr.close()
+    at_kill = len(records(out))
+    assert proc.returncode == -signal.SIGKILL and at_kill < 60
+    restarted = run(trainer(args(out)))
+    resumed = int(restarted.stdout.split("resumed from checkpoint at step ")[1].split()[0])
+    assert 4 <= resumed <= at_kill and resumed % 4 == 0
+    recs = records(out)
+    assert [r["step"] for r in recs] == list(range(1, 61))
+    assert [r["loss"] for r in recs] == [r["loss"] for r in records(ref)]
+    assert [r["grad_norm"] for r in recs] == [r["grad_norm"] for r in records(ref)]
+
+
+def test_fsdp2_bf16_mixed_precision_matches_one_process_bf16(prepared, tmp_path):
+    """Global batch 4: one process x 4 (bf16 params + fp32 masters) against 2 FSDP2 ranks x 1 x 2
+    accumulation (fp32 shards, bf16 gathers, fp32 reduce-scatter). Both run the GEMMs on the same bf16
+    weights; they differ by how the batch is split (bf16 gradients summed in another order).
+    Measured: loss <= 2e-5, grad norm <= 4e-4 relative; bounds 2e-4 and 2e-3. One process then
+    resumes the FSDP2 checkpoint (same fp32 layout) and continues like the 7-step run."""
+    one_cfg = dict(model="llama-tiny", seq_len=32, compute_dtype="fp32", micro_batch_size=4, lr=1e-3, min_lr=1e-3,
+                   warmup_steps=0, data=str(prepared), progress="off", plot=False, print_metrics=False,
+                   save_model=False, param_dtype="bf16")
+    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    train(TrainConfig(**one_cfg, steps=7, output_dir=str(one)))
+    run(torchrun(common(prepared, fsdp, 5, "--lr", "0.001", "--min-lr", "0.001", "--warmup-steps", "0",
+                        "--micro-batch-size", "1", "--grad-accum", "2", "--parallel", "fsdp", "--param-dtype", "bf16",
+                        "--checkpoint-every", "5", "--save-model", "True")))
+    ref, recs = records(one), records(fsdp)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5] and all(r["world_size"] == 2 for r in recs)
+    for a, b in zip(ref[:5], recs):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-3)
+    from safetensors.torch import load_file
+
+    w = load_file(fsdp / "model" / "model.safetensors")  # FSDP2 exports its fp32 shards, gathered
+    assert len(w) == 21 and all(t.dtype == torch.float32 for t in w.values())
+    s = train(TrainConfig(**one_cfg, steps=7, output_dir=str(fsdp)))
+    assert s["resumed_from_step"] == 5
+    for a, b in zip(ref[5:], records(fsdp)[5:]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-4)
+
+
+def test_bad_param_dtype_is_rejected_with_one_clear_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--param-dtype", "fp16", "--progress", "off"]) == ftrain.EXIT_BAD_OPTIONS
+    err = capsys.readouterr().err.strip()
+    assert err == "fp8lab train: error: --param-dtype='fp16' is invalid; allowed: fp32 | bf16"
+    assert not (tmp_path / "runs").exists()
+    from fp8lab import distributed as fdist
+
+    env = fdist.DistEnv(0, 0, 1, torch.device("cpu"), False)
+    with pytest.raises(ValueError, match=r"--param-dtype='half' is invalid; allowed: fp32 \| bf16"):
+        fdist.wrap(torch.nn.Linear(2, 2), env, "ddp", param_dtype="half")
+
+
+def test_emulated_fp8_with_bf16_params_resumes_exactly_and_exports(prepared, tmp_path):
+    """The FP8 path with bf16 parameters: fused emulated layers, delayed scaling state and masters in the checkpoint."""
+    import shutil
+
+    base = dict(**TINY, precision="fp8", backend="emulated", recipe="delayed", param_dtype="bf16", steps=6,
+                checkpoint_every=3, data=str(prepared))
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(TrainConfig(**base, output_dir=str(a)))
+    shutil.copytree(a, b)
+    shutil.rmtree(b / "checkpoints" / "step_00000006")
+    s = train(TrainConfig(**base, output_dir=str(b)))
+    assert s["resumed_from_step"] == 3 and [r["loss"] for r in records(b)] == [r["loss"] for r in records(a)]
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(b / "model")  # fused QKV / gate-up split back, fp32 masters
+    assert hf.model.layers[0].self_attn.k_proj.weight.dtype == torch.float32
