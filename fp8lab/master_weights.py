@@ -11,8 +11,11 @@ small updates are not lost to bf16 rounding. One optimizer step here is:
 4. copy the masters back into the bf16 parameters (``torch._foreach_copy_``).
 
 A step the trainer skips (non-finite loss or gradient) calls 1-2 only: masters, AdamW states and
-parameters stay as they were. Memory per parameter: bf16 parameter and gradient (2 + 2 bytes),
-fp32 master, its gradient buffer and two AdamW moments (4 x 4 bytes).
+parameters stay as they were. Memory per parameter during forward/backward: bf16 parameter and
+gradient (2 + 2 bytes), fp32 master and two AdamW moments (3 x 4 bytes): 16 bytes, as an fp32 model
+with AdamW; the fp32 master gradients (4 more bytes) exist only from step 1 to ``zero_grad``, when
+the activations are gone. Gradient accumulation over micro-batches sums in bf16 (the parameters'
+dtype), which an fp32 model under autocast does in fp32.
 
 Checkpoints: :meth:`model_state_dict` puts the fp32 masters where a model state dict has its
 parameters and :meth:`state_dict` is keyed by parameter name like
@@ -56,9 +59,13 @@ class MasterWeights:
             self.masters = [nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in self.params]
             for p in self.params:  # the same Parameter objects, now bf16: modules and hooks still see them
                 p.data = p.data.to(dtype)
-        self._master_grads = [torch.zeros_like(m) for m in self.masters]
+        # fp32 master gradients: views into one flat buffer whose memory exists only from the copy to
+        # zero_grad (between optimizer steps, when forward/backward need the room, it is released)
+        self._flat_grad = torch.zeros(sum(m.numel() for m in self.masters), device=self.masters[0].device)
+        self._master_grads = [v.view_as(m) for v, m in zip(self._flat_grad.split([m.numel() for m in self.masters]), self.masters)]
         for m, g in zip(self.masters, self._master_grads):
-            m.grad = g  # persistent buffers: filled by _foreach_copy_ every step, never re-allocated
+            m.grad = g
+        self._release_grad_memory()
         self.dtype = dtype
         self.optimizer = make_optimizer(self.masters)
 
@@ -79,6 +86,7 @@ class MasterWeights:
             dst, src = (list(t) for t in zip(*pairs))
         else:
             dst, src = self._master_grads, grads
+        self._claim_grad_memory()
         with torch.no_grad():
             torch._foreach_copy_(dst, src)
         return torch.nn.utils.clip_grad_norm_([m for m in self.masters if m.grad is not None], max_norm)
@@ -90,7 +98,7 @@ class MasterWeights:
         torch._foreach_copy_(self.params, self.masters)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the bf16 gradients; the master gradient buffers are overwritten by the next copy."""
+        """Drop the bf16 gradients and release the fp32 master-gradient memory (refilled by the next copy)."""
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -98,6 +106,16 @@ class MasterWeights:
                 p.grad.zero_()
         for m, buf in zip(self.masters, self._master_grads):
             m.grad = buf
+        self._release_grad_memory()
+
+    def _claim_grad_memory(self) -> None:
+        store = self._flat_grad.untyped_storage()
+        if store.nbytes() == 0:
+            store.resize_(self._flat_grad.numel() * self._flat_grad.element_size())
+
+    def _release_grad_memory(self) -> None:
+        """Free the flat fp32 gradient buffer's memory; its views (the masters' .grad) stay valid objects."""
+        self._flat_grad.untyped_storage().resize_(0)
 
     # -- checkpoints and export ---------------------------------------------------------------
     def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""``--param-dtype bf16``: bf16 parameters with fp32 master weights (one process, kill -9 resume),
-FSDP2 with a bf16 MixedPrecisionPolicy against one process, the overflow guard, bad values."""
+"""``--param-dtype bf16``: bf16 parameters with fp32 master weights (one process, kill -9 resume, DDP),
+FSDP2 with a bf16 MixedPrecisionPolicy against one process, emulated FP8, the overflow guard, bad values."""
 from __future__ import annotations
 
 import json
@@ -71,10 +71,15 @@ def test_masters_are_fp32_params_bf16_and_a_step_copies_back():
     _backward(model)
     assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters())
     expected = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in model.parameters()]))
+    n_params = sum(m.numel() for m in mw.masters)
+    assert mw._flat_grad.untyped_storage().nbytes() == 0  # no fp32 gradient memory during forward/backward
     norm = mw.clip_grad_norm_(1e9)
     assert norm.dtype == torch.float32 and torch.allclose(norm, expected, rtol=1e-6)
+    assert mw._flat_grad.untyped_storage().nbytes() == 4 * n_params
+    assert all(torch.equal(m.grad, p.grad.float()) for m, p in zip(mw.masters, mw.params))  # exact upcasts
     mw.step()
     mw.zero_grad()
+    assert mw._flat_grad.untyped_storage().nbytes() == 0
     moved = 0
     for n, p in model.named_parameters():
         m = mw.master_for(n)
@@ -138,29 +143,33 @@ def test_kill_9_then_restart_continues_bit_identically_with_bf16_params(prepared
     assert [r["grad_norm"] for r in recs] == [r["grad_norm"] for r in records(ref)]
 
 
-def test_fsdp2_bf16_mixed_precision_matches_one_process_bf16(prepared, tmp_path):
-    """Global batch 4: one process x 4 (bf16 params + fp32 masters) against 2 FSDP2 ranks x 1 x 2
-    accumulation (fp32 shards, bf16 gathers, fp32 reduce-scatter). Both run the GEMMs on the same bf16
-    weights; they differ by how the batch is split (bf16 gradients summed in another order).
-    Measured: loss <= 2e-5, grad norm <= 4e-4 relative; bounds 2e-4 and 2e-3. One process then
-    resumes the FSDP2 checkpoint (same fp32 layout) and continues like the 7-step run."""
+def test_ddp_and_fsdp2_with_bf16_params_match_one_process_bf16(prepared, tmp_path):
+    """Global batch 4: one process x 4 (bf16 params + fp32 masters) against 2 DDP ranks x 2 (bf16 params,
+    bf16 gradient all-reduce, fp32 masters) and 2 FSDP2 ranks x 1 x 2 accumulation (fp32 shards, bf16
+    gathers, fp32 reduce-scatter). All run the GEMMs on the same bf16 weights; they differ by how the
+    batch is split (bf16 gradients summed in another order). Measured: loss <= 3e-5, grad norm
+    <= 5.5e-4 relative; bounds 2e-4 and 2e-3. One process then resumes the FSDP2 checkpoint (the same
+    fp32 layout) and continues like the 7-step run."""
     one_cfg = dict(model="llama-tiny", seq_len=32, compute_dtype="fp32", micro_batch_size=4, lr=1e-3, min_lr=1e-3,
                    warmup_steps=0, data=str(prepared), progress="off", plot=False, print_metrics=False,
                    save_model=False, param_dtype="bf16")
-    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
     train(TrainConfig(**one_cfg, steps=7, output_dir=str(one)))
-    run(torchrun(common(prepared, fsdp, 5, "--lr", "0.001", "--min-lr", "0.001", "--warmup-steps", "0",
-                        "--micro-batch-size", "1", "--grad-accum", "2", "--parallel", "fsdp", "--param-dtype", "bf16",
-                        "--checkpoint-every", "5", "--save-model", "True")))
-    ref, recs = records(one), records(fsdp)
-    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5] and all(r["world_size"] == 2 for r in recs)
-    for a, b in zip(ref[:5], recs):
-        assert b["loss"] == pytest.approx(a["loss"], rel=2e-4)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-3)
+    flags = ["--lr", "0.001", "--min-lr", "0.001", "--warmup-steps", "0", "--param-dtype", "bf16", "--save-model", "True"]
+    run(torchrun(common(prepared, ddp, 5, *flags, "--micro-batch-size", "2", "--checkpoint-every", "-1")))
+    run(torchrun(common(prepared, fsdp, 5, *flags, "--micro-batch-size", "1", "--grad-accum", "2", "--parallel", "fsdp",
+                        "--checkpoint-every", "5")))
+    ref = records(one)
     from safetensors.torch import load_file
 
-    w = load_file(fsdp / "model" / "model.safetensors")  # FSDP2 exports its fp32 shards, gathered
-    assert len(w) == 21 and all(t.dtype == torch.float32 for t in w.values())
+    for out in (ddp, fsdp):
+        recs = records(out)
+        assert [r["step"] for r in recs] == [1, 2, 3, 4, 5] and all(r["world_size"] == 2 for r in recs)
+        for a, b in zip(ref[:5], recs):
+            assert b["loss"] == pytest.approx(a["loss"], rel=2e-4)
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-3)
+        w = load_file(out / "model" / "model.safetensors")  # DDP: the masters; FSDP2: its fp32 shards, gathered
+        assert len(w) == 21 and all(t.dtype == torch.float32 for t in w.values())
     s = train(TrainConfig(**one_cfg, steps=7, output_dir=str(fsdp)))
     assert s["resumed_from_step"] == 5
     for a, b in zip(ref[5:], records(fsdp)[5:]):
