@@ -46,6 +46,10 @@ VARIANTS: dict[str, list[str]] = {
     "te-fp8-block": ["--precision", "fp8", "--backend", "te", "--recipe", "block", "--fuse", "True"],
     "te-fp8-delayed-swap": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "False"],
     "torchao-fp8-compile": ["--precision", "fp8", "--backend", "torchao", "--recipe", "current", "--compile", "True"],
+    # bf16 parameters, fp32 master weights in the optimizer (--param-dtype bf16; fp8lab.master_weights)
+    "te-bf16-p16": ["--precision", "bf16", "--backend", "te", "--fuse", "True", "--param-dtype", "bf16"],
+    "te-fp8-delayed-p16": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
+                           "--param-dtype", "bf16"],
 }
 # CPU smoke variants (emulated FP8: for checking this script, never for speed claims)
 CPU_VARIANTS: dict[str, list[str]] = {
