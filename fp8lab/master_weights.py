@@ -66,6 +66,7 @@ class MasterWeights:
         for m, g in zip(self.masters, self._master_grads):
             m.grad = g
         self._release_grad_memory()
+        self._some_detached = False
         self.dtype = dtype
         self.optimizer = make_optimizer(self.masters)
 
@@ -78,6 +79,7 @@ class MasterWeights:
         """Copy the bf16 gradients into the fp32 master gradients, clip those; return the fp32 norm."""
         grads = [p.grad for p in self.params]
         if any(g is None for g in grads):  # a parameter the forward did not use: not stepped (as in torch)
+            self._some_detached = True
             for m, g, buf in zip(self.masters, grads, self._master_grads):
                 m.grad = None if g is None else buf
             pairs = [(m.grad, g) for m, g in zip(self.masters, grads) if g is not None]
@@ -104,8 +106,10 @@ class MasterWeights:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
-        for m, buf in zip(self.masters, self._master_grads):
-            m.grad = buf
+        if self._some_detached:  # give the parameters skipped by the last copy their buffers back
+            for m, buf in zip(self.masters, self._master_grads):
+                m.grad = buf
+            self._some_detached = False
         self._release_grad_memory()
 
     def _claim_grad_memory(self) -> None:

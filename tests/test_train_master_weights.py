@@ -205,3 +205,20 @@ def test_emulated_fp8_with_bf16_params_resumes_exactly_and_exports(prepared, tmp
 
     hf = LlamaForCausalLM.from_pretrained(b / "model")  # fused QKV / gate-up split back, fp32 masters
     assert hf.model.layers[0].self_attn.k_proj.weight.dtype == torch.float32
+
+
+def test_a_parameter_without_gradient_is_not_stepped():
+    model, fp32, mw = _tiny_with_masters()
+    _backward(model)
+    head = dict(model.named_parameters())["lm_head.weight"]
+    head.grad = None  # as if the forward had not used it
+    mw.clip_grad_norm_(1.0)
+    mw.step()
+    mw.zero_grad()
+    assert torch.equal(mw.master_for("lm_head.weight"), fp32["lm_head.weight"])
+    assert not torch.equal(mw.master_for("model.norm.weight"), fp32["model.norm.weight"])
+    assert all(m.grad is not None for m in mw.masters)  # buffers back for the next step
+    _backward(model, seed=3)
+    mw.clip_grad_norm_(1.0)
+    mw.step()
+    assert not torch.equal(mw.master_for("lm_head.weight"), fp32["lm_head.weight"])
