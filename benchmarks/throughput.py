@@ -138,7 +138,10 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "micro_batch_size": int(_arg_value(extra, "--micro-batch-size", "4")),
         "grad_accum": int(_arg_value(extra, "--grad-accum", "1")), "seq_len": int(_arg_value(extra, "--seq-len", "256")),
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
-        "optimizer": "AdamW (fused on GPU), fp32 master weights, bf16 autocast",
+        "param_dtype": _arg_value(flags + extra, "--param-dtype", "fp32"),
+        "optimizer": ("AdamW (fused on GPU) on fp32 parameters, bf16 autocast"
+                      if _arg_value(flags + extra, "--param-dtype", "fp32") == "fp32" else
+                      "AdamW on fp32 master weights, bf16 parameters"),
         "versions": versions(), "command": shown, "harness": _harness_command(args),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

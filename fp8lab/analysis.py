@@ -27,6 +27,7 @@ META_COLUMNS = [
     "run_id", "study", "source", "model", "precision", "backend", "recipe", "fuse", "variant",
     "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
     "parallel",  # ddp | fsdp on several GPUs: runs pair only within one mode
+    "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
@@ -364,6 +365,8 @@ def variant_label(row: dict) -> str:
     fuse = row.get("fuse")
     if isinstance(fuse, (bool, np.bool_)) and fp8:
         parts.append("fused" if fuse else "unfused")
+    if row.get("param_dtype") == "bf16":
+        parts.append("bf16-params")
     parallel = row.get("parallel")
     if isinstance(parallel, str) and parallel:  # several GPUs: DDP and FSDP2 are different set-ups
         parts.append(parallel)
