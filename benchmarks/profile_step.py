@@ -91,8 +91,6 @@ def profile(model_name: str, variant: str, mb: int, seq: int, steps: int, overri
         totals[cat] = totals.get(cat, 0.0) + t
     gpu_ms = sum(kernels.values()) / 1e3 / steps
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
-    del model, opt
-    torch.cuda.empty_cache()
     return {"model": model_name, "variant": variant, "micro_batch_size": mb, "seq_len": seq,
             "gpu_ms_per_step": gpu_ms,
             "categories_ms": {k: v / 1e3 / steps for k, v in sorted(totals.items(), key=lambda kv: -kv[1])},

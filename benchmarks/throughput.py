@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -91,6 +90,14 @@ def quantiles(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": xs[0], "max": xs[-1]}
 
 
+def _peak_tflops(gpu_name: str) -> float | None:
+    """The dense BF16 peak the trainer divided by for MFU (fp8lab.metrics' table)."""
+    from fp8lab.metrics import peak_bf16_flops
+
+    peak = peak_bf16_flops(gpu_name)
+    return peak / 1e12 if peak else None
+
+
 def _harness_command(args) -> str:
     """This script's command line, with machine-specific folders replaced by placeholders."""
     line = "python " + " ".join(shlex.quote(a) for a in sys.argv).replace(str(REPO) + "/", "")
@@ -150,7 +157,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "tokens_per_sec_per_gpu_p75": tps["p75"], "tokens_per_sec_per_gpu_min": tps["min"],
         "tokens_per_sec_per_gpu_max": tps["max"], "timed_steps": len(timed), "warmup_steps": args.warmup,
         "step_time_s": statistics.median(r["step_time_s"] for r in timed),
-        "mfu": statistics.median(mfus) if mfus else None, "mfu_peak_tflops": 989.0 if mfus else None,
+        "mfu": statistics.median(mfus) if mfus else None, "mfu_peak_tflops": _peak_tflops(recs[-1]["gpu_name"]) if mfus else None,
         "max_mem_gib": max(r["max_mem_gib"] or 0 for r in recs), "tokens": recs[-1]["tokens"],
         "loss": recs[-1]["loss"], "first_loss": recs[0]["loss"],
     }

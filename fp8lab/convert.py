@@ -133,13 +133,21 @@ def export_hf_state_dict(converted: nn.Module) -> dict[str, torch.Tensor]:
     Fused QKV and gate/up weights are split back; TE's FP8 metadata (``_extra_state``) is dropped.
     Tensors are detached copies, in the model's dtype and device.
     """
+    return hf_state_dict_from(converted, converted.state_dict())
+
+
+def hf_state_dict_from(converted: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map a state dict *of* ``converted`` (e.g. one FSDP2 gathered onto rank 0) to HF names.
+
+    The same mapping as :func:`export_hf_state_dict`, for weights that live outside the module.
+    """
     _info(converted)
     cls, cfg = _hf_class_and_config(converted)
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in cls(cfg).state_dict().items()}
     if isinstance(converted, _fused.FusedCausalLM):
-        return _fused.fused_to_hf(converted.state_dict(), converted.spec, shapes)
-    sd = {k: v.detach().clone() for k, v in converted.state_dict().items() if not k.endswith("_extra_state")}
+        return _fused.fused_to_hf(state_dict, converted.spec, shapes)
+    sd = {k: v.detach().clone() for k, v in state_dict.items() if not k.endswith("_extra_state")}
     if set(sd) != set(shapes):
         raise ValueError(f"state dict keys differ from {cls.__name__}: "
                          f"missing {sorted(set(shapes) - set(sd))[:5]}, extra {sorted(set(sd) - set(shapes))[:5]}")

@@ -13,7 +13,6 @@ import platform
 import sys
 from dataclasses import asdict, dataclass, field
 
-FP8_MIN_CAPABILITY = (8, 9)
 
 
 @dataclass
@@ -85,8 +84,10 @@ def report() -> EnvReport:
             gpu_name = torch.cuda.get_device_name(0)
             major, minor = torch.cuda.get_device_capability(0)
             cc = f"{major}.{minor}"
-            fp8 = (major, minor) >= FP8_MIN_CAPABILITY
-            fp8_reason = None if fp8 else f"{gpu_name} has compute capability {cc}; FP8 needs >= 8.9 (Ada/Hopper)"
+            from fp8lab.backends import fp8_gpu_problem  # one rule for every backend and this report
+
+            fp8_reason = fp8_gpu_problem()
+            fp8 = fp8_reason is None
         else:
             fp8_reason = "no CUDA GPU visible" + ("" if cuda else " (this torch is a CPU build)")
     te_version, te_error = _version("transformer_engine.pytorch") if torch_version else (None, "needs torch")

@@ -54,13 +54,12 @@ def preflight(argv: list[str]) -> str | None:
     except Exception as exc:  # pragma: no cover - every training image has torch
         return f"fp8lab: torch does not import ({exc})"
     if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(0)
-        if (major, minor) < (8, 9):
-            return (
-                f"fp8lab: FP8 needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper, Blackwell); "
-                f"this GPU ({torch.cuda.get_device_name(0)}) is {major}.{minor}. "
-                "Use ml.p5.* / ml.p5e.* / ml.p5en.* / ml.p6-b200.*, or precision='bf16'."
-            )
+        from fp8lab.backends import fp8_gpu_problem
+
+        problem = fp8_gpu_problem()
+        if problem is not None:
+            return (f"fp8lab: FP8 needs FP8 tensor cores: {problem}. "
+                    "Use ml.p5.* / ml.p5e.* / ml.p5en.* / ml.p6-b200.*, or precision='bf16'.")
     return None
 
 

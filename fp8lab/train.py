@@ -549,17 +549,11 @@ def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master is not None and full:
         full = master.model_state_dict(full)
-    if conversion is None:
+    if conversion is None or not full:  # plain HF model, or a rank other than 0
         return full
-    if conversion.fused:
-        import torch
+    from fp8lab.convert import hf_state_dict_from
 
-        from fp8lab.backends import _fused
-
-        with torch.device("meta"):
-            shapes = {k: v.shape for k, v in inner.hf_class(inner.config).state_dict().items()}
-        return _fused.fused_to_hf(full, inner.spec, shapes) if full else {}
-    return {k: v for k, v in full.items() if not k.endswith("_extra_state")}
+    return hf_state_dict_from(inner, full)
 
 
 def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, data_dir: Path, env, master=None) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from fp8lab.backends import available_backends
 from fp8lab.convert import (
-    Recipe, autocast, check_equivalence, compare_speed, convert_model, export_hf_state_dict, time_forward_backward,
+    autocast, check_equivalence, compare_speed, convert_model, export_hf_state_dict, time_forward_backward,
 )
 from fp8lab.models import build_model
 

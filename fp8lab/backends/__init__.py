@@ -12,6 +12,7 @@ A backend is a module in this package that defines ``BACKEND``, an object follow
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from contextlib import AbstractContextManager
 from typing import Callable, Protocol, runtime_checkable
@@ -72,6 +73,13 @@ def require(name: str) -> Backend:
             f"backend {name!r} is not usable here: {reason}. Usable on this machine: {', '.join(usable) or 'none'}"
         )
     return be
+
+
+def install_or_gpu_problem(package: str, label: str, install: str) -> str | None:
+    """Why a hardware FP8 backend cannot run here: its package is missing, or there is no FP8 GPU."""
+    if importlib.util.find_spec(package) is None:
+        return f"{label} is not installed ({install})"
+    return fp8_gpu_problem()
 
 
 def fp8_gpu_problem() -> str | None:
@@ -146,5 +154,5 @@ def is_rmsnorm(module: nn.Module) -> bool:
 
 __all__ = [
     "Backend", "BackendUnavailableError", "ModuleFilter", "available_backends", "backend_names",
-    "get_backend", "require", "fp8_gpu_problem", "check_gemm_shapes", "default_filter",
+    "get_backend", "require", "fp8_gpu_problem", "install_or_gpu_problem", "check_gemm_shapes", "default_filter",
 ]

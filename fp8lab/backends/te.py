@@ -20,7 +20,7 @@ import importlib.util
 import torch
 from torch import nn
 
-from fp8lab.backends import _fused, fp8_gpu_problem, fused_targets, is_rmsnorm, linear_targets, swap_modules
+from fp8lab.backends import _fused, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
 from fp8lab.recipe import Recipe
 
 INSTALL = "install: pip install --no-build-isolation 'transformer-engine[pytorch]', with a CUDA build of torch"
@@ -86,11 +86,9 @@ class TEBackend:
         return self._te_recipes[recipe]
 
     def available(self) -> str | None:
-        if importlib.util.find_spec("transformer_engine") is None:
-            return f"Transformer Engine is not installed ({INSTALL})"
-        gpu = fp8_gpu_problem()
-        if gpu is not None:
-            return gpu
+        problem = install_or_gpu_problem("transformer_engine", "Transformer Engine", INSTALL)
+        if problem is not None:
+            return problem
         try:
             te = _te()
             ok, reason = te.is_fp8_available(return_reason=True)

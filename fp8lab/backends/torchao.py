@@ -8,7 +8,6 @@ the converted layers through a plain ``F.linear`` on the same weights for as lon
 """
 from __future__ import annotations
 
-import importlib.util
 import weakref
 from contextlib import contextmanager
 from functools import partial
@@ -16,7 +15,7 @@ from typing import Iterator
 
 from torch import nn
 
-from fp8lab.backends import fp8_gpu_problem, linear_targets
+from fp8lab.backends import install_or_gpu_problem, linear_targets
 from fp8lab.recipe import Recipe
 
 INSTALL = "install: pip install torchao, with a CUDA build of torch"
@@ -30,11 +29,9 @@ class TorchaoBackend:
         self._converted: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # for autocast(enabled=False)
 
     def available(self) -> str | None:
-        if importlib.util.find_spec("torchao") is None:
-            return f"torchao is not installed ({INSTALL})"
-        gpu = fp8_gpu_problem()
-        if gpu is not None:
-            return gpu
+        problem = install_or_gpu_problem("torchao", "torchao", INSTALL)
+        if problem is not None:
+            return problem
         try:
             import torchao.float8  # noqa: F401
         except Exception as exc:
