@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from fp8lab.launch import DEFAULT_PRICES_USD_PER_HOUR  # stdlib-only module; sagemaker loads lazily
 from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 
 # Run metadata carried on every row of the tidy table.
@@ -54,12 +55,11 @@ _ALIASES = {
     "seq_len": ("seq_len", "seq_length", "max_seq_len", "block_size", "sequence_length"),
 }
 
-# Price used for time-and-cost estimates unless one is passed: the same assumption as
-# fp8lab.launch (DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]; a test keeps them equal): the
-# SageMaker AI on-demand training price of one ml.p5.48xlarge (8x H100) in us-east-1, USD per
-# instance-hour, as listed around the source blog's date (2024-11). Not a quote: prices differ by
-# region and changed since (AWS cut P5 prices in 2025). Pass your own.
-DEFAULT_PRICE_PER_INSTANCE_HOUR = 113.07
+# Price used for time-and-cost estimates unless one is passed: fp8lab.launch's assumption (one
+# place for it): the SageMaker AI on-demand training price of one ml.p5.48xlarge (8x H100) in
+# us-east-1, USD per instance-hour, as listed around the source blog's date (2024-11). Not a quote:
+# prices differ by region and changed since (AWS cut P5 prices in 2025). Pass your own.
+DEFAULT_PRICE_PER_INSTANCE_HOUR = DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]
 PRICE_SOURCE = ("assumed SageMaker on-demand training price of ml.p5.48xlarge in us-east-1 as of 2024-11 "
                 "(the value fp8lab.launch uses); pass your own price")
 DEFAULT_TOKEN_BUDGET = 24e9  # the source's epoch: 24 billion tokens
