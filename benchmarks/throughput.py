@@ -49,6 +49,11 @@ VARIANTS: dict[str, list[str]] = {
     "te-bf16-p16": ["--precision", "bf16", "--backend", "te", "--fuse", "True", "--param-dtype", "bf16"],
     "te-fp8-delayed-p16": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
                            "--param-dtype", "bf16"],
+    "te-fp8-current-p16": ["--precision", "fp8", "--backend", "te", "--recipe", "current", "--fuse", "True",
+                           "--param-dtype", "bf16"],
+    # FP8 weights re-cast for every micro-batch (the default caches them once per step under --grad-accum)
+    "te-fp8-delayed-nocache": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
+                               "--fp8-weight-cache", "False"],
 }
 # CPU smoke variants (emulated FP8: for checking this script, never for speed claims)
 CPU_VARIANTS: dict[str, list[str]] = {
@@ -109,7 +114,7 @@ def _harness_command(args) -> str:
 def run_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> dict:
     """Train ``args.steps`` steps in a fresh process; return the run record, steps and summary."""
     nproc = getattr(args, "nproc", 1)
-    run_id = f"{model}-{variant}" + (f"-{nproc}gpu-{args.parallel}" if nproc > 1 else "")
+    run_id = f"{model}-{variant}" + (f"-{nproc}gpu-{args.parallel}" if nproc > 1 else "") + (f"-{args.tag}" if getattr(args, "tag", "") else "")
     out_dir = work / run_id
     # several GPUs: torchrun's own rendezvous (--standalone), one process per GPU
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
@@ -134,7 +139,8 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     tps = quantiles([r["tokens_per_sec_per_gpu"] for r in timed])
     mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
     run = {
-        "record": "run", "run_id": run_id, "study": args.study, "model": model, "variant": variant,
+        "record": "run", "run_id": run_id, "study": args.study, "model": model,
+        "variant": variant + (f"-{args.tag}" if getattr(args, "tag", "") else ""),
         "precision": _arg_value(flags, "--precision"), "backend": "hf" if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--backend"),
         "recipe": _arg_value(flags, "--recipe"), "fuse": None if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--fuse", "True") == "True",
         "compile": _arg_value(flags, "--compile", "False") == "True",
@@ -146,6 +152,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "grad_accum": int(_arg_value(extra, "--grad-accum", "1")), "seq_len": int(_arg_value(extra, "--seq-len", "256")),
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
         "param_dtype": _arg_value(flags + extra, "--param-dtype", "fp32"),
+        "fp8_weight_cache": cfg.get("fp8_weight_cache_active"),
         "optimizer": ("AdamW (fused on GPU) on fp32 parameters, bf16 autocast"
                       if _arg_value(flags + extra, "--param-dtype", "fp32") == "fp32" else
                       "AdamW on fp32 master weights, bf16 parameters"),
@@ -194,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--common-args", default="--seq-len 2048 --micro-batch-size 8", help="trainer options for every run")
     p.add_argument("--data", default=None, help="prepared data folder (default: the shipped corpus)")
     p.add_argument("--study", default="throughput-h200")
+    p.add_argument("--tag", default="", help="suffix of every run id (e.g. ga4 for a --grad-accum 4 layout), so layouts do not overwrite each other")
     p.add_argument("--out", default=None, help="result folder (default data/results/<study>)")
     p.add_argument("--work", default="/tmp/fp8lab-bench")
     p.add_argument("--timeout", type=int, default=600, help="seconds per variant")

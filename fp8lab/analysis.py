@@ -367,6 +367,9 @@ def variant_label(row: dict) -> str:
         parts.append("fused" if fuse else "unfused")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
+    ga = row.get("grad_accum")
+    if isinstance(ga, (int, float, np.integer, np.floating)) and not pd.isna(ga) and ga > 1:
+        parts.append(f"ga{int(ga)}")
     parallel = row.get("parallel")
     if isinstance(parallel, str) and parallel:  # several GPUs: DDP and FSDP2 are different set-ups
         parts.append(parallel)

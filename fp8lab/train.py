@@ -116,6 +116,7 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
+    fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step, not per micro-batch
     device: str = "auto"  # auto | cpu | cuda
     max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
     peak_tflops: float = 0.0  # dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)
@@ -171,7 +172,8 @@ def _validate(c: TrainConfig) -> None:
             raise bad(name, " | ".join(choices))
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
-    for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics"):
+    for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics",
+                 "fp8_weight_cache"):
         if not isinstance(getattr(c, name), bool):
             raise bad(name, "True | False")
     if c.steps is not None and c.tokens is not None:
@@ -434,6 +436,21 @@ def resolve_fp8(c: TrainConfig):
     return name, recipe
 
 
+def fsdp_te_problem(c: TrainConfig, backend: str | None, distributed: bool) -> str | None:
+    """Why this FSDP2 + Transformer Engine layout cannot train, or None.
+
+    TE 2.20 under FSDP2 does not keep a high-precision weight it had to cast for backward (it
+    expects to re-quantize it there, which only FP8 does): fp32 parameters under bf16 autocast with
+    FP8 off fail at the first backward ("GEMM requested the columnwise representation, but it is
+    unavailable"). bf16 parameters (FSDP2 gathers them in bf16) need no cast and train.
+    """
+    if backend == "te" and distributed and c.parallel == "fsdp" and c.precision == "bf16" and c.param_dtype == "fp32":
+        return ("--parallel fsdp with --backend te and --precision bf16 needs --param-dtype bf16: Transformer "
+                "Engine under FSDP2 cannot run backward on fp32 parameters cast to bf16 with FP8 off; allowed: "
+                "--param-dtype bf16 (fp32 master weights stay in the optimizer), --parallel ddp, or --precision fp8")
+    return None
+
+
 def lr_lambda(c: TrainConfig, total_steps: int, warmup: int) -> Callable[[int], float]:
     """Multiplier of --lr after ``i`` optimizer steps: linear warm-up, then cosine down to --min-lr."""
     def f(i: int) -> float:
@@ -629,6 +646,9 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     paths = resolve_paths(c)
     mcfg = get_config(c.model, **c.model_overrides)
     backend, recipe = resolve_fp8(c)  # errors before any compute
+    problem = fsdp_te_problem(c, backend, env.distributed)
+    if problem:
+        raise ValueError(problem)
     world = env.world_size
     tokens_per_step = c.micro_batch_size * c.grad_accum * world * c.seq_len
     total_steps = c.steps if c.steps is not None else (math.ceil(c.tokens / tokens_per_step) if c.tokens else 100)
@@ -688,6 +708,11 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     scheduler = torch.optim.lr_scheduler.LambdaLR(master.optimizer if master is not None else optimizer,
                                                   lr_lambda(c, total_steps, warmup))
     after_step = getattr(get_backend(backend), "after_optimizer_step", None) if backend else None  # optional hook
+    # TE's FP8 weight cache: the first micro-batch of a step quantises the weights, the others reuse
+    # them (they cannot change before optimizer.step()); FSDP2 re-gathers weights, so not there
+    weight_cache = bool(c.fp8_weight_cache and fp8_on and c.grad_accum > 1
+                        and getattr(inner, "supports_weight_cache", False)
+                        and not (env.distributed and c.parallel == "fsdp"))
     loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
                                rank=env.rank, world_size=world)
 
@@ -726,6 +751,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         metrics_log = fmetrics.MetricsLog(paths.output_dir / "metrics.jsonl", resume_step=resumed_from)
         cfg_record = {**c.as_dict(), "backend_resolved": backend_name, "recipe_resolved": recipe.describe() if recipe else None,
                       "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
+                      "fp8_weight_cache_active": weight_cache,
                       "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
                       "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
                       "resumed_from_step": resumed_from, **fmetrics.provenance(gpu_name, world, argv)}
@@ -783,7 +809,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                 x, y = (t.to(env.device, non_blocking=True) for t in loader.next_batch())
                 with fdist.gradient_sync(model, micro == c.grad_accum - 1):
                     with amp_ctx(), fp8_ctx():
-                        logits = model(x).logits
+                        logits = (model(x, is_first_microbatch=micro == 0) if weight_cache else model(x)).logits
                     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
                     if step in c.inject_nan_at_steps and env.is_main and micro == 0:
                         loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step

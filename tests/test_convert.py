@@ -236,3 +236,17 @@ def test_fp8_under_torch_autocast_with_fp32_master_weights(fuse):
     with torch.no_grad():
         ref_loss = ref(input_ids=ids, labels=ids).loss
     assert abs(float(out.loss.detach()) - float(ref_loss)) < 0.05
+
+
+def test_fused_model_accepts_the_micro_batch_flag_and_reuses_its_rope_tables():
+    """Backends without a weight cache ignore is_first_microbatch; RoPE tables are built once per shape."""
+    model = convert_model(build_model("llama-tiny", seed=0), backend="emulated", fuse=True)
+    assert model.supports_weight_cache is False
+    ids = _ids()
+    with torch.no_grad():
+        plain = model(ids).logits
+        flagged = model(ids, is_first_microbatch=False).logits
+    torch.testing.assert_close(flagged, plain, atol=0, rtol=0)
+    assert list(model._rope_tables) == [(ids.shape[1], "cpu", torch.float32)]
+    assert model.state_dict().keys() == convert_model(build_model("llama-tiny", seed=0), backend="emulated",
+                                                      fuse=True).state_dict().keys()

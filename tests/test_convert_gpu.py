@@ -144,3 +144,40 @@ def test_te_with_fp32_master_weights_under_torch_autocast(name, fuse):
     with torch.no_grad():
         ref_loss = ref(input_ids=ids, labels=ids).loss
     assert abs(float(out.loss.detach()) - float(ref_loss)) < 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_te_fused_rope_matches_the_plain_pytorch_rope(dtype):
+    """The TE parts rotate Q and K with TE's fused kernel; it must be HF's rotate-half RoPE."""
+    _need("te")
+    from fp8lab.backends._fused import TorchRope
+    from fp8lab.backends.te import TERope
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(2, 256, 4, 64, device="cuda", generator=g).to(dtype).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    ref, fused = TorchRope(), TERope()
+    a = ref.apply(x, ref.tables(256, 64, 10000.0, "cuda", dtype))
+    b = fused.apply(x2, fused.tables(256, 64, 10000.0, "cuda", dtype))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(b, a, **tol)
+    w = torch.randn_like(a)
+    (a * w).sum().backward()
+    (b * w).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, **tol)
+
+
+def test_te_fused_llama_forward_is_unchanged_by_the_fp8_weight_cache():
+    """is_first_microbatch=True then False (cached FP8 weights) gives the same logits as no cache."""
+    _need("te")
+    from fp8lab.recipe import Recipe
+
+    model = convert_model(build_model("llama-tiny", device="cuda", dtype=torch.bfloat16), backend="te", fuse=True)
+    assert model.supports_weight_cache
+    ids, rec = _ids(), Recipe(kind="current")
+    with torch.no_grad(), autocast("te", rec):
+        plain = model(ids).logits
+        first = model(ids, is_first_microbatch=True).logits
+        cached = model(ids, is_first_microbatch=False).logits
+    torch.testing.assert_close(first, plain, atol=0, rtol=0)
+    torch.testing.assert_close(cached, plain, atol=0, rtol=0)

@@ -85,6 +85,34 @@ def test_fp8_emulated_fused_run_and_hf_export(prepared, tmp_path):
     assert hf.model.layers[0].self_attn.k_proj.weight.shape == (32, 64)
 
 
+def test_fp8_weight_cache_is_only_active_where_the_backend_has_one(prepared, tmp_path):
+    """--grad-accum > 1 on the emulated fused model: no FP8 weight cache there, recorded as inactive."""
+    out = tmp_path / "ga"
+    train(TrainConfig(**TINY, precision="fp8", backend="emulated", steps=2, grad_accum=2, checkpoint_every=-1,
+                      save_model=False, data=str(prepared), output_dir=str(out)))
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["fp8_weight_cache"] is True and cfg["fp8_weight_cache_active"] is False
+
+
+@pytest.mark.parametrize("backend,parallel,precision,param_dtype,distributed,refused", [
+    ("te", "fsdp", "bf16", "fp32", True, True),
+    ("te", "fsdp", "bf16", "bf16", True, False),
+    ("te", "fsdp", "fp8", "fp32", True, False),
+    ("te", "ddp", "bf16", "fp32", True, False),
+    ("te", "fsdp", "bf16", "fp32", False, False),
+    (None, "fsdp", "bf16", "fp32", True, False),
+])
+def test_fsdp2_with_te_in_bf16_needs_bf16_parameters(backend, parallel, precision, param_dtype, distributed, refused):
+    from fp8lab.train import fsdp_te_problem
+
+    c = TrainConfig(model="llama-tiny", precision=precision, parallel=parallel, param_dtype=param_dtype,
+                    backend="te" if backend else "none")
+    problem = fsdp_te_problem(c, backend, distributed)
+    assert (problem is not None) == refused
+    if refused:
+        assert "--param-dtype bf16" in problem and "allowed:" in problem
+
+
 def test_nan_step_is_skipped_and_counted(prepared, tmp_path, capsys):
     out = tmp_path / "nan"
     s = train(TrainConfig(**TINY, steps=6, inject_nan_at_steps=(3,), data=str(prepared), output_dir=str(out)))
@@ -213,6 +241,7 @@ BAD = [
     (["--model-override", "oops"], "--model-override 'oops' is invalid; allowed: key=value"),
     (["--precision", "fp8", "--backend", "none"], "--backend none cannot run --precision fp8"),
     (["--beta2", "1"], "--beta2=1.0 is invalid; allowed: a number in [0, 1)"),
+    (["--fp8-weight-cache", "sometimes"], "--fp8-weight-cache='sometimes' is invalid; allowed: True | False"),
     (["--no-such-option", "1"], "unrecognized arguments: --no-such-option"),
 ]
 

@@ -197,6 +197,8 @@ class Parts(Protocol):
     def attention(self, spec: FusedSpec, window: int | None, layer_number: int) -> nn.Module: ...
     def norm(self, spec: FusedSpec) -> nn.Module: ...
     def high_precision(self) -> Any: ...  # context manager that turns FP8 off inside an FP8 region
+    # optional: ``rope`` (a RoPE implementation like ``TorchRope``; default ``TorchRope()``) and
+    # ``weight_cache = True`` when the modules accept ``is_first_microbatch`` (TE's FP8 weight cache)
 
 
 def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,6 +216,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+class TorchRope:
+    """RoPE in plain PyTorch ops; a backend may supply a fused kernel with the same two methods."""
+
+    def tables(self, seq_len: int, head_dim: int, theta: float, device, dtype) -> Any:
+        return rope_cos_sin(seq_len, head_dim, theta, device, dtype)
+
+    def apply(self, x: torch.Tensor, tables: Any) -> torch.Tensor:
+        return apply_rope(x, *tables)
+
+
 class FusedBlock(nn.Module):
     def __init__(self, spec: FusedSpec, parts: Parts, layer: int):
         super().__init__()
@@ -225,17 +237,22 @@ class FusedBlock(nn.Module):
         self.mlp = parts.norm_mlp(spec)
         self.fp8 = True  # False: this block runs in high precision even inside an FP8 autocast
         self._hp = parts.high_precision
+        self._rope = getattr(parts, "rope", None) or TorchRope()
+        self._weight_cache = bool(getattr(parts, "weight_cache", False))
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Any, is_first_microbatch: bool | None = None) -> torch.Tensor:
+        # is_first_microbatch (TE): True quantises the weights to FP8 and keeps them, False reuses
+        # them; only valid while the weights do not change (micro-batches of one optimizer step)
+        kw = {"is_first_microbatch": is_first_microbatch} if self._weight_cache and is_first_microbatch is not None else {}
         with nullcontext() if self.fp8 else self._hp():
             s = self.spec
             b, t, _ = x.shape
-            q, k, v = self.qkv(x).split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
+            q, k, v = self.qkv(x, **kw).split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
             q, k, v = (z.reshape(b, t, -1, s.head_dim) for z in (q, k, v))
             if rope is not None:
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            x = x + self.proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous()))
-            return x + self.mlp(x)
+                q, k = self._rope.apply(q, rope), self._rope.apply(k, rope)
+            x = x + self.proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous()), **kw)
+            return x + self.mlp(x, **kw)
 
 
 class FusedCausalLM(nn.Module):
@@ -257,8 +274,19 @@ class FusedCausalLM(nn.Module):
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **kw)
         if spec.tied:
             self.lm_head.weight = self.embed.weight
+        self._rope = getattr(parts, "rope", None) or TorchRope()
+        self._rope_tables: dict[tuple, Any] = {}  # (seq_len, device, dtype) -> tables; not state
+        # True: forward(..., is_first_microbatch=) caches FP8 weights across micro-batches (TE)
+        self.supports_weight_cache = bool(getattr(parts, "weight_cache", False))
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: Any):
+    def rope_tables(self, t: int, device, dtype) -> Any:
+        key = (t, str(device), dtype)
+        if key not in self._rope_tables:
+            self._rope_tables[key] = self._rope.tables(t, self.spec.head_dim, self.spec.rope_theta, device, dtype)
+        return self._rope_tables[key]
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                is_first_microbatch: bool | None = None, **_: Any):
         from transformers.modeling_outputs import CausalLMOutput
 
         b, t = input_ids.shape
@@ -269,9 +297,9 @@ class FusedCausalLM(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(t, device=input_ids.device))[None]
         else:
-            rope = rope_cos_sin(t, self.spec.head_dim, self.spec.rope_theta, x.device, x.dtype)
+            rope = self.rope_tables(t, x.device, x.dtype)
         for blk in self.blocks:
-            x = blk(x, rope)
+            x = blk(x, rope, is_first_microbatch)
         logits = self.lm_head(self.norm(x))
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         return CausalLMOutput(loss=loss, logits=logits)

@@ -32,8 +32,28 @@ def _te():
     return te
 
 
+class TERope(_fused.TorchRope):
+    """RoPE through TE's fused kernel (one kernel each way instead of ~6 elementwise ops).
+
+    Same rotate-half layout as HF Llama; the angles are computed in fp32 like ``TorchRope``'s.
+    """
+
+    def tables(self, seq_len, head_dim, theta, device, dtype):
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+        f = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+        return torch.cat([f, f], dim=-1)[:, None, None, :].contiguous()  # [s, 1, 1, d] fp32, as TE wants
+
+    def apply(self, x, tables):
+        from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+        return apply_rotary_pos_emb(x, tables, tensor_format="bshd", fused=True)
+
+
 class TEParts:
     """The fused pieces (``_fused.Parts``) as Transformer Engine modules."""
+
+    weight_cache = True  # TE modules take is_first_microbatch: FP8 weights cast once per optimizer step
+    rope = TERope()
 
     def __init__(self, device, dtype):
         self.device, self.dtype = device, dtype
