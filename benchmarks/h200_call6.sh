@@ -6,7 +6,7 @@
 set -u
 R=/tmp/res; mkdir -p $R
 nvidia-smi -L
-timeout 260 python3 -m pytest tests/test_train_gpu.py tests/test_convert_gpu.py -q -rs -p no:cacheprovider 2>&1 | tail -25
+bash benchmarks/h200_gpu_tests.sh
 timeout 320 python3 benchmarks/throughput.py --models llama-1b --variants te-bf16,te-fp8-delayed --study train-h200 \
   --steps 300 --warmup 12 --common-args "--seq-len 2048 --micro-batch-size 8 --val-every 100 --val-batches 4" \
   --out $R/train-h200 --timeout 155

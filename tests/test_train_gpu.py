@@ -97,7 +97,7 @@ def test_fp8_weight_cache_across_micro_batches(prepared, tmp_path, recipe, rel):
     Current scaling quantises the unchanged weights identically, so the losses match closely; under
     delayed scaling the uncached run re-quantises with scales updated after each micro-batch."""
     _te_or_skip()
-    base = dict(**TINY, precision="fp8", backend="te", recipe=recipe, steps=12, grad_accum=4, micro_batch_size=2,
+    base = dict(TINY, precision="fp8", backend="te", recipe=recipe, steps=12, grad_accum=4, micro_batch_size=2,
                 checkpoint_every=-1, data=str(prepared), save_model=False)
     on, off = tmp_path / "on", tmp_path / "off"
     train(TrainConfig(**base, output_dir=str(on)))
