@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 VARIANTS: dict[str, list[str]] = {
     "hf-bf16": ["--precision", "bf16", "--backend", "none"],
     "hf-bf16-compile": ["--precision", "bf16", "--backend", "none", "--compile", "True"],
+    "hf-bf16-compile-p16": ["--precision", "bf16", "--backend", "none", "--compile", "True", "--param-dtype", "bf16"],
     "te-bf16": ["--precision", "bf16", "--backend", "te", "--fuse", "True"],
     "te-fp8-delayed": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True"],
     "te-fp8-current": ["--precision", "fp8", "--backend", "te", "--recipe", "current", "--fuse", "True"],

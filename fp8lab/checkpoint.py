@@ -136,7 +136,7 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
 
     path = Path(path)
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state = {"model": _sized_like_saved(model_sd, path, "model"), "optim": optim_sd}
     with _quiet_single_process(env):
         dcp.load(state, checkpoint_id=str(path))  # the masters and AdamW states are filled in place
     if _is_master(optimizer):
@@ -150,6 +150,28 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
     trainer_state = torch.load(mine, map_location="cpu", weights_only=False)
     set_rng_state(trainer_state["rng"], env.device)
     return trainer_state
+
+
+def _sized_like_saved(model_sd: dict[str, Any], path: Path, prefix: str) -> dict[str, Any]:
+    """``model_sd`` with each tensor ``_extra_state`` replaced by an empty tensor of the saved size.
+
+    Transformer Engine serialises its FP8 scaling state into a uint8 tensor whose length depends on
+    what it holds: a freshly built model has a 0-byte one until its first FP8 forward. DCP loads
+    in place and refuses a size change, so the receiving tensor is made the saved size first; the
+    module's ``set_extra_state`` then reads it in ``set_model_state_dict``.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    out = dict(model_sd)
+    for key, value in model_sd.items():
+        if not (key.endswith("_extra_state") and isinstance(value, torch.Tensor)):
+            continue
+        meta = saved.get(f"{prefix}.{key}")
+        size = getattr(meta, "size", None)
+        if size is not None and tuple(size) != tuple(value.shape):
+            out[key] = torch.empty(tuple(size), dtype=meta.properties.dtype, device=value.device)
+    return out
 
 
 def remove_partial(root: str | Path) -> list[Path]:
