@@ -14,6 +14,7 @@ removed at the next start). Resuming takes the newest complete folder that loads
 """
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
@@ -139,17 +140,42 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
     state = {"model": _sized_like_saved(model_sd, path, "model"), "optim": optim_sd}
     with _quiet_single_process(env):
         dcp.load(state, checkpoint_id=str(path))  # the masters and AdamW states are filled in place
-    if _is_master(optimizer):
-        set_model_state_dict(model, state["model"])  # non-parameter state (FP8 scaling) and bf16(master)
-        optimizer.load_state_dict(state["optim"])
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    with _te_pickled_state_allowed():
+        if _is_master(optimizer):
+            set_model_state_dict(model, state["model"])  # non-parameter state (FP8 scaling) and bf16(master)
+            optimizer.load_state_dict(state["optim"])
+        else:
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     mine = path / TRAINER_FILE.format(rank=env.rank)
     if not mine.is_file():  # resumed with more ranks than saved: rank 0's counters, fresh RNG offsets
         mine = path / TRAINER_FILE.format(rank=0)
     trainer_state = torch.load(mine, map_location="cpu", weights_only=False)
     set_rng_state(trainer_state["rng"], env.device)
     return trainer_state
+
+
+_TE_UNSAFE_PICKLE = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+
+
+@contextmanager
+def _te_pickled_state_allowed() -> Iterator[None]:
+    """Let Transformer Engine read its delayed-scaling state back, for this load only.
+
+    TE stores DelayedScaling's amax history and scales as a pickle in ``_extra_state`` and, since
+    unpickling can run code, refuses to load it unless ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``.
+    The trainer only resumes from its own checkpoint folder (written by this code, in this run's
+    output), so the opt-in is given around that load and the variable restored afterwards; never
+    point ``--checkpoint-dir`` at checkpoints from a source you do not trust.
+    """
+    old = os.environ.get(_TE_UNSAFE_PICKLE)
+    os.environ[_TE_UNSAFE_PICKLE] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_TE_UNSAFE_PICKLE, None)
+        else:
+            os.environ[_TE_UNSAFE_PICKLE] = old
 
 
 def _sized_like_saved(model_sd: dict[str, Any], path: Path, prefix: str) -> dict[str, Any]:

@@ -116,6 +116,7 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
+    fp8_attention: bool = False  # TE only: attention's matmuls in FP8 too (TE fp8_dpa, beta; loss effect less studied)
     fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step, not per micro-batch
     device: str = "auto"  # auto | cpu | cuda
     max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
@@ -173,9 +174,11 @@ def _validate(c: TrainConfig) -> None:
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
     for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics",
-                 "fp8_weight_cache"):
+                 "fp8_weight_cache", "fp8_attention"):
         if not isinstance(getattr(c, name), bool):
             raise bad(name, "True | False")
+    if c.fp8_attention is True and c.precision != "fp8":
+        raise ValueError("--fp8-attention True needs --precision fp8 (it is part of the FP8 recipe)")
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
     for name in ("steps", "tokens"):
@@ -428,11 +431,15 @@ def resolve_fp8(c: TrainConfig):
     if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16"):
         return None, None
     name = pick_backend(c.backend)
+    if c.fp8_attention and name != "te":
+        raise ValueError(f"--fp8-attention True needs --backend te (TE's FP8 attention); --backend resolves to {name}")
     be = get_backend(name)
     reason = be.available()
     if reason is not None:
         raise ValueError(f"--backend {name}: not usable on this machine: {reason}. On a CPU use --backend emulated")
     recipe = be.default_recipe if c.recipe == "auto" else Recipe.parse(c.recipe)
+    if c.fp8_attention:
+        recipe = dataclasses.replace(recipe, fp8_attention=True)  # validated by Recipe, refused by non-TE backends
     return name, recipe
 
 
@@ -815,6 +822,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                         loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step
                     (loss / c.grad_accum).backward()
                 loss_sum += loss.detach()
+            if weight_cache:
+                inner.release_weight_cache()
             max_norm = c.grad_clip if c.grad_clip > 0 else float("inf")
             if master is not None:  # fp32 copies of the bf16 gradients, clipped; the norm is theirs
                 grad_norm = master.clip_grad_norm_(max_norm)

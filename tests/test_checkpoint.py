@@ -1,6 +1,9 @@
 """fp8lab.checkpoint with module state that changes size, as Transformer Engine's FP8 state does."""
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 from torch import nn
 
@@ -24,11 +27,18 @@ class SizedState(nn.Linear):
             else torch.empty(0, dtype=torch.uint8)
 
     def set_extra_state(self, state):
+        self.env_at_load = os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE")
         if isinstance(state, torch.Tensor) and state.numel():
             self.history = eval(bytes(state.tolist()).decode("ascii"))  # test data only: a list of floats
 
 
-def test_a_fresh_model_resumes_extra_state_of_another_size(tmp_path):
+@pytest.mark.parametrize("before", [None, "0"])
+def test_a_fresh_model_resumes_extra_state_of_another_size(tmp_path, monkeypatch, before):
+    """Also: TE's opt-in for its pickled delayed-scaling state holds during this load only."""
+    if before is None:
+        monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
+    else:
+        monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", before)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), initialized_here=False)
     torch.manual_seed(0)
     trained = SizedState()
@@ -44,3 +54,4 @@ def test_a_fresh_model_resumes_extra_state_of_another_size(tmp_path):
     assert state["step"] == 3
     assert fresh.history == trained.history and len(fresh.history) == 3
     torch.testing.assert_close(fresh.weight, trained.weight, atol=0, rtol=0)
+    assert fresh.env_at_load == "1" and os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE") == before

@@ -242,6 +242,9 @@ BAD = [
     (["--precision", "fp8", "--backend", "none"], "--backend none cannot run --precision fp8"),
     (["--beta2", "1"], "--beta2=1.0 is invalid; allowed: a number in [0, 1)"),
     (["--fp8-weight-cache", "sometimes"], "--fp8-weight-cache='sometimes' is invalid; allowed: True | False"),
+    (["--fp8-attention", "True"], "--fp8-attention True needs --precision fp8"),
+    (["--fp8-attention", "True", "--precision", "fp8", "--backend", "emulated"],
+     "--fp8-attention True needs --backend te (TE's FP8 attention); --backend resolves to emulated"),
     (["--no-such-option", "1"], "unrecognized arguments: --no-such-option"),
 ]
 

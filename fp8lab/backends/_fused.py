@@ -278,6 +278,13 @@ class FusedCausalLM(nn.Module):
         self._rope_tables: dict[tuple, Any] = {}  # (seq_len, device, dtype) -> tables; not state
         # True: forward(..., is_first_microbatch=) caches FP8 weights across micro-batches (TE)
         self.supports_weight_cache = bool(getattr(parts, "weight_cache", False))
+        self._release_cache = getattr(parts, "release_weight_cache", None)
+
+    def release_weight_cache(self) -> None:
+        """Free the cached FP8 weights (after the last micro-batch's backward, before the optimizer
+        step): the next step quantises afresh anyway, and at 7B the cache is ~13 GB the step needs."""
+        if self._release_cache is not None:
+            self._release_cache(self)
 
     def rope_tables(self, t: int, device, dtype) -> Any:
         key = (t, str(device), dtype)

@@ -55,6 +55,14 @@ class TEParts:
     weight_cache = True  # TE modules take is_first_microbatch: FP8 weights cast once per optimizer step
     rope = TERope()
 
+    @staticmethod
+    def release_weight_cache(model: nn.Module) -> None:
+        """Drop each TE module's cached FP8 weights (its ``_fp8_workspaces``)."""
+        for m in model.modules():
+            ws = getattr(m, "_fp8_workspaces", None)
+            if isinstance(ws, dict):
+                ws.clear()
+
     def __init__(self, device, dtype):
         self.device, self.dtype = device, dtype
 
