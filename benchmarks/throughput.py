@@ -53,11 +53,6 @@ VARIANTS: dict[str, list[str]] = {
                            "--param-dtype", "bf16"],
     "te-fp8-current-p16": ["--precision", "fp8", "--backend", "te", "--recipe", "current", "--fuse", "True",
                            "--param-dtype", "bf16"],
-    # attention's matmuls in FP8 too (TE fp8_dpa, a beta feature; loss effect not studied here)
-    "te-fp8-delayed-p16-fa": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
-                              "--param-dtype", "bf16", "--fp8-attention", "True"],
-    "te-fp8-current-p16-fa": ["--precision", "fp8", "--backend", "te", "--recipe", "current", "--fuse", "True",
-                              "--param-dtype", "bf16", "--fp8-attention", "True"],
     # FP8 weights re-cast for every micro-batch (the default caches them once per step under --grad-accum)
     "te-fp8-delayed-nocache": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
                                "--fp8-weight-cache", "False"],
@@ -160,7 +155,6 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
         "param_dtype": _arg_value(flags + extra, "--param-dtype", "fp32"),
         "fp8_weight_cache": cfg.get("fp8_weight_cache_active"),
-        "fp8_attention": _arg_value(flags + extra, "--fp8-attention", "False") == "True",
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "optimizer": ("AdamW (fused on GPU) on fp32 parameters, bf16 autocast"
                       if _arg_value(flags + extra, "--param-dtype", "fp32") == "fp32" else

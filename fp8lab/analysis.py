@@ -29,7 +29,6 @@ META_COLUMNS = [
     "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
     "parallel",  # ddp | fsdp on several GPUs: runs pair only within one mode
     "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
-    "fp8_attention",  # True: attention's matmuls in FP8 too (TE fp8_dpa)
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
@@ -368,8 +367,6 @@ def variant_label(row: dict) -> str:
         parts.append("fused" if fuse else "unfused")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
-    if row.get("fp8_attention") is True and fp8:
-        parts.append("fp8-attention")
     parallel = row.get("parallel")
     if isinstance(parallel, str) and parallel:  # several GPUs: DDP and FSDP2 are different set-ups
         parts.append(parallel)

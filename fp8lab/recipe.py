@@ -30,9 +30,6 @@ class Recipe:
     amax_history_len: int = 1024  # delayed only: steps of amax remembered (TE default)
     amax_compute_algo: str = "max"  # delayed only: 'max' over the history or 'most_recent'
     margin: int = 0  # scale = fp8_max / amax / 2**margin: headroom against growth between steps
-    # attention's own matmuls (Q.K^T, P.V) in FP8 too: TE's fp8_dpa (a beta feature in TE), te backend
-    # only, delayed or current scaling; off by default because its effect on loss is less studied
-    fp8_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -49,11 +46,6 @@ class Recipe:
         m = self.margin
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ValueError(f"Recipe.margin must be a non-negative integer, got {m!r}")
-        if not isinstance(self.fp8_attention, bool):
-            raise ValueError(f"Recipe.fp8_attention must be True or False, got {self.fp8_attention!r}")
-        if self.fp8_attention and self.kind not in ("delayed", "current"):
-            raise ValueError(f"Recipe.fp8_attention needs kind 'delayed' or 'current' (TE's FP8 attention), "
-                             f"got kind={self.kind!r}")
         if self.kind in ("block", "mxfp8") and self.format != "e4m3":
             # TE's Float8BlockScaling and MXFP8BlockScaling quantise gradients in E4M3 as well
             raise ValueError(f"Recipe(kind={self.kind!r}) uses E4M3 for every tensor: pass format='e4m3'")
@@ -81,9 +73,7 @@ class Recipe:
             f", amax_history_len={self.amax_history_len}, amax_compute_algo={self.amax_compute_algo}"
             if self.kind == "delayed" else ""
         )
-        attention = ", FP8 attention" if self.fp8_attention else ""
-        return (f"{self.kind} scaling, {self.format.upper()} (grads {self.grad_format_name}), margin={self.margin}"
-                f"{extra}{attention}")
+        return f"{self.kind} scaling, {self.format.upper()} (grads {self.grad_format_name}), margin={self.margin}{extra}"
 
     def to_te(self) -> Any:
         """The Transformer Engine recipe object (imports TE: call only where it is installed)."""
@@ -93,12 +83,12 @@ class Recipe:
         if self.kind == "delayed":
             return te_recipe.DelayedScaling(
                 margin=self.margin, fp8_format=fmt, amax_history_len=self.amax_history_len,
-                amax_compute_algo=self.amax_compute_algo, fp8_dpa=self.fp8_attention,
+                amax_compute_algo=self.amax_compute_algo,
             )
         if self.margin:
             raise ValueError(f"TE's {self.kind} recipe has no margin; use margin=0 (margin is a delayed-scaling knob)")
         if self.kind == "current":
-            return te_recipe.Float8CurrentScaling(fp8_format=fmt, fp8_dpa=self.fp8_attention)
+            return te_recipe.Float8CurrentScaling(fp8_format=fmt)
         if self.kind == "block":
             return te_recipe.Float8BlockScaling(fp8_format=fmt)
         return te_recipe.MXFP8BlockScaling(fp8_format=fmt)
@@ -116,8 +106,6 @@ class Recipe:
             )
         if self.margin:
             raise ValueError("torchao float8 has no margin setting; use margin=0")
-        if self.fp8_attention:
-            raise ValueError("torchao float8 converts Linear layers only; fp8_attention=True needs the 'te' backend")
         import torch
         from torchao.float8.config import CastConfig, Float8LinearConfig
 

@@ -116,7 +116,6 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
-    fp8_attention: bool = False  # TE only: attention's matmuls in FP8 too (TE fp8_dpa, beta; loss effect less studied)
     fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step, not per micro-batch
     device: str = "auto"  # auto | cpu | cuda
     max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
@@ -174,11 +173,9 @@ def _validate(c: TrainConfig) -> None:
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
     for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics",
-                 "fp8_weight_cache", "fp8_attention"):
+                 "fp8_weight_cache"):
         if not isinstance(getattr(c, name), bool):
             raise bad(name, "True | False")
-    if c.fp8_attention is True and c.precision != "fp8":
-        raise ValueError("--fp8-attention True needs --precision fp8 (it is part of the FP8 recipe)")
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
     for name in ("steps", "tokens"):
@@ -431,15 +428,11 @@ def resolve_fp8(c: TrainConfig):
     if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16"):
         return None, None
     name = pick_backend(c.backend)
-    if c.fp8_attention and name != "te":
-        raise ValueError(f"--fp8-attention True needs --backend te (TE's FP8 attention); --backend resolves to {name}")
     be = get_backend(name)
     reason = be.available()
     if reason is not None:
         raise ValueError(f"--backend {name}: not usable on this machine: {reason}. On a CPU use --backend emulated")
     recipe = be.default_recipe if c.recipe == "auto" else Recipe.parse(c.recipe)
-    if c.fp8_attention:
-        recipe = dataclasses.replace(recipe, fp8_attention=True)  # validated by Recipe, refused by non-TE backends
     return name, recipe
 
 
@@ -468,10 +461,13 @@ def lr_lambda(c: TrainConfig, total_steps: int, warmup: int) -> Callable[[int], 
     return f
 
 
-def make_optimizer(model, c: TrainConfig, device):
-    """AdamW, weight decay on matrices only; fused kernels on GPU (foreach under FSDP2).
+def make_optimizer(model, c: TrainConfig, device, sharded: bool = False):
+    """AdamW, weight decay on matrices only; fused kernels on GPU (foreach when FSDP2 shards).
 
-    ``model`` is a module or a list of parameters (the fp32 masters of ``--param-dtype bf16``)."""
+    ``model`` is a module or a list of parameters (the fp32 masters of ``--param-dtype bf16``).
+    ``sharded``: FSDP2 is really in use (several processes and --parallel fsdp); one process
+    with --parallel fsdp trains unsharded and gets the fused kernels (foreach AdamW makes
+    full-size temporaries: 27 GB at 7B, and it is slower)."""
     import torch
 
     decay, no_decay = [], []
@@ -481,7 +477,7 @@ def make_optimizer(model, c: TrainConfig, device):
     groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     kw: dict[str, Any] = {}
     if device.type == "cuda":
-        kw = {"foreach": True} if c.parallel == "fsdp" else {"fused": True}
+        kw = {"foreach": True} if sharded else {"fused": True}
     return torch.optim.AdamW(groups, lr=c.lr, betas=(c.beta1, c.beta2), **kw)
 
 
@@ -711,7 +707,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
 
         master = MasterWeights(model, lambda params: make_optimizer(params, c, env.device))
     model = fdist.wrap(model, env, c.parallel, param_dtype=c.param_dtype)
-    optimizer = master if master is not None else make_optimizer(model, c, env.device)
+    optimizer = master if master is not None else make_optimizer(
+        model, c, env.device, sharded=env.distributed and c.parallel == "fsdp")
     scheduler = torch.optim.lr_scheduler.LambdaLR(master.optimizer if master is not None else optimizer,
                                                   lr_lambda(c, total_steps, warmup))
     after_step = getattr(get_backend(backend), "after_optimizer_step", None) if backend else None  # optional hook

@@ -251,15 +251,3 @@ def test_fused_model_accepts_the_micro_batch_flag_and_reuses_its_rope_tables():
     assert model.state_dict().keys() == convert_model(build_model("llama-tiny", seed=0), backend="emulated",
                                                       fuse=True).state_dict().keys()
 
-
-def test_fp8_attention_is_a_te_recipe_option_refused_elsewhere():
-    r = Recipe(kind="current", fp8_attention=True)
-    assert "FP8 attention" in r.describe() and "FP8 attention" not in Recipe().describe()
-    with pytest.raises(ValueError, match="fp8_attention must be True or False"):
-        Recipe(fp8_attention="yes")
-    with pytest.raises(ValueError, match=r"fp8_attention needs kind 'delayed' or 'current'.*'block'"):
-        Recipe(kind="block", format="e4m3", fp8_attention=True)
-    with pytest.raises(ValueError, match="needs the 'te' backend"):
-        convert_model(build_model("llama-tiny"), backend="emulated", recipe=r, fuse=True)
-    with pytest.raises(ValueError, match="needs the 'te' backend"):
-        r.to_torchao()

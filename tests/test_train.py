@@ -242,9 +242,6 @@ BAD = [
     (["--precision", "fp8", "--backend", "none"], "--backend none cannot run --precision fp8"),
     (["--beta2", "1"], "--beta2=1.0 is invalid; allowed: a number in [0, 1)"),
     (["--fp8-weight-cache", "sometimes"], "--fp8-weight-cache='sometimes' is invalid; allowed: True | False"),
-    (["--fp8-attention", "True"], "--fp8-attention True needs --precision fp8"),
-    (["--fp8-attention", "True", "--precision", "fp8", "--backend", "emulated"],
-     "--fp8-attention True needs --backend te (TE's FP8 attention); --backend resolves to emulated"),
     (["--no-such-option", "1"], "unrecognized arguments: --no-such-option"),
 ]
 
@@ -336,3 +333,19 @@ def test_only_the_newest_checkpoints_are_kept_and_partial_ones_ignored(prepared,
     s = train(TrainConfig(**cfg, steps=8))
     assert s["resumed_from_step"] == 6
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]
+
+
+def test_single_process_gets_fused_adamw_even_with_parallel_fsdp():
+    """--parallel fsdp only shards under torchrun; one process must not get foreach AdamW (slower, and
+    its full-size temporaries ran llama-7b out of memory on one H200)."""
+    import torch
+
+    from fp8lab.train import make_optimizer
+
+    c = TrainConfig(model="llama-tiny", parallel="fsdp")
+    params = [torch.nn.Parameter(torch.zeros(4, 4)), torch.nn.Parameter(torch.zeros(4))]
+    one = make_optimizer(params, c, torch.device("cuda"))
+    many = make_optimizer(params, c, torch.device("cuda"), sharded=True)
+    assert one.defaults["fused"] is True and not one.defaults.get("foreach")
+    assert many.defaults["foreach"] is True and not many.defaults.get("fused")
+    assert [len(g["params"]) for g in one.param_groups] == [1, 1]  # decay on matrices only

@@ -288,7 +288,6 @@ class EmulatedBackend:
         return None  # pure PyTorch: any device
 
     def convert(self, model, recipe, *, fuse, module_filter):
-        _no_fp8_attention(recipe)
         if fuse:
             fused_targets(model, module_filter)
             p = next(model.parameters())
@@ -299,14 +298,7 @@ class EmulatedBackend:
         return model
 
     def autocast(self, recipe: Recipe, enabled: bool = True):
-        _no_fp8_attention(recipe)
         return _region(enabled, recipe)
-
-
-def _no_fp8_attention(recipe: Recipe | None) -> None:
-    if recipe is not None and recipe.fp8_attention:
-        raise ValueError("the emulated backend keeps attention in high precision; fp8_attention=True needs "
-                         "the 'te' backend (TE's FP8 attention)")
 
 
 BACKEND = EmulatedBackend()
