@@ -156,9 +156,9 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "param_dtype": _arg_value(flags + extra, "--param-dtype", "fp32"),
         "fp8_weight_cache": cfg.get("fp8_weight_cache_active"),
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "optimizer": ("AdamW (fused on GPU) on fp32 parameters, bf16 autocast"
-                      if _arg_value(flags + extra, "--param-dtype", "fp32") == "fp32" else
-                      "AdamW on fp32 master weights, bf16 parameters"),
+        "optimizer": (f"AdamW ({cfg.get('adamw_impl', 'kernels not recorded')}) on "
+                      + ("fp32 parameters, bf16 autocast" if _arg_value(flags + extra, "--param-dtype", "fp32") == "fp32"
+                         else "fp32 master weights, bf16 parameters")),
         "versions": versions(), "command": shown, "harness": _harness_command(args),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

@@ -44,6 +44,9 @@ RECORD_TYPES = ("run", "step", "summary")
 SMOOTHING_METHODS = ("ema", "window", "none")
 # The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.
 SCALE_KEYS = ("model", "gpu_name", "instances", "world_size", "parallel")
+# ... and, by default, the same study and batch layout: runs measured together, on equal shapes
+# (a BF16 run with 8 accumulation steps against an FP8 run with 1 would flatter or hurt FP8)
+LAYOUT_KEYS = ("study", "micro_batch_size", "grad_accum", "seq_len")
 
 # Other spellings of the metadata keys, as trainers, launchers and benchmarks write them.
 _ALIASES = {
@@ -521,11 +524,23 @@ def _hardware_fp8(run: pd.Series) -> bool:
             and not any(w in gpu.lower() for w in ("cpu", "mps")))
 
 
+def layout_label(row) -> str:
+    """Sequences x tokens per micro-batch and accumulation steps, e.g. '8x2048, accum 4'."""
+    def num(k):
+        v = row.get(k)
+        return int(v) if isinstance(v, (int, float, np.integer, np.floating)) and not pd.isna(v) else None
+    mb, seq, ga = num("micro_batch_size"), num("seq_len"), num("grad_accum")
+    if mb is None or seq is None:
+        return "-"
+    return f"{mb}x{seq}" + (f", accum {ga}" if ga and ga > 1 else "")
+
+
 def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = None,
-                       loss: str = "smoothed") -> pd.DataFrame:
+                       loss: str = "smoothed", by_layout: bool = True) -> pd.DataFrame:
     """FP8 against BF16 per model and scale: speedup and loss gap in percent.
 
-    Runs pair when they share model, GPU, instance count and world size. The BF16 baseline is the
+    Runs pair when they share model, GPU, instance count and world size and (``by_layout``) study,
+    micro-batch, accumulation steps and sequence length. The BF16 baseline is the
     fastest BF16 run of that scale, or the one with ``baseline_backend`` (e.g. 'hf' for plain
     transformers). Loss gaps are given only when both runs saw the same number of tokens
     (``valid``); otherwise ``note`` says why. Speedup compares steady-state rates either way.
@@ -533,15 +548,17 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
     """
     if loss not in ("smoothed", "final"):
         raise ValueError(f"loss={loss!r}; allowed: 'smoothed', 'final'")
-    cols = ["model", "gpu_name", "instances", "world_size", "baseline_run", "baseline_variant", "fp8_run",
+    cols = ["model", "gpu_name", "instances", "world_size", "layout", "baseline_run", "baseline_variant", "fp8_run",
             "fp8_variant", "tps_baseline", "tps_fp8", "speedup", "mfu_baseline", "mfu_fp8", "tokens_baseline",
             "tokens_fp8", "valid", "hardware_fp8", "loss_baseline", "loss_fp8", "loss_gap_pct", "val_loss_baseline",
             "val_loss_fp8", "val_loss_gap_pct", "note"]
     rows = []
     if not len(summary):
         return pd.DataFrame(columns=cols)
-    keyed = summary.assign(**{f"_{k}": summary[k].map(_key) for k in SCALE_KEYS})
-    for scale, g in keyed.groupby([f"_{k}" for k in SCALE_KEYS], sort=True):
+    keys = SCALE_KEYS + (LAYOUT_KEYS if by_layout else ())
+    keyed = summary.assign(**{f"_{k}": (summary[k] if k in summary else pd.Series(None, index=summary.index, dtype=object)).map(_key)
+                              for k in keys})
+    for scale, g in keyed.groupby([f"_{k}" for k in keys], sort=True, dropna=False):
         bf16 = g[g["precision"] == "bf16"]
         if baseline_backend is not None:
             bf16 = bf16[bf16["backend"] == baseline_backend]
@@ -568,6 +585,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
             vgap = 100 * (r["val_loss"] - base["val_loss"]) / base["val_loss"] if same else np.nan
             rows.append({
                 **dict(zip(SCALE_KEYS, [base[k] for k in SCALE_KEYS])),
+                "layout": layout_label(base) if by_layout else "-",
                 "baseline_run": base["run_id"], "baseline_variant": base["variant"],
                 "fp8_run": r["run_id"], "fp8_variant": r["variant"],
                 "tps_baseline": base["tokens_per_sec_per_gpu"], "tps_fp8": r["tokens_per_sec_per_gpu"],

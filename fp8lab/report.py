@@ -119,7 +119,8 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
 
 
 MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the README's results table)
-    "model": "model", "gpu_name": "GPU", "world_size": "GPUs", "baseline_variant": "BF16 baseline",
+    "model": "model", "gpu_name": "GPU", "world_size": "GPUs", "layout": "micro-batch, accumulation",
+    "baseline_variant": "BF16 baseline",
     "fp8_variant": "FP8", "tps_baseline": "BF16 tokens/s/GPU", "tps_fp8": "FP8 tokens/s/GPU",
     "speedup": "speedup", "mfu_baseline": "BF16 MFU", "mfu_fp8": "FP8 MFU", "val_loss_gap_pct": "val loss gap %",
 }

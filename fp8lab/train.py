@@ -481,6 +481,12 @@ def make_optimizer(model, c: TrainConfig, device, sharded: bool = False):
     return torch.optim.AdamW(groups, lr=c.lr, betas=(c.beta1, c.beta2), **kw)
 
 
+def _adamw_impl(opt) -> str:
+    """Which AdamW kernels run: 'fused', 'foreach' or 'for-loop' (recorded in config.json)."""
+    d = getattr(opt, "defaults", {})
+    return "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"
+
+
 def apply_activation_checkpointing(model, backend: str | None, fp8_context: Callable[[], Any]) -> int:
     """Recompute every decoder block in backward; returns how many blocks were wrapped.
 
@@ -755,7 +761,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         metrics_log = fmetrics.MetricsLog(paths.output_dir / "metrics.jsonl", resume_step=resumed_from)
         cfg_record = {**c.as_dict(), "backend_resolved": backend_name, "recipe_resolved": recipe.describe() if recipe else None,
                       "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
-                      "fp8_weight_cache_active": weight_cache,
+                      "fp8_weight_cache_active": weight_cache, "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
                       "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
                       "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
                       "resumed_from_step": resumed_from, **fmetrics.provenance(gpu_name, world, argv)}
