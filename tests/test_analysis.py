@@ -456,3 +456,20 @@ def test_verdict_without_loss_or_pairs_says_so(tmp_path):
     assert "0.90x" in text and "no loss was recorded" in text and "not faster than BF16" in text
     empty = analysis.verdict(analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs([]))))
     assert "no measured BF16/FP8 pairs" in empty
+
+
+def test_fp8_pairs_with_the_best_bf16_of_its_own_batch_layout(tmp_path):
+    """Accumulation changes tokens/s for both precisions: a 1-step FP8 run must not meet an 8-step BF16 run."""
+    study = tmp_path / "throughput-h200"
+    for name, prec, ga, tps in [("b1", "bf16", 1, 1000.0), ("b8", "bf16", 8, 1200.0),
+                                ("f1", "fp8", 1, 1250.0), ("f8", "fp8", 8, 1560.0)]:
+        analysis.write_result_file(study / f"{name}.jsonl", run_meta("llama-1b", prec, run_id=name, grad_accum=ga,
+                                                                     micro_batch_size=8, seq_len=2048, study=study.name),
+                                   step_records(12, tps, prec))
+    summary = analysis.summarize_runs(analysis.load_runs(study), warmup_steps=2)
+    c = analysis.compare_precisions(summary).set_index("fp8_run")
+    assert c.loc["f1", "baseline_run"] == "b1" and c.loc["f1", "speedup"] == pytest.approx(1.25)
+    assert c.loc["f8", "baseline_run"] == "b8" and c.loc["f8", "speedup"] == pytest.approx(1.3)
+    assert c.loc["f8", "layout"] == "8x2048, accum 8" and c.loc["f1", "layout"] == "8x2048"
+    mixed = analysis.compare_precisions(summary, by_layout=False).set_index("fp8_run")
+    assert set(mixed["baseline_run"]) == {"b8"}  # without layouts: the fastest BF16 of the model and scale

@@ -75,8 +75,9 @@ def test_markdown_table_for_the_readme(tmp_path):
     md = tmp_path / "results.md"
     assert report.main([str(runs), "--out", str(tmp_path / "r.html"), "--markdown", str(md)]) == 0
     lines = md.read_text().splitlines()
-    assert lines[0].startswith("| model | GPU | GPUs | BF16 baseline | FP8 |")
+    assert lines[0].startswith("| model | GPU | GPUs | micro-batch, accumulation | BF16 baseline | FP8 |")
     row = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert row[:5] == ["llama-1b", "NVIDIA H200", "1", "bf16 te", "fp8 te delayed"]
-    assert row[5:8] == ["1,000", "1,250", "**1.25x**"] and row[8:10] == ["10.0%", "12.5%"]
+    assert row[:3] == ["llama-1b", "NVIDIA H200", "1"] and row[4:6] == ["bf16 te", "fp8 te delayed"]
+    assert row[3] == analysis.layout_label(analysis.load_runs(runs).iloc[0])
+    assert row[6:9] == ["1,000", "1,250", "**1.25x**"] and row[9:11] == ["10.0%", "12.5%"]
     assert "not measured here" in md.read_text()
