@@ -251,3 +251,15 @@ def test_fused_model_accepts_the_micro_batch_flag_and_reuses_its_rope_tables():
     assert model.state_dict().keys() == convert_model(build_model("llama-tiny", seed=0), backend="emulated",
                                                       fuse=True).state_dict().keys()
 
+
+
+def test_te_rope_tables_are_the_angles_of_the_pytorch_rope():
+    """TE's fused RoPE takes angles [s, 1, 1, d] in fp32: the same angles as the PyTorch tables (no TE needed)."""
+    from fp8lab.backends._fused import rope_cos_sin
+    from fp8lab.backends.te import TERope
+
+    freqs = TERope().tables(32, 16, 10000.0, "cpu", torch.bfloat16)
+    cos, sin = rope_cos_sin(32, 16, 10000.0, "cpu", torch.float32)
+    assert freqs.shape == (32, 1, 1, 16) and freqs.dtype == torch.float32 and freqs.is_contiguous()
+    torch.testing.assert_close(freqs[:, 0, 0].cos(), cos[0, :, 0], atol=0, rtol=0)
+    torch.testing.assert_close(freqs[:, 0, 0].sin(), sin[0, :, 0], atol=0, rtol=0)

@@ -201,11 +201,16 @@ class Parts(Protocol):
     # ``weight_cache = True`` when the modules accept ``is_first_microbatch`` (TE's FP8 weight cache)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE tables in the non-interleaved (rotate-half) layout that HF Llama uses; fp32 math."""
+def rope_angles(seq_len: int, head_dim: int, theta: float, device) -> torch.Tensor:
+    """RoPE angles [s, d] in fp32, rotate-half layout (HF Llama): each frequency twice, halves concatenated."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     f = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
-    emb = torch.cat([f, f], dim=-1)  # [s, d]
+    return torch.cat([f, f], dim=-1)
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables in the non-interleaved (rotate-half) layout that HF Llama uses; fp32 math."""
+    emb = rope_angles(seq_len, head_dim, theta, device)  # [s, d]
     return emb.cos().to(dtype)[None, :, None, :], emb.sin().to(dtype)[None, :, None, :]
 
 

@@ -39,9 +39,7 @@ class TERope(_fused.TorchRope):
     """
 
     def tables(self, seq_len, head_dim, theta, device, dtype):
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-        f = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
-        return torch.cat([f, f], dim=-1)[:, None, None, :].contiguous()  # [s, 1, 1, d] fp32, as TE wants
+        return _fused.rope_angles(seq_len, head_dim, theta, device)[:, None, None, :].contiguous()  # [s, 1, 1, d] fp32
 
     def apply(self, x, tables):
         from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
