@@ -6,6 +6,8 @@
 set -u
 R=/tmp/res; mkdir -p $R
 nvidia-smi -L
+# As run in call 6 the tests were an inline `pytest ... | tail -25` (same files); the shared script
+# below replaced it for calls 7-9.
 bash benchmarks/h200_gpu_tests.sh
 timeout 320 python3 benchmarks/throughput.py --models llama-1b --variants te-bf16,te-fp8-delayed --study train-h200 \
   --steps 300 --warmup 12 --common-args "--seq-len 2048 --micro-batch-size 8 --val-every 100 --val-batches 4" \

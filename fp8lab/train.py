@@ -707,14 +707,15 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             block.compile()
     inner = model
     master = None
-    if c.param_dtype == "bf16" and not (env.distributed and c.parallel == "fsdp"):
+    sharded = env.distributed and c.parallel == "fsdp"  # FSDP2 really shards (torchrun, several ranks)
+    if c.param_dtype == "bf16" and not sharded:
         # bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype
         from fp8lab.master_weights import MasterWeights
 
         master = MasterWeights(model, lambda params: make_optimizer(params, c, env.device))
     model = fdist.wrap(model, env, c.parallel, param_dtype=c.param_dtype)
     optimizer = master if master is not None else make_optimizer(
-        model, c, env.device, sharded=env.distributed and c.parallel == "fsdp")
+        model, c, env.device, sharded=sharded)
     scheduler = torch.optim.lr_scheduler.LambdaLR(master.optimizer if master is not None else optimizer,
                                                   lr_lambda(c, total_steps, warmup))
     after_step = getattr(get_backend(backend), "after_optimizer_step", None) if backend else None  # optional hook
@@ -722,7 +723,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     # them (they cannot change before optimizer.step()); FSDP2 re-gathers weights, so not there
     weight_cache = bool(c.fp8_weight_cache and fp8_on and c.grad_accum > 1
                         and getattr(inner, "supports_weight_cache", False)
-                        and not (env.distributed and c.parallel == "fsdp"))
+                        and not sharded)
     loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
                                rank=env.rank, world_size=world)
 

@@ -231,6 +231,14 @@ class TorchRope:
         return apply_rope(x, *tables)
 
 
+def _rope_of(parts: Parts) -> TorchRope:
+    return getattr(parts, "rope", None) or TorchRope()
+
+
+def _caches_weights(parts: Parts) -> bool:
+    return bool(getattr(parts, "weight_cache", False))
+
+
 class FusedBlock(nn.Module):
     def __init__(self, spec: FusedSpec, parts: Parts, layer: int):
         super().__init__()
@@ -242,8 +250,8 @@ class FusedBlock(nn.Module):
         self.mlp = parts.norm_mlp(spec)
         self.fp8 = True  # False: this block runs in high precision even inside an FP8 autocast
         self._hp = parts.high_precision
-        self._rope = getattr(parts, "rope", None) or TorchRope()
-        self._weight_cache = bool(getattr(parts, "weight_cache", False))
+        self._rope = _rope_of(parts)
+        self._weight_cache = _caches_weights(parts)
 
     def forward(self, x: torch.Tensor, rope: Any, is_first_microbatch: bool | None = None) -> torch.Tensor:
         # is_first_microbatch (TE): True quantises the weights to FP8 and keeps them, False reuses
@@ -279,10 +287,10 @@ class FusedCausalLM(nn.Module):
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False, **kw)
         if spec.tied:
             self.lm_head.weight = self.embed.weight
-        self._rope = getattr(parts, "rope", None) or TorchRope()
+        self._rope = _rope_of(parts)
         self._rope_tables: dict[tuple, Any] = {}  # (seq_len, device, dtype) -> tables; not state
         # True: forward(..., is_first_microbatch=) caches FP8 weights across micro-batches (TE)
-        self.supports_weight_cache = bool(getattr(parts, "weight_cache", False))
+        self.supports_weight_cache = _caches_weights(parts)
         self._release_cache = getattr(parts, "release_weight_cache", None)
 
     def release_weight_cache(self) -> None:
