@@ -27,8 +27,14 @@ LOSS_VARIANTS: dict[str, list[str]] = {
     "te-fp8-current": VARIANTS["te-fp8-current"],
     "te-fp8-block": VARIANTS["te-fp8-block"],
     "te-fp8-delayed-h16": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed:amax_history_len=16", "--fuse", "True"],
+    "te-fp8-delayed-h16-recent": ["--precision", "fp8", "--backend", "te", "--fuse", "True",
+                                  "--recipe", "delayed:amax_history_len=16,amax_compute_algo=most_recent"],
     "te-fp8-delayed-margin1": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed:margin=1", "--fuse", "True"],
+    "te-fp8-delayed-edge1": [*VARIANTS["te-fp8-delayed"], "--bf16-edge-blocks", "1"],
+    "te-fp8-current-edge1": [*VARIANTS["te-fp8-current"], "--bf16-edge-blocks", "1"],
     "emulated-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
+    "emulated-fp8-delayed-edge1": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
+                                   "--bf16-edge-blocks", "1"],
 }
 
 
@@ -48,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="/tmp/fp8lab-loss")
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--tag", default="", help="suffix of every run id (several studies of one model in one folder)")
+    p.add_argument("--note", default="", help="free text kept in each run record")
     p.add_argument("--max-step-records", type=int, default=200, help="downsample step records to about this many")
     args = p.parse_args(argv)
     args.warmup = 0

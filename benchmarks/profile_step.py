@@ -12,31 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-CATEGORIES = [  # (category, regex on the kernel name), first match wins
-    ("fp8 gemm", r"e4m3|e5m2|fp8|f8f6f4|_scaled_mm"),
-    ("attention", r"flash|fmha|attn|attention|cudnn.*sdpa|softmax_rescale|dot_product"),
-    ("gemm (bf16/fp32)", r"gemm|xmma|cutlass|sm90_|nvjet|ampere_|cublas"),
-    ("fp8 cast/transpose/amax", r"cast|transpose|amax|quantize|scale"),
-    ("optimizer", r"adam|multi_tensor|foreach|lamb"),
-    ("norm/activation", r"norm|rms|layer_norm|silu|swiglu|gelu|geglu|act"),
-    ("loss/softmax", r"cross_entropy|log_softmax|softmax|nll"),
-    ("embedding", r"embedding|index|gather|scatter"),
-]
-
-
-def categorize(name: str) -> str:
-    low = name.lower()
-    for cat, pat in CATEGORIES:
-        if re.search(pat, low):
-            return cat
-    return "other (elementwise, copies, reductions)"
+from fp8lab.profiling import device_times, categorize  # noqa: E402  (the trainer's --profile-steps uses the same categories)
 
 
 def profile(model_name: str, variant: str, mb: int, seq: int, steps: int, overrides: dict) -> dict:
@@ -80,12 +62,8 @@ def profile(model_name: str, variant: str, mb: int, seq: int, steps: int, overri
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    kernels, _ = device_times(prof)  # kernels only (annotations such as Optimizer.step are not counted twice)
     totals: dict[str, float] = {}
-    kernels: dict[str, float] = {}
-    for evt in prof.key_averages():
-        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        if getattr(evt, "device_type", None) is not None and str(evt.device_type).endswith("CUDA") and t:
-            kernels[evt.key] = kernels.get(evt.key, 0.0) + t
     for name, t in kernels.items():
         cat = categorize(name)
         totals[cat] = totals.get(cat, 0.0) + t

@@ -65,7 +65,9 @@ CPU_VARIANTS: dict[str, list[str]] = {
 
 
 def _arg_value(args: list[str], name: str, default: str | None = None) -> str | None:
-    return args[args.index(name) + 1] if name in args else default
+    """The value of the last ``name`` in ``args`` (argparse keeps the last one too)."""
+    at = [i for i, a in enumerate(args[:-1]) if a == name]
+    return args[at[-1] + 1] if at else default
 
 
 def versions() -> dict:
@@ -137,14 +139,17 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         return {"run_id": run_id, "error": f"exit {proc.returncode}: {' | '.join(tail)}", "seconds": time.time() - t0}
     recs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     cfg = json.loads((out_dir / "config.json").read_text())
-    timed = [r for r in recs if r["step"] > args.warmup and r.get("loss") is not None]
+    timed = [r for r in recs if r["step"] > args.warmup and r.get("loss") is not None and not r.get("profiled")]
     tps = quantiles([r["tokens_per_sec_per_gpu"] for r in timed])
     mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
     run = {
         "record": "run", "run_id": run_id, "study": args.study, "model": model,
         "variant": variant + (f"-{args.tag}" if getattr(args, "tag", "") else ""),
         "precision": _arg_value(flags, "--precision"), "backend": "hf" if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--backend"),
-        "recipe": _arg_value(flags, "--recipe"), "fuse": None if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--fuse", "True") == "True",
+        "recipe": (_arg_value(flags + extra, "--recipe") or "").partition(":")[0] or None,
+        "recipe_spec": _arg_value(flags + extra, "--recipe"),
+        "bf16_edge_blocks": int(_arg_value(flags + extra, "--bf16-edge-blocks", "0")),
+        "warmup_lr_steps": int(_arg_value(cmd, "--warmup-steps", "0")), "fuse": None if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--fuse", "True") == "True",
         "compile": _arg_value(flags, "--compile", "False") == "True",
         "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
@@ -155,6 +160,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
         "param_dtype": _arg_value(flags + extra, "--param-dtype", "fp32"),
         "fp8_weight_cache": cfg.get("fp8_weight_cache_active"),
+        "fuse_wgrad_accumulation": cfg.get("fuse_wgrad_accumulation_active"),
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "optimizer": (f"AdamW ({cfg.get('adamw_impl', 'kernels not recorded')}) on "
                       + ("fp32 parameters, bf16 autocast" if _arg_value(flags + extra, "--param-dtype", "fp32") == "fp32"
@@ -162,6 +168,8 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "versions": versions(), "command": shown, "harness": _harness_command(args),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    if getattr(args, "note", ""):
+        run["note"] = args.note
     summary = {
         "record": "summary", "tokens_per_sec_per_gpu": tps["median"], "tokens_per_sec_per_gpu_p25": tps["p25"],
         "tokens_per_sec_per_gpu_p75": tps["p75"], "tokens_per_sec_per_gpu_min": tps["min"],
@@ -180,7 +188,10 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     vals = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
     if vals:
         summary["val_loss"] = vals[-1]
-    return {"run_id": run_id, "run": run, "steps": steps, "summary": summary, "seconds": time.time() - t0}
+    out = {"run_id": run_id, "run": run, "steps": steps, "summary": summary, "seconds": time.time() - t0}
+    if (out_dir / "profile.json").exists():  # --profile-steps: where the time went (those steps are not timed)
+        out["profile"] = json.loads((out_dir / "profile.json").read_text())
+    return out
 
 
 def prepare_once(args, work: Path) -> None:
@@ -211,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--nproc", type=int, default=1, help="GPUs per run (torchrun when > 1)")
     p.add_argument("--parallel", default="fsdp", choices=["ddp", "fsdp"], help="how runs with --nproc > 1 split the model")
+    p.add_argument("--note", default="", help="free text kept in each run record (e.g. what else ran on the machine)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU check of this script (emulated FP8; no speed claim)")
     args = p.parse_args(argv)
 
@@ -239,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((res["run_id"], None, None, None))
                 continue
             path = write_result_file(out / f"{res['run_id']}.jsonl", res["run"], res["steps"], res["summary"])
+            if "profile" in res:  # beside the result file, with the run's provenance
+                (out / f"{res['run_id']}.profile.json").write_text(
+                    json.dumps({"run": res["run"], "profile": res["profile"]}, indent=1) + "\n")
             s = res["summary"]
             print(f"[bench] {res['run_id']}: {s['tokens_per_sec_per_gpu']:.0f} tok/s/GPU "
                   f"(IQR {s['tokens_per_sec_per_gpu_p25']:.0f}-{s['tokens_per_sec_per_gpu_p75']:.0f}) "

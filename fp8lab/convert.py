@@ -42,7 +42,7 @@ __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
     "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
     "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed", "save_hf_checkpoint",
-    "after_optimizer_step",
+    "after_optimizer_step", "edge_blocks_filter",
 ]
 
 
@@ -56,6 +56,29 @@ class ConversionInfo:
     architecture: str  # 'llama' | 'gpt_neo'
     fp8_modules: tuple[str, ...]  # fqns whose GEMMs run in FP8 inside autocast
     high_precision: tuple[str, ...]  # fqns kept in high precision (embeddings, LM head, ...)
+
+
+def edge_blocks_filter(model: nn.Module, n: int) -> Callable[[nn.Module, str], bool]:
+    """A ``module_filter`` that keeps the first ``n`` and last ``n`` decoder blocks of ``model`` out of FP8.
+
+    Why: the first and last blocks see the widest activation ranges (fresh embeddings, logits about
+    to be formed); keeping them in BF16 is a common remedy when FP8 loss trails BF16. Works with
+    ``fuse=True`` (whole blocks) and ``fuse=False`` (the nn.Linear layers inside the blocks; the LM
+    head stays high precision as by default).
+    """
+    names = [fqn for fqn, _ in _fused.decoder_layers(model)]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= 2 * n < len(names):
+        raise ValueError(f"edge_blocks_filter: n must be an integer in [0, {(len(names) - 1) // 2}] for a model of "
+                         f"{len(names)} blocks (some must stay FP8), got {n!r}")
+    keep_hp = set(names[:n]) | set(names[len(names) - n:]) if n else set()
+
+    def in_any(fqn: str, group) -> bool:
+        return any(fqn == b or fqn.startswith(b + ".") for b in group)
+
+    def flt(module: nn.Module, fqn: str) -> bool:
+        return in_any(fqn, names) and not in_any(fqn, keep_hp)
+
+    return flt
 
 
 def _resolve_recipe(backend, recipe) -> Recipe:

@@ -41,6 +41,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from fp8lab.recipe import Recipe
+
 # ----------------------------------------------------------------------------------------------
 # Facts about instances, prices and placeholders
 # ----------------------------------------------------------------------------------------------
@@ -214,8 +216,12 @@ class JobSpec:
             raise bad("precision", self.precision, ", ".join(PRECISIONS))
         if self.backend not in BACKENDS:
             raise bad("backend", self.backend, ", ".join(BACKENDS))
-        if self.recipe not in RECIPES:
-            raise bad("recipe", self.recipe, ", ".join(RECIPES))
+        if not isinstance(self.recipe, str) or self.recipe.partition(":")[0] not in RECIPES:
+            raise bad("recipe", self.recipe, ", ".join(RECIPES) + " (optionally kind:key=value,...)")
+        try:
+            Recipe.parse(self.recipe)
+        except ValueError as exc:
+            raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid: {exc}") from None
         if self.parallel not in PARALLEL:
             raise bad("parallel", self.parallel, ", ".join(PARALLEL))
         if self.instance_type not in INSTANCES:
@@ -227,7 +233,7 @@ class JobSpec:
                 f"JobSpec.precision='fp8' needs FP8 tensor cores, which {self.instance_type} ({info.gpu}) "
                 f"does not have; use one of: {fp8_types}"
             )
-        if self.precision == "fp8" and self.recipe == "mxfp8" and not info.blackwell:
+        if self.precision == "fp8" and self.recipe.partition(":")[0] == "mxfp8" and not info.blackwell:
             raise ValueError(f"JobSpec.recipe='mxfp8' needs Blackwell GPUs; {self.instance_type} has {info.gpu}")
         for name in ("instance_count", "micro_batch_size", "grad_accum", "seq_len", "volume_gb"):
             v = getattr(self, name)

@@ -62,6 +62,26 @@ class MasterWeights:
                 p.data = p.data.to(dtype)
         self.dtype = dtype
         self.optimizer = make_optimizer(self.masters)
+        self._main_grad: set[int] = set()  # parameters whose gradient arrives in p.main_grad (fused accumulation)
+
+    def use_main_grad(self, params: list[nn.Parameter]) -> None:
+        """These parameters' gradients are accumulated by their layers into ``p.main_grad`` (bf16).
+
+        Gives each a zeroed ``main_grad``; after every optimizer step (``zero_grad``) it is zeroed
+        again. Layers that honour the contract (TE with ``fuse_wgrad_accumulation``) add each
+        micro-batch's weight gradient into it inside the GEMM and leave ``p.grad`` empty."""
+        mine = {id(p) for p in self.params}
+        strangers = [p for p in params if id(p) not in mine]
+        if strangers:
+            raise ValueError(f"use_main_grad: {len(strangers)} parameter(s) are not among this optimizer's parameters")
+        self._main_grad = {id(p) for p in params}
+        self._fresh_main_grads()
+
+    def _fresh_main_grads(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                if id(p) in self._main_grad and getattr(p, "main_grad", None) is None:
+                    p.main_grad = torch.zeros_like(p)
 
     # -- what the trainer calls ---------------------------------------------------------------
     @property
@@ -79,6 +99,9 @@ class MasterWeights:
             for m, p in zip(self.masters, self.params):
                 m.grad = None if p.grad is None else p.grad.to(torch.float32)
                 p.grad = None
+                if id(p) in self._main_grad:
+                    m.grad = p.main_grad.to(torch.float32) if m.grad is None else m.grad.add_(p.main_grad)
+                    p.main_grad = None  # freed now; a zeroed one is made after the step
         grads = [m for m in self.masters if m.grad is not None]
         if not grads:
             return torch.zeros((), device=self.masters[0].device)
@@ -99,6 +122,7 @@ class MasterWeights:
                 p.grad.zero_()
         for m in self.masters:
             m.grad = None
+        self._fresh_main_grads()
 
     # -- checkpoints and export ---------------------------------------------------------------
     def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 KINDS = ("delayed", "current", "block", "mxfp8")
 FORMATS = ("hybrid", "e4m3")
 AMAX_ALGOS = ("max", "most_recent")
+SETTINGS = ("format", "amax_history_len", "amax_compute_algo", "margin")  # what "kind:key=value,..." may set
 
 
 @dataclass(frozen=True)
@@ -52,16 +53,43 @@ class Recipe:
 
     @classmethod
     def parse(cls, spec: "str | Recipe | None") -> "Recipe":
-        """``None`` -> default; ``"delayed"``/``"current"``/``"block"``/``"mxfp8"`` -> that kind with TE's defaults."""
+        """``None`` -> default; ``"delayed"``/``"current"``/``"block"``/``"mxfp8"`` -> that kind with TE's defaults.
+
+        A kind may carry settings after a colon, so one command-line string names a whole recipe:
+        ``"delayed:amax_history_len=16,amax_compute_algo=most_recent,margin=1"``, ``"current:format=e4m3"``.
+        """
         if spec is None:
             return cls()
         if isinstance(spec, Recipe):
             return spec
         if isinstance(spec, str):
-            if spec not in KINDS:
-                raise ValueError(f"recipe must be a Recipe or one of {KINDS}, got {spec!r}")
-            return cls(kind=spec, format="e4m3" if spec in ("block", "mxfp8") else "hybrid")
+            kind, _, rest = spec.partition(":")
+            if kind not in KINDS:
+                raise ValueError(f"recipe must be a Recipe or one of {KINDS} (optionally 'kind:key=value,...'), got {spec!r}")
+            kw: dict[str, Any] = {"format": "e4m3" if kind in ("block", "mxfp8") else "hybrid"}
+            for item in filter(None, (x.strip() for x in rest.split(","))):
+                key, eq, value = item.partition("=")
+                key = key.strip()
+                if not eq or key not in SETTINGS:
+                    raise ValueError(f"recipe {spec!r}: {item!r} is not key=value with a key among {SETTINGS}")
+                value = value.strip()
+                if key in ("amax_history_len", "margin"):
+                    try:
+                        kw[key] = int(value)
+                    except ValueError:
+                        raise ValueError(f"recipe {spec!r}: {key} must be an integer, got {value!r}") from None
+                else:
+                    kw[key] = value
+            if kind != "delayed" and ({"amax_history_len", "amax_compute_algo"} & set(kw)):
+                raise ValueError(f"recipe {spec!r}: amax_history_len and amax_compute_algo apply to 'delayed' only")
+            return cls(kind=kind, **kw)
         raise ValueError(f"recipe must be a Recipe, one of {KINDS}, or None; got {type(spec).__name__}")
+
+    def spec(self) -> str:
+        """The string :meth:`parse` turns back into this recipe (settings that differ from the kind's defaults)."""
+        default = Recipe.parse(self.kind)
+        diff = [f"{k}={getattr(self, k)}" for k in SETTINGS if getattr(self, k) != getattr(default, k)]
+        return self.kind + (":" + ",".join(diff) if diff else "")
 
     @property
     def grad_format_name(self) -> str:

@@ -87,7 +87,8 @@ class TrainConfig:
     model_overrides: dict = field(default_factory=dict)  # ModelConfig fields, e.g. {"num_layers": 2}
     precision: str = "bf16"  # bf16 | fp8
     backend: str = "auto"  # auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | te | torchao | emulated
-    recipe: str = "auto"  # auto (backend default: TE delayed scaling) | delayed | current | block | mxfp8
+    recipe: str = "auto"  # auto (backend default: TE delayed scaling) | delayed | current | block | mxfp8, optionally kind:key=value,... (fp8lab.recipe.Recipe.parse)
+    bf16_edge_blocks: int = 0  # keep the first N and the last N decoder blocks out of FP8 (a loss remedy)
     fuse: bool = True  # fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers
     steps: int | None = None  # optimizer steps; default 100 when --tokens is not given either
     tokens: int | None = None  # or: train this many tokens (all GPUs), rounded up to whole steps
@@ -117,6 +118,7 @@ class TrainConfig:
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
     fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step, not per micro-batch
+    fuse_wgrad_accumulation: bool = True  # TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place
     device: str = "auto"  # auto | cpu | cuda
     max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
     peak_tflops: float = 0.0  # dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)
@@ -124,6 +126,7 @@ class TrainConfig:
     plot: bool = True  # write loss.png next to metrics.jsonl at the end
     progress: str = "auto"  # tqdm bar: auto (terminal or notebook) | on | off
     print_metrics: bool = True  # the fp8lab-metrics line per step on stdout (rank 0)
+    profile_steps: tuple = ()  # record these steps (smallest to largest) with torch.profiler; writes profile.json (time by kernel category)
     inject_nan_at_steps: tuple = ()  # FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)
 
     def __post_init__(self) -> None:
@@ -136,6 +139,7 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["inject_nan_at_steps"] = list(self.inject_nan_at_steps)
+        d["profile_steps"] = list(self.profile_steps)
         return d
 
 
@@ -165,7 +169,19 @@ def _validate(c: TrainConfig) -> None:
         mcfg = get_config(c.model, **c.model_overrides)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model-override: {exc}") from None
-    for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("recipe", RECIPES),
+    if not isinstance(c.recipe, str) or c.recipe.partition(":")[0] not in RECIPES or c.recipe.startswith("auto:"):
+        raise bad("recipe", " | ".join(RECIPES) + ", or kind:key=value,... with keys format, amax_history_len, amax_compute_algo, margin")
+    if c.recipe != "auto":
+        from fp8lab.recipe import Recipe
+
+        try:
+            Recipe.parse(c.recipe)
+        except ValueError as exc:
+            raise ValueError(f"--recipe={c.recipe!r} is invalid: {exc}") from None
+    if not _is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
+        raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
+                  f"(at most {(mcfg.num_layers - 1) // 2})")
+    for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS),
                           ("parallel", PARALLEL), ("compute_dtype", COMPUTE_DTYPES), ("param_dtype", PARAM_DTYPES), ("device", DEVICES),
                           ("progress", PROGRESS)):
         if getattr(c, name) not in choices:
@@ -173,7 +189,7 @@ def _validate(c: TrainConfig) -> None:
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
     for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics",
-                 "fp8_weight_cache"):
+                 "fp8_weight_cache", "fuse_wgrad_accumulation"):
         if not isinstance(getattr(c, name), bool):
             raise bad(name, "True | False")
     if c.steps is not None and c.tokens is not None:
@@ -214,6 +230,10 @@ def _validate(c: TrainConfig) -> None:
             raise bad(name, "a non-empty path")
     if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
         raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
+    if not isinstance(c.profile_steps, tuple) or not all(_is_int(s) and s >= 1 for s in c.profile_steps):
+        raise bad("profile_steps", "comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)")
+    if c.steps is not None and c.profile_steps and max(c.profile_steps) > c.steps:
+        raise bad("profile_steps", f"steps within the run's --steps {c.steps}")
     if not isinstance(c.inject_nan_at_steps, tuple) or not all(_is_int(s) and s >= 1 for s in c.inject_nan_at_steps):
         raise bad("inject_nan_at_steps", "comma-separated positive step numbers (testing only)")
 
@@ -283,7 +303,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {}
 for _f in dataclasses.fields(TrainConfig):
     if _f.name == "model_overrides":
         continue
-    if _f.name == "inject_nan_at_steps":
+    if _f.name in ("inject_nan_at_steps", "profile_steps"):
         _CONVERT[_f.name] = _steps_list
     elif isinstance(_f.default, bool):
         _CONVERT[_f.name] = _to_bool
@@ -562,6 +582,7 @@ def _fingerprint(c: TrainConfig, world_size: int) -> dict[str, Any]:
     """What must not change between a checkpoint and the run resuming from it."""
     return {"model": c.model, "model_overrides": c.model_overrides, "precision": c.precision,
             "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": c.seq_len, "seed": c.seed,
+            "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": c.micro_batch_size * c.grad_accum * world_size}
 
 
@@ -648,7 +669,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     from fp8lab import distributed as fdist
     from fp8lab.backends import get_backend
     from fp8lab.convert import autocast as fp8_autocast
-    from fp8lab.convert import convert_model
+    from fp8lab.convert import convert_model, edge_blocks_filter
     from fp8lab.models import build_model, count_parameters, get_config, model_flops_per_token
 
     wall0 = time.perf_counter()
@@ -685,7 +706,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     model = build_model(c.model, device=env.device, seed=c.seed, **c.model_overrides)
     conversion = None
     if backend is not None:
-        model = convert_model(model, backend=backend, recipe=recipe, fuse=c.fuse)
+        flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
+        model = convert_model(model, backend=backend, recipe=recipe, fuse=c.fuse, module_filter=flt)
         conversion = model.fp8lab_conversion
     fp8_on = c.precision == "fp8"
     fp8_ctx = (lambda: fp8_autocast(backend, recipe, enabled=fp8_on)) if backend else nullcontext
@@ -707,12 +729,18 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             block.compile()
     inner = model
     master = None
+    fused_wgrad: list = []
     sharded = env.distributed and c.parallel == "fsdp"  # FSDP2 really shards (torchrun, several ranks)
     if c.param_dtype == "bf16" and not sharded:
         # bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype
         from fp8lab.master_weights import MasterWeights
 
         master = MasterWeights(model, lambda params: make_optimizer(params, c, env.device))
+        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only
+        if c.fuse_wgrad_accumulation and not env.distributed and hasattr(model, "wgrad_into_main_grad"):
+            fused_wgrad = model.wgrad_into_main_grad()
+            if fused_wgrad:
+                master.use_main_grad(fused_wgrad)
     model = fdist.wrap(model, env, c.parallel, param_dtype=c.param_dtype)
     optimizer = master if master is not None else make_optimizer(
         model, c, env.device, sharded=sharded)
@@ -762,8 +790,9 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         metrics_log = fmetrics.MetricsLog(paths.output_dir / "metrics.jsonl", resume_step=resumed_from)
         cfg_record = {**c.as_dict(), "backend_resolved": backend_name, "recipe_resolved": recipe.describe() if recipe else None,
                       "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
-                      "fp8_weight_cache_active": weight_cache, "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
+                      "fp8_weight_cache_active": weight_cache, "fuse_wgrad_accumulation_active": bool(fused_wgrad), "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
                       "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
+                      "conversion": dataclasses.asdict(conversion) if conversion is not None else None,
                       "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
                       "resumed_from_step": resumed_from, **fmetrics.provenance(gpu_name, world, argv)}
         (paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
@@ -811,8 +840,13 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     consecutive_bad = 0
     last_val = None
     model.train()
+    prof_range = (min(c.profile_steps), max(c.profile_steps)) if c.profile_steps else None
+    prof, prof_wall, step_times = None, [], []
+    first_step = state["step"] + 1
     try:
         for step in range(state["step"] + 1, total_steps + 1):
+            if prof_range and step == prof_range[0]:
+                prof = _start_profiler(env.device)
             t0 = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
             loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
@@ -855,6 +889,15 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                 torch.cuda.synchronize(env.device)
             dt = time.perf_counter() - t0
             state["step"] = step
+            profiled = prof is not None
+            if profiled:
+                prof_wall.append(dt)
+                if step == prof_range[1] or step == total_steps:
+                    prof.__exit__(None, None, None)
+                    _write_profile(prof, prof_wall, step_times, paths.output_dir, env, emit)
+                    prof = None
+            elif step > first_step:  # the first step (allocation, autotuning) is not steady state
+                step_times.append(dt)
             tps = tokens_per_step / dt
             rec = {"step": step, "tokens": step * tokens_per_step, "loss": None if skipped else step_loss,
                    "lr": lr, "grad_norm": gn if math.isfinite(gn) else None, "step_time_s": dt,
@@ -864,6 +907,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                    "world_size": world, "gpu_name": gpu_name}
             if skipped:
                 rec.update(skipped=True, nonfinite_steps=state["nonfinite_steps"])
+            if profiled:
+                rec["profiled"] = True  # slowed by the profiler: throughput summaries leave it out
             if (c.val_every and step % c.val_every == 0) or (step == total_steps and not skipped):
                 last_val = evaluate()
                 rec["val_loss"] = last_val
@@ -896,6 +941,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             if (periodic or final) and consecutive_bad == 0:
                 save_checkpoint(step)
     finally:
+        if prof is not None:  # the run ended inside the profiled range
+            prof.__exit__(None, None, None)
         bar.close()
         stop.uninstall()
         if metrics_log is not None:
@@ -913,6 +960,26 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             print(message, file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
     fdist.barrier(env)  # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
     return summary
+
+
+def _start_profiler(device):
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(activities=acts)
+    prof.__enter__()
+    return prof
+
+
+def _write_profile(prof, wall_s, unprofiled_s, output_dir: Path, env, emit) -> None:
+    """profile.json in the output folder (rank 0) and a short table in the log."""
+    from fp8lab import profiling
+
+    if not env.is_main:
+        return
+    summary = profiling.summarize(prof, len(wall_s), wall_s, unprofiled_s)
+    (output_dir / "profile.json").write_text(json.dumps(summary, indent=1) + "\n")
+    emit("fp8lab: profile: " + profiling.format_summary(summary))
 
 
 def _summary(c, env, paths, status, message, state, total_steps, tokens_per_step, last_val, resumed_from,

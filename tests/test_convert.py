@@ -13,6 +13,7 @@ from fp8lab import formats
 from fp8lab.backends import BackendUnavailableError, available_backends, fp8_gpu_problem
 from fp8lab.backends import emulated
 from fp8lab.convert import (
+    edge_blocks_filter,
     Recipe, autocast, check_equivalence, convert_model, describe_modules, export_hf_model, export_hf_state_dict,
     after_optimizer_step, pick_backend, save_hf_checkpoint, time_forward_backward, weight_mapping,
 )
@@ -162,6 +163,32 @@ def test_notebook_helpers():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA GPU"):
             time_forward_backward(conv, _ids())
+
+
+def test_edge_blocks_filter_keeps_first_and_last_blocks_out_of_fp8():
+    ref = build_model("llama-tiny", num_layers=4)
+    fused = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True, module_filter=edge_blocks_filter(ref, 1))
+    assert [b.fp8 for b in fused.blocks] == [False, True, True, False]
+    rep = check_equivalence(ref, fused, _ids(), per_layer=True, fp8=True)
+    assert rep.per_layer[0].rel_diff < 1e-5 < rep.per_layer[1].rel_diff
+    swapped = convert_model(copy.deepcopy(ref), backend="emulated", fuse=False, module_filter=edge_blocks_filter(ref, 1))
+    kinds = [isinstance(swapped.model.layers[i].mlp.up_proj, emulated.EmuLinear) for i in range(4)]
+    assert kinds == [False, True, True, False] and type(swapped.lm_head) is nn.Linear
+    assert edge_blocks_filter(ref, 0)(None, "model.layers.0") is True
+    with pytest.raises(ValueError, match=r"n must be an integer in \[0, 1\] for a model of 4 blocks"):
+        edge_blocks_filter(ref, 2)
+
+
+def test_recipe_strings_carry_settings_and_round_trip():
+    r = Recipe.parse("delayed:amax_history_len=16,amax_compute_algo=most_recent,margin=1")
+    assert (r.kind, r.amax_history_len, r.amax_compute_algo, r.margin, r.format) == ("delayed", 16, "most_recent", 1, "hybrid")
+    assert Recipe.parse(r.spec()) == r and Recipe.parse("current").spec() == "current"
+    assert Recipe.parse("current:format=e4m3") == Recipe(kind="current", format="e4m3")
+    for bad, msg in [("delayed:history=16", "not key=value with a key among"), ("delayed:margin=x", "margin must be an integer"),
+                     ("current:amax_history_len=16", "apply to 'delayed' only"), ("delayed:margin=-1", "margin"),
+                     ("fast:margin=1", "one of")]:
+        with pytest.raises(ValueError, match=msg):
+            Recipe.parse(bad)
 
 
 def test_recipe_validation_and_mapping():

@@ -85,6 +85,27 @@ def test_fp8_emulated_fused_run_and_hf_export(prepared, tmp_path):
     assert hf.model.layers[0].self_attn.k_proj.weight.shape == (32, 64)
 
 
+def test_loss_remedies_reach_the_model_and_the_profile_is_written(prepared, tmp_path):
+    """A recipe string with settings, BF16 edge blocks and --profile-steps in one emulated FP8 run."""
+    out = tmp_path / "remedy"
+    s = train(TrainConfig(**TINY, model_overrides={"num_layers": 4}, precision="fp8", backend="emulated",
+                          recipe="delayed:amax_history_len=16,margin=1", bf16_edge_blocks=1, steps=5,
+                          profile_steps=(3, 4), checkpoint_every=-1, save_model=False, data=str(prepared),
+                          output_dir=str(out)))
+    assert s["status"] == "completed"
+    cfg = json.loads((out / "config.json").read_text())
+    assert "margin=1" in cfg["recipe_resolved"] and "amax_history_len=16" in cfg["recipe_resolved"]
+    assert cfg["bf16_edge_blocks"] == 1
+    assert "blocks.0" in cfg["conversion"]["high_precision"] and "blocks.3" in cfg["conversion"]["high_precision"]
+    assert "blocks.1" not in cfg["conversion"]["high_precision"]
+    recs = fmetrics.read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in recs if r.get("profiled")] == [3, 4]
+    prof = json.loads((out / "profile.json").read_text())
+    assert prof["steps"] == 2 and prof["source"] == "cpu ops (self time)"  # no GPU here: CPU op times
+    assert prof["categories_ms"]["gemm (bf16/fp32)"] > 0 and prof["time_ms_per_step"] > 0
+    assert prof["unprofiled_step_ms"] > 0 and prof["gpu_busy"] is None
+
+
 def test_fp8_weight_cache_is_only_active_where_the_backend_has_one(prepared, tmp_path):
     """--grad-accum > 1 on the emulated fused model: no FP8 weight cache there, recorded as inactive."""
     out = tmp_path / "ga"
@@ -243,6 +264,11 @@ BAD = [
     (["--beta2", "1"], "--beta2=1.0 is invalid; allowed: a number in [0, 1)"),
     (["--fp8-weight-cache", "sometimes"], "--fp8-weight-cache='sometimes' is invalid; allowed: True | False"),
     (["--no-such-option", "1"], "unrecognized arguments: --no-such-option"),
+    (["--recipe", "delayed:history=16"], "--recipe='delayed:history=16' is invalid: recipe 'delayed:history=16': 'history=16' is not key=value"),
+    (["--recipe", "auto:margin=1"], "--recipe='auto:margin=1' is invalid; allowed: auto | delayed"),
+    (["--bf16-edge-blocks", "1"], "--bf16-edge-blocks=1 is invalid; allowed: an integer >= 0 that leaves some of llama-tiny's 2 blocks in FP8 (at most 0)"),
+    (["--profile-steps", "3,x"], "--profile-steps='3,x' is invalid; allowed: comma-separated step numbers"),
+    (["--steps", "4", "--profile-steps", "5"], "--profile-steps=(5,) is invalid; allowed: steps within the run's --steps 4"),
 ]
 
 

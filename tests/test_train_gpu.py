@@ -112,6 +112,26 @@ def test_fp8_weight_cache_across_micro_batches(prepared, tmp_path, recipe, rel):
     assert lon[-1] < lon[0] - 0.3  # 12 small steps: the loss falls (6.25 -> 5.75 on the H200)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_fused_wgrad_accumulation_trains_like_autograd_accumulation(prepared, tmp_path, precision):
+    """bf16 parameters, --grad-accum 4: TE's GEMMs adding weight gradients into main_grad train like
+    autograd's per-micro-batch adds (both sum in bf16; the GEMM rounds once per add, autograd twice)."""
+    _te_or_skip()
+    import json
+
+    base = dict(TINY, precision=precision, backend="te", recipe="current", param_dtype="bf16", steps=12, grad_accum=4,
+                micro_batch_size=2, checkpoint_every=-1, data=str(prepared), save_model=False)
+    on, off = tmp_path / "on", tmp_path / "off"
+    train(TrainConfig(**base, output_dir=str(on)))
+    train(TrainConfig(**base, fuse_wgrad_accumulation=False, output_dir=str(off)))
+    assert json.loads((on / "config.json").read_text())["fuse_wgrad_accumulation_active"] is True
+    assert json.loads((off / "config.json").read_text())["fuse_wgrad_accumulation_active"] is False
+    ron, roff = fmetrics.read_metrics(on / "metrics.jsonl"), fmetrics.read_metrics(off / "metrics.jsonl")
+    assert [r["loss"] for r in ron] == pytest.approx([r["loss"] for r in roff], rel=2e-2)
+    assert ron[0]["grad_norm"] == pytest.approx(roff[0]["grad_norm"], rel=2e-2)
+    assert ron[-1]["loss"] < ron[0]["loss"] - 0.3
+
+
 @pytest.mark.parametrize("param_dtype", ["fp32", "bf16"])
 def test_fsdp2_te_bf16_needs_bf16_parameters(param_dtype):
     """The TE 2.20 limitation behind ``fsdp_te_problem``, reproduced on a one-rank FSDP2 mesh.

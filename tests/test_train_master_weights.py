@@ -222,3 +222,50 @@ def test_a_parameter_without_gradient_is_not_stepped():
     mw.clip_grad_norm_(1.0)
     mw.step()
     assert not torch.equal(mw.master_for("lm_head.weight"), fp32["lm_head.weight"])
+
+
+class _MainGradMatmul(torch.autograd.Function):
+    """y = x @ w.T whose weight gradient is added into w.main_grad (TE's fuse_wgrad_accumulation contract)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        w.main_grad.add_((gy.t() @ x).to(w.main_grad.dtype))
+        return gy @ w, None  # no .grad for w: it went into main_grad
+
+
+def test_main_grad_accumulation_gives_the_same_step_as_autograd():
+    """Two micro-batches: gradients added by the layer into p.main_grad reach the fp32 masters as
+    autograd's .grad does (same clipping norm, same updated weights), and main_grad is zeroed after."""
+    torch.manual_seed(0)
+    w0 = torch.randn(8, 16)
+    xs = [torch.randn(4, 16) for _ in range(2)]
+    mods = []
+    for fused in (False, True):
+        m = torch.nn.Linear(16, 8, bias=False)
+        with torch.no_grad():
+            m.weight.copy_(w0)
+        mw = MasterWeights(m, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+        if fused:
+            mw.use_main_grad([m.weight])
+            assert m.weight.main_grad.dtype == torch.bfloat16 and not m.weight.main_grad.any()
+        for x in xs:
+            y = _MainGradMatmul.apply(x.bfloat16(), m.weight) if fused else x.bfloat16() @ m.weight.t()
+            y.float().pow(2).sum().backward()
+        assert (m.weight.grad is None) == fused
+        norm = mw.clip_grad_norm_(1e9)
+        assert fused is False or m.weight.main_grad is None  # freed once copied to fp32
+        mw.step()
+        mw.zero_grad()
+        mods.append((m, mw, norm))
+    (a, ma, na), (b, mb, nb) = mods
+    assert float(nb) == pytest.approx(float(na), rel=1e-2)  # bf16 sums of two micro-batches, rounded differently
+    assert torch.allclose(mb.masters[0], ma.masters[0], atol=1e-4) and not torch.equal(mb.masters[0], torch.as_tensor(w0))
+    assert b.weight.main_grad is not None and not b.weight.main_grad.any()  # zeroed for the next step
+    with pytest.raises(ValueError, match="not among this optimizer's parameters"):
+        mb.use_main_grad([torch.nn.Parameter(torch.zeros(2))])

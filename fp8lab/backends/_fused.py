@@ -292,6 +292,11 @@ class FusedCausalLM(nn.Module):
         # True: forward(..., is_first_microbatch=) caches FP8 weights across micro-batches (TE)
         self.supports_weight_cache = _caches_weights(parts)
         self._release_cache = getattr(parts, "release_weight_cache", None)
+        self._wgrad_into_main_grad = getattr(parts, "wgrad_into_main_grad", None)
+
+    def wgrad_into_main_grad(self) -> list[nn.Parameter]:
+        """Weights whose gradients the backend accumulates into ``param.main_grad`` from now on ([]: none, autograd's ``.grad`` as usual)."""
+        return self._wgrad_into_main_grad(self) if self._wgrad_into_main_grad is not None else []
 
     def release_weight_cache(self) -> None:
         """Free the cached FP8 weights (after the last micro-batch's backward, before the optimizer

@@ -61,6 +61,29 @@ class TEParts:
             if isinstance(ws, dict):
                 ws.clear()
 
+    @staticmethod
+    def wgrad_into_main_grad(model: nn.Module) -> list[nn.Parameter]:
+        """Make TE's weight-gradient GEMMs add into each weight's ``main_grad``; return those weights.
+
+        Why: under gradient accumulation autograd otherwise writes each micro-batch's weight gradient
+        to a new tensor and adds it to ``.grad`` (one extra read and write of every weight gradient
+        per micro-batch); here the GEMM accumulates in place (cuBLAS beta = 1). The caller owns
+        the buffers: it must give each returned weight a ``main_grad`` before backward. TE then
+        leaves ``.grad`` empty for them. ``is_first_microbatch=True`` overwrites instead of adding.
+        """
+        te = _te()
+        weights: list[nn.Parameter] = []
+        for m in model.modules():
+            if isinstance(m, te.LayerNormMLP):
+                names = ("fc1_weight", "fc2_weight")
+            elif isinstance(m, (te.LayerNormLinear, te.Linear)):
+                names = ("weight",)
+            else:
+                continue
+            m.fuse_wgrad_accumulation = True  # read at every forward
+            weights += [getattr(m, n) for n in names if getattr(m, n).requires_grad]
+        return weights
+
     def __init__(self, device, dtype):
         self.device, self.dtype = device, dtype
 

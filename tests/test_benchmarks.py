@@ -1,0 +1,75 @@
+"""The benchmark harnesses on CPU (tiny Llama, emulated FP8): what they record, not how fast it is."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+
+def _records(path: Path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        out.setdefault(r["record"], []).append(r)
+    return out
+
+
+def test_throughput_leaves_profiled_steps_out_and_keeps_the_profile(tmp_path):
+    import throughput
+
+    rc = throughput.main(["--cpu-smoke", "--models", "llama-tiny", "--variants", "hf-bf16", "--steps", "5", "--warmup", "1",
+                          "--common-args", "--seq-len 32 --micro-batch-size 2 --profile-steps 3,4",
+                          "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--timeout", "300",
+                          "--note", "alone on the machine"])
+    assert rc == 0
+    recs = _records(tmp_path / "out" / "llama-tiny-hf-bf16.jsonl")
+    assert recs["summary"][0]["timed_steps"] == 2  # steps 2 and 5: step 1 is warm-up, 3-4 were profiled
+    assert recs["run"][0]["note"] == "alone on the machine"
+    prof = json.loads((tmp_path / "out" / "llama-tiny-hf-bf16.profile.json").read_text())
+    assert prof["run"]["run_id"] == "llama-tiny-hf-bf16" and prof["profile"]["steps"] == 2
+    assert prof["profile"]["categories_ms"]
+
+
+def test_loss_parity_records_the_remedy_of_each_run(tmp_path):
+    import loss_parity
+
+    rc = loss_parity.main(["--model", "llama-tiny", "--model-args", "--model-override num_layers=4",
+                           "--variants", "hf-bf16,emulated-fp8-delayed-edge1", "--steps", "4", "--val-every", "2",
+                           "--val-batches", "1", "--common-args", "--seq-len 32 --micro-batch-size 2 --warmup-steps 2",
+                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--timeout", "300",
+                           "--tag", "t1"])
+    assert rc == 0
+    fp8 = _records(tmp_path / "out" / "llama-tiny-emulated-fp8-delayed-edge1-t1.jsonl")
+    run = fp8["run"][0]
+    assert (run["bf16_edge_blocks"], run["recipe"], run["warmup_lr_steps"]) == (1, "delayed", 2)
+    assert [r["step"] for r in fp8["step"] if "val_loss" in r] == [2, 4]
+    bf16 = _records(tmp_path / "out" / "llama-tiny-hf-bf16-t1.jsonl")
+    assert bf16["run"][0]["bf16_edge_blocks"] == 0 and bf16["summary"][0]["val_loss"] > 0
+
+
+def test_unknown_loss_variant_is_refused(tmp_path, capsys):
+    import loss_parity
+
+    with pytest.raises(SystemExit):
+        loss_parity.main(["--model", "llama-tiny", "--variants", "te-fp9", "--out", str(tmp_path)])
+    assert "te-fp9" in capsys.readouterr().err
+
+
+def test_kernel_names_seen_on_the_h200_fall_into_the_right_categories():
+    from fp8lab.profiling import categorize
+
+    assert categorize("nvjet_sm90_qrtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT") == "fp8 gemm"
+    assert categorize("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm (bf16/fp32)"
+    assert categorize("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26") == "attention"
+    assert categorize("cast_transpose_optimized_kernel(__nv_bfloat16 const*, float const*, __nv_fp8_e5m2*)") \
+        == "fp8 cast/transpose/amax"
+    assert categorize("cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16") == "fp8 gemm"
+    assert categorize("aten::_scaled_mm") == "fp8 gemm" and categorize("aten::mm") == "gemm (bf16/fp32)"
+    assert categorize("void transformer_engine::dgated_act_kernel<16, true, float>") == "norm/activation"
+    assert categorize("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>") \
+        == "other (elementwise, copies, reductions)"
