@@ -112,6 +112,8 @@ def _harness_command(args) -> str:
     line = "python " + " ".join(shlex.quote(a) for a in sys.argv).replace(str(REPO) + "/", "")
     if getattr(args, "out", None):
         line = line.replace(str(args.out), "<out>")
+    if getattr(args, "data", None):
+        line = line.replace(str(args.data), "<data>")
     return line.replace(str(args.work), "<work>")
 
 
@@ -131,9 +133,17 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     if args.data:
         cmd += ["--data", args.data]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
+    except subprocess.TimeoutExpired as exc:  # one slow variant must not take the others with it
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = (exc.stderr or b"").decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        (work / f"{run_id}.log").write_text(out + "\n--- stderr ---\n" + err)
+        return {"run_id": run_id, "error": f"timed out after {args.timeout} s (--timeout)", "seconds": time.time() - t0}
     (work / f"{run_id}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     shown = " ".join(shlex.quote(c) for c in ["python" if i == 0 else c for i, c in enumerate(cmd)]).replace(str(work), "<work>")
+    if args.data:  # machine paths stay out of result files
+        shown = shown.replace(str(args.data), "<data>")
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"run_id": run_id, "error": f"exit {proc.returncode}: {' | '.join(tail)}", "seconds": time.time() - t0}

@@ -30,6 +30,8 @@ META_COLUMNS = [
     "parallel",  # ddp | fsdp on several GPUs: runs pair only within one mode
     "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
+    "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
+    "activation_checkpointing",
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]
@@ -368,6 +370,14 @@ def variant_label(row: dict) -> str:
     fuse = row.get("fuse")
     if isinstance(fuse, (bool, np.bool_)) and fp8:
         parts.append("fused" if fuse else "unfused")
+    spec = row.get("recipe_spec") if isinstance(row.get("recipe_spec"), str) else row.get("recipe")
+    if fp8 and isinstance(spec, str) and ":" in spec:  # a recipe with its own settings (amax history, margin)
+        parts.append("(" + spec.partition(":")[2] + ")")
+    edge = row.get("bf16_edge_blocks")
+    if fp8 and isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0:
+        parts.append(f"bf16-edge-blocks={int(edge)}")
+    if row.get("activation_checkpointing") is True or row.get("activation_checkpointing") is np.bool_(True):
+        parts.append("act-ckpt")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     parallel = row.get("parallel")
@@ -548,7 +558,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
     """
     if loss not in ("smoothed", "final"):
         raise ValueError(f"loss={loss!r}; allowed: 'smoothed', 'final'")
-    cols = ["model", "gpu_name", "instances", "world_size", "layout", "baseline_run", "baseline_variant", "fp8_run",
+    cols = ["model", "gpu_name", "instances", "world_size", "layout", "study", "baseline_run", "baseline_variant", "fp8_run",
             "fp8_variant", "tps_baseline", "tps_fp8", "speedup", "mfu_baseline", "mfu_fp8", "tokens_baseline",
             "tokens_fp8", "valid", "hardware_fp8", "loss_baseline", "loss_fp8", "loss_gap_pct", "val_loss_baseline",
             "val_loss_fp8", "val_loss_gap_pct", "note"]
@@ -585,7 +595,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
             vgap = 100 * (r["val_loss"] - base["val_loss"]) / base["val_loss"] if same else np.nan
             rows.append({
                 **dict(zip(SCALE_KEYS, [base[k] for k in SCALE_KEYS])),
-                "layout": layout_label(base) if by_layout else "-",
+                "layout": layout_label(base) if by_layout else "-", "study": base.get("study"),
                 "baseline_run": base["run_id"], "baseline_variant": base["variant"],
                 "fp8_run": r["run_id"], "fp8_variant": r["variant"],
                 "tps_baseline": base["tokens_per_sec_per_gpu"], "tps_fp8": r["tokens_per_sec_per_gpu"],
@@ -715,8 +725,13 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                     gap_kind, gap = "validation loss", v["val_loss_gap_pct"]
                 elif pd.notna(v["loss_gap_pct"]):
                     gap_kind, gap = "smoothed training loss", v["loss_gap_pct"]
-            if gap_kind:
+            if gap_kind and valid.iloc[0]["fp8_run"] == r["fp8_run"]:
                 s += (f"; after the same {_fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
+                      f"{gap:+.2f}% relative to BF16")
+            elif gap_kind:  # speed from a throughput run, loss from a longer run of the same model
+                v = valid.iloc[0]
+                s += (f"; in a longer run of the same model ({v['fp8_variant']} against {v['baseline_variant']}, "
+                      f"{_fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
                       f"{gap:+.2f}% relative to BF16")
             elif len(valid):
                 s += "; no loss was recorded, so the loss gap is unknown"

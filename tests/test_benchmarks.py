@@ -69,6 +69,7 @@ def test_kernel_names_seen_on_the_h200_fall_into_the_right_categories():
     assert categorize("cast_transpose_optimized_kernel(__nv_bfloat16 const*, float const*, __nv_fp8_e5m2*)") \
         == "fp8 cast/transpose/amax"
     assert categorize("cutlass3x_sm90_tensorop_gemm_e4m3_e4m3_f32_bf16") == "fp8 gemm"
+    assert categorize("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "communication (nccl)"
     assert categorize("aten::_scaled_mm") == "fp8 gemm" and categorize("aten::mm") == "gemm (bf16/fp32)"
     assert categorize("void transformer_engine::dgated_act_kernel<16, true, float>") == "norm/activation"
     assert categorize("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>") \
