@@ -31,7 +31,7 @@ META_COLUMNS = [
     "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
-    "activation_checkpointing",
+    "activation_checkpointing", "fsdp_keep_weights",
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]
@@ -383,6 +383,8 @@ def variant_label(row: dict) -> str:
     parallel = row.get("parallel")
     if isinstance(parallel, str) and parallel:  # several GPUs: DDP and FSDP2 are different set-ups
         parts.append(parallel)
+        if row.get("fsdp_keep_weights") is True or row.get("fsdp_keep_weights") is np.bool_(True):
+            parts.append("keep-weights")
     return " ".join(parts) or "unknown"
 
 

@@ -149,9 +149,37 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
 
 
+def _fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def keep_gathered_weights(model: nn.Module) -> bool:
+    """FSDP2 under gradient accumulation: gather each block's weights once per optimizer step.
+
+    By default FSDP2 all-gathers a block's weights for its forward and again for its backward, in
+    every micro-batch. Here the weights stay gathered from the first micro-batch's forward until
+    the last one's backward (``gradient_sync(..., keep_weights=True)`` reshards them there): one
+    all-gather per block per step, for the memory of the unsharded bf16 weights (as under DDP).
+    Returns False (nothing changed) for a model that is not FSDP2-sharded."""
+    mods = _fsdp_modules(model) if hasattr(model, "set_reshard_after_forward") else []
+    for m in mods:
+        m.set_reshard_after_forward(False, recurse=False)
+    return bool(mods)
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every FSDP2 module's gathered weights (after an evaluation under keep_gathered_weights)."""
+    for m in _fsdp_modules(model):
+        m.reshard()
+
+
 @contextmanager
-def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Skip the gradient all-reduce / reduce-scatter on accumulation micro-steps but the last."""
+def gradient_sync(model: nn.Module, enabled: bool, keep_weights: bool = False) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter on accumulation micro-steps but the last.
+
+    ``keep_weights`` (FSDP2, see :func:`keep_gathered_weights`): reshard only after the last one's backward."""
     if type(model).__name__ == "DistributedDataParallel" and not enabled:
         with model.no_sync():
             yield
@@ -159,5 +187,7 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2 modules
     if setter is not None:
         setter(enabled)
+        if keep_weights:
+            model.set_reshard_after_backward(enabled)
     with nullcontext():
         yield

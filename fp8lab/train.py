@@ -118,6 +118,7 @@ class TrainConfig:
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
     fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step, not per micro-batch
+    fsdp_keep_weights: bool = False  # --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)
     fuse_wgrad_accumulation: bool = True  # TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place
     device: str = "auto"  # auto | cpu | cuda
     max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
@@ -189,7 +190,7 @@ def _validate(c: TrainConfig) -> None:
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
     for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics",
-                 "fp8_weight_cache", "fuse_wgrad_accumulation"):
+                 "fp8_weight_cache", "fuse_wgrad_accumulation", "fsdp_keep_weights"):
         if not isinstance(getattr(c, name), bool):
             raise bad(name, "True | False")
     if c.steps is not None and c.tokens is not None:
@@ -742,6 +743,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             if fused_wgrad:
                 master.use_main_grad(fused_wgrad)
     model = fdist.wrap(model, env, c.parallel, param_dtype=c.param_dtype)
+    keep_weights = bool(sharded and c.fsdp_keep_weights and c.grad_accum > 1 and fdist.keep_gathered_weights(model))
     optimizer = master if master is not None else make_optimizer(
         model, c, env.device, sharded=sharded)
     scheduler = torch.optim.lr_scheduler.LambdaLR(master.optimizer if master is not None else optimizer,
@@ -790,7 +792,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         metrics_log = fmetrics.MetricsLog(paths.output_dir / "metrics.jsonl", resume_step=resumed_from)
         cfg_record = {**c.as_dict(), "backend_resolved": backend_name, "recipe_resolved": recipe.describe() if recipe else None,
                       "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
-                      "fp8_weight_cache_active": weight_cache, "fuse_wgrad_accumulation_active": bool(fused_wgrad), "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
+                      "fp8_weight_cache_active": weight_cache, "fuse_wgrad_accumulation_active": bool(fused_wgrad), "fsdp_keep_weights_active": keep_weights, "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
                       "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
                       "conversion": dataclasses.asdict(conversion) if conversion is not None else None,
                       "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
@@ -822,6 +824,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                     logits = model(x).logits
                 total += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1)).double()
         model.train()
+        if keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
+            fdist.reshard(model)
         fdist.all_reduce_sum(total, env)
         return float(total) / (c.val_batches * c.grad_accum * world)
 
@@ -852,7 +856,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
             for micro in range(c.grad_accum):
                 x, y = (t.to(env.device, non_blocking=True) for t in loader.next_batch())
-                with fdist.gradient_sync(model, micro == c.grad_accum - 1):
+                with fdist.gradient_sync(model, micro == c.grad_accum - 1, keep_weights):
                     with amp_ctx(), fp8_ctx():
                         logits = (model(x, is_first_microbatch=micro == 0) if weight_cache else model(x)).logits
                     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))

@@ -68,20 +68,23 @@ def test_te_fp8_scaling_state_is_checkpointed_and_resumed(prepared, tmp_path):
     assert lb[:5] == la[:5] and lb[5:] == pytest.approx(la[5:], rel=1e-3)
 
 
-@pytest.mark.parametrize("parallel,precision,param_dtype",
-                         [("ddp", "fp8", "fp32"), ("fsdp", "fp8", "fp32"), ("fsdp", "bf16", "bf16"), ("fsdp", "fp8", "bf16")])
-def test_torchrun_two_gpus(prepared, tmp_path, parallel, precision, param_dtype):
+@pytest.mark.parametrize("parallel,precision,param_dtype,extra",
+                         [("ddp", "fp8", "fp32", ()), ("fsdp", "fp8", "fp32", ()), ("fsdp", "bf16", "bf16", ()),
+                          ("fsdp", "fp8", "bf16", ()),
+                          ("fsdp", "fp8", "bf16", ("--grad-accum", "2", "--fsdp-keep-weights", "True"))],
+                         ids=["ddp-fp8", "fsdp-fp8", "fsdp-bf16-p16", "fsdp-fp8-p16", "fsdp-fp8-p16-keep-weights"])
+def test_torchrun_two_gpus(prepared, tmp_path, parallel, precision, param_dtype, extra):
     import torch
 
     _te_or_skip()
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
-    out = tmp_path / f"{parallel}-{precision}-{param_dtype}"
+    out = tmp_path / f"{parallel}-{precision}-{param_dtype}-{len(extra)}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "fp8lab.train",
            "--model", "llama-tiny", "--precision", precision, "--backend", "te", "--steps", "30",
            "--param-dtype", param_dtype, "--seq-len", "128",
            "--micro-batch-size", "4", "--lr", "0.002", "--parallel", parallel, "--checkpoint-every", "15",
-           "--data", str(prepared), "--output-dir", str(out), "--progress", "off", "--plot", "False"]
+           "--data", str(prepared), "--output-dir", str(out), "--progress", "off", "--plot", "False", *extra]
     p = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     recs = fmetrics.read_metrics(out / "metrics.jsonl")

@@ -93,6 +93,31 @@ def test_ddp_and_fsdp2_under_torchrun_match_one_process(prepared, tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], rel=2e-5)
 
 
+def test_fsdp2_keeping_gathered_weights_trains_identically(prepared, tmp_path):
+    """--fsdp-keep-weights changes only when FSDP2 gathers and frees weights (once per step instead of
+    twice per micro-batch), not the math: same losses, validation, checkpoint and final weights as
+    plain FSDP2; a validation pass in between leaves the weights sharded for the checkpoint."""
+    base = ["--lr", "0.001", "--min-lr", "0.001", "--warmup-steps", "0", "--micro-batch-size", "1", "--grad-accum", "3",
+            "--parallel", "fsdp", "--val-every", "2", "--checkpoint-every", "2", "--save-model", "True"]
+    plain, kept = tmp_path / "plain", tmp_path / "kept"
+    run(torchrun(common(prepared, plain, 4, *base)))
+    run(torchrun(common(prepared, kept, 4, *base, "--fsdp-keep-weights", "True")))
+    assert json.loads((kept / "config.json").read_text())["fsdp_keep_weights_active"] is True
+    assert json.loads((plain / "config.json").read_text())["fsdp_keep_weights_active"] is False
+    ra, rb = records(plain), records(kept)
+    assert [r["step"] for r in rb] == [1, 2, 3, 4]
+    for a, b in zip(ra, rb):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+        assert (a.get("val_loss") is None) == (b.get("val_loss") is None)
+        if a.get("val_loss") is not None:
+            assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-6)
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(plain / "model" / "model.safetensors"), load_file(kept / "model" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all((wa[k] - wb[k]).abs().max() < 1e-6 for k in wa)
+    assert (kept / "checkpoints" / "step_00000004" / ".metadata").is_file()
+
+
 def _start_and_wait(cmd, out, min_steps, timeout=120):
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + timeout
