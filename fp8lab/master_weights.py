@@ -122,6 +122,9 @@ class MasterWeights:
                 p.grad.zero_()
         for m in self.masters:
             m.grad = None
+        for p in self.params:  # a main_grad not consumed by clip_grad_norm_ must not leak into the next step
+            if id(p) in self._main_grad:
+                p.main_grad = None
         self._fresh_main_grads()
 
     # -- checkpoints and export ---------------------------------------------------------------

@@ -63,7 +63,8 @@ def summarize(prof, steps: int, wall_s: Iterable[float], unprofiled_step_s: Iter
 
     ``wall_s``: the profiled steps' wall times (the profiler slows them down a little);
     ``unprofiled_step_s``: the same run's other steady-state step times, for comparison.
-    ``gpu_busy`` = kernel time per step / unprofiled step time (or profiled, if none given).
+    ``gpu_busy`` = kernel time per step / unprofiled step time (or profiled, if none given). Kernels
+    on concurrent streams (NCCL next to compute under FSDP2) both count, so it can exceed 1 there.
     """
     if steps < 1:
         raise ValueError(f"summarize: steps must be >= 1, got {steps}")

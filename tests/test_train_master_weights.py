@@ -269,3 +269,12 @@ def test_main_grad_accumulation_gives_the_same_step_as_autograd():
     assert b.weight.main_grad is not None and not b.weight.main_grad.any()  # zeroed for the next step
     with pytest.raises(ValueError, match="not among this optimizer's parameters"):
         mb.use_main_grad([torch.nn.Parameter(torch.zeros(2))])
+
+
+def test_zero_grad_drops_an_unconsumed_main_grad():
+    m = torch.nn.Linear(4, 2, bias=False)
+    mw = MasterWeights(m, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    mw.use_main_grad([m.weight])
+    m.weight.main_grad.add_(1.0)  # a layer wrote into it, but no step consumed it
+    mw.zero_grad()
+    assert m.weight.main_grad is not None and not m.weight.main_grad.any()
