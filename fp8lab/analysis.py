@@ -141,6 +141,52 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
     return frames
 
 
+def load_profiles(sources: object = None) -> pd.DataFrame:
+    """Profiles of training steps (``--profile-steps``): a row per run and kernel category.
+
+    ``sources``: paths (or a list), as for :func:`load_runs`; a folder is searched for the harness's
+    ``<run>.profile.json`` side files and for trainer output folders' ``profile.json``. ``None``: the
+    committed results. Columns: run_id, model, variant (as :func:`variant_label` writes it), layout,
+    category, ms (kernel time per step), total_ms, step_ms (unprofiled step), gpu_busy, note.
+    """
+    cols = ["run_id", "model", "variant", "precision", "layout", "category", "ms", "total_ms", "step_ms", "gpu_busy",
+            "source", "note"]
+    if sources is None:
+        sources = [RESULTS_DIR] if RESULTS_DIR.exists() else []
+    if isinstance(sources, (str, Path)):
+        sources = [sources]
+    files: list[Path] = []
+    for src in sources:
+        path = Path(src)
+        if not path.exists():
+            raise FileNotFoundError(f"profile source {str(path)!r} does not exist")
+        if path.is_file():  # the sources of load_runs: a metrics.jsonl's folder may hold a profile.json
+            cand = path if path.name.endswith("profile.json") else path.parent / "profile.json"
+            if path.name == "metrics.jsonl" and cand.exists() or cand is path:
+                files.append(cand)
+        else:
+            files += [f for f in sorted(path.rglob("*profile.json"))
+                      if not any(part.startswith(".") for part in f.relative_to(path).parts)]
+    rows = []
+    for f in files:
+        raw = json.loads(f.read_text())
+        if "profile" in raw:  # harness side file: {"run": ..., "profile": ...}
+            run, prof = raw.get("run", {}), raw["profile"]
+        else:  # a trainer output folder's profile.json: what ran is read as load_runs reads that folder
+            prof = raw
+            one = load_runs(f.parent) if (f.parent / "metrics.jsonl").exists() else pd.DataFrame()
+            run = {k: v for k, v in one.iloc[0].to_dict().items() if not (np.isscalar(v) and pd.isna(v))} if len(one) else {}
+            run.setdefault("run_id", f.parent.name)
+        if "categories_ms" not in prof:
+            raise ValueError(f"{display_path(f)}: not a profile (no categories_ms)")
+        meta = {"run_id": run.get("run_id", f.stem.replace(".profile", "")), "model": run.get("model"),
+                "variant": run["variant"] if isinstance(run.get("variant"), str) and "profile" not in raw else variant_label(run), "precision": run.get("precision"), "layout": layout_label(run),
+                "total_ms": prof.get("time_ms_per_step"), "step_ms": prof.get("unprofiled_step_ms"),
+                "gpu_busy": prof.get("gpu_busy"), "source": display_path(f), "note": prof.get("note", "")}
+        rows += [{**meta, "category": cat, "ms": ms} for cat, ms in prof["categories_ms"].items()]
+    return pd.DataFrame(rows, columns=cols)
+
+
 def display_path(path: Path) -> str:
     """A path as shown in tables: relative to the repository or the working folder, never absolute."""
     path = Path(path).resolve()
@@ -381,7 +427,9 @@ def variant_label(row: dict) -> str:
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     parallel = row.get("parallel")
-    if isinstance(parallel, str) and parallel:  # several GPUs: DDP and FSDP2 are different set-ups
+    ws = row.get("world_size")
+    one_process = isinstance(ws, (int, float, np.integer, np.floating)) and not pd.isna(ws) and ws <= 1
+    if isinstance(parallel, str) and parallel and not one_process:  # several GPUs: DDP and FSDP2 are different set-ups
         parts.append(parallel)
         if row.get("fsdp_keep_weights") is True or row.get("fsdp_keep_weights") is np.bool_(True):
             parts.append("keep-weights")

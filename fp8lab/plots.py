@@ -277,6 +277,46 @@ def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
     return _finish(fig, save)
 
 
+def profile_figure(profiles: pd.DataFrame, include_flagged: bool = False, save: str | Path | None = None) -> Figure:
+    """Where a step's GPU time goes: one stacked bar per profiled run (kernel ms per step by category).
+
+    The step's wall time (unprofiled) is marked with a black tick: the gap between the bar's end
+    and the tick is time the GPU sat idle (waiting for Python to launch kernels); concurrent NCCL
+    kernels can push a bar past it. Profiles with a ``note`` (e.g. made by an older categoriser) are
+    left out unless ``include_flagged``.
+    """
+    title = "GPU time per training step, by kernel category"
+    p = profiles if include_flagged or not len(profiles) else profiles[profiles["note"].fillna("") == ""]
+    if not len(p):
+        return _finish(_empty(title, "no profiles (run with --profile-steps)"), save)
+    runs = (p.drop_duplicates("run_id").assign(_size=lambda d: d["model"].map(model_size_b))
+            .sort_values(["_size", "model", "layout", "precision", "variant"]))
+    cats = list(p.groupby("category")["ms"].sum().sort_values(ascending=False).index)
+    cmap = matplotlib.colormaps["tab10"]
+    fig, axes = _new(width=9, height=0.5 * len(runs) + 3.0)
+    ax = axes[0, 0]
+    for y, (_, r) in enumerate(runs.iterrows()):
+        left = 0.0
+        mine = p[p["run_id"] == r["run_id"]].set_index("category")["ms"]
+        for i, cat in enumerate(cats):
+            w = float(mine.get(cat, 0.0))
+            ax.barh(y, w, left=left, color=cmap(i % 10), label=cat if y == 0 else None)
+            left += w
+        if pd.notna(r["step_ms"]):
+            ax.plot([r["step_ms"]] * 2, [y - 0.42, y + 0.42], color="black", lw=2,
+                    label="step wall time" if y == 0 else None)
+            if pd.notna(r["gpu_busy"]):
+                ax.text(max(left, r["step_ms"]) * 1.01, y, f"busy {100 * r['gpu_busy']:.0f}%", va="center", fontsize=7)
+    ax.set_yticks(range(len(runs)), [f"{m} | {lay} | {v}" for m, lay, v in zip(runs["model"], runs["layout"], runs["variant"])],
+                  fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per optimizer step")
+    ax.set_title(title)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=7)
+    return _finish(fig, save)
+
+
 def cost_figure(costs: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Time (hours) and cost (USD) to train the token budget, per run, from ``analysis.cost_table``."""
     if len(costs):

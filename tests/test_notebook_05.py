@@ -28,7 +28,8 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
     assert vals["verdict"] == expected and "not measured here" in vals["verdict"]
     if vals["n_runs"] == 0:
         assert "no measured BF16/FP8 pairs" in vals["verdict"]
-    assert _images(res[0].output) == 6  # throughput, speedup, loss, MFU, scaling, cost: drawn even with no runs
+    assert vals["n_profiled_runs"] == analysis.load_profiles()["run_id"].nunique()
+    assert _images(res[0].output) == 7  # throughput, speedup, loss, MFU, profile, scaling, cost: drawn even with no runs
 
 
 def test_user_run_folders_are_analysed(tmp_path):
@@ -44,7 +45,8 @@ def test_user_run_folders_are_analysed(tmp_path):
     assert vals["cost_usd"] == {"bf16": pytest.approx(10 * hours_bf16), "fp8": pytest.approx(10 * hours_bf16 / 1.25)}
     assert "1.25x" in vals["verdict"] and "20% saved" in vals["verdict"]
     workdir = tmp_path / "out" / "05_analyze_results"
-    for name in ("throughput", "speedup", "loss", "mfu", "cost", "scaling"):
+    assert vals["n_profiled_runs"] == 0  # no --profile-steps in these runs: the figure says so
+    for name in ("throughput", "speedup", "loss", "mfu", "profile", "cost", "scaling"):
         assert (workdir / f"{name}.png").exists() and (workdir / f"{name}.svg").exists()
 
 

@@ -134,12 +134,48 @@ def test_every_figure_renders_on_empty_tables_and_saves_png_and_svg(tmp_path):
         "mfu": plots.mfu_figure(summary, save=tmp_path / "mfu"),
         "cost": plots.cost_figure(analysis.cost_table(summary), save=tmp_path / "cost.png"),
         "scaling": plots.scaling_figure(analysis.scaling_table(summary), save=tmp_path / "scaling"),
+        "profile": plots.profile_figure(analysis.load_profiles([]), save=tmp_path / "profile"),
     }
     for name, fig in figs.items():
         assert isinstance(fig, Figure)
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert b"<svg" in (tmp_path / f"{name}.svg").read_bytes()[:400]
         assert _texts(fig), f"{name}: an empty figure must say why it is empty"
+
+
+def test_profiles_of_real_runs_become_stacked_bars_with_the_wall_time(tmp_path):
+    """Two trainer runs recorded with --profile-steps (CPU: op self times): one bar per run whose
+    segments are the categories' ms, and the unprofiled step time as a tick; a flagged profile is
+    left out unless asked for."""
+    import json
+
+    from fp8lab.train import TrainConfig, train
+
+    tok = tmp_path / "tok"
+    from fp8lab import data as fdata
+
+    fdata.prepare_data(None, tok, None, vocab_size=512)
+    for prec, backend in (("bf16", "none"), ("fp8", "emulated")):
+        train(TrainConfig(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", steps=4,
+                          profile_steps=(4,), precision=prec, backend=backend, checkpoint_every=-1, save_model=False,
+                          plot=False, progress="off", print_metrics=False, data=str(tok),
+                          output_dir=str(tmp_path / "runs" / prec)))
+    prof = analysis.load_profiles(tmp_path / "runs")
+    assert sorted(prof["run_id"].unique()) == ["bf16", "fp8"]
+    fp8 = prof[prof["run_id"] == "fp8"]
+    assert fp8["variant"].iloc[0] == "fp8 emulated delayed fused" and fp8["layout"].iloc[0] == "2x32"
+    saved = json.loads((tmp_path / "runs" / "fp8" / "profile.json").read_text())
+    assert dict(zip(fp8["category"], fp8["ms"])) == pytest.approx(saved["categories_ms"])
+    ax = plots.profile_figure(prof).axes[0]
+    for y, run in enumerate(["bf16", "fp8"]):  # sorted by precision within the model
+        widths = [p.get_width() for p in _bars(ax) if abs(p.get_y() + p.get_height() / 2 - y) < 1e-6]
+        assert sum(widths) == pytest.approx(prof[prof["run_id"] == run]["ms"].sum())
+    ticks = [l for l in ax.lines if l.get_label() in ("step wall time", "_child0") or len(l.get_xdata()) == 2]
+    assert len(ticks) == 2
+    assert analysis.load_profiles(tmp_path / "runs" / "fp8" / "metrics.jsonl")["run_id"].unique().tolist() == ["fp8"]
+    flagged = prof.assign(note=["old categoriser" if r == "fp8" else "" for r in prof["run_id"]])
+    assert len(plots.profile_figure(flagged).axes[0].get_yticklabels()) == 1
+    assert len(plots.profile_figure(flagged, include_flagged=True).axes[0].get_yticklabels()) == 2
 
 
 def test_bad_scale_axis_is_rejected(tables):
