@@ -10,8 +10,10 @@ The trainer records steps with ``--profile-steps`` and writes ``profile.json`` t
 """
 from __future__ import annotations
 
+import json
 import re
 import statistics
+from pathlib import Path
 from typing import Any, Iterable
 
 CATEGORIES = [  # (category, regex on the lower-cased kernel or op name), first match wins
@@ -97,3 +99,20 @@ def format_summary(s: dict[str, Any]) -> str:
     for cat, ms in s["categories_ms"].items():
         lines.append(f"  {cat:<40} {ms:9.1f} ms  {100 * ms / total:5.1f}%")
     return "\n".join(lines)
+
+
+def start(device):
+    """A running torch.profiler (CPU ops, and CUDA kernels on a GPU); stop it with ``__exit__``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if getattr(device, "type", device) == "cuda" else [])
+    prof = profile(activities=acts)
+    prof.__enter__()
+    return prof
+
+
+def write(prof, wall_s: list[float], unprofiled_s: list[float], output_dir: Path) -> str:
+    """Summarise a stopped profiler into ``output_dir/profile.json``; return the log lines."""
+    summary = summarize(prof, len(wall_s), wall_s, unprofiled_s)
+    (Path(output_dir) / "profile.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return format_summary(summary)

@@ -668,6 +668,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
 
     from fp8lab import checkpoint as fckpt
     from fp8lab import distributed as fdist
+    from fp8lab import profiling as fprofiling
     from fp8lab.backends import get_backend
     from fp8lab.convert import autocast as fp8_autocast
     from fp8lab.convert import convert_model, edge_blocks_filter
@@ -850,7 +851,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     try:
         for step in range(state["step"] + 1, total_steps + 1):
             if prof_range and step == prof_range[0]:
-                prof = _start_profiler(env.device)
+                prof = fprofiling.start(env.device)
             t0 = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
             loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
@@ -898,7 +899,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                 prof_wall.append(dt)
                 if step == prof_range[1] or step == total_steps:
                     prof.__exit__(None, None, None)
-                    _write_profile(prof, prof_wall, step_times, paths.output_dir, env, emit)
+                    if env.is_main:
+                        emit("fp8lab: profile: " + fprofiling.write(prof, prof_wall, step_times, paths.output_dir))
                     prof = None
             elif step > first_step:  # the first step (allocation, autotuning) is not steady state
                 step_times.append(dt)
@@ -964,26 +966,6 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
             print(message, file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
     fdist.barrier(env)  # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
     return summary
-
-
-def _start_profiler(device):
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    prof = profile(activities=acts)
-    prof.__enter__()
-    return prof
-
-
-def _write_profile(prof, wall_s, unprofiled_s, output_dir: Path, env, emit) -> None:
-    """profile.json in the output folder (rank 0) and a short table in the log."""
-    from fp8lab import profiling
-
-    if not env.is_main:
-        return
-    summary = profiling.summarize(prof, len(wall_s), wall_s, unprofiled_s)
-    (output_dir / "profile.json").write_text(json.dumps(summary, indent=1) + "\n")
-    emit("fp8lab: profile: " + profiling.format_summary(summary))
 
 
 def _summary(c, env, paths, status, message, state, total_steps, tokens_per_step, last_val, resumed_from,
