@@ -170,8 +170,9 @@ def load_profiles(sources: object = None) -> pd.DataFrame:
     rows = []
     for f in files:
         raw = json.loads(f.read_text())
-        if "profile" in raw:  # harness side file: {"run": ..., "profile": ...}
+        if "profile" in raw:  # harness side file: {"run": ..., "profile": ...}; its "variant" is the harness's name
             run, prof = raw.get("run", {}), raw["profile"]
+            run = {**run, "variant": variant_label(run)}
         else:  # a trainer output folder's profile.json: what ran is read as load_runs reads that folder
             prof = raw
             one = load_runs(f.parent) if (f.parent / "metrics.jsonl").exists() else pd.DataFrame()
@@ -180,7 +181,7 @@ def load_profiles(sources: object = None) -> pd.DataFrame:
         if "categories_ms" not in prof:
             raise ValueError(f"{display_path(f)}: not a profile (no categories_ms)")
         meta = {"run_id": run.get("run_id", f.stem.replace(".profile", "")), "model": run.get("model"),
-                "variant": run["variant"] if isinstance(run.get("variant"), str) and "profile" not in raw else variant_label(run), "precision": run.get("precision"), "layout": layout_label(run),
+                "variant": run.get("variant") or variant_label(run), "precision": run.get("precision"), "layout": layout_label(run),
                 "total_ms": prof.get("time_ms_per_step"), "step_ms": prof.get("unprofiled_step_ms"),
                 "gpu_busy": prof.get("gpu_busy"), "source": display_path(f), "note": prof.get("note", "")}
         rows += [{**meta, "category": cat, "ms": ms} for cat, ms in prof["categories_ms"].items()]
@@ -422,7 +423,7 @@ def variant_label(row: dict) -> str:
     edge = row.get("bf16_edge_blocks")
     if fp8 and isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0:
         parts.append(f"bf16-edge-blocks={int(edge)}")
-    if row.get("activation_checkpointing") is True or row.get("activation_checkpointing") is np.bool_(True):
+    if _is_true(row.get("activation_checkpointing")):
         parts.append("act-ckpt")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
@@ -431,7 +432,7 @@ def variant_label(row: dict) -> str:
     one_process = isinstance(ws, (int, float, np.integer, np.floating)) and not pd.isna(ws) and ws <= 1
     if isinstance(parallel, str) and parallel and not one_process:  # several GPUs: DDP and FSDP2 are different set-ups
         parts.append(parallel)
-        if row.get("fsdp_keep_weights") is True or row.get("fsdp_keep_weights") is np.bool_(True):
+        if _is_true(row.get("fsdp_keep_weights")):
             parts.append("keep-weights")
     return " ".join(parts) or "unknown"
 
@@ -566,6 +567,11 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
              "tps_spread_pct", "mfu", "step_time_s", "max_mem_gib", "final_loss", "smoothed_loss", "val_loss",
              "throughput_from", "note"])
     return pd.DataFrame(rows, columns=cols)
+
+
+def _is_true(v: object) -> bool:
+    """An explicit True (Python or numpy bool; a missing value or a number is not True)."""
+    return isinstance(v, (bool, np.bool_)) and bool(v)
 
 
 def _is_false(v: object) -> bool:

@@ -171,7 +171,9 @@ def _validate(c: TrainConfig) -> None:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model-override: {exc}") from None
     if not isinstance(c.recipe, str) or c.recipe.partition(":")[0] not in RECIPES or c.recipe.startswith("auto:"):
-        raise bad("recipe", " | ".join(RECIPES) + ", or kind:key=value,... with keys format, amax_history_len, amax_compute_algo, margin")
+        from fp8lab.recipe import SETTINGS
+
+        raise bad("recipe", " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}")
     if c.recipe != "auto":
         from fp8lab.recipe import Recipe
 
