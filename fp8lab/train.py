@@ -117,7 +117,7 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
-    fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step, not per micro-batch
+    fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch
     fsdp_keep_weights: bool = False  # --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)
     fuse_wgrad_accumulation: bool = True  # TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place
     device: str = "auto"  # auto | cpu | cuda
@@ -753,10 +753,11 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                                                   lr_lambda(c, total_steps, warmup))
     after_step = getattr(get_backend(backend), "after_optimizer_step", None) if backend else None  # optional hook
     # TE's FP8 weight cache: the first micro-batch of a step quantises the weights, the others reuse
-    # them (they cannot change before optimizer.step()); FSDP2 re-gathers weights, so not there
+    # them (they cannot change before optimizer.step()). Under FSDP2 only with the weights kept
+    # gathered for the whole step (the layout tested on two GPUs), not with per-micro-batch gathers
     weight_cache = bool(c.fp8_weight_cache and fp8_on and c.grad_accum > 1
                         and getattr(inner, "supports_weight_cache", False)
-                        and not sharded)
+                        and (keep_weights or not sharded))
     loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
                                rank=env.rank, world_size=world)
 

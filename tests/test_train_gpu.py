@@ -115,6 +115,35 @@ def test_fp8_weight_cache_across_micro_batches(prepared, tmp_path, recipe, rel):
     assert lon[-1] < lon[0] - 0.3  # 12 small steps: the loss falls (6.25 -> 5.75 on the H200)
 
 
+def test_fp8_weight_cache_under_fsdp2_with_kept_weights(prepared, tmp_path):
+    """Two GPUs, FSDP2, --fsdp-keep-weights, --grad-accum 4: the weights stay gathered for the whole
+    step, so TE quantises them once per step; current scaling makes that identical to re-quantising."""
+    import json
+
+    import torch
+
+    _te_or_skip()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    losses, active = {}, {}
+    for cache in ("True", "False"):
+        out = tmp_path / f"cache-{cache}"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "fp8lab.train",
+               "--model", "llama-tiny", "--precision", "fp8", "--backend", "te", "--recipe", "current", "--steps", "12",
+               "--param-dtype", "bf16", "--seq-len", "128", "--micro-batch-size", "2", "--grad-accum", "4",
+               "--lr", "0.002", "--parallel", "fsdp", "--fsdp-keep-weights", "True", "--fp8-weight-cache", cache,
+               "--checkpoint-every", "-1", "--save-model", "False", "--data", str(prepared), "--output-dir", str(out),
+               "--progress", "off", "--plot", "False"]
+        p = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        cfg = json.loads((out / "config.json").read_text())
+        active[cache] = (cfg["fp8_weight_cache_active"], cfg["fsdp_keep_weights_active"])
+        losses[cache] = [r["loss"] for r in fmetrics.read_metrics(out / "metrics.jsonl")]
+    assert active == {"True": (True, True), "False": (False, True)}
+    assert losses["True"] == pytest.approx(losses["False"], rel=1e-3)
+    assert losses["True"][-1] < losses["True"][0] - 0.3
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 def test_fused_wgrad_accumulation_trains_like_autograd_accumulation(prepared, tmp_path, precision):
     """bf16 parameters, --grad-accum 4: TE's GEMMs adding weight gradients into main_grad train like
