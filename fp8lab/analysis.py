@@ -702,26 +702,68 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     return out
 
 
-def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
-    """Per-GPU scaling efficiency: tokens/s/GPU at each scale over that at the smallest scale.
+# what makes two runs the same training set-up at different scales: everything but the scale, the
+# data-parallel mode and the options that only exist at one scale (FSDP's kept weights)
+_SCALING_SETUP = ("precision", "backend", "recipe_spec", "fuse", "param_dtype", "bf16_edge_blocks",
+                  "activation_checkpointing", "micro_batch_size", "grad_accum", "seq_len")
 
-    Grouped per model, GPU and variant; 1.0 means perfect linear scaling. ``by``: 'instances',
-    'world_size' (GPUs), or 'auto' (instances when runs differ in instance count, else GPUs).
+
+def _setup_label(row: dict) -> str:
+    """The set-up a scaling row compares, without its scale: e.g. 'fp8 te delayed fused bf16-params, 16x2048, accum 4'."""
+    one = {**row, "parallel": None}
+    return f"{variant_label(one)}, {layout_label(row)}"
+
+
+def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
+    """Per-GPU scaling efficiency of each run against the same set-up at the smallest scale.
+
+    Runs count as one set-up when model, GPU, precision, backend, recipe, parameter dtype and layout
+    (micro-batch, accumulation, sequence) agree; the variant's name and the data-parallel mode do not
+    matter. The reference is the smallest-scale run of the set-up measured closest in time (the same
+    session and machine where there is one: GPUs of one kind differ by a few percent between machines);
+    ``efficiency_vs_fastest`` divides by the fastest smallest-scale run instead. Set-ups measured at one
+    scale only are left out. 1.0 means perfect linear scaling. ``by``: 'instances', 'world_size'
+    (GPUs), or 'auto' (instances when runs differ in instance count, else GPUs).
     """
     if by == "auto":
         by = "instances" if summary["instances"].nunique() > 1 else "world_size"
     if by not in ("instances", "world_size"):
         raise ValueError(f"by={by!r}; allowed: 'auto', 'instances', 'world_size'")
-    cols = ["model", "gpu_name", "variant", "precision", by, "tokens_per_sec_per_gpu", "efficiency"]
+    cols = ["model", "gpu_name", "variant", "precision", "instances", "world_size", "run_id", "tokens_per_sec_per_gpu",
+            "reference_run_id", "reference_tokens_per_sec_per_gpu", "hours_apart", "efficiency", "efficiency_vs_fastest"]
+    s = summary[summary["tokens_per_sec_per_gpu"].notna() & summary[by].notna()].copy()
+    empty = pd.DataFrame(columns=cols)
+    empty.attrs["by"] = by
+    if not len(s):
+        return empty
+    s["variant"] = [_setup_label(r) for r in s.to_dict("records")]
+    s["_when"] = pd.to_datetime(s["date"], utc=True, errors="coerce") if "date" in s else pd.NaT
+    keys = [s["model"].map(_key), s["gpu_name"].map(_key), s["variant"]]
     rows = []
-    s = summary[summary["tokens_per_sec_per_gpu"].notna()]
-    for _, g in s.assign(_g=s["gpu_name"].map(_key)).groupby(["model", "_g", "variant"], sort=True):
-        g = g.groupby(by, as_index=False).agg(tokens_per_sec_per_gpu=("tokens_per_sec_per_gpu", "median"),
-                                              precision=("precision", "first"), gpu_name=("gpu_name", "first"),
-                                              model=("model", "first"), variant=("variant", "first")).sort_values(by)
-        g["efficiency"] = g["tokens_per_sec_per_gpu"] / g["tokens_per_sec_per_gpu"].iloc[0]
-        rows.append(g[cols])
-    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=cols)
+    for _, g in s.groupby(keys, sort=True):
+        if g[by].nunique() < 2:
+            continue
+        base = g[g[by] == g[by].min()]
+        fastest = float(base["tokens_per_sec_per_gpu"].max())
+        used: set = set()
+        for _, r in g.sort_values([by, "run_id"]).iterrows():
+            if r[by] == base[by].iloc[0]:
+                continue
+            gap = (base["_when"] - r["_when"]).abs()
+            ref = base.loc[gap.idxmin()] if gap.notna().any() else base.sort_values("tokens_per_sec_per_gpu").iloc[len(base) // 2]
+            used.add(ref["run_id"])
+            hours = gap[ref.name] / pd.Timedelta(hours=1) if gap.notna().any() else float("nan")
+            rows.append({**{c: r[c] for c in cols[:8]}, "reference_run_id": ref["run_id"], "reference_tokens_per_sec_per_gpu": ref["tokens_per_sec_per_gpu"],
+                         "hours_apart": hours, "efficiency": r["tokens_per_sec_per_gpu"] / ref["tokens_per_sec_per_gpu"],
+                         "efficiency_vs_fastest": r["tokens_per_sec_per_gpu"] / fastest})
+        for _, r in base[base["run_id"].isin(used)].iterrows():  # the references themselves, at 1.0
+            rows.append({**{c: r[c] for c in cols[:8]}, "reference_run_id": r["run_id"], "reference_tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
+                         "hours_apart": 0.0, "efficiency": 1.0, "efficiency_vs_fastest": r["tokens_per_sec_per_gpu"] / fastest})
+    if not rows:
+        return empty
+    out = pd.DataFrame(rows)[cols].sort_values(["model", "variant", by, "run_id"], ignore_index=True)
+    out.attrs["by"] = by  # the scale column the efficiencies are over (plots and reports read it)
+    return out
 
 
 # ----------------------------------------------------------------------------------- verdict

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import is_fp8, model_size_b, smooth
+from fp8lab.analysis import _is_false, is_fp8, model_size_b, smooth
 
 NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
@@ -85,6 +85,18 @@ def _variant_colors(variants: list[str], precisions: dict[str, str]) -> dict[str
         for i, v in enumerate(group):
             colors[v] = cmap(0.75 - 0.45 * i / max(len(group) - 1, 1)) if len(group) > 1 else cmap(0.7)
     return colors
+
+
+def _run_labels(frame: pd.DataFrame) -> dict[str, str]:
+    """A short legend label per run: its variant, with its study where runs of several studies share
+    a panel, and its run id only where that still leaves two runs alike."""
+    meta = frame.drop_duplicates("run_id").set_index("run_id")
+    studies = meta["study"] if "study" in meta else pd.Series(index=meta.index, dtype=object)
+    several = studies.dropna().nunique() > 1
+    label = {rid: f"{m['variant']} ({studies[rid]})" if several and isinstance(studies[rid], str) else str(m["variant"])
+             for rid, m in meta.iterrows()}
+    counts = pd.Series(list(label.values())).value_counts()
+    return {rid: f"{lab} [{rid}]" if counts[lab] > 1 else lab for rid, lab in label.items()}
 
 
 def _ordered_variants(frame: pd.DataFrame) -> list[str]:
@@ -214,43 +226,48 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
     gap of each FP8 run's smoothed loss to the BF16 run of the same model, in percent."""
     title = f"Training loss ({smoothing}, span {smoothing_span}) and FP8 gap"
     steps = runs[(runs["record"] == "step") & runs["loss"].notna()] if len(runs) else runs
+    if len(steps) and "loss_comparable" in steps:  # throughput runs: a few steps, not a loss comparison
+        steps = steps[[not _is_false(v) for v in steps["loss_comparable"]]]
     if not len(steps):
-        return _finish(_empty(title, "no per-step loss in these runs"), save)
+        return _finish(_empty(title, "no per-step loss to compare\n(throughput runs are too short)"), save)
     models = _models(steps)
     fig, axes = _new(ncols=len(models), nrows=2, height=3.2, sharex="col")
     for col, model in enumerate(models):
         top, bottom = axes[0, col], axes[1, col]
         g = steps[steps["model"] == model]
         x_col = "tokens" if g["tokens"].notna().all() else "step"
-        variants = _ordered_variants(g)
-        colors = _variant_colors(variants, dict(g[["variant", "precision"]].values))
+        label = _run_labels(g)
+        prec = dict(g.drop_duplicates("run_id")[["run_id", "precision"]].values)
+        colors = _variant_colors(sorted(set(label.values()), key=lambda v: (is_fp8(next(prec[k] for k in label if label[k] == v)), v)),
+                                 {label[k]: prec[k] for k in label})
         curves = {}
         for run_id, r in g.groupby("run_id", sort=True):
             r = r.sort_values("step")
             sm = smooth(r["loss"], smoothing, smoothing_span).to_numpy()
             x = r[x_col].to_numpy(dtype=float)
-            var = r["variant"].iloc[0]
-            top.plot(x, r["loss"], color=colors[var], alpha=0.25, lw=0.8)
-            top.plot(x, sm, color=colors[var], lw=1.8, label=f"{var} ({run_id})", gid=f"smoothed:{run_id}")
+            c = colors[label[run_id]]
+            top.plot(x, r["loss"], color=c, alpha=0.25, lw=0.8)
+            top.plot(x, sm, color=c, lw=1.8, label=label[run_id], gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
-        base = [(k, v) for k, v in curves.items() if not v[0]]
+        study = dict(g[["run_id", "study"]].drop_duplicates("run_id").values) if "study" in g else {}
+        base = [k for k, v in curves.items() if not v[0]]
         for run_id, (fp8, x, sm) in curves.items():
             if not fp8 or not base:
                 continue
-            _, (_, bx, bsm) = base[0]
+            # the BF16 run of the same study (same data, order and hyperparameters), else the first BF16 run
+            base_id = ([k for k in base if study.get(k) == study.get(run_id)] or base)[0]
+            _, bx, bsm = curves[base_id]
             inside = (x >= bx.min()) & (x <= bx.max())
             gap = 100 * (sm[inside] - np.interp(x[inside], bx, bsm)) / np.interp(x[inside], bx, bsm)
-            var = g[g["run_id"] == run_id]["variant"].iloc[0]
-            bottom.plot(x[inside], gap, color=colors[var], label=f"{run_id} vs {base[0][0]}", gid=f"gap:{run_id}")
+            bottom.plot(x[inside], gap, color=colors[label[run_id]], label=f"{label[run_id]} vs {label[base_id]}",
+                        gid=f"gap:{run_id}")
         bottom.axhline(0, color="0.3", lw=0.8, ls="--")
         top.set_title(str(model))
         top.set_ylabel("loss")
-        top.legend(fontsize=7)
-        bottom.set_ylabel("FP8 - BF16 (% of BF16)")
+        top.legend(fontsize=7)  # the gap lines below share these colours
+        bottom.set_ylabel("FP8 - BF16 of its study\n(% of BF16)", fontsize=9)
         bottom.set_xlabel(x_col)
-        if bottom.lines[:-1]:
-            bottom.legend(fontsize=7)
-        else:
+        if not bottom.lines[:-1]:
             bottom.text(0.5, 0.5, "needs a BF16 and an FP8 run", ha="center", transform=bottom.transAxes, color="0.4")
     fig.suptitle(title)
     return _finish(fig, save)
@@ -344,20 +361,24 @@ def cost_figure(costs: pd.DataFrame, save: str | Path | None = None) -> Figure:
 
 
 def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """Per-GPU scaling efficiency (tokens/s/GPU relative to the smallest scale), from
-    ``analysis.scaling_table``; 1.0 is perfect linear scaling."""
+    """Per-GPU scaling efficiency (tokens/s/GPU relative to the same set-up at the smallest scale),
+    from ``analysis.scaling_table``: a line through each scale's median, a dot per run where a scale
+    has several; 1.0 is perfect linear scaling."""
     title = "Per-GPU scaling efficiency"
     if not len(scaling):
         return _finish(_empty(title), save)
-    by = "instances" if "instances" in scaling.columns else "world_size"
+    by = scaling.attrs.get("by") or ("instances" if scaling["instances"].nunique() > 1 else "world_size")
     fig, axes = _new(width=6)
     ax = axes[0, 0]
     colors = _variant_colors(list(scaling["variant"].unique()), dict(scaling[["variant", "precision"]].values))
     for (model, var), g in scaling.groupby(["model", "variant"], sort=True):
-        ax.plot(g[by], g["efficiency"], marker="o", color=colors[var], label=f"{model} | {var}")
+        mid = g.groupby(by, as_index=False)["efficiency"].median()  # the line; each run is a dot
+        ax.plot(mid[by], mid["efficiency"], marker="o", color=colors[var], label=f"{model} | {var}")
+        if len(g) > len(mid):
+            ax.scatter(g[by], g["efficiency"], s=12, color=colors[var], alpha=0.6)
     ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
     ax.set_xlabel(_SCALE_LABEL[by])
-    ax.set_ylabel("tokens/s/GPU relative to smallest scale")
+    ax.set_ylabel("tokens/s/GPU over the same set-up at the smallest scale\n(reference: the run closest in time)", fontsize=8)
     ax.set_ylim(0, max(1.1, float(scaling["efficiency"].max()) * 1.05))
     ax.set_title(title)
     ax.legend(fontsize=8)

@@ -100,6 +100,10 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         "<h2>FP8 vs BF16 per model and scale</h2>",
         '<p class="muted">Loss gaps only between runs that saw the same number of tokens (column valid).</p>',
         _table(comparison),
+        "<h2>Per-GPU scaling</h2>",
+        '<p class="muted">Each multi-GPU run against the same set-up on the smallest scale, measured closest in '
+        "time (efficiency) and the fastest such run (efficiency_vs_fastest).</p>",
+        _table(scaling),
         "<h2>Runs</h2>",
         _table(summary, ["run_id", "study", "model", "variant", "gpu_name", "world_size", "instances", "n_steps",
                          "tokens", "tokens_per_sec_per_gpu", "tps_spread_pct", "mfu", "max_mem_gib", "final_loss",
@@ -148,7 +152,26 @@ def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -
         lines.append("| " + " | ".join(cells) + " |")
     if not len(comparison):
         lines.append("| " + " | ".join(["-"] * len(MARKDOWN_COLUMNS)) + " |")
-    return "\n".join(lines) + "\n\n" + text + "\n"
+    return "\n".join(lines) + "\n\n" + text + "\n" + _scaling_markdown(analysis.scaling_table(summary))
+
+
+def _scaling_markdown(scaling: pd.DataFrame) -> str:
+    """Multi-GPU runs against their smallest-scale reference (empty when nothing ran at two scales)."""
+    if not len(scaling):
+        return ""
+    by = scaling.attrs.get("by") or ("instances" if scaling["instances"].nunique() > 1 else "world_size")
+    multi = scaling[scaling["run_id"] != scaling["reference_run_id"]]
+    unit = "instances" if by == "instances" else "GPUs"
+    lines = ["", f"Per-GPU scaling: each run against the same set-up on the fewest {unit}, measured closest in time "
+             "(same session where there is one), and against the fastest such run.", "",
+             f"| model | set-up | {unit} | tokens/s/GPU | reference tokens/s/GPU | hours apart | efficiency | vs fastest |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in multi.iterrows():
+        hours = "-" if pd.isna(r["hours_apart"]) else f"{r['hours_apart']:.1f}"
+        lines.append(f"| {r['model']} | {r['variant']} | {int(r[by])} | {_fmt(float(r['tokens_per_sec_per_gpu']))} | "
+                     f"{_fmt(float(r['reference_tokens_per_sec_per_gpu']))} | {hours} | **{100 * r['efficiency']:.1f}%** | "
+                     f"{100 * r['efficiency_vs_fastest']:.1f}% |")
+    return "\n".join(lines) + "\n"
 
 
 def build_report(sources: object = None, out: str | Path = "report.html",

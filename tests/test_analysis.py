@@ -405,6 +405,34 @@ def test_scaling_efficiency(tmp_path):
     assert analysis.scaling_table(s)["instances"].tolist() == [1, 2, 4]  # auto: instance counts differ
 
 
+def _bench(root: Path, run_id: str, tps: float, world_size: int, date: str, **kw) -> None:
+    analysis.write_result_file(root / f"{run_id}.jsonl", run_meta("llama-1b", "fp8", run_id=run_id, variant=run_id,
+                                                                   world_size=world_size, date=date, **kw),
+                               step_records(12, tps, "fp8", world_size=world_size))
+
+
+def test_scaling_pairs_each_run_with_the_same_set_up_measured_closest_in_time(tmp_path):
+    """Variant names (tags) and the data-parallel mode do not split a set-up; the layout does; the
+    reference is the one-GPU run of the same session, and the fastest one-GPU run is a second column."""
+    _bench(tmp_path, "one-a", 1000.0, 1, "2026-11-29T10:00:00Z")
+    _bench(tmp_path, "two-a", 960.0, 2, "2026-11-29T10:05:00Z", parallel="fsdp", fsdp_keep_weights=True)
+    _bench(tmp_path, "one-b", 1050.0, 1, "2026-11-30T10:00:00Z")
+    _bench(tmp_path, "two-b", 1000.0, 2, "2026-11-30T10:03:00Z", parallel="fsdp")
+    _bench(tmp_path, "two-other-layout", 500.0, 2, "2026-11-30T10:04:00Z", parallel="fsdp", micro_batch_size=8)
+    _bench(tmp_path, "one-only", 700.0, 1, "2026-11-30T11:00:00Z", micro_batch_size=2)
+    sc = analysis.scaling_table(analysis.summarize_runs(analysis.load_runs(tmp_path), warmup_steps=2))
+    rows = sc.set_index("run_id")
+    assert set(rows.index) == {"one-a", "two-a", "one-b", "two-b"}  # one scale only: left out
+    assert rows.loc["two-a", "reference_run_id"] == "one-a" and rows.loc["two-b", "reference_run_id"] == "one-b"
+    assert rows.loc["two-a", "efficiency"] == pytest.approx(0.96)
+    assert rows.loc["two-b", "efficiency"] == pytest.approx(1000.0 / 1050.0)
+    assert rows.loc["two-a", "efficiency_vs_fastest"] == pytest.approx(960.0 / 1050.0)
+    assert rows.loc["two-a", "hours_apart"] == pytest.approx(5 / 60)
+    assert rows.loc["one-a", "efficiency"] == 1.0
+    assert rows["variant"].nunique() == 1 and "fsdp" not in rows["variant"].iloc[0]
+    assert "4x1024" in rows["variant"].iloc[0]
+
+
 def test_verdict_mentions_the_speedup_range_across_scales():
     rows = [{**r, "job_name": f"{p}-{n}x", "instance_count": n, "world_size": 8 * n}
             for n, bf, f8 in ((1, 1000.0, 1200.0), (2, 950.0, 1100.0))

@@ -8,7 +8,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from fp8lab import analysis, plots
-from test_analysis import make_pair, make_trainer_run, step_records
+from test_analysis import make_pair, make_trainer_run, run_meta, step_records
 
 
 @pytest.fixture
@@ -93,6 +93,25 @@ def test_loss_without_a_bf16_run_says_what_is_missing(tmp_path):
     make_trainer_run(tmp_path, "only-fp8", "fp8", 1000.0, n=5)
     fig = plots.loss_figure(analysis.load_runs(tmp_path))
     assert "needs a BF16 and an FP8 run" in _texts(fig)
+
+
+def test_loss_leaves_out_throughput_runs_and_compares_within_a_study(tmp_path):
+    for study, tps in (("loss-a", 1.0), ("loss-b", 2.0)):
+        for prec, scale in (("bf16", 1.0), ("fp8", 1.01 if study == "loss-a" else 1.02)):
+            analysis.write_result_file(tmp_path / f"{prec}-{study}.jsonl",
+                                       run_meta("llama-1b", prec, run_id=f"{prec}-{study}", study=study, variant=prec),
+                                       step_records(20, 1000.0 * tps, prec, loss_scale=scale * tps))
+    analysis.write_result_file(tmp_path / "bench.jsonl", run_meta("llama-1b", "fp8", run_id="bench", study="throughput",
+                                                                  variant="fp8", loss_comparable=False),
+                               step_records(20, 1000.0, "fp8", loss_scale=5.0))
+    fig = plots.loss_figure(analysis.load_runs(tmp_path), smoothing="none")
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert "smoothed:bench" not in {l.get_gid() for l in top.lines}
+    gaps = {l.get_gid(): l for l in bottom.lines if l.get_gid()}
+    assert gaps["gap:fp8-loss-a"].get_ydata() == pytest.approx(np.full(20, 1.0))  # against loss-a's BF16 run
+    assert gaps["gap:fp8-loss-b"].get_ydata() == pytest.approx(np.full(20, 2.0))  # against loss-b's, not loss-a's
+    assert {t.get_text() for t in top.get_legend().get_texts()} == {"bf16 te (loss-a)", "fp8 te delayed fused (loss-a)",
+                                                                 "bf16 te (loss-b)", "fp8 te delayed fused (loss-b)"}
 
 
 def test_mfu_bars_are_percent(tables):

@@ -81,3 +81,16 @@ def test_markdown_table_for_the_readme(tmp_path):
     assert row[3] == analysis.layout_label(analysis.load_runs(runs).iloc[0])
     assert row[6:9] == ["1,000", "1,250", "**1.25x**"] and row[9:11] == ["10.0%", "12.5%"]
     assert "not measured here" in md.read_text()
+    assert "Per-GPU scaling" not in md.read_text()  # one scale only: no scaling table
+
+
+def test_markdown_scaling_table_lists_multi_gpu_runs_against_their_reference(tmp_path):
+    from test_analysis import _bench
+
+    _bench(tmp_path, "one", 1000.0, 1, "2026-11-29T10:00:00Z")
+    _bench(tmp_path, "two", 955.0, 2, "2026-11-29T10:05:00Z", parallel="fsdp")
+    text = report.render_markdown(analysis.load_runs(tmp_path), report.ReportConfig(warmup_steps=2))
+    rows = [l for l in text.splitlines() if l.startswith("| llama-1b | fp8 te delayed fused, 4x1024 |")]
+    assert len(rows) == 1  # the two-GPU run only; its reference is a column
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[2:] == ["2", "955", "1,000", "0.1", "**95.5%**", "95.5%"]
