@@ -31,7 +31,7 @@ META_COLUMNS = [
     "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
-    "activation_checkpointing", "fsdp_keep_weights",
+    "activation_checkpointing", "fsdp_keep_weights", "compile",
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]
@@ -415,7 +415,7 @@ def variant_label(row: dict) -> str:
         if isinstance(v, str) and v and v not in parts and v != "none":
             parts.append(v)
     fuse = row.get("fuse")
-    if isinstance(fuse, (bool, np.bool_)) and fp8:
+    if isinstance(fuse, (bool, np.bool_)) and fp8 and row.get("backend") != "torchao":  # torchao always swaps Linear layers
         parts.append("fused" if fuse else "unfused")
     spec = row.get("recipe_spec") if isinstance(row.get("recipe_spec"), str) else row.get("recipe")
     if fp8 and isinstance(spec, str) and ":" in spec:  # a recipe with its own settings (amax history, margin)
@@ -425,6 +425,8 @@ def variant_label(row: dict) -> str:
         parts.append(f"bf16-edge-blocks={int(edge)}")
     if _is_true(row.get("activation_checkpointing")):
         parts.append("act-ckpt")
+    if _is_true(row.get("compile")):
+        parts.append("compile")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     parallel = row.get("parallel")
@@ -702,14 +704,9 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     return out
 
 
-# what makes two runs the same training set-up at different scales: everything but the scale, the
-# data-parallel mode and the options that only exist at one scale (FSDP's kept weights)
-_SCALING_SETUP = ("precision", "backend", "recipe_spec", "fuse", "param_dtype", "bf16_edge_blocks",
-                  "activation_checkpointing", "micro_batch_size", "grad_accum", "seq_len")
-
-
 def _setup_label(row: dict) -> str:
-    """The set-up a scaling row compares, without its scale: e.g. 'fp8 te delayed fused bf16-params, 16x2048, accum 4'."""
+    """The set-up a scaling row compares: what ran (``variant_label``) and the layout, without the
+    scale and the data-parallel mode, e.g. 'fp8 te delayed fused bf16-params, 16x2048, accum 4'."""
     one = {**row, "parallel": None}
     return f"{variant_label(one)}, {layout_label(row)}"
 

@@ -405,6 +405,22 @@ def test_scaling_efficiency(tmp_path):
     assert analysis.scaling_table(s)["instances"].tolist() == [1, 2, 4]  # auto: instance counts differ
 
 
+@pytest.mark.parametrize("row,label", [
+    ({"precision": "bf16", "backend": "te", "recipe": "delayed", "fuse": True}, "bf16 te"),
+    ({"precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": False}, "fp8 te delayed unfused"),
+    ({"precision": "fp8", "backend": "torchao", "recipe": "current", "fuse": True, "compile": True}, "fp8 torchao current compile"),
+    ({"precision": "bf16", "backend": "none", "compile": True, "param_dtype": "bf16"}, "bf16 compile bf16-params"),
+    ({"precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": True, "recipe_spec": "delayed:margin=1",
+      "bf16_edge_blocks": 1, "activation_checkpointing": True}, "fp8 te delayed fused (margin=1) bf16-edge-blocks=1 act-ckpt"),
+    ({"precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": True, "parallel": "fsdp", "world_size": 1,
+      "fsdp_keep_weights": True}, "fp8 te delayed fused"),
+    ({"precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": True, "parallel": "fsdp", "world_size": 2,
+      "fsdp_keep_weights": True}, "fp8 te delayed fused fsdp keep-weights"),
+])
+def test_variant_label_names_what_ran(row, label):
+    assert analysis.variant_label(row) == label
+
+
 def _bench(root: Path, run_id: str, tps: float, world_size: int, date: str, **kw) -> None:
     analysis.write_result_file(root / f"{run_id}.jsonl", run_meta("llama-1b", "fp8", run_id=run_id, variant=run_id,
                                                                    world_size=world_size, date=date, **kw),
