@@ -763,6 +763,11 @@ def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
     return out
 
 
+def scaling_axis(scaling: pd.DataFrame) -> str:
+    """The scale column a ``scaling_table`` compares over: 'instances' or 'world_size'."""
+    return scaling.attrs.get("by") or ("instances" if scaling["instances"].nunique() > 1 else "world_size")
+
+
 # ----------------------------------------------------------------------------------- verdict
 
 def _fmt_tokens(n: float) -> str:

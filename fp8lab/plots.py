@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import _is_false, is_fp8, model_size_b, smooth
+from fp8lab.analysis import _is_false, is_fp8, model_size_b, scaling_axis, smooth
 
 NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
@@ -237,9 +237,8 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
         g = steps[steps["model"] == model]
         x_col = "tokens" if g["tokens"].notna().all() else "step"
         label = _run_labels(g)
-        prec = dict(g.drop_duplicates("run_id")[["run_id", "precision"]].values)
-        colors = _variant_colors(sorted(set(label.values()), key=lambda v: (is_fp8(next(prec[k] for k in label if label[k] == v)), v)),
-                                 {label[k]: prec[k] for k in label})
+        prec = {label[k]: p for k, p in g.drop_duplicates("run_id")[["run_id", "precision"]].values}
+        colors = _variant_colors(sorted(prec, key=lambda v: (is_fp8(prec[v]), v)), prec)
         curves = {}
         for run_id, r in g.groupby("run_id", sort=True):
             r = r.sort_values("step")
@@ -367,7 +366,7 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
     title = "Per-GPU scaling efficiency"
     if not len(scaling):
         return _finish(_empty(title), save)
-    by = scaling.attrs.get("by") or ("instances" if scaling["instances"].nunique() > 1 else "world_size")
+    by = scaling_axis(scaling)
     fig, axes = _new(width=6)
     ax = axes[0, 0]
     colors = _variant_colors(list(scaling["variant"].unique()), dict(scaling[["variant", "precision"]].values))

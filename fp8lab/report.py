@@ -159,7 +159,7 @@ def _scaling_markdown(scaling: pd.DataFrame) -> str:
     """Multi-GPU runs against their smallest-scale reference (empty when nothing ran at two scales)."""
     if not len(scaling):
         return ""
-    by = scaling.attrs.get("by") or ("instances" if scaling["instances"].nunique() > 1 else "world_size")
+    by = analysis.scaling_axis(scaling)
     multi = scaling[scaling["run_id"] != scaling["reference_run_id"]]
     unit = "instances" if by == "instances" else "GPUs"
     lines = ["", f"Per-GPU scaling: each run against the same set-up on the fewest {unit}, measured closest in time "
