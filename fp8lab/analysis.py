@@ -726,8 +726,8 @@ def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
         by = "instances" if summary["instances"].nunique() > 1 else "world_size"
     if by not in ("instances", "world_size"):
         raise ValueError(f"by={by!r}; allowed: 'auto', 'instances', 'world_size'")
-    cols = ["model", "gpu_name", "variant", "precision", "instances", "world_size", "run_id", "tokens_per_sec_per_gpu",
-            "reference_run_id", "reference_tokens_per_sec_per_gpu", "hours_apart", "efficiency", "efficiency_vs_fastest"]
+    kept = ["model", "gpu_name", "variant", "precision", "instances", "world_size", "run_id", "tokens_per_sec_per_gpu"]
+    cols = kept + ["reference_run_id", "reference_tokens_per_sec_per_gpu", "hours_apart", "efficiency", "efficiency_vs_fastest"]
     s = summary[summary["tokens_per_sec_per_gpu"].notna() & summary[by].notna()].copy()
     empty = pd.DataFrame(columns=cols)
     empty.attrs["by"] = by
@@ -737,6 +737,13 @@ def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
     s["_when"] = pd.to_datetime(s["date"], utc=True, errors="coerce") if "date" in s else pd.NaT
     keys = [s["model"].map(_key), s["gpu_name"].map(_key), s["variant"]]
     rows = []
+
+    def row(r: pd.Series, ref: pd.Series, hours: float, fastest: float) -> dict:
+        return {**{c: r[c] for c in kept}, "reference_run_id": ref["run_id"],
+                "reference_tokens_per_sec_per_gpu": ref["tokens_per_sec_per_gpu"], "hours_apart": hours,
+                "efficiency": r["tokens_per_sec_per_gpu"] / ref["tokens_per_sec_per_gpu"],
+                "efficiency_vs_fastest": r["tokens_per_sec_per_gpu"] / fastest}
+
     for _, g in s.groupby(keys, sort=True):
         if g[by].nunique() < 2:
             continue
@@ -750,12 +757,9 @@ def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
             ref = base.loc[gap.idxmin()] if gap.notna().any() else base.sort_values("tokens_per_sec_per_gpu").iloc[len(base) // 2]
             used.add(ref["run_id"])
             hours = gap[ref.name] / pd.Timedelta(hours=1) if gap.notna().any() else float("nan")
-            rows.append({**{c: r[c] for c in cols[:8]}, "reference_run_id": ref["run_id"], "reference_tokens_per_sec_per_gpu": ref["tokens_per_sec_per_gpu"],
-                         "hours_apart": hours, "efficiency": r["tokens_per_sec_per_gpu"] / ref["tokens_per_sec_per_gpu"],
-                         "efficiency_vs_fastest": r["tokens_per_sec_per_gpu"] / fastest})
+            rows.append(row(r, ref, hours, fastest))
         for _, r in base[base["run_id"].isin(used)].iterrows():  # the references themselves, at 1.0
-            rows.append({**{c: r[c] for c in cols[:8]}, "reference_run_id": r["run_id"], "reference_tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
-                         "hours_apart": 0.0, "efficiency": 1.0, "efficiency_vs_fastest": r["tokens_per_sec_per_gpu"] / fastest})
+            rows.append(row(r, r, 0.0, fastest))
     if not rows:
         return empty
     out = pd.DataFrame(rows)[cols].sort_values(["model", "variant", by, "run_id"], ignore_index=True)
