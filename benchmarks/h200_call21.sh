@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 call 21, PREPARED IN SESSION 4 AND NOT YET RUN (that session's device time was used up).
+# H200 call 21, prepared in session 4 (its device time was used up) and run in session 5.
 # Needs a two-GPU machine (nvidia-h200-x2); what is still open in issue 7 after calls 16-20:
 #  1. GPU 0: llama-7b plain transformers + torch.compile BF16 with bf16 parameters at 2 x 16 (is TE BF16
 #     the best BF16 at 7B too?);  GPU 1 at the same time: gptneo-1.3b, the unfused TE module swap and
