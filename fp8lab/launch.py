@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from fp8lab.recipe import Recipe
+from fp8lab.recipe import KINDS, Recipe
 
 # ----------------------------------------------------------------------------------------------
 # Facts about instances, prices and placeholders
@@ -86,7 +86,7 @@ PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
 
 PRECISIONS = ("bf16", "fp8")
 BACKENDS = ("te", "torchao")
-RECIPES = ("delayed", "current", "block", "mxfp8")  # fp8lab.recipe.KINDS
+RECIPES = KINDS
 PARALLEL = ("ddp", "fsdp")  # fp8lab.train --parallel
 SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
 MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job

@@ -57,10 +57,11 @@ from typing import Any, Callable
 
 from fp8lab import data as fdata
 from fp8lab import metrics as fmetrics
+from fp8lab.recipe import KINDS, SETTINGS, Recipe
 
 PRECISIONS = ("bf16", "fp8")
 BACKENDS = ("auto", "none", "te", "torchao", "emulated")
-RECIPES = ("auto", "delayed", "current", "block", "mxfp8")  # fp8lab.recipe.KINDS; auto = the backend's default
+RECIPES = ("auto",) + KINDS  # auto = the backend's default
 PARALLEL = ("ddp", "fsdp")
 COMPUTE_DTYPES = ("auto", "bf16", "fp32")
 PARAM_DTYPES = ("fp32", "bf16")
@@ -171,12 +172,8 @@ def _validate(c: TrainConfig) -> None:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model-override: {exc}") from None
     if not isinstance(c.recipe, str) or c.recipe.partition(":")[0] not in RECIPES or c.recipe.startswith("auto:"):
-        from fp8lab.recipe import SETTINGS
-
         raise bad("recipe", " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}")
     if c.recipe != "auto":
-        from fp8lab.recipe import Recipe
-
         try:
             Recipe.parse(c.recipe)
         except ValueError as exc:
@@ -446,7 +443,6 @@ def resolve_fp8(c: TrainConfig):
     """(backend name or None, Recipe or None) for this run, with a clear error if unusable here."""
     from fp8lab.convert import pick_backend
     from fp8lab.backends import get_backend
-    from fp8lab.recipe import Recipe
 
     if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16"):
         return None, None
