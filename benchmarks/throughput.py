@@ -20,6 +20,11 @@ Variants (``--variants all`` or a comma list):
   te-fp8-block         TE fused layers, FP8 block scaling (1x128 / 128x128)
   te-fp8-delayed-swap  the source blog's approach: nn.Linear -> te.Linear one for one, delayed scaling
   torchao-fp8-compile  torchao float8 (tensorwise) with torch.compile on every block
+  default-bf16         `fp8lab train --precision bf16` with nothing else set: what the layout resolver picks
+  default-fp8          `fp8lab train --precision fp8` with nothing else set (give --common-args '')
+
+Layout fields of each result (micro-batch, accumulation, sequence, parameter dtype) are read from
+the run's own config.json, i.e. what the trainer resolved, with the resolver's memory estimate.
 """
 from __future__ import annotations
 
@@ -53,6 +58,9 @@ VARIANTS: dict[str, list[str]] = {
                            "--param-dtype", "bf16"],
     "te-fp8-current-p16": ["--precision", "fp8", "--backend", "te", "--recipe", "current", "--fuse", "True",
                            "--param-dtype", "bf16"],
+    # the plain commands: everything else as fp8lab.layout resolves it on this machine
+    "default-bf16": ["--precision", "bf16"],
+    "default-fp8": ["--precision", "fp8"],
     # FP8 weights re-cast for every micro-batch (the default caches them once per step under --grad-accum)
     "te-fp8-delayed-nocache": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
                                "--fp8-weight-cache", "False"],
@@ -155,26 +163,33 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     run = {
         "record": "run", "run_id": run_id, "study": args.study, "model": model,
         "variant": variant + (f"-{args.tag}" if getattr(args, "tag", "") else ""),
-        "precision": _arg_value(flags, "--precision"), "backend": "hf" if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--backend"),
-        "recipe": (_arg_value(flags + extra, "--recipe") or "").partition(":")[0] or None,
+        "precision": _arg_value(flags, "--precision"),
+        "backend": "hf" if cfg.get("backend_resolved", _arg_value(flags, "--backend")) == "none" else cfg.get("backend_resolved", _arg_value(flags, "--backend")),
+        "recipe": (((_arg_value(flags + extra, "--recipe") or "").partition(":")[0]
+                    or (cfg.get("recipe_resolved") or "").partition(" ")[0] or None)
+                   if _arg_value(flags, "--precision") == "fp8" else None),
         "recipe_spec": _arg_value(flags + extra, "--recipe"),
         "bf16_edge_blocks": int(_arg_value(flags + extra, "--bf16-edge-blocks", "0")),
-        "warmup_lr_steps": int(_arg_value(cmd, "--warmup-steps", "0")), "fuse": None if _arg_value(flags, "--backend") == "none" else _arg_value(flags, "--fuse", "True") == "True",
+        "warmup_lr_steps": int(_arg_value(cmd, "--warmup-steps", "0")),
+        "fuse": None if cfg.get("backend_resolved") == "none" else _arg_value(flags, "--fuse", "True") == "True",
         "compile": _arg_value(flags, "--compile", "False") == "True",
         "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,
         "loss_comparable": not args.study.startswith("throughput"),  # throughput runs are too short
-        "micro_batch_size": int(_arg_value(extra, "--micro-batch-size", "4")),
-        "grad_accum": int(_arg_value(extra, "--grad-accum", "1")), "seq_len": int(_arg_value(extra, "--seq-len", "256")),
+        # the layout the trainer ran (resolved from "auto" where not given), and the resolver's estimate
+        "micro_batch_size": cfg["micro_batch_size"], "grad_accum": cfg["grad_accum"], "seq_len": cfg["seq_len"],
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
-        "param_dtype": _arg_value(flags + extra, "--param-dtype", "fp32"),
+        "param_dtype": cfg["param_dtype"],
+        "layout_requested": cfg.get("requested_layout"), "layout_reasons": (cfg.get("layout") or {}).get("reasons"),
+        "memory_estimate_gib": (cfg.get("layout") or {}).get("memory_estimate_peak_gib"),
+        "gpu_memory_gib": cfg.get("gpu_memory_gib") or None,
         "fp8_weight_cache": cfg.get("fp8_weight_cache_active"),
         "fuse_wgrad_accumulation": cfg.get("fuse_wgrad_accumulation_active"),
         "fsdp_keep_weights": cfg.get("fsdp_keep_weights_active"),
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "optimizer": (f"AdamW ({cfg.get('adamw_impl', 'kernels not recorded')}) on "
-                      + ("fp32 parameters, bf16 autocast" if _arg_value(flags + extra, "--param-dtype", "fp32") == "fp32"
+                      + ("fp32 parameters, bf16 autocast" if cfg["param_dtype"] == "fp32"
                          else "fp32 master weights, bf16 parameters")),
         "versions": versions(), "command": shown, "harness": _harness_command(args),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -182,9 +182,9 @@ class JobSpec:
     instance_count: int = 1
     tokens: int | None = None  # training tokens over all GPUs; exactly one of tokens / steps
     steps: int | None = None
-    micro_batch_size: int = 4  # sequences per GPU per micro-step
-    grad_accum: int = 1
-    seq_len: int = 2048
+    micro_batch_size: int | str = "auto"  # sequences per GPU per micro-step; auto: fp8lab.layout for the instance's GPU
+    grad_accum: int | str = "auto"  # auto: fp8lab.layout's tokens-per-step target
+    seq_len: int | str = "auto"  # auto: 2048 (at most the model's max_seq_len)
     lr: float = 3e-4
     fuse: bool = True  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = False  # torch.compile each block
@@ -204,6 +204,7 @@ class JobSpec:
     framework_version: str = "2.9"  # PyTorch training image (AWS Deep Learning Container)
     py_version: str = "py312"
     install_te: bool = False  # add transformer-engine[pytorch] to the job's requirements
+    options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
 
     def __post_init__(self) -> None:
         def bad(name: str, value: Any, allowed: str) -> ValueError:
@@ -237,8 +238,10 @@ class JobSpec:
             raise ValueError(f"JobSpec.recipe='mxfp8' needs Blackwell GPUs; {self.instance_type} has {info.gpu}")
         for name in ("instance_count", "micro_batch_size", "grad_accum", "seq_len", "volume_gb"):
             v = getattr(self, name)
+            if name in LAYOUT_FIELDS and v == "auto":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise bad(name, v, "an integer >= 1")
+                raise bad(name, v, "an integer >= 1" + (" or 'auto'" if name in LAYOUT_FIELDS else ""))
         for name in ("checkpoint_every", "keep_alive_s", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -285,6 +288,41 @@ class JobSpec:
         if known is not None and self.region not in known and self.region in _instance_region_table():
             raise ValueError(f"JobSpec.region={self.region!r}: {self.instance_type} is not offered there "
                              f"(SageMaker SDK instance table); choose one of: {', '.join(sorted(known))}")
+        self._resolve_with_trainer()
+
+    def _resolve_with_trainer(self) -> None:
+        """Run the trainer's own parser and start-up checks on this job, for the instance's GPU at
+        8 x instance_count ranks, and replace "auto" layout fields by what the trainer will run."""
+        from fp8lab.hardware import Machine
+        from fp8lab.train import parse_args, preflight
+
+        if not isinstance(self.options, dict):
+            raise ValueError(f"JobSpec.options={self.options!r} is invalid; allowed: a dict of trainer options")
+        unknown = sorted(set(self.options) - _trainer_option_names())
+        reserved = sorted(set(self.options) & JOB_OWNED_OPTIONS)
+        if unknown or reserved:
+            raise ValueError(f"JobSpec.options: {', '.join(unknown + reserved)} "
+                             + ("not trainer options" if unknown else "set by JobSpec itself or by SageMaker")
+                             + f"; allowed: {', '.join(sorted(_trainer_option_names() - JOB_OWNED_OPTIONS))}")
+        hp = _requested_hyperparameters(self)
+        hp.pop("data", None)  # the channel's path exists only inside the job
+        try:
+            cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", _hp_text(v))])
+            machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
+            cfg, layout, _, _ = preflight(cfg, machine, self.backend)
+        except ValueError as exc:
+            raise ValueError(f"JobSpec({self.model}, {self.precision}, {self.instance_count} x {self.instance_type}): "
+                             f"the trainer would refuse this job: {exc}") from None
+        # spell the resolved layout out, so a copy (dataclasses.replace) resolves to the very same job
+        for name in LAYOUT_FIELDS:
+            object.__setattr__(self, name, getattr(cfg, name))
+        object.__setattr__(self, "options", {**self.options, **{k: getattr(cfg, k) for k in LAYOUT_OPTIONS}})
+        object.__setattr__(self, "_layout", layout)
+
+    @property
+    def layout(self):
+        """The fp8lab.layout.Layout the job runs (memory estimate and reasons included)."""
+        return self._layout
 
     @property
     def info(self) -> InstanceInfo:
@@ -572,8 +610,39 @@ def training_image(spec: JobSpec) -> str:
                                py_version=spec.py_version, instance_type=spec.instance_type, image_scope="training")
 
 
+LAYOUT_FIELDS = ("micro_batch_size", "grad_accum", "seq_len")  # JobSpec fields the layout resolver fills in
+LAYOUT_OPTIONS = ("param_dtype", "fsdp_keep_weights")  # and trainer options it fills into JobSpec.options
+# trainer options a job does not take from JobSpec.options: JobSpec fields, SageMaker's folders, test hooks
+JOB_OWNED_OPTIONS = frozenset({"model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len",
+                               "lr", "seed", "fuse", "compile", "parallel", "activation_checkpointing", "progress",
+                               "tokens", "steps", "checkpoint_every", "data", "output_dir", "checkpoint_dir",
+                               "model_dir", "device", "dry_run", "inject_nan_at_steps"})
+
+
+def _trainer_option_names() -> set[str]:
+    from fp8lab.train import TrainConfig
+
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def _hp_text(v: Any) -> str:
+    """A hyperparameter as the torchrun driver passes it (a string)."""
+    if isinstance(v, dict):
+        return ",".join(f"{k}={val}" for k, val in v.items())
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:
-    """The trainer's CLI options; the torchrun driver passes each as ``--key value``."""
+    """The trainer's CLI options; the torchrun driver passes each as ``--key value``.
+
+    Layout options are the resolved values (``JobSpec`` replaced "auto" when it was made), plus
+    everything in ``spec.options``; the set passed the trainer's own parser and start-up checks."""
+    return _requested_hyperparameters(spec)
+
+
+def _requested_hyperparameters(spec: JobSpec) -> dict[str, Any]:
     hp: dict[str, Any] = {
         "model": spec.model, "precision": spec.precision, "backend": spec.backend, "recipe": spec.recipe,
         "micro-batch-size": spec.micro_batch_size, "grad-accum": spec.grad_accum, "seq-len": spec.seq_len,
@@ -586,6 +655,8 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
         hp["checkpoint-every"] = spec.checkpoint_every
     if spec.data_s3_uri is not None:
         hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
+    for name, value in spec.options.items():
+        hp[name.replace("_", "-")] = value
     return hp
 
 

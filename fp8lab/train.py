@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -60,11 +61,12 @@ from fp8lab import metrics as fmetrics
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
 
 PRECISIONS = ("bf16", "fp8")
+AUTO = "auto"  # options the layout resolver decides per machine (fp8lab.layout)
 BACKENDS = ("auto", "none", "te", "torchao", "emulated")
 RECIPES = ("auto",) + KINDS  # auto = the backend's default
 PARALLEL = ("ddp", "fsdp")
 COMPUTE_DTYPES = ("auto", "bf16", "fp32")
-PARAM_DTYPES = ("fp32", "bf16")
+PARAM_DTYPES = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "on", "off")
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"  # SageMaker syncs this folder with checkpoint_s3_uri
@@ -93,9 +95,9 @@ class TrainConfig:
     fuse: bool = True  # fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers
     steps: int | None = None  # optimizer steps; default 100 when --tokens is not given either
     tokens: int | None = None  # or: train this many tokens (all GPUs), rounded up to whole steps
-    micro_batch_size: int = 4  # sequences per GPU per forward/backward
-    grad_accum: int = 1  # micro-batches per optimizer step
-    seq_len: int = 256  # tokens per sequence (at most the model's max_seq_len)
+    micro_batch_size: int | str = "auto"  # sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU
+    grad_accum: int | str = "auto"  # micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU
+    seq_len: int | str = "auto"  # tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU
     lr: float = 3e-4  # peak learning rate of AdamW
     min_lr: float = 3e-5  # end of the cosine decay
     warmup_steps: int | None = None  # linear warm-up; default 5% of the steps (at most 1000)
@@ -117,11 +119,13 @@ class TrainConfig:
     val_batches: int = 4  # validation size in global batches (micro-batch x grad-accum x ranks sequences each)
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
     compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    param_dtype: str = "fp32"  # fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
+    param_dtype: str = "auto"  # auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
     fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch
-    fsdp_keep_weights: bool = False  # --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)
+    fsdp_keep_weights: bool | str = "auto"  # auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)
     fuse_wgrad_accumulation: bool = True  # TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place
     device: str = "auto"  # auto | cpu | cuda
+    gpu_memory_gib: float = 0.0  # 0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it
+    dry_run: bool = False  # print the resolved layout and memory estimate, build nothing, train nothing
     max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
     peak_tflops: float = 0.0  # dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)
     save_model: bool = True  # write the final HF model (save_pretrained) to the model folder
@@ -135,7 +139,10 @@ class TrainConfig:
         _validate(self)
 
     @property
-    def tokens_per_micro_batch(self) -> int:
+    def tokens_per_micro_batch(self) -> int | None:
+        """None until the layout resolver has replaced "auto" (fp8lab.layout.apply)."""
+        if AUTO in (self.micro_batch_size, self.seq_len):
+            return None
         return self.micro_batch_size * self.seq_len
 
     def as_dict(self) -> dict[str, Any]:
@@ -189,20 +196,26 @@ def _validate(c: TrainConfig) -> None:
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
     for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics",
-                 "fp8_weight_cache", "fuse_wgrad_accumulation", "fsdp_keep_weights"):
+                 "fp8_weight_cache", "fuse_wgrad_accumulation", "dry_run"):
         if not isinstance(getattr(c, name), bool):
             raise bad(name, "True | False")
+    if c.fsdp_keep_weights != AUTO and not isinstance(c.fsdp_keep_weights, bool):
+        raise bad("fsdp_keep_weights", "auto | True | False")
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
     for name in ("steps", "tokens"):
         v = getattr(c, name)
         if v is not None and (not _is_int(v) or v < 1):
             raise bad(name, "a positive integer")
-    for name in ("micro_batch_size", "grad_accum", "seq_len", "val_batches", "keep_checkpoints", "max_bad_steps"):
+    for name in ("micro_batch_size", "grad_accum", "seq_len"):
+        v = getattr(c, name)
+        if v != AUTO and (not _is_int(v) or v < 1):
+            raise bad(name, "auto or a positive integer")
+    for name in ("val_batches", "keep_checkpoints", "max_bad_steps"):
         v = getattr(c, name)
         if not _is_int(v) or v < 1:
             raise bad(name, "a positive integer")
-    if c.seq_len > mcfg.max_seq_len:
+    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:
         raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} (its max_seq_len)")
     for name in ("seed", "val_every"):
         v = getattr(c, name)
@@ -218,7 +231,7 @@ def _validate(c: TrainConfig) -> None:
         raise bad("lr", "a number in (0, 1)")
     if not _is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
         raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
-    for name in ("weight_decay", "grad_clip", "peak_tflops"):
+    for name in ("weight_decay", "grad_clip", "peak_tflops", "gpu_memory_gib"):
         if not _is_num(getattr(c, name)) or getattr(c, name) < 0:
             raise bad(name, "a number >= 0")
     for name in ("beta1", "beta2"):
@@ -299,12 +312,28 @@ def _steps_list(name: str, s: str) -> tuple:
         raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: comma-separated step numbers") from None
 
 
+def _auto_or(conv: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    def f(name: str, s: str) -> Any:
+        if str(s).strip().lower() == AUTO:
+            return AUTO
+        try:
+            return conv(name, s)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, or auto (chosen for this machine)") from None
+    return f
+
+
+AUTO_INTS = ("micro_batch_size", "grad_accum", "seq_len")
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {}
 for _f in dataclasses.fields(TrainConfig):
     if _f.name == "model_overrides":
         continue
     if _f.name in ("inject_nan_at_steps", "profile_steps"):
         _CONVERT[_f.name] = _steps_list
+    elif _f.name in AUTO_INTS:
+        _CONVERT[_f.name] = _auto_or(_to_int)
+    elif _f.name == "fsdp_keep_weights":
+        _CONVERT[_f.name] = _auto_or(_to_bool)
     elif isinstance(_f.default, bool):
         _CONVERT[_f.name] = _to_bool
     elif _f.name in ("steps", "tokens", "warmup_steps"):
@@ -328,6 +357,7 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
+@functools.lru_cache(maxsize=None)
 def _field_help() -> dict[str, str]:
     """Each TrainConfig field's trailing comment, so --help and the dataclass never disagree."""
     import inspect
@@ -355,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
         names = [_opt(f.name)] + ([f"--{f.name}"] if "_" in f.name else [])
         kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.name.upper(),
                               "help": helps.get(f.name, f"default: {f.default!r}")}
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) or f.name == "fsdp_keep_weights":
             kw.update(nargs="?", const="True")  # `--compile` alone, or `--compile False` (SageMaker)
         p.add_argument(*names, **kw)
     return p
@@ -439,14 +469,18 @@ def data_source(c: TrainConfig) -> str | None:
 # pieces of the run
 # ----------------------------------------------------------------------------------------------
 
-def resolve_fp8(c: TrainConfig):
-    """(backend name or None, Recipe or None) for this run, with a clear error if unusable here."""
+def resolve_fp8(c: TrainConfig, te_usable: bool = False):
+    """(backend name or None, Recipe or None) for this run, with a clear error if unusable here.
+
+    ``--precision bf16 --backend auto`` runs Transformer Engine's fused layers with FP8 off where TE
+    is usable (``te_usable``: a GPU with TE), the fastest BF16 fp8lab has and the same layers as the
+    FP8 run; elsewhere the plain transformers model (what ``--backend none`` always runs)."""
     from fp8lab.convert import pick_backend
     from fp8lab.backends import get_backend
 
-    if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16"):
+    if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16" and not te_usable):
         return None, None
-    name = pick_backend(c.backend)
+    name = "te" if (c.backend == "auto" and c.precision == "bf16") else pick_backend(c.backend)
     be = get_backend(name)
     reason = be.available()
     if reason is not None:
@@ -468,6 +502,33 @@ def fsdp_te_problem(c: TrainConfig, backend: str | None, distributed: bool) -> s
                 "Engine under FSDP2 cannot run backward on fp32 parameters cast to bf16 with FP8 off; allowed: "
                 "--param-dtype bf16 (fp32 master weights stay in the optimizer), --parallel ddp, or --precision fp8")
     return None
+
+
+def schedule(c: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(optimizer steps, warm-up steps) of a run whose layout is resolved."""
+    tokens_per_step = c.micro_batch_size * c.grad_accum * world_size * c.seq_len
+    total_steps = c.steps if c.steps is not None else (math.ceil(c.tokens / tokens_per_step) if c.tokens else 100)
+    warmup = c.warmup_steps if c.warmup_steps is not None else min(1000, total_steps // 20)
+    if warmup >= total_steps:
+        raise ValueError(f"--warmup-steps={warmup} is invalid; allowed: fewer than the run's {total_steps} steps")
+    return total_steps, warmup
+
+
+def preflight(c: TrainConfig, machine, backend: str | None):
+    """Every start-up check that needs no data, model or GPU, with the layout resolved for ``machine``.
+
+    Returns (config with no "auto" layout option left, Layout, total steps, warm-up steps); a bad
+    combination is a ValueError naming the option. The trainer calls it at start-up and the
+    SageMaker launcher for each planned job (``machine`` = the instance's GPU at 8 x instances
+    ranks), so a job the trainer would refuse is refused when the plan is made."""
+    from fp8lab import layout as flayout
+
+    c, layout = flayout.apply(c, machine, backend)  # "auto" options -> this machine's layout (or a clear refusal)
+    problem = fsdp_te_problem(c, backend, machine.world_size > 1)
+    if problem:
+        raise ValueError(problem)
+    total_steps, warmup = schedule(c, machine.world_size)
+    return c, layout, total_steps, warmup
 
 
 def lr_lambda(c: TrainConfig, total_steps: int, warmup: int) -> Callable[[int], float]:
@@ -670,22 +731,29 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     from fp8lab.backends import get_backend
     from fp8lab.convert import autocast as fp8_autocast
     from fp8lab.convert import convert_model, edge_blocks_filter
+    from fp8lab import layout as flayout
+    from fp8lab.hardware import Machine
     from fp8lab.models import build_model, count_parameters, get_config, model_flops_per_token
 
     wall0 = time.perf_counter()
     paths = resolve_paths(c)
     mcfg = get_config(c.model, **c.model_overrides)
-    backend, recipe = resolve_fp8(c)  # errors before any compute
-    problem = fsdp_te_problem(c, backend, env.distributed)
-    if problem:
-        raise ValueError(problem)
+    machine = Machine.detect(env.device, env.world_size, c.gpu_memory_gib)
+    backend, recipe = resolve_fp8(c, te_usable=machine.te_usable)  # errors before any compute
+    requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
+    c, layout, total_steps, warmup = preflight(c, machine, backend)
+    log = print if env.is_main else (lambda *a, **k: None)
+    log(f"fp8lab: {layout.header()}")
+    if c.dry_run:
+        return {"status": "dry_run", "model": c.model, "precision": c.precision, "backend": backend or "none",
+                "world_size": env.world_size, "gpu_name": machine.name, **layout.options(),
+                "memory_estimate_gib": round(layout.memory.peak, 1), "memory_gib": round(machine.memory_gib, 1),
+                "reasons": layout.reasons}
+    if c.gpu_memory_gib and env.device.type == "cuda":  # emulate a smaller GPU (e.g. P5's H100 80 GB on an H200)
+        total = torch.cuda.get_device_properties(env.device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, c.gpu_memory_gib * 2**30 / total), env.device)
     world = env.world_size
     tokens_per_step = c.micro_batch_size * c.grad_accum * world * c.seq_len
-    total_steps = c.steps if c.steps is not None else (math.ceil(c.tokens / tokens_per_step) if c.tokens else 100)
-    warmup = c.warmup_steps if c.warmup_steps is not None else min(1000, total_steps // 20)
-    if warmup >= total_steps:
-        raise ValueError(f"--warmup-steps={warmup} is invalid; allowed: fewer than the run's {total_steps} steps")
-    log = print if env.is_main else (lambda *a, **k: None)
 
     # data: tokenized once per node (deterministic, so every node gets the same shards)
     source = data_source(c)
@@ -796,7 +864,10 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                       "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
                       "conversion": dataclasses.asdict(conversion) if conversion is not None else None,
                       "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
-                      "resumed_from_step": resumed_from, **fmetrics.provenance(gpu_name, world, argv)}
+                      "resumed_from_step": resumed_from, "requested_layout": requested,
+                      "layout": {"reasons": layout.reasons, "memory_estimate_gib": dataclasses.asdict(layout.memory),
+                                 "memory_estimate_peak_gib": layout.memory.peak, "memory_gib": machine.memory_gib},
+                      **fmetrics.provenance(gpu_name, world, argv)}
         (paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
         log(f"fp8lab: {c.model} ({count_parameters(mcfg).total / 1e6:.1f}M params) | {c.precision}"
             f"{f' via {backend_name} ({recipe.describe()})' if fp8_on else (f' on {backend_name} layers, FP8 off' if backend else '')}"

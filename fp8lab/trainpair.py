@@ -14,6 +14,7 @@ an emulation: its loss is meaningful, its speed is not.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,15 +36,28 @@ class PairResult:
     device: str  # 'cpu' or the GPU name
     note: str  # what the numbers mean on this device
     losses: dict[str, list[float | None]] = field(default_factory=dict)  # label -> loss per step
+    layouts: Any = None  # pandas DataFrame: the layout each run got (fp8lab.layout), one row per run
+
+    @property
+    def trained(self) -> bool:
+        """False for a dry run (layouts only)."""
+        return bool(self.losses)
+
+
+TINY_LR, DEFAULT_LR = 2e-3, 3e-4  # lr="auto": tiny models (< 50M parameters) like it high
 
 
 def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str] = ("auto",), recipe: str = "auto",
-             output_dir: str | Path = "runs", **options: Any) -> PairResult:
-    """One BF16 run and one FP8 run per backend, same seed and data; ``options`` go to TrainConfig."""
+             output_dir: str | Path = "runs", dry_run: bool = False, **options: Any) -> PairResult:
+    """One BF16 run and one FP8 run per backend, same seed and data; ``options`` go to TrainConfig.
+
+    Layout options left out (or "auto") are chosen by ``fp8lab.layout`` for this machine, the same
+    for both runs, as ``fp8lab train`` does. ``dry_run``: resolve and return the layouts, train nothing.
+    ``lr="auto"``: 2e-3 for models under 50M parameters, else 3e-4."""
     import pandas as pd
 
     from fp8lab.convert import pick_backend
-    from fp8lab.models import get_config
+    from fp8lab.models import count_parameters, get_config
     from fp8lab.train import TrainConfig, train
 
     if isinstance(backends, str) or not backends:
@@ -51,21 +65,31 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     for forbidden in ("precision", "backend", "output_dir", "recipe", "steps", "model"):
         if forbidden in options:
             raise ValueError(f"run_pair sets {forbidden!r} itself; pass model/steps/backends/recipe/output_dir as arguments")
+    if not isinstance(dry_run, bool):
+        raise ValueError(f"dry_run={dry_run!r} is invalid; allowed: True | False")
     names = [pick_backend(b) for b in backends]
     out = Path(output_dir)
-    vocab = get_config(model, **options.get("model_overrides", {})).vocab_size
-    if options.get("data") is None:  # tokenize the shipped corpus once for all runs
-        options["data"] = str(fdata.ensure_prepared(None, out / "data", vocab))
+    mcfg = get_config(model, **options.get("model_overrides", {}))
+    if options.get("lr", "auto") == "auto":
+        options["lr"] = TINY_LR if count_parameters(mcfg).total < 50e6 else DEFAULT_LR
     base = {"progress": "off", "print_metrics": False, "plot": False, "save_model": False, "resume": False, **options}
     plan = [("bf16", "bf16", names[0])] + [(f"fp8 {n}", "fp8", n) for n in names]
+    configs = {label: TrainConfig(model=model, steps=steps, precision=precision, backend=backend, recipe=recipe,
+                                  output_dir=str(out / label.replace(" ", "-")), **base)
+               for label, precision, backend in plan}  # every option checked before any data is prepared
+    layouts = pd.DataFrame([{"run": label, **_layout_row(train(dataclasses.replace(cfg, dry_run=True)))}
+                            for label, cfg in configs.items()]).set_index("run")
+    if dry_run:
+        return PairResult({}, {}, layouts, str(layouts["gpu"].iloc[0]), "dry run: layouts only, nothing trained",
+                          {}, layouts)
+    if options.get("data") is None:  # tokenize the shipped corpus once for all runs
+        data = str(fdata.ensure_prepared(None, out / "data", mcfg.vocab_size))
+        configs = {k: dataclasses.replace(c, data=data) for k, c in configs.items()}
     runs, summaries, losses = {}, {}, {}
-    for label, precision, backend in plan:
-        run_dir = out / label.replace(" ", "-")
-        cfg = TrainConfig(model=model, steps=steps, precision=precision, backend=backend, recipe=recipe,
-                          output_dir=str(run_dir), **base)
+    for label, cfg in configs.items():
         summaries[label] = train(cfg)
-        runs[label] = run_dir
-        losses[label] = [r.get("loss") for r in fmetrics.read_metrics(run_dir / "metrics.jsonl")]
+        runs[label] = Path(cfg.output_dir)
+        losses[label] = [r.get("loss") for r in fmetrics.read_metrics(runs[label] / "metrics.jsonl")]
     device = summaries["bf16"]["gpu_name"]
     table = pd.DataFrame([_row(label, s) for label, s in summaries.items()]).set_index("run")
     base_tps = table.loc["bf16", "tokens_per_sec_per_gpu"]
@@ -75,7 +99,15 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     note = CPU_NOTE if device == "cpu" else (
         f"{device}: tokens/s/GPU is the median after warm-up; MFU divides by the GPU's dense BF16 peak "
         "for both precisions (so FP8 is not flattered by a higher FP8 peak).")
-    return PairResult(runs, summaries, table, device, note, losses)
+    return PairResult(runs, summaries, table, device, note, losses, layouts)
+
+
+def _layout_row(s: dict[str, Any]) -> dict[str, Any]:
+    """One row of the layout table from a dry-run summary."""
+    return {"gpu": s["gpu_name"], "backend": s["backend"], "param_dtype": s["param_dtype"], "seq_len": s["seq_len"],
+            "micro_batch_size": s["micro_batch_size"], "grad_accum": s["grad_accum"],
+            "memory_estimate_gib": s["memory_estimate_gib"], "memory_gib": s["memory_gib"],
+            "why": "; ".join(s["reasons"].values()) or "-"}
 
 
 def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:

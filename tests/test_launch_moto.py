@@ -97,7 +97,8 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
                         req["AlgorithmSpecification"]["TrainingImage"])
     hp = req["HyperParameters"]
     assert hp["model"] == "llama-1b" and hp["precision"] == "fp8" and hp["backend"] == "te"
-    assert hp["steps"] == "5" and hp["checkpoint-every"] == "100" and hp["micro-batch-size"] == "4"
+    # the layout resolver's micro-batch for P5's H100 80 GB (fp8lab.layout), passed explicitly to the job
+    assert hp["steps"] == "5" and hp["checkpoint-every"] == "100" and hp["micro-batch-size"] == "16"
     assert "tokens" not in hp
     mdefs = {m["Name"]: m["Regex"] for m in req["AlgorithmSpecification"]["MetricDefinitions"]}
     assert mdefs == L.METRIC_DEFINITIONS
@@ -354,13 +355,14 @@ def test_torchrun_command_on_each_node_of_a_two_node_job(aws, tmp_path):
         assert cmd[6] == "fp8lab/sm_entry.py"
         args = dict(zip(cmd[7::2], cmd[8::2]))
         assert args["--model"] == "llama-1b" and args["--precision"] == "fp8" and args["--steps"] == "5"
-        assert args["--micro-batch-size"] == "4" and args["--seq-len"] == "2048"
+        # the layout resolver's choice for P5's H100 80 GB at 16 ranks (fp8lab.layout), not a hand-set guess
+        assert args["--micro-batch-size"] == "16" and args["--seq-len"] == "2048" and args["--param-dtype"] == "bf16"
         # The trainer accepts exactly what the driver passes (same parser as `fp8lab train`).
         from fp8lab.train import parse_args
 
         cfg = parse_args(cmd[7:])
         assert (cfg.model, cfg.precision, cfg.backend, cfg.recipe, cfg.steps) == ("llama-1b", "fp8", "te", "delayed", 5)
-        assert (cfg.seq_len, cfg.micro_batch_size, cfg.parallel, cfg.fuse, cfg.compile) == (2048, 4, "fsdp", True, False)
+        assert (cfg.seq_len, cfg.micro_batch_size, cfg.parallel, cfg.fuse, cfg.compile) == (2048, 16, "fsdp", True, False)
         # The driver's NCCL/EFA settings, identical for BF16 and FP8 jobs.
         assert got["env"] == {"NCCL_PROTO": "simple", "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
                               "NCCL_SOCKET_IFNAME": "eth0"}

@@ -346,7 +346,9 @@ def test_help_lists_every_option_with_its_default(capsys):
     text = capsys.readouterr().out
     for f in ftrain.dataclasses.fields(TrainConfig):
         assert (ftrain._opt(f.name) if f.name != "model_overrides" else "--model-override") in text
-    assert "sequences per GPU per forward/backward (default: 4)" in " ".join(text.split())
+    # layout options default to "auto" (fp8lab.layout); the help says what auto means on a CPU
+    assert ('sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU '
+            '(default: "auto")') in " ".join(text.split())
 
 
 def test_only_the_newest_checkpoints_are_kept_and_partial_ones_ignored(prepared, tmp_path):

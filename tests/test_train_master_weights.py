@@ -180,7 +180,7 @@ def test_bad_param_dtype_is_rejected_with_one_clear_line(capsys, tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert main(["--param-dtype", "fp16", "--progress", "off"]) == ftrain.EXIT_BAD_OPTIONS
     err = capsys.readouterr().err.strip()
-    assert err == "fp8lab train: error: --param-dtype='fp16' is invalid; allowed: fp32 | bf16"
+    assert err == "fp8lab train: error: --param-dtype='fp16' is invalid; allowed: auto | fp32 | bf16"
     assert not (tmp_path / "runs").exists()
     from fp8lab import distributed as fdist
 

@@ -1,0 +1,195 @@
+"""The layout resolver (fp8lab.layout): memory model against measured peaks, choices per machine,
+the trainer's --dry-run and refusals, and SageMaker jobs the trainer accepts by construction."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fp8lab import layout as fl
+from fp8lab.hardware import Machine, gpu_memory_gib
+from fp8lab.models import get_config
+from fp8lab.train import TrainConfig, main, parse_args, preflight
+
+RESULTS = Path(__file__).resolve().parents[1] / "data" / "results"
+H200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
+H100 = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, te_usable=True, fp8=True)
+CPU = Machine("cpu", "cpu", 24.0)
+
+
+def _measured_te_runs():
+    """Every committed TE fused-layer run of a >= 1B model at sequence 2048 (not compiled): its
+    configuration and the peak memory torch reported (max over its steps)."""
+    for f in sorted(RESULTS.glob("*/*.jsonl")):
+        lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        run, steps = lines[0], [x for x in lines[1:] if x.get("record") == "step"]
+        if (run.get("backend") != "te" or run.get("fuse") is False or run.get("compile") or run.get("seq_len") != 2048
+                or run["model"] == "gptneo-125m" or not steps):
+            continue
+        yield f.name, run, max(s["max_mem_gib"] for s in steps)
+
+
+MEASURED = list(_measured_te_runs())
+
+
+def test_there_are_measured_runs_to_check_against():
+    assert len(MEASURED) >= 40
+    assert {r["model"] for _, r, _ in MEASURED} == {"llama-1b", "llama-7b", "gptneo-1.3b"}
+
+
+@pytest.mark.parametrize("name,run,peak", MEASURED, ids=[m[0] for m in MEASURED])
+def test_memory_model_is_close_to_each_measured_peak(name, run, peak):
+    """Within 10% for bf16 parameters (what the resolver picks on a GPU); the older fp32-parameter runs,
+    whose peaks vary more with when AdamW allocates its state, within 12%."""
+    est = fl.estimate_memory(
+        get_config(run["model"]), precision=run["precision"], micro_batch_size=run["micro_batch_size"],
+        seq_len=run["seq_len"], param_dtype=run.get("param_dtype") or "fp32", backend="te", fuse=True,
+        world_size=run["world_size"], parallel=run.get("parallel") or "ddp", keep_weights="keep" in name,
+        weight_cache=bool(run.get("fp8_weight_cache")) and run["grad_accum"] > 1,
+        activation_checkpointing=bool(run.get("activation_checkpointing")))
+    tolerance = 0.10 if run.get("param_dtype") == "bf16" else 0.12
+    assert abs(est.peak - peak) / peak <= tolerance, (est, peak)
+
+
+def test_gpu_memory_table_matches_what_torch_reports():
+    assert gpu_memory_gib("NVIDIA H200") == 139.8 and gpu_memory_gib("H100 80GB") == 79.2
+    assert gpu_memory_gib("Some Unknown GPU") is None
+
+
+def _resolve(machine, **kw):
+    c = TrainConfig(**{"model": "llama-1b", "precision": "fp8", "backend": "te", **kw})
+    return fl.resolve(c, machine, "te")
+
+
+def test_h200_gets_the_best_measured_layouts():
+    one = _resolve(H200)
+    assert (one.param_dtype, one.seq_len, one.micro_batch_size, one.grad_accum) == ("bf16", 2048, 16, 4)
+    assert "micro-batch 16: fits" in one.header() and "of 140 GiB" in one.header()
+    seven = _resolve(H200, model="llama-7b")
+    assert (seven.micro_batch_size, seven.grad_accum) == (2, 32)  # 4 would not fit with FP8's weight cache
+    assert seven.memory.peak <= 139.8 - 7.0
+
+
+def test_bf16_and_fp8_get_the_same_layout():
+    for model in ("llama-1b", "llama-7b", "gptneo-1.3b"):
+        a = _resolve(H200, model=model, precision="bf16")
+        b = _resolve(H200, model=model, precision="fp8")
+        assert a.options() == b.options()
+
+
+def test_cpu_keeps_the_small_quick_defaults():
+    lay = fl.resolve(TrainConfig(model="llama-tiny"), CPU, None)
+    assert lay.options() == {"param_dtype": "fp32", "seq_len": 256, "micro_batch_size": 4, "grad_accum": 1,
+                             "fsdp_keep_weights": False}
+
+
+def test_explicit_values_win():
+    lay = _resolve(H200, micro_batch_size=8, grad_accum=2, seq_len=1024, param_dtype="fp32")
+    assert (lay.micro_batch_size, lay.grad_accum, lay.seq_len, lay.param_dtype) == (8, 2, 1024, "fp32")
+    assert "micro_batch_size" not in lay.reasons and "grad_accum" not in lay.reasons
+
+
+def test_global_batch_is_capped_over_many_gpus():
+    many = Machine("cuda", "H100 80GB", 79.2, world_size=64, te_usable=True, fp8=True)
+    lay = _resolve(many, parallel="fsdp")
+    assert lay.micro_batch_size * lay.seq_len * lay.grad_accum * 64 <= fl.MAX_GLOBAL_TOKENS_PER_STEP
+    assert lay.fsdp_keep_weights == (lay.grad_accum > 1)
+
+
+def test_a_model_that_cannot_fit_is_refused_with_the_estimate():
+    with pytest.raises(ValueError, match=r"llama-7b does not fit .*79 GiB.*--parallel fsdp"):
+        _resolve(H100, model="llama-7b")
+    with pytest.raises(ValueError, match=r"--micro-batch-size=64 .*exceeds the 140 GiB"):
+        _resolve(H200, micro_batch_size=64)
+
+
+def test_preflight_resolves_and_checks_like_the_trainer():
+    c, lay, steps, warmup = preflight(TrainConfig(model="llama-1b", precision="bf16", backend="te", parallel="fsdp",
+                                                  tokens=10**8), H100, "te")
+    assert c.param_dtype == "bf16" and c.micro_batch_size == lay.micro_batch_size
+    assert steps == -(-10**8 // (c.micro_batch_size * c.grad_accum * c.seq_len))
+    multi = Machine("cuda", "H100 80GB", 79.2, world_size=8, te_usable=True, fp8=True)
+    with pytest.raises(ValueError, match="needs --param-dtype bf16"):
+        preflight(TrainConfig(model="llama-1b", precision="bf16", backend="te", parallel="fsdp", param_dtype="fp32"),
+                  multi, "te")
+
+
+def test_auto_options_parse_and_explicit_ones_still_do():
+    c = parse_args(["--micro-batch-size", "auto", "--grad-accum", "8", "--fsdp-keep-weights"])
+    assert (c.micro_batch_size, c.grad_accum, c.seq_len, c.fsdp_keep_weights) == ("auto", 8, "auto", True)
+    with pytest.raises(ValueError, match=r"--seq-len='long' is invalid; allowed: an integer, or auto"):
+        parse_args(["--seq-len", "long"])
+
+
+def test_dry_run_prints_the_layout_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--model", "llama-1b", "--device", "cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "layout: micro-batch 4 x 256 tokens, accumulation 1" in out and "memory estimate" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_layout_larger_than_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--model", "llama-tiny", "--steps", "1", "--micro-batch-size", "100000000", "--progress", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "--micro-batch-size=100000000" in err and "estimated peak memory" in err and "GiB" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# SageMaker jobs: the trainer's parser and checks, the P5 layout
+# ----------------------------------------------------------------------------------------------
+
+def _plan(models=("llama-1b",), precisions=("bf16", "fp8"), counts=(1,), **kw):
+    from fp8lab import launch as L
+
+    return L.plan_sweep(list(models), list(precisions), list(counts), role=L.PLACEHOLDER_ROLE,
+                        bucket=L.PLACEHOLDER_BUCKET, **{"tokens": 10**9, **kw})
+
+
+def test_default_p5_sweep_gives_jobs_the_trainer_accepts_at_their_world_size():
+    """Regression: the default sweep once planned BF16 jobs on TE + FSDP2 with fp32 parameters, which
+    the trainer refuses at start-up (exit 2 on every node of a paid job)."""
+    from fp8lab import launch as L
+
+    plan = _plan(models=("llama-1b", "llama-7b"), counts=(1, 2))
+    for job in plan.jobs:
+        hp = L.hyperparameters(job.spec)
+        assert hp["param-dtype"] == "bf16" and hp["parallel"] == "fsdp"
+        cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", L._hp_text(v))])
+        world = Machine("cuda", "H100 80GB", 79.2, world_size=8 * job.spec.instance_count, te_usable=True, fp8=True)
+        resolved, lay, _, _ = preflight(cfg, world, "te")
+        assert lay.memory.peak <= 79.2  # fits P5's H100
+        assert (resolved.micro_batch_size, resolved.grad_accum) == (job.spec.micro_batch_size, job.spec.grad_accum)
+    by = {(j.spec.model, j.spec.precision): j.spec for j in plan.jobs if j.spec.instance_count == 1}
+    assert by["llama-1b", "bf16"].micro_batch_size == by["llama-1b", "fp8"].micro_batch_size == 16
+    assert by["llama-7b", "bf16"].micro_batch_size == by["llama-7b", "fp8"].micro_batch_size
+
+
+def test_jobspec_refuses_what_the_trainer_would_refuse_when_the_plan_is_made():
+    from fp8lab import launch as L
+
+    base = dict(role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9)
+    with pytest.raises(ValueError, match=r"trainer would refuse this job: --seq-len=65536 .*at most 2048"):
+        L.JobSpec(model="gptneo-125m", seq_len=65536, **base)
+    with pytest.raises(ValueError, match=r"trainer would refuse this job: .*needs --param-dtype bf16"):
+        L.JobSpec(model="llama-1b", precision="bf16", options={"param_dtype": "fp32"}, **base)
+    with pytest.raises(ValueError, match=r"JobSpec.options: not_an_option not trainer options"):
+        L.JobSpec(model="llama-1b", options={"not_an_option": 1}, **base)
+    with pytest.raises(ValueError, match=r"JobSpec.options: output_dir set by JobSpec itself"):
+        L.JobSpec(model="llama-1b", options={"output_dir": "x"}, **base)
+
+
+def test_jobspec_carries_any_trainer_option_and_copies_resolve_identically():
+    import dataclasses
+
+    from fp8lab import launch as L
+
+    spec = L.JobSpec(model="llama-1b", precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET,
+                     tokens=10**9, options={"fp8_weight_cache": False, "max_bad_steps": 7})
+    hp = L.hyperparameters(spec)
+    assert hp["fp8-weight-cache"] is False and hp["max-bad-steps"] == 7
+    again = dataclasses.replace(spec, max_run_s=7200)
+    assert L.hyperparameters(again) == hp and again.layout.options() == spec.layout.options()
