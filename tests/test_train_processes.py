@@ -187,6 +187,6 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_at_the_same_step(prepared, t
     # the job restarts (here as one process with the same global batch of 4) and carries on from there
     s = train(TrainConfig(model="llama-tiny", seq_len=32, compute_dtype="fp32", steps=step + 3, micro_batch_size=4,
                           data=str(prepared), output_dir=str(out), progress="off", plot=False, print_metrics=False,
-                          save_model=False))
+                          save_model=False, resume_with_new_settings=True))  # 400 steps became step + 3: asked for
     assert s["resumed_from_step"] == step
     assert [r["step"] for r in records(out)] == list(range(1, step + 4))
