@@ -81,8 +81,8 @@ def failure_reason(exc: BaseException) -> str:
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
         rank, inner = next(iter(failures.items()))
-        inner = getattr(inner, "exc", inner)
-        text = str(inner).strip().splitlines()
+        inner = inner[0] if isinstance(inner, tuple) and inner else getattr(inner, "exc", inner)  # (exception, traceback)
+        text = str(inner).strip().split(". ")[0].splitlines()
         return f"{type(exc).__name__} on rank {rank}: {type(inner).__name__}: {text[0] if text else ''}"[:300]
-    text = str(exc).strip().splitlines()
+    text = str(exc).strip().split(". ")[0].splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

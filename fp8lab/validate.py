@@ -17,6 +17,7 @@ the option that pointed to it (``--data``), and says what is allowed. The comman
 """
 from __future__ import annotations
 
+import argparse
 import codecs
 import gzip
 import json
@@ -206,8 +207,6 @@ _COUNT = re.compile(r"^\d[\d_]*(\.\d*)?([eE]\+?\d+)?$")
 
 def parse_count(text: str) -> int:
     """A positive integer from '1000000000', '1e9', '1_000_000_000' or '2.5e9' (argparse ``type=``)."""
-    import argparse
-
     s = str(text).strip()
     try:
         f = float(s.replace("_", "")) if _COUNT.match(s) else math.nan
@@ -294,16 +293,6 @@ def parameter_comments(source: str) -> dict[str, str]:
     return out
 
 
-def first_error(checks: Iterable[Callable[[], None]]) -> str | None:
-    """The message of the first check that raises ValueError, or None."""
-    for check in checks:
-        try:
-            check()
-        except ValueError as exc:
-            return str(exc)
-    return None
-
-
 # --------------------------------------------------------------------------------------- a training run
 
 def check_run(c, paths, source: str | None) -> None:
@@ -323,11 +312,20 @@ def check_run(c, paths, source: str | None) -> None:
 
 
 def check_cli_recipe(c, recipe_given: bool) -> None:
-    """``fp8lab train --precision bf16 --recipe X`` on the plain HF model: the recipe would be ignored.
+    """``fp8lab train --precision bf16 --recipe X``: with ``--backend auto`` a BF16 run is the plain HF
+    model, so the recipe would be silently ignored.
 
-    (With an FP8 backend a BF16 run uses the converted layers the recipe picks, as fp8lab.launch and
-    fp8lab.trainpair do for their baselines, so there it is kept; the Python API leaves it alone.)"""
-    if recipe_given and c.precision == "bf16" and c.backend in ("auto", "none") and c.recipe != "auto":
-        raise ValueError(f"--recipe={c.recipe!r} has no effect with --precision bf16 --backend {c.backend} (the plain "
+    Not refused: an explicit ``--backend`` (a BF16 run then uses the converted layers that recipe
+    picks, as fp8lab.launch and fp8lab.trainpair do for their baselines; SageMaker jobs always pass
+    their recipe), and the Python API (TrainConfig keeps accepting it, for those callers)."""
+    if recipe_given and c.precision == "bf16" and c.backend == "auto" and c.recipe != "auto":
+        raise ValueError(f"--recipe={c.recipe!r} has no effect with --precision bf16 and --backend auto (the plain "
                          "Hugging Face model); allowed: leave --recipe out, --precision fp8, or an FP8 --backend "
                          "(te | torchao | emulated: BF16 on the converted layers that recipe picks)")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one line on a bad option, ``<prog>: error: <message> (see --help)``, and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
