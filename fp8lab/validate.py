@@ -77,7 +77,12 @@ def check_writable_file(option: str, value: Any) -> Path:
     p = Path(value)
     if p.is_dir():
         raise ValueError(f"{option}={str(value)!r} is a folder; allowed: a file path, e.g. report.html")
-    check_writable_dir(option, p.parent if str(p.parent) else ".")
+    try:
+        check_writable_dir(option, p.parent)
+    except ValueError as exc:
+        why = str(exc).split(" is ", 1)[-1].split(" cannot ", 1)[-1].split("; allowed")[0]
+        raise ValueError(f"{option}={str(value)!r} cannot be written: its folder {str(p.parent)!r} is {why}; "
+                         "allowed: a file path in a folder you can write to") from None
     return p
 
 
@@ -215,6 +220,25 @@ def parse_count(text: str) -> int:
     if not math.isfinite(f) or not f.is_integer() or f < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a positive whole number, e.g. 1000000000 or 1e9")
     return int(f)
+
+
+def _number(kind: type, low: float, strict: bool) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            v = kind(float(text)) if kind is float else int(text)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or not math.isfinite(v) or v < low or (strict and v == low):
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {what} {'>' if strict else '>='} {low:g}")
+        return v
+    return parse
+
+
+positive_float = _number(float, 0, strict=True)
+nonneg_float = _number(float, 0, strict=False)
+positive_int = _number(int, 1, strict=False)
+nonneg_int = _number(int, 0, strict=False)
 
 
 def whole_number(value: Any) -> Any:
