@@ -84,13 +84,17 @@ def read_documents(files: Iterable[Path]) -> Iterator[str]:
     for path in files:
         block: list[str] = []
         with _open_text(Path(path)) as fh:
-            for line in fh:
-                line = line.rstrip("\n")
-                if line.strip():
-                    block.append(line)
-                elif block:
-                    yield "\n".join(block)
-                    block = []
+            try:
+                for line in fh:
+                    line = line.rstrip("\n")
+                    if line.strip():
+                        block.append(line)
+                    elif block:
+                        yield "\n".join(block)
+                        block = []
+            except UnicodeDecodeError as exc:  # name the file, not only the codec
+                raise ValueError(f"text file {Path(path).name!r} is not UTF-8 ({exc.reason} at byte {exc.start} of a "
+                                 "read block); allowed: UTF-8 text") from None
         if block:
             yield "\n".join(block)
 

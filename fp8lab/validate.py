@@ -108,6 +108,9 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
     docs, in_doc, read, line_no = 0, False, 0, 0
     try:
         with _open_binary(path) as fh:
+            if b"\x00" in fh.peek(8192)[:8192] if hasattr(fh, "peek") else False:
+                raise ValueError(f"{who} is binary (NUL bytes near its start), not text; allowed: UTF-8 text "
+                                 "files (.txt, .md, optionally .xz/.gz) or a prepared folder")
             for raw in fh:
                 line_no += 1
                 if b"\x00" in raw:
