@@ -201,10 +201,13 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
 
 def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "--data") -> None:
     """Both splits hold at least one window of ``seq_len + 1`` tokens."""
+    src = manifest.get("source", {})
+    names = src.get("files") or ([src["dataset"]] if src.get("dataset") else [])
+    who = f"{option} ({', '.join(map(repr, names[:3]))}{' ...' if len(names) > 3 else ''})" if names else option
     for split in ("train", "val"):
         n = manifest["splits"][split]["tokens"]
         if n < seq_len + 1:
-            raise ValueError(f"{option}: its {split} split holds {n} tokens, too few for one sequence of --seq-len "
+            raise ValueError(f"{who}: its {split} split holds {n} tokens, too few for one sequence of --seq-len "
                              f"{seq_len} (+1); allowed: more text, or a smaller --seq-len (at most {max(1, n - 1)})")
 
 
