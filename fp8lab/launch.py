@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from fp8lab.recipe import KINDS, Recipe
-from fp8lab.validate import OneLineParser, parse_count, whole_number
+from fp8lab.validate import OneLineParser, check_writable_file, parse_count, whole_number
 
 # ----------------------------------------------------------------------------------------------
 # Facts about instances, prices and placeholders
@@ -1124,6 +1124,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "wait":
             print(wait(args.jobs, region=args.region, poll_s=args.poll_s).to_string(index=False))
         else:
+            if args.csv:
+                check_writable_file("--csv", args.csv)
             df = collect(args.jobs, region=args.region)
             if args.csv:
                 df.to_csv(args.csv, index=False)

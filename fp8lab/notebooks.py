@@ -136,10 +136,12 @@ def check_values(path: str | Path, params: dict[str, Any], declared: dict[str, A
 
 
 def _shareable_metadata(executed: Path, source: Path) -> None:
-    """papermill records where it read and wrote the notebook: keep those paths relative (no machine paths)."""
+    """papermill records where it read and wrote the notebook, and the parameters it injected: keep those
+    paths relative (no machine paths); an absolute path given as a parameter becomes ``<abs>/<name>``
+    unless it lies inside the notebook's working folder."""
     import nbformat
 
-    from fp8lab.paths import REPO_ROOT
+    from fp8lab.paths import REPO_ROOT, shareable_path
 
     if not executed.is_file():
         return
@@ -152,6 +154,21 @@ def _shareable_metadata(executed: Path, source: Path) -> None:
     except ValueError:
         pm["input_path"] = source.name
     pm["output_path"] = executed.name
+    workdir = executed.parent / source.stem
+    renamed: dict[str, str] = {}
+
+    def share(v: Any) -> Any:
+        if isinstance(v, str) and os.path.isabs(v):
+            renamed[v] = str(shareable_path(v, workdir))
+            return renamed[v]
+        return [share(x) for x in v] if isinstance(v, list) else v
+
+    if isinstance(pm.get("parameters"), dict):
+        pm["parameters"] = {k: share(v) for k, v in pm["parameters"].items()}
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            for old, new in sorted(renamed.items(), key=lambda kv: -len(kv[0])):
+                cell.source = cell.source.replace(old, new)
     nbformat.write(nb, str(executed))
 
 
@@ -218,7 +235,9 @@ def run(
             )
     for p in paths:
         check_values(p, {k: v for k, v in params.items() if k in declared[p]}, declared[p])
-    out = Path(output_dir)
+    from fp8lab.validate import check_writable_dir
+
+    out = check_writable_dir("--output-dir", output_dir)
     out.mkdir(parents=True, exist_ok=True)
     # a kernel inherits MPLBACKEND; 'Agg' (set by test runners) would hide every figure
     saved_backend = os.environ.pop("MPLBACKEND", None)

@@ -144,20 +144,20 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
     return docs
 
 
-def check_data_source(value: str | None, option: str = "--data", val_fraction: float = 0.05) -> None:
-    """A ``--data`` source is usable before anything is tokenized; None and ``hf:`` pass (checked when loaded)."""
+def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05) -> None:
+    """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
+    ``hf:`` pass (checked when loaded)."""
     from fp8lab import data as fdata
 
-    if value is None or str(value).startswith("hf:"):
+    if value is None or (isinstance(value, str) and value.startswith("hf:")):
         return
-    p = Path(value)
-    if fdata.is_prepared(p):
-        check_prepared_folder(p, option)
+    if isinstance(value, (str, Path)) and fdata.is_prepared(value):
+        check_prepared_folder(Path(value), option)
         return
     try:
-        files = fdata.text_files(p)
+        files = fdata.text_files(value)
     except ValueError as exc:
-        raise ValueError(f"{option}={str(value)!r}: {exc}") from None
+        raise ValueError(f"{option}={value if isinstance(value, list) else str(value)!r}: {exc}") from None
     docs = sum(scan_text_file(f, option) for f in files)
     need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fdata.prepare_data)
     if docs < need:
