@@ -136,6 +136,28 @@ def test_train_refuses_before_writing_anything(workdir, argv, phrase, capsys):
     assert _snapshot(workdir) == before  # no folder, no shards, no probe file left behind
 
 
+PREPARE_BAD = [  # fp8lab prepare-data OUT_DIR [--source ...]: (argv, phrase); exit code 2
+    (["afile"], "OUT_DIR='afile' is a file, not a folder"),
+    (["ro/tokens"], "OUT_DIR='ro/tokens' is not writable"),
+    (["out", "--source", "latin1.txt"], "--source: file 'latin1.txt' is not UTF-8 text"),
+    (["out", "--source", "empty.txt"], "--source: file 'empty.txt' is empty"),
+    (["out", "--source", "binary.dat"], "--source: file 'binary.dat' is binary"),
+    (["out", "--source", "tiny.txt", "empty.txt"], "--source: file 'empty.txt' is empty"),
+    (["out", "--source", "tiny.txt"], "--source: 'tiny.txt' hold(s) 1 document(s)"),
+    (["out", "--source", "notext"], "--source='notext': source folder 'notext' holds no text files"),
+    (["out", "--source", "nowhere.txt"], "is not an existing file or folder"),
+]
+
+
+@pytest.mark.parametrize("argv,phrase", PREPARE_BAD, ids=[" ".join(a) for a, _ in PREPARE_BAD])
+def test_prepare_data_refuses_before_writing_anything(workdir, argv, phrase, capsys):
+    before = _snapshot(workdir)
+    assert fdata.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab prepare-data: error: ") and len(err.splitlines()) == 1 and phrase in err, err
+    assert _snapshot(workdir) == before
+
+
 # ------------------------------------------------------------------------------ fp8lab notebooks run -p
 
 NOTEBOOK_BAD = [  # (notebook, parameter, value as typed, phrase); exit code 1 (the runner's, for every parameter error)
@@ -170,6 +192,16 @@ def test_notebook_parameters_refused_before_anything_runs(tmp_path, monkeypatch,
     assert list(tmp_path.iterdir()) == []  # no output folder, no prepared data, no kernel started
 
 
+def test_notebook_output_folder_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert notebooks.main(["run", "01", "-o", "afile"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("fp8lab notebooks: error: --output-dir='afile' is a file, not a folder; allowed: a folder path "
+                   "(existing or new)")
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
 def test_executed_notebook_records_no_absolute_paths(tmp_path):
     import nbformat
 
@@ -177,14 +209,16 @@ def test_executed_notebook_records_no_absolute_paths(tmp_path):
     d.mkdir()
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    cell = nbformat.v4.new_code_cell("x = 2  # an integer")
+    cell = nbformat.v4.new_code_cell("x = 2  # an integer\nsrc = []  # folders to read")
     cell.metadata["tags"] = ["parameters"]
     nb.cells = [cell, nbformat.v4.new_code_cell("print(x * 3)")]
     nbformat.write(nb, str(d / "01_toy.ipynb"))
-    res = notebooks.run(["01"], {"x": 5}, output_dir=tmp_path / "out", progress=False, directory=d)
+    res = notebooks.run(["01"], {"x": 5, "src": [str(tmp_path / "runs")]}, output_dir=tmp_path / "out", progress=False,
+                        directory=d)
     executed = json.loads(res[0].output.read_text())
     pm = executed["metadata"]["papermill"]
     assert pm["input_path"] == "01_toy.ipynb" and pm["output_path"] == "01_toy.ipynb"
+    assert pm["parameters"] == {"x": 5, "src": ["<abs>/runs"]}
     assert str(tmp_path) not in res[0].output.read_text()
     assert "15" in "".join(executed["cells"][-1]["outputs"][0]["text"])  # it did run, with x = 5
 
@@ -262,6 +296,14 @@ def test_launch_cli_and_api_accept_and_refuse_the_same_values(argv, kwargs, ok, 
     assert cli_ok == api_ok == ok
     if ok and "tokens" in size:
         assert plan.jobs[0].spec.tokens == int(size["tokens"]) and isinstance(plan.jobs[0].spec.tokens, int)
+
+
+def test_collect_csv_path_is_checked_before_any_cloud_call(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert L.main(["collect", "fp8lab-some-job", "--csv", "afile/t.csv"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab launch: error: --csv='afile/t.csv' cannot be written") and len(err.splitlines()) == 1
 
 
 def test_allow_large_does_not_change_job_names():
