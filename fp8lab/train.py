@@ -845,7 +845,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         fdist.all_reduce_sum(total, env)
         return float(total) / (c.val_batches * c.grad_accum * world)
 
-    def save_checkpoint(step: int) -> None:
+    def save_checkpoint(step: int) -> str | None:  # None, or why the write failed
         trainer_state = {"step": step, "nonfinite_steps": state["nonfinite_steps"], "scheduler": scheduler.state_dict(),
                          "loader": loader.state_dict(), "fingerprint": fingerprint, "config": c.as_dict()}
         try:
