@@ -87,7 +87,7 @@ def check_writable_file(option: str, value: Any) -> Path:
 
 
 def _show(base: Path, asked: Path) -> str:
-    """The part of ``asked`` that exists, as the user wrote it (never made absolute)."""
+    """The existing folder above ``asked``, as the user wrote it (never made absolute)."""
     return repr(str(base)) if base != Path(".") else "the working folder"
 
 
@@ -108,7 +108,8 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
     docs, in_doc, read, line_no = 0, False, 0, 0
     try:
         with _open_binary(path) as fh:
-            if b"\x00" in fh.peek(8192)[:8192] if hasattr(fh, "peek") else False:
+            head = fh.peek(8192)[:8192] if hasattr(fh, "peek") else b""
+            if b"\x00" in head:
                 raise ValueError(f"{who} is binary (NUL bytes near its start), not text; allowed: UTF-8 text "
                                  "files (.txt, .md, optionally .xz/.gz) or a prepared folder")
             for raw in fh:
@@ -119,7 +120,7 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
                 try:
                     text = decoder.decode(raw)
                 except UnicodeDecodeError as exc:
-                    raise ValueError(f"{who} is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line_no}); "
+                    raise ValueError(f"{who} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line_no}); "
                                      "allowed: UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)") from None
                 if text.strip():
                     docs += not in_doc

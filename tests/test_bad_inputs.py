@@ -74,6 +74,10 @@ def workdir(tmp_path, monkeypatch, prepared):
     (w / "tiny.txt").write_text("ten bytes\n")
     (w / "few_words.txt").write_text("\n\n".join(["word"] * 25))  # 25 documents, a handful of tokens
     (w / "broken.txt.xz").write_bytes(b"this is not xz data at all")
+    (w / "broken.md.gz").write_bytes(b"\x1f\x8b but not really gzip")
+    (w / "mixed").mkdir()
+    (w / "mixed" / "a_good.txt").write_text("\n\n".join(f"Paragraph {i} of plain text." for i in range(30)))
+    (w / "mixed" / "b_latin1.txt").write_bytes("na\xefve\n".encode("latin-1"))
     (w / "notext").mkdir()
     (w / "notext" / "image.png").write_bytes(b"\x89PNG")
     (w / "corrupt").mkdir()
@@ -114,6 +118,9 @@ TRAIN_BAD = [  # (argv, phrase of the one-line message); exit code 2 for all
     (["--output-dir", "r", "--data", "latin1.txt"], "--data: file 'latin1.txt' is not UTF-8 text (byte 0xe9 on line 1)"),
     (["--output-dir", "r", "--data", "tiny.txt"], "--data: 'tiny.txt' hold(s) 1 document(s)"),
     (["--output-dir", "r", "--data", "broken.txt.xz"], "--data: file 'broken.txt.xz' is not a readable .xz archive"),
+    (["--output-dir", "r", "--data", "broken.md.gz"], "--data: file 'broken.md.gz' is not a readable .gz archive"),
+    (["--output-dir", "r", "--data", "mixed"], "--data: file 'b_latin1.txt' is not UTF-8 text (byte 0xef on line 1)"),
+    (["--output-dir", "r", "--data", "nowhere"], "--data='nowhere' is invalid; allowed: an existing folder or file"),
     (["--output-dir", "r", "--data", "notext"], "--data='notext': source folder 'notext' holds no text files"),
     (["--output-dir", "r", "--data", "corrupt"], "--data: manifest.json in 'corrupt' is not valid JSON (line 3"),
     (["--output-dir", "r", "--data", "otherformat"], "--data: manifest.json in 'otherformat' is not an fp8lab-tokens v1 manifest"),
