@@ -265,8 +265,7 @@ def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
             isinstance(v, float) and math.isfinite(v) and v.is_integer())
     if isinstance(default, float):
         return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if isinstance(default, str):
-        return "a string", lambda v: isinstance(v, str)
+    # a string default is left to the notebook's own checks: it may stand for "auto" or a number
     if isinstance(default, list):
         return "a list, e.g. " + repr(default), lambda v: isinstance(v, (list, tuple))
     return None
@@ -284,6 +283,8 @@ def check_notebook_values(name: str, declared: dict[str, Any], comments: dict[st
 
 def _train_pair_check(values: dict[str, Any]) -> None:
     """Notebook 03: every run it would start passes the trainer's own checks (fp8lab.train.TrainConfig)."""
+    import dataclasses
+
     from fp8lab.train import BACKENDS, TrainConfig
 
     backends = values.get("backends")
@@ -291,7 +292,8 @@ def _train_pair_check(values: dict[str, Any]) -> None:
             b not in BACKENDS or b == "none" for b in backends):
         raise ValueError(f"backends={backends!r} is invalid; allowed: a non-empty list of "
                          f"{', '.join(repr(b) for b in BACKENDS if b != 'none')}")
-    base = {k: values[k] for k in ("model", "steps", "seq_len", "micro_batch_size", "lr", "seed") if k in values}
+    options = {f.name for f in dataclasses.fields(TrainConfig)} - {"precision", "backend", "recipe"}
+    base = {k: v for k, v in values.items() if k in options}  # the parameters named like trainer options
     for backend in backends:
         TrainConfig(**base, precision="fp8", backend=backend, recipe=values.get("recipe", "auto"))
 
