@@ -7,7 +7,6 @@ that failed. ``glue``/``read_glued`` let tests assert on numbers a notebook comp
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os

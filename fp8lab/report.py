@@ -6,7 +6,6 @@ Images are embedded as base64 PNG and styles inline, so the page has no external
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import sys

@@ -27,7 +27,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 SCAN_BYTES = 64 << 20  # text read per --data file up front; a decode error past this is caught while tokenizing
 
