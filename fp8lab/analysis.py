@@ -285,11 +285,17 @@ def _step_frame(path: Path, records: list[tuple[int, dict]], meta: dict) -> pd.D
             raise RunFileError(f"{path}: line {lineno} has no 'step' key (keys: {', '.join(sorted(rec))[:120]})")
     df = pd.DataFrame([rec for _, rec in records])
     df = df.drop(columns=[c for c in ("record",) if c in df])
+    # a NaN/Infinity written in the file (not a missing value): flagged, so it is never taken for "not logged"
+    df["loss_nonfinite"] = [_nonfinite(rec.get("loss")) or _nonfinite(rec.get("val_loss")) for _, rec in records]
     for k, v in meta.items():  # per-step values say what ran; the config fills what they leave out
         if k in META_COLUMNS:
             df[k] = df[k].where(df[k].notna(), v) if k in df else v
     df["record"] = "step"
     return df
+
+
+def _nonfinite(v: object) -> bool:
+    return isinstance(v, float) and not math.isfinite(v)
 
 
 def _load_trainer_dir(folder: Path) -> pd.DataFrame:
@@ -539,6 +545,16 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
         row["smoothed_loss"] = smooth(loss, smoothing, smoothing_span).iloc[-1] if len(loss) else np.nan
         val = steps[["step", "val_loss"]].dropna()
         row["val_loss"] = val["val_loss"].iloc[-1] if len(val) else np.nan
+        # NaN/Inf losses: the run is flagged and shows no loss, rather than an older or another loss
+        bad = (steps["loss_nonfinite"].astype("boolean").fillna(False).to_numpy(bool) if "loss_nonfinite" in steps
+               else np.zeros(len(steps), bool))
+        for col in ("loss", "val_loss"):
+            bad |= np.isinf(pd.to_numeric(steps[col], errors="coerce").to_numpy(float))
+        row["nonfinite_losses"] = int(bad.sum())
+        if bad.any():
+            note.append(f"{int(bad.sum())} non-finite loss value(s) (NaN/Inf), the first at step "
+                        f"{steps['step'].to_numpy()[bad].min():g}: loss not reported or compared")
+            row["final_loss"] = row["smoothed_loss"] = row["val_loss"] = np.nan
         if summ is not None:
             if pd.notna(summ.get("tokens_per_sec_per_gpu")):
                 row["tokens_per_sec_per_gpu"] = summ["tokens_per_sec_per_gpu"]
@@ -567,7 +583,7 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
     cols = (["run_id"] + [c for c in META_COLUMNS if c != "run_id"] +
             ["n_steps", "steady_steps", "tokens", "tokens_per_sec_per_gpu", "tps_p25", "tps_p75", "tps_iqr",
              "tps_spread_pct", "mfu", "step_time_s", "max_mem_gib", "final_loss", "smoothed_loss", "val_loss",
-             "throughput_from", "note"])
+             "nonfinite_losses", "throughput_from", "note"])
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -642,6 +658,9 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
             if not hardware:
                 note.append("FP8 emulated or on CPU: its speed says nothing about FP8 hardware")
             same = pd.notna(base["tokens"]) and pd.notna(r["tokens"]) and base["tokens"] == r["tokens"]
+            nonfinite = [x["run_id"] for x in (base, r) if x.get("nonfinite_losses", 0) > 0]
+            if nonfinite:
+                note.append(f"non-finite loss (NaN/Inf) in {', '.join(map(str, nonfinite))}: loss not compared")
             if _is_false(base.get("loss_comparable")) or _is_false(r.get("loss_comparable")):
                 same = False
                 note.append("throughput run: too short for a loss comparison (see the loss-parity study)")
@@ -649,8 +668,8 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
                 note.append("tokens seen unknown: loss not compared")
             elif not same:
                 note.append(f"different tokens seen ({base['tokens']:.0f} vs {r['tokens']:.0f}): loss not compared")
-            gap = 100 * (r[lcol] - base[lcol]) / base[lcol] if same else np.nan
-            vgap = 100 * (r["val_loss"] - base["val_loss"]) / base["val_loss"] if same else np.nan
+            gap = 100 * (r[lcol] - base[lcol]) / base[lcol] if same and not nonfinite else np.nan
+            vgap = 100 * (r["val_loss"] - base["val_loss"]) / base["val_loss"] if same and not nonfinite else np.nan
             rows.append({
                 **dict(zip(SCALE_KEYS, [base[k] for k in SCALE_KEYS])),
                 "layout": layout_label(base) if by_layout else "-", "study": base.get("study"),
@@ -837,6 +856,8 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                 s += (f"; in a longer run of the same model ({v['fp8_variant']} against {v['baseline_variant']}, "
                       f"{_fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
                       f"{gap:+.2f}% relative to BF16")
+            elif "non-finite loss" in str(r.get("note", "")):
+                s += "; its loss was non-finite (NaN/Inf, flagged in the runs table), so no loss gap is given"
             elif len(valid):
                 s += "; no loss was recorded, so the loss gap is unknown"
             elif "throughput run" in str(r.get("note", "")):

@@ -84,13 +84,17 @@ def read_documents(files: Iterable[Path]) -> Iterator[str]:
     for path in files:
         block: list[str] = []
         with _open_text(Path(path)) as fh:
-            for line in fh:
-                line = line.rstrip("\n")
-                if line.strip():
-                    block.append(line)
-                elif block:
-                    yield "\n".join(block)
-                    block = []
+            try:
+                for line in fh:
+                    line = line.rstrip("\n")
+                    if line.strip():
+                        block.append(line)
+                    elif block:
+                        yield "\n".join(block)
+                        block = []
+            except UnicodeDecodeError as exc:  # name the file, not only the codec
+                raise ValueError(f"text file {Path(path).name!r} is not UTF-8 ({exc.reason} at byte {exc.start} of a "
+                                 "read block); allowed: UTF-8 text") from None
         if block:
             yield "\n".join(block)
 
@@ -500,10 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
     try:
+        from fp8lab import validate
+
+        validate.check_writable_dir("OUT_DIR", args.out_dir)
+        validate.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)
         m = prepare_data(source, args.out_dir, args.tokenizer, args.val_fraction, vocab_size=args.vocab_size,
                          shard_tokens=args.shard_tokens)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"fp8lab prepare-data: error: {exc}", file=sys.stderr)
         return 2
     print(describe(args.out_dir))
     return 0 if m else 1

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from fp8lab.recipe import KINDS, Recipe
+from fp8lab.validate import OneLineParser, check_writable_file, parse_count, whole_number
 
 # ----------------------------------------------------------------------------------------------
 # Facts about instances, prices and placeholders
@@ -90,6 +91,9 @@ RECIPES = KINDS
 PARALLEL = ("ddp", "fsdp")  # fp8lab.train --parallel
 SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
 MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
+# A sanity cap on instances per job: more than a typical regional P5 quota; a typo there (1000 for 10)
+# costs real money, so planning beyond it needs allow_large=True (CLI: --allow-large)
+MAX_INSTANCES_PER_JOB = 64
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine only with JobSpec(install_te=True), because it
@@ -205,10 +209,14 @@ class JobSpec:
     py_version: str = "py312"
     install_te: bool = False  # add transformer-engine[pytorch] to the job's requirements
     options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
+    allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
 
     def __post_init__(self) -> None:
         def bad(name: str, value: Any, allowed: str) -> ValueError:
             return ValueError(f"JobSpec.{name}={value!r} is invalid; allowed: {allowed}")
+
+        for name in ("tokens", "steps"):  # 1e9 is a count, as on the command line (fp8lab.validate.parse_count)
+            object.__setattr__(self, name, whole_number(getattr(self, name)))
 
         models = _model_names()
         if self.model not in models:
@@ -242,6 +250,12 @@ class JobSpec:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, v, "an integer >= 1" + (" or 'auto'" if name in LAYOUT_FIELDS else ""))
+        if not isinstance(self.allow_large, bool):
+            raise bad("allow_large", self.allow_large, "True or False")
+        if self.instance_count > MAX_INSTANCES_PER_JOB and not self.allow_large:
+            raise bad("instance_count", self.instance_count,
+                      f"1..{MAX_INSTANCES_PER_JOB} per job (a sanity limit); to plan more, pass allow_large=True "
+                      "(CLI: --allow-large) after checking your SageMaker quota")
         for name in ("checkpoint_every", "keep_alive_s", "seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -342,7 +356,7 @@ class JobSpec:
 
     def identity(self) -> dict[str, Any]:
         """The fields that define the experiment (not where it is stored or who pays), for the name hash."""
-        skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study"}
+        skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -1130,8 +1144,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precisions", nargs="+", default=["bf16", "fp8"], choices=PRECISIONS)
     p.add_argument("--instance-counts", nargs="+", type=int, default=[1, 2, 4])
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", type=int, help="training tokens per job (default 1e9 unless --steps)")
-    g.add_argument("--steps", type=int)
+    g.add_argument("--tokens", type=parse_count, help="training tokens per job, e.g. 1e9 (default 1e9 unless --steps)")
+    g.add_argument("--steps", type=parse_count, help="optimizer steps per job (instead of --tokens)")
     p.add_argument("--instance-type", default="ml.p5.48xlarge", choices=sorted(INSTANCES))
     p.add_argument("--role", default=PLACEHOLDER_ROLE, help="SageMaker execution role ARN")
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET)
@@ -1141,18 +1155,21 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--spot", action="store_true")
     p.add_argument("--install-te", action="store_true")
+    p.add_argument("--allow-large", action="store_true",
+                   help=f"allow more than {MAX_INSTANCES_PER_JOB} instances per job (a sanity limit against typos)")
 
 
 def _plan_from(args: argparse.Namespace) -> SweepPlan:
-    size = {"tokens": args.tokens} if args.tokens else ({"steps": args.steps} if args.steps else {"tokens": 10**9})
+    size = ({"tokens": args.tokens} if args.tokens is not None else
+            {"steps": args.steps} if args.steps is not None else {"tokens": 10**9})
     return plan_sweep(args.models, args.precisions, args.instance_counts, price_per_hour=args.price_per_hour,
                       instance_type=args.instance_type, role=args.role, bucket=args.bucket, region=args.region,
                       micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, spot=args.spot,
-                      install_te=args.install_te, **size)
+                      install_te=args.install_te, allow_large=args.allow_large, **size)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fp8lab launch", description="BF16 vs FP8 sweeps as SageMaker jobs.")
+    parser = OneLineParser(prog="fp8lab launch", description="BF16 vs FP8 sweeps as SageMaker jobs.")
     sub = parser.add_subparsers(dest="action", required=True)
     for action, help_ in (("plan", "show jobs, names, time and cost"),
                           ("dry-run", "print each exact CreateTrainingJob request; call nothing"),
@@ -1178,12 +1195,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "wait":
             print(wait(args.jobs, region=args.region, poll_s=args.poll_s).to_string(index=False))
         else:
+            if args.csv:
+                check_writable_file("--csv", args.csv)
             df = collect(args.jobs, region=args.region)
             if args.csv:
                 df.to_csv(args.csv, index=False)
             print(df.tail(20).to_string(index=False))
     except (ValueError, TrainingJobFailed, TimeoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"fp8lab launch: error: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -7,7 +7,6 @@ that failed. ``glue``/``read_glued`` let tests assert on numbers a notebook comp
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
@@ -86,16 +85,20 @@ def resolve(names: Iterable[str] | None, directory: str | Path | None = None) ->
     return chosen
 
 
-def declared_parameters(path: str | Path) -> dict[str, Any]:
-    """Names and default values in the notebook's cell tagged ``parameters``."""
+def _parameters_source(path: str | Path) -> str:
     import nbformat
 
     nb = nbformat.read(str(path), as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
     if len(cells) != 1:
         raise NotebookError(f"{Path(path).name}: expected exactly one cell tagged 'parameters', found {len(cells)}")
+    return cells[0].source
+
+
+def declared_parameters(path: str | Path) -> dict[str, Any]:
+    """Names and default values in the notebook's cell tagged ``parameters``."""
     params: dict[str, Any] = {}
-    for node in ast.parse(cells[0].source).body:
+    for node in ast.parse(_parameters_source(path)).body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -116,6 +119,56 @@ def check_parameters(path: str | Path, params: dict[str, Any]) -> None:
             f"{Path(path).name}: unknown parameter(s) {', '.join(unknown)}; "
             f"valid parameters are: {', '.join(sorted(valid))}"
         )
+
+
+def check_values(path: str | Path, params: dict[str, Any], declared: dict[str, Any] | None = None) -> None:
+    """Values of declared parameters: the default's type (the cell's comment says what is allowed) and,
+    for notebooks that train, the trainer's own checks (fp8lab.validate.NOTEBOOK_CHECKS). Before any
+    cell runs, so a bad value never prepares data or starts a kernel."""
+    from fp8lab import validate
+
+    path = Path(path)
+    declared = declared_parameters(path) if declared is None else declared
+    comments = validate.parameter_comments(_parameters_source(path))
+    validate.check_notebook_values(path.stem, declared, comments, params)
+    validate.check_notebook_semantics(path.stem, declared, params)
+
+
+def _shareable_metadata(executed: Path, source: Path) -> None:
+    """papermill records where it read and wrote the notebook, and the parameters it injected: keep those
+    paths relative (no machine paths); an absolute path given as a parameter becomes ``<abs>/<name>``
+    unless it lies inside the notebook's working folder."""
+    import nbformat
+
+    from fp8lab.paths import REPO_ROOT, shareable_path
+
+    if not executed.is_file():
+        return
+    nb = nbformat.read(str(executed), as_version=4)
+    pm = nb.metadata.get("papermill")
+    if not isinstance(pm, dict):
+        return
+    try:
+        pm["input_path"] = source.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        pm["input_path"] = source.name
+    pm["output_path"] = executed.name
+    workdir = executed.parent / source.stem
+    renamed: dict[str, str] = {}
+
+    def share(v: Any) -> Any:
+        if isinstance(v, str) and os.path.isabs(v):
+            renamed[v] = str(shareable_path(v, workdir))
+            return renamed[v]
+        return [share(x) for x in v] if isinstance(v, list) else v
+
+    if isinstance(pm.get("parameters"), dict):
+        pm["parameters"] = {k: share(v) for k, v in pm["parameters"].items()}
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            for old, new in sorted(renamed.items(), key=lambda kv: -len(kv[0])):
+                cell.source = cell.source.replace(old, new)
+    nbformat.write(nb, str(executed))
 
 
 def _failure_message(nb_name: str, exc: Exception, executed: Path) -> str:
@@ -179,7 +232,11 @@ def run(
                 f"unknown parameter(s) {', '.join(unknown)} for notebooks {', '.join(p.stem for p in paths)}; "
                 f"valid parameters are: {', '.join(sorted(everything))}"
             )
-    out = Path(output_dir)
+    for p in paths:
+        check_values(p, {k: v for k, v in params.items() if k in declared[p]}, declared[p])
+    from fp8lab.validate import check_writable_dir
+
+    out = check_writable_dir("--output-dir", output_dir)
     out.mkdir(parents=True, exist_ok=True)
     # a kernel inherits MPLBACKEND; 'Agg' (set by test runners) would hide every figure
     saved_backend = os.environ.pop("MPLBACKEND", None)
@@ -208,8 +265,10 @@ def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, time
                 str(path), str(executed), parameters=nb_params, kernel_name=kernel,
                 cwd=str(workdir), progress_bar=False, log_output=False, execution_timeout=timeout,
             )
+            _shareable_metadata(executed, path)
             results.append(NotebookResult(path.stem, True, time.perf_counter() - t0, executed))
         except Exception as exc:  # papermill raises PapermillExecutionError with the cell's error
+            _shareable_metadata(executed, path)
             msg = _failure_message(path.name, exc, executed)
             results.append(NotebookResult(path.stem, False, time.perf_counter() - t0, executed, msg))
             if stop_on_error:
@@ -228,7 +287,9 @@ def summary(results: list[NotebookResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fp8lab notebooks", description="Execute tutorial notebooks with papermill.")
+    from fp8lab.validate import OneLineParser
+
+    parser = OneLineParser(prog="fp8lab notebooks", description="Execute tutorial notebooks with papermill.")
     sub = parser.add_subparsers(dest="action", required=True)
     r = sub.add_parser("run", help="execute notebooks in order (all by default)")
     r.add_argument("names", nargs="*", help="notebook names or numbers, e.g. 01 or 02_convert_to_te")
@@ -247,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = run(args.names or None, params, args.output_dir, args.kernel, stop_on_error=not args.keep_going)
     except (NotebookError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"fp8lab notebooks: error: {exc}", file=sys.stderr)
         return 1
     print(summary(results))
     return 0 if all(r.ok for r in results) else 1

@@ -6,7 +6,6 @@ Images are embedded as base64 PNG and styles inline, so the page has no external
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import sys
@@ -18,6 +17,8 @@ from typing import Iterable
 import pandas as pd
 
 from fp8lab import analysis, plots
+from fp8lab.validate import (OneLineParser, check_writable_file, nonneg_float, nonneg_int, positive_float,
+                             positive_int)
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -107,7 +108,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         "<h2>Runs</h2>",
         _table(summary, ["run_id", "study", "model", "variant", "gpu_name", "world_size", "instances", "n_steps",
                          "tokens", "tokens_per_sec_per_gpu", "tps_spread_pct", "mfu", "max_mem_gib", "final_loss",
-                         "smoothed_loss", "val_loss", "throughput_from", "note"]),
+                         "smoothed_loss", "val_loss", "nonfinite_losses", "throughput_from", "note"]),
         "<h2>Provenance</h2>",
         _table(summary, ["run_id", "source", *analysis.PROVENANCE_COLUMNS]),
         "<h2>Time and cost</h2>",
@@ -186,27 +187,39 @@ def build_report(sources: object = None, out: str | Path = "report.html",
 
 def main(argv: Iterable[str] | None = None) -> int:
     d = ReportConfig()
-    p = argparse.ArgumentParser(prog="fp8lab report", description="Turn runs into one self-contained HTML report.")
+    p = OneLineParser(prog="fp8lab report", description="Turn runs into one self-contained HTML report.")
     p.add_argument("runs", nargs="*", help="trainer output folders, result files or folders (default: data/results)")
     p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
-    p.add_argument("--tokens", type=float, default=d.tokens, help="token budget for time/cost (default: 24e9)")
-    p.add_argument("--price", type=float, default=d.price_per_instance_hour,
+    p.add_argument("--tokens", type=positive_float, default=d.tokens, help="token budget for time/cost (default: 24e9)")
+    p.add_argument("--price", type=nonneg_float, default=d.price_per_instance_hour,
                    help=f"USD per instance-hour (default: {d.price_per_instance_hour}, an assumption)")
-    p.add_argument("--gpus-per-instance", type=int, default=d.gpus_per_instance)
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--gpus-per-instance", type=positive_int, default=d.gpus_per_instance)
+    p.add_argument("--warmup-steps", type=nonneg_int, default=d.warmup_steps)
     p.add_argument("--smoothing", choices=analysis.SMOOTHING_METHODS, default=d.smoothing)
-    p.add_argument("--smoothing-span", type=int, default=d.smoothing_span)
+    p.add_argument("--smoothing-span", type=positive_int, default=d.smoothing_span)
     p.add_argument("--markdown", metavar="FILE", help="also write the comparison table and verdict as Markdown")
     args = p.parse_args(list(argv) if argv is not None else None)
     config = ReportConfig(args.tokens, args.price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
                           args.smoothing_span)
+    try:  # where the page goes, before anything is read or written
+        for option, value in (("--out", args.out), ("--markdown", args.markdown)):
+            if value is not None:
+                check_writable_file(option, value)
+    except ValueError as exc:
+        print(f"fp8lab report: error: {exc}", file=sys.stderr)
+        return 2
     try:
+        for src in args.runs:  # a source given explicitly must hold runs (no-argument: the committed results)
+            if not len(analysis.load_runs(src)):
+                raise ValueError(f"RUNS: {analysis.display_path(Path(src))!r} holds no runs (no metrics.jsonl with "
+                                 "complete records, result .jsonl file or collect .csv); allowed: trainer output "
+                                 "folders, result files, or folders holding them")
         out = build_report(args.runs or None, args.out, config)
         if args.markdown:
             Path(args.markdown).write_text(render_markdown(analysis.load_runs(args.runs or None), config),
                                            encoding="utf-8")
     except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"fp8lab report: error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}" + (f" and {args.markdown}" if args.markdown else ""))
     return 0

@@ -35,7 +35,8 @@ provenance), ``summary.json``, ``loss.png``, ``checkpoints/`` and ``model/`` (HF
 plus the tokenizer) unless SageMaker or the options place them elsewhere.
 
 Exit codes of ``main``: 0 done (or stopped by SIGTERM after a checkpoint), 2 bad options,
-3 stopped by the FP8 overflow guard (too many non-finite steps in a row).
+3 stopped by the FP8 overflow guard (too many non-finite steps in a row), 4 stopped because a
+checkpoint could not be written (metrics.jsonl and summary.json are still written).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -58,6 +60,9 @@ from typing import Any, Callable
 
 from fp8lab import data as fdata
 from fp8lab import metrics as fmetrics
+from fp8lab import paths as fpaths
+from fp8lab import resume as fresume
+from fp8lab import validate as fvalidate
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
 
 PRECISIONS = ("bf16", "fp8")
@@ -71,7 +76,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "on", "off")
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"  # SageMaker syncs this folder with checkpoint_s3_uri
 CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
-EXIT_BAD_OPTIONS, EXIT_OVERFLOW = 2, 3
+EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 
 
 def _opt(name: str) -> str:
@@ -115,6 +120,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never
     keep_checkpoints: int = 2  # newest complete checkpoints kept
     resume: bool = True  # continue from the newest complete checkpoint in the checkpoint folder
+    resume_with_new_settings: bool = False  # resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.resume)
     val_every: int = 0  # validation loss every N steps (0: only at the end)
     val_batches: int = 4  # validation size in global batches (micro-batch x grad-accum x ranks sequences each)
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
@@ -195,8 +201,8 @@ def _validate(c: TrainConfig) -> None:
             raise bad(name, " | ".join(choices))
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
-    for name in ("fuse", "activation_checkpointing", "compile", "resume", "save_model", "plot", "print_metrics",
-                 "fp8_weight_cache", "fuse_wgrad_accumulation", "dry_run"):
+    for name in ("fuse", "activation_checkpointing", "compile", "resume", "resume_with_new_settings", "save_model", "plot",
+                 "print_metrics", "fp8_weight_cache", "fuse_wgrad_accumulation", "dry_run"):
         if not isinstance(getattr(c, name), bool):
             raise bad(name, "True | False")
     if c.fsdp_keep_weights != AUTO and not isinstance(c.fsdp_keep_weights, bool):
@@ -342,8 +348,8 @@ for _f in dataclasses.fields(TrainConfig):
         _CONVERT[_f.name] = _to_int
     elif isinstance(_f.default, float):
         _CONVERT[_f.name] = _to_float
-    elif _f.name in ("data", "output_dir", "checkpoint_dir", "model_dir"):
-        _CONVERT[_f.name] = _none_or(lambda n, s: str(s))
+    elif _f.name in ("data", "output_dir", "checkpoint_dir", "model_dir"):  # "" stays "" (refused), not the default
+        _CONVERT[_f.name] = lambda n, s: None if str(s).strip().lower() in ("none", "null") else str(s)
     else:
         _CONVERT[_f.name] = lambda n, s: str(s)
 
@@ -399,7 +405,9 @@ def parse_args(argv: list[str]) -> TrainConfig:
         if raw is None:
             continue
         kwargs[name] = _overrides(name, raw) if name == "model_overrides" else _CONVERT[name](name, raw)
-    return TrainConfig(**kwargs)
+    config = TrainConfig(**kwargs)
+    fvalidate.check_cli_recipe(config, "recipe" in kwargs)
+    return config
 
 
 def _sagemaker_argv() -> list[str]:
@@ -638,14 +646,6 @@ class _StopFlag:
             signal.signal(signal.SIGTERM, self._old)
 
 
-def _fingerprint(c: TrainConfig, world_size: int) -> dict[str, Any]:
-    """What must not change between a checkpoint and the run resuming from it."""
-    return {"model": c.model, "model_overrides": c.model_overrides, "precision": c.precision,
-            "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": c.seq_len, "seed": c.seed,
-            "bf16_edge_blocks": c.bf16_edge_blocks,
-            "global_batch": c.micro_batch_size * c.grad_accum * world_size}
-
-
 def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
     """Full HF-named weights on rank 0 (every rank must call: FSDP2 gathers the shards).
 
@@ -712,12 +712,19 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None) -
 def _run(c: TrainConfig, env, argv: list[str] | None) -> dict[str, Any]:
     """Set up (a ValueError there is an OptionError: the run cannot start as configured), then train."""
     phase = {"setup": True}
+    paths = resolve_paths(c)
+    new = [p for p in (paths.output_dir, paths.checkpoint_dir, paths.model_dir, paths.data_cache) if not p.exists()]
     try:
         return _run_phases(c, env, argv, phase)
     except ValueError as exc:
-        if phase["setup"] and not isinstance(exc, OptionError):
-            raise OptionError(str(exc)) from exc
-        raise
+        if not phase["setup"]:
+            raise
+        if env.local_rank == 0:  # a run that cannot start leaves nothing behind (no empty folder, no shards)
+            for p in new:
+                shutil.rmtree(p, ignore_errors=True)
+        if isinstance(exc, OptionError):
+            raise
+        raise OptionError(str(exc)) from exc
 
 
 def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bool]) -> dict[str, Any]:
@@ -734,9 +741,11 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     from fp8lab import layout as flayout
     from fp8lab.hardware import Machine
     from fp8lab.models import build_model, count_parameters, get_config, model_flops_per_token
+    from torch.distributed.checkpoint.api import CheckpointException
 
     wall0 = time.perf_counter()
     paths = resolve_paths(c)
+    fvalidate.check_run(c, paths, data_source(c))  # folders writable, data readable: before any compute
     mcfg = get_config(c.model, **c.model_overrides)
     machine = Machine.detect(env.device, env.world_size, c.gpu_memory_gib)
     backend, recipe = resolve_fp8(c, te_usable=machine.te_usable)  # errors before any compute
@@ -764,6 +773,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     if env.local_rank != 0:
         data_dir = fdata.ensure_prepared(source, paths.data_cache, mcfg.vocab_size)
     manifest = fdata.read_manifest(data_dir)
+    fvalidate.check_prepared_size(manifest, c.seq_len)
     if manifest["vocab_size"] > mcfg.vocab_size:
         raise ValueError(
             f"--data: its tokenizer has {manifest['vocab_size']} tokens but {c.model} has vocab_size "
@@ -832,23 +842,28 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         fckpt.remove_partial(paths.checkpoint_dir)
     candidates = fdist.broadcast_object(
         [str(p) for _, p in fckpt.complete_checkpoints(paths.checkpoint_dir)] if c.resume else [], env)
+    fingerprint = fresume.fingerprint(c, world, total_steps, warmup)
+    unreadable = []
     for cand in candidates:
         try:
             loaded = fckpt.load(cand, model, optimizer, env)
-        except Exception as exc:  # a corrupt checkpoint: fall back to the previous one
-            log(f"fp8lab: checkpoint {Path(cand).name} does not load ({type(exc).__name__}: {exc}); trying an older one")
+        except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+            unreadable.append(f"{Path(cand).name}: {fresume.failure_reason(exc)}")
+            log(f"fp8lab: checkpoint {Path(cand).name} does not load ({fresume.failure_reason(exc)}); trying an older one")
             continue
-        if loaded["fingerprint"] != _fingerprint(c, world):
-            diff = {k: (loaded["fingerprint"].get(k), v) for k, v in _fingerprint(c, world).items()
-                    if loaded["fingerprint"].get(k) != v}
-            raise ValueError(
-                f"checkpoint {cand} was written by a different run ({', '.join(f'{k}: {a!r} there, {b!r} here' for k, (a, b) in diff.items())}); "
-                "use the same options, another --checkpoint-dir, or --resume False")
+        new_settings = fresume.check(loaded["fingerprint"], fingerprint, cand, loaded["step"], c.resume_with_new_settings)
         scheduler.load_state_dict(loaded["scheduler"])
+        if new_settings:
+            fresume.apply_new_settings(scheduler, c, lr_lambda(c, total_steps, warmup), loaded["step"])
+            log(f"fp8lab: resuming step {loaded['step']} with new settings ("
+                + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items()) + "): the new schedule from here on")
         loader.load_state_dict(loaded["loader"])
         state = {"step": loaded["step"], "nonfinite_steps": loaded["nonfinite_steps"]}
         resumed_from = loaded["step"]
         break
+    if unreadable and resumed_from is None:  # the model may hold part of a failed load: never train from that
+        raise ValueError(f"--checkpoint-dir: no checkpoint in {paths.checkpoint_dir.name!r} loads ({'; '.join(unreadable)}); "
+                         "move the unreadable ones away, or start afresh with --resume False or another --checkpoint-dir")
 
     gpu_name = _gpu_name(env.device)
     peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(gpu_name)
@@ -868,6 +883,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                       "layout": {"reasons": layout.reasons, "memory_estimate_gib": dataclasses.asdict(layout.memory),
                                  "memory_estimate_peak_gib": layout.memory.peak, "memory_gib": machine.memory_gib},
                       **fmetrics.provenance(gpu_name, world, argv)}
+        cfg_record.update(fpaths.shareable_run_record(c.as_dict(), TrainConfig().as_dict(), argv, paths.output_dir))
         (paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
         log(f"fp8lab: {c.model} ({count_parameters(mcfg).total / 1e6:.1f}M params) | {c.precision}"
             f"{f' via {backend_name} ({recipe.describe()})' if fp8_on else (f' on {backend_name} layers, FP8 off' if backend else '')}"
@@ -900,10 +916,14 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         fdist.all_reduce_sum(total, env)
         return float(total) / (c.val_batches * c.grad_accum * world)
 
-    def save_checkpoint(step: int) -> None:
+    def save_checkpoint(step: int) -> str | None:  # None, or why the write failed
         trainer_state = {"step": step, "nonfinite_steps": state["nonfinite_steps"], "scheduler": scheduler.state_dict(),
-                         "loader": loader.state_dict(), "fingerprint": _fingerprint(c, world), "config": c.as_dict()}
-        fckpt.save(paths.checkpoint_dir, step, model, optimizer, trainer_state, env, keep=c.keep_checkpoints)
+                         "loader": loader.state_dict(), "fingerprint": fingerprint, "config": c.as_dict()}
+        try:
+            fckpt.save(paths.checkpoint_dir, step, model, optimizer, trainer_state, env, keep=c.keep_checkpoints)
+        except (OSError, CheckpointException) as exc:  # e.g. the folder became read-only: stop, keep metrics + summary
+            return fresume.failure_reason(exc)
+        return None
 
     phase["setup"] = False  # from here on an error is a training failure, with its traceback
     stop = _StopFlag()
@@ -1008,14 +1028,23 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                 break
             periodic = c.checkpoint_every > 0 and step % c.checkpoint_every == 0
             final = step == total_steps and c.checkpoint_every >= 0
+            failed = None
             if stop_now:
                 if c.checkpoint_every >= 0:
-                    save_checkpoint(step)
+                    failed = save_checkpoint(step)
                 status = "interrupted"
                 message = f"fp8lab: SIGTERM received: checkpoint written at step {step}; exiting (a restart resumes here)"
+            elif (periodic or final) and consecutive_bad == 0:
+                failed = save_checkpoint(step)
+            if failed:
+                done = [s for s, _ in fckpt.complete_checkpoints(paths.checkpoint_dir)] if env.is_main else []
+                status = "checkpoint_failed"
+                message = (f"fp8lab: stopped at step {step}: writing its checkpoint to --checkpoint-dir "
+                           f"{fpaths.shareable_path(str(paths.checkpoint_dir), paths.output_dir)!r} failed ({failed}). "
+                           f"metrics.jsonl and summary.json are written; a restart with a writable checkpoint folder "
+                           f"resumes from {f'step {done[0]}' if done else 'the start (no complete checkpoint)'}.")
+            if stop_now or failed:
                 break
-            if (periodic or final) and consecutive_bad == 0:
-                save_checkpoint(step)
     finally:
         if prof is not None:  # the run ended inside the profiled range
             prof.__exit__(None, None, None)
@@ -1053,8 +1082,9 @@ def _summary(c, env, paths, status, message, state, total_steps, tokens_per_step
         "val_loss": last_val, "nonfinite_steps": state["nonfinite_steps"], "resumed_from_step": resumed_from,
         "tokens_per_sec_per_gpu_median": med(steady), "mfu_median": med(mfus),
         "mfu_peak": "dense BF16 peak of the GPU, for BF16 and FP8 alike" if peak else None,
-        "output_dir": str(paths.output_dir), "checkpoint_dir": str(paths.checkpoint_dir),
-        "model_dir": str(paths.model_dir) if (status == "completed" and c.save_model) else None,
+        # shareable: relative to the run folder, never an absolute machine path (fp8lab.paths)
+        "output_dir": ".", "checkpoint_dir": fpaths.shareable_path(str(paths.checkpoint_dir), paths.output_dir),
+        "model_dir": fpaths.shareable_path(str(paths.model_dir), paths.output_dir) if (status == "completed" and c.save_model) else None,
         "wall_s": wall_s,
     }
 
@@ -1096,7 +1126,7 @@ def main(argv: list[str] | None = None) -> int:
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
-    return EXIT_OVERFLOW if summary["status"] == "stopped_nonfinite" else 0
+    return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED}.get(summary["status"], 0)
 
 
 if __name__ == "__main__":

@@ -358,7 +358,7 @@ def test_only_the_newest_checkpoints_are_kept_and_partial_ones_ignored(prepared,
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000004", "step_00000006"]
     # a save killed mid-write leaves step_N.tmp: never resumed from, removed at the next start
     shutil.copytree(out / "checkpoints" / "step_00000006", out / "checkpoints" / "step_00000008.tmp")
-    s = train(TrainConfig(**cfg, steps=8))
+    s = train(TrainConfig(**cfg, steps=8, resume_with_new_settings=True))  # a longer run: asked for explicitly
     assert s["resumed_from_step"] == 6
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]
 

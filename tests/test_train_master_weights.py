@@ -170,7 +170,7 @@ def test_ddp_and_fsdp2_with_bf16_params_match_one_process_bf16(prepared, tmp_pat
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-3)
         w = load_file(out / "model" / "model.safetensors")  # DDP: the masters; FSDP2: its fp32 shards, gathered
         assert len(w) == 21 and all(t.dtype == torch.float32 for t in w.values())
-    s = train(TrainConfig(**one_cfg, steps=7, output_dir=str(fsdp)))
+    s = train(TrainConfig(**one_cfg, steps=7, output_dir=str(fsdp), resume_with_new_settings=True))  # 5 -> 7 steps, asked for
     assert s["resumed_from_step"] == 5
     for a, b in zip(ref[5:], records(fsdp)[5:]):
         assert b["loss"] == pytest.approx(a["loss"], rel=2e-4)

@@ -85,7 +85,7 @@ def test_ddp_and_fsdp2_under_torchrun_match_one_process(prepared, tmp_path):
     ck = fsdp / "checkpoints" / "step_00000005"
     assert (ck / ".metadata").is_file() and {"trainer_rank0.pt", "trainer_rank1.pt"} <= {p.name for p in ck.iterdir()}
     # one process resumes the 2-rank FSDP2 checkpoint (DCP reshards) and continues like the 7-step run
-    s = train(TrainConfig(**one_cfg, steps=7, output_dir=str(fsdp)))
+    s = train(TrainConfig(**one_cfg, steps=7, output_dir=str(fsdp), resume_with_new_settings=True))  # 5 -> 7 steps, asked for
     assert s["resumed_from_step"] == 5
     cont, full = records(fsdp), records(one)
     assert [r["step"] for r in cont] == list(range(1, 8)) and cont[-1]["world_size"] == 1
@@ -187,6 +187,6 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_at_the_same_step(prepared, t
     # the job restarts (here as one process with the same global batch of 4) and carries on from there
     s = train(TrainConfig(model="llama-tiny", seq_len=32, compute_dtype="fp32", steps=step + 3, micro_batch_size=4,
                           data=str(prepared), output_dir=str(out), progress="off", plot=False, print_metrics=False,
-                          save_model=False))
+                          save_model=False, resume_with_new_settings=True))  # 400 steps became step + 3: asked for
     assert s["resumed_from_step"] == step
     assert [r["step"] for r in records(out)] == list(range(1, step + 4))

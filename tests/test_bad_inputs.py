@@ -1,0 +1,526 @@
+"""Bad inputs on every surface are refused cleanly, and faults are survived (issue 21).
+
+Table-driven: each row is one bad input, the exit code it must give, and a phrase the one-line
+message must hold; every row also asserts that nothing was written (the working folder is the same
+before and after). Surfaces: ``fp8lab train``, ``fp8lab notebooks run -p``, ``fp8lab launch plan``
+and the launcher's Python API (same values accepted and refused), ``fp8lab report``. Then the
+faults: an unreadable newest checkpoint (a truncated ``__0_0.distcp``), a checkpoint folder that
+turns read-only mid-run, resuming with other settings, and no absolute paths in shared files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fp8lab import data as fdata
+from fp8lab import launch as L
+from fp8lab import metrics as fmetrics
+from fp8lab import notebooks, report
+from fp8lab import train as ftrain
+from fp8lab.train import TrainConfig, train
+
+TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False,
+            progress="off", print_metrics=False, save_model=False)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+def _snapshot(root: Path) -> dict[str, int]:
+    """Every file and folder under root, with file sizes: what 'nothing was written' compares."""
+    return {p.relative_to(root).as_posix(): (p.stat().st_size if p.is_file() else -1) for p in sorted(root.rglob("*"))}
+
+
+def _make_readonly(path: Path) -> bool:
+    """A folder nobody can create files in, root included (an immutable folder when running as root);
+    False where that cannot be made (root without a working chattr)."""
+    path.chmod(0o555)
+    if os.geteuid() == 0:
+        try:
+            return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def _readonly(path: Path) -> bool:
+    from fp8lab.validate import _probe
+
+    return _probe(path) is not None
+
+
+def _undo_readonly(path: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    path.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokens")
+    fdata.prepare_data(None, out, None, vocab_size=512)
+    return out
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, prepared):
+    """A working folder holding the bad inputs the train table points at."""
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "afile").write_text("not a folder\n")
+    (w / "empty.txt").write_text("")
+    (w / "blank.txt").write_text("\n   \n\t\n")
+    (w / "binary.dat").write_bytes(bytes(range(256)) * 8)
+    (w / "latin1.txt").write_bytes("Caf\xe9 au lait, na\xefve\n\nsecond paragraph\n".encode("latin-1"))
+    (w / "tiny.txt").write_text("ten bytes\n")
+    (w / "few_words.txt").write_text("\n\n".join(["word"] * 25))  # 25 documents, a handful of tokens
+    (w / "broken.txt.xz").write_bytes(b"this is not xz data at all")
+    (w / "broken.md.gz").write_bytes(b"\x1f\x8b but not really gzip")
+    (w / "mixed").mkdir()
+    (w / "mixed" / "a_good.txt").write_text("\n\n".join(f"Paragraph {i} of plain text." for i in range(30)))
+    (w / "mixed" / "b_latin1.txt").write_bytes("na\xefve\n".encode("latin-1"))
+    (w / "notext").mkdir()
+    (w / "notext" / "image.png").write_bytes(b"\x89PNG")
+    (w / "corrupt").mkdir()
+    (w / "corrupt" / "manifest.json").write_text('{\n  "format": "fp8lab-tokens",\n')
+    (w / "otherformat").mkdir()
+    (w / "otherformat" / "manifest.json").write_text(json.dumps({"format": "something-else", "version": 3}))
+    shutil.copytree(prepared, w / "noshard")
+    (w / "noshard" / "train_00000.bin").unlink()
+    (w / "ro").mkdir()
+    _make_readonly(w / "ro")
+    monkeypatch.chdir(w)
+    yield w
+    _undo_readonly(w / "ro")
+
+
+# ------------------------------------------------------------------------------ fp8lab train
+
+TRAIN_BAD = [  # (argv, phrase of the one-line message); exit code 2 for all
+    (["--output-dir", "afile"], "--output-dir='afile' is a file, not a folder"),
+    (["--output-dir", "afile/run"], "--output-dir='afile/run' cannot be created: 'afile' is a file"),
+    (["--output-dir", "ro"], "--output-dir='ro' is not writable"),
+    (["--output-dir", "ro/run"], "--output-dir='ro/run' is not writable"),
+    (["--output-dir", ""], "--output-dir='' is invalid; allowed: a non-empty path"),
+    (["--output-dir", "r", "--checkpoint-dir", "afile"], "--checkpoint-dir='afile' is a file, not a folder"),
+    (["--output-dir", "r", "--checkpoint-dir", "ro/ck"], "--checkpoint-dir='ro/ck' is not writable"),
+    (["--output-dir", "r", "--checkpoint-dir", ""], "--checkpoint-dir='' is invalid"),
+    (["--output-dir", "r", "--checkpoint-every", "-1", "--checkpoint-dir", "afile"], "--checkpoint-dir='afile' is a file"),
+    (["--output-dir", "r", "--save-model", "True", "--model-dir", "afile"], "--model-dir='afile' is a file, not a folder"),
+    (["--output-dir", "r", "--save-model", "True", "--model-dir", "ro/model"], "--model-dir='ro/model' is not writable"),
+    (["--output-dir", "r", "--model-dir", ""], "--model-dir='' is invalid"),
+    (["--output-dir", "r", "--precision", "bf16", "--recipe", "current"],
+     "--recipe='current' has no effect with --precision bf16 and --backend auto"),
+    (["--output-dir", "r", "--recipe", "delayed"], "--recipe='delayed' has no effect with --precision bf16"),
+    (["--output-dir", "r", "--data", ""], "--data='' is invalid; allowed: a non-empty path"),
+    (["--output-dir", "r", "--data", "empty.txt"], "--data: file 'empty.txt' is empty"),
+    (["--output-dir", "r", "--data", "blank.txt"], "--data: file 'blank.txt' is empty"),
+    (["--output-dir", "r", "--data", "binary.dat"], "--data: file 'binary.dat' is binary"),
+    (["--output-dir", "r", "--data", "latin1.txt"], "--data: file 'latin1.txt' is not UTF-8 text (byte 0xe9 on line 1)"),
+    (["--output-dir", "r", "--data", "tiny.txt"], "--data: 'tiny.txt' hold(s) 1 document(s)"),
+    (["--output-dir", "r", "--data", "broken.txt.xz"], "--data: file 'broken.txt.xz' is not a readable .xz archive"),
+    (["--output-dir", "r", "--data", "broken.md.gz"], "--data: file 'broken.md.gz' is not a readable .gz archive"),
+    (["--output-dir", "r", "--data", "mixed"], "--data: file 'b_latin1.txt' is not UTF-8 text (byte 0xef on line 1)"),
+    (["--output-dir", "r", "--data", "nowhere"], "--data='nowhere' is invalid; allowed: an existing folder or file"),
+    (["--output-dir", "r", "--data", "notext"], "--data='notext': source folder 'notext' holds no text files"),
+    (["--output-dir", "r", "--data", "corrupt"], "--data: manifest.json in 'corrupt' is not valid JSON (line 3"),
+    (["--output-dir", "r", "--data", "otherformat"], "--data: manifest.json in 'otherformat' is not an fp8lab-tokens v1 manifest"),
+    (["--output-dir", "r", "--data", "noshard"], "--data: shard 'train_00000.bin' in 'noshard' is missing"),
+    # tokenized, then too short for one sequence: refused and the prepared shards removed again
+    (["--output-dir", "r", "--data", "few_words.txt"], "--data ('few_words.txt'): its val split holds"),
+]
+
+
+@pytest.mark.parametrize("argv,phrase", TRAIN_BAD, ids=[" ".join(a) or "''" for a, _ in TRAIN_BAD])
+def test_train_refuses_before_writing_anything(workdir, argv, phrase, capsys):
+    if any(a.startswith("ro") for a in argv) and not _readonly(workdir / "ro"):
+        pytest.skip("no read-only folder can be made here (root without chattr)")
+    before = _snapshot(workdir)
+    defaults = ["--model", "llama-tiny", "--steps", "1", "--seq-len", "32", "--progress", "off"]
+    code = ftrain.main(defaults + ([] if "--save-model" in argv else ["--save-model", "False"]) + argv)
+    err = capsys.readouterr().err.strip()
+    assert code == ftrain.EXIT_BAD_OPTIONS, err
+    assert err.startswith("fp8lab train: error: ") and len(err.splitlines()) == 1, err
+    assert phrase in err, err
+    assert "Traceback" not in err
+    assert _snapshot(workdir) == before  # no folder, no shards, no probe file left behind
+
+
+PREPARE_BAD = [  # fp8lab prepare-data OUT_DIR [--source ...]: (argv, phrase); exit code 2
+    (["afile"], "OUT_DIR='afile' is a file, not a folder"),
+    (["ro/tokens"], "OUT_DIR='ro/tokens' is not writable"),
+    (["out", "--source", "latin1.txt"], "--source: file 'latin1.txt' is not UTF-8 text"),
+    (["out", "--source", "empty.txt"], "--source: file 'empty.txt' is empty"),
+    (["out", "--source", "binary.dat"], "--source: file 'binary.dat' is binary"),
+    (["out", "--source", "tiny.txt", "empty.txt"], "--source: file 'empty.txt' is empty"),
+    (["out", "--source", "tiny.txt"], "--source: 'tiny.txt' hold(s) 1 document(s)"),
+    (["out", "--source", "notext"], "--source='notext': source folder 'notext' holds no text files"),
+    (["out", "--source", "nowhere.txt"], "is not an existing file or folder"),
+]
+
+
+@pytest.mark.parametrize("argv,phrase", PREPARE_BAD, ids=[" ".join(a) for a, _ in PREPARE_BAD])
+def test_prepare_data_refuses_before_writing_anything(workdir, argv, phrase, capsys):
+    if any(a.startswith("ro") for a in argv) and not _readonly(workdir / "ro"):
+        pytest.skip("no read-only folder can be made here (root without chattr)")
+    before = _snapshot(workdir)
+    assert fdata.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab prepare-data: error: ") and len(err.splitlines()) == 1 and phrase in err, err
+    assert _snapshot(workdir) == before
+
+
+# ------------------------------------------------------------------------------ fp8lab notebooks run -p
+
+NOTEBOOK_BAD = [  # (notebook, parameter, value as typed, phrase); exit code 1 (the runner's, for every parameter error)
+    ("03", "steps", "abc", "parameter steps='abc' is invalid; allowed: an integer"),
+    ("03", "steps", "0", "parameter steps=0 is invalid; allowed: a positive integer"),
+    ("03", "seq_len", "-5", "parameter seq_len=-5 is invalid; allowed: a positive integer"),
+    ("03", "seq_len", "100000", "parameter seq_len=100000 is invalid; allowed: at most 256 for llama-tiny"),
+    ("03", "micro_batch_size", "0", "parameter micro_batch_size=0 is invalid; allowed: a positive integer"),
+    ("03", "lr", "2", "parameter lr=2 is invalid; allowed: a number in (0, 1)"),
+    ("03", "lr", "fast", "parameter lr='fast' is invalid; allowed: a number"),
+    ("03", "seed", "-1", "parameter seed=-1 is invalid; allowed: an integer >= 0"),
+    ("03", "model", "gpt5", "parameter model='gpt5' is invalid; allowed: llama-tiny"),
+    ("03", "recipe", "bogus", "parameter recipe='bogus' is invalid; allowed: auto | delayed"),
+    ("03", "backends", "te", "parameter backends='te' is invalid; allowed: a list"),
+    ("03", "backends", "['cuda']", "backends=['cuda'] is invalid; allowed: a non-empty list of"),
+    ("03", "backends", "[]", "backends=[] is invalid; allowed: a non-empty list of"),
+    ("01", "seed", "x", "parameter seed='x' is invalid; allowed: an integer"),
+    ("02", "fuse", "maybe", "parameter fuse='maybe' is invalid; allowed: True or False"),
+    ("04", "tokens", "lots", "parameter tokens='lots' is invalid; allowed: an integer"),
+    ("05", "runs", "results", "parameter runs='results' is invalid; allowed: a list"),
+    ("05", "smoothing_span", "1.5", "parameter smoothing_span=1.5 is invalid; allowed: an integer"),
+]
+
+
+@pytest.mark.parametrize("nb,name,value,phrase", NOTEBOOK_BAD, ids=[f"{n} {k}={v}" for n, k, v, _ in NOTEBOOK_BAD])
+def test_notebook_parameters_refused_before_anything_runs(tmp_path, monkeypatch, nb, name, value, phrase, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = notebooks.main(["run", nb, "-p", name, value, "-o", "out"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("fp8lab notebooks: error: notebook ") and len(err.splitlines()) == 1, err
+    assert phrase in err, err
+    assert list(tmp_path.iterdir()) == []  # no output folder, no prepared data, no kernel started
+
+
+def test_notebook_output_folder_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert notebooks.main(["run", "01", "-o", "afile"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("fp8lab notebooks: error: --output-dir='afile' is a file, not a folder; allowed: a folder path "
+                   "(existing or new)")
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
+def test_executed_notebook_records_no_absolute_paths(tmp_path):
+    import nbformat
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cell = nbformat.v4.new_code_cell("x = 2  # an integer\nsrc = []  # folders to read")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, nbformat.v4.new_code_cell("print(x * 3)")]
+    nbformat.write(nb, str(d / "01_toy.ipynb"))
+    res = notebooks.run(["01"], {"x": 5, "src": [str(tmp_path / "runs")]}, output_dir=tmp_path / "out", progress=False,
+                        directory=d)
+    executed = json.loads(res[0].output.read_text())
+    pm = executed["metadata"]["papermill"]
+    assert pm["input_path"] == "01_toy.ipynb" and pm["output_path"] == "01_toy.ipynb"
+    assert pm["parameters"] == {"x": 5, "src": ["<abs>/runs"]}
+    assert str(tmp_path) not in res[0].output.read_text()
+    assert "15" in "".join(executed["cells"][-1]["outputs"][0]["text"])  # it did run, with x = 5
+
+
+# ------------------------------------------------------------------------------ fp8lab launch plan (CLI and API)
+
+def _plan_words(argv: list[str]) -> list[str]:
+    """``plan`` with one small job unless argv sets models, precisions or instance counts itself."""
+    words = ["plan"]
+    for flag, value in (("--models", "llama-1b"), ("--precisions", "fp8"), ("--instance-counts", "1")):
+        if flag not in argv:
+            words += [flag, value]
+    return words + argv
+
+
+LAUNCH_BAD = [  # (argv after 'plan', exit code, phrase)
+    (["--tokens", "0"], 2, "argument --tokens: '0' is invalid; allowed: a positive whole number"),
+    (["--steps", "0"], 2, "argument --steps: '0' is invalid; allowed: a positive whole number"),
+    (["--tokens", "-5"], 2, "argument --tokens: '-5' is invalid"),
+    (["--tokens", "1.5"], 2, "argument --tokens: '1.5' is invalid"),
+    (["--tokens", "1e9x"], 2, "argument --tokens: '1e9x' is invalid"),
+    (["--steps", "nan"], 2, "argument --steps: 'nan' is invalid"),
+    (["--tokens", "5", "--steps", "5"], 2, "argument --steps: not allowed with argument --tokens"),
+    (["--precisions", "fp16"], 2, "argument --precisions: invalid choice: 'fp16'"),
+    (["--instance-counts", "x"], 2, "argument --instance-counts: invalid int value: 'x'"),
+    (["--instance-counts", "1000"], 1, "JobSpec.instance_count=1000 is invalid; allowed: 1..64 per job"),
+    (["--instance-counts", "65"], 1, "(CLI: --allow-large)"),
+    (["--instance-counts", "0"], 1, "JobSpec.instance_count=0 is invalid; allowed: an integer >= 1"),
+    (["--models", "nope"], 1, "JobSpec.model='nope' is invalid"),
+    (["--seq-len", "0"], 1, "JobSpec.seq_len=0 is invalid"),
+]
+
+
+@pytest.mark.parametrize("argv,code,phrase", LAUNCH_BAD, ids=[" ".join(a) for a, _, _ in LAUNCH_BAD])
+def test_launch_plan_refuses(tmp_path, monkeypatch, argv, code, phrase, capsys):
+    monkeypatch.chdir(tmp_path)
+    try:
+        got = L.main(_plan_words(argv))
+    except SystemExit as exc:  # argparse: bad option syntax
+        got = exc.code
+    err = capsys.readouterr().err.strip()
+    assert got == code and len(err.splitlines()) == 1 and err.startswith("fp8lab launch"), err
+    assert phrase in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+# (CLI words, the same values for plan_sweep, accepted?) -- the CLI and the API agree on every row
+PARITY = [
+    (["--tokens", "1e9"], {"tokens": 1e9}, True),
+    (["--tokens", "1000000000"], {"tokens": 10**9}, True),
+    (["--steps", "300"], {"steps": 300}, True),
+    (["--tokens", "0"], {"tokens": 0}, False),
+    (["--steps", "0"], {"steps": 0}, False),
+    (["--tokens", "2.5"], {"tokens": 2.5}, False),
+    (["--instance-counts", "64"], {"instance_counts": [64]}, True),
+    (["--instance-counts", "1000"], {"instance_counts": [1000]}, False),
+    (["--instance-counts", "1000", "--allow-large"], {"instance_counts": [1000], "allow_large": True}, True),
+]
+
+
+@pytest.mark.parametrize("argv,kwargs,ok", PARITY, ids=[" ".join(a) for a, _, _ in PARITY])
+def test_launch_cli_and_api_accept_and_refuse_the_same_values(argv, kwargs, ok, capsys):
+    try:
+        cli_ok = L.main(_plan_words(argv)) == 0
+    except SystemExit:
+        cli_ok = False
+    capsys.readouterr()
+    counts = kwargs.pop("instance_counts", [1])
+    size = kwargs if ("tokens" in kwargs or "steps" in kwargs) else {"tokens": 10**9, **kwargs}
+    try:
+        plan = L.plan_sweep(["llama-1b"], ["fp8"], counts, role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, **size)
+        api_ok = True
+    except ValueError:
+        api_ok = False
+    assert cli_ok == api_ok == ok
+    if ok and "tokens" in size:
+        assert plan.jobs[0].spec.tokens == int(size["tokens"]) and isinstance(plan.jobs[0].spec.tokens, int)
+
+
+def test_collect_csv_path_is_checked_before_any_cloud_call(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert L.main(["collect", "fp8lab-some-job", "--csv", "afile/t.csv"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab launch: error: --csv='afile/t.csv' cannot be written") and len(err.splitlines()) == 1
+
+
+def test_allow_large_does_not_change_job_names():
+    a = L.JobSpec(model="llama-1b", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, steps=5, instance_count=2)
+    b = L.JobSpec(model="llama-1b", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, steps=5, instance_count=2,
+                  allow_large=True)
+    assert L.job_name(a) == L.job_name(b)
+
+
+# ------------------------------------------------------------------------------ fp8lab report
+
+@pytest.fixture
+def report_dir(tmp_path, monkeypatch):
+    from test_analysis import make_pair
+
+    make_pair(tmp_path / "runs", val_every=10)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+REPORT_BAD = [  # (argv, exit code, phrase)
+    (["runs", "--out", "afile/x.html"], 2, "--out='afile/x.html' cannot be written: its folder 'afile' is a file"),
+    (["runs", "--out", "empty"], 2, "--out='empty' is a folder; allowed: a file path"),
+    (["runs", "--out", ""], 2, "--out='' is invalid; allowed: a non-empty file path"),
+    (["runs", "--out", "r.html", "--markdown", "afile/t.md"], 2, "--markdown='afile/t.md' cannot be written"),
+    (["empty", "--out", "r.html"], 1, "RUNS: 'empty' holds no runs"),
+    (["runs", "empty", "--out", "r.html"], 1, "RUNS: 'empty' holds no runs"),
+    (["missing", "--out", "r.html"], 1, "run source 'missing' does not exist"),
+    (["runs", "--out", "r.html", "--tokens", "0"], 2, "argument --tokens: '0' is invalid; allowed: a number > 0"),
+    (["runs", "--out", "r.html", "--price", "-1"], 2, "argument --price: '-1' is invalid; allowed: a number >= 0"),
+    (["runs", "--out", "r.html", "--gpus-per-instance", "0"], 2, "argument --gpus-per-instance: '0' is invalid"),
+    (["runs", "--out", "r.html", "--warmup-steps", "-1"], 2, "argument --warmup-steps: '-1' is invalid"),
+    (["runs", "--out", "r.html", "--smoothing-span", "0"], 2, "argument --smoothing-span: '0' is invalid"),
+    (["runs", "--out", "r.html", "--smoothing", "median"], 2, "argument --smoothing: invalid choice: 'median'"),
+]
+
+
+@pytest.mark.parametrize("argv,code,phrase", REPORT_BAD, ids=[" ".join(a) for a, _, _ in REPORT_BAD])
+def test_report_refuses(report_dir, argv, code, phrase, capsys):
+    before = _snapshot(report_dir)
+    try:
+        got = report.main(argv)
+    except SystemExit as exc:
+        got = exc.code
+    err = capsys.readouterr().err.strip()
+    assert got == code and err.startswith("fp8lab report: error: ") and len(err.splitlines()) == 1, err
+    assert phrase in err, err
+    assert _snapshot(report_dir) == before
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_report_flags_nonfinite_losses_and_never_swaps_the_metric(report_dir, bad, capsys):
+    """A NaN/Inf validation loss: the run is flagged, the verdict gives no loss gap (it does not fall back
+    to the training loss or an older validation loss), and no numpy warning leaks."""
+    p = report_dir / "runs" / "fp8" / "metrics.jsonl"
+    recs = [json.loads(line) for line in p.read_text().splitlines()]
+    recs[-1]["val_loss"] = bad
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))  # json writes NaN / Infinity
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning from numpy would fail the test
+        assert report.main(["runs", "--out", "r.html"]) == 0
+    capsys.readouterr()
+    text = (report_dir / "r.html").read_text()
+    assert "its loss was non-finite (NaN/Inf, flagged in the runs table), so no loss gap is given" in text
+    assert "non-finite loss (NaN/Inf) in fp8: loss not compared" in text
+    assert "1 non-finite loss value(s) (NaN/Inf), the first at step 30" in text
+    assert "relative to BF16" not in text.split("For comparison")[0]  # no gap of any loss in the verdict
+    from fp8lab import analysis
+
+    s = analysis.summarize_runs(analysis.load_runs(report_dir / "runs"))
+    row = s.set_index("run_id").loc["fp8"]
+    assert row["nonfinite_losses"] == 1 and math.isnan(row["val_loss"]) and math.isnan(row["final_loss"])
+    assert s.set_index("run_id").loc["bf16", "nonfinite_losses"] == 0
+
+
+# ------------------------------------------------------------------------------ faults and resume safety
+
+def test_truncated_distcp_of_the_newest_checkpoint_falls_back_to_the_older_one(prepared, tmp_path, capsys):
+    cfg = dict(**TINY, steps=4, checkpoint_every=2, data=str(prepared))
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    train(TrainConfig(**cfg, output_dir=str(ref)))
+    shutil.copytree(ref, run)
+    distcp = run / "checkpoints" / "step_00000004" / "__0_0.distcp"
+    with open(distcp, "r+b") as fh:
+        fh.truncate(distcp.stat().st_size // 2)
+    capsys.readouterr()
+    s = train(TrainConfig(**cfg, output_dir=str(run)))
+    out = capsys.readouterr().out
+    assert "checkpoint step_00000004 does not load (CheckpointException" in out and "trying an older one" in out
+    assert s["resumed_from_step"] == 2 and s["status"] == "completed"
+    ref_losses = [r["loss"] for r in fmetrics.read_metrics(ref / "metrics.jsonl")]
+    assert [r["loss"] for r in fmetrics.read_metrics(run / "metrics.jsonl")] == ref_losses  # steps 3-4 redone exactly
+
+
+def test_no_loadable_checkpoint_is_a_clear_error_not_a_fresh_start(prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--model", "llama-tiny", "--seq-len", "32", "--micro-batch-size", "2", "--steps", "2", "--progress", "off",
+            "--save-model", "False", "--plot", "False", "--print-metrics", "False", "--data", str(prepared),
+            "--output-dir", str(out), "--checkpoint-every", "1", "--keep-checkpoints", "1"]
+    assert ftrain.main(argv) == 0
+    distcp = out / "checkpoints" / "step_00000002" / "__0_0.distcp"
+    distcp.write_bytes(b"")
+    capsys.readouterr()
+    assert ftrain.main(argv) == ftrain.EXIT_BAD_OPTIONS
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab train: error: --checkpoint-dir: no checkpoint in 'checkpoints' loads (step_00000002: ")
+    assert "--resume False" in err and len(err.splitlines()) == 1
+
+
+def test_checkpoint_folder_turning_read_only_mid_run_stops_cleanly(prepared, tmp_path):
+    out = tmp_path / "run"
+    ck = out / "checkpoints"
+    cmd = [sys.executable, "-m", "fp8lab", "train", "--model", "llama-tiny", "--seq-len", "32", "--micro-batch-size", "2",
+           "--compute-dtype", "fp32", "--steps", "100000", "--checkpoint-every", "3", "--progress", "off",
+           "--plot", "False", "--save-model", "False", "--data", str(prepared), "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (ck / "step_00000003").is_dir() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (ck / "step_00000003").is_dir(), "the first checkpoint was never written"
+        if not _make_readonly(ck):
+            pytest.skip("no read-only folder can be made here (root without chattr)")
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _undo_readonly(ck)
+    assert proc.returncode == ftrain.EXIT_CHECKPOINT_FAILED, stderr[-2000:]
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("fp8lab: stopped at step ") and "writing its checkpoint to --checkpoint-dir 'checkpoints'" in last
+    assert "resumes from step" in last
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "checkpoint_failed" and summary["message"] == last
+    steps = [r["step"] for r in fmetrics.read_metrics(out / "metrics.jsonl")]
+    assert steps == list(range(1, summary["steps"] + 1)) and summary["steps"] % 3 == 0 and summary["steps"] > 3
+    assert f"step {max(s for s in steps if s < summary['steps'] and s % 3 == 0)}" in last
+
+
+def test_resume_with_other_settings_is_refused_with_every_difference(prepared, tmp_path, capsys):
+    base = ["--model", "llama-tiny", "--seq-len", "32", "--micro-batch-size", "2", "--progress", "off", "--plot", "False",
+            "--save-model", "False", "--print-metrics", "False", "--data", str(prepared), "--output-dir", str(tmp_path / "r")]
+    assert ftrain.main(base + ["--steps", "4"]) == 0
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    assert ftrain.main(base + ["--steps", "6", "--lr", "0.001", "--min-lr", "0.0001"]) == ftrain.EXIT_BAD_OPTIONS
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "was written with other settings" in err
+    for diff in ("total_steps: 4 there, 6 here", "lr: 0.0003 there, 0.001 here", "min_lr: 3e-05 there, 0.0001 here"):
+        assert diff in err
+    assert "--resume-with-new-settings" in err
+    assert _snapshot(tmp_path) == before  # metrics.jsonl, config.json and checkpoints untouched
+    # the layout cannot change even when asked to continue with new settings
+    assert ftrain.main(base + ["--steps", "6", "--seed", "7", "--resume-with-new-settings"]) == ftrain.EXIT_BAD_OPTIONS
+    err = capsys.readouterr().err
+    assert "seed: 1234 there, 7 here" in err and "seed cannot change with --resume-with-new-settings" in err
+    assert ftrain.main(base + ["--steps", "3", "--resume-with-new-settings"]) == ftrain.EXIT_BAD_OPTIONS
+    assert "checkpoint" in (err := capsys.readouterr().err) and "allowed with --resume-with-new-settings: more than 4 steps" in err
+
+
+def test_resume_with_new_settings_follows_the_new_schedule(prepared, tmp_path):
+    """4 steps, then continued to 8 with a new --lr and --min-lr: steps 5-8 get exactly the learning rates a
+    fresh 8-step run with those options has there, and the last one is not below --min-lr."""
+    cfg = dict(**TINY, data=str(prepared), warmup_steps=1)
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    train(TrainConfig(**cfg, steps=4, output_dir=str(run)))
+    s = train(TrainConfig(**cfg, steps=8, lr=1e-3, min_lr=1e-4, resume_with_new_settings=True, output_dir=str(run)))
+    train(TrainConfig(**cfg, steps=8, lr=1e-3, min_lr=1e-4, output_dir=str(fresh), checkpoint_every=-1))
+    assert s["resumed_from_step"] == 4 and s["steps"] == 8
+    got = {r["step"]: r["lr"] for r in fmetrics.read_metrics(run / "metrics.jsonl")}
+    want = {r["step"]: r["lr"] for r in fmetrics.read_metrics(fresh / "metrics.jsonl")}
+    assert [got[i] for i in range(5, 9)] == pytest.approx([want[i] for i in range(5, 9)], rel=1e-12)
+    assert min(got[i] for i in range(5, 9)) >= 1e-4
+    cfg_json = json.loads((run / "config.json").read_text())
+    assert cfg_json["resume_with_new_settings"] is True and cfg_json["resumed_from_step"] == 4
+
+
+def test_shared_files_hold_no_absolute_paths(prepared, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--model", "llama-tiny", "--seq-len", "32", "--micro-batch-size", "2", "--steps", "2", "--progress", "off",
+            "--plot", "False", "--print-metrics", "False", "--data", str(prepared), "--output-dir", str(out),
+            "--checkpoint-dir", str(out / "ck"), "--model-dir", str(tmp_path / "elsewhere" / "model")]
+    assert ftrain.main(argv) == 0
+    for name in ("config.json", "summary.json"):
+        assert str(tmp_path) not in (out / name).read_text(), name
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["output_dir"] == "." and cfg["checkpoint_dir"] == "ck" and cfg["model_dir"] == "<abs>/model"
+    assert cfg["data"] == f"<abs>/{prepared.name}" and cfg["command"].startswith("fp8lab train --model llama-tiny")
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["output_dir"], summary["checkpoint_dir"], summary["model_dir"]) == (".", "ck", "<abs>/model")
+    # through the Python API (a notebook kernel): the equivalent command, not the interpreter's argv
+    api = tmp_path / "api"
+    train(TrainConfig(**TINY, steps=1, data=str(prepared), output_dir=str(api)))
+    command = json.loads((api / "config.json").read_text())["command"]
+    assert command.startswith("fp8lab train --steps 1 --micro-batch-size 2 --seq-len 32 --data <abs>/")
+    assert "--output-dir . " in command and "via the Python API" in command
+    assert str(tmp_path) not in command and sys.executable not in command
