@@ -811,6 +811,16 @@ def headline_runs(runs: pd.DataFrame, summary: pd.DataFrame, headline: pd.DataFr
     return loss, summary[summary["run_id"].isin(ids)]
 
 
+DETAILS = ("headline", "all")  # notebook 05's views: the answer per model, or every run
+
+
+def check_detail(detail: str) -> str:
+    """``detail`` if it names a view of notebook 05 ('headline' or 'all'), else a ValueError listing them."""
+    if detail not in DETAILS:
+        raise ValueError(f"detail={detail!r}; allowed: {', '.join(map(repr, DETAILS))}")
+    return detail
+
+
 def select_runs(runs: pd.DataFrame, models: Sequence[str] | None = None, studies: Sequence[str] | None = None,
                 variant: str | None = None) -> pd.DataFrame:
     """The runs of the given models and studies whose variant label contains ``variant`` (None or empty:
