@@ -10,6 +10,7 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.container
+import matplotlib.ticker
 
 import numpy as np
 import pandas as pd
@@ -481,14 +482,15 @@ def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
     if not len(curve):
         return _finish(_empty(title, "nothing planned"), save)
     tokens, itype = curve["tokens"].iloc[0], curve["instance_type"].iloc[0]
-    fig, axes = _new(ncols=2, width=6.0, height=3.8)
+    fig, axes = _new(ncols=2, width=6.0, height=4.2)
     models = _models(curve)
     styles = ["-", "--", ":", "-."]
     for mi, model in enumerate(models):
         for prec, g in curve[curve["model"] == model].groupby("precision", sort=True):
             g = g.sort_values("instances")
             color = matplotlib.colormaps["Oranges" if is_fp8(prec) else "Blues"](0.55 + 0.4 * mi / max(len(models) - 1, 1))
-            kind = "measured" if g["measured"].all() else "assumed MFU"
+            kind = (f"measured, {g['node_efficiency'].iloc[0]:.0%} at 8 GPUs" if g["measured"].all()
+                    else "assumed MFU, no measurement")
             for ax, col in ((axes[0, 0], "hours"), (axes[0, 1], "cost_usd")):
                 ax.plot(g["instances"], g[col], styles[mi % 4], marker="o", ms=3, color=color,
                         label=f"{model} {prec.upper()} ({kind})")
@@ -497,10 +499,16 @@ def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
         ax.set_ylabel(ylabel)
         ax.set_xticks(sorted(curve["instances"].unique()))
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3, which="both")
     axes[0, 0].set_title("time", fontsize=10)
     axes[0, 1].set_title(f"cost at ${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour", fontsize=10)
     _shared_legend(fig, axes)
-    notes = list(dict.fromkeys(curve["assumption"].dropna()))
+    import textwrap
+
+    notes = [textwrap.fill(n, 140) for n in dict.fromkeys([*curve["assumption"].dropna(),
+                                                            *curve.get("gpu_scaling", pd.Series(dtype=object)).dropna()])]
     fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens)\n" + "\n".join(notes), fontsize=9)
     return _finish(fig, save)
