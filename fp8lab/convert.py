@@ -252,9 +252,54 @@ class EquivalenceReport:
     loss_abs_diff: float
     loss_rel_diff: float
     per_layer: list[LayerDiff] | None = field(default=None)
+    fp32: TruthDiff | None = field(default=None)  # both models against an fp32 forward, when asked for
+
+    def three_way(self) -> list[dict[str, Any]]:
+        """Rows for a table: logits (and, per layer, each block's output), the converted model against
+        the reference, and each of them against the fp32 truth (needs ``fp32_reference``)."""
+        if self.fp32 is None:
+            raise ValueError("no fp32 truth in this report: call check_equivalence(..., fp32_reference=True)")
+        rows = [{"where": "logits", "converted vs reference": self.logits_rel_diff,
+                 "reference vs fp32": self.fp32.reference_logits_rel_diff,
+                 "converted vs fp32": self.fp32.converted_logits_rel_diff}]
+        for i, t in enumerate(self.fp32.per_layer or []):
+            rows.append({"where": f"block {i}", "converted vs reference": self.per_layer[i].rel_diff if self.per_layer else None,
+                         "reference vs fp32": t.reference_rel_diff, "converted vs fp32": t.converted_rel_diff})
+        return rows
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class LayerTruth:
+    name: str  # converted model's block fqn
+    reference_rel_diff: float  # ||reference - fp32|| / ||fp32|| of the block output
+    converted_rel_diff: float  # ||converted - fp32|| / ||fp32||
+
+
+@dataclass
+class TruthDiff:
+    """The reference (e.g. HF in bf16) and the converted model, each against an fp32 forward of the same
+    weights. A correct conversion in bf16 need not match HF's bf16 forward (the two round differently,
+    HF's bf16 RoPE drifts at long sequences): what it must do is be at least as close to fp32."""
+
+    dtype: str  # of the truth: 'float32'
+    reference_logits_rel_diff: float
+    converted_logits_rel_diff: float
+    loss_truth: float
+    reference_loss_abs_diff: float
+    converted_loss_abs_diff: float
+    per_layer: list[LayerTruth] | None = field(default=None)
+
+    @property
+    def converted_at_least_as_close(self) -> bool:
+        """The converted model's logits are no further from fp32 than the reference's, up to float32
+        rounding (``FP32_ROUNDING``: an fp32 reference is the truth itself, 0 away)."""
+        return self.converted_logits_rel_diff <= self.reference_logits_rel_diff + FP32_ROUNDING
+
+
+FP32_ROUNDING = 1e-5  # relative difference two fp32 forwards of one model may show (summation order)
 
 
 def _batch(batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -269,15 +314,43 @@ def _out_tensor(o) -> torch.Tensor:
     return o[0] if isinstance(o, (tuple, list)) else o
 
 
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _fp32_truth(reference: nn.Module, fp32_reference: nn.Module | bool) -> nn.Module:
+    """The fp32 model to compare against: the one given, or an fp32 copy of ``reference`` (its weights,
+    as stored, computed in fp32)."""
+    if fp32_reference is True:
+        truth = copy.deepcopy(reference).float()
+    elif isinstance(fp32_reference, nn.Module):
+        truth = fp32_reference
+    else:
+        raise ValueError(f"fp32_reference={fp32_reference!r}; allowed: None or False (no fp32 truth), True (an fp32 copy "
+                         "of the reference), or an fp32 nn.Module with the reference's weights")
+    dtypes = {p.dtype for p in truth.parameters() if p.is_floating_point()}
+    if dtypes != {torch.float32}:
+        raise ValueError(f"fp32_reference: its parameters must be float32, found {sorted(map(str, dtypes))}")
+    return truth
+
+
 def check_equivalence(reference: nn.Module, converted: nn.Module, batch, per_layer: bool = False, *,
-                      fp8: bool = False, recipe: Recipe | str | None = None, warmup: int = 2) -> EquivalenceReport:
+                      fp8: bool = False, recipe: Recipe | str | None = None, warmup: int = 2,
+                      fp32_reference: nn.Module | bool | None = None) -> EquivalenceReport:
     """Run both models on ``batch`` and report logits and loss differences (per block if asked).
 
     ``fp8=True`` runs the converted model inside its backend's FP8 autocast (the conversion's
     recipe unless ``recipe`` is given), after ``warmup`` forward passes so that delayed scaling
     has an amax history (TE updates it only with grad enabled, so the passes run with grad on).
+
+    ``fp32_reference``: also run an fp32 forward of the same weights (``True``: an fp32 copy of
+    ``reference``; or pass one) and report both models against it in ``report.fp32`` (per block too
+    with ``per_layer``). A bf16 conversion is right when it is at least as close to fp32 as the bf16
+    reference is: at real widths HF's own bf16 forward is ~10% from fp32, so "converted vs reference"
+    alone overstates the conversion's error.
     """
     info = _info(converted)
+    truth = None if fp32_reference is None or fp32_reference is False else _fp32_truth(reference, fp32_reference)
     ids, labels = _batch(batch)
     rec = info.recipe if recipe is None else Recipe.parse(recipe)
     be = get_backend(info.backend)
@@ -286,18 +359,26 @@ def check_equivalence(reference: nn.Module, converted: nn.Module, batch, per_lay
     conv_layers = _fused.decoder_layers(converted)
     if len(ref_layers) != len(conv_layers):
         raise ValueError(f"reference has {len(ref_layers)} blocks, converted {len(conv_layers)}")
-    captured: dict[str, list[torch.Tensor]] = {"ref": [], "conv": []}
+    truth_layers = _fused.decoder_layers(truth) if truth is not None else []
+    if truth is not None and len(truth_layers) != len(ref_layers):
+        raise ValueError(f"fp32_reference has {len(truth_layers)} blocks, reference {len(ref_layers)}")
+    captured: dict[str, list[torch.Tensor]] = {"ref": [], "conv": [], "truth": []}
     hooks = []
     if per_layer:
-        for key, layers in (("ref", ref_layers), ("conv", conv_layers)):
+        for key, layers in (("ref", ref_layers), ("conv", conv_layers), ("truth", truth_layers)):
             for _, mod in layers:
                 hooks.append(mod.register_forward_hook(
                     lambda m, i, o, key=key: captured[key].append(_out_tensor(o).detach().float())))
-    modes = (reference.training, converted.training)
+    modes = (reference.training, converted.training, truth.training if truth is not None else False)
     reference.eval(), converted.eval()
+    truth_out = None
     try:
         with torch.no_grad():
             ref_out = reference(input_ids=ids, labels=labels)
+            if truth is not None:
+                truth.eval()
+                truth_out = truth(input_ids=ids.to(next(truth.parameters()).device),
+                                  labels=labels.to(next(truth.parameters()).device))
         with torch.enable_grad():
             for _ in range(warmup if fp8 else 0):
                 with ctx():
@@ -309,18 +390,29 @@ def check_equivalence(reference: nn.Module, converted: nn.Module, batch, per_lay
         for h in hooks:
             h.remove()
         reference.train(modes[0]), converted.train(modes[1])
+        if truth is not None:
+            truth.train(modes[2])
     a, b = ref_out.logits.detach().float(), conv_out.logits.detach().float()
     la, lb = float(ref_out.loss.detach()), float(conv_out.loss.detach())
     layers = None
     if per_layer:
         layers = [
-            LayerDiff(name, float((y - x).norm() / x.norm().clamp_min(1e-30)), float((y - x).abs().max()))
+            LayerDiff(name, _rel(y, x), float((y - x).abs().max()))
             for (name, _), x, y in zip(conv_layers, captured["ref"], captured["conv"])
         ]
+    fp32 = None
+    if truth_out is not None:
+        t = truth_out.logits.detach().float().to(a.device)
+        lt = float(truth_out.loss.detach())
+        per = None
+        if per_layer:
+            per = [LayerTruth(name, _rel(x, tt.to(x.device)), _rel(y, tt.to(y.device)))
+                   for (name, _), x, y, tt in zip(conv_layers, captured["ref"], captured["conv"], captured["truth"])]
+        fp32 = TruthDiff("float32", _rel(a, t), _rel(b, t), lt, abs(la - lt), abs(lb - lt), per)
     return EquivalenceReport(
         info.backend, fp8, rec.describe(), str(conv_out.logits.dtype).replace("torch.", ""),
-        float((a - b).abs().max()), float((a - b).norm() / a.norm().clamp_min(1e-30)),
-        la, lb, abs(la - lb), abs(la - lb) / max(abs(la), 1e-30), layers,
+        float((a - b).abs().max()), _rel(b, a),
+        la, lb, abs(la - lb), abs(la - lb) / max(abs(la), 1e-30), layers, fp32,
     )
 
 

@@ -402,6 +402,22 @@ class Estimate:
             rate *= self.fp8_speedup
         return flops / rate + self.startup_s
 
+    def basis(self, spec: JobSpec) -> str:
+        """What a job's estimate rests on (the plan table's ``basis`` column)."""
+        return f"assumed MFU {self.assumed_mfu} of BF16 peak" + (f", FP8 x{self.fp8_speedup}" if spec.precision == "fp8" else "")
+
+    def describe(self) -> str:
+        return (f"estimate: MFU {self.assumed_mfu} of BF16 peak, FP8 speed-up x{self.fp8_speedup}, "
+                f"+{self.startup_s} s start-up per job (planning numbers, not measurements)")
+
+
+def default_estimate() -> Estimate:
+    """The estimate plans use unless given one: measured throughput from data/results/ where it exists
+    (:class:`fp8lab.estimates.MeasuredEstimate`), this MFU assumption elsewhere."""
+    from fp8lab.estimates import MeasuredEstimate
+
+    return MeasuredEstimate()
+
 
 @dataclass(frozen=True)
 class PlannedJob:
@@ -442,7 +458,7 @@ class SweepPlan:
             "instances": j.spec.instance_count, "gpus": j.spec.world_size,
             "tokens": j.spec.total_tokens, "max_run_h": round(j.spec.max_run_s / 3600, 2),
             "est_hours": round(j.est_hours, 2), "gpu_hours": round(j.gpu_hours, 1),
-            "cost_usd": round(j.cost_usd, 2),
+            "cost_usd": round(j.cost_usd, 2), "basis": self.estimate.basis(j.spec),
         } for j in self.jobs]
         rows.append({"job": "TOTAL", "instances": sum(j.spec.instance_count for j in self.jobs),
                      "gpus": sum(j.spec.world_size for j in self.jobs),
@@ -507,7 +523,7 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
     specs = [JobSpec(model=m, precision=p, instance_count=n, **common)
              for m, p, n in itertools.product(models, precisions, instance_counts)]
     price, source = _price_for((s.instance_type for s in specs), price_per_hour)
-    est = estimate or Estimate()
+    est = estimate or default_estimate()
     if "max_run_s" not in common:
         # One time limit per (model, instance count), the longer of its BF16 and FP8 estimates,
         # so the paired jobs differ in nothing but precision.
@@ -533,17 +549,18 @@ def _as_plan(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], price_per_ho
         price, source = _price_for((s.instance_type for s in specs), price_per_hour)
     except ValueError:
         price, source = float("nan"), "no price known for this instance type (pass price_per_hour)"
-    est = Estimate()
+    est = default_estimate()
     return SweepPlan(tuple(_plan_job(s, price, est) for s in specs), price, source, est)
 
 
 def format_cost_table(plan: SweepPlan) -> str:
     """The plan as text: one line per job and the total, with the price assumption spelled out."""
     df = plan.table()
-    text = df.to_string(index=False, na_rep="")
+    text = df.drop(columns="basis").to_string(index=False, na_rep="")
+    basis = "\n".join(f"  {j.spec.model} {j.spec.precision} x{j.spec.instance_count}: {plan.estimate.basis(j.spec)}"
+                      for j in plan.jobs)
     return (f"{text}\nprice: {plan.price_per_hour} USD per instance-hour ({plan.price_source})\n"
-            f"estimate: MFU {plan.estimate.assumed_mfu} of BF16 peak, FP8 speed-up x{plan.estimate.fp8_speedup}, "
-            f"+{plan.estimate.startup_s} s start-up per job (planning numbers, not measurements)")
+            f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}")
 
 
 # ----------------------------------------------------------------------------------------------

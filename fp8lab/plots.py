@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.container
+import matplotlib.ticker
 
 import numpy as np
 import pandas as pd
@@ -41,10 +43,13 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
 
 
 def show(fig: Figure) -> None:
-    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included)."""
+    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included).
+
+    The output's metadata carries :func:`figure_stats` (bars per panel, legend entries, pixels), so a
+    test of the executed notebook can check that each figure stays readable."""
     from IPython.display import Image, display
 
-    display(Image(data=to_png(fig), format="png"))
+    display(Image(data=to_png(fig), format="png"), metadata={"fp8lab": figure_stats(fig)})
 
 
 def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, np.ndarray]:
@@ -381,4 +386,129 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
     ax.set_ylim(0, max(1.1, float(scaling["efficiency"].max()) * 1.05))
     ax.set_title(title)
     ax.legend(fontsize=8)
+    return _finish(fig, save)
+
+
+# ------------------------------------------------------------------------------ headline view
+
+_ROLE_COLORS = {"plain HF BF16": "0.6", "best BF16": matplotlib.colormaps["Blues"](0.75)}
+_FP8_SHADES = {"delayed": 0.8, "current": 0.6, "block": 0.42, "mxfp8": 0.3}
+SOURCE_BAR_LABEL = "source blog: FP8 / its BF16 (reported, H100 P5)"
+
+
+def _role_color(role: str) -> object:
+    if role in _ROLE_COLORS:
+        return _ROLE_COLORS[role]
+    _, backend, recipe = (role.split() + ["", "", ""])[:3]
+    cmap = matplotlib.colormaps["Purples" if backend == "torchao" else "Oranges"]
+    return cmap(_FP8_SHADES.get(recipe, 0.5))
+
+
+def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
+                    save: str | Path | None = None) -> Figure:
+    """Per model, a handful of bars: tokens/s/GPU relative to the best BF16 run (1.0) for plain
+    `transformers` BF16, the best BF16 and the best FP8 run of each backend and recipe, from
+    ``analysis.best_runs``, and the source's reported FP8 speedup over its own BF16 (hatched).
+    Each bar is labelled with its ratio, tokens/s/GPU and batch layout."""
+    title = "Tokens/s/GPU relative to the best BF16 run, per model (one GPU)"
+    if not len(best):
+        return _finish(_empty(title), save)
+    groups = [(m, g) for m, g in best.groupby("model", sort=False)]
+    ncols = min(2, len(groups))
+    nrows = -(-len(groups) // ncols)
+    fig, axes = _new(ncols=ncols, nrows=nrows, width=6.2, height=3.0)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    has_ref = reference is not None and len(reference)
+    widest = max(int((g["role"] != "best FP8").sum()) + 1 for _, g in groups)
+    for ax, (model, g) in zip(axes.flat, groups):
+        g = g[g["role"] != "best FP8"]  # drawn as its recipe's bar
+        labels, values, colors, notes = [], [], [], []
+        for _, r in g.iterrows():
+            labels.append(r["role"])
+            values.append(r["relative_to_best_bf16"])
+            colors.append(_role_color(r["role"]))
+            notes.append(f"{r['relative_to_best_bf16']:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n"
+                         + str(r["layout"]).replace(", ", "\n"))
+        for x, (v, c, lab) in enumerate(zip(values, colors, labels)):
+            ax.bar([x], [v], color=c, label=lab)
+        ref = reference[np.isclose(reference["params_b"], model_size_b(model))] if has_ref else []
+        if len(ref):
+            x = len(values)
+            ax.bar([x], [ref["speedup"].iloc[0]], color="white", edgecolor="crimson", hatch="//",
+                   label=SOURCE_BAR_LABEL)
+            values.append(ref["speedup"].iloc[0])
+            notes.append(f"{ref['speedup'].iloc[0]:.2f}x\nreported\n({ref['model_size'].iloc[0]})")
+        for x, (v, note) in enumerate(zip(values, notes)):
+            ax.annotate(note, (x, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6.5)
+        ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+        ax.set_xticks([])
+        ax.set_xlim(-0.6, widest - 0.4)  # equal bar widths in every panel
+        ax.set_ylim(0, 1.55 * max(values))
+        ax.set_ylabel("relative to best BF16", fontsize=8)
+        ax.set_title(f"{model} ({g['gpu_name'].iloc[0]})", fontsize=10)
+    seen: dict[str, object] = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    order = sorted(seen, key=lambda k: (k != "plain HF BF16", k != "best BF16", k == SOURCE_BAR_LABEL, k))
+    fig.legend([seen[k] for k in order], order, loc="outside lower center", ncols=4, fontsize=8)
+    fig.suptitle(title)
+    return _finish(fig, save)
+
+
+def figure_stats(fig: Figure, dpi: int = 110) -> dict:
+    """What a reader faces in a figure: bars per panel, legend entries, and its size in pixels at ``dpi``
+    (as :func:`to_png` renders it). Tests read these from executed notebooks."""
+    import struct
+
+    png = to_png(fig, dpi)
+    width, height = struct.unpack(">II", png[16:24])  # the PNG header's IHDR chunk
+    bars = []
+    for ax in fig.axes:
+        if ax.get_visible():
+            bars.append(sum(len(c.patches) for c in ax.containers if isinstance(c, matplotlib.container.BarContainer)))
+    legend = sum(len(leg.get_texts()) for leg in fig.legends)
+    legend += sum(len(ax.get_legend().get_texts()) for ax in fig.axes if ax.get_legend() is not None)
+    return {"bars_per_panel": bars, "legend_entries": legend, "width_px": int(width), "height_px": int(height),
+            "dpi": dpi, "title": fig._suptitle.get_text() if fig._suptitle else ""}
+
+
+def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """Time and cost to train the token budget against the number of instances, BF16 against FP8, per
+    model, from ``fp8lab.estimates.plan_curve``. The basis (measured rate, assumed multi-node scaling)
+    is written under the panels."""
+    title = "Planned sweep: time and cost to train the token budget"
+    if not len(curve):
+        return _finish(_empty(title, "nothing planned"), save)
+    tokens, itype = curve["tokens"].iloc[0], curve["instance_type"].iloc[0]
+    fig, axes = _new(ncols=2, width=6.0, height=4.2)
+    models = _models(curve)
+    styles = ["-", "--", ":", "-."]
+    for mi, model in enumerate(models):
+        for prec, g in curve[curve["model"] == model].groupby("precision", sort=True):
+            g = g.sort_values("instances")
+            color = matplotlib.colormaps["Oranges" if is_fp8(prec) else "Blues"](0.55 + 0.4 * mi / max(len(models) - 1, 1))
+            kind = (f"measured, {g['node_efficiency'].iloc[0]:.0%} at 8 GPUs" if g["measured"].all()
+                    else "assumed MFU, no measurement")
+            for ax, col in ((axes[0, 0], "hours"), (axes[0, 1], "cost_usd")):
+                ax.plot(g["instances"], g[col], styles[mi % 4], marker="o", ms=3, color=color,
+                        label=f"{model} {prec.upper()} ({kind})")
+    for ax, ylabel in ((axes[0, 0], "hours (wall clock)"), (axes[0, 1], "cost (USD)")):
+        ax.set_xlabel(f"{itype} instances")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(sorted(curve["instances"].unique()))
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.grid(alpha=0.3, which="both")
+    axes[0, 0].set_title("time", fontsize=10)
+    axes[0, 1].set_title(f"cost at ${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour", fontsize=10)
+    _shared_legend(fig, axes)
+    import textwrap
+
+    notes = [textwrap.fill(n, 140) for n in dict.fromkeys([*curve["assumption"].dropna(),
+                                                            *curve.get("gpu_scaling", pd.Series(dtype=object)).dropna()])]
+    fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens)\n" + "\n".join(notes), fontsize=9)
     return _finish(fig, save)

@@ -290,3 +290,56 @@ def test_te_rope_tables_are_the_angles_of_the_pytorch_rope():
     assert freqs.shape == (32, 1, 1, 16) and freqs.dtype == torch.float32 and freqs.is_contiguous()
     torch.testing.assert_close(freqs[:, 0, 0].cos(), cos[0, :, 0], atol=0, rtol=0)
     torch.testing.assert_close(freqs[:, 0, 0].sin(), sin[0, :, 0], atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------- equivalence against fp32 truth
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "swap"])
+def test_equivalence_against_an_fp32_forward_three_ways(fuse):
+    """bf16 on the CPU, emulated backend: both models against an fp32 forward of the same weights, per block."""
+    ref = build_model("llama-tiny", device="cpu", dtype=torch.bfloat16, seed=0)
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=fuse)
+    ids = _ids()
+    rep = check_equivalence(ref, conv, ids, per_layer=True, fp32_reference=True)
+    t = rep.fp32
+    assert t is not None and t.dtype == "float32"
+    assert 0 < t.reference_logits_rel_diff < 0.05  # bf16 rounding, measured against fp32 truth
+    assert t.converted_at_least_as_close and t.converted_logits_rel_diff <= t.reference_logits_rel_diff
+    assert [lt.name for lt in t.per_layer] == [d.name for d in rep.per_layer] and len(t.per_layer) == 2
+    assert all(0 < lt.reference_rel_diff < 0.05 for lt in t.per_layer)
+    # the truth is the reference's weights computed in fp32: its loss is the fp32 model's own
+    truth = copy.deepcopy(ref).float()
+    with torch.no_grad():
+        assert t.loss_truth == pytest.approx(float(truth(input_ids=ids, labels=ids).loss), rel=1e-6)
+    given = check_equivalence(ref, conv, ids, per_layer=True, fp32_reference=truth)
+    assert given.fp32.reference_logits_rel_diff == pytest.approx(t.reference_logits_rel_diff)
+    rows = rep.three_way()
+    assert [r["where"] for r in rows] == ["logits", "block 0", "block 1"]
+    assert rows[0]["reference vs fp32"] == t.reference_logits_rel_diff
+    assert rows[1]["converted vs reference"] == rep.per_layer[0].rel_diff
+    # with FP8 on, the converted model moves away from the truth by the FP8 error
+    on = check_equivalence(ref, conv, ids, per_layer=True, fp8=True, fp32_reference=True)
+    assert on.fp32.converted_logits_rel_diff > 3 * on.fp32.reference_logits_rel_diff
+
+
+def test_fp32_reference_of_an_fp32_model_is_itself_and_old_calls_are_unchanged():
+    ref = build_model("llama-tiny", device="cpu", dtype=torch.float32, seed=0)
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True)
+    rep = check_equivalence(ref, conv, _ids(), fp32_reference=True)
+    assert rep.fp32.reference_logits_rel_diff == 0.0 and rep.fp32.per_layer is None
+    old = check_equivalence(ref, conv, _ids(), True)  # the old positional call: no fp32 forward
+    assert old.fp32 is None and old.logits_rel_diff == pytest.approx(rep.logits_rel_diff)
+    with pytest.raises(ValueError, match="no fp32 truth"):
+        old.three_way()
+
+
+def test_bad_fp32_reference_is_named():
+    ref = build_model("llama-tiny", device="cpu", dtype=torch.float32, seed=0)
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True)
+    with pytest.raises(ValueError, match="fp32_reference: its parameters must be float32"):
+        check_equivalence(ref, conv, _ids(), fp32_reference=copy.deepcopy(ref).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="fp32_reference='yes'; allowed"):
+        check_equivalence(ref, conv, _ids(), fp32_reference="yes")
+    other = build_model("llama-tiny", device="cpu", dtype=torch.float32, seed=0, num_layers=3)
+    with pytest.raises(ValueError, match="fp32_reference has 3 blocks, reference 2"):
+        check_equivalence(ref, conv, _ids(), per_layer=True, fp32_reference=other)

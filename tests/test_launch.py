@@ -106,9 +106,16 @@ def test_plan_costs_add_up_and_follow_the_price():
     by = {(j.spec.model, j.spec.precision, j.spec.instance_count): j for j in plan.jobs}
     # more parameters -> more time; FP8 faster than BF16 by the assumed factor; more nodes -> shorter
     assert by["llama-7b", "bf16", 1].est_hours > 4 * by["llama-1b", "bf16", 1].est_hours
-    start = plan.estimate.startup_s / 3600
-    assert (by["llama-1b", "bf16", 1].est_hours - start) == pytest.approx(1.15 * (by["llama-1b", "fp8", 1].est_hours - start))
     assert by["llama-1b", "bf16", 4].est_hours < by["llama-1b", "bf16", 1].est_hours
+    # the MFU-assumption Estimate (the fallback for models without measurements): FP8 faster by the assumed factor
+    assumed = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 4], role=ROLE, bucket=BUCKET,
+                           tokens=24 * 10**9, estimate=L.Estimate())
+    by = {(j.spec.model, j.spec.precision, j.spec.instance_count): j for j in assumed.jobs}
+    start = assumed.estimate.startup_s / 3600
+    assert (by["llama-1b", "bf16", 1].est_hours - start) == pytest.approx(1.15 * (by["llama-1b", "fp8", 1].est_hours - start))
+    assert by["llama-7b", "bf16", 1].est_hours > 4 * by["llama-1b", "bf16", 1].est_hours
+    assert set(assumed.table()["basis"].dropna()) == {"assumed MFU 0.35 of BF16 peak", "assumed MFU 0.35 of BF16 peak, FP8 x1.15"}
+    assert "MFU 0.35 of BF16 peak" in L.format_cost_table(assumed)
     cheaper = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 4], role=ROLE, bucket=BUCKET,
                            tokens=24 * 10**9, price_per_hour=50.0)
     assert cheaper.total_cost_usd == pytest.approx(plan.total_cost_usd * 50.0 / 113.07)

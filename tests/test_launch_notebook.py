@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -41,6 +42,13 @@ def _check(vals, plan, executed: Path):
     menv.assert_clean(ALLOWED, text)
     # printed requests carry no account id, not even the placeholder's
     assert "arn:aws:iam::<account-id>:role/fp8lab-sagemaker-execution-role" in text
+    # the plan rests on measurements where they exist, and says which; the chart agrees with the plan
+    assert vals["basis"] == list(plan.table()["basis"].dropna())
+    curve = {(r["model"], r["precision"], r["instances"]): r for r in vals["curve"]}
+    for j in plan.jobs:
+        c = curve[j.spec.model, j.spec.precision, j.spec.instance_count]
+        assert c["hours"] == pytest.approx(j.est_hours) and c["cost_usd"] == pytest.approx(j.cost_usd)
+        assert c["measured"] == plan.estimate.basis(j.spec).startswith("measured ")
 
 
 @pytest.mark.slow
@@ -51,6 +59,12 @@ def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
                         role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET)
     _check(vals, plan, res[0].output)
     assert vals["n_jobs"] == 12 and vals["price_per_hour"] == 113.07 and vals["n_metric_rows"] == 0
+    assert sorted({r["instances"] for r in vals["curve"]}) == list(range(1, 9))  # chart_instances = 8
+    assert all(r["measured"] for r in vals["curve"])  # llama-1b and llama-7b were measured in both precisions
+    nb = json.loads(res[0].output.read_text())
+    figs = [o["metadata"]["fp8lab"] for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(figs) == 1 and figs[0]["legend_entries"] == 4 and figs[0]["width_px"] <= 1600
+    assert "the only measurement" in figs[0]["title"] and "(assumed)" in figs[0]["title"]
 
 
 def test_notebook_04_custom_sweep(tmp_path):

@@ -25,6 +25,11 @@ def test_notebook_02_defaults(tmp_path):
         assert vals["fp8_off_logits_rel_diff"] < 1e-5 and vals["fp8_off_loss_abs_diff"] < 1e-5
         assert vals["timings"] is None
     assert vals["round_trip_identical"] is True
+    # three-way against an fp32 forward of the same weights: on a CPU in float32 all three agree
+    if vals["backend"] == "emulated":
+        assert vals["fp32_hf_logits_rel_diff"] < 1e-6 and vals["fp32_converted_logits_rel_diff"] < 1e-5
+    assert vals["fp32_converted_at_least_as_close"] is True
+    assert len(vals["fp32_per_layer"]) == vals["num_layers"]
     assert vals["high_precision"] == ["embed", "norm", "lm_head"]
     assert vals["fp8_modules"] == 3 * vals["num_layers"]
     errs = vals["fp8_error_per_layer"]

@@ -2,11 +2,13 @@
 data/results/, possibly none yet) and with a user's own trainer output folders."""
 from __future__ import annotations
 
+import struct
+
 import nbformat
 import pytest
 
 from fp8lab import analysis
-from fp8lab.notebooks import NOTEBOOK_DIR, declared_parameters, read_glued, run
+from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
 from test_analysis import make_pair
 
 NB = NOTEBOOK_DIR / "05_analyze_results.ipynb"
@@ -15,6 +17,15 @@ NB = NOTEBOOK_DIR / "05_analyze_results.ipynb"
 def _images(path) -> int:
     nb = nbformat.read(str(path), as_version=4)
     return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def _figures(path) -> list[tuple[dict, bytes]]:
+    """(what fp8lab.plots.show recorded about the figure, the PNG itself) for every figure shown."""
+    import base64
+
+    nb = nbformat.read(str(path), as_version=4)
+    return [(o.get("metadata", {}).get("fp8lab", {}), base64.b64decode(o["data"]["image/png"]))
+            for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
 
 
 def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
@@ -29,13 +40,47 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
     if vals["n_runs"] == 0:
         assert "no measured BF16/FP8 pairs" in vals["verdict"]
     assert vals["n_profiled_runs"] == analysis.load_profiles()["run_id"].nunique()
-    assert _images(res[0].output) == 7  # throughput, speedup, loss, MFU, profile, scaling, cost: drawn even with no runs
+    assert vals["detail"] == "headline"
+    headline = analysis.headline_table(summary, reference=analysis.load_reference())
+    assert vals["headline"] == {m: {"best_bf16": b, "best_fp8": f, "speedup": pytest.approx(s)} for m, b, f, s in
+                                zip(headline["model"], headline["bf16_run"], headline["fp8_run"], headline["speedup"])}
+    figures = _figures(res[0].output)
+    assert len(figures) == 3  # headline, loss study, time and cost of best BF16 vs best FP8
+    for stats, png in figures:  # readable at a glance: measured on the figures the notebook drew
+        width, height = struct.unpack(">II", png[16:24])
+        assert (width, height) == (stats["width_px"], stats["height_px"]), stats
+        assert width <= 1600 and height <= 900, stats
+        assert max(stats["bars_per_panel"], default=0) <= 12 and stats["legend_entries"] <= 8, stats
+    text = res[0].output.read_text()
+    assert "set detail = 'all'" in text
+
+
+def test_detail_all_shows_every_run(tmp_path):
+    res = run(["05"], {"detail": "all"}, output_dir=tmp_path, progress=False)
+    vals = read_glued(res[0].output)
+    assert vals["detail"] == "all" and vals["n_runs"] == analysis.load_runs()["run_id"].nunique()
+    # headline, loss, cost, throughput, speedup, MFU, scaling, profile: drawn even with no runs
+    assert _images(res[0].output) == 8
+
+
+def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):
+    committed = analysis.load_runs()
+    model = sorted(committed["model"].dropna().unique())[0]
+    res = run(["05"], {"models": [model]}, output_dir=tmp_path, progress=False)
+    vals = read_glued(res[0].output)
+    assert vals["n_runs"] == committed[committed["model"] == model]["run_id"].nunique()
+    assert set(vals["headline"]) == {model}
+    with pytest.raises(NotebookError, match="detail='everything'; allowed: 'headline', 'all'"):
+        run(["05"], {"detail": "everything"}, output_dir=tmp_path / "bad", progress=False)
+    with pytest.raises(NotebookError, match="no runs of llama-99b"):
+        run(["05"], {"models": ["llama-99b"]}, output_dir=tmp_path / "bad2", progress=False)
 
 
 def test_user_run_folders_are_analysed(tmp_path):
     runs = make_pair(tmp_path / "my-runs", 1000.0, 1250.0)
     res = run(["05"], {"runs": [str(runs)], "price_per_instance_hour": 10.0, "token_budget": 1e9,
-                       "warmup_steps": 5, "smoothing": "window", "smoothing_span": 5, "save_figures": True},
+                       "warmup_steps": 5, "smoothing": "window", "smoothing_span": 5, "save_figures": True,
+                       "detail": "all"},
               output_dir=tmp_path / "out", progress=False)
     vals = read_glued(res[0].output)
     assert vals["n_runs"] == 2 and vals["run_ids"] == ["bf16", "fp8"] and vals["n_step_records"] == 60
@@ -46,7 +91,7 @@ def test_user_run_folders_are_analysed(tmp_path):
     assert "1.25x" in vals["verdict"] and "20% saved" in vals["verdict"]
     workdir = tmp_path / "out" / "05_analyze_results"
     assert vals["n_profiled_runs"] == 0  # no --profile-steps in these runs: the figure says so
-    for name in ("throughput", "speedup", "loss", "mfu", "profile", "cost", "scaling"):
+    for name in ("throughput", "speedup", "loss", "mfu", "profile", "cost", "scaling", "headline"):
         assert (workdir / f"{name}.png").exists() and (workdir / f"{name}.svg").exists()
 
 
@@ -78,3 +123,5 @@ def test_notebook_is_thin_and_its_defaults_match_the_library():
     assert params["price_per_instance_hour"] == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR
     assert params["gpus_per_instance"] == analysis.DEFAULT_GPUS_PER_INSTANCE
     assert params["smoothing"] in analysis.SMOOTHING_METHODS
+    assert params["detail"] == "headline" and params["detail"] in analysis.DETAILS
+    assert params["models"] == [] and params["studies"] == [] and params["variant"] == ""

@@ -16,12 +16,19 @@ The model must already be on the CUDA device (``model.to("cuda")``); TE builds i
 from __future__ import annotations
 
 import importlib.util
+import warnings
 
 import torch
 from torch import nn
 
 from fp8lab.backends import _fused, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
 from fp8lab.recipe import Recipe
+
+# A known-harmless warning of TE's import, silenced by its message and the module that raises it (no
+# other warning is touched): TE's __init__ warns when Jax is installed but TE's Jax extension is not,
+# which a PyTorch user does not need (seen on the H200 image, which ships Jax).
+JAX_WARNING = r"Detected a Jax installation but could not find the shared object file for the Transformer Engine Jax"
+warnings.filterwarnings("ignore", message=JAX_WARNING, category=RuntimeWarning, module=r"transformer_engine")
 
 INSTALL = "install: pip install --no-build-isolation 'transformer-engine[pytorch]', with a CUDA build of torch"
 

@@ -8,6 +8,7 @@ the converted layers through a plain ``F.linear`` on the same weights for as lon
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from contextlib import contextmanager
 from functools import partial
@@ -19,6 +20,13 @@ from fp8lab.backends import install_or_gpu_problem, linear_targets
 from fp8lab.recipe import Recipe
 
 INSTALL = "install: pip install torchao, with a CUDA build of torch"
+
+# A known-harmless warning of torchao's import, silenced by its message and the files that raise it:
+# Python 3.12 compiles torchao 0.18's quantization/quant_api.py (a regex in a plain string) with
+# "SyntaxWarning: invalid escape sequence '\.'", once, when no bytecode is cached yet. Compile-time
+# warnings carry the file's path as their module, hence the path pattern.
+warnings.filterwarnings("ignore", message=r"invalid escape sequence", category=SyntaxWarning,
+                        module=r".*[/\\]torchao[/\\]")
 
 
 class TorchaoBackend:

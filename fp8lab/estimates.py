@@ -1,0 +1,220 @@
+"""Plan a sweep's time and cost from measured throughput, not from an assumed MFU.
+
+A SageMaker job's time is its token budget over the cluster's tokens/s. The per-GPU rate comes from
+the committed results (``data/results/``): per model and precision, the fastest run on one GPU of the
+job's backend and FP8 recipe. What is measured and what is assumed, in order:
+
+1. **Per-GPU rate (measured)**: that run's steady tokens/s/GPU, converted to the job's sequence length
+   through the model FLOPs per token (the run's achieved FLOP/s are kept).
+2. **GPU (scaled)**: times the job GPU's dense BF16 peak over the measuring GPU's (H200 -> H100 on P5:
+   both 989 TFLOP/s, so x1.00, but the table says so).
+3. **One instance, 8 GPUs (measured at 2)**: times the per-GPU efficiency of fp8lab's two-GPU runs
+   (torchrun, one machine) against one GPU, the median over the runs of the same precision and layout
+   (else of the same precision). Two GPUs are the only measurement past one GPU: applying it to eight
+   is an assumption.
+4. **Several instances (assumed)**: times ``internode_efficiency_per_doubling`` for each doubling of the
+   instance count (EFA between nodes; the source saw per-GPU throughput drop slightly with more nodes).
+
+Models or GPUs without measurements fall back to :class:`fp8lab.launch.Estimate` (an assumed MFU),
+and the plan table says so per job. ``launch.plan_sweep`` uses :class:`MeasuredEstimate` by default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import pandas as pd
+
+from fp8lab import analysis
+from fp8lab.launch import INSTANCES, Estimate, _price_for
+from fp8lab.metrics import peak_bf16_flops
+
+RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
+                "seq_len", "tokens_per_sec_per_gpu", "peak_tflops"]
+
+
+def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
+    """The fastest one-GPU run per model, precision, backend and FP8 recipe kind (fused TE layers, FP8 on
+    FP8 hardware), with what an estimate needs: tokens/s/GPU, sequence length, the GPU and its peak."""
+    s = summary[summary["tokens_per_sec_per_gpu"].notna() & (summary["world_size"].fillna(1) == 1)
+                & (summary["instances"].fillna(1) == 1)]
+    s = s[s["gpu_name"].map(lambda g: peak_bf16_flops(g) is not None)]  # a GPU with a known peak
+    fp8 = s["precision"].map(analysis.is_fp8)
+    s = s[~fp8 | ((s["fuse"] != False) & (s["backend"] != "emulated"))]  # noqa: E712 (fuse may be missing)
+    rows = []
+    for _, g in s.groupby([s["model"], s["precision"], s["backend"].map(analysis._key),
+                           s["recipe"].map(analysis._key)], sort=True):
+        r = g.loc[g["tokens_per_sec_per_gpu"].idxmax()]
+        rows.append({"model": r["model"], "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],
+                     "run_id": r["run_id"], "source": r["source"], "variant": r["variant"],
+                     "layout": analysis.layout_label(r), "gpu_name": r["gpu_name"], "seq_len": r["seq_len"],
+                     "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
+                     "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12})
+    return pd.DataFrame(rows, columns=RATE_COLUMNS)
+
+
+def _node_efficiencies(summary: pd.DataFrame) -> pd.DataFrame:
+    """Multi-GPU runs of one machine against their one-GPU reference (``analysis.scaling_table``)."""
+    sc = analysis.scaling_table(summary, by="world_size")
+    return sc[(sc["run_id"] != sc["reference_run_id"]) & (sc["instances"].fillna(1) == 1)]
+
+
+@functools.lru_cache(maxsize=8)
+def _measurements(results: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    summary = analysis.summarize_runs(analysis.load_runs(results))
+    return measured_rates(summary), _node_efficiencies(summary)
+
+
+@dataclass(frozen=True)
+class MeasuredEstimate(Estimate):
+    """Job time from measured tokens/s/GPU (see the module docstring for what is measured and what is
+    assumed); :class:`Estimate`'s fields are the fallback for models without measurements."""
+
+    results: str | None = None  # result files or folders to measure from; None: the committed data/results/
+    internode_efficiency_per_doubling: float = 0.95  # ASSUMPTION: per-GPU rate kept per doubling of instances
+    node_efficiency: float | None = None  # per-GPU rate of a full instance over one GPU; None: the measured two-GPU value
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.internode_efficiency_per_doubling <= 1:
+            raise ValueError(f"internode_efficiency_per_doubling={self.internode_efficiency_per_doubling!r}: "
+                             "allowed: a number in (0, 1]")
+        if self.node_efficiency is not None and not 0 < self.node_efficiency <= 1:
+            raise ValueError(f"node_efficiency={self.node_efficiency!r}: allowed: None (measured) or a number in (0, 1]")
+
+    # --- the rate of one job ---------------------------------------------------------------------
+    def rate(self, model: str, precision: str, *, instance_type: str = "ml.p5.48xlarge", instance_count: int = 1,
+             backend: str = "te", recipe: str = "delayed", seq_len: Any = None) -> dict[str, Any] | None:
+        """Per-GPU tokens/s for a job and what it rests on; None where nothing was measured."""
+        rates, effs = _measurements(self.results)
+        info = INSTANCES[instance_type]
+        kind = str(recipe).partition(":")[0]
+        mine = rates[(rates["model"] == model) & (rates["precision"] == precision)]
+        if precision == "fp8":
+            exact = mine[(mine["backend"] == backend) & (mine["recipe"] == kind)]
+        else:
+            exact = mine[mine["backend"] == backend]
+        mine = exact if len(exact) else mine
+        if not len(mine):
+            return None
+        r = mine.loc[mine["tokens_per_sec_per_gpu"].idxmax()]
+        from fp8lab.models import model_flops_per_token
+
+        job_seq = seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else int(r["seq_len"])
+        seq_scale = model_flops_per_token(model, int(r["seq_len"])) / model_flops_per_token(model, job_seq)
+        peak_scale = info.bf16_tflops / r["peak_tflops"]
+        node_eff, node_from = self._node_efficiency(effs, r)
+        n = max(int(instance_count), 1)
+        inter = self.internode_efficiency_per_doubling ** math.log2(n) if n > 1 else 1.0
+        per_gpu = r["tokens_per_sec_per_gpu"] * seq_scale * peak_scale * (node_eff if info.gpus > 1 else 1.0) * inter
+        return {"tokens_per_sec_per_gpu": per_gpu, "run_id": r["run_id"], "source": r["source"],
+                "measured_tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"], "variant": r["variant"],
+                "layout": r["layout"], "gpu_name": r["gpu_name"], "seq_scale": seq_scale, "peak_scale": peak_scale,
+                "target_gpu": info.gpu, "node_efficiency": node_eff, "node_efficiency_from": node_from,
+                "internode_efficiency": inter, "instances": n,
+                "exact_match": bool(len(exact))}
+
+    def _node_efficiency(self, effs: pd.DataFrame, run: pd.Series) -> tuple[float, str]:
+        if self.node_efficiency is not None:
+            return self.node_efficiency, "given"
+        same = effs[effs["precision"] == run["precision"]]
+        model = same[same["model"] == run["model"]]
+        layout = model[model["variant"].str.endswith(", " + run["layout"])]
+        for pick, what in ((layout, f"at {run['layout']}"), (model, "other layouts"), (same, "other models"),
+                           (effs, "any precision")):
+            if len(pick):
+                models = "/".join(sorted(pick["model"].astype(str).unique()))
+                return (float(pick["efficiency"].median()),
+                        f"median of {len(pick)} two-GPU run(s) of {models} {run['precision']}, {what}")
+        return 1.0, "none measured: 1.0 assumed"
+
+    # --- the Estimate interface launch.plan_sweep uses -----------------------------------------
+    def _job_rate(self, spec) -> dict[str, Any] | None:
+        return self.rate(spec.model, spec.precision, instance_type=spec.instance_type,
+                         instance_count=spec.instance_count, backend=getattr(spec, "backend", "te"),
+                         recipe=getattr(spec, "recipe", "delayed"), seq_len=getattr(spec, "seq_len", None))
+
+    def seconds(self, spec) -> float:
+        r = self._job_rate(spec)
+        if r is None:
+            return super().seconds(spec)
+        return spec.total_tokens / (r["tokens_per_sec_per_gpu"] * spec.world_size) + self.startup_s
+
+    def basis(self, spec) -> str:
+        r = self._job_rate(spec)
+        return super().basis(spec) if r is None else _basis_text(r)
+
+    def describe(self) -> str:
+        return (f"estimate: measured tokens/s/GPU per model and precision (column basis: the run, x GPU peak "
+                f"ratio, x the measured two-GPU efficiency for a full instance, x "
+                f"{self.internode_efficiency_per_doubling:g} per doubling of instances, assumed), "
+                f"+{self.startup_s} s start-up per job; models without measurements: {Estimate.describe(self)}")
+
+
+def _basis_text(r: dict[str, Any]) -> str:
+    parts = [f"measured {r['run_id']} ({r['measured_tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, {r['layout']}, "
+             f"{r['gpu_name']})"]
+    if not r["exact_match"]:
+        parts.append(f"nearest variant: {r['variant']}")
+    if abs(r["seq_scale"] - 1) > 1e-9:
+        parts.append(f"x{r['seq_scale']:.3f} for the job's sequence length")
+    parts.append(f"x{r['peak_scale']:.2f} {r['target_gpu']}/{r['gpu_name'].removeprefix('NVIDIA ')} BF16 peak")
+    parts.append(f"x{r['node_efficiency']:.3f} 8 GPUs/node ({r['node_efficiency_from']}, assumed for 8)")
+    if r["instances"] > 1:
+        parts.append(f"x{r['internode_efficiency']:.3f} {r['instances']} nodes (assumed)")
+    return "; ".join(parts)
+
+
+def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], tokens: int, *,
+               instance_type: str = "ml.p5.48xlarge", price_per_hour: float | None = None,
+               estimate: Estimate | None = None, backend: str = "te", recipe: str = "delayed",
+               seq_len: int | None = None) -> pd.DataFrame:
+    """Time and cost to train ``tokens`` per model, precision and instance count, as ``plan_sweep``
+    estimates them (no job is built, so any instance count works): one row each, with the per-GPU rate,
+    whether it was measured, the run it rests on and the assumption as a sentence (for the figure)."""
+    if not (isinstance(tokens, (int, float)) and tokens > 0):
+        raise ValueError(f"tokens={tokens!r}; allowed: a number > 0")
+    if instance_type not in INSTANCES:
+        raise ValueError(f"instance_type={instance_type!r}; allowed: {', '.join(INSTANCES)}")
+    bad = [n for n in instance_counts if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad or not list(instance_counts):
+        raise ValueError(f"instance_counts={list(instance_counts)!r}; allowed: integers >= 1")
+    price, _ = _price_for([instance_type], price_per_hour)
+    est = estimate or MeasuredEstimate()
+    info = INSTANCES[instance_type]
+    if seq_len is None:
+        from fp8lab.launch import JobSpec
+
+        seq_len = {f.name: f.default for f in dataclasses.fields(JobSpec)}.get("seq_len")
+    rows = []
+    for model in models:
+        for prec in precisions:
+            for n in sorted(instance_counts):
+                spec = SimpleNamespace(model=model, precision=prec, instance_type=instance_type, instance_count=n,
+                                       backend=backend, recipe=recipe, seq_len=seq_len, info=info,
+                                       world_size=n * info.gpus, total_tokens=int(tokens))
+                r = est.rate(model, prec, instance_type=instance_type, instance_count=n, backend=backend,
+                             recipe=recipe, seq_len=seq_len) if isinstance(est, MeasuredEstimate) else None
+                seconds = est.seconds(spec)
+                hours = seconds / 3600
+                if isinstance(est, MeasuredEstimate):
+                    assumption = (f"per-GPU rate: fastest one-GPU run in data/results (x GPU peak ratio) x the two-GPU "
+                                  f"efficiency measured on one machine (the only measurement past one GPU; assumed for 8); "
+                                  f"more instances: x{est.internode_efficiency_per_doubling:g} per doubling (assumed)")
+                else:
+                    assumption = est.describe()
+                rows.append({"model": model, "precision": prec, "instances": n, "gpus": n * info.gpus,
+                             "instance_type": instance_type, "tokens": float(tokens),
+                             "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"] if r else float("nan"),
+                             "hours": hours, "cost_usd": hours * n * price, "price_per_hour": price,
+                             "measured": r is not None, "run_id": r["run_id"] if r else None,
+                             "node_efficiency": r["node_efficiency"] if r else float("nan"),
+                             "gpu_scaling": (f"measured on {r['gpu_name']}, x{r['peak_scale']:.2f} for {info.gpu} "
+                                             f"(dense BF16 peak {info.bf16_tflops:g} against "
+                                             f"{info.bf16_tflops / r['peak_scale']:g} TFLOP/s)") if r else None,
+                             "basis": est.basis(spec), "assumption": assumption})
+    return pd.DataFrame(rows)

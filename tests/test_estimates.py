@@ -1,0 +1,123 @@
+"""Plans estimated from measurements (issue 15, item 4): each job's time rests on a committed result
+of its model and precision, scaled and assumed as the plan table says; the MFU assumption remains the
+fallback where nothing was measured."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fp8lab import analysis, estimates, launch as L, plots
+from fp8lab.models import model_flops_per_token
+from test_analysis import _bench, run_meta, step_records
+
+ROLE, BUCKET = L.PLACEHOLDER_ROLE, L.PLACEHOLDER_BUCKET
+
+
+def _committed():
+    summary = analysis.summarize_runs(analysis.load_runs())
+    return summary, estimates.measured_rates(summary)
+
+
+def test_default_plan_rests_on_the_fastest_committed_one_gpu_run_of_each_model_and_precision():
+    summary, rates = _committed()
+    plan = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 2, 4], role=ROLE, bucket=BUCKET,
+                        tokens=24 * 10**9)
+    assert isinstance(plan.estimate, estimates.MeasuredEstimate)
+    table = plan.table()
+    one_gpu = summary[(summary["world_size"] == 1) & summary["tokens_per_sec_per_gpu"].notna()]
+    for j, basis in zip(plan.jobs, table["basis"]):
+        s = j.spec
+        mine = one_gpu[(one_gpu["model"] == s.model) & (one_gpu["precision"] == s.precision) & (one_gpu["backend"] == "te")]
+        if s.precision == "fp8":
+            mine = mine[(mine["recipe"] == "delayed") & (mine["fuse"] == True)]  # noqa: E712
+        best = mine.loc[mine["tokens_per_sec_per_gpu"].idxmax()]
+        assert basis.startswith(f"measured {best['run_id']} ({best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
+        assert "x1.00 H100 80GB/H200 BF16 peak" in basis  # same peak, said so
+        assert "8 GPUs/node (median of" in basis and "assumed for 8" in basis
+        assert ("nodes (assumed)" in basis) == (s.instance_count > 1)
+        r = plan.estimate.rate(s.model, s.precision, instance_count=s.instance_count)
+        inter = 0.95 ** math.log2(s.instance_count)
+        assert r["tokens_per_sec_per_gpu"] == pytest.approx(best["tokens_per_sec_per_gpu"] * r["node_efficiency"] * inter)
+        hours = (24e9 / (r["tokens_per_sec_per_gpu"] * 8 * s.instance_count) + plan.estimate.startup_s) / 3600
+        assert j.est_hours == pytest.approx(hours)
+        assert 0.5 < r["node_efficiency"] <= 1.0
+    by = {(j.spec.model, j.spec.precision, j.spec.instance_count): j for j in plan.jobs}
+    for model in ("llama-1b", "llama-7b"):  # FP8 is faster by the measured ratio, not an assumed 1.15
+        assert by[model, "fp8", 1].est_hours < by[model, "bf16", 1].est_hours / 1.2
+    text = L.format_cost_table(plan)
+    assert "what each estimate rests on" in text and "0.95 per doubling of instances, assumed" in text
+
+
+def test_node_efficiency_is_the_measured_two_gpu_median_of_the_same_layout():
+    summary, _ = _committed()
+    sc = analysis.scaling_table(summary, by="world_size")
+    multi = sc[(sc["run_id"] != sc["reference_run_id"]) & (sc["model"] == "llama-1b") & (sc["precision"] == "fp8")]
+    r = estimates.MeasuredEstimate().rate("llama-1b", "fp8")
+    same = multi[multi["variant"].str.endswith(", " + r["layout"])]
+    assert len(same) and r["node_efficiency"] == pytest.approx(same["efficiency"].median())
+    assert f"median of {len(same)} two-GPU run(s) of llama-1b fp8, at {r['layout']}" == r["node_efficiency_from"]
+
+
+def test_unmeasured_models_fall_back_to_the_mfu_assumption_and_say_so():
+    plan = L.plan_sweep(["llama-tiny", "llama-1b"], ["bf16"], [1], role=ROLE, bucket=BUCKET, tokens=10**9)
+    tiny, one_b = plan.jobs
+    assert plan.estimate.basis(tiny.spec) == "assumed MFU 0.35 of BF16 peak"
+    assert tiny.est_hours == pytest.approx(L.Estimate().seconds(tiny.spec) / 3600)
+    assert plan.estimate.basis(one_b.spec).startswith("measured ")
+
+
+def test_sequence_length_and_gpu_peak_scale_the_measured_rate(tmp_path):
+    _bench(tmp_path, "one", 1000.0, 1, "2026-11-29T10:00:00Z")  # llama-1b FP8 on one H200, 4x1024
+    _bench(tmp_path, "two", 900.0, 2, "2026-11-29T10:05:00Z", parallel="fsdp")
+    est = estimates.MeasuredEstimate(results=str(tmp_path))
+    r = est.rate("llama-1b", "fp8", seq_len=1024)
+    assert r["run_id"] == "one" and r["seq_scale"] == pytest.approx(1.0)
+    assert r["node_efficiency"] == pytest.approx(0.9) and r["tokens_per_sec_per_gpu"] == pytest.approx(900.0)
+    longer = est.rate("llama-1b", "fp8", seq_len=4096)  # attention grows with the sequence: fewer tokens/s
+    ratio = model_flops_per_token("llama-1b", 1024) / model_flops_per_token("llama-1b", 4096)
+    assert longer["tokens_per_sec_per_gpu"] == pytest.approx(900.0 * ratio) and ratio < 1
+    b200 = est.rate("llama-1b", "fp8", instance_type="ml.p6-b200.48xlarge", seq_len=1024)
+    assert b200["peak_scale"] == pytest.approx(2250.0 / 989.0)
+    assert est.rate("llama-1b", "bf16") is None  # nothing measured in BF16 here
+    assert estimates.MeasuredEstimate(results=str(tmp_path), node_efficiency=0.8).rate("llama-1b", "fp8", seq_len=1024)[
+        "tokens_per_sec_per_gpu"] == pytest.approx(800.0)
+
+
+def test_emulated_and_cpu_runs_are_not_measurements(tmp_path):
+    meta = run_meta("llama-1b", "fp8", run_id="emu", backend="emulated", gpu_name="cpu")
+    analysis.write_result_file(tmp_path / "emu.jsonl", meta, step_records(12, 5000.0, "fp8", backend="emulated"))
+    assert estimates.MeasuredEstimate(results=str(tmp_path)).rate("llama-1b", "fp8") is None
+
+
+def test_bad_assumptions_are_rejected():
+    with pytest.raises(ValueError, match="internode_efficiency_per_doubling"):
+        estimates.MeasuredEstimate(internode_efficiency_per_doubling=1.5)
+    with pytest.raises(ValueError, match="node_efficiency"):
+        estimates.MeasuredEstimate(node_efficiency=0)
+    with pytest.raises(ValueError, match="instance_counts"):
+        estimates.plan_curve(["llama-1b"], ["bf16"], [0, 1], 10**9)
+    with pytest.raises(ValueError, match="instance_type"):
+        estimates.plan_curve(["llama-1b"], ["bf16"], [1], 10**9, instance_type="ml.x")
+
+
+def test_plan_curve_matches_the_plan_and_draws_readably():
+    plan = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 2, 4], role=ROLE, bucket=BUCKET,
+                        tokens=24 * 10**9)
+    curve = estimates.plan_curve(["llama-1b", "llama-7b"], ["bf16", "fp8"], list(range(1, 9)), 24 * 10**9)
+    assert len(curve) == 2 * 2 * 8 and curve["measured"].all()
+    got = curve.set_index(["model", "precision", "instances"])
+    for j in plan.jobs:
+        row = got.loc[(j.spec.model, j.spec.precision, j.spec.instance_count)]
+        assert row["hours"] == pytest.approx(j.est_hours) and row["cost_usd"] == pytest.approx(j.cost_usd)
+    fp8, bf16 = (got.xs(p, level="precision") for p in ("fp8", "bf16"))
+    assert (fp8["cost_usd"] < bf16["cost_usd"]).all() and (fp8["hours"] < bf16["hours"]).all()
+    # more instances: sooner, and (per-GPU rate falling per doubling) a little dearer
+    h = got.loc[("llama-1b", "bf16")]
+    assert h["hours"].is_monotonic_decreasing and h["cost_usd"].is_monotonic_increasing
+    fig = plots.plan_figure(curve)
+    stats = plots.figure_stats(fig)
+    assert stats["legend_entries"] == 4 and stats["width_px"] <= 1600 and stats["height_px"] <= 900
+    title = stats["title"]
+    assert "the only measurement" in title and "per doubling (assumed)" in title
+    assert "measured on NVIDIA H200, x1.00 for H100 80GB" in title
