@@ -199,6 +199,11 @@ class Lab:
     def tree(self, name: str) -> str:
         return f"{self.url}lab/tree/{name}?token={self.token}"
 
+    def api(self, path: str):
+        req = urllib.request.Request(f"{self.url}api/{path}", headers={"Authorization": f"token {self.token}"})
+        with _loopback_opener().open(req, timeout=10) as r:
+            return json.loads(r.read())
+
 
 class Browser:
     """The Selenium driver plus what the page logged and requested since the last ``drain``."""
@@ -409,6 +414,11 @@ def test_notebook_01_runs_in_jupyterlab_and_the_explorer_responds(lab, browser):
                   PAGE_S, on_timeout=lambda: f"; state {state()!r:.300}; server log:\n{_tail(lab.log)}")
         st = state()
         assert st["path"] == NOTEBOOK and st["kernel"] == "python3"
+        # the python3 kernel is this environment's interpreter (setup.sh installs that kernelspec)
+        argv0 = lab.api("kernelspecs")["kernelspecs"]["python3"]["spec"]["argv"][0]
+        prefix = subprocess.run([argv0, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
+                                check=True, timeout=60).stdout.strip()
+        assert prefix == sys.prefix, f"the python3 kernel runs {argv0} (prefix {prefix}), not {sys.prefix}"
         code_cells = [c for c in st["cells"] if c["type"] == "code"]
         assert len(code_cells) >= 10 and all(c["count"] is None and not c["outputs"] for c in code_cells)
 
