@@ -429,8 +429,10 @@ def test_notebook_01_runs_in_jupyterlab_and_the_explorer_responds(lab, browser):
             codes = [c for c in s["cells"] if c["type"] == "code"]
             return s if s["status"] == "idle" and all(c["count"] is not None for c in codes) else None
 
-        st = _wait_for("Run All to finish", finished, RUN_ALL_S, interval=0.5,
-                       on_timeout=lambda: f"; executed: {[c['count'] for c in state()['cells'] if c['type'] == 'code']}")
+        def counts():
+            return f"; execution counts: {[c['count'] for c in state()['cells'] if c['type'] == 'code']}"
+
+        st = _wait_for("Run All to finish", finished, RUN_ALL_S, interval=0.5, on_timeout=counts)
         code_cells = [c for c in st["cells"] if c["type"] == "code"]
         # in order, one run each, and nothing a reader would see as an error
         assert [c["count"] for c in code_cells] == list(range(1, len(code_cells) + 1))
@@ -485,7 +487,8 @@ def test_notebook_01_runs_in_jupyterlab_and_the_explorer_responds(lab, browser):
 
         console, urls = browser.drain()
         assert not _errors(console), f"console errors in JupyterLab: {_errors(console)}"
-        assert urls and not _off_loopback(urls, {"data", "blob", "about"}), _off_loopback(urls, {"data", "blob", "about"})
+        elsewhere = _off_loopback(urls, {"data", "blob", "about"})
+        assert urls and not elsewhere, f"requests off 127.0.0.1: {elsewhere}"
 
 
 # ------------------------------------------------------------------------------- the HTML report
@@ -529,4 +532,5 @@ def test_report_of_committed_results_renders_in_chromium(browser, tmp_path):
 
         console, urls = browser.drain()
         assert not _errors(console), f"console errors in the report: {_errors(console)}"
-        assert urls and not _off_loopback(urls, {"data", "file"}), _off_loopback(urls, {"data", "file"})
+        elsewhere = _off_loopback(urls, {"data", "file"})
+        assert urls and not elsewhere, f"requests off this machine: {elsewhere}"
