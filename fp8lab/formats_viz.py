@@ -19,7 +19,7 @@ __all__ = [
     "format_table", "plot_bit_layouts", "plot_value_grid", "plot_relative_error",
     "tiny_llama", "capture_tensors", "Captured", "tensor_table", "plot_tensor_histograms",
     "add_outlier_channels", "scaling_comparison", "plot_scaling_comparison",
-    "simulate_spike", "plot_spike", "explorer_figure", "explorer_widget",
+    "simulate_spike", "plot_spike", "explorer_figure", "explorer_summary", "explorer_widget",
 ]
 
 _COLORS = {"sign": "#d95f02", "exponent": "#1b9e77", "mantissa": "#7570b3"}
@@ -468,31 +468,56 @@ def explorer_figure(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float 
     return fig, stats
 
 
+def explorer_summary(stats: dict[str, Any]) -> str:
+    """One line with the numbers of :func:`explorer_figure`'s ``stats``; the widget shows it."""
+    rec = stats["steps_to_recover"]
+    back = (f"SNR back within 1 dB in {rec} step{'s' if rec != 1 else ''}" if rec is not None
+            else "SNR not back within 1 dB")
+    return (f"{stats['fmt']}, margin {stats['margin']}, history {stats['history_len']}: "
+            f"scale {stats['scale_before_spike']:.6g} before the spike, {stats['scale_after_spike']:.6g} after; "
+            f"then underflow {100 * stats['underflow_after_spike']:.2f}%, "
+            f"SNR {stats['snr_after_spike_db']:.2f} dB (before {stats['snr_before_spike_db']:.2f} dB); {back}")
+
+
 def explorer_widget(x: torch.Tensor, fmt: str = "E4M3", margin: int = 0, history_len: int = 16,
                     spike_factor: float = 1e4):
     """ipywidgets controls (format, margin, history length) that redraw :func:`explorer_figure`.
 
     The widget draws only when a control changes: headless (papermill) nobody can move one, so
     notebooks draw the default figure statically just above it, and no work is wasted on a
-    figure that would be hidden inside widget state. Returns the box to ``display``.
+    figure that would be hidden inside widget state. Below the controls a line of text shows the
+    figure's numbers (:func:`explorer_summary`). Returns the box to ``display``.
+
+    Stable CSS classes, for styling and for the browser tests: ``fp8lab-explorer`` (the box),
+    ``fp8lab-explorer-fmt`` / ``-margin`` / ``-history`` (the controls), ``fp8lab-explorer-stats``
+    (the numbers) and ``fp8lab-explorer-figure`` (the output holding the figure).
     """
+    import html
+
     import ipywidgets as w
 
     plt = _plt()
     controls = {
         "fmt": w.Dropdown(options=["E4M3", "E5M2"], value=F.get_format(fmt).name, description="format"),
         "margin": w.IntSlider(value=int(margin), min=0, max=8, description="margin"),
-        "history_len": w.IntSlider(value=int(history_len), min=1, max=40, description="history"),
+        "history": w.IntSlider(value=int(history_len), min=1, max=40, description="history"),
     }
+    stats_line = w.HTML(value="Move a control to draw the figure for that setting.")
     out = w.Output()
 
     def redraw(_change=None):
         with out:
             out.clear_output(wait=True)
-            explorer_figure(x, controls["fmt"].value, controls["margin"].value, controls["history_len"].value,
-                            spike_factor)
+            _, stats = explorer_figure(x, controls["fmt"].value, controls["margin"].value,
+                                       controls["history"].value, spike_factor)
             plt.show()
+            stats_line.value = html.escape(explorer_summary(stats))
 
-    for c in controls.values():
+    for name, c in controls.items():
+        c.add_class(f"fp8lab-explorer-{name}")
         c.observe(redraw, names="value")
-    return w.VBox([w.HBox(list(controls.values())), out])
+    stats_line.add_class("fp8lab-explorer-stats")
+    out.add_class("fp8lab-explorer-figure")
+    box = w.VBox([w.HBox(list(controls.values())), stats_line, out])
+    box.add_class("fp8lab-explorer")
+    return box

@@ -1,7 +1,10 @@
-"""Shared test set-up: the ``gpu`` marker skips, with a reason, where no CUDA GPU exists."""
+"""Shared test set-up: the ``gpu`` marker skips, with a reason, where no CUDA GPU exists; the
+``browser`` marker skips where no Chromium (and its driver) or no Selenium is installed."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 
 import pytest
 
@@ -20,11 +23,31 @@ def _gpu_reason() -> str | None:
     return None
 
 
+def chromium_paths() -> tuple[str | None, str | None]:
+    """(browser, driver): $FP8LAB_CHROMIUM / $FP8LAB_CHROMEDRIVER, else Debian's on the PATH."""
+    browser = shutil.which(os.environ.get("FP8LAB_CHROMIUM") or "chromium") or shutil.which("chromium-browser")
+    driver = shutil.which(os.environ.get("FP8LAB_CHROMEDRIVER") or "chromedriver")
+    return browser, driver
+
+
+def _browser_reason() -> str | None:
+    for module, what in (("selenium", "the selenium package"), ("jupyterlab", "JupyterLab")):
+        if importlib.util.find_spec(module) is None:
+            return f"needs {what} (bash scripts/setup.sh installs it)"
+    browser, driver = chromium_paths()
+    if not browser or not driver:
+        missing = " and ".join(n for n, p in (("chromium", browser), ("chromedriver", driver)) if not p)
+        return (f"needs Chromium and its driver ({missing} not found; on Debian, as root: apt-get install "
+                "chromium chromium-driver, which .ci/run does; or set FP8LAB_CHROMIUM / FP8LAB_CHROMEDRIVER)")
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    reason = _gpu_reason()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    reasons = {"gpu": _gpu_reason(), "browser": _browser_reason()}
+    for marker, reason in reasons.items():
+        if reason is None:
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

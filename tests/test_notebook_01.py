@@ -89,6 +89,30 @@ def test_explorer_scale_follows_format_and_margin():
     assert a["steps_to_recover"] == 9 and b["steps_to_recover"] == 1  # E5M2 barely notices the small scale
 
 
+def test_explorer_widget_shows_the_numbers_of_each_setting():
+    """The widget's wiring without a browser; tests/test_browser.py moves it in JupyterLab."""
+    import html
+
+    import matplotlib.pyplot as plt
+
+    g = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 1e-4
+    box = V.explorer_widget(g, "E4M3", 0, 8)
+    controls, stats_line, out = box.children
+    fmt, margin, history = controls.children
+    assert box._dom_classes == ("fp8lab-explorer",) and out._dom_classes == ("fp8lab-explorer-figure",)
+    assert [c._dom_classes for c in (fmt, margin, history, stats_line)] == [
+        ("fp8lab-explorer-fmt",), ("fp8lab-explorer-margin",), ("fp8lab-explorer-history",), ("fp8lab-explorer-stats",)]
+    assert stats_line.value.startswith("Move a control")  # nothing is computed before a control moves
+    for setting, (f, m) in (("margin", ("E4M3", 1)), ("fmt", ("E5M2", 1))):
+        (margin if setting == "margin" else fmt).value = m if setting == "margin" else f
+        _, expected = V.explorer_figure(g, f, m, 8)
+        assert stats_line.value == html.escape(V.explorer_summary(expected))
+        assert stats_line.value.startswith(f"{f}, margin {m}, history 8: scale ")
+    plt.close("all")
+    assert V.explorer_summary({**expected, "steps_to_recover": None}).endswith("SNR not back within 1 dB")
+    assert V.explorer_summary({**expected, "steps_to_recover": 1}).endswith("SNR back within 1 dB in 1 step")
+
+
 def test_capture_tensors_on_a_real_llama():
     model = V.tiny_llama(64, 1, 32, seed=0)
     ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
