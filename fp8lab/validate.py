@@ -294,6 +294,8 @@ def _train_pair_check(values: dict[str, Any]) -> None:
                          f"{', '.join(repr(b) for b in BACKENDS if b != 'none')}")
     options = {f.name for f in dataclasses.fields(TrainConfig)} - {"precision", "backend", "recipe"}
     base = {k: v for k, v in values.items() if k in options}  # the parameters named like trainer options
+    if base.get("lr") == "auto":  # trainpair picks it by model size
+        del base["lr"]
     for backend in backends:
         TrainConfig(**base, precision="fp8", backend=backend, recipe=values.get("recipe", "auto"))
 
