@@ -183,9 +183,9 @@ def test_prepare_data_refuses_before_writing_anything(workdir, argv, phrase, cap
 NOTEBOOK_BAD = [  # (notebook, parameter, value as typed, phrase); exit code 1 (the runner's, for every parameter error)
     ("03", "steps", "abc", "parameter steps='abc' is invalid; allowed: an integer"),
     ("03", "steps", "0", "parameter steps=0 is invalid; allowed: a positive integer"),
-    ("03", "seq_len", "-5", "parameter seq_len=-5 is invalid; allowed: a positive integer"),
+    ("03", "seq_len", "-5", "parameter seq_len=-5 is invalid; allowed: auto or a positive integer"),
     ("03", "seq_len", "100000", "parameter seq_len=100000 is invalid; allowed: at most 256 for llama-tiny"),
-    ("03", "micro_batch_size", "0", "parameter micro_batch_size=0 is invalid; allowed: a positive integer"),
+    ("03", "micro_batch_size", "0", "parameter micro_batch_size=0 is invalid; allowed: auto or a positive integer"),
     ("03", "lr", "2", "parameter lr=2 is invalid; allowed: a number in (0, 1)"),
     ("03", "lr", "fast", "parameter lr='fast' is invalid; allowed: a number"),
     ("03", "seed", "-1", "parameter seed=-1 is invalid; allowed: an integer >= 0"),
@@ -521,6 +521,6 @@ def test_shared_files_hold_no_absolute_paths(prepared, tmp_path):
     api = tmp_path / "api"
     train(TrainConfig(**TINY, steps=1, data=str(prepared), output_dir=str(api)))
     command = json.loads((api / "config.json").read_text())["command"]
-    assert command.startswith("fp8lab train --steps 1 --micro-batch-size 2 --seq-len 32 --data <abs>/")
+    assert command.startswith("fp8lab train --steps 1 --micro-batch-size 2 --grad-accum 1 --seq-len 32 --data <abs>/")
     assert "--output-dir . " in command and "via the Python API" in command
     assert str(tmp_path) not in command and sys.executable not in command
