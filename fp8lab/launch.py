@@ -456,8 +456,11 @@ class SweepPlan:
         rows = [{
             "job": j.name, "model": j.spec.model, "precision": j.spec.precision,
             "instances": j.spec.instance_count, "gpus": j.spec.world_size,
-            "tokens": j.spec.total_tokens, "max_run_h": round(j.spec.max_run_s / 3600, 2),
-            "est_hours": round(j.est_hours, 2), "gpu_hours": round(j.gpu_hours, 1),
+            "tokens": j.spec.total_tokens,
+            # the layout the trainer will run (fp8lab.layout for the instance's GPU), with its memory estimate
+            "layout": f"{j.spec.micro_batch_size} x {j.spec.seq_len} x {j.spec.grad_accum}",
+            "mem_est_gib": round(j.spec.layout.memory.peak, 1),
+            "max_run_h": round(j.spec.max_run_s / 3600, 2), "est_hours": round(j.est_hours, 2), "gpu_hours": round(j.gpu_hours, 1),
             "cost_usd": round(j.cost_usd, 2), "basis": self.estimate.basis(j.spec),
         } for j in self.jobs]
         rows.append({"job": "TOTAL", "instances": sum(j.spec.instance_count for j in self.jobs),
