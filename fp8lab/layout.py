@@ -213,7 +213,7 @@ def resolve(c, machine: Machine, backend: str | None) -> Layout:
     def keep_for(ga: int) -> bool:
         if not keep_auto:
             return bool(c.fsdp_keep_weights)
-        return sharded and ga > 1
+        return gpu and sharded and ga > 1  # CPUs keep today's plain FSDP2
 
     def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
         return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, keep, both_precisions=gpu and both)
