@@ -280,3 +280,39 @@ def test_run_pair_trains_a_model_folder(prepared, tmp_path):
     assert set(pair.summaries) == {"bf16", "fp8 emulated"}
     for s in pair.summaries.values():  # summary.json names the folder without the machine path
         assert s["status"] == "completed" and s["model"] == "<abs>/neo"
+
+
+def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
+    pytest.importorskip("sagemaker.train")
+    from fp8lab import launch as L
+
+    base = dict(precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, steps=10)
+    cfg = VARIANTS["llama3-gqa-tied-headdim"]()
+    src = save_folder(tmp_path / "my-llama3", cfg, weights=False)
+    spec = L.JobSpec(model=str(src), **base)
+    assert spec.is_folder_model and spec.model_label == "my-llama3"
+    assert L.hyperparameters(spec)["model"] == "/opt/ml/input/data/model"
+    assert [c.channel_name for c in L._input_data(spec)] == ["model"]
+    assert spec.model_cfg == get_config(str(src)) and spec.micro_batch_size >= 1  # layout resolved for H100
+    assert "my-llama3" in L.job_name(spec) and str(tmp_path) not in json.dumps(spec.identity())
+    # the same config elsewhere is the same job (identity = config hash, not path)
+    other = save_folder(tmp_path / "copy" / "my-llama3", cfg, weights=False)
+    assert L.job_name(L.JobSpec(model=str(other), **base)) == L.job_name(spec)
+    plan = L.plan_sweep([str(src)], ["bf16", "fp8"], [1], role=base["role"], bucket=base["bucket"], steps=10)
+    assert set(plan.table()["model"].dropna()) == {"my-llama3"} and len(plan.jobs) == 2
+    # s3://: the config travels as model_config and is validated like a folder's
+    s3 = L.JobSpec(model="s3://my-bucket/models/my-llama3", model_config=cfg.to_dict(), **base)
+    assert s3.model_cfg == spec.model_cfg and L._input_data(s3)[0].data_source == "s3://my-bucket/models/my-llama3"
+    for kw, match in [
+        ({"model": "s3://my-bucket/models/x"}, r"JobSpec.model_config=None is invalid; allowed: the model's config.json"),
+        ({"model": "s3://my-bucket/m", "model_config": {**cfg.to_dict(), "model_type": "qwen2"}},
+         r"model_type='qwen2'.*supported: llama"),
+        ({"model": str(src), "model_config": cfg.to_dict()}, r"model_config.*None unless model is an s3:// URI"),
+        ({"model": "hf:meta-llama/Llama-3.1-8B"}, r"JobSpec.model='hf:meta-llama/Llama-3.1-8B' is invalid.*download hf: models first"),
+        ({"model": str(tmp_path / "missing")}, r"JobSpec.model=.*is invalid; allowed: llama-tiny.*local model folder"),
+        ({"model": str(save_folder(tmp_path / "l31", llama_config(rope_parameters={
+            "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}), weights=False))}, r"trainer would refuse this job.*llama3.*fuse=False"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            L.JobSpec(**{**base, **kw})
