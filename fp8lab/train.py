@@ -9,6 +9,10 @@ The same file runs everywhere; only the launch differs::
     fp8lab train --model llama-1b --precision bf16 --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-bf16
     fp8lab train --model llama-1b --precision fp8  --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-fp8
 
+    # your own Llama / GPT-Neo folder (config.json + optional *.safetensors) or hf:<repo id>;
+    # exported back to its own class and tokenizer in <output-dir>/model (docs/own-model.md)
+    fp8lab train --model path/to/my-llama --precision fp8 --backend te --steps 300
+
     # 8 GPUs of one node, FSDP2 (fully_shard per decoder block)
     torchrun --nproc-per-node 8 -m fp8lab.train --model llama-7b --precision fp8 --parallel fsdp ...
 
