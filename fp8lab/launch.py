@@ -176,7 +176,7 @@ class JobSpec:
     Validated on construction, so a bad sweep fails before any upload or cloud call.
     """
 
-    model: str  # a name in fp8lab.models.MODEL_CONFIGS
+    model: str  # a name in fp8lab.models.MODEL_CONFIGS, a local model folder (config.json + optional *.safetensors) or s3://... of one
     precision: str = "bf16"  # "bf16" or "fp8"
     role: str = ""  # SageMaker execution role ARN (required)
     bucket: str = ""  # S3 bucket for code, outputs and checkpoints (required)
@@ -208,6 +208,7 @@ class JobSpec:
     framework_version: str = "2.9"  # PyTorch training image (AWS Deep Learning Container)
     py_version: str = "py312"
     install_te: bool = False  # add transformer-engine[pytorch] to the job's requirements
+    model_config: dict | None = None  # s3:// model only: its config.json contents (the plan validates them; nothing is read from S3)
     options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
     allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
 
@@ -218,9 +219,7 @@ class JobSpec:
         for name in ("tokens", "steps"):  # 1e9 is a count, as on the command line (fp8lab.validate.parse_count)
             object.__setattr__(self, name, whole_number(getattr(self, name)))
 
-        models = _model_names()
-        if self.model not in models:
-            raise bad("model", self.model, ", ".join(models))
+        self._check_model(bad)
         if self.precision not in PRECISIONS:
             raise bad("precision", self.precision, ", ".join(PRECISIONS))
         if self.backend not in BACKENDS:
@@ -304,6 +303,66 @@ class JobSpec:
                              f"(SageMaker SDK instance table); choose one of: {', '.join(sorted(known))}")
         self._resolve_with_trainer()
 
+    def _check_model(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """A named model, a local folder (its config.json read and checked) or s3:// with ``model_config``.
+
+        A folder model reaches the job as the input channel ``model`` (the SDK uploads a local folder;
+        an s3:// prefix is mounted as it is) and the trainer runs ``--model /opt/ml/input/data/model``.
+        For s3:// the plan cannot read the config, so ``model_config`` (the config.json contents, as a
+        dict) is required: it is validated like a folder's and gives the FLOPs and memory estimates."""
+        from fp8lab import user_model
+
+        models = _model_names()
+        allowed = ", ".join(models) + ", a local model folder (config.json + optional *.safetensors) or an s3:// URI of one"
+        if not isinstance(self.model, str) or not self.model:
+            raise bad("model", self.model, allowed)
+        if self.model.startswith("s3://"):
+            if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/\S*)?", self.model):
+                raise bad("model", self.model, "an s3://bucket/prefix URI of a model folder")
+            if not isinstance(self.model_config, dict):
+                raise bad("model_config", self.model_config, "the model's config.json contents as a dict (required for "
+                          "an s3:// model: the plan validates it before launch), e.g. json.load(open('config.json'))")
+            try:
+                user_model.check_config_dict(self.model_config, "JobSpec.model_config")
+            except ValueError as exc:
+                raise ValueError(f"JobSpec.model_config: {exc}") from None
+            return
+        if self.model_config is not None:
+            raise bad("model_config", self.model_config, "None unless model is an s3:// URI (a named model or a local "
+                      "folder carries its own config)")
+        if self.model.startswith("hf:"):
+            raise bad("model", self.model, allowed + " (download hf: models first: a job has no Hub access guaranteed)")
+        if self.model in models:
+            return
+        if not user_model.is_user_model(self.model):
+            raise bad("model", self.model, allowed)
+        try:
+            user_model.hf_config(self.model)
+        except ValueError as exc:
+            raise ValueError(f"JobSpec.model: {exc}") from None
+
+    @property
+    def is_folder_model(self) -> bool:
+        """True when the model travels as the job's ``model`` input channel."""
+        return self.model not in _model_names()
+
+    @property
+    def model_label(self) -> str:
+        """A short name for job names, tags and tables: the named model or the folder's own name."""
+        if not self.is_folder_model:
+            return self.model
+        return self.model.rstrip("/").rsplit("/", 1)[-1] or "model"
+
+    @property
+    def model_cfg(self):
+        """fp8lab's ModelConfig of the job's model (named, folder or model_config)."""
+        from fp8lab.models import config_from_hf, get_config
+        from fp8lab import user_model
+
+        if self.model_config is not None:
+            return config_from_hf(user_model.check_config_dict(self.model_config, "JobSpec.model_config"))
+        return get_config(self.model)
+
     def _resolve_with_trainer(self) -> None:
         """Run the trainer's own parser and start-up checks on this job, for the instance's GPU at
         8 x instance_count ranks, and replace "auto" layout fields by what the trainer will run."""
@@ -321,11 +380,13 @@ class JobSpec:
         hp = _requested_hyperparameters(self)
         hp.pop("data", None)  # the channel's path exists only inside the job
         try:
-            cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", _hp_text(v))])
-            machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
-            cfg, layout, _, _ = preflight(cfg, machine, self.backend)
+            with _local_model(self) as local:  # the model channel's path exists only inside the job, too
+                hp["model"] = local
+                cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", _hp_text(v))])
+                machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
+                cfg, layout, _, _ = preflight(cfg, machine, self.backend)  # parse_args ran the fused-path check
         except ValueError as exc:
-            raise ValueError(f"JobSpec({self.model}, {self.precision}, {self.instance_count} x {self.instance_type}): "
+            raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x {self.instance_type}): "
                              f"the trainer would refuse this job: {exc}") from None
         # spell the resolved layout out, so a copy (dataclasses.replace) resolves to the very same job
         for name in LAYOUT_FIELDS:
@@ -357,13 +418,20 @@ class JobSpec:
     def identity(self) -> dict[str, Any]:
         """The fields that define the experiment (not where it is stored or who pays), for the name hash."""
         skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        if self.model_config is None:
+            out.pop("model_config")  # named models: the identity (and job names) as before
+        if self.is_folder_model and not self.model.startswith("s3://"):
+            from fp8lab import user_model
+
+            out["model"] = user_model.identity(self.model)  # the config, not where the folder sits on this machine
+        return out
 
 
 def job_name(spec: JobSpec) -> str:
     """Deterministic SageMaker-valid name stem: fp8lab-<model>-<precision>-<n>x<instance>-<hash6>."""
     digest = hashlib.sha1(json.dumps(spec.identity(), sort_keys=True).encode()).hexdigest()[:6]
-    model = re.sub(r"[^a-zA-Z0-9]+", "-", spec.model).strip("-")
+    model = re.sub(r"[^a-zA-Z0-9]+", "-", spec.model_label).strip("-") or "model"
     inst = re.sub(r"[^a-zA-Z0-9]+", "-", spec.instance_type.removeprefix("ml.").split(".")[0])
     tail = f"-{spec.precision}-{spec.instance_count}x{inst}-{digest}"
     room = SOURCE_NAME_MAX - len("fp8lab-") - len(tail)
@@ -396,7 +464,7 @@ class Estimate:
     def seconds(self, spec: JobSpec) -> float:
         from fp8lab.models import model_flops_per_token
 
-        flops = model_flops_per_token(spec.model, spec.seq_len) * spec.total_tokens
+        flops = model_flops_per_token(spec.model_cfg, spec.seq_len) * spec.total_tokens
         rate = spec.world_size * spec.info.bf16_tflops * 1e12 * self.assumed_mfu
         if spec.precision == "fp8":
             rate *= self.fp8_speedup
@@ -454,7 +522,7 @@ class SweepPlan:
         import pandas as pd
 
         rows = [{
-            "job": j.name, "model": j.spec.model, "precision": j.spec.precision,
+            "job": j.name, "model": j.spec.model_label, "precision": j.spec.precision,
             "instances": j.spec.instance_count, "gpus": j.spec.world_size,
             "tokens": j.spec.total_tokens,
             # the layout the trainer will run (fp8lab.layout for the instance's GPU), with its memory estimate
@@ -560,7 +628,7 @@ def format_cost_table(plan: SweepPlan) -> str:
     """The plan as text: one line per job and the total, with the price assumption spelled out."""
     df = plan.table()
     text = df.drop(columns="basis").to_string(index=False, na_rep="")
-    basis = "\n".join(f"  {j.spec.model} {j.spec.precision} x{j.spec.instance_count}: {plan.estimate.basis(j.spec)}"
+    basis = "\n".join(f"  {j.spec.model_label} {j.spec.precision} x{j.spec.instance_count}: {plan.estimate.basis(j.spec)}"
                       for j in plan.jobs)
     return (f"{text}\nprice: {plan.price_per_hour} USD per instance-hour ({plan.price_source})\n"
             f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}")
@@ -644,6 +712,24 @@ def training_image(spec: JobSpec) -> str:
                                py_version=spec.py_version, instance_type=spec.instance_type, image_scope="training")
 
 
+MODEL_CHANNEL = "model"  # input channel of a user's model folder
+MODEL_CHANNEL_PATH = f"/opt/ml/input/data/{MODEL_CHANNEL}"
+
+
+@contextlib.contextmanager
+def _local_model(spec: JobSpec) -> Iterator[str]:
+    """The ``--model`` value the plan validates: the name, the local folder, or for s3:// a temporary
+    folder holding ``model_config`` as config.json (removed afterwards)."""
+    if spec.model_config is None:
+        yield spec.model
+        return
+    with tempfile.TemporaryDirectory(prefix="fp8lab-model-config-") as d:
+        folder = Path(d) / spec.model_label
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(spec.model_config))
+        yield str(folder)
+
+
 LAYOUT_FIELDS = ("micro_batch_size", "grad_accum", "seq_len")  # JobSpec fields the layout resolver fills in
 LAYOUT_OPTIONS = ("param_dtype", "fsdp_keep_weights")  # and trainer options it fills into JobSpec.options
 # trainer options a job does not take from JobSpec.options: JobSpec fields, SageMaker's folders, test hooks
@@ -689,6 +775,8 @@ def _requested_hyperparameters(spec: JobSpec) -> dict[str, Any]:
         hp["checkpoint-every"] = spec.checkpoint_every
     if spec.data_s3_uri is not None:
         hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
+    if spec.is_folder_model:
+        hp["model"] = MODEL_CHANNEL_PATH  # the "model" channel: the user's folder
     for name, value in spec.options.items():
         hp[name.replace("_", "-")] = value
     return hp
@@ -752,18 +840,23 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         # Same for BF16 and FP8 jobs: only the precision hyperparameter differs.
         environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false"},
         tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),
-              Tag(key="fp8lab:precision", value=spec.precision), Tag(key="fp8lab:model", value=spec.model)],
+              Tag(key="fp8lab:precision", value=spec.precision), Tag(key="fp8lab:model", value=spec.model_label)],
     )
     trainer.with_metric_definitions([MetricDefinition(name=k, regex=v) for k, v in METRIC_DEFINITIONS.items()])
     return trainer
 
 
 def _input_data(spec: JobSpec):
-    if spec.data_s3_uri is None:
-        return None
+    """The job's input channels: ``train`` (token data) and ``model`` (a user's model folder: an s3://
+    prefix as it is, a local folder uploaded by the SDK under the job's input prefix)."""
     from sagemaker.core.training.configs import InputData
 
-    return [InputData(channel_name="train", data_source=spec.data_s3_uri)]
+    channels = []
+    if spec.data_s3_uri is not None:
+        channels.append(InputData(channel_name="train", data_source=spec.data_s3_uri))
+    if spec.is_folder_model:
+        channels.append(InputData(channel_name=MODEL_CHANNEL, data_source=spec.model))
+    return channels or None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -983,7 +1076,7 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
                        if j["TrainingJobName"] not in before]
             if not created:
                 raise RuntimeError(f"launched {job.name} but SageMaker does not list it")
-            out(f"launched {created[0]}  ({job.spec.model}, {job.spec.precision}, "
+            out(f"launched {created[0]}  ({job.spec.model_label}, {job.spec.precision}, "
                 f"{job.spec.instance_count} x {job.spec.instance_type})")
             names.append(created[0])
     return names

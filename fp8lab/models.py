@@ -34,10 +34,16 @@ class ModelConfig:
     window_size: int | None = None  # GPT-Neo only: local-attention window of the odd layers
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0  # Llama only
+    attention_head_dim: int | None = None  # Llama only: per-head width; None = hidden_size / num_heads
+    tie_embeddings: bool | None = None  # LM head shares the token embedding; None = family default (GPT-Neo tied, Llama not)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def tied(self) -> bool:
+        return self.family == "gptneo" if self.tie_embeddings is None else bool(self.tie_embeddings)
 
     @property
     def kv_heads(self) -> int:
@@ -62,9 +68,20 @@ _INT_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "v
 
 
 def get_config(name: str, **overrides: Any) -> ModelConfig:
-    """The named config with ``overrides`` applied and validated (ValueError names what is wrong)."""
+    """The named config with ``overrides`` applied and validated (ValueError names what is wrong).
+
+    ``name`` may also be a user's model folder or ``hf:<repo id>`` (see ``fp8lab.user_model``): its
+    ``config.json`` is read (nothing is built) and overrides are refused (edit the config instead)."""
+    from fp8lab import user_model
+
+    if isinstance(name, str) and name not in MODEL_CONFIGS and user_model.is_user_model(name):
+        if overrides:
+            raise ValueError(f"model overrides ({', '.join(sorted(overrides))}) apply to the named models only; "
+                             f"for the model folder {name!r} edit its config.json instead")
+        return user_model.model_config(name)
     if name not in MODEL_CONFIGS:
-        raise ValueError(f"unknown model {name!r}; choose from: {', '.join(MODEL_CONFIGS)}")
+        raise ValueError(f"unknown model {name!r}; choose from: {', '.join(MODEL_CONFIGS)}, "
+                         f"a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     base = MODEL_CONFIGS[name]
     valid = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "family"]
     unknown = sorted(set(overrides) - set(valid))
@@ -83,7 +100,12 @@ def validate_config(cfg: ModelConfig, name: str = "model") -> None:
         v = getattr(cfg, f)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: {f} must be a positive integer, got {v!r}")
-    if cfg.hidden_size % cfg.num_heads:
+    hd = cfg.attention_head_dim
+    if hd is not None and (isinstance(hd, bool) or not isinstance(hd, int) or hd < 1 or cfg.family != "llama"):
+        raise ValueError(f"{name}: attention_head_dim applies to Llama only and must be a positive integer, got {hd!r}")
+    if cfg.tie_embeddings not in (None, True, False):
+        raise ValueError(f"{name}: tie_embeddings must be True, False or None, got {cfg.tie_embeddings!r}")
+    if hd is None and cfg.hidden_size % cfg.num_heads:
         raise ValueError(f"{name}: hidden_size ({cfg.hidden_size}) must be divisible by num_heads ({cfg.num_heads})")
     if not (isinstance(cfg.norm_eps, (int, float)) and 0 < cfg.norm_eps < 1):
         raise ValueError(f"{name}: norm_eps must be in (0, 1), got {cfg.norm_eps!r}")
@@ -94,7 +116,7 @@ def validate_config(cfg: ModelConfig, name: str = "model") -> None:
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or cfg.num_heads % kv):
             raise ValueError(f"{name}: num_kv_heads must be a positive divisor of num_heads ({cfg.num_heads}), got {kv!r}")
         if cfg.head_dim % 2:
-            raise ValueError(f"{name}: head_dim (hidden_size / num_heads = {cfg.head_dim}) must be even for RoPE")
+            raise ValueError(f"{name}: head_dim ({cfg.head_dim}) must be even for RoPE")
         if not cfg.rope_theta > 0:
             raise ValueError(f"{name}: rope_theta must be positive, got {cfg.rope_theta!r}")
     else:
@@ -113,9 +135,9 @@ def to_hf_config(cfg: ModelConfig):
         return LlamaConfig(
             vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
             num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_seq_len,
+            num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_seq_len, head_dim=cfg.head_dim,
             rms_norm_eps=cfg.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-            tie_word_embeddings=False,
+            tie_word_embeddings=cfg.tied,
         )
     from transformers import GPTNeoConfig
 
@@ -128,7 +150,7 @@ def to_hf_config(cfg: ModelConfig):
         num_layers=cfg.num_layers, num_heads=cfg.num_heads, attention_types=types,
         max_position_embeddings=cfg.max_seq_len, window_size=cfg.window_size,
         layer_norm_epsilon=cfg.norm_eps, embed_dropout=0.0, resid_dropout=0.0, attention_dropout=0.0,
-        tie_word_embeddings=True,
+        tie_word_embeddings=cfg.tied,
         # GPT-Neo's <|endoftext|> is the last token of its vocabulary; keep it inside smaller vocabularies
         bos_token_id=min(50256, cfg.vocab_size - 1), eos_token_id=min(50256, cfg.vocab_size - 1),
     )
@@ -157,9 +179,13 @@ def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int |
     """
     import torch
 
+    from fp8lab import user_model
+
     cfg = get_config(name, **overrides)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+    if name not in MODEL_CONFIGS:  # a user's folder: its own config, its weights when it has them
+        return user_model.build(name, device=device, dtype=dtype, seed=seed)
     hf_cfg = to_hf_config(cfg)
     if cfg.family == "llama":
         from transformers import LlamaForCausalLM as cls
@@ -182,21 +208,30 @@ def _config_of(model_or_config) -> ModelConfig:
         return model_or_config
     if isinstance(model_or_config, str):
         return get_config(model_or_config)
-    c = getattr(model_or_config, "config", model_or_config)
+    return config_from_hf(getattr(model_or_config, "config", model_or_config))
+
+
+def config_from_hf(c) -> ModelConfig:
+    """Our ``ModelConfig`` for a transformers ``LlamaConfig`` / ``GPTNeoConfig`` (the shape only:
+    FLOPs, memory plans and counts need nothing else; biases and RoPE scaling are not represented)."""
     mt = getattr(c, "model_type", None)
     if mt == "llama":
         rp = getattr(c, "rope_parameters", None) or {}
+        hd = getattr(c, "head_dim", None)
         return ModelConfig(
             "llama", c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
             c.vocab_size, c.max_position_embeddings, num_kv_heads=c.num_key_value_heads,
             norm_eps=c.rms_norm_eps, rope_theta=float(rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
+            attention_head_dim=hd if hd and hd != c.hidden_size // c.num_attention_heads else None,
+            tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         )
     if mt == "gpt_neo":
         return ModelConfig(
             "gptneo", c.hidden_size, c.intermediate_size or 4 * c.hidden_size, c.num_layers, c.num_heads,
             c.vocab_size, c.max_position_embeddings, window_size=c.window_size, norm_eps=c.layer_norm_epsilon,
+            tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
         )
-    raise ValueError(f"unsupported architecture {mt or type(model_or_config).__name__!r}; supported: llama, gpt_neo")
+    raise ValueError(f"unsupported architecture {mt or type(c).__name__!r}; supported: llama (Llama 2 / 3), gpt_neo")
 
 
 def _layer_types(cfg: ModelConfig) -> list[str]:
@@ -222,14 +257,14 @@ def count_parameters(model_or_config) -> ParamCounts:
     c = _config_of(model_or_config)
     h, f, v, L = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers
     if c.family == "llama":
-        kv_dim = c.kv_heads * c.head_dim
-        attn = h * h + 2 * h * kv_dim + h * h
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
+        attn = h * q_dim + 2 * h * kv_dim + q_dim * h
         block = attn + 3 * h * f + 2 * h  # q,k,v,o + gate,up,down + two RMSNorm weights
-        emb, final, head, head_matmul = v * h, h, v * h, v * h
+        emb, final, head, head_matmul = v * h, h, (0 if c.tied else v * h), v * h
     else:
         attn = 4 * h * h + h  # q,k,v without bias, out_proj with bias
         block = attn + 2 * h * f + f + h + 4 * h  # c_fc, c_proj (+biases), two LayerNorms (w+b)
-        emb, final, head, head_matmul = v * h + c.max_seq_len * h, 2 * h, 0, v * h
+        emb, final, head, head_matmul = v * h + c.max_seq_len * h, 2 * h, (0 if c.tied else v * h), v * h
     blocks = L * block
     return ParamCounts(emb, blocks, final, head, emb + blocks + final + head, blocks + final + head_matmul)
 

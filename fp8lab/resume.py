@@ -27,7 +27,10 @@ NEW_SETTINGS_FLAG = "--resume-with-new-settings"
 
 def fingerprint(c, world_size: int, total_steps: int, warmup: int) -> dict[str, Any]:
     """What must not change between a checkpoint and the run resuming from it."""
-    return {"model": c.model, "model_overrides": c.model_overrides, "precision": c.precision,
+    from fp8lab.user_model import identity
+
+    # a model folder is identified by its config.json's hash (it may move, e.g. into a SageMaker channel)
+    return {"model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
             "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": c.seq_len, "seed": c.seed,
             "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": c.micro_batch_size * c.grad_accum * world_size,

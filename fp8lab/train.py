@@ -9,6 +9,10 @@ The same file runs everywhere; only the launch differs::
     fp8lab train --model llama-1b --precision bf16 --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-bf16
     fp8lab train --model llama-1b --precision fp8  --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-fp8
 
+    # your own Llama / GPT-Neo folder (config.json + optional *.safetensors) or hf:<repo id>;
+    # exported back to its own class and tokenizer in <output-dir>/model (docs/own-model.md)
+    fp8lab train --model path/to/my-llama --precision fp8 --backend te --steps 300
+
     # 8 GPUs of one node, FSDP2 (fully_shard per decoder block)
     torchrun --nproc-per-node 8 -m fp8lab.train --model llama-7b --precision fp8 --parallel fsdp ...
 
@@ -91,7 +95,7 @@ class TrainConfig:
     and what is allowed, before anything is built or downloaded.
     """
 
-    model: str = "llama-tiny"  # fp8lab.models name: llama-tiny/1b/7b, gptneo-tiny/125m/1.3b
+    model: str = "llama-tiny"  # fp8lab.models name (llama-tiny/1b/7b, gptneo-tiny/125m/1.3b), a model folder (config.json + optional *.safetensors) or hf:<repo id>
     model_overrides: dict = field(default_factory=dict)  # ModelConfig fields, e.g. {"num_layers": 2}
     precision: str = "bf16"  # bf16 | fp8
     backend: str = "auto"  # auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | te | torchao | emulated
@@ -171,19 +175,26 @@ def _is_num(v: Any) -> bool:
 
 
 def _validate(c: TrainConfig) -> None:
+    from fp8lab import user_model
     from fp8lab.models import MODEL_CONFIGS, get_config
 
     def bad(name: str, allowed: str) -> ValueError:
         return ValueError(f"{_opt(name)}={getattr(c, name)!r} is invalid; allowed: {allowed}")
 
-    if c.model not in MODEL_CONFIGS:
-        raise bad("model", ", ".join(MODEL_CONFIGS))
+    if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
+        raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     if not isinstance(c.model_overrides, dict):
         raise ValueError(f"--model-override must be key=value pairs (a dict), got {c.model_overrides!r}")
-    try:
-        mcfg = get_config(c.model, **c.model_overrides)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"--model-override: {exc}") from None
+    if c.model not in MODEL_CONFIGS:  # a user's folder: its config is read and checked (nothing is built)
+        if c.model_overrides:
+            raise ValueError(f"--model-override applies to the named models only; for --model={c.model!r} edit its "
+                             f"config.json instead")
+        mcfg = get_config(c.model)
+    else:
+        try:
+            mcfg = get_config(c.model, **c.model_overrides)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--model-override: {exc}") from None
     if not isinstance(c.recipe, str) or c.recipe.partition(":")[0] not in RECIPES or c.recipe.startswith("auto:"):
         raise bad("recipe", " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}")
     if c.recipe != "auto":
@@ -201,6 +212,8 @@ def _validate(c: TrainConfig) -> None:
             raise bad(name, " | ".join(choices))
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
+    if c.backend in ("te", "emulated") and isinstance(c.fuse, bool):
+        fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
     for name in ("fuse", "activation_checkpointing", "compile", "resume", "resume_with_new_settings", "save_model", "plot",
                  "print_metrics", "fp8_weight_cache", "fuse_wgrad_accumulation", "dry_run"):
         if not isinstance(getattr(c, name), bool):
@@ -440,6 +453,28 @@ def on_sagemaker() -> bool:
     return bool(os.environ.get("SM_MODEL_DIR") or os.environ.get("SM_TRAINING_ENV"))
 
 
+def _run_name(model: str) -> str:
+    """A folder name for the model: the named shape, a folder's own name, or the hub repo id."""
+    from fp8lab.models import MODEL_CONFIGS
+
+    if model in MODEL_CONFIGS:
+        return model
+    name = model[3:] if model.startswith("hf:") else Path(model).resolve().name
+    return "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name).strip(".-") or "model"
+
+
+def fused_check(c: TrainConfig, backend: str | None) -> None:
+    """Refuse, before anything is built, a model the fused conversion cannot represent exactly."""
+    from fp8lab import user_model
+    from fp8lab.backends._fused import fused_problem
+
+    if backend in (None, "torchao") or not c.fuse or not user_model.is_user_model(c.model):
+        return  # torchao has no fused form; the named shapes are all representable
+    problem = fused_problem(user_model.hf_config(c.model))
+    if problem:
+        raise ValueError(f"--model={c.model!r}: {problem}")
+
+
 def resolve_paths(c: TrainConfig) -> RunPaths:
     """Output, checkpoint and model folders for this run (SageMaker's when inside a job)."""
     sm = on_sagemaker()
@@ -448,7 +483,7 @@ def resolve_paths(c: TrainConfig) -> RunPaths:
     elif sm and os.environ.get("SM_OUTPUT_DATA_DIR"):
         out = Path(os.environ["SM_OUTPUT_DATA_DIR"])
     else:
-        out = Path("runs") / f"{c.model}-{c.precision}"
+        out = Path("runs") / f"{_run_name(c.model)}-{c.precision}"
     if c.checkpoint_dir is not None:
         ck = Path(c.checkpoint_dir)
     elif os.environ.get(CHECKPOINT_DIR_ENV):
@@ -668,6 +703,7 @@ def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, dat
 
     ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
     the fp32 master weights of ``--param-dtype bf16`` (written instead of the bf16 parameters)."""
+    from fp8lab import user_model
     from fp8lab.models import build_model
 
     sd = _export_hf_state_dict(model, inner, conversion, master)
@@ -676,7 +712,7 @@ def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, dat
     from transformers import PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
-    hf = build_model(c.model, device="meta", **c.model_overrides)
+    hf = build_model(c.model, device="meta", **c.model_overrides)  # a user's folder: its own config
     model_dir.mkdir(parents=True, exist_ok=True)
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
@@ -686,6 +722,8 @@ def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, dat
         if bar_was_on:
             hf_logging.enable_progress_bar()
 
+    if user_model.copy_tokenizer(c.model, model_dir):  # the user's folder had a tokenizer: it goes back along
+        return  # (the data were tokenized with fp8lab's tokenizer: see fp8lab.user_model)
     tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
     tok.save_pretrained(str(model_dir))
 
@@ -740,7 +778,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     from fp8lab.convert import convert_model, edge_blocks_filter
     from fp8lab import layout as flayout
     from fp8lab.hardware import Machine
-    from fp8lab.models import build_model, count_parameters, get_config, model_flops_per_token
+    from fp8lab import user_model
+    from fp8lab.models import MODEL_CONFIGS, build_model, count_parameters, get_config, model_flops_per_token
     from torch.distributed.checkpoint.api import CheckpointException
 
     wall0 = time.perf_counter()
@@ -749,6 +788,7 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     mcfg = get_config(c.model, **c.model_overrides)
     machine = Machine.detect(env.device, env.world_size, c.gpu_memory_gib)
     backend, recipe = resolve_fp8(c, te_usable=machine.te_usable)  # errors before any compute
+    fused_check(c, backend)
     requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
     c, layout, total_steps, warmup = preflight(c, machine, backend)
     log = print if env.is_main else (lambda *a, **k: None)
@@ -775,9 +815,11 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     manifest = fdata.read_manifest(data_dir)
     fvalidate.check_prepared_size(manifest, c.seq_len)
     if manifest["vocab_size"] > mcfg.vocab_size:
+        fix = (f"use --model-override vocab_size={manifest['vocab_size']}" if c.model in MODEL_CONFIGS else
+               f"use a model whose config.json has vocab_size >= {manifest['vocab_size']}")
         raise ValueError(
             f"--data: its tokenizer has {manifest['vocab_size']} tokens but {c.model} has vocab_size "
-            f"{mcfg.vocab_size}; use --model-override vocab_size={manifest['vocab_size']} or data prepared with a smaller tokenizer")
+            f"{mcfg.vocab_size}; {fix} or data prepared with a smaller tokenizer")
 
     # model: build -> convert -> activation checkpointing -> compile -> shard/wrap -> optimizer
     torch.manual_seed(c.seed)
@@ -877,13 +919,15 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
                       "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
                       "fp8_weight_cache_active": weight_cache, "fuse_wgrad_accumulation_active": bool(fused_wgrad), "fsdp_keep_weights_active": keep_weights, "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
                       "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
+                      "model_source": {**user_model.describe(c.model), "params_built": sum(p.numel() for p in inner.parameters())},
                       "conversion": dataclasses.asdict(conversion) if conversion is not None else None,
                       "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
                       "resumed_from_step": resumed_from, "requested_layout": requested,
                       "layout": {"reasons": layout.reasons, "memory_estimate_gib": dataclasses.asdict(layout.memory),
                                  "memory_estimate_peak_gib": layout.memory.peak, "memory_gib": machine.memory_gib},
                       **fmetrics.provenance(gpu_name, world, argv)}
-        cfg_record.update(fpaths.shareable_run_record(c.as_dict(), TrainConfig().as_dict(), argv, paths.output_dir))
+        cfg_record.update(fpaths.shareable_run_record(c.as_dict(), TrainConfig().as_dict(), argv, paths.output_dir,
+                                                      ("model", "data", "output_dir", "checkpoint_dir", "model_dir")))
         (paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
         log(f"fp8lab: {c.model} ({count_parameters(mcfg).total / 1e6:.1f}M params) | {c.precision}"
             f"{f' via {backend_name} ({recipe.describe()})' if fp8_on else (f' on {backend_name} layers, FP8 off' if backend else '')}"
@@ -1075,7 +1119,7 @@ def _summary(c, env, paths, status, message, state, total_steps, tokens_per_step
     mfus = [r["mfu"] for r in good[min(10, len(good) // 2):] if r.get("mfu") is not None]
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
     return {
-        "status": status, "message": message, "model": c.model, "precision": c.precision, "backend": backend_name,
+        "status": status, "message": message, "model": fpaths.shareable_path(c.model, paths.output_dir), "precision": c.precision, "backend": backend_name,
         "recipe": recipe_name, "world_size": env.world_size, "gpu_name": gpu_name, "steps": state["step"],
         "total_steps": total_steps, "tokens": state["step"] * tokens_per_step,
         "final_loss": good[-1]["loss"] if good else None, "first_loss": good[0]["loss"] if good else None,

@@ -367,3 +367,32 @@ def test_torchrun_command_on_each_node_of_a_two_node_job(aws, tmp_path):
         assert got["env"] == {"NCCL_PROTO": "simple", "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
                               "NCCL_SOCKET_IFNAME": "eth0"}
     assert names
+
+
+def test_a_model_folder_reaches_the_job_as_the_model_channel(aws, tmp_path):
+    """Issue 18: a local model folder is uploaded by the SDK as the ``model`` channel, an s3:// one is
+    mounted as it is; the trainer reads it from /opt/ml/input/data/model."""
+    from transformers import LlamaConfig
+
+    sess, rec, boto = aws
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    cfg.save_pretrained(str(tmp_path / "my-llama"))
+    local = _spec(model=str(tmp_path / "my-llama"))
+    remote = _spec(model=f"s3://{BUCKET}/models/my-llama", model_config=cfg.to_dict())
+    L.launch([local, remote], dry_run=False, session=sess)
+    creates = rec["sagemaker.CreateTrainingJob"]
+    assert len(creates) == 2
+    for req, spec in zip(creates, (local, remote)):
+        menv.check_request("CreateTrainingJob", req)
+        assert req["HyperParameters"]["model"] == L.MODEL_CHANNEL_PATH
+        assert {t["Key"]: t["Value"] for t in req["Tags"]}["fp8lab:model"] == "my-llama"
+        assert "my-llama" in req["TrainingJobName"]
+        channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in req["InputDataConfig"]}
+        assert "model" in channels
+    assert channels["model"] == f"s3://{BUCKET}/models/my-llama"  # the s3:// job: as given
+    first = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in creates[0]["InputDataConfig"]}
+    uploaded = [p["Key"] for p in rec["s3.PutObject"] if p["Key"].endswith("/config.json")]
+    assert first["model"].startswith(f"s3://{BUCKET}/") and any(first["model"].endswith(k.rsplit("/config.json", 1)[0])
+                                                                 for k in uploaded)
+    assert str(tmp_path) not in json.dumps(creates[0]["HyperParameters"])

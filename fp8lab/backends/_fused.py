@@ -62,16 +62,41 @@ def architecture_of(model: nn.Module) -> str:
     return mt
 
 
+def fused_problem(c: Any) -> str | None:
+    """Why the fused model cannot represent the HF config ``c`` exactly (None: it can).
+
+    Checked from the config alone, so a trainer refuses before anything is built. Each reason names
+    the feature and the alternative: ``fuse=False`` swaps the HF model's Linear layers one for one and
+    keeps everything else of the HF model (biases, RoPE scaling, sliding windows) as it is."""
+    alt = "; use fuse=False (--fuse False), which keeps the Hugging Face modules and swaps only their Linear layers"
+    mt = getattr(c, "model_type", None)
+    if mt == "llama":
+        feats = [f for f in ("attention_bias", "mlp_bias") if getattr(c, f, False)]
+        if feats:
+            return f"Llama with {' and '.join(feats)}=True is not supported by the fused conversion (it has no Q/K/V/O or MLP biases){alt}"
+        if c.hidden_act != "silu":
+            return f"Llama hidden_act={c.hidden_act!r} is not supported by the fused conversion (SwiGLU needs 'silu'){alt}"
+        rp = getattr(c, "rope_parameters", None) or {}
+        kind = rp.get("rope_type", "default")
+        if kind != "default":
+            what = "Llama 3.1 RoPE scaling (rope_type 'llama3')" if kind == "llama3" else f"RoPE scaling of type {kind!r}"
+            return f"{what} is not supported by the fused conversion (it implements plain RoPE with rope_theta only){alt}"
+        return None
+    if mt == "gpt_neo":
+        if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            return f"GPT-Neo activation_function={c.activation_function!r} is not supported by the fused conversion (tanh GELU only){alt}"
+        return None
+    return None  # architecture_of reports unsupported architectures
+
+
 def spec_from_hf(model: nn.Module) -> FusedSpec:
     c = model.config
-    if architecture_of(model) == "llama":
-        if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False):
-            raise ValueError("Llama with attention_bias/mlp_bias is not supported by the fused conversion; use fuse=False")
-        if c.hidden_act != "silu":
-            raise ValueError(f"Llama hidden_act must be 'silu' for SwiGLU, got {c.hidden_act!r}")
+    arch = architecture_of(model)
+    problem = fused_problem(c)
+    if problem:
+        raise ValueError(problem)
+    if arch == "llama":
         rp = getattr(c, "rope_parameters", None) or {}
-        if rp.get("rope_type", "default") != "default":
-            raise ValueError(f"only default RoPE is supported by the fused conversion, got {rp.get('rope_type')!r}")
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return FusedSpec(
             "llama", c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
@@ -79,13 +104,11 @@ def spec_from_hf(model: nn.Module) -> FusedSpec:
             "RMSNorm", "swiglu", False, 1.0 / math.sqrt(hd), (None,) * c.num_hidden_layers,
             float(rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))), bool(c.tie_word_embeddings),
         )
-    if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"GPT-Neo activation must be gelu_new (tanh GELU), got {c.activation_function!r}")
     windows = tuple(c.window_size if t == "local" else None for t in c.attention_layers)
     return FusedSpec(
         "gptneo", c.hidden_size, c.intermediate_size or 4 * c.hidden_size, c.num_layers, c.num_heads,
         c.num_heads, c.hidden_size // c.num_heads, c.vocab_size, c.max_position_embeddings,
-        c.layer_norm_epsilon, "LayerNorm", "gelu", True, 1.0, windows, None, True,
+        c.layer_norm_epsilon, "LayerNorm", "gelu", True, 1.0, windows, None, bool(getattr(c, "tie_word_embeddings", True)),
     )
 
 

@@ -1,0 +1,229 @@
+"""Bring your own model: a local Hugging Face folder or ``hf:<repo id>`` wherever a model name goes.
+
+``--model`` (trainer, ``trainpair``, notebooks 02/03, ``JobSpec``) takes one of three things:
+
+* a named shape of ``fp8lab.models.MODEL_CONFIGS`` (``llama-tiny``, ``llama-7b``, ...);
+* a local folder holding a transformers ``config.json`` and optionally weights (``*.safetensors``,
+  loaded with ``from_pretrained``; without them the model is initialised at random from the config);
+* ``hf:<repo id>``: downloaded from the Hugging Face Hub into its cache, then used as a folder. It
+  needs the network: offline (``HF_HUB_OFFLINE=1`` or no route to the Hub) it fails at once with
+  one line that says so, unless the repository is already in the local cache.
+
+Supported architectures (``model_type``): ``llama`` (Llama 2 and 3: GQA, ``rope_theta``, tied or
+untied embeddings, ``head_dim`` other than hidden/heads) and ``gpt_neo``. Anything else (Qwen2,
+Mistral, ...) is refused with the list. What the fused conversion cannot represent exactly (Llama
+3.1 ``rope_scaling`` of type ``llama3``, attention/MLP biases, other RoPE types) is refused by the
+trainer before anything is built, naming ``--fuse False`` as the alternative
+(``fp8lab.backends._fused.fused_problem``).
+
+The config is turned into fp8lab's ``ModelConfig`` (``fp8lab.models.config_from_hf``), so FLOPs/MFU,
+the layout resolver's memory model and checkpoint fingerprints treat a folder like a named shape;
+named-model overrides (``--model-override``) are refused for folders: edit the config instead.
+
+Tokenizer: the trainer tokenizes its data with its own byte-level BPE tokenizer (trained on the
+shipped corpus with the model's vocab_size, see ``fp8lab.data``), not with the folder's tokenizer.
+Token ids therefore mean something else than they did for a pretrained checkpoint: continuing a
+pretrained model on fp8lab's data teaches it a new vocabulary (a fine FP8 experiment, not a
+fine-tune). The model's vocab_size must be at least the data tokenizer's size (checked). The export
+copies the folder's own tokenizer files along when it had them (so the folder keeps its format),
+else the data tokenizer; the run's ``config.json`` lists them under ``model_source``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+HF_PREFIX = "hf:"
+SUPPORTED = {"llama": "LlamaForCausalLM (Llama 2 / Llama 3)", "gpt_neo": "GPTNeoForCausalLM"}
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+# files of a tokenizer that save_pretrained/from_pretrained read; copied to the exported folder
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json")
+HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", *TOKENIZER_FILES]
+CONNECT_TIMEOUT_S = 3.0
+
+
+def is_user_model(spec: Any) -> bool:
+    """True for ``hf:<repo>`` or a string that names an existing folder (not a named shape)."""
+    return isinstance(spec, str) and (spec.startswith(HF_PREFIX) or Path(spec).is_dir())
+
+
+def _hub_reachable() -> str | None:
+    """None when the Hub answers a TCP connect within a few seconds, else why not."""
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"cannot reach {host} ({exc.__class__.__name__}: {exc})"
+    return None
+
+
+def _hub_folder(spec: str) -> Path:
+    """The local snapshot of ``hf:<repo id>``: the cache when it has one, else a download."""
+    repo = spec[len(HF_PREFIX):].strip()
+    if not repo or repo.count("/") > 1 or any(ch.isspace() for ch in repo):
+        raise ValueError(f"--model={spec!r} is invalid; allowed: hf:<repo id>, e.g. hf:EleutherAI/gpt-neo-125m")
+    from huggingface_hub import snapshot_download
+
+    try:  # already downloaded: no network needed
+        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS, local_files_only=True))
+    except Exception:  # noqa: BLE001 - any miss means "not cached"
+        pass
+    hint = (f"download it where the Hub is reachable (huggingface-cli download {repo} --local-dir DIR) "
+            f"and pass --model DIR")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    why = "HF_HUB_OFFLINE is set" if offline else _hub_reachable()
+    if why:
+        raise ValueError(f"--model={spec!r} needs network access to the Hugging Face Hub, but {why}; {hint}")
+    try:
+        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS))
+    except Exception as exc:  # noqa: BLE001 - one line, not the hub client's traceback
+        raise ValueError(f"--model={spec!r}: download from the Hugging Face Hub failed "
+                         f"({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {hint}") from None
+
+
+def folder_of(spec: str) -> Path:
+    """The local folder for a user model spec (downloads ``hf:`` repos when the Hub is reachable)."""
+    folder = _hub_folder(spec) if spec.startswith(HF_PREFIX) else Path(spec)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--model={spec!r}: no config.json in {folder.name or spec!r}; a model folder needs a "
+                         f"transformers config.json (and optionally *.safetensors weights)")
+    return folder
+
+
+def _read_config_file(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--model: cannot read {path.name} ({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"--model: {path.name} must hold a JSON object")
+    return d
+
+
+def check_config_dict(d: dict, where: str = "config.json"):
+    """The transformers config for a config.json dict, or a ValueError listing what is supported."""
+    mt = d.get("model_type")
+    if mt not in SUPPORTED:
+        raise ValueError(f"--model: {where} has model_type={mt!r}, which fp8lab does not support; supported: "
+                         f"{', '.join(f'{k} ({v})' for k, v in SUPPORTED.items())}")
+    from transformers import AutoConfig
+
+    body = {k: v for k, v in d.items() if k != "model_type"}
+    try:
+        hf = AutoConfig.for_model(mt, **body)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"--model: {where} is not a valid {mt} config ({exc})") from None
+    from fp8lab.models import config_from_hf, validate_config
+
+    validate_config(config_from_hf(hf), f"--model ({where})")
+    return hf
+
+
+@functools.lru_cache(maxsize=32)
+def _load(folder: str, mtime_ns: int) -> tuple[Any, str]:
+    raw = (Path(folder) / "config.json").read_bytes()
+    d = _read_config_file(Path(folder) / "config.json")
+    return check_config_dict(d), hashlib.sha256(raw).hexdigest()
+
+
+def hf_config(spec: str):
+    """The transformers config of a user model (validated; nothing is built)."""
+    folder = folder_of(spec)
+    return _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)[0]
+
+
+def model_config(spec: str):
+    from fp8lab.models import config_from_hf
+
+    return config_from_hf(hf_config(spec))
+
+
+def has_weights(folder: Path) -> bool:
+    return any(any(folder.glob(g)) for g in WEIGHT_GLOBS)
+
+
+def describe(spec: str) -> dict[str, Any]:
+    """Provenance for the run's config.json: where the model came from, its config hash, its size."""
+    from fp8lab.models import MODEL_CONFIGS, count_parameters, get_config
+
+    if spec in MODEL_CONFIGS:
+        return {"source": "named", "name": spec}
+    folder = folder_of(spec)
+    cfg = hf_config(spec)
+    return {
+        "source": "hf" if spec.startswith(HF_PREFIX) else "folder",
+        "name": spec if spec.startswith(HF_PREFIX) else folder.name,
+        "model_type": cfg.model_type,
+        "config_sha256": _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)[1],
+        "weights": "loaded (from_pretrained)" if has_weights(folder) else "random init from config.json",
+        "params_from_config": count_parameters(get_config(spec)).total,
+        # exported with the model when present; the training data used fp8lab's tokenizer (module docstring)
+        "tokenizer_files": [n for n in TOKENIZER_FILES if (folder / n).is_file()],
+    }
+
+
+def identity(spec: str) -> str:
+    """What a checkpoint fingerprint records for the model: the name, or the config's hash (a folder
+    may move, e.g. into a SageMaker channel, and stay the same model)."""
+    from fp8lab.models import MODEL_CONFIGS
+
+    if spec in MODEL_CONFIGS or not is_user_model(spec):
+        return spec
+    return f"config.json sha256 {describe(spec)['config_sha256'][:16]}"
+
+
+def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None = 0):
+    """The user's model as its HF class: ``from_pretrained`` when the folder has weights, else random
+    init from its config (seeded like ``fp8lab.models.build_model``)."""
+    import torch
+    from transformers import GPTNeoForCausalLM, LlamaForCausalLM
+
+    from fp8lab.models import _default_dtype
+
+    folder = folder_of(spec)
+    cfg = hf_config(spec)
+    cls = LlamaForCausalLM if cfg.model_type == "llama" else GPTNeoForCausalLM
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if has_weights(folder) and dev.type != "meta":
+        from transformers.utils import logging as hf_logging
+
+        bar = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model = cls.from_pretrained(str(folder), dtype=dtype or torch.float32)
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
+        model = model.to(dev)
+    else:
+        devices = [dev.index or 0] if dev.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            with _default_dtype(dtype), dev:
+                model = cls(cfg)
+    model.fp8lab_name = spec if spec.startswith(HF_PREFIX) else folder.name
+    return model.eval() if dev.type == "meta" else model
+
+
+def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
+    """Copy the user's tokenizer files into ``model_dir``; returns the names copied (none: [])."""
+    from fp8lab.models import MODEL_CONFIGS
+
+    if spec in MODEL_CONFIGS or not is_user_model(spec):
+        return []
+    folder = folder_of(spec)
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, model_dir / name)
+            copied.append(name)
+    return copied

@@ -1,0 +1,318 @@
+"""Bring your own model (issue 18) on CPU: folders written by ``save_pretrained`` train from
+``--model DIR`` (emulated FP8), export back to their own format, reload with ``from_pretrained`` and
+give the trained converted model's logits; unsupported variants are refused with their message."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fp8lab import data as fdata
+from fp8lab import train as ftrain
+from fp8lab import user_model
+from fp8lab.models import count_parameters, get_config, model_flops_per_token
+from fp8lab.train import TrainConfig, train
+
+RUN = dict(seq_len=32, micro_batch_size=2, grad_accum=1, compute_dtype="fp32", plot=False, progress="off",
+           print_metrics=False, val_every=0, steps=3, lr=3e-3, warmup_steps=1, precision="fp8", backend="emulated")
+
+
+def llama_config(**kw):
+    from transformers import LlamaConfig
+
+    base = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False)
+    return LlamaConfig(**{**base, **kw})
+
+
+def gptneo_config(**kw):
+    from transformers import GPTNeoConfig
+
+    base = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+                max_position_embeddings=256, window_size=16, embed_dropout=0.0, resid_dropout=0.0,
+                attention_dropout=0.0, bos_token_id=511, eos_token_id=511)
+    return GPTNeoConfig(**{**base, **kw})
+
+
+VARIANTS = {
+    "llama2-mha-untied": lambda: llama_config(),
+    # Llama 3 style: GQA 4:2, rope_theta 5e5, tied embeddings, head_dim 32 != 64 / 4
+    "llama3-gqa-tied-headdim": lambda: llama_config(num_key_value_heads=2, head_dim=32, rope_theta=500000.0,
+                                                     tie_word_embeddings=True),
+    "gptneo": lambda: gptneo_config(),
+}
+
+
+def save_folder(path, cfg, weights=True, tokenizer=False):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    if weights:
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(str(path))
+    else:
+        cfg.save_pretrained(str(path))
+    if tokenizer:
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(fdata.shipped_tokenizer_path(512)), eos_token=fdata.EOS_TOKEN)
+        tok.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokens")
+    fdata.prepare_data(None, out, None, vocab_size=512)
+    return out
+
+
+@pytest.fixture
+def capture_trained(monkeypatch):
+    """The converted model as it finished training (what save_hf_model exported)."""
+    seen = {}
+    real = ftrain.save_hf_model
+
+    def spy(model, inner, conversion, *a, **k):
+        seen["inner"] = inner
+        return real(model, inner, conversion, *a, **k)
+
+    monkeypatch.setattr(ftrain, "save_hf_model", spy)
+    return seen
+
+
+def assert_same_logits(trained, exported_dir, vocab):
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(str(exported_dir), dtype=torch.float32).eval()
+    x = torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(1))
+    trained.eval()
+    with torch.no_grad():
+        want = trained(x).logits.float()  # outside FP8 autocast: the trained weights in fp32
+        got = reloaded(x).logits.float()
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    return reloaded
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("fuse", [True, False])
+def test_supported_variant_round_trips(variant, fuse, prepared, tmp_path, capture_trained):
+    cfg = VARIANTS[variant]()
+    src = save_folder(tmp_path / "mine", cfg, tokenizer=True)
+    out = tmp_path / "run"
+    s = train(TrainConfig(**RUN, model=str(src), fuse=fuse, data=str(prepared), output_dir=str(out)))
+    assert s["status"] == "completed" and s["steps"] == 3
+    rec = json.loads((out / "config.json").read_text())
+    ms = rec["model_source"]
+    assert ms["source"] == "folder" and ms["name"] == "mine" and ms["weights"].startswith("loaded")
+    assert len(ms["config_sha256"]) == 64 and ms["params_built"] == ms["params_from_config"] == rec["params"]
+    assert not rec["model"].startswith("/")  # shareable: no absolute machine path
+    assert rec["conversion"]["fused"] is fuse
+    reloaded = assert_same_logits(capture_trained["inner"], out / "model", cfg.vocab_size)
+    assert type(reloaded).__name__ == type(cfg).__name__.replace("Config", "ForCausalLM")
+    assert reloaded.config.tie_word_embeddings == cfg.tie_word_embeddings
+    if cfg.model_type == "llama":
+        assert reloaded.config.head_dim == getattr(cfg, "head_dim") and reloaded.config.num_key_value_heads == cfg.num_key_value_heads
+    # the user's tokenizer went back along, byte for byte
+    assert (out / "model" / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    # trained: the exported weights moved away from the folder's
+    from transformers import AutoModelForCausalLM
+
+    start = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    moved = [k for k, v in reloaded.state_dict().items() if not torch.equal(v, start.state_dict()[k])]
+    assert moved
+
+
+def test_folder_without_weights_is_random_init_from_its_config(prepared, tmp_path):
+    src = save_folder(tmp_path / "cfg-only", VARIANTS["llama3-gqa-tied-headdim"](), weights=False)
+    out = tmp_path / "run"
+    s = train(TrainConfig(**RUN, model=str(src), data=str(prepared), output_dir=str(out)))
+    rec = json.loads((out / "config.json").read_text())
+    assert s["status"] == "completed" and rec["model_source"]["weights"] == "random init from config.json"
+    assert (out / "model" / "tokenizer.json").exists()  # no tokenizer in the folder: the data's goes along
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(str(out / "model")).config.head_dim == 32
+
+
+def test_user_config_feeds_flops_layout_and_counts(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    for name, make in VARIANTS.items():
+        cfg = make()
+        src = save_folder(tmp_path / name, cfg, weights=False)
+        mc = get_config(str(src))
+        built = AutoModelForCausalLM.from_config(cfg)
+        assert count_parameters(mc).total == sum(p.numel() for p in built.parameters()), name
+        assert model_flops_per_token(str(src), 32) == model_flops_per_token(mc, 32) > 0
+    # the layout resolver reads the same ModelConfig fields
+    c = TrainConfig(**{**RUN, "micro_batch_size": "auto"}, model=str(tmp_path / "gptneo"))
+    from fp8lab.hardware import Machine
+
+    c2, layout, total, warm = ftrain.preflight(c, Machine.detect(torch.device("cpu"), 1, 0), "emulated")
+    assert c2.micro_batch_size >= 1 and layout.memory.peak > 0
+
+
+def test_fingerprint_follows_the_config_not_the_path(tmp_path):
+    from fp8lab import resume
+
+    a = save_folder(tmp_path / "a", VARIANTS["gptneo"](), weights=False)
+    b = save_folder(tmp_path / "elsewhere" / "b", VARIANTS["gptneo"](), weights=False)
+    fa = resume.fingerprint(TrainConfig(**RUN, model=str(a)), 1, 3, 1)
+    fb = resume.fingerprint(TrainConfig(**RUN, model=str(b)), 1, 3, 1)
+    assert fa == fb and fa["model"].startswith("config.json sha256 ")
+    assert resume.fingerprint(TrainConfig(**RUN, model="llama-tiny"), 1, 3, 1)["model"] == "llama-tiny"
+
+
+def test_llama31_rope_scaling_refused_fused_and_trains_unfused(prepared, tmp_path, capture_trained):
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cfg = llama_config(num_key_value_heads=2, rope_parameters=rope)
+    src = save_folder(tmp_path / "l31", cfg)
+    with pytest.raises(ValueError, match=r"Llama 3\.1 RoPE scaling \(rope_type 'llama3'\).*fuse=False") as e:
+        TrainConfig(**RUN, model=str(src), data=str(prepared), output_dir=str(tmp_path / "refused"))
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "run"
+    s = train(TrainConfig(**RUN, model=str(src), fuse=False, data=str(prepared), output_dir=str(out)))
+    assert s["status"] == "completed"
+    reloaded = assert_same_logits(capture_trained["inner"], out / "model", cfg.vocab_size)
+    assert reloaded.config.rope_parameters["rope_type"] == "llama3"
+
+
+@pytest.mark.parametrize("kw, feature", [
+    ({"attention_bias": True}, "attention_bias=True"),
+    ({"mlp_bias": True}, "mlp_bias=True"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE scaling of type 'linear'"),
+])
+def test_fused_refuses_what_it_cannot_represent(kw, feature, tmp_path):
+    src = save_folder(tmp_path / "m", llama_config(**kw), weights=False)
+    with pytest.raises(ValueError, match=re.escape(feature) + ".*use fuse=False"):
+        TrainConfig(**RUN, model=str(src))
+    TrainConfig(**RUN, model=str(src), fuse=False)  # the unfused path keeps them: accepted
+    # and convert_model itself refuses before building the fused model
+    from transformers import AutoModelForCausalLM
+
+    from fp8lab.convert import convert_model
+
+    with pytest.raises(ValueError, match=re.escape(feature)):
+        convert_model(AutoModelForCausalLM.from_config(llama_config(**kw)), backend="emulated", fuse=True)
+
+
+@pytest.mark.parametrize("make", ["qwen2", "mistral"])
+def test_other_architectures_refused_with_the_supported_list(make, tmp_path):
+    from transformers import MistralConfig, Qwen2Config
+
+    cfg = (Qwen2Config if make == "qwen2" else MistralConfig)(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=16)
+    src = tmp_path / make
+    cfg.save_pretrained(str(src))
+    with pytest.raises(ValueError, match=f"model_type='{make}'.*supported: llama .*gpt_neo"):
+        TrainConfig(**RUN, model=str(src))
+
+
+def test_bad_folder_inputs(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no config.json"):
+        TrainConfig(**RUN, model=str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="--model='no-such-model' is invalid; allowed: llama-tiny.*model folder.*hf:<repo id>"):
+        TrainConfig(**RUN, model="no-such-model")
+    src = save_folder(tmp_path / "m", llama_config(), weights=False)
+    with pytest.raises(ValueError, match="--model-override applies to the named models only.*config.json"):
+        TrainConfig(**RUN, model=str(src), model_overrides={"num_layers": 1})
+
+
+def test_vocab_smaller_than_data_is_refused_with_the_fix(prepared, tmp_path):
+    src = save_folder(tmp_path / "m", llama_config(vocab_size=300), weights=False)
+    with pytest.raises(ValueError, match="vocab_size 300; use a model whose config.json has vocab_size >= 512"):
+        train(TrainConfig(**RUN, model=str(src), data=str(prepared), output_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
+def test_hf_without_network_fails_fast_in_one_line(tmp_path):
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match="needs network access to the Hugging Face Hub.*HF_HUB_OFFLINE") as e:
+        TrainConfig(**RUN, model="hf:example-org/not-cached-model")
+    assert time.perf_counter() - t < 10 and "\n" not in str(e.value)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "fp8lab.train", "--model", "hf:example-org/not-cached-model",
+                        "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "Hugging Face Hub" in ln]
+    assert len(lines) == 1 and "hf:example-org/not-cached-model" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_hf_without_route_fails_fast_without_the_offline_flag(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # a name that never resolves
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match="needs network access to the Hugging Face Hub, but cannot reach hub.invalid"):
+        user_model.model_config("hf:example-org/not-cached-model")
+    assert time.perf_counter() - t < 2 * user_model.CONNECT_TIMEOUT_S + 5
+
+
+def test_notebook_02_converts_a_model_folder(tmp_path):
+    from fp8lab.notebooks import read_glued, run
+
+    src = save_folder(tmp_path / "my-llama3", VARIANTS["llama3-gqa-tied-headdim"]())
+    res = run(["02"], {"model_folder": str(src), "backend": "emulated", "seq_len": 32}, output_dir=tmp_path / "nb",
+              progress=False)
+    vals = read_glued(res[0].output)
+    assert vals["model"] == "my-llama3" and vals["num_layers"] == 2 and vals["round_trip_identical"] is True
+    assert vals["fp8_off_logits_rel_diff"] < 1e-5 and vals["fp8_on_logits_rel_diff"] > 1e-4
+    assert str(src) not in res[0].output.read_text()  # the machine path is not written into the notebook
+
+
+def test_run_pair_trains_a_model_folder(prepared, tmp_path):
+    from fp8lab.trainpair import run_pair
+
+    src = save_folder(tmp_path / "neo", VARIANTS["gptneo"]())
+    pair = run_pair(str(src), steps=2, backends=["emulated"], output_dir=tmp_path / "pair", data=str(prepared),
+                    seq_len=32, micro_batch_size=2)
+    assert set(pair.summaries) == {"bf16", "fp8 emulated"}
+    for s in pair.summaries.values():  # summary.json names the folder without the machine path
+        assert s["status"] == "completed" and s["model"] == "<abs>/neo"
+
+
+def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
+    pytest.importorskip("sagemaker.train")
+    from fp8lab import launch as L
+
+    base = dict(precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, steps=10)
+    cfg = VARIANTS["llama3-gqa-tied-headdim"]()
+    src = save_folder(tmp_path / "my-llama3", cfg, weights=False)
+    spec = L.JobSpec(model=str(src), **base)
+    assert spec.is_folder_model and spec.model_label == "my-llama3"
+    assert L.hyperparameters(spec)["model"] == "/opt/ml/input/data/model"
+    assert [c.channel_name for c in L._input_data(spec)] == ["model"]
+    assert spec.model_cfg == get_config(str(src)) and spec.micro_batch_size >= 1  # layout resolved for H100
+    assert "my-llama3" in L.job_name(spec) and str(tmp_path) not in json.dumps(spec.identity())
+    # the same config elsewhere is the same job (identity = config hash, not path)
+    other = save_folder(tmp_path / "copy" / "my-llama3", cfg, weights=False)
+    assert L.job_name(L.JobSpec(model=str(other), **base)) == L.job_name(spec)
+    plan = L.plan_sweep([str(src)], ["bf16", "fp8"], [1], role=base["role"], bucket=base["bucket"], steps=10)
+    assert set(plan.table()["model"].dropna()) == {"my-llama3"} and len(plan.jobs) == 2
+    # s3://: the config travels as model_config and is validated like a folder's
+    s3 = L.JobSpec(model="s3://my-bucket/models/my-llama3", model_config=cfg.to_dict(), **base)
+    assert s3.model_cfg == spec.model_cfg and L._input_data(s3)[0].data_source == "s3://my-bucket/models/my-llama3"
+    for kw, match in [
+        ({"model": "s3://my-bucket/models/x"}, r"JobSpec.model_config=None is invalid; allowed: the model's config.json"),
+        ({"model": "s3://my-bucket/m", "model_config": {**cfg.to_dict(), "model_type": "qwen2"}},
+         r"model_type='qwen2'.*supported: llama"),
+        ({"model": str(src), "model_config": cfg.to_dict()}, r"model_config.*None unless model is an s3:// URI"),
+        ({"model": "hf:meta-llama/Llama-3.1-8B"}, r"JobSpec.model='hf:meta-llama/Llama-3.1-8B' is invalid.*download hf: models first"),
+        ({"model": str(tmp_path / "missing")}, r"JobSpec.model=.*is invalid; allowed: llama-tiny.*local model folder"),
+        ({"model": str(save_folder(tmp_path / "l31", llama_config(rope_parameters={
+            "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}), weights=False))}, r"trainer would refuse this job.*llama3.*fuse=False"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            L.JobSpec(**{**base, **kw})

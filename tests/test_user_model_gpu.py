@@ -1,0 +1,99 @@
+"""Bring your own model on an FP8 GPU (skipped without one): user-shaped checkpoints saved by
+``save_pretrained`` train a few dozen real FP8 steps (Transformer Engine, fused) from a local folder,
+export back to their own HF class, reload with ``from_pretrained`` and give the trained converted
+model's logits to bf16 noise (issue 18).
+
+Shapes: a Llama-3-8B layer shape at reduced depth (GQA 32:8, vocab 128,256, rope_theta 5e5, 3 layers)
+and GPT-Neo-2.7B (hidden 2560, 20 heads, window 256, 32 layers). Weights are random (nothing is
+downloaded); the data are the shipped corpus tokenized with the 32,000-token tokenizer (<= both vocabularies).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fp8lab import data as fdata
+from fp8lab import metrics as fmetrics
+from fp8lab import train as ftrain
+from fp8lab.train import TrainConfig, train
+
+pytestmark = pytest.mark.gpu
+
+STEPS = 30
+
+
+def _te_or_skip():
+    from fp8lab.backends import get_backend
+
+    reason = get_backend("te").available()
+    if reason:
+        pytest.skip(f"te backend not usable: {reason}")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokens")
+    fdata.prepare_data(None, out, None, vocab_size=32000)
+    return out
+
+
+def llama3_style():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=3,
+                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                       rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=128000,
+                       eos_token_id=128001)
+
+
+def gptneo_27b():
+    from transformers import GPTNeoConfig
+
+    return GPTNeoConfig(vocab_size=50257, hidden_size=2560, num_layers=32, num_heads=20,
+                        attention_types=[[["global", "local"], 16]], max_position_embeddings=2048, window_size=256,
+                        embed_dropout=0.0, resid_dropout=0.0, attention_dropout=0.0)
+
+
+@pytest.mark.parametrize("make", [llama3_style, gptneo_27b], ids=["llama3-style-3-layers", "gptneo-2.7b"])
+def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path, monkeypatch):
+    _te_or_skip()
+    from transformers import AutoModelForCausalLM
+
+    cfg = make()
+    src = tmp_path / "mine"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(str(src))
+    seen = {}
+    real = ftrain.save_hf_model
+
+    def spy(model, inner, conversion, *a, **k):
+        seen["inner"] = inner
+        return real(model, inner, conversion, *a, **k)
+
+    monkeypatch.setattr(ftrain, "save_hf_model", spy)
+    out = tmp_path / "run"
+    s = train(TrainConfig(model=str(src), precision="fp8", backend="te", fuse=True, steps=STEPS, seq_len=512,
+                          micro_batch_size=2, grad_accum=1, lr=3e-4, warmup_steps=5, val_every=0, progress="off",
+                          print_metrics=False, plot=False, device="cuda", checkpoint_every=-1,
+                          data=str(prepared), output_dir=str(out)))
+    assert s["status"] == "completed" and s["steps"] == STEPS and s["nonfinite_steps"] == 0
+    recs = fmetrics.read_metrics(out / "metrics.jsonl")
+    assert recs[-1]["loss"] < recs[0]["loss"]
+    rec = json.loads((out / "config.json").read_text())
+    assert rec["conversion"]["fused"] is True and rec["backend_resolved"] == "te"
+    assert rec["model_source"]["params_built"] == rec["model_source"]["params_from_config"]
+
+    reloaded = AutoModelForCausalLM.from_pretrained(str(out / "model"), dtype=torch.bfloat16).cuda().eval()
+    assert type(reloaded).__name__ == ("LlamaForCausalLM" if cfg.model_type == "llama" else "GPTNeoForCausalLM")
+    trained = seen["inner"].eval()
+    x = torch.randint(0, 32000, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        want = trained(x).logits.float()  # FP8 off: the trained weights in bf16
+        got = reloaded(x).logits.float()
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 2e-2, f"exported model's logits differ from the trained converted model's by {rel:.3g} (relative)"
+    (tmp_path / "result.json").write_text(json.dumps({"model": make.__name__, "logits_rel_diff": rel,
+                                                      "first_loss": recs[0]["loss"], "last_loss": recs[-1]["loss"]}))
