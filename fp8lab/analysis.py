@@ -61,9 +61,10 @@ _ALIASES = {
 }
 
 # Price used for time-and-cost estimates unless one is passed: the launcher's assumption, held in
-# fp8lab.hardware (one place for it): the SageMaker AI on-demand training price of one ml.p5.48xlarge (8x H100) in
-# us-east-1, USD per instance-hour, as listed around the source blog's date (2024-11). Not a quote:
-# prices differ by region and changed since (AWS cut P5 prices in 2025). Pass your own.
+# fp8lab.hardware (one place for it): the SageMaker AI on-demand training price of one
+# ml.p5.48xlarge (8x H100) in us-east-1, USD per instance-hour, as listed around the source blog's
+# date (2024-11). Not a quote: prices differ by region and changed since (AWS cut P5 prices in
+# 2025). Pass your own.
 DEFAULT_PRICE_PER_INSTANCE_HOUR = DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]
 PRICE_SOURCE = ("assumed SageMaker on-demand training price of ml.p5.48xlarge in us-east-1 as of 2024-11 "
                 "(the value fp8lab.launch uses); pass your own price")
@@ -966,6 +967,7 @@ def scaling_axis(scaling: pd.DataFrame) -> str:
 # ----------------------------------------------------------------------------------- verdict
 
 def fmt_tokens(n: float) -> str:
+    """A token count the way the verdict says it: 24e9 -> "24B", 4.9e6 -> "4.9M"."""
     for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
         if n >= div:
             return f"{n / div:.4g}{unit}"

@@ -41,14 +41,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from fp8lab.hardware import (DEFAULT_PRICES_USD_PER_HOUR, INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE,
-                             PRICE_SOURCE, InstanceInfo, price_for)
+# facts about instances, prices and placeholders live in fp8lab.hardware; their old names import from here too
+from fp8lab.hardware import (DEFAULT_PRICES_USD_PER_HOUR, INSTANCES, PLACEHOLDER_BUCKET,  # noqa: F401
+                             PLACEHOLDER_ROLE, PRICE_SOURCE, InstanceInfo, price_for)
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
 from fp8lab.recipe import KINDS, Recipe
 from fp8lab.validate import OneLineParser, check_writable_file, parse_count, whole_number
 
 # ----------------------------------------------------------------------------------------------
-# Option vocabularies and limits (instances, prices and placeholders live in fp8lab.hardware)
+# Option vocabularies and limits
 # ----------------------------------------------------------------------------------------------
 
 PRECISIONS = ("bf16", "fp8")
