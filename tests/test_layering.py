@@ -187,3 +187,19 @@ def test_hardware_facts_have_one_home_and_old_names_import(module, names):
     for name in names:
         home = "SAGEMAKER_CHECKPOINT_DIR" if name == "CHECKPOINT_LOCAL_PATH" else name
         assert getattr(mod, name) is getattr(hardware, home), f"{module}.{name} is not fp8lab.hardware.{home}"
+
+
+@pytest.mark.parametrize("module, absent", [
+    ("fp8lab.hardware", {"fp8lab.launch", "fp8lab.train", "fp8lab.metrics", "fp8lab.analysis"}),
+    ("fp8lab.analysis", {"fp8lab.launch", "fp8lab.report", "fp8lab.plots"}),
+    ("fp8lab.plots", {"fp8lab.report", "fp8lab.launch"}),
+])
+def test_a_fresh_import_loads_no_module_above_it(module, absent):
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(' '.join(m for m in sys.modules if m.startswith('fp8lab')))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(proc.stdout.split())
+    assert module in loaded and not loaded & absent, f"importing {module} loaded {sorted(loaded & absent)}"
