@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from fp8lab.launch import DEFAULT_PRICES_USD_PER_HOUR  # stdlib-only module; sagemaker loads lazily
+from fp8lab.hardware import DEFAULT_PRICES_USD_PER_HOUR
 from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 
 # Run metadata carried on every row of the tidy table.
@@ -60,10 +60,11 @@ _ALIASES = {
     "seq_len": ("seq_len", "seq_length", "max_seq_len", "block_size", "sequence_length"),
 }
 
-# Price used for time-and-cost estimates unless one is passed: fp8lab.launch's assumption (one
-# place for it): the SageMaker AI on-demand training price of one ml.p5.48xlarge (8x H100) in
-# us-east-1, USD per instance-hour, as listed around the source blog's date (2024-11). Not a quote:
-# prices differ by region and changed since (AWS cut P5 prices in 2025). Pass your own.
+# Price used for time-and-cost estimates unless one is passed: the launcher's assumption, held in
+# fp8lab.hardware (one place for it): the SageMaker AI on-demand training price of one
+# ml.p5.48xlarge (8x H100) in us-east-1, USD per instance-hour, as listed around the source blog's
+# date (2024-11). Not a quote: prices differ by region and changed since (AWS cut P5 prices in
+# 2025). Pass your own.
 DEFAULT_PRICE_PER_INSTANCE_HOUR = DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]
 PRICE_SOURCE = ("assumed SageMaker on-demand training price of ml.p5.48xlarge in us-east-1 as of 2024-11 "
                 "(the value fp8lab.launch uses); pass your own price")
@@ -592,12 +593,13 @@ def _is_true(v: object) -> bool:
     return isinstance(v, (bool, np.bool_)) and bool(v)
 
 
-def _is_false(v: object) -> bool:
+def is_false(v: object) -> bool:
     """An explicit False (a missing value is not False)."""
     return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
 
 
-def _key(v: object) -> object:
+def group_key(v: object) -> object:
+    """A value fit for a groupby key: a missing value (None, NaN) becomes "?"."""
     return "?" if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
@@ -640,7 +642,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
     if not len(summary):
         return pd.DataFrame(columns=cols)
     keys = SCALE_KEYS + (LAYOUT_KEYS if by_layout else ())
-    keyed = summary.assign(**{f"_{k}": (summary[k] if k in summary else pd.Series(None, index=summary.index, dtype=object)).map(_key)
+    keyed = summary.assign(**{f"_{k}": (summary[k] if k in summary else pd.Series(None, index=summary.index, dtype=object)).map(group_key)
                               for k in keys})
     for scale, g in keyed.groupby([f"_{k}" for k in keys], sort=True, dropna=False):
         bf16 = g[g["precision"] == "bf16"]
@@ -661,7 +663,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
             nonfinite = [x["run_id"] for x in (base, r) if x.get("nonfinite_losses", 0) > 0]
             if nonfinite:
                 note.append(f"non-finite loss (NaN/Inf) in {', '.join(map(str, nonfinite))}: loss not compared")
-            if _is_false(base.get("loss_comparable")) or _is_false(r.get("loss_comparable")):
+            if is_false(base.get("loss_comparable")) or is_false(r.get("loss_comparable")):
                 same = False
                 note.append("throughput run: too short for a loss comparison (see the loss-parity study)")
             elif pd.isna(base["tokens"]) or pd.isna(r["tokens"]):
@@ -718,7 +720,7 @@ def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     """(model, GPU) groups at their smallest measured scale (one GPU where measured), smallest model first."""
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
     out = []
-    for (model, gpu), g in s.groupby([s["model"].map(_key), s["gpu_name"].map(_key)], sort=False):
+    for (model, gpu), g in s.groupby([s["model"].map(group_key), s["gpu_name"].map(group_key)], sort=False):
         inst = g["instances"].fillna(1)
         g = g[inst == inst.min()]
         ws = g["world_size"].fillna(1)
@@ -796,7 +798,7 @@ def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None
     comparison = compare_precisions(summary) if comparison is None else comparison
     best = best_runs(summary)
     rows = []
-    for (model, gpu), g in best.groupby([best["model"], best["gpu_name"].map(_key)], sort=False):
+    for (model, gpu), g in best.groupby([best["model"], best["gpu_name"].map(group_key)], sort=False):
         pick = {r["role"]: r for _, r in g.iterrows()}
         row = {"model": model, "gpu_name": gpu, "world_size": g["world_size"].iloc[0]}
         for prefix, role in (("hf", "plain HF BF16"), ("bf16", "best BF16"), ("fp8", "best FP8")):
@@ -925,7 +927,7 @@ def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
         return empty
     s["variant"] = [_setup_label(r) for r in s.to_dict("records")]
     s["_when"] = pd.to_datetime(s["date"], utc=True, errors="coerce") if "date" in s else pd.NaT
-    keys = [s["model"].map(_key), s["gpu_name"].map(_key), s["variant"]]
+    keys = [s["model"].map(group_key), s["gpu_name"].map(group_key), s["variant"]]
     rows = []
 
     def row(r: pd.Series, ref: pd.Series, hours: float, fastest: float) -> dict:
@@ -964,7 +966,8 @@ def scaling_axis(scaling: pd.DataFrame) -> str:
 
 # ----------------------------------------------------------------------------------- verdict
 
-def _fmt_tokens(n: float) -> str:
+def fmt_tokens(n: float) -> str:
+    """A token count the way the verdict says it: 24e9 -> "24B", 4.9e6 -> "4.9M"."""
     for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
         if n >= div:
             return f"{n / div:.4g}{unit}"
@@ -1008,7 +1011,7 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                 hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
                 hours_f = tokens / (r["tps_fp8"] * gpus_per_instance) / 3600.0
                 s += (f"; at ${price_per_instance_hour:,.2f} per {gpus_per_instance}-GPU instance-hour, "
-                      f"{_fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
+                      f"{fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
                       f"${hours_b * price_per_instance_hour:,.0f} ({100 * (1 - hours_f / hours_b):.0f}% saved)")
             else:
                 s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
@@ -1022,13 +1025,13 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                 elif pd.notna(v["loss_gap_pct"]):
                     gap_kind, gap = "smoothed training loss", v["loss_gap_pct"]
             if gap_kind and valid.iloc[0]["fp8_run"] == r["fp8_run"]:
-                s += (f"; after the same {_fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
+                s += (f"; after the same {fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
                       f"{gap:+.2f}% relative to BF16")
             elif gap_kind:  # speed from a throughput run, loss from a longer run of the same model
                 v = valid.iloc[0]
                 s += (f"; in a longer run of the same model ({v['fp8_variant']} against {v['baseline_variant']}, runs "
                       f"{v['fp8_run']} and {v['baseline_run']}, "
-                      f"{_fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
+                      f"{fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
                       f"{gap:+.2f}% relative to BF16")
             elif "non-finite loss" in str(r.get("note", "")):
                 s += "; its loss was non-finite (NaN/Inf, flagged in the runs table), so no loss gap is given"
@@ -1082,7 +1085,11 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
 # -------------------------------------------------------------------------------------- CLI
 
 def report_main(argv: Iterable[str] | None = None) -> int:
-    """``fp8lab report RUNS... --out report.html`` (implemented in :mod:`fp8lab.report`)."""
+    """``fp8lab report RUNS... --out report.html``: kept for old callers; the command is :func:`fp8lab.report.main`.
+
+    ``fp8lab.report`` builds on this module, not the other way round: this one call reaches up to
+    it when made, and no module-level import does (tests/test_layering.py checks that).
+    """
     from fp8lab.report import main
 
     return main(argv)

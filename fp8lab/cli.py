@@ -16,7 +16,7 @@ COMMANDS = {
     "prepare-data": ("fp8lab.data", "main", "tokenize text into token shards + manifest (a SageMaker train channel)"),
     "train": ("fp8lab.train", "main", "train a model in BF16 or FP8 (CPU, GPUs, torchrun, SageMaker)"),
     "launch": ("fp8lab.launch", "main", "plan / launch BF16 vs FP8 sweeps as SageMaker jobs"),
-    "report": ("fp8lab.analysis", "report_main", "turn runs into one self-contained HTML report"),
+    "report": ("fp8lab.report", "main", "turn runs into one self-contained HTML report"),
 }
 
 

@@ -186,11 +186,11 @@ def export_hf_model(converted: nn.Module) -> nn.Module:
     This materialises a full model on the CPU; for large models :func:`save_hf_checkpoint` writes
     the same checkpoint without building one.
     """
-    from fp8lab.models import _default_dtype
+    from fp8lab.models import default_dtype
 
     cls, cfg = _hf_class_and_config(converted)
     sd = export_hf_state_dict(converted)
-    with _default_dtype(next(iter(sd.values())).dtype), torch.device("cpu"):
+    with default_dtype(next(iter(sd.values())).dtype), torch.device("cpu"):
         hf = cls(cfg)
     hf.load_state_dict(sd, strict=True)
     return hf.eval()

@@ -30,8 +30,8 @@ from typing import Any, Sequence
 import pandas as pd
 
 from fp8lab import analysis
-from fp8lab.launch import INSTANCES, Estimate, _price_for
-from fp8lab.metrics import peak_bf16_flops
+from fp8lab.hardware import INSTANCES, peak_bf16_flops, price_for
+from fp8lab.launch import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
                 "seq_len", "tokens_per_sec_per_gpu", "peak_tflops"]
@@ -46,8 +46,8 @@ def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
     fp8 = s["precision"].map(analysis.is_fp8)
     s = s[~fp8 | ((s["fuse"] != False) & (s["backend"] != "emulated"))]  # noqa: E712 (fuse may be missing)
     rows = []
-    for _, g in s.groupby([s["model"], s["precision"], s["backend"].map(analysis._key),
-                           s["recipe"].map(analysis._key)], sort=True):
+    for _, g in s.groupby([s["model"], s["precision"], s["backend"].map(analysis.group_key),
+                           s["recipe"].map(analysis.group_key)], sort=True):
         r = g.loc[g["tokens_per_sec_per_gpu"].idxmax()]
         rows.append({"model": r["model"], "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],
                      "run_id": r["run_id"], "source": r["source"], "variant": r["variant"],
@@ -183,7 +183,7 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
     bad = [n for n in instance_counts if isinstance(n, bool) or not isinstance(n, int) or n < 1]
     if bad or not list(instance_counts):
         raise ValueError(f"instance_counts={list(instance_counts)!r}; allowed: integers >= 1")
-    price, _ = _price_for([instance_type], price_per_hour)
+    price, _ = price_for([instance_type], price_per_hour)
     est = estimate or MeasuredEstimate()
     info = INSTANCES[instance_type]
     if seq_len is None:

@@ -1,4 +1,8 @@
-"""Facts about the machines fp8lab plans for: GPU memory and how to read this machine's.
+"""Facts about the machines fp8lab plans for, in one place: GPU memory and dense BF16 peaks,
+SageMaker instance types and their assumed prices, the placeholders of a dry run and the folder
+SageMaker syncs checkpoints from. Other modules read these facts from here (``fp8lab.launch``,
+``fp8lab.train`` and ``fp8lab.metrics`` re-export their old names); this module imports nothing of
+fp8lab at module level, so any module may import it.
 
 The layout resolver (``fp8lab.layout``) sizes micro-batches from a GPU's memory; the launcher
 plans SageMaker jobs for a GPU it cannot see, so it looks the memory up here by the instance's
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Iterable
 
 # GiB as torch reports them, by a name fragment of the GPU; matched in order (specific first).
 GPU_MEMORY_GIB: tuple[tuple[str, float], ...] = (
@@ -20,6 +25,32 @@ GPU_MEMORY_GIB: tuple[tuple[str, float], ...] = (
     ("A100 40GB", 39.4),
     ("A100", 39.4),
 )
+
+# Dense (no 2:4 sparsity) BF16 tensor-core peaks in FLOP/s, from NVIDIA's data sheets.
+# Matched in order against torch.cuda.get_device_name(): specific names before general ones.
+PEAK_BF16_DENSE: tuple[tuple[str, float], ...] = (
+    ("GH200", 989e12),
+    ("H200", 989e12),  # H200 SXM (and NVL at a lower clock is close; use --peak-tflops to set it)
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # H100 SXM5 ("NVIDIA H100 80GB HBM3"), the GPU of SageMaker P5
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+
+
+def peak_bf16_flops(gpu_name: str | None) -> float | None:
+    """Dense BF16 peak FLOP/s of a GPU by name; None for CPUs and GPUs not in the table."""
+    if not gpu_name or gpu_name == "cpu":
+        return None
+    for key, peak in PEAK_BF16_DENSE:
+        if key.lower() in gpu_name.lower():
+            return peak
+    return None
 
 
 def gpu_memory_gib(gpu_name: str) -> float | None:
@@ -80,3 +111,66 @@ class Machine:
         if mem is None:
             raise ValueError(f"no memory size known for GPU {gpu_name!r}; known: {', '.join(k for k, _ in GPU_MEMORY_GIB)}")
         return cls("cuda", gpu_name, mem, world_size, te_usable=True, fp8=fp8)
+
+
+# ----------------------------------------------------------------------------------------------
+# SageMaker: instance types, assumed prices, dry-run placeholders, the checkpoint folder
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """What a SageMaker instance type offers for this experiment."""
+
+    gpus: int  # GPUs per instance = torchrun processes per node
+    gpu: str
+    fp8: bool  # FP8 tensor cores (Hopper / Blackwell); A100 has none
+    bf16_tflops: float  # dense BF16 peak per GPU (vendor datasheet), for time estimates
+    blackwell: bool = False  # MXFP8 recipes need Blackwell in Transformer Engine
+
+
+INSTANCES: dict[str, InstanceInfo] = {
+    "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", True, 989.0),
+    "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
+    "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
+    "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", True, 2250.0, blackwell=True),
+    "ml.p4d.24xlarge": InstanceInfo(8, "A100 40GB", False, 312.0),
+    "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", False, 312.0),
+}
+
+# On-demand USD per instance-hour used when no price is passed. ASSUMPTION, not a quote:
+# the published SageMaker AI on-demand *training* price of ml.p5.48xlarge in US East
+# (N. Virginia) as listed on aws.amazon.com/sagemaker/pricing around the source blog's date.
+# Prices differ by region and change (AWS cut P5 prices during 2025): pass price_per_hour.
+DEFAULT_PRICES_USD_PER_HOUR: dict[str, float] = {"ml.p5.48xlarge": 113.07}
+PRICE_SOURCE = (
+    "assumed on-demand price of ml.p5.48xlarge SageMaker training in us-east-1 "
+    "(SageMaker AI pricing page, as of 2024-11); check current pricing and pass price_per_hour"
+)
+
+
+def price_for(instance_types: Iterable[str], price_per_hour: float | None) -> tuple[float, str]:
+    """(USD per instance-hour, where that number comes from) for jobs on ``instance_types``.
+
+    ``price_per_hour`` wins when given; else the assumed default, which exists for one type only.
+    """
+    if price_per_hour is not None:
+        if not price_per_hour > 0:
+            raise ValueError(f"price_per_hour={price_per_hour!r} must be > 0 (USD per instance-hour)")
+        return float(price_per_hour), "price_per_hour given by the caller"
+    types = set(instance_types)
+    unknown = sorted(types - set(DEFAULT_PRICES_USD_PER_HOUR))
+    if unknown or len(types) != 1:
+        raise ValueError(f"no default price for {', '.join(unknown or sorted(types))}: pass price_per_hour "
+                         f"(USD per instance-hour); defaults exist for {', '.join(DEFAULT_PRICES_USD_PER_HOUR)}")
+    return DEFAULT_PRICES_USD_PER_HOUR[types.pop()], PRICE_SOURCE
+
+
+# Obvious placeholders that pass every validation, so a dry run works with no account:
+# 111122223333 is the example account id AWS documentation uses, amzn-s3-demo-bucket its
+# example bucket. A real launch refuses them.
+PLACEHOLDER_ROLE = "arn:aws:iam::111122223333:role/fp8lab-sagemaker-execution-role"
+PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
+
+# The folder SageMaker syncs with a job's checkpoint S3 URI (the trainer's default checkpoint folder there)
+SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"

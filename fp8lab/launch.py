@@ -41,49 +41,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+# facts about instances, prices and placeholders live in fp8lab.hardware; their old names import from here too
+from fp8lab.hardware import (DEFAULT_PRICES_USD_PER_HOUR, INSTANCES, PLACEHOLDER_BUCKET,  # noqa: F401
+                             PLACEHOLDER_ROLE, PRICE_SOURCE, InstanceInfo, price_for)
+from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
 from fp8lab.recipe import KINDS, Recipe
 from fp8lab.validate import OneLineParser, check_writable_file, parse_count, whole_number
 
 # ----------------------------------------------------------------------------------------------
-# Facts about instances, prices and placeholders
+# Option vocabularies and limits
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class InstanceInfo:
-    """What a SageMaker instance type offers for this experiment."""
-
-    gpus: int  # GPUs per instance = torchrun processes per node
-    gpu: str
-    fp8: bool  # FP8 tensor cores (Hopper / Blackwell); A100 has none
-    bf16_tflops: float  # dense BF16 peak per GPU (vendor datasheet), for time estimates
-    blackwell: bool = False  # MXFP8 recipes need Blackwell in Transformer Engine
-
-
-INSTANCES: dict[str, InstanceInfo] = {
-    "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", True, 989.0),
-    "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
-    "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
-    "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", True, 2250.0, blackwell=True),
-    "ml.p4d.24xlarge": InstanceInfo(8, "A100 40GB", False, 312.0),
-    "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", False, 312.0),
-}
-
-# On-demand USD per instance-hour used when no price is passed. ASSUMPTION, not a quote:
-# the published SageMaker AI on-demand *training* price of ml.p5.48xlarge in US East
-# (N. Virginia) as listed on aws.amazon.com/sagemaker/pricing around the source blog's date.
-# Prices differ by region and change (AWS cut P5 prices during 2025): pass price_per_hour.
-DEFAULT_PRICES_USD_PER_HOUR: dict[str, float] = {"ml.p5.48xlarge": 113.07}
-PRICE_SOURCE = (
-    "assumed on-demand price of ml.p5.48xlarge SageMaker training in us-east-1 "
-    "(SageMaker AI pricing page, as of 2024-11); check current pricing and pass price_per_hour"
-)
-
-# Obvious placeholders that pass every validation, so a dry run works with no account:
-# 111122223333 is the example account id AWS documentation uses, amzn-s3-demo-bucket its
-# example bucket. A real launch refuses them.
-PLACEHOLDER_ROLE = "arn:aws:iam::111122223333:role/fp8lab-sagemaker-execution-role"
-PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
 
 PRECISIONS = ("bf16", "fp8")
 BACKENDS = ("te", "torchao")
@@ -94,7 +61,6 @@ MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
 # A sanity cap on instances per job: more than a typical regional P5 quota; a typo there (1000 for 10)
 # costs real money, so planning beyond it needs allow_large=True (CLI: --allow-large)
 MAX_INSTANCES_PER_JOB = 64
-CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine only with JobSpec(install_te=True), because it
 # compiles against the image's CUDA (slow) and some images already ship it.
@@ -562,19 +528,6 @@ def _plan_job(spec: JobSpec, price: float, est: Estimate) -> PlannedJob:
     return PlannedJob(spec, job_name(spec), hours, hours * spec.world_size, hours * spec.instance_count * price)
 
 
-def _price_for(instance_types: Iterable[str], price_per_hour: float | None) -> tuple[float, str]:
-    if price_per_hour is not None:
-        if not price_per_hour > 0:
-            raise ValueError(f"price_per_hour={price_per_hour!r} must be > 0 (USD per instance-hour)")
-        return float(price_per_hour), "price_per_hour given by the caller"
-    types = set(instance_types)
-    unknown = sorted(types - set(DEFAULT_PRICES_USD_PER_HOUR))
-    if unknown or len(types) != 1:
-        raise ValueError(f"no default price for {', '.join(unknown or sorted(types))}: pass price_per_hour "
-                         f"(USD per instance-hour); defaults exist for {', '.join(DEFAULT_PRICES_USD_PER_HOUR)}")
-    return DEFAULT_PRICES_USD_PER_HOUR[types.pop()], PRICE_SOURCE
-
-
 def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], *,
                price_per_hour: float | None = None, estimate: Estimate | None = None, **common: Any) -> SweepPlan:
     """Every model x precision x instance count as a validated JobSpec with name, time and cost.
@@ -593,7 +546,7 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
         raise ValueError(f"plan_sweep: unknown or reserved JobSpec field(s) {', '.join(bad)}")
     specs = [JobSpec(model=m, precision=p, instance_count=n, **common)
              for m, p, n in itertools.product(models, precisions, instance_counts)]
-    price, source = _price_for((s.instance_type for s in specs), price_per_hour)
+    price, source = price_for((s.instance_type for s in specs), price_per_hour)
     est = estimate or default_estimate()
     if "max_run_s" not in common:
         # One time limit per (model, instance count), the longer of its BF16 and FP8 estimates,
@@ -617,7 +570,7 @@ def _as_plan(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], price_per_ho
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise ValueError("launch() takes a JobSpec, a list of JobSpecs or a SweepPlan from plan_sweep()")
     try:
-        price, source = _price_for((s.instance_type for s in specs), price_per_hour)
+        price, source = price_for((s.instance_type for s in specs), price_per_hour)
     except ValueError:
         price, source = float("nan"), "no price known for this instance type (pass price_per_hour)"
     est = default_estimate()

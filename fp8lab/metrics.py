@@ -21,38 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fp8lab.hardware import PEAK_BF16_DENSE, peak_bf16_flops  # noqa: F401 (re-exported: their old home)
+
 STEP_KEYS = (
     "step", "tokens", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_sec", "tokens_per_sec_per_gpu",
     "mfu", "max_mem_gib", "precision", "backend", "recipe", "model", "world_size", "gpu_name",
 )
 LINE_PREFIX = "fp8lab-metrics"
-
-# Dense (no 2:4 sparsity) BF16 tensor-core peaks in FLOP/s, from NVIDIA's data sheets.
-# Matched in order against torch.cuda.get_device_name(): specific names before general ones.
-PEAK_BF16_DENSE: tuple[tuple[str, float], ...] = (
-    ("GH200", 989e12),
-    ("H200", 989e12),  # H200 SXM (and NVL at a lower clock is close; use --peak-tflops to set it)
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # H100 SXM5 ("NVIDIA H100 80GB HBM3"), the GPU of SageMaker P5
-    ("H800", 989e12),
-    ("B200", 2250e12),
-    ("B100", 1750e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-)
-
-
-def peak_bf16_flops(gpu_name: str | None) -> float | None:
-    """Dense BF16 peak FLOP/s of a GPU by name; None for CPUs and GPUs not in the table."""
-    if not gpu_name or gpu_name == "cpu":
-        return None
-    for key, peak in PEAK_BF16_DENSE:
-        if key.lower() in gpu_name.lower():
-            return peak
-    return None
-
 
 def mfu(flops_per_token: float, tokens_per_sec_per_gpu: float, peak: float | None) -> float | None:
     if not peak or not math.isfinite(tokens_per_sec_per_gpu):

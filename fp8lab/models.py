@@ -157,7 +157,7 @@ def to_hf_config(cfg: ModelConfig):
 
 
 @contextmanager
-def _default_dtype(dtype) -> Iterator[None]:
+def default_dtype(dtype) -> Iterator[None]:
     """Create parameters directly in ``dtype`` (a 7B model in bf16 needs 14 GB, not 28 GB), then restore."""
     import torch
 
@@ -196,7 +196,7 @@ def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int |
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
-        with _default_dtype(dtype), dev:
+        with default_dtype(dtype), dev:
             model = cls(hf_cfg)
     model.fp8lab_name = name  # lets notebooks and reports say which named shape this is
     return model.eval() if dev.type == "meta" else model

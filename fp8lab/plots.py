@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import _is_false, is_fp8, model_size_b, scaling_axis, smooth
+from fp8lab.analysis import is_false, is_fp8, model_size_b, scaling_axis, smooth
 
 NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
@@ -232,7 +232,7 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
     title = f"Training loss ({smoothing}, span {smoothing_span}) and FP8 gap"
     steps = runs[(runs["record"] == "step") & runs["loss"].notna()] if len(runs) else runs
     if len(steps) and "loss_comparable" in steps:  # throughput runs: a few steps, not a loss comparison
-        steps = steps[[not _is_false(v) for v in steps["loss_comparable"]]]
+        steps = steps[[not is_false(v) for v in steps["loss_comparable"]]]
     if not len(steps):
         return _finish(_empty(title, "no per-step loss to compare\n(throughput runs are too short)"), save)
     models = _models(steps)

@@ -280,7 +280,7 @@ def headline_markdown(headline: pd.DataFrame) -> str:
             parts.insert(0, f"plain `{r['hf_variant']}` {r['hf_layout']}")
         if isinstance(r["loss_study"], str):
             parts.append(f"loss: {r['loss_gap_kind']}, `{r['loss_fp8_variant']}` against BF16 after "
-                         f"{analysis._fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
+                         f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
         notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")
     if not len(headline):
         lines.append("| " + " | ".join(["-"] * 9) + " |")

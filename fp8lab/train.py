@@ -67,6 +67,7 @@ from fp8lab import metrics as fmetrics
 from fp8lab import paths as fpaths
 from fp8lab import resume as fresume
 from fp8lab import validate as fvalidate
+from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (also importable from here, its old home)
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
 
 PRECISIONS = ("bf16", "fp8")
@@ -78,7 +79,6 @@ COMPUTE_DTYPES = ("auto", "bf16", "fp32")
 PARAM_DTYPES = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "on", "off")
-SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"  # SageMaker syncs this folder with checkpoint_s3_uri
 CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 

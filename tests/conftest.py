@@ -1,5 +1,6 @@
 """Shared test set-up: the ``gpu`` marker skips, with a reason, where no CUDA GPU exists; the
-``browser`` marker skips where no Chromium (and its driver) or no Selenium is installed."""
+``browser`` marker skips where no Chromium (and its driver) or no Selenium is installed; the
+``prepared`` fixture is the shipped corpus tokenized once per test module."""
 from __future__ import annotations
 
 import importlib.util
@@ -51,3 +52,13 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The shipped corpus tokenized with the 512-token tokenizer (one copy per test module)."""
+    from fp8lab import data as fdata
+
+    out = tmp_path_factory.mktemp("tokens")
+    fdata.prepare_data(None, out, None, vocab_size=512)
+    return out

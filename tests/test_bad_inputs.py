@@ -63,13 +63,6 @@ def _undo_readonly(path: Path) -> None:
     path.chmod(0o755)
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tokens")
-    fdata.prepare_data(None, out, None, vocab_size=512)
-    return out
-
-
 @pytest.fixture
 def workdir(tmp_path, monkeypatch, prepared):
     """A working folder holding the bad inputs the train table points at."""

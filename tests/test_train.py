@@ -17,13 +17,6 @@ TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="f
             progress="off", print_metrics=False)
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tokens")
-    fdata.prepare_data(None, out, None, vocab_size=512)
-    return out
-
-
 def losses(out_dir):
     return [r["loss"] for r in fmetrics.read_metrics(out_dir / "metrics.jsonl")]
 

@@ -9,20 +9,12 @@ import sys
 
 import pytest
 
-from fp8lab import data as fdata
 from fp8lab import metrics as fmetrics
 from fp8lab.train import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=8, lr=2e-3, progress="off", print_metrics=False,
             plot=False, device="cuda")
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tokens")
-    fdata.prepare_data(None, out, None, vocab_size=512)
-    return out
 
 
 def _te_or_skip():

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import torch
-from test_train_processes import _start_and_wait, common, prepared, records, run, torchrun, trainer  # noqa: F401
+from test_train_processes import _start_and_wait, common, records, run, torchrun, trainer  # noqa: F401
 
 from fp8lab import train as ftrain
 from fp8lab.master_weights import MasterWeights

@@ -11,18 +11,10 @@ import time
 
 import pytest
 
-from fp8lab import data as fdata
 from fp8lab import metrics as fmetrics
 from fp8lab.train import TrainConfig, train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tokens")
-    fdata.prepare_data(None, out, None, vocab_size=512)
-    return out
 
 
 def common(prepared, out, steps, *extra):
