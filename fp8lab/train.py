@@ -466,7 +466,7 @@ def _run_name(model: str) -> str:
 def fused_check(c: TrainConfig, backend: str | None) -> None:
     """Refuse, before anything is built, a model the fused conversion cannot represent exactly."""
     from fp8lab import user_model
-    from fp8lab.backends._fused import fused_problem
+    from fp8lab.convert import fused_problem
 
     if backend in (None, "torchao") or not c.fuse or not user_model.is_user_model(c.model):
         return  # torchao has no fused form; the named shapes are all representable

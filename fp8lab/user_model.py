@@ -14,7 +14,7 @@ untied embeddings, ``head_dim`` other than hidden/heads) and ``gpt_neo``. Anythi
 Mistral, ...) is refused with the list. What the fused conversion cannot represent exactly (Llama
 3.1 ``rope_scaling`` of type ``llama3``, attention/MLP biases, other RoPE types) is refused by the
 trainer before anything is built, naming ``--fuse False`` as the alternative
-(``fp8lab.backends._fused.fused_problem``).
+(``fp8lab.convert.fused_problem``).
 
 The config is turned into fp8lab's ``ModelConfig`` (``fp8lab.models.config_from_hf``), so FLOPs/MFU,
 the layout resolver's memory model and checkpoint fingerprints treat a folder like a named shape;
@@ -186,7 +186,7 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     import torch
     from transformers import GPTNeoForCausalLM, LlamaForCausalLM
 
-    from fp8lab.models import _default_dtype
+    from fp8lab.models import default_dtype
 
     folder = folder_of(spec)
     cfg = hf_config(spec)
@@ -208,7 +208,7 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
         with torch.random.fork_rng(devices=devices, enabled=seed is not None):
             if seed is not None:
                 torch.manual_seed(seed)
-            with _default_dtype(dtype), dev:
+            with default_dtype(dtype), dev:
                 model = cls(cfg)
     model.fp8lab_name = spec if spec.startswith(HF_PREFIX) else folder.name
     return model.eval() if dev.type == "meta" else model
