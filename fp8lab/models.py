@@ -192,14 +192,22 @@ def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int |
     else:
         from transformers import GPTNeoForCausalLM as cls
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    devices = [dev.index or 0] if dev.type == "cuda" else []
+    model = init_from_config(cls, hf_cfg, dev, dtype, seed)
+    model.fp8lab_name = name  # lets notebooks and reports say which named shape this is
+    return model.eval() if dev.type == "meta" else model
+
+
+def init_from_config(cls, hf_cfg, device, dtype=None, seed: int | None = 0):
+    """``cls(hf_cfg)`` with random weights on ``device`` in ``dtype``, seeded without touching the
+    caller's random state (the same weights for the same seed on any run)."""
+    import torch
+
+    devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
-        with default_dtype(dtype), dev:
-            model = cls(hf_cfg)
-    model.fp8lab_name = name  # lets notebooks and reports say which named shape this is
-    return model.eval() if dev.type == "meta" else model
+        with default_dtype(dtype), device:
+            return cls(hf_cfg)
 
 
 def _config_of(model_or_config) -> ModelConfig:

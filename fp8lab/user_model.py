@@ -186,7 +186,7 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     import torch
     from transformers import GPTNeoForCausalLM, LlamaForCausalLM
 
-    from fp8lab.models import default_dtype
+    from fp8lab.models import init_from_config
 
     folder = folder_of(spec)
     cfg = hf_config(spec)
@@ -204,12 +204,7 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
                 hf_logging.enable_progress_bar()
         model = model.to(dev)
     else:
-        devices = [dev.index or 0] if dev.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
-            if seed is not None:
-                torch.manual_seed(seed)
-            with default_dtype(dtype), dev:
-                model = cls(cfg)
+        model = init_from_config(cls, cfg, dev, dtype, seed)
     model.fp8lab_name = spec if spec.startswith(HF_PREFIX) else folder.name
     return model.eval() if dev.type == "meta" else model
 
