@@ -46,6 +46,7 @@ from fp8lab.hardware import (DEFAULT_PRICES_USD_PER_HOUR, INSTANCES, PLACEHOLDER
                              PLACEHOLDER_ROLE, PRICE_SOURCE, InstanceInfo, price_for)
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
 from fp8lab.recipe import KINDS, Recipe
+from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
 from fp8lab.validate import OneLineParser, check_writable_file, parse_count, whole_number
 
 # ----------------------------------------------------------------------------------------------
@@ -683,8 +684,8 @@ def _local_model(spec: JobSpec) -> Iterator[str]:
         yield str(folder)
 
 
-LAYOUT_FIELDS = ("micro_batch_size", "grad_accum", "seq_len")  # JobSpec fields the layout resolver fills in
-LAYOUT_OPTIONS = ("param_dtype", "fsdp_keep_weights")  # and trainer options it fills into JobSpec.options
+LAYOUT_FIELDS = INT_FIELDS  # JobSpec fields the layout resolver fills in
+LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in INT_FIELDS)  # and trainer options it fills into JobSpec.options
 # trainer options a job does not take from JobSpec.options: JobSpec fields, SageMaker's folders, test hooks
 JOB_OWNED_OPTIONS = frozenset({"model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len",
                                "lr", "seed", "fuse", "compile", "parallel", "activation_checkpointing", "progress",

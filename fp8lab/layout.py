@@ -61,7 +61,8 @@ HF_EAGER_FACTOR = 1.55  # plain transformers blocks keep more (measured: llama-1
 FP32_FACTOR = 2.0  # activations in fp32 (CPU runs, --compute-dtype fp32)
 
 # options whose "auto" the resolver decides (TrainConfig field names)
-AUTO_FIELDS = ("param_dtype", "seq_len", "micro_batch_size", "grad_accum", "fsdp_keep_weights")
+INT_FIELDS = ("seq_len", "micro_batch_size", "grad_accum")  # integers or "auto"
+AUTO_FIELDS = ("param_dtype", *INT_FIELDS, "fsdp_keep_weights")
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,9 @@ from fp8lab import resume as fresume
 from fp8lab import validate as fvalidate
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (also importable from here, its old home)
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
+from fp8lab.layout import AUTO, INT_FIELDS  # "auto": what the layout resolver picks per machine
 
 PRECISIONS = ("bf16", "fp8")
-AUTO = "auto"  # options the layout resolver decides per machine (fp8lab.layout)
 BACKENDS = ("auto", "none", "te", "torchao", "emulated")
 RECIPES = ("auto",) + KINDS  # auto = the backend's default
 PARALLEL = ("ddp", "fsdp")
@@ -342,7 +342,7 @@ def _auto_or(conv: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
     return f
 
 
-AUTO_INTS = ("micro_batch_size", "grad_accum", "seq_len")
+AUTO_INTS = INT_FIELDS  # layout options that are integers or "auto"
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {}
 for _f in dataclasses.fields(TrainConfig):
     if _f.name == "model_overrides":

@@ -62,3 +62,19 @@ def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("tokens")
     fdata.prepare_data(None, out, None, vocab_size=512)
     return out
+
+
+@pytest.fixture
+def capture_trained(monkeypatch):
+    """The converted model as it finished training (what fp8lab.train.save_hf_model exported), by key "inner"."""
+    from fp8lab import train as ftrain
+
+    seen = {}
+    real = ftrain.save_hf_model
+
+    def spy(model, inner, conversion, *a, **k):
+        seen["inner"] = inner
+        return real(model, inner, conversion, *a, **k)
+
+    monkeypatch.setattr(ftrain, "save_hf_model", spy)
+    return seen

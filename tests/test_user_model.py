@@ -64,27 +64,6 @@ def save_folder(path, cfg, weights=True, tokenizer=False):
     return path
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tokens")
-    fdata.prepare_data(None, out, None, vocab_size=512)
-    return out
-
-
-@pytest.fixture
-def capture_trained(monkeypatch):
-    """The converted model as it finished training (what save_hf_model exported)."""
-    seen = {}
-    real = ftrain.save_hf_model
-
-    def spy(model, inner, conversion, *a, **k):
-        seen["inner"] = inner
-        return real(model, inner, conversion, *a, **k)
-
-    monkeypatch.setattr(ftrain, "save_hf_model", spy)
-    return seen
-
-
 def assert_same_logits(trained, exported_dir, vocab):
     from transformers import AutoModelForCausalLM
 

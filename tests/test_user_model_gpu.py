@@ -16,7 +16,6 @@ import torch
 
 from fp8lab import data as fdata
 from fp8lab import metrics as fmetrics
-from fp8lab import train as ftrain
 from fp8lab.train import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
@@ -57,7 +56,7 @@ def gptneo_27b():
 
 
 @pytest.mark.parametrize("make", [llama3_style, gptneo_27b], ids=["llama3-style-3-layers", "gptneo-2.7b"])
-def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path, monkeypatch):
+def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path, capture_trained):
     _te_or_skip()
     from transformers import AutoModelForCausalLM
 
@@ -66,14 +65,7 @@ def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path,
     torch.manual_seed(0)
     with torch.device("cuda"):
         AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(str(src))
-    seen = {}
-    real = ftrain.save_hf_model
-
-    def spy(model, inner, conversion, *a, **k):
-        seen["inner"] = inner
-        return real(model, inner, conversion, *a, **k)
-
-    monkeypatch.setattr(ftrain, "save_hf_model", spy)
+    seen = capture_trained
     out = tmp_path / "run"
     s = train(TrainConfig(model=str(src), precision="fp8", backend="te", fuse=True, steps=STEPS, seq_len=512,
                           micro_batch_size=2, grad_accum=1, lr=3e-4, warmup_steps=5, val_every=0, progress="off",
