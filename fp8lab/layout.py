@@ -53,7 +53,7 @@ TOKENS_PER_GPU_STEP = 131_072  # target tokens per optimizer step per GPU (the b
 MAX_GLOBAL_TOKENS_PER_STEP = 4 * 2**20  # at most ~4M tokens per optimizer step over all GPUs (Llama 2's batch)
 MAX_GRAD_ACCUM = 32  # short sequences or tiny micro-batches do not get hundreds of micro-steps
 HEADROOM_GIB, HEADROOM_FRACTION = 5.0, 0.05  # kept free: the larger of the two
-WORKSPACE_GIB = 1.0  # cuBLAS/cuDNN workspaces, allocator slack
+WORKSPACE_GIB = 1.0  # cuBLAS/cuDNN workspaces, allocator slack (GPUs only)
 # activation bytes per unit (see the module docstring), by what computes the blocks' GEMMs
 ACT_BYTES = {"bf16": 1.775, "fp8": 1.627}
 LOGIT_BYTES = {"bf16": 16.2, "fp8": 15.6}
@@ -85,7 +85,7 @@ class MemoryEstimate:
         return max(self.train, self.step + self.workspace)
 
     def describe(self) -> str:
-        return (f"{self.peak:.0f} GiB (states {self.states:.1f}, activations {self.activations:.1f}"
+        return (f"{self.peak:.{0 if self.peak >= 10 else 2}f} GiB (states {self.states:.1f}, activations {self.activations:.1f}"
                 + (f", FP8 weight cache {self.fp8_cache:.1f}" if self.fp8_cache else "")
                 + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "") + ")")
 
@@ -106,7 +106,7 @@ def _block_linear_params(mcfg) -> int:
 def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int, param_dtype: str = "bf16",
                     backend: str | None = "te", fuse: bool = True, world_size: int = 1, parallel: str = "ddp",
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
-                    fp32_activations: bool = False) -> MemoryEstimate:
+                    fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model)."""
     from fp8lab.models import count_parameters
 
@@ -132,7 +132,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     if fp32_activations:
         per_token *= FP32_FACTOR
     acts = per_token * micro_batch_size * seq_len
-    return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib)
+    return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib)
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,8 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                             backend=backend, fuse=c.fuse, world_size=machine.world_size, parallel=c.parallel,
                             keep_weights=keep, weight_cache=c.fp8_weight_cache,
                             activation_checkpointing=c.activation_checkpointing,
-                            fp32_activations=not machine.gpu or c.compute_dtype == "fp32") for p in precisions]
+                            fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
+                            workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 
