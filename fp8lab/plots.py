@@ -268,7 +268,7 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
         bottom.axhline(0, color="0.3", lw=0.8, ls="--")
         top.set_title(str(model))
         top.set_ylabel("loss")
-        top.legend(fontsize=7)  # the gap lines below share these colours
+        top.legend(fontsize=7, loc="upper right")  # losses fall from the top left; the gap lines below share these colours
         bottom.set_ylabel("FP8 - BF16 of its study\n(% of BF16)", fontsize=9)
         bottom.set_xlabel(x_col)
         if not bottom.lines[:-1]:
