@@ -79,6 +79,7 @@ COMPUTE_DTYPES = ("auto", "bf16", "fp32")
 PARAM_DTYPES = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "on", "off")
+CUDA_GRAPHS = ("auto", "on", "off")  # fp8lab.graphs.CHOICES
 CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 
@@ -133,6 +134,7 @@ class TrainConfig:
     fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch
     fsdp_keep_weights: bool | str = "auto"  # auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)
     fuse_wgrad_accumulation: bool = True  # TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place
+    cuda_graphs: str = "auto"  # auto | on | off: replay each decoder block's forward and backward as CUDA graphs (TE fused layers, one GPU); auto = on where the step is launch-bound (small micro-batch) and the set-up supports it (fp8lab.graphs)
     device: str = "auto"  # auto | cpu | cuda
     gpu_memory_gib: float = 0.0  # 0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it
     dry_run: bool = False  # print the resolved layout and memory estimate, build nothing, train nothing
@@ -207,7 +209,7 @@ def _validate(c: TrainConfig) -> None:
                   f"(at most {(mcfg.num_layers - 1) // 2})")
     for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS),
                           ("parallel", PARALLEL), ("compute_dtype", COMPUTE_DTYPES), ("param_dtype", PARAM_DTYPES), ("device", DEVICES),
-                          ("progress", PROGRESS)):
+                          ("progress", PROGRESS), ("cuda_graphs", CUDA_GRAPHS)):
         if getattr(c, name) not in choices:
             raise bad(name, " | ".join(choices))
     if c.precision == "fp8" and c.backend == "none":
@@ -571,7 +573,19 @@ def preflight(c: TrainConfig, machine, backend: str | None):
     if problem:
         raise ValueError(problem)
     total_steps, warmup = schedule(c, machine.world_size)
+    graphs_decision(c, machine, backend)  # --cuda-graphs on with a set-up that cannot be captured: refused here
     return c, layout, total_steps, warmup
+
+
+def graphs_decision(c: TrainConfig, machine, backend: str | None):
+    """Whether this run replays its blocks as CUDA graphs (fp8lab.graphs.Decision), for a resolved layout."""
+    from fp8lab import graphs
+    from fp8lab.models import get_config
+
+    return graphs.decide(c.cuda_graphs, get_config(c.model, **c.model_overrides), micro_batch_size=c.micro_batch_size,
+                         seq_len=c.seq_len, device_type=machine.device, backend=backend, fuse=c.fuse,
+                         param_dtype=c.param_dtype, world_size=machine.world_size,
+                         activation_checkpointing=c.activation_checkpointing, compile=c.compile)
 
 
 def lr_lambda(c: TrainConfig, total_steps: int, warmup: int) -> Callable[[int], float]:
@@ -793,9 +807,13 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     c, layout, total_steps, warmup = preflight(c, machine, backend)
     log = print if env.is_main else (lambda *a, **k: None)
     log(f"fp8lab: {layout.header()}")
+    graphs_plan = graphs_decision(c, machine, backend)
+    if graphs_plan.active or c.cuda_graphs != "auto" or machine.gpu:
+        log(f"fp8lab: {graphs_plan.describe()}")
     if c.dry_run:
         return {"status": "dry_run", "model": c.model, "precision": c.precision, "backend": backend or "none",
                 "world_size": env.world_size, "gpu_name": machine.name, **layout.options(),
+                "cuda_graphs": graphs_plan.active,
                 "memory_estimate_gib": round(layout.memory.peak, 1), "memory_gib": round(machine.memory_gib, 1),
                 "reasons": layout.reasons}
     if c.gpu_memory_gib and env.device.type == "cuda":  # emulate a smaller GPU (e.g. P5's H100 80 GB on an H200)
@@ -857,7 +875,8 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
 
         master = MasterWeights(model, lambda params: make_optimizer(params, c, env.device))
         # DDP all-reduces .grad through hooks that main_grad would bypass: one process only
-        if c.fuse_wgrad_accumulation and not env.distributed and hasattr(model, "wgrad_into_main_grad"):
+        # (not under CUDA graphs: main_grad buffers are re-allocated every step, a graph would write to stale ones)
+        if c.fuse_wgrad_accumulation and not env.distributed and not graphs_plan.active and hasattr(model, "wgrad_into_main_grad"):
             fused_wgrad = model.wgrad_into_main_grad()
             if fused_wgrad:
                 master.use_main_grad(fused_wgrad)
@@ -907,6 +926,13 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         raise ValueError(f"--checkpoint-dir: no checkpoint in {paths.checkpoint_dir.name!r} loads ({'; '.join(unreadable)}); "
                          "move the unreadable ones away, or start afresh with --resume False or another --checkpoint-dir")
 
+    graphs_captured = None
+    if graphs_plan.active:  # after resume: the graphs read the loaded weights and FP8 scaling state in place
+        from fp8lab import graphs
+
+        graphs_captured = graphs.capture(inner, micro_batch_size=c.micro_batch_size, seq_len=c.seq_len, fp8=fp8_on,
+                                         recipe=recipe, weight_cache=weight_cache)
+        log(f"fp8lab: {graphs_captured.describe()}")
     gpu_name = _gpu_name(env.device)
     peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(gpu_name)
     flops_per_token = model_flops_per_token(mcfg, c.seq_len)
@@ -917,7 +943,9 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
         metrics_log = fmetrics.MetricsLog(paths.output_dir / "metrics.jsonl", resume_step=resumed_from)
         cfg_record = {**c.as_dict(), "backend_resolved": backend_name, "recipe_resolved": recipe.describe() if recipe else None,
                       "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
-                      "fp8_weight_cache_active": weight_cache, "fuse_wgrad_accumulation_active": bool(fused_wgrad), "fsdp_keep_weights_active": keep_weights, "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
+                      "fp8_weight_cache_active": weight_cache, "fuse_wgrad_accumulation_active": bool(fused_wgrad), "fsdp_keep_weights_active": keep_weights,
+                      "cuda_graphs_active": graphs_plan.active, "cuda_graphs_reason": graphs_plan.reason,
+                      "cuda_graphs_captured": dataclasses.asdict(graphs_captured) if graphs_captured else None, "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
                       "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
                       "model_source": {**user_model.describe(c.model), "params_built": sum(p.numel() for p in inner.parameters())},
                       "conversion": dataclasses.asdict(conversion) if conversion is not None else None,

@@ -78,3 +78,20 @@ def capture_trained(monkeypatch):
 
     monkeypatch.setattr(ftrain, "save_hf_model", spy)
     return seen
+
+
+@pytest.fixture
+def gpu_record(request):
+    """record(**fields): one JSON line per call into $FP8LAB_GPU_RESULTS/<test module>.jsonl (when set), so a
+    GPU run's measured figures come back as a result file with the test that produced them."""
+    import json
+
+    folder = os.environ.get("FP8LAB_GPU_RESULTS")
+
+    def record(**fields):
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{request.module.__name__.rpartition('.')[2]}.jsonl"), "a") as f:
+                f.write(json.dumps({"test": request.node.nodeid, **fields}) + "\n")
+
+    return record

@@ -197,7 +197,7 @@ REAL_WIDTHS = [("llama-1b", 2048), ("llama-7b", 4096)]
 @pytest.mark.parametrize("rope_theta", [1e4, 5e5], ids=["theta1e4", "theta5e5"])
 @pytest.mark.parametrize("name,hidden", REAL_WIDTHS, ids=["hidden2048", "hidden4096"])
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "swap"])
-def test_te_bf16_is_at_least_as_close_to_fp32_as_hf_bf16_at_real_widths(name, hidden, rope_theta, fuse):
+def test_te_bf16_is_at_least_as_close_to_fp32_as_hf_bf16_at_real_widths(name, hidden, rope_theta, fuse, gpu_record):
     _need("te")
     ref = build_model(name, device="cuda", dtype=torch.bfloat16, num_layers=2, rope_theta=rope_theta)
     assert ref.config.hidden_size == hidden
@@ -209,6 +209,10 @@ def test_te_bf16_is_at_least_as_close_to_fp32_as_hf_bf16_at_real_widths(name, hi
     print(f"{name} theta={rope_theta:g} {'fused' if fuse else 'swap'}: converted vs HF bf16 {rep.logits_rel_diff:.4f}, "
           f"HF bf16 vs fp32 {t.reference_logits_rel_diff:.4f}, converted vs fp32 {t.converted_logits_rel_diff:.4f}; "
           f"per block {[(round(l.reference_rel_diff, 4), round(l.converted_rel_diff, 4)) for l in t.per_layer]}")
+    gpu_record(hidden=hidden, rope_theta=rope_theta, conversion="fused" if fuse else "swap", seq_len=512, layers=2,
+               converted_vs_hf_bf16=rep.logits_rel_diff, hf_bf16_vs_fp32=t.reference_logits_rel_diff,
+               converted_vs_fp32=t.converted_logits_rel_diff,
+               per_block=[(l.reference_rel_diff, l.converted_rel_diff) for l in t.per_layer])
     assert 0 < t.reference_logits_rel_diff < 0.5 and len(t.per_layer) == 2
     if fuse:  # fp8lab's fused model computes RoPE angles in fp32: strictly no further from the truth
         assert t.converted_at_least_as_close, rep

@@ -56,7 +56,7 @@ def gptneo_27b():
 
 
 @pytest.mark.parametrize("make", [llama3_style, gptneo_27b], ids=["llama3-style-3-layers", "gptneo-2.7b"])
-def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path, capture_trained):
+def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path, capture_trained, gpu_record):
     _te_or_skip()
     from transformers import AutoModelForCausalLM
 
@@ -87,5 +87,6 @@ def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path,
         got = reloaded(x).logits.float()
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < 2e-2, f"exported model's logits differ from the trained converted model's by {rel:.3g} (relative)"
-    (tmp_path / "result.json").write_text(json.dumps({"model": make.__name__, "logits_rel_diff": rel,
-                                                      "first_loss": recs[0]["loss"], "last_loss": recs[-1]["loss"]}))
+    gpu_record(model=make.__name__, params=rec["model_source"]["params_built"], steps=STEPS,
+               cuda_graphs_active=rec["cuda_graphs_active"], logits_rel_diff=rel, first_loss=recs[0]["loss"],
+               last_loss=recs[-1]["loss"], tokens_per_sec_per_gpu_median=s["tokens_per_sec_per_gpu_median"])

@@ -316,6 +316,17 @@ class FusedCausalLM(nn.Module):
         self.supports_weight_cache = _caches_weights(parts)
         self._release_cache = getattr(parts, "release_weight_cache", None)
         self._wgrad_into_main_grad = getattr(parts, "wgrad_into_main_grad", None)
+        self.__dict__["_block_calls"] = None  # (callables, (batch, seq), pass is_first_microbatch): fp8lab.graphs
+
+    def use_block_calls(self, calls, shape: tuple[int, int], pass_first_microbatch: bool) -> None:
+        """Replay ``calls`` (CUDA-graphed blocks, fp8lab.graphs) instead of the blocks while training on
+        batches of ``shape``; evaluation and other shapes run the eager blocks. Not state: kept out of
+        the module tree, so state dicts and checkpoints are unchanged."""
+        self.__dict__["_block_calls"] = (tuple(calls), tuple(shape), pass_first_microbatch)
+
+    @property
+    def graphed(self) -> bool:
+        return self.__dict__.get("_block_calls") is not None
 
     def wgrad_into_main_grad(self) -> list[nn.Parameter]:
         """Weights whose gradients the backend accumulates into ``param.main_grad`` from now on ([]: none, autograd's ``.grad`` as usual)."""
@@ -324,7 +335,7 @@ class FusedCausalLM(nn.Module):
     def release_weight_cache(self) -> None:
         """Free the cached FP8 weights (after the last micro-batch's backward, before the optimizer
         step): the next step quantises afresh anyway, and at 7B the cache is ~13 GB the step needs."""
-        if self._release_cache is not None:
+        if self._release_cache is not None and not self.graphed:  # a graph keeps its cache in its own pool
             self._release_cache(self)
 
     def rope_tables(self, t: int, device, dtype) -> Any:
@@ -346,8 +357,14 @@ class FusedCausalLM(nn.Module):
             x = x + self.pos_embed(torch.arange(t, device=input_ids.device))[None]
         else:
             rope = self.rope_tables(t, x.device, x.dtype)
-        for blk in self.blocks:
-            x = blk(x, rope, is_first_microbatch)
+        graphs = self.__dict__.get("_block_calls")
+        if graphs is not None and self.training and torch.is_grad_enabled() and (b, t) == graphs[1]:
+            kw = {"is_first_microbatch": bool(is_first_microbatch)} if graphs[2] else {}
+            for call in graphs[0]:
+                x = call(x, **kw)
+        else:
+            for blk in self.blocks:
+                x = blk(x, rope, is_first_microbatch)
         logits = self.lm_head(self.norm(x))
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         return CausalLMOutput(loss=loss, logits=logits)

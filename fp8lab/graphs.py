@@ -1,0 +1,160 @@
+"""CUDA graphs for launch-bound steps: each decoder block's forward and backward replayed as a graph.
+
+Why: at a small micro-batch a step of Transformer Engine's fused layers is bound by the CPU, not
+the GPU. Each block launches dozens of kernels through TE's Python front end (quantisation, amax
+bookkeeping, GEMMs, attention, norms); when one block's kernels take less GPU time than the host
+needs to launch them, the GPU waits (the llama-7b profile at micro-batch 1 showed it idle ~43% of
+the step). A captured graph launches a block's whole forward, or its whole backward, in one call.
+
+How: ``te.make_graphed_callables`` captures every decoder block (through a thin ``BlockCall`` that
+holds the block's RoPE table, so the graph's only input is the hidden state) with the run's FP8
+recipe, per-block FP8 on/off (``--bf16-edge-blocks``) and, under gradient accumulation, TE's FP8
+weight cache (the graph re-casts the weights only when ``is_first_microbatch`` is True). The fused
+model replays them while training (``FusedCausalLM.use_block_calls``); evaluation, a batch of
+another shape and anything in eval mode run the eager blocks. Embedding, final norm, LM head and
+the loss stay eager (a handful of large kernels).
+
+What a graph needs, checked before anything is built (``problem``): a CUDA GPU, TE's fused layers,
+bf16 parameters (the graph is captured outside ``torch.autocast``), one process (FSDP2's gathers and
+DDP's hooks run outside the graph and are not supported here), no activation checkpointing and no
+``torch.compile``. Fused weight-gradient accumulation is turned off under graphs: its ``main_grad``
+buffers are re-allocated every step, and a graph would keep writing to the old ones.
+
+``--cuda-graphs auto`` turns graphs on where the resolver predicts a launch-bound step
+(``launch_bound``: little GPU work per block per micro-batch) and the set-up supports them;
+``on`` insists (a set-up that cannot be captured is refused up front, naming why); ``off`` never.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+CHOICES = ("auto", "on", "off")
+
+# Work per block per micro-batch (tokens x the block's parameters) below which the step is
+# launch-bound on an H100/H200 with TE's fused layers. Measured (data/results/throughput-h200/,
+# profiles): llama-7b 1 x 2048 = 4.1e11 (GPU idle ~43%), gptneo-1.3b 2 x 2048 = 2.0e11 (GPU busy 71%
+# with FP8), against gptneo-1.3b 8 x 2048 = 8.2e11 (97.5%) and llama-7b 2 x 2048 = 8.3e11 (1.51x).
+LAUNCH_BOUND_WORK = 6e11
+
+
+def block_params(mcfg) -> int:
+    """Parameters of one decoder block (attention and MLP matrices; norms are negligible)."""
+    h, f, hd = mcfg.hidden_size, mcfg.intermediate_size, mcfg.head_dim
+    attn = 2 * h * mcfg.num_heads * hd + 2 * h * mcfg.kv_heads * hd  # Q and O, K and V
+    mlp = (3 if mcfg.family == "llama" else 2) * h * f
+    return attn + mlp
+
+
+def launch_bound(mcfg, micro_batch_size: int, seq_len: int) -> bool:
+    """True where one block's GPU work per micro-batch is too small to hide TE's launch overhead."""
+    return micro_batch_size * seq_len * block_params(mcfg) < LAUNCH_BOUND_WORK
+
+
+def problem(*, device_type: str, backend: str | None, fuse: bool, param_dtype: str, world_size: int,
+            activation_checkpointing: bool, compile: bool) -> str | None:
+    """Why this set-up cannot run its blocks as CUDA graphs (None: it can)."""
+    if device_type != "cuda":
+        return "CUDA graphs need a CUDA GPU"
+    if backend != "te" or not fuse:
+        return "CUDA graphs are implemented for Transformer Engine's fused layers (--backend te --fuse True)"
+    if param_dtype != "bf16":
+        return "CUDA graphs need --param-dtype bf16 (the blocks are captured outside torch.autocast)"
+    if world_size > 1:
+        return "CUDA graphs run in one process only (DDP's and FSDP2's hooks run outside the graph)"
+    if activation_checkpointing:
+        return "CUDA graphs cannot capture activation checkpointing (its recomputation runs in backward)"
+    if compile:
+        return "CUDA graphs and --compile do not combine here (choose one)"
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    active: bool
+    reason: str
+
+    def describe(self) -> str:
+        return f"CUDA graphs {'on' if self.active else 'off'}: {self.reason}"
+
+
+def decide(choice: str, mcfg, *, micro_batch_size: int, seq_len: int, **setup: Any) -> Decision:
+    """Resolve ``--cuda-graphs`` for a run; ``on`` with an unsupported set-up is a ValueError."""
+    if choice not in CHOICES:
+        raise ValueError(f"--cuda-graphs={choice!r} is invalid; allowed: {' | '.join(CHOICES)}")
+    if choice == "off":
+        return Decision(False, "--cuda-graphs off")
+    why_not = problem(**setup)
+    if choice == "on":
+        if why_not:
+            raise ValueError(f"--cuda-graphs on: {why_not}; use --cuda-graphs auto or off")
+        return Decision(True, "--cuda-graphs on")
+    work = micro_batch_size * seq_len * block_params(mcfg)
+    if why_not:
+        return Decision(False, f"auto: {why_not}")
+    if work >= LAUNCH_BOUND_WORK:
+        return Decision(False, f"auto: {work:.1e} token-params per block and micro-batch keep the GPU busy "
+                               f"(graphs pay below {LAUNCH_BOUND_WORK:.0e})")
+    return Decision(True, f"auto: {work:.1e} token-params per block and micro-batch: launch-bound "
+                          f"(below {LAUNCH_BOUND_WORK:.0e})")
+
+
+def _block_call_class():
+    import torch
+
+    class BlockCall(torch.nn.Module):
+        """One fused block with its RoPE table bound, so the graph's only input is the hidden state."""
+
+        def __init__(self, block, rope):
+            super().__init__()
+            self.block = block
+            self.rope = rope  # a tensor, or None (GPT-Neo's learned positions live outside the blocks)
+
+        def forward(self, x, is_first_microbatch=None):
+            return self.block(x, self.rope, is_first_microbatch)
+
+    return BlockCall
+
+
+@dataclass
+class Captured:
+    blocks: int
+    weight_cache: bool
+    capture_s: float
+    memory_gib: float  # GPU memory the graphs hold (allocated after capture minus before)
+
+    def describe(self) -> str:
+        return (f"{self.blocks} decoder blocks captured as CUDA graphs in {self.capture_s:.1f} s "
+                f"({self.memory_gib:.2f} GiB held by the graphs{', FP8 weight cache inside' if self.weight_cache else ''})")
+
+
+def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, weight_cache: bool,
+            warmup_iters: int = 3) -> Captured:
+    """Capture every decoder block of a fused TE model (on its GPU, in training mode) and make the
+    model replay them while training. ``recipe``: the run's fp8lab ``Recipe`` (FP8 on) or None."""
+    import torch
+    import transformer_engine.pytorch as te
+
+    from fp8lab.backends import get_backend
+
+    dev = next(model.parameters()).device
+    dtype = model.embed.weight.dtype
+    rope = None if model.pos_embed is not None else model.rope_tables(seq_len, dev, dtype)
+    BlockCall = _block_call_class()
+    calls = tuple(BlockCall(b, rope).train() for b in model.blocks)
+    sample = tuple((torch.randn(micro_batch_size, seq_len, model.spec.hidden, device=dev, dtype=dtype,
+                                requires_grad=True),) for _ in calls)
+    te_recipe = get_backend("te").te_recipe(recipe) if fp8 else None
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    t0 = time.perf_counter()
+    graphed = te.make_graphed_callables(
+        calls, sample, num_warmup_iters=warmup_iters,
+        enabled=tuple(fp8 and b.fp8 for b in model.blocks), recipe=te_recipe,
+        cache_quantized_params=bool(weight_cache and fp8))
+    torch.cuda.synchronize(dev)
+    captured = Captured(len(calls), bool(weight_cache and fp8), time.perf_counter() - t0,
+                        (torch.cuda.memory_allocated(dev) - before) / 2**30)
+    model.use_block_calls(graphed, (micro_batch_size, seq_len), pass_first_microbatch=captured.weight_cache)
+    return captured

@@ -1,0 +1,89 @@
+"""--cuda-graphs on a CPU: the policy (when auto turns graphs on), the set-ups that cannot be captured
+(refused up front for ``on``, run eagerly for ``auto``), and the same refusal for a planned P5 job.
+The captured graphs themselves run in tests/test_graphs_gpu.py on the H200."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fp8lab import graphs
+from fp8lab.launch import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, JobSpec
+from fp8lab.models import get_config
+
+OK = dict(device_type="cuda", backend="te", fuse=True, param_dtype="bf16", world_size=1,
+          activation_checkpointing=False, compile=False)
+
+
+@pytest.mark.parametrize("model,mb,want", [
+    ("llama-7b", 1, True),      # profiled: GPU idle ~43% of the step, FP8 only 1.05x
+    ("llama-7b", 2, False),     # FP8 1.51x at 2 x 2048
+    ("gptneo-1.3b", 2, True),   # profiled: GPU busy 71% with FP8
+    ("gptneo-1.3b", 8, False),  # busy 97.5%, FP8 1.24x
+    ("llama-1b", 16, False),    # the resolver's default layout
+    ("llama-tiny", 4, True),
+])
+def test_auto_follows_the_measured_launch_bound_layouts(model, mb, want):
+    d = graphs.decide("auto", get_config(model), micro_batch_size=mb, seq_len=128 if model == "llama-tiny" else 2048, **OK)
+    assert d.active is want and d.reason.startswith("auto:")
+    assert ("launch-bound" in d.reason) is want
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"device_type": "cpu"}, "need a CUDA GPU"),
+    ({"backend": "emulated"}, "--backend te --fuse True"),
+    ({"fuse": False}, "--backend te --fuse True"),
+    ({"param_dtype": "fp32"}, "--param-dtype bf16"),
+    ({"world_size": 8}, "one process only"),
+    ({"activation_checkpointing": True}, "activation checkpointing"),
+    ({"compile": True}, "--compile"),
+])
+def test_set_ups_that_cannot_be_captured(change, words):
+    setup = {**OK, **change}
+    cfg = get_config("llama-7b")
+    auto = graphs.decide("auto", cfg, micro_batch_size=1, seq_len=2048, **setup)
+    assert auto.active is False and words in auto.reason
+    with pytest.raises(ValueError, match="--cuda-graphs on: .*" + words.replace("-", "\\-").replace("+", "\\+")):
+        graphs.decide("on", cfg, micro_batch_size=1, seq_len=2048, **setup)
+    assert graphs.decide("off", cfg, micro_batch_size=1, seq_len=2048, **setup).active is False
+
+
+def test_a_bad_choice_names_the_option_and_the_choices():
+    with pytest.raises(ValueError, match=r"--cuda-graphs='maybe' is invalid; allowed: auto \| on \| off"):
+        graphs.decide("maybe", get_config("llama-7b"), micro_batch_size=1, seq_len=2048, **OK)
+
+
+def _train(*args, tmp_path):
+    return subprocess.run([sys.executable, "-m", "fp8lab.train", "--model", "llama-tiny", "--steps", "2",
+                           "--output-dir", str(tmp_path / "run"), "--progress", "off", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_trainer_refuses_cuda_graphs_on_a_cpu_before_anything_is_written(tmp_path):
+    p = _train("--cuda-graphs", "on", tmp_path=tmp_path)
+    assert p.returncode == 2
+    assert "--cuda-graphs on: CUDA graphs need a CUDA GPU; use --cuda-graphs auto or off" in p.stderr
+    assert not (tmp_path / "run").exists()
+    p = _train("--cuda-graphs", "sometimes", tmp_path=tmp_path)
+    assert p.returncode == 2 and "--cuda-graphs='sometimes' is invalid; allowed: auto | on | off" in p.stderr
+
+
+def test_trainer_records_why_graphs_are_off(tmp_path):
+    p = _train("--dry-run", "True", tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    p = _train("--steps", "1", "--save-model", "False", "--plot", "False", tmp_path=tmp_path)
+    assert p.returncode == 0, p.stderr
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["cuda_graphs"] == "auto" and cfg["cuda_graphs_active"] is False
+    assert cfg["cuda_graphs_reason"] == "auto: CUDA graphs need a CUDA GPU" and cfg["cuda_graphs_captured"] is None
+
+
+def test_a_planned_p5_job_with_graphs_on_is_refused_when_the_plan_is_made():
+    job = dict(model="llama-7b", precision="fp8", role=PLACEHOLDER_ROLE, bucket=PLACEHOLDER_BUCKET, steps=10)
+    with pytest.raises(ValueError, match="the trainer would refuse this job: --cuda-graphs on: .*one process only"):
+        JobSpec(**job, options={"cuda_graphs": "on"})
+    assert JobSpec(**job).options.get("cuda_graphs", "auto") == "auto"  # auto: sharded jobs run eagerly
+    with pytest.raises(ValueError, match=r"--cuda-graphs=.sometimes. is invalid; allowed: auto \| on \| off"):
+        JobSpec(**job, options={"cuda_graphs": "sometimes"})
