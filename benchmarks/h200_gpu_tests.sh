@@ -15,9 +15,9 @@ grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu-tests.log"
 if [ "${NOTEBOOKS:-1}" != 0 ]; then
   python3 -m ipykernel install --user --name python3 >/dev/null 2>&1
   nb=/tmp/nb
-  timeout 240 python3 -m fp8lab.notebooks run 02 -o $nb/default > "$OUT/notebooks.log" 2>&1
-  timeout 240 python3 -m fp8lab.notebooks run 02 -o $nb/7b -p size 7b -p num_layers 2 -p seq_len 512 >> "$OUT/notebooks.log" 2>&1
-  timeout 240 python3 -m fp8lab.notebooks run 05 -o $nb/default >> "$OUT/notebooks.log" 2>&1
+  timeout 240 python3 -m fp8lab notebooks run 02 -o $nb/default > "$OUT/notebooks.log" 2>&1
+  timeout 240 python3 -m fp8lab notebooks run 02 -o $nb/7b -p size 7b -p num_layers 2 -p seq_len 512 >> "$OUT/notebooks.log" 2>&1
+  timeout 240 python3 -m fp8lab notebooks run 05 -o $nb/default >> "$OUT/notebooks.log" 2>&1
   tail -5 "$OUT/notebooks.log"
   python3 benchmarks/notebook_outputs.py "$OUT/notebooks.json" $(find $nb -name "0*.ipynb" | sort)
 fi
