@@ -187,6 +187,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "fp8_weight_cache": cfg.get("fp8_weight_cache_active"),
         "fuse_wgrad_accumulation": cfg.get("fuse_wgrad_accumulation_active"),
         "fsdp_keep_weights": cfg.get("fsdp_keep_weights_active"),
+        "cuda_graphs": cfg.get("cuda_graphs_active"), "cuda_graphs_captured": cfg.get("cuda_graphs_captured"),
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "optimizer": (f"AdamW ({cfg.get('adamw_impl', 'kernels not recorded')}) on "
                       + ("fp32 parameters, bf16 autocast" if cfg["param_dtype"] == "fp32"

@@ -117,6 +117,14 @@ def _block_call_class():
     return BlockCall
 
 
+def _te_quantization_state():
+    try:
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+    except ImportError:  # TE before 2.8
+        from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+    return FP8GlobalStateManager.quantization_state
+
+
 @dataclass
 class Captured:
     blocks: int
@@ -146,15 +154,21 @@ def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, we
     sample = tuple((torch.randn(micro_batch_size, seq_len, model.spec.hidden, device=dev, dtype=dtype,
                                 requires_grad=True),) for _ in calls)
     te_recipe = get_backend("te").te_recipe(recipe) if fp8 else None
+    cache = bool(weight_cache and fp8)
+    if not cache:
+        # TE keeps one process-wide "skip the FP8 weight update" flag, created by the first capture
+        # with the weight cache and never cleared; a later capture without the cache would see it
+        # and freeze its FP8 weights. (One graphed model at a time per process, as the trainer has.)
+        _te_quantization_state().skip_fp8_weight_update_tensor = None
     torch.cuda.synchronize(dev)
     before = torch.cuda.memory_allocated(dev)
     t0 = time.perf_counter()
     graphed = te.make_graphed_callables(
         calls, sample, num_warmup_iters=warmup_iters,
         enabled=tuple(fp8 and b.fp8 for b in model.blocks), recipe=te_recipe,
-        cache_quantized_params=bool(weight_cache and fp8))
+        cache_quantized_params=cache)
     torch.cuda.synchronize(dev)
-    captured = Captured(len(calls), bool(weight_cache and fp8), time.perf_counter() - t0,
+    captured = Captured(len(calls), cache, time.perf_counter() - t0,
                         (torch.cuda.memory_allocated(dev) - before) / 2**30)
     model.use_block_calls(graphed, (micro_batch_size, seq_len), pass_first_microbatch=captured.weight_cache)
     return captured

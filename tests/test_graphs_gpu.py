@@ -32,14 +32,16 @@ def _losses(out):
 
 @pytest.mark.parametrize("precision,recipe,grad_accum,rel", [
     ("bf16", "auto", 1, 2e-2), ("fp8", "delayed", 1, 2e-2), ("fp8", "current", 2, 2e-2), ("fp8", "delayed", 2, 2e-2),
-    ("gptneo-fp8", "delayed", 2, 2e-2)], ids=["bf16", "fp8-delayed", "fp8-current-accum2-cache", "fp8-delayed-accum2-cache",
-                                               "gptneo-fp8-accum2"])
-def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recipe, grad_accum, rel):
+    ("gptneo-fp8", "delayed", 2, 2e-2), ("fp8-nocache", "current", 2, 2e-2)],
+    ids=["bf16", "fp8-delayed", "fp8-current-accum2-cache", "fp8-delayed-accum2-cache", "gptneo-fp8-accum2",
+         "fp8-current-accum2-no-cache"])
+def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recipe, grad_accum, rel, gpu_record):
     _te_or_skip()
     model = "gptneo-tiny" if precision.startswith("gptneo") else "llama-tiny"
-    precision = precision.split("-")[-1]
+    cache = not precision.endswith("nocache")
+    precision = "fp8" if "fp8" in precision else "bf16"
     base = dict(TINY, model=model, precision=precision, recipe=recipe, steps=12, grad_accum=grad_accum,
-                data=str(prepared))
+                fp8_weight_cache=cache, data=str(prepared))
     runs = {}
     for mode in ("on", "off"):
         out = tmp_path / mode
@@ -50,7 +52,9 @@ def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recip
     assert con["cuda_graphs_active"] is True and coff["cuda_graphs_active"] is False
     cap = con["cuda_graphs_captured"]
     assert cap["blocks"] == 2 and cap["memory_gib"] >= 0
-    assert cap["weight_cache"] is (precision == "fp8" and grad_accum > 1)
+    assert cap["weight_cache"] is (precision == "fp8" and grad_accum > 1 and cache)
+    gpu_record(model=model, precision=precision, recipe=recipe, grad_accum=grad_accum,
+               max_rel_loss_diff=max(abs(a - b) / abs(b) for a, b in zip(lon, loff)), graphs_memory_gib=cap["memory_gib"])
     assert lon == pytest.approx(loff, rel=rel), (lon, loff)
     assert lon[-1] < lon[0] - 0.3
 

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Study: CUDA graphs for launch-bound steps (issue 19; benchmarks/studies/cuda_graphs.md).
+#   Question: does replaying each decoder block's forward and backward as CUDA graphs make FP8 pay at
+#   small micro-batches, where the step waits for TE's kernel launches?
+#   Prediction: llama-7b 1 x 2048 x 8: FP8/BF16 1.05x eager -> >= 1.35x with both graphed (GPU busy
+#   >= 90%); gptneo-1.3b 2 x 2048 x 16: 0.77-1.01x -> >= 1.15x; a large micro-batch (llama-1b 16 x 2048)
+#   changes by < 2% either way; graphs hold little memory beyond eager (static inputs per block).
+#   Part A: llama-7b mb1 and gptneo-1.3b mb2, BF16 and FP8, graphs on/off, profiled.
+#   Part B: llama-1b 16 x 2048 x 4 graphs on/off; gptneo-1.3b mb2 capped at 79.2 GiB (P5's H100).
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B
+# Results: $OUT/<part>-results.tar.gz holds data/results/graphs-h200/*.jsonl (+ .profile.json).
+set -uo pipefail
+PART=${1:?part A or B}
+OUT=${OUT:-/tmp/out}
+RES=/tmp/graphs-h200
+H=(python3 benchmarks/throughput.py --study graphs-h200 --out $RES --work /tmp/bench --timeout 300)
+V=te-bf16-p16,te-fp8-delayed-p16
+pack() { tar -czf "$OUT/$PART-results.tar.gz" -C /tmp graphs-h200 2>/dev/null; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/$PART-gpu.txt"
+case $PART in
+A)
+  for g in on off; do
+    "${H[@]}" --models llama-7b --variants $V --tag mb1-ga8-graphs-$g \
+      --common-args "--seq-len 2048 --micro-batch-size 1 --grad-accum 8 --cuda-graphs $g --profile-steps 9,10" \
+      --steps 10 --warmup 3; pack
+  done
+  for g in on off; do
+    "${H[@]}" --models gptneo-1.3b --variants $V --tag mb2-ga16-graphs-$g \
+      --common-args "--seq-len 2048 --micro-batch-size 2 --grad-accum 16 --cuda-graphs $g --profile-steps 9,10" \
+      --steps 10 --warmup 3; pack
+  done
+  ;;
+B)
+  for g in on off; do
+    "${H[@]}" --models llama-1b --variants $V --tag mb16-ga4-graphs-$g \
+      --common-args "--seq-len 2048 --micro-batch-size 16 --grad-accum 4 --cuda-graphs $g" --steps 12 --warmup 4; pack
+  done
+  "${H[@]}" --models gptneo-1.3b --variants $V --tag mb2-ga16-graphs-on-p5mem \
+    --common-args "--seq-len 2048 --micro-batch-size 2 --grad-accum 16 --cuda-graphs on --gpu-memory-gib 79.2" \
+    --steps 10 --warmup 3; pack
+  ;;
+esac
