@@ -893,6 +893,10 @@ def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bo
     weight_cache = bool(c.fp8_weight_cache and fp8_on and c.grad_accum > 1
                         and getattr(inner, "supports_weight_cache", False)
                         and (keep_weights or not sharded))
+    if weight_cache and graphs_plan.active and not flayout.cache_held_fits(layout, machine):
+        weight_cache = False  # the graphs would hold it through the optimizer step: weights re-cast per micro-batch instead
+        log(f"fp8lab: FP8 weight cache off under CUDA graphs: held for the whole step it would not fit "
+            f"({layout.memory.peak:.0f} + {layout.memory.fp8_cache:.0f} GiB of {machine.memory_gib:.0f} GiB)")
     loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
                                rank=env.rank, world_size=world)
 

@@ -30,9 +30,11 @@ def _losses(out):
     return [r["loss"] for r in fmetrics.read_metrics(out / "metrics.jsonl")]
 
 
+# The H200 gave bit-identical losses graphed and eager in every case (max relative difference 0.0,
+# benchmarks/logs/h200_graphs_tests.log); 1e-5 leaves room for another cuBLAS choosing other kernels.
 @pytest.mark.parametrize("precision,recipe,grad_accum,rel", [
-    ("bf16", "auto", 1, 2e-2), ("fp8", "delayed", 1, 2e-2), ("fp8", "current", 2, 2e-2), ("fp8", "delayed", 2, 2e-2),
-    ("gptneo-fp8", "delayed", 2, 2e-2), ("fp8-nocache", "current", 2, 2e-2)],
+    ("bf16", "auto", 1, 1e-5), ("fp8", "delayed", 1, 1e-5), ("fp8", "current", 2, 1e-5), ("fp8", "delayed", 2, 1e-5),
+    ("gptneo-fp8", "delayed", 2, 1e-5), ("fp8-nocache", "current", 2, 1e-5)],
     ids=["bf16", "fp8-delayed", "fp8-current-accum2-cache", "fp8-delayed-accum2-cache", "gptneo-fp8-accum2",
          "fp8-current-accum2-no-cache"])
 def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recipe, grad_accum, rel, gpu_record):
@@ -55,7 +57,7 @@ def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recip
     assert cap["weight_cache"] is (precision == "fp8" and grad_accum > 1 and cache)
     gpu_record(model=model, precision=precision, recipe=recipe, grad_accum=grad_accum,
                max_rel_loss_diff=max(abs(a - b) / abs(b) for a, b in zip(lon, loff)), graphs_memory_gib=cap["memory_gib"])
-    assert lon == pytest.approx(loff, rel=rel), (lon, loff)
+    assert lon == pytest.approx(loff, rel=rel, abs=0), (lon, loff)
     assert lon[-1] < lon[0] - 0.3
 
 
