@@ -6,7 +6,9 @@
 #   >= 90%); gptneo-1.3b 2 x 2048 x 16: 0.77-1.01x -> >= 1.15x; a large micro-batch (llama-1b 16 x 2048)
 #   changes by < 2% either way; graphs hold little memory beyond eager (static inputs per block).
 #   Part A: llama-7b mb1 and gptneo-1.3b mb2, BF16 and FP8, graphs on/off, profiled.
-#   Part B: llama-1b 16 x 2048 x 4 graphs on/off; gptneo-1.3b mb2 capped at 79.2 GiB (P5's H100).
+#   Part B (after part A ran out of memory graphing llama-7b with the FP8 weight cache held): llama-7b mb1
+#   graphed (the cache now off where holding it does not fit), llama-1b 16 x 2048 x 4 FP8 graphs on/off,
+#   gptneo-1.3b mb2 FP8 graphed and capped at 79.2 GiB (P5's H100).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B
 # Results: $OUT/<part>-results.tar.gz holds data/results/graphs-h200/*.jsonl (+ .profile.json).
 set -uo pipefail
@@ -31,11 +33,14 @@ A)
   done
   ;;
 B)
+  "${H[@]}" --models llama-7b --variants $V --tag mb1-ga8-graphs-on \
+    --common-args "--seq-len 2048 --micro-batch-size 1 --grad-accum 8 --cuda-graphs on --profile-steps 9,10" \
+    --steps 10 --warmup 3; pack
   for g in on off; do
-    "${H[@]}" --models llama-1b --variants $V --tag mb16-ga4-graphs-$g \
-      --common-args "--seq-len 2048 --micro-batch-size 16 --grad-accum 4 --cuda-graphs $g" --steps 12 --warmup 4; pack
+    "${H[@]}" --models llama-1b --variants te-fp8-delayed-p16 --tag mb16-ga4-graphs-$g \
+      --common-args "--seq-len 2048 --micro-batch-size 16 --grad-accum 4 --cuda-graphs $g" --steps 10 --warmup 3; pack
   done
-  "${H[@]}" --models gptneo-1.3b --variants $V --tag mb2-ga16-graphs-on-p5mem \
+  "${H[@]}" --models gptneo-1.3b --variants te-fp8-delayed-p16 --tag mb2-ga16-graphs-on-p5mem \
     --common-args "--seq-len 2048 --micro-batch-size 2 --grad-accum 16 --cuda-graphs on --gpu-memory-gib 79.2" \
     --steps 10 --warmup 3; pack
   ;;
