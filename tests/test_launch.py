@@ -54,7 +54,7 @@ def test_region_check_uses_the_sdk_instance_table(monkeypatch):
     # The SDK's table lists the regions it knows for an instance type; a listed region
     # without the type is rejected, a region the table does not know is allowed.
     assert L._known_regions("ml.p5.48xlarge") and "us-east-1" in L._known_regions("ml.p5.48xlarge")
-    monkeypatch.setattr(L, "_instance_region_table", lambda: {"us-east-1": frozenset(), "us-west-2": frozenset(L.INSTANCES)})
+    monkeypatch.setattr("fp8lab.launch.spec._instance_region_table", lambda: {"us-east-1": frozenset(), "us-west-2": frozenset(L.INSTANCES)})
     with pytest.raises(ValueError, match=r"region='us-east-1'.*not offered there.*us-west-2"):
         spec()
     assert spec(region="eu-west-1").region == "eu-west-1"  # not in the (patched) table: not known, allowed

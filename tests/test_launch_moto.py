@@ -120,7 +120,7 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
     keys = [p["Key"] for p in rec["s3.PutObject"]]
     code_prefix = f"fp8lab/p5-sweep/code/{req['TrainingJobName']}/input/code/"
     code = sorted(k.removeprefix(code_prefix) for k in keys if k.startswith(code_prefix))
-    assert {"fp8lab/sm_entry.py", "fp8lab/launch.py", "fp8lab/__init__.py", "fp8lab/train.py", "requirements.txt",
+    assert {"fp8lab/sm_entry.py", "fp8lab/launch/__init__.py", "fp8lab/__init__.py", "fp8lab/train.py", "requirements.txt",
             "data/tokenizer.json"} <= set(code) and any(k.startswith("data/corpus/") for k in code)
     assert not [k for k in code if "__pycache__" in k or k.endswith(".pyc")]
     assert channels["code"] == f"s3://{BUCKET}/{code_prefix.rstrip('/')}"

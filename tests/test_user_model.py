@@ -271,7 +271,7 @@ def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
     spec = L.JobSpec(model=str(src), **base)
     assert spec.is_folder_model and spec.model_label == "my-llama3"
     assert L.hyperparameters(spec)["model"] == "/opt/ml/input/data/model"
-    assert [c.channel_name for c in L._input_data(spec)] == ["model"]
+    assert [c.channel_name for c in L.input_data(spec)] == ["model"]
     assert spec.model_cfg == get_config(str(src)) and spec.micro_batch_size >= 1  # layout resolved for H100
     assert "my-llama3" in L.job_name(spec) and str(tmp_path) not in json.dumps(spec.identity())
     # the same config elsewhere is the same job (identity = config hash, not path)
@@ -281,7 +281,7 @@ def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
     assert set(plan.table()["model"].dropna()) == {"my-llama3"} and len(plan.jobs) == 2
     # s3://: the config travels as model_config and is validated like a folder's
     s3 = L.JobSpec(model="s3://my-bucket/models/my-llama3", model_config=cfg.to_dict(), **base)
-    assert s3.model_cfg == spec.model_cfg and L._input_data(s3)[0].data_source == "s3://my-bucket/models/my-llama3"
+    assert s3.model_cfg == spec.model_cfg and L.input_data(s3)[0].data_source == "s3://my-bucket/models/my-llama3"
     for kw, match in [
         ({"model": "s3://my-bucket/models/x"}, r"JobSpec.model_config=None is invalid; allowed: the model's config.json"),
         ({"model": "s3://my-bucket/m", "model_config": {**cfg.to_dict(), "model_type": "qwen2"}},

@@ -1,0 +1,47 @@
+"""Turn training and benchmark runs into the answer: does FP8 pay off, by how much, at what loss?
+
+Three kinds of run sources load into one tidy table (a row per step, with the run's metadata):
+trainer output folders (``metrics.jsonl`` + ``config.json``), a ``fp8lab.launch.collect`` table,
+and result files under ``data/results/`` (format: ``data/results/README.md``). From that table:
+per-run summaries (steady-state throughput, MFU, memory, loss), BF16-vs-FP8 comparisons per model
+and scale, time and cost to train a token budget, and a verdict written from those numbers.
+
+Figures live in :mod:`fp8lab.plots`; the HTML report in :mod:`fp8lab.report`.
+
+The package, one idea a module (each re-exported here, so ``from fp8lab.analysis import X`` works):
+
+    load        reading runs (trainer folders, collected tables, result files) into the tidy table;
+                writing result files; profiles; the source's reported figures; choosing runs
+    labels      what a run is called (variant, layout, model size) and missing-aware predicates
+    summary     per-run summaries, BF16-vs-FP8 comparisons, time and cost, scaling
+    headline    the headline view per model (best runs, speedups, the loss study's gap)
+    conclusion  the verdict: a paragraph written from the comparison (``verdict``)
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from fp8lab.analysis.headline import (BEST_RUN_COLUMNS, DETAILS, HEADLINE_COLUMNS, best_runs,  # noqa: F401
+                                      check_detail, headline_runs, headline_table)
+from fp8lab.analysis.labels import (group_key, is_false, is_fp8, is_hardware_fp8, is_true,  # noqa: F401
+                                    layout_label, model_size_b, variant_label)
+from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS,  # noqa: F401
+                                  RECORD_TYPES, RUN_RECORD_REQUIRED, RunFileError, RunFileWarning, describe,
+                                  display_path, load_profiles, load_reference, load_runs, read_jsonl, select_runs,
+                                  write_result_file)
+from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR,  # noqa: F401
+                                     DEFAULT_TOKEN_BUDGET, LAYOUT_KEYS, PRICE_SOURCE, SCALE_KEYS, SMOOTHING_METHODS,
+                                     check_cost_args, compare_precisions, cost_table, scaling_axis, scaling_table,
+                                     smooth, summarize_runs)
+from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
+
+
+def report_main(argv: Iterable[str] | None = None) -> int:
+    """``fp8lab report RUNS... --out report.html``: kept for old callers; the command is :func:`fp8lab.report.main`.
+
+    ``fp8lab.report`` builds on this package, not the other way round: this one call reaches up to
+    it when made, and no module-level import does (tests/test_layering.py checks that).
+    """
+    from fp8lab.report import main
+
+    return main(argv)

@@ -1,0 +1,160 @@
+"""The headline view: what a reader needs first, per model, each row naming the run it comes from.
+
+``best_runs`` picks the runs a headline shows (plain `transformers` BF16, best BF16, best FP8 and
+the best FP8 per recipe), ``headline_table`` is one row per model with the speedups and the loss
+gap of the loss study, ``headline_runs`` the runs behind it; ``DETAILS`` are notebook 05's views.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fp8lab.analysis.labels import group_key, is_fp8, is_hardware_fp8, is_true, layout_label, model_size_b
+from fp8lab.analysis.summary import compare_precisions
+
+# What a reader needs first, per model: the plain `transformers` BF16 run a user starts from, the
+# best BF16 fp8lab measured, the best FP8 (overall and per recipe), the loss gap of the loss study,
+# and the source's reported figure. Every row names the run it comes from.
+
+HEADLINE_COLUMNS = [
+    "model", "gpu_name", "world_size",
+    "hf_run", "hf_variant", "hf_layout", "tps_hf",
+    "bf16_run", "bf16_variant", "bf16_layout", "tps_bf16", "mfu_bf16",
+    "fp8_run", "fp8_variant", "fp8_layout", "tps_fp8", "mfu_fp8", "hardware_fp8",
+    "speedup", "speedup_vs_hf",
+    "loss_gap_pct", "loss_gap_kind", "loss_fp8_run", "loss_baseline_run", "loss_fp8_variant", "loss_study", "loss_tokens",
+    "source_model_size", "source_speedup", "source_loss_gap_pct",
+]
+BEST_RUN_COLUMNS = ["model", "gpu_name", "world_size", "role", "run_id", "variant", "layout", "precision", "backend",
+                    "recipe", "study", "tokens_per_sec_per_gpu", "mfu", "relative_to_best_bf16", "hardware_fp8"]
+
+
+def _is_plain_hf(row) -> bool:
+    """Plain `transformers` layers, not compiled: what a user runs before trying anything."""
+    return row.get("backend") == "hf" and not is_true(row.get("compile"))
+
+
+def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """(model, GPU) groups at their smallest measured scale (one GPU where measured), smallest model first."""
+    s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
+    out = []
+    for (model, gpu), g in s.groupby([s["model"].map(group_key), s["gpu_name"].map(group_key)], sort=False):
+        inst = g["instances"].fillna(1)
+        g = g[inst == inst.min()]
+        ws = g["world_size"].fillna(1)
+        out.append(((model, gpu), g[ws == ws.min()]))
+    return sorted(out, key=lambda kg: (np.nan_to_num(model_size_b(kg[0][0]), nan=np.inf), str(kg[0][0]), str(kg[0][1])))
+
+
+def best_runs(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per model (and GPU), at its smallest measured scale, the runs a headline shows: ``role`` is
+    'plain HF BF16' (fastest plain `transformers` BF16 run, not compiled), 'best BF16' (fastest BF16 run
+    of any backend), 'best FP8' (fastest FP8 run), and 'FP8 <backend> <recipe>' (fastest FP8 run per
+    backend and recipe kind, fastest first). ``relative_to_best_bf16`` is tokens/s/GPU over the best BF16's."""
+    rows = []
+    for (model, gpu), g in _headline_groups(summary):
+        bf16 = g[g["precision"] == "bf16"]
+        fp8 = g[g["precision"].map(is_fp8)]
+        hw = fp8[[is_hardware_fp8(r) for _, r in fp8.iterrows()]]
+        fp8 = hw if len(hw) else fp8  # emulated FP8 only where nothing ran on FP8 hardware
+        picks = []
+        hf = bf16[[_is_plain_hf(r) for _, r in bf16.iterrows()]]
+        if len(hf):
+            picks.append(("plain HF BF16", hf.loc[hf["tokens_per_sec_per_gpu"].idxmax()]))
+        if len(bf16):
+            picks.append(("best BF16", bf16.loc[bf16["tokens_per_sec_per_gpu"].idxmax()]))
+        if len(fp8):
+            picks.append(("best FP8", fp8.loc[fp8["tokens_per_sec_per_gpu"].idxmax()]))
+            kinds = fp8.assign(_kind=[f"FP8 {r['backend']} {r['recipe']}" for _, r in fp8.iterrows()])
+            best = [kinds.loc[k["tokens_per_sec_per_gpu"].idxmax()] for _, k in kinds.groupby("_kind", sort=True)]
+            picks += [(r["_kind"], r) for r in sorted(best, key=lambda r: -r["tokens_per_sec_per_gpu"])]
+        ref = picks[[p[0] for p in picks].index("best BF16")][1]["tokens_per_sec_per_gpu"] if len(bf16) else np.nan
+        for role, r in picks:
+            rows.append({"model": model, "gpu_name": gpu, "world_size": r["world_size"], "role": role,
+                         "run_id": r["run_id"], "variant": r["variant"], "layout": layout_label(r),
+                         "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],
+                         "study": r["study"], "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"], "mfu": r["mfu"],
+                         "relative_to_best_bf16": r["tokens_per_sec_per_gpu"] / ref,
+                         "hardware_fp8": is_hardware_fp8(r) if is_fp8(r["precision"]) else np.nan})
+    return pd.DataFrame(rows, columns=BEST_RUN_COLUMNS)
+
+
+def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, recipe: object) -> dict | None:
+    """The loss gap a headline quotes for ``model``: from the runs that saw the same tokens, preferring
+    the FP8 recipe of the best FP8 run without loss remedies (own recipe settings, BF16 edge blocks),
+    then the most tokens, then the newest study."""
+    if not len(comparison):
+        return None
+    c = comparison[(comparison["model"] == model) & comparison["valid"].astype(bool)]
+    c = c[c["val_loss_gap_pct"].notna() | c["loss_gap_pct"].notna()]
+    if not len(c):
+        return None
+    meta = summary.drop_duplicates("run_id").set_index("run_id")
+
+    def rank(r):
+        m = meta.loc[r["fp8_run"]] if r["fp8_run"] in meta.index else {}
+        spec = m.get("recipe_spec") if isinstance(m.get("recipe_spec"), str) else ""
+        edge = m.get("bf16_edge_blocks")
+        plain = ":" not in spec and not (isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0)
+        when = pd.to_datetime(m.get("date"), utc=True, errors="coerce")
+        return (m.get("recipe") == recipe, plain, r["tokens_fp8"], when.value if pd.notna(when) else 0)
+
+    r = max((r for _, r in c.iterrows()), key=rank)
+    val = pd.notna(r["val_loss_gap_pct"])
+    return {"loss_gap_pct": r["val_loss_gap_pct"] if val else r["loss_gap_pct"],
+            "loss_gap_kind": "validation loss" if val else "smoothed training loss",
+            "loss_fp8_run": r["fp8_run"], "loss_baseline_run": r["baseline_run"], "loss_fp8_variant": r["fp8_variant"],
+            "loss_study": r["study"], "loss_tokens": r["tokens_fp8"]}
+
+
+def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None,
+                   reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per model (and GPU) at its smallest measured scale: plain `transformers` BF16, best BF16,
+    best FP8 (tokens/s/GPU, MFU, the run behind each), the speedup of best FP8 over best BF16 and over
+    plain transformers, the FP8 loss gap of the loss study (see :func:`_headline_loss`), and the source's
+    reported figures for the same model size (NaN where the source reported none)."""
+    comparison = compare_precisions(summary) if comparison is None else comparison
+    best = best_runs(summary)
+    rows = []
+    for (model, gpu), g in best.groupby([best["model"], best["gpu_name"].map(group_key)], sort=False):
+        pick = {r["role"]: r for _, r in g.iterrows()}
+        row = {"model": model, "gpu_name": gpu, "world_size": g["world_size"].iloc[0]}
+        for prefix, role in (("hf", "plain HF BF16"), ("bf16", "best BF16"), ("fp8", "best FP8")):
+            r = pick.get(role)
+            row.update({f"{prefix}_run": r["run_id"] if r is not None else None,
+                        f"{prefix}_variant": r["variant"] if r is not None else None,
+                        f"{prefix}_layout": r["layout"] if r is not None else None,
+                        f"tps_{prefix}": r["tokens_per_sec_per_gpu"] if r is not None else np.nan})
+            if prefix != "hf":
+                row[f"mfu_{prefix}"] = r["mfu"] if r is not None else np.nan
+        row["hardware_fp8"] = bool(pick["best FP8"]["hardware_fp8"]) if "best FP8" in pick else np.nan
+        row["speedup"] = row["tps_fp8"] / row["tps_bf16"]
+        row["speedup_vs_hf"] = row["tps_fp8"] / row["tps_hf"]
+        row.update(_headline_loss(comparison, summary, model, pick["best FP8"]["recipe"] if "best FP8" in pick else None)
+                   or {})
+        if reference is not None and len(reference):
+            same = reference[np.isclose(reference["params_b"], model_size_b(model))]
+            if len(same):
+                row.update(source_model_size=same["model_size"].iloc[0], source_speedup=same["speedup"].iloc[0],
+                           source_loss_gap_pct=same["loss_gap_pct"].iloc[0])
+        rows.append(row)
+    return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
+
+
+def headline_runs(runs: pd.DataFrame, summary: pd.DataFrame, headline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runs behind a headline: (loss runs: every run of each model's loss study, for the loss figure;
+    best: the summary rows of each model's best BF16 and best FP8 run, for time and cost)."""
+    loss_keys = {(m, s) for m, s in zip(headline["model"], headline["loss_study"]) if isinstance(s, str)}
+    loss = runs[[(m, s) in loss_keys for m, s in zip(runs["model"], runs["study"])]] if len(runs) else runs
+    ids = set(headline["bf16_run"].dropna()) | set(headline["fp8_run"].dropna())
+    return loss, summary[summary["run_id"].isin(ids)]
+
+
+DETAILS = ("headline", "all")  # notebook 05's views: the answer per model, or every run
+
+
+def check_detail(detail: str) -> str:
+    """``detail`` if it names a view of notebook 05 ('headline' or 'all'), else a ValueError listing them."""
+    if detail not in DETAILS:
+        raise ValueError(f"detail={detail!r}; allowed: {', '.join(map(repr, DETAILS))}")
+    return detail

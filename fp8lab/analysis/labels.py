@@ -1,0 +1,93 @@
+"""What a run is called and what it is, from one row of the tidy table (or a summary row).
+
+Labels (``variant_label``: what ran; ``layout_label``: its batch layout), the model size read from
+a model name, and predicates that treat a missing value as missing, not as False (``is_true``,
+``is_false``, ``group_key``), with ``is_fp8`` and ``is_hardware_fp8``.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+
+def variant_label(row: dict) -> str:
+    """Short name of what ran: precision, backend, recipe, fused or not (e.g. 'fp8 te delayed fused')."""
+    parts = []
+    fp8 = is_fp8(row.get("precision"))
+    for key in ("precision", "backend", "recipe") if fp8 else ("precision", "backend"):
+        v = row.get(key)
+        if isinstance(v, str) and v and v not in parts and v != "none":
+            parts.append(v)
+    fuse = row.get("fuse")
+    if isinstance(fuse, (bool, np.bool_)) and fp8 and row.get("backend") != "torchao":  # torchao always swaps Linear layers
+        parts.append("fused" if fuse else "unfused")
+    spec = row.get("recipe_spec") if isinstance(row.get("recipe_spec"), str) else row.get("recipe")
+    if fp8 and isinstance(spec, str) and ":" in spec:  # a recipe with its own settings (amax history, margin)
+        parts.append("(" + spec.partition(":")[2] + ")")
+    edge = row.get("bf16_edge_blocks")
+    if fp8 and isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0:
+        parts.append(f"bf16-edge-blocks={int(edge)}")
+    if is_true(row.get("activation_checkpointing")):
+        parts.append("act-ckpt")
+    if is_true(row.get("compile")):
+        parts.append("compile")
+    if row.get("param_dtype") == "bf16":
+        parts.append("bf16-params")
+    parallel = row.get("parallel")
+    ws = row.get("world_size")
+    one_process = isinstance(ws, (int, float, np.integer, np.floating)) and not pd.isna(ws) and ws <= 1
+    if isinstance(parallel, str) and parallel and not one_process:  # several GPUs: DDP and FSDP2 are different set-ups
+        parts.append(parallel)
+        if is_true(row.get("fsdp_keep_weights")):
+            parts.append("keep-weights")
+    return " ".join(parts) or "unknown"
+
+
+def is_fp8(precision: object) -> bool:
+    return isinstance(precision, str) and precision.lower().startswith("fp8")
+
+
+def model_size_b(name: object) -> float:
+    """Parameter count in billions parsed from a model name ('llama-1b' -> 1.0, 'x-125m' -> 0.125)."""
+    if not isinstance(name, str):
+        return math.nan
+    m = re.search(r"(\d+(?:\.\d+)?)\s*([mb])(?![a-z])", name.lower())
+    if not m:
+        return math.nan
+    return float(m.group(1)) * (1e-3 if m.group(2) == "m" else 1.0)
+
+
+def is_true(v: object) -> bool:
+    """An explicit True (Python or numpy bool; a missing value or a number is not True)."""
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def is_false(v: object) -> bool:
+    """An explicit False (a missing value is not False)."""
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
+
+
+def group_key(v: object) -> object:
+    """A value fit for a groupby key: a missing value (None, NaN) becomes "?"."""
+    return "?" if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def is_hardware_fp8(run: pd.Series) -> bool:
+    """Whether a run's FP8 ran on FP8 hardware (not the PyTorch emulation, not a CPU)."""
+    gpu = run.get("gpu_name")
+    return (run.get("backend") != "emulated" and isinstance(gpu, str)
+            and not any(w in gpu.lower() for w in ("cpu", "mps")))
+
+
+def layout_label(row) -> str:
+    """Sequences x tokens per micro-batch and accumulation steps, e.g. '8x2048, accum 4'."""
+    def num(k):
+        v = row.get(k)
+        return int(v) if isinstance(v, (int, float, np.integer, np.floating)) and not pd.isna(v) else None
+    mb, seq, ga = num("micro_batch_size"), num("seq_len"), num("grad_accum")
+    if mb is None or seq is None:
+        return "-"
+    return f"{mb}x{seq}" + (f", accum {ga}" if ga and ga > 1 else "")

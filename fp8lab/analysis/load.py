@@ -1,0 +1,438 @@
+"""Reading runs into one tidy table (a row per step, with the run's metadata).
+
+Sources: trainer output folders (``metrics.jsonl`` + ``config.json``), a ``fp8lab.launch.collect``
+table (or its ``.csv``), and result files under ``data/results/`` (format:
+``data/results/README.md``), which ``write_result_file`` writes. Also here: profiles
+(``load_profiles``), the source blog's reported figures (``load_reference``), a line saying what
+was loaded (``describe``) and choosing runs by model, study and variant (``select_runs``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fp8lab.analysis.labels import layout_label, variant_label
+from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
+
+# Run metadata carried on every row of the tidy table.
+META_COLUMNS = [
+    "run_id", "study", "source", "model", "precision", "backend", "recipe", "fuse", "variant",
+    "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
+    "parallel",  # ddp | fsdp on several GPUs: runs pair only within one mode
+    "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
+    "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
+    "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
+    "activation_checkpointing", "fsdp_keep_weights", "compile",
+] + [  # provenance: what software ran, when, by which command
+    "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
+]
+PROVENANCE_COLUMNS = META_COLUMNS[META_COLUMNS.index("date"):]
+# Per-step metrics (the trainer's metrics.jsonl keys).
+METRIC_COLUMNS = [
+    "step", "tokens", "loss", "val_loss", "lr", "grad_norm", "step_time_s", "tokens_per_sec",
+    "tokens_per_sec_per_gpu", "mfu", "max_mem_gib",
+]
+COLUMNS = META_COLUMNS + ["record"] + METRIC_COLUMNS
+RECORD_TYPES = ("run", "step", "summary")
+
+# Other spellings of the metadata keys, as trainers, launchers and benchmarks write them.
+_ALIASES = {
+    "run_id": ("run_id", "run_name", "name", "job_name", "job"),
+    "world_size": ("world_size", "num_gpus", "gpus"),
+    "instances": ("instances", "instance_count", "num_nodes", "nnodes", "nodes"),
+    "micro_batch_size": ("micro_batch_size", "batch_size", "per_device_batch_size", "micro_batch"),
+    "grad_accum": ("grad_accum", "gradient_accumulation_steps", "grad_accum_steps"),
+    "seq_len": ("seq_len", "seq_length", "max_seq_len", "block_size", "sequence_length"),
+}
+
+
+class RunFileError(ValueError):
+    """A run file cannot be read; the message names the file and the line."""
+
+
+class RunFileWarning(UserWarning):
+    """A run file was read only in part (e.g. a run still in progress)."""
+
+
+def load_runs(sources: object = None) -> pd.DataFrame:
+    """Read runs into one table: a row per step (or per summary record) with the run's metadata.
+
+    ``sources``: a path or a DataFrame, or a list of them. A path may be a trainer output folder
+    (``metrics.jsonl`` + optional ``config.json``), a result file (``*.jsonl`` whose first line is a
+    ``{"record": "run"}``), a bare ``metrics.jsonl``, or a folder searched recursively for both.
+    A DataFrame (or a ``.csv`` file, as ``fp8lab launch collect --csv`` writes) is a
+    ``fp8lab.launch.collect`` table (metrics columns plus ``job``/``job_name`` and ``instance_count``). ``None`` reads the committed results in ``data/results/``.
+    Column ``record`` is ``"step"`` for per-step rows and ``"summary"`` for a benchmark's summary.
+    """
+    if sources is None:
+        sources = [RESULTS_DIR] if RESULTS_DIR.exists() else []
+    if isinstance(sources, (str, Path, pd.DataFrame)):
+        sources = [sources]
+    frames = []
+    for src in sources:
+        if isinstance(src, pd.DataFrame):
+            frames.append(_from_collect_table(src))
+            continue
+        if not isinstance(src, (str, Path)):
+            raise ValueError(f"sources: expected paths or DataFrames, got {type(src).__name__}")
+        frames.extend(_load_path(Path(src)))
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype="object" if c in META_COLUMNS + ["record"] else "float64") for c in COLUMNS})
+    df = pd.concat(frames, ignore_index=True, sort=False)
+    df["run_id"] = _unique_run_ids(df)
+    for c in COLUMNS:
+        if c not in df:
+            df[c] = np.nan
+    extra = [c for c in df.columns if c not in COLUMNS]
+    return df[COLUMNS + extra].reset_index(drop=True)
+
+
+def _load_path(path: Path) -> list[pd.DataFrame]:
+    if not path.exists():
+        raise FileNotFoundError(f"run source {str(path)!r} does not exist")
+    if path.is_file():
+        if path.name == "metrics.jsonl":
+            return [_load_trainer_dir(path.parent)]
+        if path.suffix == ".csv":  # `fp8lab launch collect --csv FILE`
+            try:
+                return [_from_collect_table(pd.read_csv(path))]
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+        if path.suffix != ".jsonl":
+            raise ValueError(f"run source {str(path)!r}: expected a .jsonl or .csv file, or a folder")
+        return [_load_result_file(path)]
+    if (path / "metrics.jsonl").exists():
+        return [_load_trainer_dir(path)]
+    files = [f for f in sorted(path.rglob("*.jsonl"))
+             if not any(part.startswith(".") for part in f.relative_to(path).parts)]
+    trainer_dirs = {f.parent for f in files if f.name == "metrics.jsonl"}
+    frames = [_load_trainer_dir(d) for d in sorted(trainer_dirs)]
+    # any other .jsonl is a result file, unless it lives inside a trainer output folder
+    frames += [_load_result_file(f) for f in files
+               if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
+    return frames
+
+
+def load_profiles(sources: object = None) -> pd.DataFrame:
+    """Profiles of training steps (``--profile-steps``): a row per run and kernel category.
+
+    ``sources``: paths (or a list), as for :func:`load_runs`; a folder is searched for the harness's
+    ``<run>.profile.json`` side files and for trainer output folders' ``profile.json``. ``None``: the
+    committed results. Columns: run_id, model, variant (as :func:`variant_label` writes it), layout,
+    category, ms (kernel time per step), total_ms, step_ms (unprofiled step), gpu_busy, note.
+    """
+    cols = ["run_id", "model", "variant", "precision", "layout", "category", "ms", "total_ms", "step_ms", "gpu_busy",
+            "source", "note"]
+    if sources is None:
+        sources = [RESULTS_DIR] if RESULTS_DIR.exists() else []
+    if isinstance(sources, (str, Path)):
+        sources = [sources]
+    files: list[Path] = []
+    for src in sources:
+        path = Path(src)
+        if not path.exists():
+            raise FileNotFoundError(f"profile source {str(path)!r} does not exist")
+        if path.is_file():  # the sources of load_runs: a metrics.jsonl's folder may hold a profile.json
+            cand = path if path.name.endswith("profile.json") else path.parent / "profile.json"
+            if path.name == "metrics.jsonl" and cand.exists() or cand is path:
+                files.append(cand)
+        else:
+            files += [f for f in sorted(path.rglob("*profile.json"))
+                      if not any(part.startswith(".") for part in f.relative_to(path).parts)]
+    rows = []
+    for f in files:
+        raw = json.loads(f.read_text())
+        if "profile" in raw:  # harness side file: {"run": ..., "profile": ...}; its "variant" is the harness's name
+            run, prof = raw.get("run", {}), raw["profile"]
+            run = {**run, "variant": variant_label(run)}
+        else:  # a trainer output folder's profile.json: what ran is read as load_runs reads that folder
+            prof = raw
+            one = load_runs(f.parent) if (f.parent / "metrics.jsonl").exists() else pd.DataFrame()
+            run = {k: v for k, v in one.iloc[0].to_dict().items() if not (np.isscalar(v) and pd.isna(v))} if len(one) else {}
+            run.setdefault("run_id", f.parent.name)
+        if "categories_ms" not in prof:
+            raise ValueError(f"{display_path(f)}: not a profile (no categories_ms)")
+        meta = {"run_id": run.get("run_id", f.stem.replace(".profile", "")), "model": run.get("model"),
+                "variant": run.get("variant") or variant_label(run), "precision": run.get("precision"), "layout": layout_label(run),
+                "total_ms": prof.get("time_ms_per_step"), "step_ms": prof.get("unprofiled_step_ms"),
+                "gpu_busy": prof.get("gpu_busy"), "source": display_path(f), "note": prof.get("note", "")}
+        rows += [{**meta, "category": cat, "ms": ms} for cat, ms in prof["categories_ms"].items()]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def display_path(path: Path) -> str:
+    """A path as shown in tables: relative to the repository or the working folder, never absolute."""
+    path = Path(path).resolve()
+    for base in (REPO_ROOT, Path.cwd()):
+        try:
+            return path.relative_to(base.resolve()).as_posix()
+        except ValueError:
+            continue
+    return "/".join(path.parts[-2:])
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, object) for each record; a truncated last line is dropped with a warning.
+
+    A corrupt line anywhere else raises :class:`RunFileError` naming the file and line.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            is_last = i == len(lines) and not text.endswith("\n")
+            if is_last:
+                warnings.warn(
+                    f"{path}: line {i} is incomplete (run still in progress?); read the "
+                    f"{len(records)} complete record(s) before it", RunFileWarning, stacklevel=3)
+                break
+            raise RunFileError(f"{path}: line {i} is not valid JSON ({exc.msg}): {line[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise RunFileError(f"{path}: line {i} is not a JSON object: {line[:80]!r}")
+        records.append((i, obj))
+    return records
+
+
+RUN_RECORD_REQUIRED = ("model", "precision", "gpu_name", "world_size", "command", "date")
+
+
+def write_result_file(path: str | Path, run: dict, steps: Iterable[dict] = (), summary: dict | None = None) -> Path:
+    """Write one run as a result file in the format of ``data/results/README.md``.
+
+    ``run`` is the provenance (must hold at least ``RUN_RECORD_REQUIRED``); ``steps`` are
+    metrics.jsonl-style dicts; ``summary`` a benchmark's own summary. Checked before writing.
+    """
+    missing = [k for k in RUN_RECORD_REQUIRED if k not in run]
+    if missing:
+        raise ValueError(f"run: missing key(s) {', '.join(missing)}; required: {', '.join(RUN_RECORD_REQUIRED)}")
+    steps = [dict(s) for s in steps]
+    bad = [i for i, s in enumerate(steps) if "step" not in s]
+    if bad:
+        raise ValueError(f"steps: record(s) {bad[:5]} have no 'step' key")
+    if not steps and not summary:
+        raise ValueError("steps/summary: a result file needs step records, a summary record, or both")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"record": "run", **{k: v for k, v in run.items() if k != "record"}}]
+    lines += [{"record": "step", **{k: v for k, v in s.items() if k != "record"}} for s in steps]
+    if summary:
+        lines.append({"record": "summary", **{k: v for k, v in summary.items() if k != "record"}})
+    path.write_text("".join(json.dumps(line, sort_keys=False) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _flatten(d: dict) -> dict:
+    """One level of nesting folded in ({"config": {...}, "provenance": {...}} -> flat keys)."""
+    out: dict = {}
+    for k, v in d.items():
+        if isinstance(v, dict):  # e.g. {"versions": {"torch": ...}} -> torch
+            for k2, v2 in v.items():
+                out.setdefault(k2, v2)
+        else:
+            out[k] = v
+    return out
+
+
+def _meta(raw: dict) -> dict:
+    """Canonical metadata names from any of their spellings."""
+    flat = _flatten(raw)
+    meta = {k: v for k, v in flat.items() if not isinstance(v, (dict, list))}
+    for canon, names in _ALIASES.items():
+        for n in names:
+            if flat.get(n) is not None and not isinstance(flat[n], (dict, list)):
+                meta[canon] = flat[n]
+                break
+    return meta
+
+
+def _step_frame(path: Path, records: list[tuple[int, dict]], meta: dict) -> pd.DataFrame:
+    for lineno, rec in records:
+        if "step" not in rec:
+            raise RunFileError(f"{path}: line {lineno} has no 'step' key (keys: {', '.join(sorted(rec))[:120]})")
+    df = pd.DataFrame([rec for _, rec in records])
+    df = df.drop(columns=[c for c in ("record",) if c in df])
+    # a NaN/Infinity written in the file (not a missing value): flagged, so it is never taken for "not logged"
+    df["loss_nonfinite"] = [_nonfinite(rec.get("loss")) or _nonfinite(rec.get("val_loss")) for _, rec in records]
+    for k, v in meta.items():  # per-step values say what ran; the config fills what they leave out
+        if k in META_COLUMNS:
+            df[k] = df[k].where(df[k].notna(), v) if k in df else v
+    df["record"] = "step"
+    return df
+
+
+def _nonfinite(v: object) -> bool:
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def _load_trainer_dir(folder: Path) -> pd.DataFrame:
+    meta: dict = {}
+    cfg = folder / "config.json"
+    if cfg.exists():
+        try:
+            meta = _meta(json.loads(cfg.read_text(encoding="utf-8")))
+        except json.JSONDecodeError as exc:
+            raise RunFileError(f"{cfg}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
+    meta["run_id"] = folder.name
+    meta.setdefault("study", folder.parent.name or "local")
+    meta["source"] = display_path(folder)
+    records = read_jsonl(folder / "metrics.jsonl")
+    if not records:
+        warnings.warn(f"{folder / 'metrics.jsonl'}: no complete records yet; run skipped", RunFileWarning, stacklevel=3)
+        return pd.DataFrame()
+    return _finish(_step_frame(folder / "metrics.jsonl", records, meta))
+
+
+def _load_result_file(path: Path) -> pd.DataFrame:
+    records = read_jsonl(path)
+    if not records:
+        warnings.warn(f"{path}: empty result file; skipped", RunFileWarning, stacklevel=3)
+        return pd.DataFrame()
+    first_line, first = records[0]
+    if first.get("record") != "run":
+        raise RunFileError(
+            f"{path}: line {first_line} must be the run record {{\"record\": \"run\", ...}}; "
+            f"found record={first.get('record')!r} (see data/results/README.md)")
+    meta = _meta({k: v for k, v in first.items() if k != "record"})
+    meta.setdefault("run_id", path.stem)
+    meta.setdefault("study", path.parent.name)
+    meta["source"] = display_path(path)
+    steps, summaries = [], []
+    for lineno, rec in records[1:]:
+        kind = rec.get("record")
+        if kind == "step":
+            steps.append((lineno, rec))
+        elif kind == "summary":
+            summaries.append((lineno, rec))
+        else:
+            raise RunFileError(f"{path}: line {lineno} has record={kind!r}; allowed after line 1: 'step', 'summary'")
+    frames = []
+    if steps:
+        frames.append(_step_frame(path, steps, meta))
+    if summaries:
+        rows = [{k: v for k, v in rec.items() if k != "record" and not isinstance(v, (dict, list))} for _, rec in summaries]
+        s = pd.DataFrame([rows[-1]])  # the last summary wins (a rerun may append a newer one)
+        for k, v in meta.items():
+            if k in META_COLUMNS:
+                s[k] = v
+        s["record"] = "summary"
+        frames.append(s)
+    if not frames:
+        warnings.warn(f"{path}: run record only, no step or summary records; skipped", RunFileWarning, stacklevel=3)
+        return pd.DataFrame()
+    return _finish(pd.concat(frames, ignore_index=True, sort=False))
+
+
+def _from_collect_table(table: pd.DataFrame) -> pd.DataFrame:
+    """A ``fp8lab.launch.collect`` table: metrics columns plus job metadata columns."""
+    missing = [c for c in ("step",) if c not in table]
+    if not {"job_name", "job", "run_id"} & set(table.columns):
+        missing.append("job_name (or job)")
+    if missing:
+        raise ValueError(
+            f"sources: the collect table lacks column(s) {', '.join(missing)}; it needs the metrics.jsonl "
+            f"keys ({', '.join(METRIC_COLUMNS)}) plus job_name (or job) and instance_count")
+    df = table.copy()
+    renames = {}
+    for canon, names in _ALIASES.items():
+        if canon not in df:
+            hit = next((n for n in names if n in df), None)
+            if hit:
+                renames[hit] = canon
+    df = df.rename(columns=renames)
+    if "source" not in df:
+        df["source"] = "launch.collect"
+    if "study" not in df:
+        df["study"] = "launch"
+    df["record"] = "step"
+    return _finish(df)
+
+
+def _finish(df: pd.DataFrame) -> pd.DataFrame:
+    """Normalise values, merge records of the same step, and name each run's variant."""
+    for c in COLUMNS:
+        if c not in df:
+            df[c] = np.nan
+    if "instances" in df:
+        df["instances"] = df["instances"].fillna(1)
+    for c in ("precision", "backend", "recipe"):
+        df[c] = df[c].map(lambda v: v.lower() if isinstance(v, str) else v)
+    df["backend"] = df["backend"].replace({"none": "hf"})  # the trainer's "none" = plain transformers layers
+    for c in METRIC_COLUMNS + ["world_size", "instances", "micro_batch_size", "grad_accum", "seq_len"]:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    steps = df[df["record"] == "step"]
+    if len(steps) and steps.duplicated(["run_id", "step"]).any():
+        # a validation record may come as its own line for the same step: merge, first non-null wins
+        merged = steps.groupby(["run_id", "step"], sort=False, as_index=False).first()
+        df = pd.concat([merged, df[df["record"] != "step"]], ignore_index=True, sort=False)
+    df["variant"] = [variant_label(r) for r in df.to_dict("records")]
+    return df.sort_values(["run_id", "record", "step"], na_position="last", kind="stable")
+
+
+def _unique_run_ids(df: pd.DataFrame) -> pd.Series:
+    """Run ids made unique across sources (two folders both named 'bf16' stay apart)."""
+    ids = df["run_id"].astype(str)
+    per_id = df.groupby(ids)["source"].nunique()
+    clash = set(per_id[per_id > 1].index)
+    if not clash:
+        return ids
+    return pd.Series([f"{i} ({s})" if i in clash else i for i, s in zip(ids, df["source"])], index=df.index)
+
+
+def load_reference(path: str | Path | None = None) -> pd.DataFrame:
+    """The source blog's headline figures (reported by the source, not measured here)."""
+    path = Path(path) if path else DATA_DIR / "reference" / "source_blog.json"
+    ref = json.loads(Path(path).read_text(encoding="utf-8"))
+    df = pd.DataFrame(ref["results"]).drop(columns=["approximate"], errors="ignore")
+    df["label"] = ref["label"]
+    df["hardware"] = ref["hardware"]
+    df["tokens"] = float(ref["tokens"])
+    return df
+
+
+def describe(runs: pd.DataFrame) -> str:
+    """One line saying what was loaded (or that nothing was), for notebooks and reports."""
+    if not len(runs):
+        return ("No measured runs yet: data/results/ holds no result files (or the given sources are empty). "
+                "Only the source blog's reported figures are shown; they are not measured here.")
+    n = runs["run_id"].nunique()
+    steps = int((runs["record"] == "step").sum())
+    summaries = runs.loc[runs["record"] == "summary", "run_id"].nunique()
+    models = ", ".join(sorted(map(str, runs["model"].dropna().unique()))) or "unknown models"
+    gpus = ", ".join(sorted(map(str, runs["gpu_name"].dropna().unique()))) or "unknown GPU"
+    return (f"{n} measured run(s) of {models} on {gpus}: {steps} step record(s)"
+            f"{f' and {summaries} benchmark summary record(s)' if summaries else ''}.")
+
+
+def select_runs(runs: pd.DataFrame, models: Sequence[str] | None = None, studies: Sequence[str] | None = None,
+                variant: str | None = None) -> pd.DataFrame:
+    """The runs of the given models and studies whose variant label contains ``variant`` (None or empty:
+    no filter). Names that match nothing are an error listing the names there are."""
+    out = runs
+    for col, wanted in (("model", models), ("study", studies)):
+        if wanted:
+            if isinstance(wanted, str):
+                wanted = [wanted]
+            there = sorted(map(str, runs[col].dropna().unique()))
+            unknown = sorted(set(wanted) - set(there))
+            if unknown:
+                raise ValueError(f"{col}s={list(wanted)!r}: no runs of {', '.join(unknown)}; there are: {', '.join(there)}")
+            out = out[out[col].isin(wanted)]
+    if variant:
+        out = out[out["variant"].astype(str).str.contains(variant, regex=False)]
+        if not len(out):
+            raise ValueError(f"variant={variant!r}: no run's variant contains it; variants: "
+                             f"{', '.join(sorted(map(str, runs['variant'].dropna().unique())))}")
+    return out

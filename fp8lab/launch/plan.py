@@ -1,0 +1,193 @@
+"""Plans: a sweep's jobs (``plan_sweep``) with their names, time limits, time and cost estimates.
+
+``Estimate`` is the planning assumption (model FLOPs at an assumed MFU); plans use
+``fp8lab.estimates.MeasuredEstimate`` (measured throughput) by default. ``format_cost_table``
+is the plan as text.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from fp8lab.hardware import price_for
+from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
+
+@dataclass(frozen=True)
+class Estimate:
+    """How long and how much, from model FLOPs and an assumed MFU (a planning number, not a measurement)."""
+
+    assumed_mfu: float = 0.35  # of the BF16 dense peak; typical for well-tuned dense LLM training
+    fp8_speedup: float = 1.15  # FP8 over BF16 end to end; the source blog reports 13% (1B) to 18% (7B)
+    startup_s: int = 600  # provisioning, image pull, pip install: billed or not, it is wall time
+
+    def __post_init__(self) -> None:
+        if not 0 < self.assumed_mfu <= 1:
+            raise ValueError(f"assumed_mfu={self.assumed_mfu!r} must be in (0, 1]")
+        if self.fp8_speedup <= 0:
+            raise ValueError(f"fp8_speedup={self.fp8_speedup!r} must be > 0")
+        if self.startup_s < 0:
+            raise ValueError(f"startup_s={self.startup_s!r} must be >= 0")
+
+    def seconds(self, spec: JobSpec) -> float:
+        from fp8lab.models import model_flops_per_token
+
+        flops = model_flops_per_token(spec.model_cfg, spec.seq_len) * spec.total_tokens
+        rate = spec.world_size * spec.info.bf16_tflops * 1e12 * self.assumed_mfu
+        if spec.precision == "fp8":
+            rate *= self.fp8_speedup
+        return flops / rate + self.startup_s
+
+    def basis(self, spec: JobSpec) -> str:
+        """What a job's estimate rests on (the plan table's ``basis`` column)."""
+        return f"assumed MFU {self.assumed_mfu} of BF16 peak" + (f", FP8 x{self.fp8_speedup}" if spec.precision == "fp8" else "")
+
+    def describe(self) -> str:
+        return (f"estimate: MFU {self.assumed_mfu} of BF16 peak, FP8 speed-up x{self.fp8_speedup}, "
+                f"+{self.startup_s} s start-up per job (planning numbers, not measurements)")
+
+
+def default_estimate() -> Estimate:
+    """The estimate plans use unless given one: measured throughput from data/results/ where it exists
+    (:class:`fp8lab.estimates.MeasuredEstimate`), this MFU assumption elsewhere."""
+    from fp8lab.estimates import MeasuredEstimate
+
+    return MeasuredEstimate()
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    spec: JobSpec
+    name: str
+    est_hours: float  # wall clock of one job
+    gpu_hours: float
+    cost_usd: float
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The jobs of a sweep with their names and estimates; ``table()`` for display, ``summary()`` for tests."""
+
+    jobs: tuple[PlannedJob, ...]
+    price_per_hour: float
+    price_source: str
+    estimate: Estimate
+
+    @property
+    def total_cost_usd(self) -> float:
+        return sum(j.cost_usd for j in self.jobs)
+
+    @property
+    def total_gpu_hours(self) -> float:
+        return sum(j.gpu_hours for j in self.jobs)
+
+    @property
+    def names(self) -> list[str]:
+        return [j.name for j in self.jobs]
+
+    def table(self):
+        """One row per job plus a total row, as a pandas DataFrame."""
+        import pandas as pd
+
+        rows = [{
+            "job": j.name, "model": j.spec.model_label, "precision": j.spec.precision,
+            "instances": j.spec.instance_count, "gpus": j.spec.world_size,
+            "tokens": j.spec.total_tokens,
+            # the layout the trainer will run (fp8lab.layout for the instance's GPU), with its memory estimate
+            "layout": f"{j.spec.micro_batch_size} x {j.spec.seq_len} x {j.spec.grad_accum}",
+            "mem_est_gib": round(j.spec.layout.memory.peak, 1),
+            "max_run_h": round(j.spec.max_run_s / 3600, 2), "est_hours": round(j.est_hours, 2), "gpu_hours": round(j.gpu_hours, 1),
+            "cost_usd": round(j.cost_usd, 2), "basis": self.estimate.basis(j.spec),
+        } for j in self.jobs]
+        rows.append({"job": "TOTAL", "instances": sum(j.spec.instance_count for j in self.jobs),
+                     "gpus": sum(j.spec.world_size for j in self.jobs),
+                     "tokens": sum(j.spec.total_tokens for j in self.jobs),
+                     "gpu_hours": round(self.total_gpu_hours, 1), "cost_usd": round(self.total_cost_usd, 2)})
+        df = pd.DataFrame(rows)
+        for col in ("instances", "tokens"):
+            df[col] = df[col].astype("Int64")
+        return df
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "n_jobs": len(self.jobs), "names": self.names,
+            "total_gpu_hours": round(self.total_gpu_hours, 3), "total_cost_usd": round(self.total_cost_usd, 2),
+            "price_per_hour": self.price_per_hour, "price_source": self.price_source,
+            "assumptions": dataclasses.asdict(self.estimate),
+        }
+
+
+def _max_run(seconds: float) -> int:
+    """Time limit from an estimate: twice the estimate plus an hour, within SageMaker's 28 days."""
+    return int(min(MAX_RUNTIME_CAP_S, math.ceil(2 * seconds + 3600)))
+
+
+def plan_job(spec: JobSpec, price: float, est: Estimate) -> PlannedJob:
+    """One job of a plan: its name, time limit (from ``est`` unless the spec sets one), time and cost."""
+    seconds = est.seconds(spec)
+    if spec.max_run_s is None:
+        spec = dataclasses.replace(spec, max_run_s=_max_run(seconds))
+    hours = seconds / 3600
+    return PlannedJob(spec, job_name(spec), hours, hours * spec.world_size, hours * spec.instance_count * price)
+
+
+def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], *,
+               price_per_hour: float | None = None, estimate: Estimate | None = None, **common: Any) -> SweepPlan:
+    """Every model x precision x instance count as a validated JobSpec with name, time and cost.
+
+    ``common`` are JobSpec fields shared by all jobs (tokens or steps, role, bucket, ...), so BF16
+    and FP8 runs differ only in precision. Order is deterministic (models, then precisions, then counts).
+    """
+    for pname, values in (("models", models), ("precisions", precisions), ("instance_counts", instance_counts)):
+        if isinstance(values, (str, int)) or not list(values):
+            raise ValueError(f"plan_sweep({pname}=...) needs a non-empty list, got {values!r}")
+        if len(set(values)) != len(list(values)):
+            raise ValueError(f"plan_sweep({pname}={list(values)!r}) has duplicates")
+    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    bad = sorted((set(common) - fields) | (set(common) & {"model", "precision", "instance_count"}))
+    if bad:
+        raise ValueError(f"plan_sweep: unknown or reserved JobSpec field(s) {', '.join(bad)}")
+    specs = [JobSpec(model=m, precision=p, instance_count=n, **common)
+             for m, p, n in itertools.product(models, precisions, instance_counts)]
+    price, source = price_for((s.instance_type for s in specs), price_per_hour)
+    est = estimate or default_estimate()
+    if "max_run_s" not in common:
+        # One time limit per (model, instance count), the longer of its BF16 and FP8 estimates,
+        # so the paired jobs differ in nothing but precision.
+        longest: dict[tuple, float] = {}
+        for s in specs:
+            key = (s.model, s.instance_count)
+            longest[key] = max(longest.get(key, 0.0), est.seconds(s))
+        specs = [dataclasses.replace(s, max_run_s=_max_run(longest[s.model, s.instance_count])) for s in specs]
+    jobs = tuple(plan_job(s, price, est) for s in specs)
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):  # cannot happen with distinct inputs; guard the invariant
+        raise ValueError(f"plan_sweep produced duplicate job names: {names}")
+    return SweepPlan(jobs, price, source, est)
+
+
+def as_plan(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], price_per_hour: float | None = None) -> SweepPlan:
+    """A plan as given, or one planned from a JobSpec or a list of them (the default estimate)."""
+    if isinstance(spec_or_plan, SweepPlan):
+        return spec_or_plan
+    specs = [spec_or_plan] if isinstance(spec_or_plan, JobSpec) else list(spec_or_plan)
+    if not specs or not all(isinstance(s, JobSpec) for s in specs):
+        raise ValueError("launch() takes a JobSpec, a list of JobSpecs or a SweepPlan from plan_sweep()")
+    try:
+        price, source = price_for((s.instance_type for s in specs), price_per_hour)
+    except ValueError:
+        price, source = float("nan"), "no price known for this instance type (pass price_per_hour)"
+    est = default_estimate()
+    return SweepPlan(tuple(plan_job(s, price, est) for s in specs), price, source, est)
+
+
+def format_cost_table(plan: SweepPlan) -> str:
+    """The plan as text: one line per job and the total, with the price assumption spelled out."""
+    df = plan.table()
+    text = df.drop(columns="basis").to_string(index=False, na_rep="")
+    basis = "\n".join(f"  {j.spec.model_label} {j.spec.precision} x{j.spec.instance_count}: {plan.estimate.basis(j.spec)}"
+                      for j in plan.jobs)
+    return (f"{text}\nprice: {plan.price_per_hour} USD per instance-hour ({plan.price_source})\n"
+            f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}")

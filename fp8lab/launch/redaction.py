@@ -1,0 +1,73 @@
+"""Redaction: nothing printed may carry an account id or a key.
+
+``redact`` replaces account ids (in ARNs, ECR hosts, the SDK's default bucket names) and access
+key ids by placeholders; ``redacted_sdk_logs`` applies it to the SDK's log records while it works.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Iterator
+
+@functools.lru_cache(maxsize=None)
+def _public_registry_accounts() -> frozenset[str]:
+    """Account ids of AWS's public Deep Learning Container registries (part of every image URI)."""
+    import sagemaker.core.image_uris as iu
+
+    path = Path(iu.__file__).parent / "image_uri_config" / "pytorch.json"
+    data = json.loads(path.read_text())
+    out: set[str] = set()
+    for scope in data.values():
+        for v in scope.get("versions", {}).values():
+            out.update(v.get("registries", {}).values())
+    return frozenset(out)
+
+
+# Where account ids appear in what the SDK and fp8lab print: ARNs, ECR hosts, the SDK's default
+# bucket name. Plain numbers (a token count of 288000000000) are left alone.
+_ACCOUNT = re.compile(r"(?P<pre>arn:aws[\w-]*:[\w-]*:[\w-]*:)(?P<id>\d{12})(?!\d)"
+                      r"|(?<![\w-])(?P<id2>\d{12})(?P<post>\.dkr\.ecr\.)"
+                      r"|(?P<pre3>sagemaker-[a-z]{2}(?:-[a-z]+)+-\d-)(?P<id3>\d{12})(?!\d)")
+_KEY = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
+
+
+def redact(text: str) -> str:
+    """Replace account ids in ARNs, ECR hosts and default bucket names (except AWS's public image
+    registries, part of every image URI) and access key ids by placeholders."""
+    public = _public_registry_accounts()
+
+    def sub(m: re.Match) -> str:
+        if m.group("id"):
+            return m.group("pre") + "<account-id>"
+        if m.group("id2"):
+            return m.group(0) if m.group("id2") in public else "<account-id>" + m.group("post")
+        return m.group("pre3") + "<account-id>"
+
+    return _KEY.sub("<access-key-id>", _ACCOUNT.sub(sub, text))
+
+
+class _RedactFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), ()
+        return True
+
+
+@contextlib.contextmanager
+def redacted_sdk_logs() -> Iterator[None]:
+    """While the SDK works for us, its log records (role ARNs, bucket names) are redacted."""
+    from sagemaker.train import ModelTrainer  # noqa: F401  (import first: its loggers must exist to be filtered)
+
+    flt = _RedactFilter()
+    names = [n for n in logging.Logger.manager.loggerDict if n.split(".")[0] in ("sagemaker", "botocore", "boto3")]
+    loggers = [logging.getLogger(n) for n in names]
+    for lg in loggers:
+        lg.addFilter(flt)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(flt)

@@ -1,0 +1,214 @@
+"""The CreateTrainingJob request of a job: the training image, S3 paths, the staged code channel,
+the SDK's ``ModelTrainer``, the input channels, and the dry run that builds the exact request
+through the real SDK code path while every AWS call is answered locally.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
+from fp8lab.launch.metric_line import METRIC_DEFINITIONS
+from fp8lab.launch.plan import Estimate, SweepPlan, as_plan, plan_job
+from fp8lab.launch.redaction import redacted_sdk_logs
+from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
+
+# pip-installed in every job before training (the job's requirements.txt). torch comes with the
+# image and is not pinned; Transformer Engine only with JobSpec(install_te=True), because it
+# compiles against the image's CUDA (slow) and some images already ship it.
+JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm")
+
+
+# ----------------------------------------------------------------------------------------------
+# Building the ModelTrainer
+# ----------------------------------------------------------------------------------------------
+
+
+def training_image(spec: JobSpec) -> str:
+    """The AWS PyTorch training image for the spec's region and GPU, resolved offline from the SDK's tables."""
+    from sagemaker.core import image_uris
+
+    return image_uris.retrieve("pytorch", region=spec.region, version=spec.framework_version,
+                               py_version=spec.py_version, instance_type=spec.instance_type, image_scope="training")
+
+
+def s3_paths(spec: JobSpec) -> dict[str, str]:
+    base = f"s3://{spec.bucket}/{spec.prefix}/{spec.study}"
+    name = job_name(spec)
+    return {"output": f"{base}/output", "checkpoints": f"{base}/checkpoints/{name}"}
+
+
+def stage_source(dest: str | Path, install_te: bool = False) -> Path:
+    """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, requirements.txt.
+
+    In the job ``fp8lab.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
+    without a ``data_s3_uri`` the trainer reads the shipped corpus, as on a laptop.
+    """
+    from fp8lab.paths import DATA_DIR
+
+    pkg = Path(__file__).resolve().parents[1]  # the fp8lab package
+    dest = Path(dest)
+    shutil.copytree(pkg, dest / "fp8lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"),
+                    dirs_exist_ok=True)
+    (dest / "data").mkdir(parents=True, exist_ok=True)
+    if (DATA_DIR / "corpus").is_dir():
+        shutil.copytree(DATA_DIR / "corpus", dest / "data" / "corpus", dirs_exist_ok=True)
+    for tok in sorted(DATA_DIR.glob("tokenizer*.json")):
+        shutil.copy2(tok, dest / "data" / tok.name)
+    reqs = list(JOB_REQUIREMENTS) + (["transformer-engine[pytorch]"] if install_te else [])
+    (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
+    return dest
+
+
+def build_trainer(spec: JobSpec, source_dir: str | Path, session):
+    """A ``ModelTrainer`` for one spec (nothing is called until ``train()``)."""
+    from sagemaker.core.training.configs import (CheckpointConfig, Compute, MetricDefinition, OutputDataConfig,
+                                                 SourceCode, StoppingCondition, Tag)
+    from sagemaker.train import ModelTrainer
+    from sagemaker.train.distributed import Torchrun
+
+    if spec.max_run_s is None:
+        spec = plan_job(spec, 1.0, Estimate()).spec
+    paths = s3_paths(spec)
+    stopping = StoppingCondition(max_runtime_in_seconds=spec.max_run_s)
+    if spec.spot:
+        stopping.max_wait_time_in_seconds = min(MAX_RUNTIME_CAP_S * 2, spec.max_wait_s or 2 * spec.max_run_s)
+    compute = Compute(instance_type=spec.instance_type, instance_count=spec.instance_count,
+                      volume_size_in_gb=spec.volume_gb, enable_managed_spot_training=spec.spot or None,
+                      keep_alive_period_in_seconds=spec.keep_alive_s or None)
+    trainer = ModelTrainer(
+        sagemaker_session=session, role=spec.role, base_job_name=job_name(spec),
+        input_s3_key_prefix=f"{spec.prefix}/{spec.study}/code",
+        training_image=training_image(spec),
+        source_code=SourceCode(source_dir=str(source_dir), entry_script="fp8lab/sm_entry.py",
+                               requirements="requirements.txt"),
+        distributed=Torchrun(process_count_per_node=spec.info.gpus),
+        compute=compute, stopping_condition=stopping,
+        output_data_config=OutputDataConfig(s3_output_path=paths["output"], compression_type="GZIP"),
+        checkpoint_config=CheckpointConfig(s3_uri=paths["checkpoints"], local_path=CHECKPOINT_LOCAL_PATH),
+        hyperparameters=hyperparameters(spec),
+        # Same for BF16 and FP8 jobs: only the precision hyperparameter differs.
+        environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false"},
+        tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),
+              Tag(key="fp8lab:precision", value=spec.precision), Tag(key="fp8lab:model", value=spec.model_label)],
+    )
+    trainer.with_metric_definitions([MetricDefinition(name=k, regex=v) for k, v in METRIC_DEFINITIONS.items()])
+    return trainer
+
+
+def input_data(spec: JobSpec):
+    """The job's input channels: ``train`` (token data) and ``model`` (a user's model folder: an s3://
+    prefix as it is, a local folder uploaded by the SDK under the job's input prefix)."""
+    from sagemaker.core.training.configs import InputData
+
+    channels = []
+    if spec.data_s3_uri is not None:
+        channels.append(InputData(channel_name="train", data_source=spec.data_s3_uri))
+    if spec.is_folder_model:
+        channels.append(InputData(channel_name=MODEL_CHANNEL, data_source=spec.model))
+    return channels or None
+
+
+# ----------------------------------------------------------------------------------------------
+# Dry run: the real SDK path, every AWS call answered locally
+# ----------------------------------------------------------------------------------------------
+
+
+class _Captured(Exception):
+    """Raised from the CreateTrainingJob hook to stop the SDK once the request is built."""
+
+    def __init__(self, params: dict[str, Any]):
+        super().__init__("CreateTrainingJob captured")
+        self.params = params
+
+
+def _ok(parsed: dict[str, Any]):
+    from botocore.awsrequest import AWSResponse
+
+    parsed.setdefault("ResponseMetadata", {"HTTPStatusCode": 200, "RequestId": "dry-run", "HTTPHeaders": {}})
+    return AWSResponse("https://dry-run.invalid", 200, {}, None), parsed
+
+
+def _offline_session(region: str, bucket: str, stop_at_create: bool = True):
+    """A SageMaker Session whose every AWS call is answered here; nothing leaves the process.
+
+    S3 uploads succeed without storing anything, IAM answers that it cannot decide (so the
+    SDK keeps the default bucket), and CreateTrainingJob stops the SDK with the request.
+    Unexpected calls raise, so a changed SDK cannot make the dry run reach AWS.
+    """
+    import boto3
+    from sagemaker.core.helper.session_helper import Session
+
+    boto = boto3.Session(aws_access_key_id="dry-run", aws_secret_access_key="dry-run", region_name=region)
+    trust = json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}, "Action": "sts:AssumeRole"}]})
+    # The role cannot be checked offline: IAM "allows" what the SDK simulates, so that the
+    # request is built exactly as for a valid role. A real launch validates it for real.
+    answers: dict[str, Callable[[dict], dict]] = {
+        "s3.PutObject": lambda p: {"ETag": '"0"'},
+        "s3.ListBuckets": lambda p: {"Buckets": [{"Name": bucket}]},
+        "s3.HeadBucket": lambda p: {},
+        "iam.SimulatePrincipalPolicy": lambda p: {"EvaluationResults": [
+            {"EvalActionName": a, "EvalDecision": "allowed"} for a in p.get("ActionNames", [])]},
+        "iam.GetRole": lambda p: {"Role": {
+            "Path": "/", "RoleName": p["RoleName"], "RoleId": "AROADRYRUNPLACEHOLDER", "Arn": "dry-run",
+            "CreateDate": datetime(2024, 1, 1, tzinfo=timezone.utc), "AssumeRolePolicyDocument": trust}},
+    }
+    last_params: dict[str, dict] = {}
+
+    def on_params(params, model, **_):
+        key = f"{model.service_model.service_name}.{model.name}"
+        last_params[key] = params
+        if model.name == "CreateTrainingJob" and stop_at_create:
+            raise _Captured(json.loads(json.dumps(params, default=str)))
+
+    def on_call(model, **_):
+        key = f"{model.service_model.service_name}.{model.name}"
+        if key not in answers:
+            raise RuntimeError(f"dry run: the SDK tried an unexpected AWS call {key}; nothing was sent")
+        return _ok(answers[key](last_params.get(key, {})))
+
+    boto.events.register("before-parameter-build.*.*", on_params)
+    boto.events.register("before-call.*.*", on_call)
+    config = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
+    return Session(boto_session=boto, default_bucket=bucket, sagemaker_config=config)
+
+
+def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> list[dict[str, Any]]:
+    """The exact CreateTrainingJob request of each job, built by ModelTrainer.train() with no AWS call."""
+    plan = as_plan(spec_or_plan)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs():
+        staged: dict[bool, Path] = {}
+        for job in plan.jobs:
+            spec = job.spec
+            if spec.install_te not in staged:
+                staged[spec.install_te] = stage_source(Path(tmp) / f"te{int(spec.install_te)}", spec.install_te)
+            trainer = build_trainer(spec, staged[spec.install_te], _offline_session(spec.region, spec.bucket))
+            try:
+                trainer.train(input_data_config=input_data(spec), wait=False, logs=False)
+            except _Captured as cap:
+                out.append(cap.params)
+            else:  # pragma: no cover - the hook always fires
+                raise RuntimeError("dry run: the SDK finished without sending CreateTrainingJob")
+    return out
+
+
+def _flatten(obj: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return {k: v for key, val in obj.items() for k, v in _flatten(val, f"{path}.{key}" if path else key).items()}
+    if isinstance(obj, list):
+        return {k: v for i, val in enumerate(obj) for k, v in _flatten(val, f"{path}[{i}]").items()}
+    return {path: obj}
+
+
+def request_diff(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Fields of ``other`` that differ from ``reference`` (flattened paths), ignoring the job's own name and S3 keys."""
+    a, b = _flatten(reference), _flatten(other)
+    skip = re.compile(r"TrainingJobName|InputDataConfig\[\d+\]\.DataSource\.S3DataSource\.S3Uri")
+    return {k: b.get(k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not skip.fullmatch(k)}

@@ -1,0 +1,421 @@
+"""``JobSpec``: one SageMaker training job, validated on construction, and the trainer options it becomes.
+
+A spec is checked field by field, then run through the trainer's own parser and start-up checks
+for the instance's GPU (``fp8lab.train.parse_args`` / ``preflight``), which also resolve its
+``auto`` layout fields. Here too: the option vocabularies and limits a spec is checked against,
+the deterministic job name (``job_name``) and the trainer's command line as SageMaker
+hyperparameters (``hyperparameters``), since the validation runs exactly those options.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
+from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
+from fp8lab.recipe import KINDS, Recipe
+from fp8lab.validate import whole_number
+
+# ----------------------------------------------------------------------------------------------
+# Option vocabularies and limits
+# ----------------------------------------------------------------------------------------------
+
+PRECISIONS = ("bf16", "fp8")
+BACKENDS = ("te", "torchao")
+RECIPES = KINDS
+PARALLEL = ("ddp", "fsdp")  # fp8lab.train --parallel
+SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
+MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
+# A sanity cap on instances per job: more than a typical regional P5 quota; a typo there (1000 for 10)
+# costs real money, so planning beyond it needs allow_large=True (CLI: --allow-large)
+MAX_INSTANCES_PER_JOB = 64
+
+
+# ----------------------------------------------------------------------------------------------
+# JobSpec
+# ----------------------------------------------------------------------------------------------
+
+
+def _model_names() -> list[str]:
+    from fp8lab.models import MODEL_CONFIGS
+
+    return list(MODEL_CONFIGS)
+
+
+@functools.lru_cache(maxsize=None)  # static data shipped with botocore; loading it costs ~0.4 s
+def _sagemaker_regions() -> tuple[str, ...]:
+    import botocore.session
+
+    return tuple(botocore.session.get_session().get_available_regions("sagemaker"))
+
+
+@functools.lru_cache(maxsize=None)
+def _instance_region_table() -> dict[str, frozenset[str]]:
+    """The SDK's own table of GPU instance types per region (instance_gpu_info.json)."""
+    import sagemaker.core.image_uris as iu
+
+    path = Path(iu.__file__).parent / "image_uri_config" / "instance_gpu_info.json"
+    try:
+        return {r: frozenset(types) for r, types in json.loads(path.read_text()).items()}
+    except OSError:
+        return {}
+
+
+def _known_regions(instance_type: str) -> set[str] | None:
+    """Regions where the SDK's table lists ``instance_type``; None when the table does not say."""
+    regions = {r for r, types in _instance_region_table().items() if instance_type in types}
+    return regions or None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job: what to train, on what, for how long, and where results go.
+
+    Validated on construction, so a bad sweep fails before any upload or cloud call.
+    """
+
+    model: str  # a name in fp8lab.models.MODEL_CONFIGS, a local model folder (config.json + optional *.safetensors) or s3://... of one
+    precision: str = "bf16"  # "bf16" or "fp8"
+    role: str = ""  # SageMaker execution role ARN (required)
+    bucket: str = ""  # S3 bucket for code, outputs and checkpoints (required)
+    backend: str = "te"  # FP8 backend, passed to BF16 jobs too so both run the same layers
+    recipe: str = "delayed"  # FP8 scaling recipe (fp8lab.recipe kinds); mxfp8 needs Blackwell
+    instance_type: str = "ml.p5.48xlarge"
+    instance_count: int = 1
+    tokens: int | None = None  # training tokens over all GPUs; exactly one of tokens / steps
+    steps: int | None = None
+    micro_batch_size: int | str = "auto"  # sequences per GPU per micro-step; auto: fp8lab.layout for the instance's GPU
+    grad_accum: int | str = "auto"  # auto: fp8lab.layout's tokens-per-step target
+    seq_len: int | str = "auto"  # auto: 2048 (at most the model's max_seq_len)
+    lr: float = 3e-4
+    fuse: bool = True  # fused TE modules (LayerNormLinear / LayerNormMLP)
+    compile: bool = False  # torch.compile each block
+    parallel: str = "fsdp"  # ddp | fsdp (FSDP2): a 7B model with AdamW state does not fit one GPU under DDP
+    activation_checkpointing: bool = False  # recompute blocks in backward: less memory, ~1/3 more compute
+    seed: int = 0
+    checkpoint_every: int = 0  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
+    data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data
+    spot: bool = False  # managed spot training (checkpoints make it resumable)
+    max_run_s: int | None = None  # None = from the plan's time estimate (x2 + 1 h)
+    max_wait_s: int | None = None  # spot only: max_run + waiting for capacity; None = 2 x max_run
+    keep_alive_s: int = 0  # warm pool: keep instances this long for the next job (0 = off)
+    volume_gb: int = 200
+    prefix: str = "fp8lab"  # S3 key prefix under the bucket
+    study: str = "p5-sweep"  # groups the jobs (tag and S3 folder)
+    region: str = "us-east-1"
+    framework_version: str = "2.9"  # PyTorch training image (AWS Deep Learning Container)
+    py_version: str = "py312"
+    install_te: bool = False  # add transformer-engine[pytorch] to the job's requirements
+    model_config: dict | None = None  # s3:// model only: its config.json contents (the plan validates them; nothing is read from S3)
+    options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
+    allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value: Any, allowed: str) -> ValueError:
+            return ValueError(f"JobSpec.{name}={value!r} is invalid; allowed: {allowed}")
+
+        for name in ("tokens", "steps"):  # 1e9 is a count, as on the command line (fp8lab.validate.parse_count)
+            object.__setattr__(self, name, whole_number(getattr(self, name)))
+
+        self._check_model(bad)
+        if self.precision not in PRECISIONS:
+            raise bad("precision", self.precision, ", ".join(PRECISIONS))
+        if self.backend not in BACKENDS:
+            raise bad("backend", self.backend, ", ".join(BACKENDS))
+        if not isinstance(self.recipe, str) or self.recipe.partition(":")[0] not in RECIPES:
+            raise bad("recipe", self.recipe, ", ".join(RECIPES) + " (optionally kind:key=value,...)")
+        try:
+            Recipe.parse(self.recipe)
+        except ValueError as exc:
+            raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid: {exc}") from None
+        if self.parallel not in PARALLEL:
+            raise bad("parallel", self.parallel, ", ".join(PARALLEL))
+        if self.instance_type not in INSTANCES:
+            raise bad("instance_type", self.instance_type, ", ".join(INSTANCES))
+        info = INSTANCES[self.instance_type]
+        if self.precision == "fp8" and not info.fp8:
+            fp8_types = ", ".join(k for k, v in INSTANCES.items() if v.fp8)
+            raise ValueError(
+                f"JobSpec.precision='fp8' needs FP8 tensor cores, which {self.instance_type} ({info.gpu}) "
+                f"does not have; use one of: {fp8_types}"
+            )
+        if self.precision == "fp8" and self.recipe.partition(":")[0] == "mxfp8" and not info.blackwell:
+            raise ValueError(f"JobSpec.recipe='mxfp8' needs Blackwell GPUs; {self.instance_type} has {info.gpu}")
+        for name in ("instance_count", "micro_batch_size", "grad_accum", "seq_len", "volume_gb"):
+            v = getattr(self, name)
+            if name in LAYOUT_FIELDS and v == "auto":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(name, v, "an integer >= 1" + (" or 'auto'" if name in LAYOUT_FIELDS else ""))
+        if not isinstance(self.allow_large, bool):
+            raise bad("allow_large", self.allow_large, "True or False")
+        if self.instance_count > MAX_INSTANCES_PER_JOB and not self.allow_large:
+            raise bad("instance_count", self.instance_count,
+                      f"1..{MAX_INSTANCES_PER_JOB} per job (a sanity limit); to plan more, pass allow_large=True "
+                      "(CLI: --allow-large) after checking your SageMaker quota")
+        for name in ("checkpoint_every", "keep_alive_s", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(name, v, "an integer >= 0")
+        if (self.tokens is None) == (self.steps is None):
+            raise ValueError("JobSpec needs exactly one of tokens= or steps= (got "
+                             f"tokens={self.tokens!r}, steps={self.steps!r})")
+        for name in ("tokens", "steps", "max_run_s", "max_wait_s"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise bad(name, v, "a positive integer or None")
+        if self.keep_alive_s > 3600:
+            raise bad("keep_alive_s", self.keep_alive_s, "0..3600 seconds (SageMaker warm pool limit)")
+        if self.keep_alive_s and self.spot:
+            raise ValueError("JobSpec: keep_alive_s (warm pool) and spot=True cannot be combined; "
+                             "SageMaker warm pools do not support managed spot training")
+        if self.max_wait_s is not None and not self.spot:
+            raise ValueError("JobSpec.max_wait_s only applies to spot=True jobs")
+        if self.max_run_s is not None and self.max_run_s > MAX_RUNTIME_CAP_S:
+            raise bad("max_run_s", self.max_run_s, f"at most {MAX_RUNTIME_CAP_S} (28 days)")
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):
+            raise bad("lr", self.lr, "a number in (0, 1)")
+        if not self.role:
+            raise ValueError("JobSpec.role is missing: pass your SageMaker execution role ARN "
+                             f"(for a dry run without an account: {PLACEHOLDER_ROLE!r})")
+        if not re.fullmatch(r"arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+", self.role):
+            raise bad("role", self.role, "an IAM role ARN like arn:aws:iam::<12-digit account>:role/<name>")
+        if not self.bucket:
+            raise ValueError("JobSpec.bucket is missing: pass an S3 bucket name "
+                             f"(for a dry run without an account: {PLACEHOLDER_BUCKET!r})")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", self.bucket):
+            raise bad("bucket", self.bucket, "an S3 bucket name (3-63 of a-z 0-9 . -), without s3://")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-/]*", self.prefix) or self.prefix.endswith("/"):
+            raise bad("prefix", self.prefix, "an S3 key prefix of letters, digits, - _ / (no leading or trailing /)")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9\-]{0,40}", self.study):
+            raise bad("study", self.study, "lowercase letters, digits and -, at most 41 characters")
+        if self.data_s3_uri is not None and not self.data_s3_uri.startswith("s3://"):
+            raise bad("data_s3_uri", self.data_s3_uri, "an s3:// URI or None")
+        regions = _sagemaker_regions()
+        if self.region not in regions:
+            raise bad("region", self.region, "a region where SageMaker runs: " + ", ".join(regions))
+        known = _known_regions(self.instance_type)
+        # Only a region the table describes can be said to lack the type; unknown regions pass.
+        if known is not None and self.region not in known and self.region in _instance_region_table():
+            raise ValueError(f"JobSpec.region={self.region!r}: {self.instance_type} is not offered there "
+                             f"(SageMaker SDK instance table); choose one of: {', '.join(sorted(known))}")
+        self._resolve_with_trainer()
+
+    def _check_model(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """A named model, a local folder (its config.json read and checked) or s3:// with ``model_config``.
+
+        A folder model reaches the job as the input channel ``model`` (the SDK uploads a local folder;
+        an s3:// prefix is mounted as it is) and the trainer runs ``--model /opt/ml/input/data/model``.
+        For s3:// the plan cannot read the config, so ``model_config`` (the config.json contents, as a
+        dict) is required: it is validated like a folder's and gives the FLOPs and memory estimates."""
+        from fp8lab import user_model
+
+        models = _model_names()
+        allowed = ", ".join(models) + ", a local model folder (config.json + optional *.safetensors) or an s3:// URI of one"
+        if not isinstance(self.model, str) or not self.model:
+            raise bad("model", self.model, allowed)
+        if self.model.startswith("s3://"):
+            if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/\S*)?", self.model):
+                raise bad("model", self.model, "an s3://bucket/prefix URI of a model folder")
+            if not isinstance(self.model_config, dict):
+                raise bad("model_config", self.model_config, "the model's config.json contents as a dict (required for "
+                          "an s3:// model: the plan validates it before launch), e.g. json.load(open('config.json'))")
+            try:
+                user_model.check_config_dict(self.model_config, "JobSpec.model_config")
+            except ValueError as exc:
+                raise ValueError(f"JobSpec.model_config: {exc}") from None
+            return
+        if self.model_config is not None:
+            raise bad("model_config", self.model_config, "None unless model is an s3:// URI (a named model or a local "
+                      "folder carries its own config)")
+        if self.model.startswith("hf:"):
+            raise bad("model", self.model, allowed + " (download hf: models first: a job has no Hub access guaranteed)")
+        if self.model in models:
+            return
+        if not user_model.is_user_model(self.model):
+            raise bad("model", self.model, allowed)
+        try:
+            user_model.hf_config(self.model)
+        except ValueError as exc:
+            raise ValueError(f"JobSpec.model: {exc}") from None
+
+    @property
+    def is_folder_model(self) -> bool:
+        """True when the model travels as the job's ``model`` input channel."""
+        return self.model not in _model_names()
+
+    @property
+    def model_label(self) -> str:
+        """A short name for job names, tags and tables: the named model or the folder's own name."""
+        if not self.is_folder_model:
+            return self.model
+        return self.model.rstrip("/").rsplit("/", 1)[-1] or "model"
+
+    @property
+    def model_cfg(self):
+        """fp8lab's ModelConfig of the job's model (named, folder or model_config)."""
+        from fp8lab.models import config_from_hf, get_config
+        from fp8lab import user_model
+
+        if self.model_config is not None:
+            return config_from_hf(user_model.check_config_dict(self.model_config, "JobSpec.model_config"))
+        return get_config(self.model)
+
+    def _resolve_with_trainer(self) -> None:
+        """Run the trainer's own parser and start-up checks on this job, for the instance's GPU at
+        8 x instance_count ranks, and replace "auto" layout fields by what the trainer will run."""
+        from fp8lab.hardware import Machine
+        from fp8lab.train import parse_args, preflight
+
+        if not isinstance(self.options, dict):
+            raise ValueError(f"JobSpec.options={self.options!r} is invalid; allowed: a dict of trainer options")
+        unknown = sorted(set(self.options) - _trainer_option_names())
+        reserved = sorted(set(self.options) & JOB_OWNED_OPTIONS)
+        if unknown or reserved:
+            raise ValueError(f"JobSpec.options: {', '.join(unknown + reserved)} "
+                             + ("not trainer options" if unknown else "set by JobSpec itself or by SageMaker")
+                             + f"; allowed: {', '.join(sorted(_trainer_option_names() - JOB_OWNED_OPTIONS))}")
+        hp = _requested_hyperparameters(self)
+        hp.pop("data", None)  # the channel's path exists only inside the job
+        try:
+            with _local_model(self) as local:  # the model channel's path exists only inside the job, too
+                hp["model"] = local
+                cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", _hp_text(v))])
+                machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
+                cfg, layout, _, _ = preflight(cfg, machine, self.backend)  # parse_args ran the fused-path check
+        except ValueError as exc:
+            raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x {self.instance_type}): "
+                             f"the trainer would refuse this job: {exc}") from None
+        # spell the resolved layout out, so a copy (dataclasses.replace) resolves to the very same job
+        for name in LAYOUT_FIELDS:
+            object.__setattr__(self, name, getattr(cfg, name))
+        object.__setattr__(self, "options", {**self.options, **{k: getattr(cfg, k) for k in LAYOUT_OPTIONS}})
+        object.__setattr__(self, "_layout", layout)
+
+    @property
+    def layout(self):
+        """The fp8lab.layout.Layout the job runs (memory estimate and reasons included)."""
+        return self._layout
+
+    @property
+    def info(self) -> InstanceInfo:
+        return INSTANCES[self.instance_type]
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * self.info.gpus
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.seq_len * self.world_size
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens if self.tokens is not None else self.steps * self.tokens_per_step
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define the experiment (not where it is stored or who pays), for the name hash."""
+        skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        if self.model_config is None:
+            out.pop("model_config")  # named models: the identity (and job names) as before
+        if self.is_folder_model and not self.model.startswith("s3://"):
+            from fp8lab import user_model
+
+            out["model"] = user_model.identity(self.model)  # the config, not where the folder sits on this machine
+        return out
+
+
+def job_name(spec: JobSpec) -> str:
+    """Deterministic SageMaker-valid name stem: fp8lab-<model>-<precision>-<n>x<instance>-<hash6>."""
+    digest = hashlib.sha1(json.dumps(spec.identity(), sort_keys=True).encode()).hexdigest()[:6]
+    model = re.sub(r"[^a-zA-Z0-9]+", "-", spec.model_label).strip("-") or "model"
+    inst = re.sub(r"[^a-zA-Z0-9]+", "-", spec.instance_type.removeprefix("ml.").split(".")[0])
+    tail = f"-{spec.precision}-{spec.instance_count}x{inst}-{digest}"
+    room = SOURCE_NAME_MAX - len("fp8lab-") - len(tail)
+    name = f"fp8lab-{model[:room].strip('-')}{tail}"
+    assert re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,47}", name), name
+    return name
+
+
+# ----------------------------------------------------------------------------------------------
+# The trainer options a job carries (SageMaker hyperparameters)
+# ----------------------------------------------------------------------------------------------
+
+
+MODEL_CHANNEL = "model"  # input channel of a user's model folder
+MODEL_CHANNEL_PATH = f"/opt/ml/input/data/{MODEL_CHANNEL}"
+
+
+@contextlib.contextmanager
+def _local_model(spec: JobSpec) -> Iterator[str]:
+    """The ``--model`` value the plan validates: the name, the local folder, or for s3:// a temporary
+    folder holding ``model_config`` as config.json (removed afterwards)."""
+    if spec.model_config is None:
+        yield spec.model
+        return
+    with tempfile.TemporaryDirectory(prefix="fp8lab-model-config-") as d:
+        folder = Path(d) / spec.model_label
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(spec.model_config))
+        yield str(folder)
+
+
+LAYOUT_FIELDS = INT_FIELDS  # JobSpec fields the layout resolver fills in
+LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in INT_FIELDS)  # and trainer options it fills into JobSpec.options
+# trainer options a job does not take from JobSpec.options: JobSpec fields, SageMaker's folders, test hooks
+JOB_OWNED_OPTIONS = frozenset({"model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len",
+                               "lr", "seed", "fuse", "compile", "parallel", "activation_checkpointing", "progress",
+                               "tokens", "steps", "checkpoint_every", "data", "output_dir", "checkpoint_dir",
+                               "model_dir", "device", "dry_run", "inject_nan_at_steps"})
+
+
+def _trainer_option_names() -> set[str]:
+    from fp8lab.train import TrainConfig
+
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def _hp_text(v: Any) -> str:
+    """A hyperparameter as the torchrun driver passes it (a string)."""
+    if isinstance(v, dict):
+        return ",".join(f"{k}={val}" for k, val in v.items())
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+def hyperparameters(spec: JobSpec) -> dict[str, Any]:
+    """The trainer's CLI options; the torchrun driver passes each as ``--key value``.
+
+    Layout options are the resolved values (``JobSpec`` replaced "auto" when it was made), plus
+    everything in ``spec.options``; the set passed the trainer's own parser and start-up checks."""
+    return _requested_hyperparameters(spec)
+
+
+def _requested_hyperparameters(spec: JobSpec) -> dict[str, Any]:
+    hp: dict[str, Any] = {
+        "model": spec.model, "precision": spec.precision, "backend": spec.backend, "recipe": spec.recipe,
+        "micro-batch-size": spec.micro_batch_size, "grad-accum": spec.grad_accum, "seq-len": spec.seq_len,
+        "lr": spec.lr, "seed": spec.seed, "fuse": spec.fuse, "compile": spec.compile,
+        "parallel": spec.parallel, "activation-checkpointing": spec.activation_checkpointing,
+        "progress": "off",  # no tqdm bar in CloudWatch logs; the metric lines carry the progress
+    }
+    hp["tokens" if spec.tokens is not None else "steps"] = spec.tokens if spec.tokens is not None else spec.steps
+    if spec.checkpoint_every:
+        hp["checkpoint-every"] = spec.checkpoint_every
+    if spec.data_s3_uri is not None:
+        hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
+    if spec.is_folder_model:
+        hp["model"] = MODEL_CHANNEL_PATH  # the "model" channel: the user's folder
+    for name, value in spec.options.items():
+        hp[name.replace("_", "-")] = value
+    return hp
