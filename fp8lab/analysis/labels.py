@@ -34,6 +34,8 @@ def variant_label(row: dict) -> str:
         parts.append("act-ckpt")
     if is_true(row.get("compile")):
         parts.append("compile")
+    if is_true(row.get("cuda_graphs")):
+        parts.append("graphs")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     parallel = row.get("parallel")
