@@ -45,7 +45,6 @@ checkpoint could not be written (metrics.jsonl and summary.json are still writte
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import functools
 import json
@@ -58,7 +57,7 @@ import tempfile
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,82 +67,82 @@ from fp8lab import paths as fpaths
 from fp8lab import resume as fresume
 from fp8lab import validate as fvalidate
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (also importable from here, its old home)
+from fp8lab.layout import INT_FIELDS
+from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
+                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
+                            add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
-from fp8lab.layout import AUTO, INT_FIELDS  # "auto": what the layout resolver picks per machine
+from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
+                             UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
-PRECISIONS = ("bf16", "fp8")
-BACKENDS = ("auto", "none", "te", "torchao", "emulated")
-RECIPES = ("auto",) + KINDS  # auto = the backend's default
-PARALLEL = ("ddp", "fsdp")
-COMPUTE_DTYPES = ("auto", "bf16", "fp32")
-PARAM_DTYPES = ("auto", "fp32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
-PROGRESS = ("auto", "on", "off")
+CHECKPOINT_EVERY = Check(lambda v: is_count(v, -1), "an integer: N > 0 steps, 0 = only at the end, -1 = never")
 CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
-
-
-def _opt(name: str) -> str:
-    return "--" + name.replace("_", "-")
+_opt = flag  # --seq-len for seq_len (the old name of fp8lab.options.flag)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Every option of a training run; CLI flags and SageMaker hyperparameters have the same names.
 
-    Validated on construction: a bad value raises ValueError naming the option (``--seq-len``)
-    and what is allowed, before anything is built or downloaded.
+    Each field is the option's one declaration (fp8lab.options): its help, choices or check, and,
+    from its type, how its text is read. Validated on construction: a bad value raises ValueError
+    naming the option (``--seq-len``) and what is allowed, before anything is built or downloaded.
     """
 
-    model: str = "llama-tiny"  # fp8lab.models name (llama-tiny/1b/7b, gptneo-tiny/125m/1.3b), a model folder (config.json + optional *.safetensors) or hf:<repo id>
-    model_overrides: dict = field(default_factory=dict)  # ModelConfig fields, e.g. {"num_layers": 2}
-    precision: str = "bf16"  # bf16 | fp8
-    backend: str = "auto"  # auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | te | torchao | emulated
-    recipe: str = "auto"  # auto (backend default: TE delayed scaling) | delayed | current | block | mxfp8, optionally kind:key=value,... (fp8lab.recipe.Recipe.parse)
-    bf16_edge_blocks: int = 0  # keep the first N and the last N decoder blocks out of FP8 (a loss remedy)
-    fuse: bool = True  # fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers
-    steps: int | None = None  # optimizer steps; default 100 when --tokens is not given either
-    tokens: int | None = None  # or: train this many tokens (all GPUs), rounded up to whole steps
-    micro_batch_size: int | str = "auto"  # sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU
-    grad_accum: int | str = "auto"  # micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU
-    seq_len: int | str = "auto"  # tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU
-    lr: float = 3e-4  # peak learning rate of AdamW
-    min_lr: float = 3e-5  # end of the cosine decay
-    warmup_steps: int | None = None  # linear warm-up; default 5% of the steps (at most 1000)
-    weight_decay: float = 0.1  # on matrices only (not norms, biases)
-    beta1: float = 0.9
-    beta2: float = 0.95  # 0.95 rather than 0.999: steadier for LLM pre-training
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still logged)
-    activation_checkpointing: bool = False  # recompute each block in backward: less memory, ~1/3 more compute
-    compile: bool = False  # torch.compile each decoder block
-    seed: int = 1234  # model init and data order
-    data: str | None = None  # prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus
-    output_dir: str | None = None  # default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>
-    checkpoint_dir: str | None = None  # default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints
-    model_dir: str | None = None  # final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model
-    checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never
-    keep_checkpoints: int = 2  # newest complete checkpoints kept
-    resume: bool = True  # continue from the newest complete checkpoint in the checkpoint folder
-    resume_with_new_settings: bool = False  # resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.resume)
-    val_every: int = 0  # validation loss every N steps (0: only at the end)
-    val_batches: int = 4  # validation size in global batches (micro-batch x grad-accum x ranks sequences each)
-    parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
-    compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    param_dtype: str = "auto"  # auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
-    fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch
-    fsdp_keep_weights: bool | str = "auto"  # auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)
-    fuse_wgrad_accumulation: bool = True  # TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place
-    device: str = "auto"  # auto | cpu | cuda
-    gpu_memory_gib: float = 0.0  # 0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it
-    dry_run: bool = False  # print the resolved layout and memory estimate, build nothing, train nothing
-    max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
-    peak_tflops: float = 0.0  # dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)
-    save_model: bool = True  # write the final HF model (save_pretrained) to the model folder
-    plot: bool = True  # write loss.png next to metrics.jsonl at the end
-    progress: str = "auto"  # tqdm bar: auto (terminal or notebook) | on | off
-    print_metrics: bool = True  # the fp8lab-metrics line per step on stdout (rank 0)
-    profile_steps: tuple = ()  # record these steps (smallest to largest) with torch.profiler; writes profile.json (time by kernel category)
-    inject_nan_at_steps: tuple = ()  # FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)
+    model: str = option("llama-tiny", "fp8lab.models name (llama-tiny/1b/7b, gptneo-tiny/125m/1.3b), a model folder (config.json + optional *.safetensors) or hf:<repo id>")
+    model_overrides: dict = option(help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)", factory=dict,
+                                   metavar="KEY=VALUE", flags=("--model-override", "--model_override"))
+    precision: str = option("bf16", "bf16 | fp8", choices=PRECISIONS)
+    backend: str = option("auto", "auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | " + " | ".join(FP8_BACKENDS), choices=BACKENDS)
+    recipe: str = option("auto", "auto (backend default: TE delayed scaling) | " + " | ".join(KINDS) + ", optionally kind:key=value,... (fp8lab.recipe.Recipe.parse)")
+    bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8 (a loss remedy)")
+    fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers", check=BOOL)
+    steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", check=optional(POSITIVE_INT))
+    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(POSITIVE_INT))
+    micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    seq_len: AutoInt = option(AUTO, "tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    lr: float = option(3e-4, "peak learning rate of AdamW", check=UNIT_OPEN)
+    min_lr: float = option(3e-5, "end of the cosine decay")
+    warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)", check=optional(NONNEG_INT))
+    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", check=NONNEG_NUM)
+    beta1: float = option(0.9, "AdamW's first-moment decay", check=UNIT_HALF_OPEN)
+    beta2: float = option(0.95, "0.95 rather than 0.999: steadier for LLM pre-training", check=UNIT_HALF_OPEN)
+    grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)", check=NONNEG_NUM)
+    activation_checkpointing: bool = option(False, "recompute each block in backward: less memory, ~1/3 more compute", check=BOOL)
+    compile: bool = option(False, "torch.compile each decoder block", check=BOOL)
+    cuda_graphs: str = option(AUTO, "capture the decoder blocks' forward and backward in CUDA graphs (TE fused layers): auto = on where the step is launch-bound (small micro-batch) and the set-up supports it", choices=CUDA_GRAPHS)
+    seed: int = option(1234, "model init and data order", check=NONNEG_INT)
+    data: str | None = option(None, "prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus", check=optional(PATH))
+    output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>", check=optional(PATH))
+    checkpoint_dir: str | None = option(None, "default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints", check=optional(PATH))
+    model_dir: str | None = option(None, "final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model", check=optional(PATH))
+    checkpoint_every: int = option(0, "steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never", check=CHECKPOINT_EVERY)
+    keep_checkpoints: int = option(2, "newest complete checkpoints kept", check=POSITIVE_INT)
+    resume: bool = option(True, "continue from the newest complete checkpoint in the checkpoint folder", check=BOOL)
+    resume_with_new_settings: bool = option(False, "resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.resume)", check=BOOL)
+    val_every: int = option(0, "validation loss every N steps (0: only at the end)", check=NONNEG_INT)
+    val_batches: int = option(4, "validation size in global batches (micro-batch x grad-accum x ranks sequences each)", check=POSITIVE_INT)
+    parallel: str = option("ddp", "under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)", choices=PARALLEL)
+    compute_dtype: str = option(AUTO, "torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32", choices=COMPUTE_DTYPES)
+    param_dtype: str = option(AUTO, "auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)", choices=PARAM_DTYPES)
+    fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch", check=BOOL)
+    fsdp_keep_weights: AutoBool = option(AUTO, "auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)", check=AUTO_BOOL)
+    fuse_wgrad_accumulation: bool = option(True, "TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place", check=BOOL)
+    device: str = option(AUTO, "auto | cpu | cuda", choices=DEVICES)
+    gpu_memory_gib: float = option(0.0, "0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it", check=NONNEG_NUM)
+    dry_run: bool = option(False, "print the resolved layout and memory estimate, build nothing, train nothing", check=BOOL)
+    max_bad_steps: int = option(5, "K: this many non-finite steps in a row stop the run", check=POSITIVE_INT)
+    peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)", check=NONNEG_NUM)
+    save_model: bool = option(True, "write the final HF model (save_pretrained) to the model folder", check=BOOL)
+    plot: bool = option(True, "write loss.png next to metrics.jsonl at the end", check=BOOL)
+    progress: str = option(AUTO, "tqdm bar: auto (terminal or notebook) | on | off", choices=PROGRESS)
+    print_metrics: bool = option(True, "the fp8lab-metrics line per step on stdout (rank 0)", check=BOOL)
+    profile_steps: Steps = option((), "record these steps (smallest to largest) with torch.profiler; writes profile.json (time by kernel category)",
+                                  check=step_numbers("comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)"))
+    inject_nan_at_steps: Steps = option((), "FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)",
+                                        check=step_numbers("comma-separated positive step numbers (testing only)"))
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -162,209 +161,76 @@ class TrainConfig:
         return d
 
 
+check_schema(TrainConfig)
+
+
 # ----------------------------------------------------------------------------------------------
-# validation
+# validation: each field's own check (fp8lab.options), then the checks across fields
 # ----------------------------------------------------------------------------------------------
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
 
 def _validate(c: TrainConfig) -> None:
-    from fp8lab import user_model
-    from fp8lab.models import MODEL_CONFIGS, get_config
-
     def bad(name: str, allowed: str) -> ValueError:
         return ValueError(f"{_opt(name)}={getattr(c, name)!r} is invalid; allowed: {allowed}")
 
-    if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
-        raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     if not isinstance(c.model_overrides, dict):
         raise ValueError(f"--model-override must be key=value pairs (a dict), got {c.model_overrides!r}")
+    mcfg = _model_config(c, bad)
+    _check_recipe(c, bad)
+    if not is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
+        raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
+                  f"(at most {(mcfg.num_layers - 1) // 2})")
+    check_fields(c, bad)
+    if c.precision == "fp8" and c.backend == "none":
+        raise ValueError("--backend none cannot run --precision fp8; allowed: auto | " + " | ".join(FP8_BACKENDS))
+    if c.backend in ("te", EMULATED):
+        fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
+    if c.steps is not None and c.tokens is not None:
+        raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
+    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:
+        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} (its max_seq_len)")
+    if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
+        raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
+    if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
+        raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
+    if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
+        raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
+    if c.steps is not None and c.profile_steps and max(c.profile_steps) > c.steps:
+        raise bad("profile_steps", f"steps within the run's --steps {c.steps}")
+
+
+def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
+    """The run's ModelConfig: a named shape (with --model-override) or a user's folder (read and checked)."""
+    from fp8lab import user_model
+    from fp8lab.models import MODEL_CONFIGS, get_config
+
+    if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
+        raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     if c.model not in MODEL_CONFIGS:  # a user's folder: its config is read and checked (nothing is built)
         if c.model_overrides:
             raise ValueError(f"--model-override applies to the named models only; for --model={c.model!r} edit its "
                              f"config.json instead")
-        mcfg = get_config(c.model)
-    else:
-        try:
-            mcfg = get_config(c.model, **c.model_overrides)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"--model-override: {exc}") from None
+        return get_config(c.model)
+    try:
+        return get_config(c.model, **c.model_overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--model-override: {exc}") from None
+
+
+def _check_recipe(c: TrainConfig, bad: Callable[[str, str], ValueError]) -> None:
     if not isinstance(c.recipe, str) or c.recipe.partition(":")[0] not in RECIPES or c.recipe.startswith("auto:"):
         raise bad("recipe", " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}")
-    if c.recipe != "auto":
+    if c.recipe != AUTO:
         try:
             Recipe.parse(c.recipe)
         except ValueError as exc:
             raise ValueError(f"--recipe={c.recipe!r} is invalid: {exc}") from None
-    if not _is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
-        raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
-                  f"(at most {(mcfg.num_layers - 1) // 2})")
-    for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS),
-                          ("parallel", PARALLEL), ("compute_dtype", COMPUTE_DTYPES), ("param_dtype", PARAM_DTYPES), ("device", DEVICES),
-                          ("progress", PROGRESS)):
-        if getattr(c, name) not in choices:
-            raise bad(name, " | ".join(choices))
-    if c.precision == "fp8" and c.backend == "none":
-        raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
-    if c.backend in ("te", "emulated") and isinstance(c.fuse, bool):
-        fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
-    for name in ("fuse", "activation_checkpointing", "compile", "resume", "resume_with_new_settings", "save_model", "plot",
-                 "print_metrics", "fp8_weight_cache", "fuse_wgrad_accumulation", "dry_run"):
-        if not isinstance(getattr(c, name), bool):
-            raise bad(name, "True | False")
-    if c.fsdp_keep_weights != AUTO and not isinstance(c.fsdp_keep_weights, bool):
-        raise bad("fsdp_keep_weights", "auto | True | False")
-    if c.steps is not None and c.tokens is not None:
-        raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
-    for name in ("steps", "tokens"):
-        v = getattr(c, name)
-        if v is not None and (not _is_int(v) or v < 1):
-            raise bad(name, "a positive integer")
-    for name in ("micro_batch_size", "grad_accum", "seq_len"):
-        v = getattr(c, name)
-        if v != AUTO and (not _is_int(v) or v < 1):
-            raise bad(name, "auto or a positive integer")
-    for name in ("val_batches", "keep_checkpoints", "max_bad_steps"):
-        v = getattr(c, name)
-        if not _is_int(v) or v < 1:
-            raise bad(name, "a positive integer")
-    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:
-        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} (its max_seq_len)")
-    for name in ("seed", "val_every"):
-        v = getattr(c, name)
-        if not _is_int(v) or v < 0:
-            raise bad(name, "an integer >= 0")
-    if not _is_int(c.checkpoint_every) or c.checkpoint_every < -1:
-        raise bad("checkpoint_every", "an integer: N > 0 steps, 0 = only at the end, -1 = never")
-    if c.warmup_steps is not None and (not _is_int(c.warmup_steps) or c.warmup_steps < 0):
-        raise bad("warmup_steps", "an integer >= 0")
-    if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
-        raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
-    if not _is_num(c.lr) or not 0 < c.lr < 1:
-        raise bad("lr", "a number in (0, 1)")
-    if not _is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
-        raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
-    for name in ("weight_decay", "grad_clip", "peak_tflops", "gpu_memory_gib"):
-        if not _is_num(getattr(c, name)) or getattr(c, name) < 0:
-            raise bad(name, "a number >= 0")
-    for name in ("beta1", "beta2"):
-        if not _is_num(getattr(c, name)) or not 0 <= getattr(c, name) < 1:
-            raise bad(name, "a number in [0, 1)")
-    for name in ("data", "output_dir", "checkpoint_dir", "model_dir"):
-        v = getattr(c, name)
-        if v is not None and (not isinstance(v, str) or not v):
-            raise bad(name, "a non-empty path")
-    if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
-        raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
-    if not isinstance(c.profile_steps, tuple) or not all(_is_int(s) and s >= 1 for s in c.profile_steps):
-        raise bad("profile_steps", "comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)")
-    if c.steps is not None and c.profile_steps and max(c.profile_steps) > c.steps:
-        raise bad("profile_steps", f"steps within the run's --steps {c.steps}")
-    if not isinstance(c.inject_nan_at_steps, tuple) or not all(_is_int(s) and s >= 1 for s in c.inject_nan_at_steps):
-        raise bad("inject_nan_at_steps", "comma-separated positive step numbers (testing only)")
 
 
 # ----------------------------------------------------------------------------------------------
 # command line (and SageMaker hyperparameters, which arrive as --key value strings)
 # ----------------------------------------------------------------------------------------------
 
-_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
-
-
-def _to_bool(name: str, s: str) -> bool:
-    v = _BOOL.get(str(s).strip().lower())
-    if v is None:
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: True | False")
-    return v
-
-
-def _to_int(name: str, s: str) -> int:
-    try:
-        f = float(s)
-        if not f.is_integer():
-            raise ValueError
-        return int(f)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: an integer") from None
-
-
-def _to_float(name: str, s: str) -> float:
-    try:
-        return float(s)
-    except (TypeError, ValueError):
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: a number") from None
-
-
-def _none_or(conv: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
-    def f(name: str, s: str) -> Any:
-        return None if str(s).strip().lower() in ("none", "null", "") else conv(name, s)
-    return f
-
-
-def _overrides(name: str, values: list[str]) -> dict[str, Any]:
-    """``key=value`` items (repeated flags or comma-separated), values parsed as Python literals."""
-    out: dict[str, Any] = {}
-    for item in values:
-        for pair in str(item).split(","):
-            if not pair.strip():
-                continue
-            key, eq, value = pair.partition("=")
-            if not eq or not key.strip():
-                raise ValueError(f"--model-override {pair!r} is invalid; allowed: key=value, e.g. num_layers=2")
-            try:
-                out[key.strip()] = ast.literal_eval(value.strip())
-            except (ValueError, SyntaxError):
-                out[key.strip()] = value.strip()
-    return out
-
-
-def _steps_list(name: str, s: str) -> tuple:
-    try:
-        return tuple(int(x) for x in str(s).replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: comma-separated step numbers") from None
-
-
-def _auto_or(conv: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
-    def f(name: str, s: str) -> Any:
-        if str(s).strip().lower() == AUTO:
-            return AUTO
-        try:
-            return conv(name, s)
-        except ValueError as exc:
-            raise ValueError(f"{exc}, or auto (chosen for this machine)") from None
-    return f
-
-
 AUTO_INTS = INT_FIELDS  # layout options that are integers or "auto"
-_CONVERT: dict[str, Callable[[str, Any], Any]] = {}
-for _f in dataclasses.fields(TrainConfig):
-    if _f.name == "model_overrides":
-        continue
-    if _f.name in ("inject_nan_at_steps", "profile_steps"):
-        _CONVERT[_f.name] = _steps_list
-    elif _f.name in AUTO_INTS:
-        _CONVERT[_f.name] = _auto_or(_to_int)
-    elif _f.name == "fsdp_keep_weights":
-        _CONVERT[_f.name] = _auto_or(_to_bool)
-    elif isinstance(_f.default, bool):
-        _CONVERT[_f.name] = _to_bool
-    elif _f.name in ("steps", "tokens", "warmup_steps"):
-        _CONVERT[_f.name] = _none_or(_to_int)
-    elif isinstance(_f.default, int):
-        _CONVERT[_f.name] = _to_int
-    elif isinstance(_f.default, float):
-        _CONVERT[_f.name] = _to_float
-    elif _f.name in ("data", "output_dir", "checkpoint_dir", "model_dir"):  # "" stays "" (refused), not the default
-        _CONVERT[_f.name] = lambda n, s: None if str(s).strip().lower() in ("none", "null") else str(s)
-    else:
-        _CONVERT[_f.name] = lambda n, s: str(s)
 
 
 class OptionError(ValueError):
@@ -376,48 +242,19 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-@functools.lru_cache(maxsize=None)
-def _field_help() -> dict[str, str]:
-    """Each TrainConfig field's trailing comment, so --help and the dataclass never disagree."""
-    import inspect
-    import re
-
-    out = {}
-    for line in inspect.getsource(TrainConfig).splitlines():
-        m = re.match(r"\s+(\w+): [^=]+= (.+?)  # (.+)$", line)
-        if m:
-            out[m.group(1)] = f"{m.group(3)} (default: {m.group(2)})".replace("%", "%%")  # argparse formats %
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fp8lab train", description=__doc__.splitlines()[0], allow_abbrev=False,
                 epilog="Booleans accept True/False (SageMaker passes hyperparameters as strings); "
                        "every option also has an underscore spelling (--micro_batch_size).")
-    helps = _field_help()
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == "model_overrides":
-            p.add_argument("--model-override", "--model_override", "--model-overrides", "--model_overrides",
-                           dest="model_overrides", action="append", default=None, metavar="KEY=VALUE",
-                           help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)")
-            continue
-        names = [_opt(f.name)] + ([f"--{f.name}"] if "_" in f.name else [])
-        kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.name.upper(),
-                              "help": helps.get(f.name, f"default: {f.default!r}")}
-        if isinstance(f.default, bool) or f.name == "fsdp_keep_weights":
-            kw.update(nargs="?", const="True")  # `--compile` alone, or `--compile False` (SageMaker)
-        p.add_argument(*names, **kw)
+    add_arguments(p, TrainConfig)
     return p
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
     """TrainConfig from CLI-style arguments; every value is converted and checked with a clear message."""
     args = vars(build_parser().parse_args(argv))
-    kwargs: dict[str, Any] = {}
-    for name, raw in args.items():
-        if raw is None:
-            continue
-        kwargs[name] = _overrides(name, raw) if name == "model_overrides" else _CONVERT[name](name, raw)
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    kwargs = {name: from_text(fields[name], raw) for name, raw in args.items() if raw is not None}
     config = TrainConfig(**kwargs)
     fvalidate.check_cli_recipe(config, "recipe" in kwargs)
     return config
@@ -428,13 +265,7 @@ def _sagemaker_argv() -> list[str]:
     raw = os.environ.get("SM_HPS")
     if not raw:
         return []
-    hps = json.loads(raw)
-    out = []
-    for k, v in hps.items():
-        if k.startswith("sagemaker_"):
-            continue
-        out += [f"--{k}", json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
-    return out
+    return [w for k, v in json.loads(raw).items() if not k.startswith("sagemaker_") for w in (f"--{k}", to_text(v))]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -213,6 +214,58 @@ def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "-
 
 
 # --------------------------------------------------------------------------------------- numbers
+
+def is_int(v: Any) -> bool:
+    """An int that is not a bool (True is an int to Python, never a count to fp8lab)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v: Any) -> bool:
+    """A finite int or float that is not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_count(v: Any, low: int = 1) -> bool:
+    """An integer >= ``low`` (1: a positive integer; 0: an integer >= 0)."""
+    return is_int(v) and v >= low
+
+
+@dataclass(frozen=True)
+class Check:
+    """A value test and what it allows, as error messages say it (``allowed: <allowed>``)."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
+
+    def __call__(self, value: Any) -> bool:
+        return self.ok(value)
+
+
+def one_of(choices: tuple, sep: str = " | ") -> Check:
+    return Check(lambda v, cs=tuple(choices): isinstance(v, str) and v in cs, sep.join(choices))
+
+
+def optional(check: Check) -> Check:
+    """None, or a value ``check`` accepts (same wording: None means the default)."""
+    return Check(lambda v: v is None or check(v), check.allowed)
+
+
+AUTO = "auto"  # a value the layout resolver (fp8lab.layout) or the trainer picks per machine
+BOOL = Check(lambda v: isinstance(v, bool), "True | False")
+AUTO_BOOL = Check(lambda v: v == AUTO or isinstance(v, bool), "auto | True | False")
+POSITIVE_INT = Check(is_count, "a positive integer")
+NONNEG_INT = Check(lambda v: is_count(v, 0), "an integer >= 0")
+AUTO_OR_POSITIVE_INT = Check(lambda v: v == AUTO or is_count(v), "auto or a positive integer")
+NONNEG_NUM = Check(lambda v: is_num(v) and v >= 0, "a number >= 0")
+UNIT_OPEN = Check(lambda v: is_num(v) and 0 < v < 1, "a number in (0, 1)")  # a learning rate
+UNIT_HALF_OPEN = Check(lambda v: is_num(v) and 0 <= v < 1, "a number in [0, 1)")  # an AdamW beta
+PATH = Check(lambda v: isinstance(v, str) and bool(v), "a non-empty path")
+
+
+def step_numbers(allowed: str) -> Check:
+    """A tuple of step numbers (>= 1)."""
+    return Check(lambda v: isinstance(v, tuple) and all(is_count(s) for s in v), allowed)
+
 
 _COUNT = re.compile(r"^\d[\d_]*(\.\d*)?([eE]\+?\d+)?$")
 
