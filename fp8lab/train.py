@@ -156,6 +156,14 @@ class TrainConfig:
 check_schema(TrainConfig)
 
 
+def option_problem(name: str, value: Any) -> str | None:
+    """What option ``name`` allows when its own check (its field's) refuses ``value``, else None.
+
+    For callers that carry trainer options in their own fields (``fp8lab.launch.JobSpec``)."""
+    check = {f.name: f.metadata["check"] for f in dataclasses.fields(TrainConfig)}[name]
+    return None if check is None or check(value) else check.allowed
+
+
 # ----------------------------------------------------------------------------------------------
 # validation: each field's own check (fp8lab.options), then the checks across fields
 # ----------------------------------------------------------------------------------------------

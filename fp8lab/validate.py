@@ -12,6 +12,9 @@ the option that pointed to it (``--data``), and says what is allowed. The comman
   shards are all there), before any tokenizing;
 * :func:`check_prepared_size`: after tokenizing, both splits hold at least one window;
 * :func:`parse_count`: a positive integer written as ``1000000000``, ``1e9`` or ``1_000_000_000``;
+* the shared value checks: :func:`is_int`, :func:`is_num`, :func:`is_count` and the :class:`Check`
+  objects (``POSITIVE_INT``, ``NONNEG_INT``, ``AUTO_OR_POSITIVE_INT`` ...) that option fields declare
+  (fp8lab.options) and ``fp8lab.launch.JobSpec`` uses for its own fields;
 * :func:`check_notebook_values`: notebook parameters against their declared defaults' types and,
   for notebooks that train, the trainer's own checks (``NOTEBOOK_CHECKS``).
 """
@@ -314,10 +317,9 @@ def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
     if isinstance(default, bool):
         return "True or False", lambda v: isinstance(v, bool)
     if isinstance(default, int):
-        return "an integer", lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (
-            isinstance(v, float) and math.isfinite(v) and v.is_integer())
+        return "an integer", lambda v: is_int(v) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
     if isinstance(default, float):
-        return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return "a number", is_num
     # a string default is left to the notebook's own checks: it may stand for "auto" or a number
     if isinstance(default, list):
         return "a list, e.g. " + repr(default), lambda v: isinstance(v, (list, tuple))
@@ -338,13 +340,15 @@ def _train_pair_check(values: dict[str, Any]) -> None:
     """Notebook 03: every run it would start passes the trainer's own checks (fp8lab.train.TrainConfig)."""
     import dataclasses
 
-    from fp8lab.train import BACKENDS, TrainConfig
+    from fp8lab.options import FP8_BACKENDS
+    from fp8lab.train import TrainConfig
 
     backends = values.get("backends")
+    choices = ("auto", *FP8_BACKENDS)
     if isinstance(backends, str) or not isinstance(backends, (list, tuple)) or not backends or any(
-            b not in BACKENDS or b == "none" for b in backends):
+            b not in choices for b in backends):
         raise ValueError(f"backends={backends!r} is invalid; allowed: a non-empty list of "
-                         f"{', '.join(repr(b) for b in BACKENDS if b != 'none')}")
+                         f"{', '.join(repr(b) for b in choices)}")
     options = {f.name for f in dataclasses.fields(TrainConfig)} - {"precision", "backend", "recipe"}
     base = {k: v for k, v in values.items() if k in options}  # the parameters named like trainer options
     if base.get("lr") == "auto":  # trainpair picks it by model size
