@@ -58,7 +58,7 @@ class TrainState:
         fckpt.set_rng_state(d["rng"], self.device)
 
 
-def _as_current(loaded: dict[str, Any]) -> dict[str, Any]:
+def as_current_layout(loaded: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's trainer state in today's layout: those written before TrainState kept its
     fields (step, nonfinite_steps, rng) at the top level."""
     if "train_state" not in loaded:
@@ -142,7 +142,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.api import CheckpointException
 
         try:
-            return _as_current(fckpt.load(cand, self.model, self.optimizer, self.env))
+            return as_current_layout(fckpt.load(cand, self.model, self.optimizer, self.env))
         except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
             unreadable.append(f"{Path(cand).name}: {fresume.failure_reason(exc)}")
             self.log(f"fp8lab: checkpoint {Path(cand).name} does not load ({fresume.failure_reason(exc)}); trying an older one")
