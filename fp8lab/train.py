@@ -20,9 +20,11 @@ The same file runs everywhere; only the launch differs::
     # SM_CHANNEL_TRAIN, the model goes to SM_MODEL_DIR, metrics + plots to SM_OUTPUT_DATA_DIR,
     # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
 
-Order of set-up (as torchtitan): build the HF model, convert it for FP8, activation checkpointing,
-compile each block, shard (FSDP2) or wrap (DDP), then create the optimizer. The loop is
-backend-agnostic: FP8 is the backend's autocast region plus its optional ``after_optimizer_step``.
+This module holds the entry points and ``TrainConfig`` (each option declared once on its field:
+fp8lab.options); the run itself is ``fp8lab.trainer.Trainer``. Order of set-up (as torchtitan):
+build the HF model, convert it for FP8, activation checkpointing, compile each block, shard (FSDP2)
+or wrap (DDP), then create the optimizer. The loop is backend-agnostic: FP8 is the backend's
+autocast region plus its optional ``after_optimizer_step``, registered once as an optimizer hook.
 
 ``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.
 ``--precision bf16`` with an explicit ``--backend`` runs the *same converted layers* with FP8 off
