@@ -6,7 +6,9 @@ One checkpoint is a folder ``step_00000120/``:
   rank's shards in parallel and reshards on load, so DDP, FSDP2 and one process all read it.
   The model state includes the FP8 scaling state that modules keep in their state dict
   (Transformer Engine's amax history and scales live in each module's ``_extra_state``);
-* ``trainer_rank{r}.pt`` per rank: scheduler, data-loader position, RNG states, counters, config.
+* ``trainer_rank{r}.pt`` per rank: the trainer's stateful entries (``train_state``: step, tokens,
+  counters and this rank's RNG states, see fp8lab.components.TrainState; the scheduler; the
+  data-loader position), the run's fingerprint and config.
 
 It is written into ``step_00000120.tmp/`` and renamed when every rank has finished, so a folder
 without ``.tmp`` is complete; a crash mid-write leaves only a ``.tmp`` that is ignored (and
@@ -107,7 +109,7 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
     with _quiet_single_process(env):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    torch.save({**trainer_state, "rng": rng_state(env.device)}, tmp / TRAINER_FILE.format(rank=env.rank))
+    torch.save(trainer_state, tmp / TRAINER_FILE.format(rank=env.rank))
     fdist.barrier(env)
     # rank 0 renames; then, on a node whose disk rank 0 does not share, that node's first rank
     if env.is_main:
@@ -131,7 +133,7 @@ def _promote(tmp: Path, final: Path) -> None:
 
 
 def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: fdist.DistEnv) -> dict[str, Any]:
-    """Restore model + optimizer in place and return this rank's trainer state (RNG already restored)."""
+    """Restore model + optimizer in place and return this rank's trainer state (the caller restores its RNG)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
@@ -147,11 +149,9 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
         else:
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     mine = path / TRAINER_FILE.format(rank=env.rank)
-    if not mine.is_file():  # resumed with more ranks than saved: rank 0's counters, fresh RNG offsets
+    if not mine.is_file():  # resumed with more ranks than saved: rank 0's counters and RNG
         mine = path / TRAINER_FILE.format(rank=0)
-    trainer_state = torch.load(mine, map_location="cpu", weights_only=False)
-    set_rng_state(trainer_state["rng"], env.device)
-    return trainer_state
+    return torch.load(mine, map_location="cpu", weights_only=False)
 
 
 _TE_UNSAFE_PICKLE = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"

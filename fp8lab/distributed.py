@@ -14,7 +14,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-PARALLEL_MODES = ("ddp", "fsdp")
+from fp8lab.options import PARALLEL as PARALLEL_MODES  # the trainer's vocabulary
+
 PARAM_DTYPES = ("fp32", "bf16")
 
 

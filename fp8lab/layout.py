@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fp8lab.hardware import Machine
+from fp8lab.validate import AUTO  # "auto": what the resolver picks per machine
 
-AUTO = "auto"
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
 MICRO_BATCH_TOKENS = 32_768  # largest micro-batch considered, tokens per GPU (16 x 2048: GEMMs are large by then)

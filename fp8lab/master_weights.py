@@ -62,6 +62,7 @@ class MasterWeights:
                 p.data = p.data.to(dtype)
         self.dtype = dtype
         self.optimizer = make_optimizer(self.masters)
+        self._post_hooks: list[Callable[[Any, tuple, dict], None]] = []
         self._main_grad: set[int] = set()  # parameters whose gradient arrives in p.main_grad (fused accumulation)
 
     def use_main_grad(self, params: list[nn.Parameter]) -> None:
@@ -112,6 +113,13 @@ class MasterWeights:
         """AdamW on the fp32 masters, then the bf16 parameters become their rounded copies."""
         self.optimizer.step()
         torch._foreach_copy_(self.params, self.masters)
+        for hook in self._post_hooks:
+            hook(self, (), {})
+
+    def register_step_post_hook(self, hook: Callable[[Any, tuple, dict], None]) -> None:
+        """``hook(optimizer, args, kwargs)`` after every :meth:`step`, once the bf16 parameters are updated
+        (as ``torch.optim.Optimizer.register_step_post_hook``)."""
+        self._post_hooks.append(hook)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the bf16 gradients (if any are left) and the fp32 master gradients (their memory is freed)."""

@@ -20,9 +20,11 @@ The same file runs everywhere; only the launch differs::
     # SM_CHANNEL_TRAIN, the model goes to SM_MODEL_DIR, metrics + plots to SM_OUTPUT_DATA_DIR,
     # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
 
-Order of set-up (as torchtitan): build the HF model, convert it for FP8, activation checkpointing,
-compile each block, shard (FSDP2) or wrap (DDP), then create the optimizer. The loop is
-backend-agnostic: FP8 is the backend's autocast region plus its optional ``after_optimizer_step``.
+This module holds the entry points and ``TrainConfig`` (each option declared once on its field:
+fp8lab.options); the run itself is ``fp8lab.trainer.Trainer``. Order of set-up (as torchtitan):
+build the HF model, convert it for FP8, activation checkpointing, compile each block, shard (FSDP2)
+or wrap (DDP), then create the optimizer. The loop is backend-agnostic: FP8 is the backend's
+autocast region plus its optional ``after_optimizer_step``, registered once as an optimizer hook.
 
 ``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.
 ``--precision bf16`` with an explicit ``--backend`` runs the *same converted layers* with FP8 off
@@ -45,107 +47,96 @@ checkpoint could not be written (metrics.jsonl and summary.json are still writte
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
 import json
 import math
 import os
-import shutil
-import signal
 import sys
 import tempfile
-import threading
-import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from fp8lab import data as fdata
-from fp8lab import metrics as fmetrics
-from fp8lab import paths as fpaths
-from fp8lab import resume as fresume
 from fp8lab import validate as fvalidate
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (also importable from here, its old home)
+from fp8lab.layout import INT_FIELDS
+from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
+                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
+                            add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
-from fp8lab.layout import AUTO, INT_FIELDS  # "auto": what the layout resolver picks per machine
+from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
+                             UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
-PRECISIONS = ("bf16", "fp8")
-BACKENDS = ("auto", "none", "te", "torchao", "emulated")
-RECIPES = ("auto",) + KINDS  # auto = the backend's default
-PARALLEL = ("ddp", "fsdp")
-COMPUTE_DTYPES = ("auto", "bf16", "fp32")
-PARAM_DTYPES = ("auto", "fp32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
-PROGRESS = ("auto", "on", "off")
-CUDA_GRAPHS = ("auto", "on", "off")  # fp8lab.graphs.CHOICES
+CHECKPOINT_EVERY = Check(lambda v: is_count(v, -1), "an integer: N > 0 steps, 0 = only at the end, -1 = never")
 CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
-
-
-def _opt(name: str) -> str:
-    return "--" + name.replace("_", "-")
+_opt = flag  # --seq-len for seq_len (the old name of fp8lab.options.flag)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Every option of a training run; CLI flags and SageMaker hyperparameters have the same names.
 
-    Validated on construction: a bad value raises ValueError naming the option (``--seq-len``)
-    and what is allowed, before anything is built or downloaded.
+    Each field is the option's one declaration (fp8lab.options): its help, choices or check, and,
+    from its type, how its text is read. Validated on construction: a bad value raises ValueError
+    naming the option (``--seq-len``) and what is allowed, before anything is built or downloaded.
     """
 
-    model: str = "llama-tiny"  # fp8lab.models name (llama-tiny/1b/7b, gptneo-tiny/125m/1.3b), a model folder (config.json + optional *.safetensors) or hf:<repo id>
-    model_overrides: dict = field(default_factory=dict)  # ModelConfig fields, e.g. {"num_layers": 2}
-    precision: str = "bf16"  # bf16 | fp8
-    backend: str = "auto"  # auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | te | torchao | emulated
-    recipe: str = "auto"  # auto (backend default: TE delayed scaling) | delayed | current | block | mxfp8, optionally kind:key=value,... (fp8lab.recipe.Recipe.parse)
-    bf16_edge_blocks: int = 0  # keep the first N and the last N decoder blocks out of FP8 (a loss remedy)
-    fuse: bool = True  # fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers
-    steps: int | None = None  # optimizer steps; default 100 when --tokens is not given either
-    tokens: int | None = None  # or: train this many tokens (all GPUs), rounded up to whole steps
-    micro_batch_size: int | str = "auto"  # sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU
-    grad_accum: int | str = "auto"  # micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU
-    seq_len: int | str = "auto"  # tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU
-    lr: float = 3e-4  # peak learning rate of AdamW
-    min_lr: float = 3e-5  # end of the cosine decay
-    warmup_steps: int | None = None  # linear warm-up; default 5% of the steps (at most 1000)
-    weight_decay: float = 0.1  # on matrices only (not norms, biases)
-    beta1: float = 0.9
-    beta2: float = 0.95  # 0.95 rather than 0.999: steadier for LLM pre-training
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still logged)
-    activation_checkpointing: bool = False  # recompute each block in backward: less memory, ~1/3 more compute
-    compile: bool = False  # torch.compile each decoder block
-    seed: int = 1234  # model init and data order
-    data: str | None = None  # prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus
-    output_dir: str | None = None  # default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>
-    checkpoint_dir: str | None = None  # default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints
-    model_dir: str | None = None  # final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model
-    checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never
-    keep_checkpoints: int = 2  # newest complete checkpoints kept
-    resume: bool = True  # continue from the newest complete checkpoint in the checkpoint folder
-    resume_with_new_settings: bool = False  # resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.resume)
-    val_every: int = 0  # validation loss every N steps (0: only at the end)
-    val_batches: int = 4  # validation size in global batches (micro-batch x grad-accum x ranks sequences each)
-    parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)
-    compute_dtype: str = "auto"  # torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    param_dtype: str = "auto"  # auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)
-    fp8_weight_cache: bool = True  # with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch
-    fsdp_keep_weights: bool | str = "auto"  # auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)
-    fuse_wgrad_accumulation: bool = True  # TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place
-    cuda_graphs: str = "auto"  # auto | on | off: replay each decoder block's forward and backward as CUDA graphs (TE fused layers, one GPU); auto = on where the step is launch-bound (small micro-batch) and the set-up supports it (fp8lab.graphs)
-    device: str = "auto"  # auto | cpu | cuda
-    gpu_memory_gib: float = 0.0  # 0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it
-    dry_run: bool = False  # print the resolved layout and memory estimate, build nothing, train nothing
-    max_bad_steps: int = 5  # K: this many non-finite steps in a row stop the run
-    peak_tflops: float = 0.0  # dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)
-    save_model: bool = True  # write the final HF model (save_pretrained) to the model folder
-    plot: bool = True  # write loss.png next to metrics.jsonl at the end
-    progress: str = "auto"  # tqdm bar: auto (terminal or notebook) | on | off
-    print_metrics: bool = True  # the fp8lab-metrics line per step on stdout (rank 0)
-    profile_steps: tuple = ()  # record these steps (smallest to largest) with torch.profiler; writes profile.json (time by kernel category)
-    inject_nan_at_steps: tuple = ()  # FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)
+    model: str = option("llama-tiny", "fp8lab.models name (llama-tiny/1b/7b, gptneo-tiny/125m/1.3b), a model folder (config.json + optional *.safetensors) or hf:<repo id>")
+    model_overrides: dict = option(help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)", factory=dict,
+                                   metavar="KEY=VALUE", flags=("--model-override", "--model_override"))
+    precision: str = option("bf16", "bf16 | fp8", choices=PRECISIONS)
+    backend: str = option("auto", "auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | " + " | ".join(FP8_BACKENDS), choices=BACKENDS)
+    recipe: str = option("auto", "auto (backend default: TE delayed scaling) | " + " | ".join(KINDS) + ", optionally kind:key=value,... (fp8lab.recipe.Recipe.parse)")
+    bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8 (a loss remedy)")
+    fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers", check=BOOL)
+    steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", check=optional(POSITIVE_INT))
+    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(POSITIVE_INT))
+    micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    seq_len: AutoInt = option(AUTO, "tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    lr: float = option(3e-4, "peak learning rate of AdamW", check=UNIT_OPEN)
+    min_lr: float = option(3e-5, "end of the cosine decay")
+    warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)", check=optional(NONNEG_INT))
+    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", check=NONNEG_NUM)
+    beta1: float = option(0.9, "AdamW's first-moment decay", check=UNIT_HALF_OPEN)
+    beta2: float = option(0.95, "0.95 rather than 0.999: steadier for LLM pre-training", check=UNIT_HALF_OPEN)
+    grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)", check=NONNEG_NUM)
+    activation_checkpointing: bool = option(False, "recompute each block in backward: less memory, ~1/3 more compute", check=BOOL)
+    compile: bool = option(False, "torch.compile each decoder block", check=BOOL)
+    cuda_graphs: str = option(AUTO, "replay each decoder block's forward and backward as CUDA graphs (TE fused layers, bf16 parameters, one GPU): auto = on where the step is launch-bound (small micro-batch) and the set-up supports it (fp8lab.graphs)", choices=CUDA_GRAPHS)
+    seed: int = option(1234, "model init and data order", check=NONNEG_INT)
+    data: str | None = option(None, "prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus", check=optional(PATH))
+    output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>", check=optional(PATH))
+    checkpoint_dir: str | None = option(None, "default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints", check=optional(PATH))
+    model_dir: str | None = option(None, "final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model", check=optional(PATH))
+    checkpoint_every: int = option(0, "steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never", check=CHECKPOINT_EVERY)
+    keep_checkpoints: int = option(2, "newest complete checkpoints kept", check=POSITIVE_INT)
+    resume: bool = option(True, "continue from the newest complete checkpoint in the checkpoint folder", check=BOOL)
+    resume_with_new_settings: bool = option(False, "resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.resume)", check=BOOL)
+    val_every: int = option(0, "validation loss every N steps (0: only at the end)", check=NONNEG_INT)
+    val_batches: int = option(4, "validation size in global batches (micro-batch x grad-accum x ranks sequences each)", check=POSITIVE_INT)
+    parallel: str = option("ddp", "under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)", choices=PARALLEL)
+    compute_dtype: str = option(AUTO, "torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32", choices=COMPUTE_DTYPES)
+    param_dtype: str = option(AUTO, "auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)", choices=PARAM_DTYPES)
+    fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch", check=BOOL)
+    fsdp_keep_weights: AutoBool = option(AUTO, "auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)", check=AUTO_BOOL)
+    fuse_wgrad_accumulation: bool = option(True, "TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place", check=BOOL)
+    device: str = option(AUTO, "auto | cpu | cuda", choices=DEVICES)
+    gpu_memory_gib: float = option(0.0, "0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it", check=NONNEG_NUM)
+    dry_run: bool = option(False, "print the resolved layout and memory estimate, build nothing, train nothing", check=BOOL)
+    max_bad_steps: int = option(5, "K: this many non-finite steps in a row stop the run", check=POSITIVE_INT)
+    peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.metrics table)", check=NONNEG_NUM)
+    save_model: bool = option(True, "write the final HF model (save_pretrained) to the model folder", check=BOOL)
+    plot: bool = option(True, "write loss.png next to metrics.jsonl at the end", check=BOOL)
+    progress: str = option(AUTO, "tqdm bar: auto (terminal or notebook) | on | off", choices=PROGRESS)
+    print_metrics: bool = option(True, "the fp8lab-metrics line per step on stdout (rank 0)", check=BOOL)
+    profile_steps: Steps = option((), "record these steps (smallest to largest) with torch.profiler; writes profile.json (time by kernel category)",
+                                  check=step_numbers("comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)"))
+    inject_nan_at_steps: Steps = option((), "FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)",
+                                        check=step_numbers("comma-separated positive step numbers (testing only)"))
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -164,209 +155,84 @@ class TrainConfig:
         return d
 
 
+check_schema(TrainConfig)
+
+
+def option_problem(name: str, value: Any) -> str | None:
+    """What option ``name`` allows when its own check (its field's) refuses ``value``, else None.
+
+    For callers that carry trainer options in their own fields (``fp8lab.launch.JobSpec``)."""
+    check = {f.name: f.metadata["check"] for f in dataclasses.fields(TrainConfig)}[name]
+    return None if check is None or check(value) else check.allowed
+
+
 # ----------------------------------------------------------------------------------------------
-# validation
+# validation: each field's own check (fp8lab.options), then the checks across fields
 # ----------------------------------------------------------------------------------------------
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
 
 def _validate(c: TrainConfig) -> None:
-    from fp8lab import user_model
-    from fp8lab.models import MODEL_CONFIGS, get_config
-
     def bad(name: str, allowed: str) -> ValueError:
         return ValueError(f"{_opt(name)}={getattr(c, name)!r} is invalid; allowed: {allowed}")
 
-    if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
-        raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     if not isinstance(c.model_overrides, dict):
         raise ValueError(f"--model-override must be key=value pairs (a dict), got {c.model_overrides!r}")
+    mcfg = _model_config(c, bad)
+    _check_recipe(c, bad)
+    if not is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
+        raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
+                  f"(at most {(mcfg.num_layers - 1) // 2})")
+    check_fields(c, bad)
+    if c.precision == "fp8" and c.backend == "none":
+        raise ValueError("--backend none cannot run --precision fp8; allowed: auto | " + " | ".join(FP8_BACKENDS))
+    if c.backend in ("te", EMULATED):
+        fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
+    if c.steps is not None and c.tokens is not None:
+        raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
+    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:
+        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} (its max_seq_len)")
+    if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
+        raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
+    if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
+        raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
+    if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
+        raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
+    if c.steps is not None and c.profile_steps and max(c.profile_steps) > c.steps:
+        raise bad("profile_steps", f"steps within the run's --steps {c.steps}")
+
+
+def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
+    """The run's ModelConfig: a named shape (with --model-override) or a user's folder (read and checked)."""
+    from fp8lab import user_model
+    from fp8lab.models import MODEL_CONFIGS, get_config
+
+    if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
+        raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     if c.model not in MODEL_CONFIGS:  # a user's folder: its config is read and checked (nothing is built)
         if c.model_overrides:
             raise ValueError(f"--model-override applies to the named models only; for --model={c.model!r} edit its "
                              f"config.json instead")
-        mcfg = get_config(c.model)
-    else:
-        try:
-            mcfg = get_config(c.model, **c.model_overrides)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"--model-override: {exc}") from None
+        return get_config(c.model)
+    try:
+        return get_config(c.model, **c.model_overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--model-override: {exc}") from None
+
+
+def _check_recipe(c: TrainConfig, bad: Callable[[str, str], ValueError]) -> None:
     if not isinstance(c.recipe, str) or c.recipe.partition(":")[0] not in RECIPES or c.recipe.startswith("auto:"):
         raise bad("recipe", " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}")
-    if c.recipe != "auto":
+    if c.recipe != AUTO:
         try:
             Recipe.parse(c.recipe)
         except ValueError as exc:
             raise ValueError(f"--recipe={c.recipe!r} is invalid: {exc}") from None
-    if not _is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
-        raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
-                  f"(at most {(mcfg.num_layers - 1) // 2})")
-    for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS),
-                          ("parallel", PARALLEL), ("compute_dtype", COMPUTE_DTYPES), ("param_dtype", PARAM_DTYPES), ("device", DEVICES),
-                          ("progress", PROGRESS), ("cuda_graphs", CUDA_GRAPHS)):
-        if getattr(c, name) not in choices:
-            raise bad(name, " | ".join(choices))
-    if c.precision == "fp8" and c.backend == "none":
-        raise ValueError("--backend none cannot run --precision fp8; allowed: auto | te | torchao | emulated")
-    if c.backend in ("te", "emulated") and isinstance(c.fuse, bool):
-        fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
-    for name in ("fuse", "activation_checkpointing", "compile", "resume", "resume_with_new_settings", "save_model", "plot",
-                 "print_metrics", "fp8_weight_cache", "fuse_wgrad_accumulation", "dry_run"):
-        if not isinstance(getattr(c, name), bool):
-            raise bad(name, "True | False")
-    if c.fsdp_keep_weights != AUTO and not isinstance(c.fsdp_keep_weights, bool):
-        raise bad("fsdp_keep_weights", "auto | True | False")
-    if c.steps is not None and c.tokens is not None:
-        raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
-    for name in ("steps", "tokens"):
-        v = getattr(c, name)
-        if v is not None and (not _is_int(v) or v < 1):
-            raise bad(name, "a positive integer")
-    for name in ("micro_batch_size", "grad_accum", "seq_len"):
-        v = getattr(c, name)
-        if v != AUTO and (not _is_int(v) or v < 1):
-            raise bad(name, "auto or a positive integer")
-    for name in ("val_batches", "keep_checkpoints", "max_bad_steps"):
-        v = getattr(c, name)
-        if not _is_int(v) or v < 1:
-            raise bad(name, "a positive integer")
-    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:
-        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} (its max_seq_len)")
-    for name in ("seed", "val_every"):
-        v = getattr(c, name)
-        if not _is_int(v) or v < 0:
-            raise bad(name, "an integer >= 0")
-    if not _is_int(c.checkpoint_every) or c.checkpoint_every < -1:
-        raise bad("checkpoint_every", "an integer: N > 0 steps, 0 = only at the end, -1 = never")
-    if c.warmup_steps is not None and (not _is_int(c.warmup_steps) or c.warmup_steps < 0):
-        raise bad("warmup_steps", "an integer >= 0")
-    if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
-        raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
-    if not _is_num(c.lr) or not 0 < c.lr < 1:
-        raise bad("lr", "a number in (0, 1)")
-    if not _is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
-        raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
-    for name in ("weight_decay", "grad_clip", "peak_tflops", "gpu_memory_gib"):
-        if not _is_num(getattr(c, name)) or getattr(c, name) < 0:
-            raise bad(name, "a number >= 0")
-    for name in ("beta1", "beta2"):
-        if not _is_num(getattr(c, name)) or not 0 <= getattr(c, name) < 1:
-            raise bad(name, "a number in [0, 1)")
-    for name in ("data", "output_dir", "checkpoint_dir", "model_dir"):
-        v = getattr(c, name)
-        if v is not None and (not isinstance(v, str) or not v):
-            raise bad(name, "a non-empty path")
-    if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
-        raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
-    if not isinstance(c.profile_steps, tuple) or not all(_is_int(s) and s >= 1 for s in c.profile_steps):
-        raise bad("profile_steps", "comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)")
-    if c.steps is not None and c.profile_steps and max(c.profile_steps) > c.steps:
-        raise bad("profile_steps", f"steps within the run's --steps {c.steps}")
-    if not isinstance(c.inject_nan_at_steps, tuple) or not all(_is_int(s) and s >= 1 for s in c.inject_nan_at_steps):
-        raise bad("inject_nan_at_steps", "comma-separated positive step numbers (testing only)")
 
 
 # ----------------------------------------------------------------------------------------------
 # command line (and SageMaker hyperparameters, which arrive as --key value strings)
 # ----------------------------------------------------------------------------------------------
 
-_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
-
-
-def _to_bool(name: str, s: str) -> bool:
-    v = _BOOL.get(str(s).strip().lower())
-    if v is None:
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: True | False")
-    return v
-
-
-def _to_int(name: str, s: str) -> int:
-    try:
-        f = float(s)
-        if not f.is_integer():
-            raise ValueError
-        return int(f)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: an integer") from None
-
-
-def _to_float(name: str, s: str) -> float:
-    try:
-        return float(s)
-    except (TypeError, ValueError):
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: a number") from None
-
-
-def _none_or(conv: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
-    def f(name: str, s: str) -> Any:
-        return None if str(s).strip().lower() in ("none", "null", "") else conv(name, s)
-    return f
-
-
-def _overrides(name: str, values: list[str]) -> dict[str, Any]:
-    """``key=value`` items (repeated flags or comma-separated), values parsed as Python literals."""
-    out: dict[str, Any] = {}
-    for item in values:
-        for pair in str(item).split(","):
-            if not pair.strip():
-                continue
-            key, eq, value = pair.partition("=")
-            if not eq or not key.strip():
-                raise ValueError(f"--model-override {pair!r} is invalid; allowed: key=value, e.g. num_layers=2")
-            try:
-                out[key.strip()] = ast.literal_eval(value.strip())
-            except (ValueError, SyntaxError):
-                out[key.strip()] = value.strip()
-    return out
-
-
-def _steps_list(name: str, s: str) -> tuple:
-    try:
-        return tuple(int(x) for x in str(s).replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ValueError(f"{_opt(name)}={s!r} is invalid; allowed: comma-separated step numbers") from None
-
-
-def _auto_or(conv: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
-    def f(name: str, s: str) -> Any:
-        if str(s).strip().lower() == AUTO:
-            return AUTO
-        try:
-            return conv(name, s)
-        except ValueError as exc:
-            raise ValueError(f"{exc}, or auto (chosen for this machine)") from None
-    return f
-
-
 AUTO_INTS = INT_FIELDS  # layout options that are integers or "auto"
-_CONVERT: dict[str, Callable[[str, Any], Any]] = {}
-for _f in dataclasses.fields(TrainConfig):
-    if _f.name == "model_overrides":
-        continue
-    if _f.name in ("inject_nan_at_steps", "profile_steps"):
-        _CONVERT[_f.name] = _steps_list
-    elif _f.name in AUTO_INTS:
-        _CONVERT[_f.name] = _auto_or(_to_int)
-    elif _f.name == "fsdp_keep_weights":
-        _CONVERT[_f.name] = _auto_or(_to_bool)
-    elif isinstance(_f.default, bool):
-        _CONVERT[_f.name] = _to_bool
-    elif _f.name in ("steps", "tokens", "warmup_steps"):
-        _CONVERT[_f.name] = _none_or(_to_int)
-    elif isinstance(_f.default, int):
-        _CONVERT[_f.name] = _to_int
-    elif isinstance(_f.default, float):
-        _CONVERT[_f.name] = _to_float
-    elif _f.name in ("data", "output_dir", "checkpoint_dir", "model_dir"):  # "" stays "" (refused), not the default
-        _CONVERT[_f.name] = lambda n, s: None if str(s).strip().lower() in ("none", "null") else str(s)
-    else:
-        _CONVERT[_f.name] = lambda n, s: str(s)
 
 
 class OptionError(ValueError):
@@ -378,48 +244,19 @@ class _Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-@functools.lru_cache(maxsize=None)
-def _field_help() -> dict[str, str]:
-    """Each TrainConfig field's trailing comment, so --help and the dataclass never disagree."""
-    import inspect
-    import re
-
-    out = {}
-    for line in inspect.getsource(TrainConfig).splitlines():
-        m = re.match(r"\s+(\w+): [^=]+= (.+?)  # (.+)$", line)
-        if m:
-            out[m.group(1)] = f"{m.group(3)} (default: {m.group(2)})".replace("%", "%%")  # argparse formats %
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fp8lab train", description=__doc__.splitlines()[0], allow_abbrev=False,
                 epilog="Booleans accept True/False (SageMaker passes hyperparameters as strings); "
                        "every option also has an underscore spelling (--micro_batch_size).")
-    helps = _field_help()
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == "model_overrides":
-            p.add_argument("--model-override", "--model_override", "--model-overrides", "--model_overrides",
-                           dest="model_overrides", action="append", default=None, metavar="KEY=VALUE",
-                           help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)")
-            continue
-        names = [_opt(f.name)] + ([f"--{f.name}"] if "_" in f.name else [])
-        kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.name.upper(),
-                              "help": helps.get(f.name, f"default: {f.default!r}")}
-        if isinstance(f.default, bool) or f.name == "fsdp_keep_weights":
-            kw.update(nargs="?", const="True")  # `--compile` alone, or `--compile False` (SageMaker)
-        p.add_argument(*names, **kw)
+    add_arguments(p, TrainConfig)
     return p
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
     """TrainConfig from CLI-style arguments; every value is converted and checked with a clear message."""
     args = vars(build_parser().parse_args(argv))
-    kwargs: dict[str, Any] = {}
-    for name, raw in args.items():
-        if raw is None:
-            continue
-        kwargs[name] = _overrides(name, raw) if name == "model_overrides" else _CONVERT[name](name, raw)
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    kwargs = {name: from_text(fields[name], raw) for name, raw in args.items() if raw is not None}
     config = TrainConfig(**kwargs)
     fvalidate.check_cli_recipe(config, "recipe" in kwargs)
     return config
@@ -430,13 +267,7 @@ def _sagemaker_argv() -> list[str]:
     raw = os.environ.get("SM_HPS")
     if not raw:
         return []
-    hps = json.loads(raw)
-    out = []
-    for k, v in hps.items():
-        if k.startswith("sagemaker_"):
-            continue
-        out += [f"--{k}", json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
-    return out
+    return [w for k, v in json.loads(raw).items() if not k.startswith("sagemaker_") for w in (f"--{k}", to_text(v))]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -618,12 +449,6 @@ def make_optimizer(model, c: TrainConfig, device, sharded: bool = False):
     return torch.optim.AdamW(groups, lr=c.lr, betas=(c.beta1, c.beta2), **kw)
 
 
-def _adamw_impl(opt) -> str:
-    """Which AdamW kernels run: 'fused', 'foreach' or 'for-loop' (recorded in config.json)."""
-    d = getattr(opt, "defaults", {})
-    return "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"
-
-
 def apply_activation_checkpointing(model, backend: str | None, fp8_context: Callable[[], Any]) -> int:
     """Recompute every decoder block in backward; returns how many blocks were wrapped.
 
@@ -649,50 +474,6 @@ def apply_activation_checkpointing(model, backend: str | None, fp8_context: Call
             block.forward = functools.partial(
                 tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))
     return len(blocks)
-
-
-def _gpu_name(device) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def _max_mem_gib(device) -> float:
-    """Peak GPU memory allocated by torch; on CPU the process's peak resident memory."""
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
-def _show_progress(choice: str, is_main: bool) -> bool:
-    if not is_main or choice == "off":
-        return False
-    if choice == "on":
-        return True
-    return sys.stderr.isatty() or "ipykernel" in sys.modules
-
-
-class _StopFlag:
-    """Set by SIGTERM (spot interruption, torchrun/SageMaker stop): checkpoint and leave after this step."""
-
-    def __init__(self):
-        self.set = False
-        self._old = None
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.set = True
-
-    def uninstall(self) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
 
 
 def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
@@ -756,432 +537,11 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None) -
     except ValueError as exc:
         raise OptionError(str(exc)) from exc
     try:
-        return _run(c, env, argv)
+        from fp8lab.trainer import run  # the Trainer: setup, fit, finish
+
+        return run(c, env, argv)
     finally:
         fdist.teardown(env)
-
-
-def _run(c: TrainConfig, env, argv: list[str] | None) -> dict[str, Any]:
-    """Set up (a ValueError there is an OptionError: the run cannot start as configured), then train."""
-    phase = {"setup": True}
-    paths = resolve_paths(c)
-    new = [p for p in (paths.output_dir, paths.checkpoint_dir, paths.model_dir, paths.data_cache) if not p.exists()]
-    try:
-        return _run_phases(c, env, argv, phase)
-    except ValueError as exc:
-        if not phase["setup"]:
-            raise
-        if env.local_rank == 0:  # a run that cannot start leaves nothing behind (no empty folder, no shards)
-            for p in new:
-                shutil.rmtree(p, ignore_errors=True)
-        if isinstance(exc, OptionError):
-            raise
-        raise OptionError(str(exc)) from exc
-
-
-def _run_phases(c: TrainConfig, env, argv: list[str] | None, phase: dict[str, bool]) -> dict[str, Any]:
-    import torch
-    import torch.nn.functional as F
-    from tqdm.auto import tqdm
-
-    from fp8lab import checkpoint as fckpt
-    from fp8lab import distributed as fdist
-    from fp8lab import profiling as fprofiling
-    from fp8lab.backends import get_backend
-    from fp8lab.convert import autocast as fp8_autocast
-    from fp8lab.convert import convert_model, edge_blocks_filter
-    from fp8lab import layout as flayout
-    from fp8lab.hardware import Machine
-    from fp8lab import user_model
-    from fp8lab.models import MODEL_CONFIGS, build_model, count_parameters, get_config, model_flops_per_token
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    wall0 = time.perf_counter()
-    paths = resolve_paths(c)
-    fvalidate.check_run(c, paths, data_source(c))  # folders writable, data readable: before any compute
-    mcfg = get_config(c.model, **c.model_overrides)
-    machine = Machine.detect(env.device, env.world_size, c.gpu_memory_gib)
-    backend, recipe = resolve_fp8(c, te_usable=machine.te_usable)  # errors before any compute
-    fused_check(c, backend)
-    requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
-    c, layout, total_steps, warmup = preflight(c, machine, backend)
-    log = print if env.is_main else (lambda *a, **k: None)
-    log(f"fp8lab: {layout.header()}")
-    graphs_plan = graphs_decision(c, machine, backend)
-    if graphs_plan.active or c.cuda_graphs != "auto" or machine.gpu:
-        log(f"fp8lab: {graphs_plan.describe()}")
-    if c.dry_run:
-        return {"status": "dry_run", "model": c.model, "precision": c.precision, "backend": backend or "none",
-                "world_size": env.world_size, "gpu_name": machine.name, **layout.options(),
-                "cuda_graphs": graphs_plan.active,
-                "memory_estimate_gib": round(layout.memory.peak, 1), "memory_gib": round(machine.memory_gib, 1),
-                "reasons": layout.reasons}
-    if c.gpu_memory_gib and env.device.type == "cuda":  # emulate a smaller GPU (e.g. P5's H100 80 GB on an H200)
-        total = torch.cuda.get_device_properties(env.device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, c.gpu_memory_gib * 2**30 / total), env.device)
-    world = env.world_size
-    tokens_per_step = c.micro_batch_size * c.grad_accum * world * c.seq_len
-
-    # data: tokenized once per node (deterministic, so every node gets the same shards)
-    source = data_source(c)
-    if env.local_rank == 0:
-        paths.output_dir.mkdir(parents=True, exist_ok=True)
-        data_dir = fdata.ensure_prepared(source, paths.data_cache, mcfg.vocab_size)
-    fdist.barrier(env)
-    if env.local_rank != 0:
-        data_dir = fdata.ensure_prepared(source, paths.data_cache, mcfg.vocab_size)
-    manifest = fdata.read_manifest(data_dir)
-    fvalidate.check_prepared_size(manifest, c.seq_len)
-    if manifest["vocab_size"] > mcfg.vocab_size:
-        fix = (f"use --model-override vocab_size={manifest['vocab_size']}" if c.model in MODEL_CONFIGS else
-               f"use a model whose config.json has vocab_size >= {manifest['vocab_size']}")
-        raise ValueError(
-            f"--data: its tokenizer has {manifest['vocab_size']} tokens but {c.model} has vocab_size "
-            f"{mcfg.vocab_size}; {fix} or data prepared with a smaller tokenizer")
-
-    # model: build -> convert -> activation checkpointing -> compile -> shard/wrap -> optimizer
-    torch.manual_seed(c.seed)
-    model = build_model(c.model, device=env.device, seed=c.seed, **c.model_overrides)
-    conversion = None
-    if backend is not None:
-        flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
-        model = convert_model(model, backend=backend, recipe=recipe, fuse=c.fuse, module_filter=flt)
-        conversion = model.fp8lab_conversion
-    fp8_on = c.precision == "fp8"
-    fp8_ctx = (lambda: fp8_autocast(backend, recipe, enabled=fp8_on)) if backend else nullcontext
-    compute_dtype = c.compute_dtype if c.compute_dtype != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
-    amp_ctx = lambda: torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=compute_dtype == "bf16")  # noqa: E731
-    if c.activation_checkpointing:
-        apply_activation_checkpointing(model, backend, fp8_ctx)
-    if c.compile:
-        blocks = fdist.block_list(model)
-        # each block is its own compiled frame (torchao's Float8Linear and TE guard on the module):
-        # without head-room dynamo stops compiling after 8 blocks and runs the rest eagerly
-        import torch._dynamo
-
-        limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 2 * len(blocks) + 8)
-        torch._dynamo.config.recompile_limit = limit
-        torch._dynamo.config.accumulated_recompile_limit = max(
-            getattr(torch._dynamo.config, "accumulated_recompile_limit", 256), 4 * limit)
-        for block in blocks:
-            block.compile()
-    inner = model
-    master = None
-    fused_wgrad: list = []
-    sharded = env.distributed and c.parallel == "fsdp"  # FSDP2 really shards (torchrun, several ranks)
-    if c.param_dtype == "bf16" and not sharded:
-        # bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype
-        from fp8lab.master_weights import MasterWeights
-
-        master = MasterWeights(model, lambda params: make_optimizer(params, c, env.device))
-        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only
-        # (not under CUDA graphs: main_grad buffers are re-allocated every step, a graph would write to stale ones)
-        if c.fuse_wgrad_accumulation and not env.distributed and not graphs_plan.active and hasattr(model, "wgrad_into_main_grad"):
-            fused_wgrad = model.wgrad_into_main_grad()
-            if fused_wgrad:
-                master.use_main_grad(fused_wgrad)
-    model = fdist.wrap(model, env, c.parallel, param_dtype=c.param_dtype)
-    keep_weights = bool(sharded and c.fsdp_keep_weights and c.grad_accum > 1 and fdist.keep_gathered_weights(model))
-    optimizer = master if master is not None else make_optimizer(
-        model, c, env.device, sharded=sharded)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(master.optimizer if master is not None else optimizer,
-                                                  lr_lambda(c, total_steps, warmup))
-    after_step = getattr(get_backend(backend), "after_optimizer_step", None) if backend else None  # optional hook
-    # TE's FP8 weight cache: the first micro-batch of a step quantises the weights, the others reuse
-    # them (they cannot change before optimizer.step()). Under FSDP2 only with the weights kept
-    # gathered for the whole step (the layout tested on two GPUs), not with per-micro-batch gathers
-    weight_cache = bool(c.fp8_weight_cache and fp8_on and c.grad_accum > 1
-                        and getattr(inner, "supports_weight_cache", False)
-                        and (keep_weights or not sharded))
-    if weight_cache and graphs_plan.active and not flayout.cache_held_fits(layout, machine):
-        weight_cache = False  # the graphs would hold it through the optimizer step: weights re-cast per micro-batch instead
-        log(f"fp8lab: FP8 weight cache off under CUDA graphs: held for the whole step it would not fit "
-            f"({layout.memory.peak:.0f} + {layout.memory.fp8_cache:.0f} GiB of {machine.memory_gib:.0f} GiB)")
-    loader = fdata.TokenLoader(data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
-                               rank=env.rank, world_size=world)
-
-    # resume from the newest complete checkpoint
-    state: dict[str, Any] = {"step": 0, "nonfinite_steps": 0}
-    resumed_from = None
-    if env.is_main and c.resume:
-        fckpt.remove_partial(paths.checkpoint_dir)
-    candidates = fdist.broadcast_object(
-        [str(p) for _, p in fckpt.complete_checkpoints(paths.checkpoint_dir)] if c.resume else [], env)
-    fingerprint = fresume.fingerprint(c, world, total_steps, warmup)
-    unreadable = []
-    for cand in candidates:
-        try:
-            loaded = fckpt.load(cand, model, optimizer, env)
-        except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
-            unreadable.append(f"{Path(cand).name}: {fresume.failure_reason(exc)}")
-            log(f"fp8lab: checkpoint {Path(cand).name} does not load ({fresume.failure_reason(exc)}); trying an older one")
-            continue
-        new_settings = fresume.check(loaded["fingerprint"], fingerprint, cand, loaded["step"], c.resume_with_new_settings)
-        scheduler.load_state_dict(loaded["scheduler"])
-        if new_settings:
-            fresume.apply_new_settings(scheduler, c, lr_lambda(c, total_steps, warmup), loaded["step"])
-            log(f"fp8lab: resuming step {loaded['step']} with new settings ("
-                + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items()) + "): the new schedule from here on")
-        loader.load_state_dict(loaded["loader"])
-        state = {"step": loaded["step"], "nonfinite_steps": loaded["nonfinite_steps"]}
-        resumed_from = loaded["step"]
-        break
-    if unreadable and resumed_from is None:  # the model may hold part of a failed load: never train from that
-        raise ValueError(f"--checkpoint-dir: no checkpoint in {paths.checkpoint_dir.name!r} loads ({'; '.join(unreadable)}); "
-                         "move the unreadable ones away, or start afresh with --resume False or another --checkpoint-dir")
-
-    graphs_captured = None
-    if graphs_plan.active:  # after resume: the graphs read the loaded weights and FP8 scaling state in place
-        from fp8lab import graphs
-
-        graphs_captured = graphs.capture(inner, micro_batch_size=c.micro_batch_size, seq_len=c.seq_len, fp8=fp8_on,
-                                         recipe=recipe, weight_cache=weight_cache)
-        log(f"fp8lab: {graphs_captured.describe()}")
-    gpu_name = _gpu_name(env.device)
-    peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(gpu_name)
-    flops_per_token = model_flops_per_token(mcfg, c.seq_len)
-    recipe_name = recipe.kind if (recipe is not None and fp8_on) else None
-    backend_name = backend or "none"
-    metrics_log = None
-    if env.is_main:
-        metrics_log = fmetrics.MetricsLog(paths.output_dir / "metrics.jsonl", resume_step=resumed_from)
-        cfg_record = {**c.as_dict(), "backend_resolved": backend_name, "recipe_resolved": recipe.describe() if recipe else None,
-                      "total_steps": total_steps, "warmup_steps_resolved": warmup, "compute_dtype_resolved": compute_dtype, "tokens_per_step": tokens_per_step,
-                      "fp8_weight_cache_active": weight_cache, "fuse_wgrad_accumulation_active": bool(fused_wgrad), "fsdp_keep_weights_active": keep_weights,
-                      "cuda_graphs_active": graphs_plan.active, "cuda_graphs_reason": graphs_plan.reason,
-                      "cuda_graphs_captured": dataclasses.asdict(graphs_captured) if graphs_captured else None, "adamw_impl": _adamw_impl(master.optimizer if master is not None else optimizer),
-                      "flops_per_token": flops_per_token, "params": count_parameters(mcfg).total,
-                      "model_source": {**user_model.describe(c.model), "params_built": sum(p.numel() for p in inner.parameters())},
-                      "conversion": dataclasses.asdict(conversion) if conversion is not None else None,
-                      "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
-                      "resumed_from_step": resumed_from, "requested_layout": requested,
-                      "layout": {"reasons": layout.reasons, "memory_estimate_gib": dataclasses.asdict(layout.memory),
-                                 "memory_estimate_peak_gib": layout.memory.peak, "memory_gib": machine.memory_gib},
-                      **fmetrics.provenance(gpu_name, world, argv)}
-        cfg_record.update(fpaths.shareable_run_record(c.as_dict(), TrainConfig().as_dict(), argv, paths.output_dir,
-                                                      ("model", "data", "output_dir", "checkpoint_dir", "model_dir")))
-        (paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
-        log(f"fp8lab: {c.model} ({count_parameters(mcfg).total / 1e6:.1f}M params) | {c.precision}"
-            f"{f' via {backend_name} ({recipe.describe()})' if fp8_on else (f' on {backend_name} layers, FP8 off' if backend else '')}"
-            f" | {world} x {gpu_name} | {c.parallel if world > 1 else 'single process'} | {total_steps} steps x {tokens_per_step} tokens")
-        log(f"fp8lab: {fdata.describe(data_dir)}")
-        if peak:
-            log(f"fp8lab: MFU = model FLOPs / dense BF16 peak of {gpu_name} ({peak / 1e12:.0f} TFLOP/s), for BF16 and FP8 runs alike")
-        else:
-            log(f"fp8lab: MFU not computed on {gpu_name} (no dense BF16 peak known): null in metrics.jsonl, 0 in log lines")
-        if resumed_from is not None:
-            log(f"fp8lab: resumed from checkpoint at step {resumed_from} ({paths.checkpoint_dir.name}/)")
-        if c.inject_nan_at_steps:
-            log(f"fp8lab: TEST HOOK: NaN loss injected at steps {list(c.inject_nan_at_steps)}")
-
-    val_loader_args = (data_dir, "val", c.seq_len, c.micro_batch_size)
-
-    def evaluate() -> float:
-        vl = fdata.TokenLoader(*val_loader_args, seed=0, rank=env.rank, world_size=world, shuffle=False)
-        model.eval()
-        total = torch.zeros((), device=env.device, dtype=torch.float64)
-        with torch.no_grad():
-            for _ in range(c.val_batches * c.grad_accum):  # val_batches global batches: same windows at any layout
-                x, y = (t.to(env.device) for t in vl.next_batch())
-                with amp_ctx(), fp8_ctx():
-                    logits = model(x).logits
-                total += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1)).double()
-        model.train()
-        if keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
-            fdist.reshard(model)
-        fdist.all_reduce_sum(total, env)
-        return float(total) / (c.val_batches * c.grad_accum * world)
-
-    def save_checkpoint(step: int) -> str | None:  # None, or why the write failed
-        trainer_state = {"step": step, "nonfinite_steps": state["nonfinite_steps"], "scheduler": scheduler.state_dict(),
-                         "loader": loader.state_dict(), "fingerprint": fingerprint, "config": c.as_dict()}
-        try:
-            fckpt.save(paths.checkpoint_dir, step, model, optimizer, trainer_state, env, keep=c.keep_checkpoints)
-        except (OSError, CheckpointException) as exc:  # e.g. the folder became read-only: stop, keep metrics + summary
-            return fresume.failure_reason(exc)
-        return None
-
-    phase["setup"] = False  # from here on an error is a training failure, with its traceback
-    stop = _StopFlag()
-    stop.install()
-    bar = tqdm(total=total_steps, initial=state["step"], unit="step", dynamic_ncols=True,
-               disable=not _show_progress(c.progress, env.is_main), desc=f"{c.model} {c.precision}")
-    emit = (lambda line: bar.write(line, file=sys.stdout)) if not bar.disable else (lambda line: print(line, flush=True))
-    status, message = "completed", None
-    consecutive_bad = 0
-    last_val = None
-    model.train()
-    prof_range = (min(c.profile_steps), max(c.profile_steps)) if c.profile_steps else None
-    prof, prof_wall, step_times = None, [], []
-    first_step = state["step"] + 1
-    try:
-        for step in range(state["step"] + 1, total_steps + 1):
-            if prof_range and step == prof_range[0]:
-                prof = fprofiling.start(env.device)
-            t0 = time.perf_counter()
-            lr = optimizer.param_groups[0]["lr"]
-            loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
-            for micro in range(c.grad_accum):
-                x, y = (t.to(env.device, non_blocking=True) for t in loader.next_batch())
-                with fdist.gradient_sync(model, micro == c.grad_accum - 1, keep_weights):
-                    with amp_ctx(), fp8_ctx():
-                        logits = (model(x, is_first_microbatch=micro == 0) if weight_cache else model(x)).logits
-                    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
-                    if step in c.inject_nan_at_steps and env.is_main and micro == 0:
-                        loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step
-                    (loss / c.grad_accum).backward()
-                loss_sum += loss.detach()
-            if weight_cache:
-                inner.release_weight_cache()
-            max_norm = c.grad_clip if c.grad_clip > 0 else float("inf")
-            if master is not None:  # fp32 copies of the bf16 gradients, clipped; the norm is theirs
-                grad_norm = master.clip_grad_norm_(max_norm)
-            else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
-            packed = torch.stack([loss_sum / c.grad_accum, torch.tensor(float(stop.set), device=env.device)])
-            fdist.all_reduce_sum(packed, env)
-            step_loss, stop_now = float(packed[0]) / world, bool(packed[1] > 0)
-            gn = float(grad_norm)
-            skipped = not (math.isfinite(step_loss) and math.isfinite(gn))
-            if skipped:  # FP8 overflow guard: drop the update, keep the weights
-                consecutive_bad += 1
-                state["nonfinite_steps"] += 1
-            else:
-                consecutive_bad = 0
-                optimizer.step()
-                if after_step is not None:
-                    after_step(inner)
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            if env.device.type == "cuda":
-                torch.cuda.synchronize(env.device)
-            dt = time.perf_counter() - t0
-            state["step"] = step
-            profiled = prof is not None
-            if profiled:
-                prof_wall.append(dt)
-                if step == prof_range[1] or step == total_steps:
-                    prof.__exit__(None, None, None)
-                    if env.is_main:
-                        emit("fp8lab: profile: " + fprofiling.write(prof, prof_wall, step_times, paths.output_dir))
-                    prof = None
-            elif step > first_step:  # the first step (allocation, autotuning) is not steady state
-                step_times.append(dt)
-            tps = tokens_per_step / dt
-            rec = {"step": step, "tokens": step * tokens_per_step, "loss": None if skipped else step_loss,
-                   "lr": lr, "grad_norm": gn if math.isfinite(gn) else None, "step_time_s": dt,
-                   "tokens_per_sec": tps, "tokens_per_sec_per_gpu": tps / world,
-                   "mfu": fmetrics.mfu(flops_per_token, tps / world, peak), "max_mem_gib": _max_mem_gib(env.device),
-                   "precision": c.precision, "backend": backend_name, "recipe": recipe_name, "model": c.model,
-                   "world_size": world, "gpu_name": gpu_name}
-            if skipped:
-                rec.update(skipped=True, nonfinite_steps=state["nonfinite_steps"])
-            if profiled:
-                rec["profiled"] = True  # slowed by the profiler: throughput summaries leave it out
-            if (c.val_every and step % c.val_every == 0) or (step == total_steps and not skipped):
-                last_val = evaluate()
-                rec["val_loss"] = last_val
-            if env.is_main:
-                metrics_log.write(rec)
-                if c.print_metrics:
-                    emit(fmetrics.step_line({**rec, "loss": step_loss, "grad_norm": gn}))
-                    if "val_loss" in rec:
-                        emit(fmetrics.val_line(step, last_val))
-                if skipped:
-                    emit(f"fp8lab: step {step} skipped: non-finite loss or gradient "
-                         f"({consecutive_bad} in a row, {state['nonfinite_steps']} in total; limit {c.max_bad_steps} in a row)")
-                bar.update(1)
-                bar.set_postfix(loss=f"{step_loss:.4f}", refresh=False)
-            if consecutive_bad >= c.max_bad_steps:
-                status = "stopped_nonfinite"
-                message = (f"fp8lab: stopped at step {step}: {consecutive_bad} steps in a row had a non-finite loss or "
-                           f"gradient (--max-bad-steps {c.max_bad_steps}). Weights are those of step {step - consecutive_bad}; "
-                           f"the newest checkpoint is left as it was. Try --recipe current, a larger margin, a lower --lr, "
-                           f"or --precision bf16.")
-                break
-            periodic = c.checkpoint_every > 0 and step % c.checkpoint_every == 0
-            final = step == total_steps and c.checkpoint_every >= 0
-            failed = None
-            if stop_now:
-                if c.checkpoint_every >= 0:
-                    failed = save_checkpoint(step)
-                status = "interrupted"
-                message = f"fp8lab: SIGTERM received: checkpoint written at step {step}; exiting (a restart resumes here)"
-            elif (periodic or final) and consecutive_bad == 0:
-                failed = save_checkpoint(step)
-            if failed:
-                done = [s for s, _ in fckpt.complete_checkpoints(paths.checkpoint_dir)] if env.is_main else []
-                status = "checkpoint_failed"
-                message = (f"fp8lab: stopped at step {step}: writing its checkpoint to --checkpoint-dir "
-                           f"{fpaths.shareable_path(str(paths.checkpoint_dir), paths.output_dir)!r} failed ({failed}). "
-                           f"metrics.jsonl and summary.json are written; a restart with a writable checkpoint folder "
-                           f"resumes from {f'step {done[0]}' if done else 'the start (no complete checkpoint)'}.")
-            if stop_now or failed:
-                break
-    finally:
-        if prof is not None:  # the run ended inside the profiled range
-            prof.__exit__(None, None, None)
-        bar.close()
-        stop.uninstall()
-        if metrics_log is not None:
-            metrics_log.close()
-
-    if status == "completed" and c.save_model:
-        save_hf_model(model, inner, conversion, c, paths.model_dir, data_dir, env, master=master)
-    summary = _summary(c, env, paths, status, message, state, total_steps, tokens_per_step, last_val,
-                       resumed_from, backend_name, recipe_name, gpu_name, peak, time.perf_counter() - wall0)
-    if env.is_main:
-        (paths.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if c.plot:
-            _plot(paths.output_dir)
-        if message:
-            print(message, file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
-    fdist.barrier(env)  # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
-    return summary
-
-
-def _summary(c, env, paths, status, message, state, total_steps, tokens_per_step, last_val, resumed_from,
-             backend_name, recipe_name, gpu_name, peak, wall_s) -> dict[str, Any]:
-    recs = fmetrics.read_metrics(paths.output_dir / "metrics.jsonl") if env.is_main else []
-    good = [r for r in recs if r.get("loss") is not None]
-    steady = [r["tokens_per_sec_per_gpu"] for r in good[min(10, len(good) // 2):]]
-    mfus = [r["mfu"] for r in good[min(10, len(good) // 2):] if r.get("mfu") is not None]
-    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
-    return {
-        "status": status, "message": message, "model": fpaths.shareable_path(c.model, paths.output_dir), "precision": c.precision, "backend": backend_name,
-        "recipe": recipe_name, "world_size": env.world_size, "gpu_name": gpu_name, "steps": state["step"],
-        "total_steps": total_steps, "tokens": state["step"] * tokens_per_step,
-        "final_loss": good[-1]["loss"] if good else None, "first_loss": good[0]["loss"] if good else None,
-        "val_loss": last_val, "nonfinite_steps": state["nonfinite_steps"], "resumed_from_step": resumed_from,
-        "tokens_per_sec_per_gpu_median": med(steady), "mfu_median": med(mfus),
-        "mfu_peak": "dense BF16 peak of the GPU, for BF16 and FP8 alike" if peak else None,
-        # shareable: relative to the run folder, never an absolute machine path (fp8lab.paths)
-        "output_dir": ".", "checkpoint_dir": fpaths.shareable_path(str(paths.checkpoint_dir), paths.output_dir),
-        "model_dir": fpaths.shareable_path(str(paths.model_dir), paths.output_dir) if (status == "completed" and c.save_model) else None,
-        "wall_s": wall_s,
-    }
-
-
-def _plot(output_dir: Path) -> None:
-    """loss.png of this run (fp8lab.plots); a plotting problem never fails a finished run."""
-    try:
-        import warnings
-
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        from fp8lab.analysis import load_runs
-        from fp8lab.plots import loss_figure
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fig = loss_figure(load_runs([output_dir]), smoothing_span=10)
-            fig.savefig(output_dir / "loss.png", dpi=100)
-    except Exception as exc:  # noqa: BLE001
-        print(f"fp8lab: loss.png not written ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1205,5 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED}.get(summary["status"], 0)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m fp8lab.train: run the imported module's main, so that its OptionError is
+    from fp8lab.train import main as _main  # the one fp8lab.trainer raises (this file is also loaded as __main__)
+
+    raise SystemExit(_main())

@@ -12,6 +12,9 @@ the option that pointed to it (``--data``), and says what is allowed. The comman
   shards are all there), before any tokenizing;
 * :func:`check_prepared_size`: after tokenizing, both splits hold at least one window;
 * :func:`parse_count`: a positive integer written as ``1000000000``, ``1e9`` or ``1_000_000_000``;
+* the shared value checks: :func:`is_int`, :func:`is_num`, :func:`is_count` and the :class:`Check`
+  objects (``POSITIVE_INT``, ``NONNEG_INT``, ``AUTO_OR_POSITIVE_INT`` ...) that option fields declare
+  (fp8lab.options) and ``fp8lab.launch.JobSpec`` uses for its own fields;
 * :func:`check_notebook_values`: notebook parameters against their declared defaults' types and,
   for notebooks that train, the trainer's own checks (``NOTEBOOK_CHECKS``).
 """
@@ -26,6 +29,7 @@ import math
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -214,6 +218,58 @@ def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "-
 
 # --------------------------------------------------------------------------------------- numbers
 
+def is_int(v: Any) -> bool:
+    """An int that is not a bool (True is an int to Python, never a count to fp8lab)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v: Any) -> bool:
+    """A finite int or float that is not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_count(v: Any, low: int = 1) -> bool:
+    """An integer >= ``low`` (1: a positive integer; 0: an integer >= 0)."""
+    return is_int(v) and v >= low
+
+
+@dataclass(frozen=True)
+class Check:
+    """A value test and what it allows, as error messages say it (``allowed: <allowed>``)."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
+
+    def __call__(self, value: Any) -> bool:
+        return self.ok(value)
+
+
+def one_of(choices: tuple, sep: str = " | ") -> Check:
+    return Check(lambda v, cs=tuple(choices): isinstance(v, str) and v in cs, sep.join(choices))
+
+
+def optional(check: Check) -> Check:
+    """None, or a value ``check`` accepts (same wording: None means the default)."""
+    return Check(lambda v: v is None or check(v), check.allowed)
+
+
+AUTO = "auto"  # a value the layout resolver (fp8lab.layout) or the trainer picks per machine
+BOOL = Check(lambda v: isinstance(v, bool), "True | False")
+AUTO_BOOL = Check(lambda v: v == AUTO or isinstance(v, bool), "auto | True | False")
+POSITIVE_INT = Check(is_count, "a positive integer")
+NONNEG_INT = Check(lambda v: is_count(v, 0), "an integer >= 0")
+AUTO_OR_POSITIVE_INT = Check(lambda v: v == AUTO or is_count(v), "auto or a positive integer")
+NONNEG_NUM = Check(lambda v: is_num(v) and v >= 0, "a number >= 0")
+UNIT_OPEN = Check(lambda v: is_num(v) and 0 < v < 1, "a number in (0, 1)")  # a learning rate
+UNIT_HALF_OPEN = Check(lambda v: is_num(v) and 0 <= v < 1, "a number in [0, 1)")  # an AdamW beta
+PATH = Check(lambda v: isinstance(v, str) and bool(v), "a non-empty path")
+
+
+def step_numbers(allowed: str) -> Check:
+    """A tuple of step numbers (>= 1)."""
+    return Check(lambda v: isinstance(v, tuple) and all(is_count(s) for s in v), allowed)
+
+
 _COUNT = re.compile(r"^\d[\d_]*(\.\d*)?([eE]\+?\d+)?$")
 
 
@@ -261,10 +317,9 @@ def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
     if isinstance(default, bool):
         return "True or False", lambda v: isinstance(v, bool)
     if isinstance(default, int):
-        return "an integer", lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (
-            isinstance(v, float) and math.isfinite(v) and v.is_integer())
+        return "an integer", lambda v: is_int(v) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
     if isinstance(default, float):
-        return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return "a number", is_num
     # a string default is left to the notebook's own checks: it may stand for "auto" or a number
     if isinstance(default, list):
         return "a list, e.g. " + repr(default), lambda v: isinstance(v, (list, tuple))
@@ -285,13 +340,15 @@ def _train_pair_check(values: dict[str, Any]) -> None:
     """Notebook 03: every run it would start passes the trainer's own checks (fp8lab.train.TrainConfig)."""
     import dataclasses
 
-    from fp8lab.train import BACKENDS, TrainConfig
+    from fp8lab.options import FP8_BACKENDS
+    from fp8lab.train import TrainConfig
 
     backends = values.get("backends")
+    choices = ("auto", *FP8_BACKENDS)
     if isinstance(backends, str) or not isinstance(backends, (list, tuple)) or not backends or any(
-            b not in BACKENDS or b == "none" for b in backends):
+            b not in choices for b in backends):
         raise ValueError(f"backends={backends!r} is invalid; allowed: a non-empty list of "
-                         f"{', '.join(repr(b) for b in BACKENDS if b != 'none')}")
+                         f"{', '.join(repr(b) for b in choices)}")
     options = {f.name for f in dataclasses.fields(TrainConfig)} - {"precision", "backend", "recipe"}
     base = {k: v for k, v in values.items() if k in options}  # the parameters named like trainer options
     if base.get("lr") == "auto":  # trainpair picks it by model size

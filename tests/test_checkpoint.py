@@ -55,3 +55,36 @@ def test_a_fresh_model_resumes_extra_state_of_another_size(tmp_path, monkeypatch
     assert fresh.history == trained.history and len(fresh.history) == 3
     torch.testing.assert_close(fresh.weight, trained.weight, atol=0, rtol=0)
     assert fresh.env_at_load == "1" and os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE") == before
+
+
+def test_train_state_is_one_entry_and_reads_checkpoints_written_before_it():
+    """fp8lab.components.TrainState: step, tokens, counters and RNG; older checkpoints kept them at the top level."""
+    from fp8lab.components import TrainState, as_current_layout
+
+    cpu = torch.device("cpu")
+    old = {"step": 4, "nonfinite_steps": 1, "rng": fckpt.rng_state(cpu), "scheduler": {}, "loader": {}}
+    state = TrainState(tokens_per_step=128, device=cpu)
+    state.load_state_dict(as_current_layout(old)["train_state"])
+    assert (state.step, state.tokens, state.nonfinite_steps) == (4, 512, 1)
+    saved = TrainState(step=2, tokens=256, tokens_per_step=128, device=cpu).state_dict()
+    expected = torch.rand(3)
+    state.load_state_dict(saved)
+    assert (state.step, state.tokens) == (2, 256) and torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("every, step, last, stopping, healthy, saved", [
+    (0, 3, False, False, True, False), (0, 5, True, False, True, True), (2, 4, False, False, True, True),
+    (2, 4, False, False, False, False), (0, 3, False, True, False, True), (-1, 5, True, True, True, False),
+])
+def test_checkpointer_decides_when_to_save(every, step, last, stopping, healthy, saved):
+    from types import SimpleNamespace
+
+    from fp8lab.components import Checkpointer
+
+    c = SimpleNamespace(checkpoint_every=every, keep_checkpoints=2)
+    paths = SimpleNamespace(checkpoint_dir=None, output_dir=None)
+    ck = Checkpointer(c, None, paths, None, None, {}, {}, print)
+    calls = []
+    ck.save = lambda s: calls.append(s)
+    ck.maybe_save(step, last=last, stopping=stopping, healthy=healthy)
+    assert calls == ([step] if saved else [])

@@ -15,13 +15,14 @@ import importlib
 import importlib.util
 import pkgutil
 from contextlib import AbstractContextManager
-from typing import Callable, Protocol, runtime_checkable
-
-from torch import nn
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from fp8lab.recipe import Recipe
 
-ModuleFilter = Callable[[nn.Module, str], bool]
+if TYPE_CHECKING:  # torch loads with a backend, not with the registry (fp8lab.options reads the names)
+    from torch import nn
+
+ModuleFilter = Callable[["nn.Module", str], bool]
 
 
 @runtime_checkable
@@ -112,6 +113,8 @@ def default_filter(module: nn.Module, fqn: str) -> bool:
 
 def linear_targets(model: nn.Module, module_filter: ModuleFilter | None) -> list[tuple[str, nn.Linear]]:
     """(fqn, module) of the nn.Linear layers the filter selects, shapes checked."""
+    from torch import nn
+
     flt = module_filter or default_filter
     chosen = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and flt(m, n)]
     check_gemm_shapes([(n, m.in_features, m.out_features) for n, m in chosen])

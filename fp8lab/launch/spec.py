@@ -21,17 +21,16 @@ from typing import Any, Callable, Iterator
 
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
 from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
-from fp8lab.recipe import KINDS, Recipe
-from fp8lab.validate import whole_number
+from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS, to_text  # the trainer's vocabularies
+from fp8lab.recipe import Recipe
+from fp8lab.validate import NONNEG_INT, is_count, one_of, whole_number
 
 # ----------------------------------------------------------------------------------------------
 # Option vocabularies and limits
 # ----------------------------------------------------------------------------------------------
 
-PRECISIONS = ("bf16", "fp8")
-BACKENDS = ("te", "torchao")
-RECIPES = KINDS
-PARALLEL = ("ddp", "fsdp")  # fp8lab.train --parallel
+BACKENDS = HARDWARE_BACKENDS  # FP8 on tensor cores (fp8lab.backends less the emulator)
+RECIPES = RECIPE_KINDS
 SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
 MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
 # A sanity cap on instances per job: more than a typical regional P5 quota; a typo there (1000 for 10)
@@ -126,18 +125,20 @@ class JobSpec:
             object.__setattr__(self, name, whole_number(getattr(self, name)))
 
         self._check_model(bad)
-        if self.precision not in PRECISIONS:
-            raise bad("precision", self.precision, ", ".join(PRECISIONS))
-        if self.backend not in BACKENDS:
-            raise bad("backend", self.backend, ", ".join(BACKENDS))
+        from fp8lab.train import option_problem  # trainer options: the trainer's own checks (its schema)
+
+        for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
+            if not one_of(choices)(getattr(self, name)):
+                raise bad(name, getattr(self, name), ", ".join(choices))
+        for name in (*LAYOUT_FIELDS, "tokens", "steps", "seed", "lr", "fuse", "compile", "activation_checkpointing"):
+            if (allowed := option_problem(name, getattr(self, name))) is not None:
+                raise bad(name, getattr(self, name), allowed)
         if not isinstance(self.recipe, str) or self.recipe.partition(":")[0] not in RECIPES:
             raise bad("recipe", self.recipe, ", ".join(RECIPES) + " (optionally kind:key=value,...)")
         try:
             Recipe.parse(self.recipe)
         except ValueError as exc:
             raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid: {exc}") from None
-        if self.parallel not in PARALLEL:
-            raise bad("parallel", self.parallel, ", ".join(PARALLEL))
         if self.instance_type not in INSTANCES:
             raise bad("instance_type", self.instance_type, ", ".join(INSTANCES))
         info = INSTANCES[self.instance_type]
@@ -149,28 +150,24 @@ class JobSpec:
             )
         if self.precision == "fp8" and self.recipe.partition(":")[0] == "mxfp8" and not info.blackwell:
             raise ValueError(f"JobSpec.recipe='mxfp8' needs Blackwell GPUs; {self.instance_type} has {info.gpu}")
-        for name in ("instance_count", "micro_batch_size", "grad_accum", "seq_len", "volume_gb"):
-            v = getattr(self, name)
-            if name in LAYOUT_FIELDS and v == "auto":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise bad(name, v, "an integer >= 1" + (" or 'auto'" if name in LAYOUT_FIELDS else ""))
+        for name in ("instance_count", "volume_gb"):
+            if not is_count(getattr(self, name)):
+                raise bad(name, getattr(self, name), "an integer >= 1")
         if not isinstance(self.allow_large, bool):
             raise bad("allow_large", self.allow_large, "True or False")
         if self.instance_count > MAX_INSTANCES_PER_JOB and not self.allow_large:
             raise bad("instance_count", self.instance_count,
                       f"1..{MAX_INSTANCES_PER_JOB} per job (a sanity limit); to plan more, pass allow_large=True "
                       "(CLI: --allow-large) after checking your SageMaker quota")
-        for name in ("checkpoint_every", "keep_alive_s", "seed"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise bad(name, v, "an integer >= 0")
+        for name in ("checkpoint_every", "keep_alive_s"):  # a job checkpoints to S3: never -1 (off)
+            if not NONNEG_INT(getattr(self, name)):
+                raise bad(name, getattr(self, name), NONNEG_INT.allowed)
         if (self.tokens is None) == (self.steps is None):
             raise ValueError("JobSpec needs exactly one of tokens= or steps= (got "
                              f"tokens={self.tokens!r}, steps={self.steps!r})")
-        for name in ("tokens", "steps", "max_run_s", "max_wait_s"):
+        for name in ("max_run_s", "max_wait_s"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and not is_count(v):
                 raise bad(name, v, "a positive integer or None")
         if self.keep_alive_s > 3600:
             raise bad("keep_alive_s", self.keep_alive_s, "0..3600 seconds (SageMaker warm pool limit)")
@@ -181,8 +178,6 @@ class JobSpec:
             raise ValueError("JobSpec.max_wait_s only applies to spot=True jobs")
         if self.max_run_s is not None and self.max_run_s > MAX_RUNTIME_CAP_S:
             raise bad("max_run_s", self.max_run_s, f"at most {MAX_RUNTIME_CAP_S} (28 days)")
-        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):
-            raise bad("lr", self.lr, "a number in (0, 1)")
         if not self.role:
             raise ValueError("JobSpec.role is missing: pass your SageMaker execution role ARN "
                              f"(for a dry run without an account: {PLACEHOLDER_ROLE!r})")
@@ -384,13 +379,7 @@ def _trainer_option_names() -> set[str]:
     return {f.name for f in dataclasses.fields(TrainConfig)}
 
 
-def _hp_text(v: Any) -> str:
-    """A hyperparameter as the torchrun driver passes it (a string)."""
-    if isinstance(v, dict):
-        return ",".join(f"{k}={val}" for k, val in v.items())
-    if isinstance(v, (list, tuple)):
-        return ",".join(str(x) for x in v)
-    return str(v)
+_hp_text = to_text  # a hyperparameter as the torchrun driver passes it (a string the trainer reads back)
 
 
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:
