@@ -176,7 +176,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,
-        "loss_comparable": not args.study.startswith("throughput"),  # throughput runs are too short
+        "loss_comparable": False,  # tens of steps: too short to compare losses (benchmarks/loss_parity.py runs those)
         # the layout the trainer ran (resolved from "auto" where not given), and the resolver's estimate
         "micro_batch_size": cfg["micro_batch_size"], "grad_accum": cfg["grad_accum"], "seq_len": cfg["seq_len"],
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),

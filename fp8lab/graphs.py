@@ -21,7 +21,8 @@ DDP's hooks run outside the graph and are not supported here), no activation che
 buffers are re-allocated every step, and a graph would keep writing to the old ones.
 
 ``--cuda-graphs auto`` turns graphs on where the resolver predicts a launch-bound step
-(``launch_bound``: little GPU work per block per micro-batch) and the set-up supports them;
+(``launch_bound``: little GPU work per block per micro-batch, by precision), the set-up supports
+them and the layout still fits with what the graphs hold (``fp8lab.layout.graphs_memory_problem``);
 ``on`` insists (a set-up that cannot be captured is refused up front, naming why); ``off`` never.
 """
 from __future__ import annotations
@@ -33,10 +34,12 @@ from typing import Any
 CHOICES = ("auto", "on", "off")
 
 # Work per block per micro-batch (tokens x the block's parameters) below which the step is
-# launch-bound on an H100/H200 with TE's fused layers. Measured (data/results/throughput-h200/,
-# profiles): llama-7b 1 x 2048 = 4.1e11 (GPU idle ~43%), gptneo-1.3b 2 x 2048 = 2.0e11 (GPU busy 71%
-# with FP8), against gptneo-1.3b 8 x 2048 = 8.2e11 (97.5%) and llama-7b 2 x 2048 = 8.3e11 (1.51x).
-LAUNCH_BOUND_WORK = 6e11
+# launch-bound on an H100/H200 with TE's fused layers. FP8's GEMMs take about half BF16's time, so
+# FP8 becomes launch-bound at twice the work. Measured (data/results/throughput-h200/, graphs-h200/,
+# profiles): FP8 llama-7b 1 x 2048 = 4.1e11 (GPU busy 59%), gptneo-1.3b 2 x 2048 = 2.0e11 (71%;
+# graphed 1.22x BF16) against gptneo-1.3b 8 x 2048 = 8.2e11 (97.5%); BF16 llama-7b 1 x 2048 busy 94%
+# and 8% slower graphed, gptneo-1.3b 2 x 2048 busy 91% and 1.6% faster graphed.
+LAUNCH_BOUND_WORK = {"fp8": 6e11, "bf16": 3e11}
 
 
 def block_params(mcfg) -> int:
@@ -47,9 +50,9 @@ def block_params(mcfg) -> int:
     return attn + mlp
 
 
-def launch_bound(mcfg, micro_batch_size: int, seq_len: int) -> bool:
+def launch_bound(mcfg, micro_batch_size: int, seq_len: int, precision: str = "fp8") -> bool:
     """True where one block's GPU work per micro-batch is too small to hide TE's launch overhead."""
-    return micro_batch_size * seq_len * block_params(mcfg) < LAUNCH_BOUND_WORK
+    return micro_batch_size * seq_len * block_params(mcfg) < LAUNCH_BOUND_WORK[precision]
 
 
 def problem(*, device_type: str, backend: str | None, fuse: bool, param_dtype: str, world_size: int,
@@ -79,25 +82,28 @@ class Decision:
         return f"CUDA graphs {'on' if self.active else 'off'}: {self.reason}"
 
 
-def decide(choice: str, mcfg, *, micro_batch_size: int, seq_len: int, **setup: Any) -> Decision:
-    """Resolve ``--cuda-graphs`` for a run; ``on`` with an unsupported set-up is a ValueError."""
+def decide(choice: str, mcfg, *, micro_batch_size: int, seq_len: int, precision: str = "fp8",
+           memory_problem: str | None = None, **setup: Any) -> Decision:
+    """Resolve ``--cuda-graphs`` for a run; ``on`` with an unsupported set-up is a ValueError.
+
+    ``memory_problem``: why the layout would not fit with its blocks captured (fp8lab.layout), or None."""
     if choice not in CHOICES:
         raise ValueError(f"--cuda-graphs={choice!r} is invalid; allowed: {' | '.join(CHOICES)}")
     if choice == "off":
         return Decision(False, "--cuda-graphs off")
-    why_not = problem(**setup)
+    why_not = problem(**setup) or memory_problem
     if choice == "on":
         if why_not:
             raise ValueError(f"--cuda-graphs on: {why_not}; use --cuda-graphs auto or off")
         return Decision(True, "--cuda-graphs on")
-    work = micro_batch_size * seq_len * block_params(mcfg)
+    work, limit = micro_batch_size * seq_len * block_params(mcfg), LAUNCH_BOUND_WORK[precision]
     if why_not:
         return Decision(False, f"auto: {why_not}")
-    if work >= LAUNCH_BOUND_WORK:
+    if work >= limit:
         return Decision(False, f"auto: {work:.1e} token-params per block and micro-batch keep the GPU busy "
-                               f"(graphs pay below {LAUNCH_BOUND_WORK:.0e})")
-    return Decision(True, f"auto: {work:.1e} token-params per block and micro-batch: launch-bound "
-                          f"(below {LAUNCH_BOUND_WORK:.0e})")
+                               f"in {precision} (graphs pay below {limit:.0e})")
+    return Decision(True, f"auto: {work:.1e} token-params per block and micro-batch: launch-bound in {precision} "
+                          f"(below {limit:.0e})")
 
 
 def _block_call_class():

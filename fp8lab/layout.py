@@ -178,6 +178,28 @@ def cache_held_fits(layout: "Layout", machine: Machine) -> bool:
     return layout.memory.peak + layout.memory.fp8_cache <= _budget(machine)
 
 
+GRAPH_HOLD_FACTOR = 1.25  # margin on what CUDA graphs keep allocated for the whole run (see graphs_memory_problem)
+
+
+def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -> str | None:
+    """Why this layout would not fit with its decoder blocks captured as CUDA graphs (None: it fits).
+
+    A graph keeps what its blocks allocate (saved activations and, under FP8, the quantised weights
+    saved for backward) in its own memory pool for the whole run, where an eager step frees them
+    before the optimizer step. Estimate: the eager peak without the transient FP8 weight cache, plus
+    GRAPH_HOLD_FACTOR x (activations + FP8 weights). Measured on the H200: llama-7b 1 x 2048 BF16
+    graphed peaked at 127.4 GiB (eager 113.4; this estimate 125.3: fits), FP8 graphed ran out of
+    139.8 GiB at its first optimizer step (estimate 135.2 > 132.8 usable: refused)."""
+    m = layout.memory
+    held = m.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
+    need = m.peak - m.fp8_cache + GRAPH_HOLD_FACTOR * held
+    budget = _budget(machine)
+    if need <= budget:
+        return None
+    return (f"with the blocks captured the run would need about {need:.0f} GiB (the graphs hold "
+            f"{GRAPH_HOLD_FACTOR * held:.0f} GiB for the whole run) of {budget:.0f} GiB usable on {machine.name}")
+
+
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, keep: bool,
                   both_precisions: bool) -> MemoryEstimate:
     """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both)."""

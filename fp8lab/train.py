@@ -404,16 +404,20 @@ def preflight(c: TrainConfig, machine, backend: str | None):
     if problem:
         raise ValueError(problem)
     total_steps, warmup = schedule(c, machine.world_size)
-    graphs_decision(c, machine, backend)  # --cuda-graphs on with a set-up that cannot be captured: refused here
+    graphs_decision(c, machine, backend, layout)  # --cuda-graphs on with a set-up that cannot be captured: refused here
     return c, layout, total_steps, warmup
 
 
-def graphs_decision(c: TrainConfig, machine, backend: str | None):
-    """Whether this run replays its blocks as CUDA graphs (fp8lab.graphs.Decision), for a resolved layout."""
+def graphs_decision(c: TrainConfig, machine, backend: str | None, layout):
+    """Whether this run replays its blocks as CUDA graphs (fp8lab.graphs.Decision), for its resolved layout."""
     from fp8lab import graphs
+    from fp8lab import layout as flayout
     from fp8lab.models import get_config
 
-    return graphs.decide(c.cuda_graphs, get_config(c.model, **c.model_overrides), micro_batch_size=c.micro_batch_size,
+    mcfg = get_config(c.model, **c.model_overrides)
+    memory = flayout.graphs_memory_problem(layout, machine, mcfg, fp8=c.precision == "fp8") if machine.gpu else None
+    return graphs.decide(c.cuda_graphs, mcfg, micro_batch_size=c.micro_batch_size, memory_problem=memory,
+                         precision=c.precision,
                          seq_len=c.seq_len, device_type=machine.device, backend=backend, fuse=c.fuse,
                          param_dtype=c.param_dtype, world_size=machine.world_size,
                          activation_checkpointing=c.activation_checkpointing, compile=c.compile)

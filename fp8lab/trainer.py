@@ -95,7 +95,7 @@ class Trainer:
         self.requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
         self.c, self.layout, self.total_steps, self.warmup = ftrain.preflight(c, self.machine, self.backend)
         self.log(f"fp8lab: {self.layout.header()}")
-        self.graphs = ftrain.graphs_decision(self.c, self.machine, self.backend)
+        self.graphs = ftrain.graphs_decision(self.c, self.machine, self.backend, self.layout)
         if self.graphs.active or c.cuda_graphs != "auto" or self.machine.gpu:
             self.log(f"fp8lab: {self.graphs.describe()}")
         self.graphs_captured = None

@@ -17,16 +17,19 @@ OK = dict(device_type="cuda", backend="te", fuse=True, param_dtype="bf16", world
           activation_checkpointing=False, compile=False)
 
 
-@pytest.mark.parametrize("model,mb,want", [
-    ("llama-7b", 1, True),      # profiled: GPU idle ~43% of the step, FP8 only 1.05x
-    ("llama-7b", 2, False),     # FP8 1.51x at 2 x 2048
-    ("gptneo-1.3b", 2, True),   # profiled: GPU busy 71% with FP8
-    ("gptneo-1.3b", 8, False),  # busy 97.5%, FP8 1.24x
-    ("llama-1b", 16, False),    # the resolver's default layout
-    ("llama-tiny", 4, True),
+@pytest.mark.parametrize("model,mb,precision,want", [
+    ("llama-7b", 1, "fp8", True),      # profiled: GPU busy 59% of the step (eager FP8 0.88x BF16)
+    ("llama-7b", 1, "bf16", False),    # busy 94%; graphed 8% slower
+    ("llama-7b", 2, "fp8", False),     # FP8 1.51x at 2 x 2048
+    ("gptneo-1.3b", 2, "fp8", True),   # busy 71% eager; graphed 1.22x BF16, busy 97%
+    ("gptneo-1.3b", 2, "bf16", True),  # busy 91% eager; graphed 1.6% faster
+    ("gptneo-1.3b", 8, "fp8", False),  # busy 97.5%, FP8 1.24x
+    ("llama-1b", 16, "fp8", False),    # the resolver's default layout
+    ("llama-tiny", 4, "bf16", True),
 ])
-def test_auto_follows_the_measured_launch_bound_layouts(model, mb, want):
-    d = graphs.decide("auto", get_config(model), micro_batch_size=mb, seq_len=128 if model == "llama-tiny" else 2048, **OK)
+def test_auto_follows_the_measured_launch_bound_layouts(model, mb, precision, want):
+    d = graphs.decide("auto", get_config(model), micro_batch_size=mb, seq_len=128 if model == "llama-tiny" else 2048,
+                      precision=precision, **OK)
     assert d.active is want and d.reason.startswith("auto:")
     assert ("launch-bound" in d.reason) is want
 
@@ -48,6 +51,25 @@ def test_set_ups_that_cannot_be_captured(change, words):
     with pytest.raises(ValueError, match="--cuda-graphs on: .*" + words.replace("-", "\\-").replace("+", "\\+")):
         graphs.decide("on", cfg, micro_batch_size=1, seq_len=2048, **setup)
     assert graphs.decide("off", cfg, micro_batch_size=1, seq_len=2048, **setup).active is False
+
+
+def test_a_layout_that_would_not_fit_graphed_runs_eagerly_or_is_refused():
+    """llama-7b 1 x 2048 FP8 on an H200: eager peak 120.8 GiB; graphed it ran out of memory (the graphs
+    hold activations and FP8 weights for the whole run), so auto leaves graphs off and on is refused."""
+    from fp8lab.hardware import Machine
+    from fp8lab.train import TrainConfig, preflight
+
+    h200 = Machine("cuda", "NVIDIA H200", 139.8, 1, te_usable=True, fp8=True)
+    base = dict(model="llama-7b", backend="te", micro_batch_size=1, grad_accum=8, seq_len=2048, param_dtype="bf16")
+    from fp8lab.train import graphs_decision
+
+    c, lay, _, _ = preflight(TrainConfig(**base, precision="fp8"), h200, "te")
+    d = graphs_decision(c, h200, "te", lay)
+    assert d.active is False and "would need about 135 GiB" in d.reason and "of 133 GiB usable" in d.reason
+    with pytest.raises(ValueError, match=r"--cuda-graphs on: with the blocks captured the run would need about 135 GiB"):
+        preflight(TrainConfig(**base, precision="fp8", cuda_graphs="on"), h200, "te")
+    c, lay, _, _ = preflight(TrainConfig(**base, precision="bf16", cuda_graphs="on"), h200, "te")  # ran: 127.4 GiB
+    assert graphs_decision(c, h200, "te", lay).active is True
 
 
 def test_a_bad_choice_names_the_option_and_the_choices():
