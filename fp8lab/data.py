@@ -235,29 +235,16 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def prepare_data(
-    source: Any = None,
-    out_dir: str | Path = "prepared",
-    tokenizer: Any = None,
-    val_fraction: float = 0.05,
-    *,
-    vocab_size: int = DEFAULT_VOCAB,
-    shard_tokens: int = 1 << 26,
-    hf_split: str = "train",
-    text_field: str = "text",
-    batch_documents: int = 2048,
-) -> dict[str, Any]:
-    """Tokenize documents into memmap-able shards plus ``manifest.json``; returns the manifest.
-
-    ``source``: None (the shipped corpus), local text files/folders (.txt, .md, optionally .xz/.gz),
-    or ``hf:<dataset name>`` (needs ``datasets`` and the network; a clear error otherwise).
-    Every ``round(1/val_fraction)``-th document goes to the validation split, so both splits cover
-    the whole corpus. Ids are stored as uint16 when the vocabulary fits, else uint32.
-    """
+def _check_prepare_args(val_fraction: Any, shard_tokens: Any) -> None:
+    """Reject a ``val_fraction`` outside (0, 0.5) or a ``shard_tokens`` that is not a positive integer."""
     if not isinstance(val_fraction, (int, float)) or isinstance(val_fraction, bool) or not 0 < val_fraction < 0.5:
         raise ValueError(f"val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
+
+
+def _source_documents(source: Any, hf_split: str, text_field: str) -> tuple[Iterable[str], dict[str, Any]]:
+    """The documents of ``source`` (local files or ``hf:<name>``) and its description for the manifest."""
     if not _is_hf(source):
         files = text_files(source)
         docs: Iterable[str] = read_documents(files)
@@ -266,18 +253,20 @@ def prepare_data(
         name = source[3:]
         docs = _hf_documents(name, hf_split, text_field)
         source_desc = {"kind": "huggingface", "dataset": name, "split": hf_split, "text_field": text_field}
-    tok = load_tokenizer(tokenizer, vocab_size)
-    eos = tok.token_to_id(EOS_TOKEN)
-    if eos is None:
-        raise ValueError(f"tokenizer has no {EOS_TOKEN!r} token (train it with fp8lab.data.train_tokenizer)")
-    n_vocab = tok.get_vocab_size()
-    dtype = _dtype_for(n_vocab)
-    out = Path(out_dir)
+    return docs, source_desc
+
+
+def _fresh_writers(out: Path, dtype: np.dtype, shard_tokens: int) -> dict[str, _ShardWriter]:
+    """Create ``out`` (removing shards of an earlier run) and a shard writer for each split."""
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("train_*.bin")) + list(out.glob("val_*.bin")):
         old.unlink()
-    writers = {s: _ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
-    every = max(2, round(1 / val_fraction))
+    return {s: _ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
+
+
+def _write_documents(docs: Iterable[str], tok: Any, eos: int, writers: dict[str, _ShardWriter], every: int,
+                     batch_documents: int) -> int:
+    """Tokenize ``docs`` in batches, every ``every``-th into val, the rest into train; returns the count."""
 
     def flush(batch: list[str], first_index: int) -> None:
         for i, enc in enumerate(tok.encode_batch(batch)):
@@ -298,6 +287,46 @@ def prepare_data(
         index += len(batch)
     for w in writers.values():
         w.close()
+    return index
+
+
+def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` into ``out`` atomically (a temporary file, then a rename)."""
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    tmp.replace(out / MANIFEST)
+
+
+def prepare_data(
+    source: Any = None,
+    out_dir: str | Path = "prepared",
+    tokenizer: Any = None,
+    val_fraction: float = 0.05,
+    *,
+    vocab_size: int = DEFAULT_VOCAB,
+    shard_tokens: int = 1 << 26,
+    hf_split: str = "train",
+    text_field: str = "text",
+    batch_documents: int = 2048,
+) -> dict[str, Any]:
+    """Tokenize documents into memmap-able shards plus ``manifest.json``; returns the manifest.
+
+    ``source``: None (the shipped corpus), local text files/folders (.txt, .md, optionally .xz/.gz),
+    or ``hf:<dataset name>`` (needs ``datasets`` and the network; a clear error otherwise).
+    Every ``round(1/val_fraction)``-th document goes to the validation split, so both splits cover
+    the whole corpus. Ids are stored as uint16 when the vocabulary fits, else uint32.
+    """
+    _check_prepare_args(val_fraction, shard_tokens)
+    docs, source_desc = _source_documents(source, hf_split, text_field)
+    tok = load_tokenizer(tokenizer, vocab_size)
+    eos = tok.token_to_id(EOS_TOKEN)
+    if eos is None:
+        raise ValueError(f"tokenizer has no {EOS_TOKEN!r} token (train it with fp8lab.data.train_tokenizer)")
+    n_vocab = tok.get_vocab_size()
+    dtype = _dtype_for(n_vocab)
+    out = Path(out_dir)
+    writers = _fresh_writers(out, dtype, shard_tokens)
+    index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
     if writers["val"].tokens == 0 or writers["train"].tokens == 0:
         raise ValueError(f"source has too few documents ({index}) for a train/val split with val_fraction={val_fraction}")
     tok.save(str(out / "tokenizer.json"))
@@ -314,9 +343,7 @@ def prepare_data(
         "documents": index,
         "splits": {s: {"tokens": w.tokens, "documents": w.documents, "shards": w.shards} for s, w in writers.items()},
     }
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    tmp.replace(out / MANIFEST)
+    _write_manifest(out, manifest)
     return manifest
 
 

@@ -19,6 +19,122 @@ def fmt_tokens(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def _where(r: pd.Series) -> str:
+    """Where a comparison row ran: "8 GPUs of H100" or "a CPU (2 processes)"."""
+    gpu = r["gpu_name"] if isinstance(r["gpu_name"], str) else "an unnamed GPU"
+    n = int(r["world_size"]) if pd.notna(r["world_size"]) else None
+    scale = f"{n} GPU{'s' if n != 1 else ''}" if n else "an unknown number of GPUs"
+    return f"a CPU ({n} process{'es' if n and n > 1 else ''})" if gpu.lower() == "cpu" else f"{scale} of {gpu}"
+
+
+def _speed_sentence(model: str, r: pd.Series, tokens: float, price_per_instance_hour: float,
+                    gpus_per_instance: int) -> str:
+    """The speedup clause for one model's chosen row, with its cost (or why there is none)."""
+    lay = f" at {r['layout']}" if isinstance(r.get("layout"), str) and r["layout"] != "-" else ""
+    s = (f"For {model} on {_where(r)}, {r['fp8_variant']}{lay} (run {r['fp8_run']}) ran at {r['speedup']:.2f}x "
+         f"the tokens/s/GPU of {r['baseline_variant']} (run {r['baseline_run']}) "
+         f"({r['tps_fp8']:,.0f} vs {r['tps_baseline']:,.0f})")
+    if r["hardware_fp8"]:
+        hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
+        hours_f = tokens / (r["tps_fp8"] * gpus_per_instance) / 3600.0
+        s += (f"; at ${price_per_instance_hour:,.2f} per {gpus_per_instance}-GPU instance-hour, "
+              f"{fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
+              f"${hours_b * price_per_instance_hour:,.0f} ({100 * (1 - hours_f / hours_b):.0f}% saved)")
+    else:
+        s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
+              "of FP8 speed or cost")
+    return s
+
+
+def _loss_gap(valid: pd.DataFrame) -> tuple[str | None, float]:
+    """The loss gap of the first valid pair: (kind, percent), preferring validation loss; (None, nan) if none."""
+    gap_kind, gap = None, np.nan
+    if len(valid):
+        v = valid.iloc[0]
+        if pd.notna(v["val_loss_gap_pct"]):
+            gap_kind, gap = "validation loss", v["val_loss_gap_pct"]
+        elif pd.notna(v["loss_gap_pct"]):
+            gap_kind, gap = "smoothed training loss", v["loss_gap_pct"]
+    return gap_kind, gap
+
+
+def _loss_clause(r: pd.Series, valid: pd.DataFrame, gap_kind: str | None, gap: float) -> str:
+    """The loss clause: the gap (from this run or a longer one), or why no gap is given."""
+    if gap_kind and valid.iloc[0]["fp8_run"] == r["fp8_run"]:
+        return (f"; after the same {fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
+                f"{gap:+.2f}% relative to BF16")
+    if gap_kind:  # speed from a throughput run, loss from a longer run of the same model
+        v = valid.iloc[0]
+        return (f"; in a longer run of the same model ({v['fp8_variant']} against {v['baseline_variant']}, runs "
+                f"{v['fp8_run']} and {v['baseline_run']}, "
+                f"{fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
+                f"{gap:+.2f}% relative to BF16")
+    if "non-finite loss" in str(r.get("note", "")):
+        return "; its loss was non-finite (NaN/Inf, flagged in the runs table), so no loss gap is given"
+    if len(valid):
+        return "; no loss was recorded, so the loss gap is unknown"
+    if "throughput run" in str(r.get("note", "")):
+        return "; these are short throughput runs, so their loss is not compared here"
+    return "; the BF16 and FP8 runs did not see the same tokens, so their loss is not compared"
+
+
+def _scale_and_reference_clause(comp: pd.DataFrame, model: str, r: pd.Series,
+                                reference: pd.DataFrame | None) -> str:
+    """The speedup range across scales (if several) and the source's figure for this size (if any)."""
+    s = ""
+    scales = comp[(comp["model"] == model) & (comp["fp8_variant"] == r["fp8_variant"])]
+    if scales["world_size"].nunique() > 1:
+        s += (f"; across {scales['world_size'].min():g} to {scales['world_size'].max():g} GPUs its speedup "
+              f"ranged from {scales['speedup'].min():.2f}x to {scales['speedup'].max():.2f}x")
+    if reference is not None and len(reference):
+        same = reference[np.isclose(reference["params_b"], model_size_b(model))]
+        if len(same):
+            s += f" (the source reported {same['speedup'].iloc[0]:.2f}x at {same['model_size'].iloc[0]})"
+    return s
+
+
+def _bucket(model: str, r: pd.Series, gap_kind: str | None, gap: float,
+            loss_tolerance_pct: float) -> tuple[str, str]:
+    """Which conclusion a model falls under, and how it is named there."""
+    if not r["hardware_fp8"]:
+        return "emulated", model + (f" (its loss is within {loss_tolerance_pct:g}% of BF16's)" if gap_kind and
+                                    abs(gap) <= loss_tolerance_pct else "")
+    if r["speedup"] <= 1.0:
+        return "slower", model
+    if gap_kind and gap > loss_tolerance_pct:
+        return "faster_worse", model
+    if gap_kind:
+        return "pays", model
+    return "pays_unknown_loss", model
+
+
+def _in_short(buckets: dict[str, list[str]], loss_tolerance_pct: float) -> str:
+    """The closing "In short: ..." sentence from the models in each conclusion."""
+    pays, pays_unknown_loss, faster_worse = buckets["pays"], buckets["pays_unknown_loss"], buckets["faster_worse"]
+    slower, emulated = buckets["slower"], buckets["emulated"]
+    concl = []
+    if pays:
+        concl.append(f"FP8 pays off for {', '.join(pays)} (faster, loss within {loss_tolerance_pct:g}% of BF16)")
+    if pays_unknown_loss:
+        concl.append(f"FP8 is faster for {', '.join(pays_unknown_loss)}, but these runs do not show its loss")
+    if faster_worse:
+        concl.append(f"for {', '.join(faster_worse)} FP8 is faster but its loss is more than "
+                     f"{loss_tolerance_pct:g}% above BF16's")
+    if slower:
+        concl.append(f"for {', '.join(slower)} FP8 is not faster than BF16")
+    if emulated:
+        concl.append(f"for {', '.join(emulated)} these runs cannot say whether FP8 is faster (no FP8 hardware)")
+    return "In short: " + "; ".join(concl) + "."
+
+
+def _reference_sentence(reference: pd.DataFrame) -> str:
+    """The source blog's reported figures, labelled as not measured here."""
+    refs = ", ".join(f"{r['speedup']:.2f}x and ~{r['loss_gap_pct']:g}% higher loss at {r['model_size']}"
+                     for _, r in reference.iterrows())
+    return (f"For comparison, the source blog reported (not measured here) {refs} on "
+            f"{reference['hardware'].iloc[0]}.")
+
+
 def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
             price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
             gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE, reference: pd.DataFrame | None = None,
@@ -38,90 +154,21 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
         parts.append("There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
                      "precisions), so this report cannot say from its own numbers whether FP8 pays off.")
     else:
-        pays, pays_unknown_loss, faster_worse, slower, emulated = [], [], [], [], []
+        buckets: dict[str, list[str]] = {k: [] for k in ("pays", "pays_unknown_loss", "faster_worse", "slower",
+                                                          "emulated")}
         by_size = sorted(comp["model"].unique(), key=lambda m: (np.nan_to_num(model_size_b(m), nan=np.inf), str(m)))
         for model in by_size:
             g = comp[comp["model"] == model]
             g = g.sort_values(["world_size", "instances", "speedup"], ascending=[True, True, False])
             r = g.iloc[0]
-            gpu = r["gpu_name"] if isinstance(r["gpu_name"], str) else "an unnamed GPU"
-            n = int(r["world_size"]) if pd.notna(r["world_size"]) else None
-            scale = f"{n} GPU{'s' if n != 1 else ''}" if n else "an unknown number of GPUs"
-            where = f"a CPU ({n} process{'es' if n and n > 1 else ''})" if gpu.lower() == "cpu" else f"{scale} of {gpu}"
-            lay = f" at {r['layout']}" if isinstance(r.get("layout"), str) and r["layout"] != "-" else ""
-            s = (f"For {model} on {where}, {r['fp8_variant']}{lay} (run {r['fp8_run']}) ran at {r['speedup']:.2f}x "
-                 f"the tokens/s/GPU of {r['baseline_variant']} (run {r['baseline_run']}) "
-                 f"({r['tps_fp8']:,.0f} vs {r['tps_baseline']:,.0f})")
-            if r["hardware_fp8"]:
-                hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
-                hours_f = tokens / (r["tps_fp8"] * gpus_per_instance) / 3600.0
-                s += (f"; at ${price_per_instance_hour:,.2f} per {gpus_per_instance}-GPU instance-hour, "
-                      f"{fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
-                      f"${hours_b * price_per_instance_hour:,.0f} ({100 * (1 - hours_f / hours_b):.0f}% saved)")
-            else:
-                s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
-                      "of FP8 speed or cost")
-            gap_kind, gap = None, np.nan
             valid = g[g["valid"]]
-            if len(valid):
-                v = valid.iloc[0]
-                if pd.notna(v["val_loss_gap_pct"]):
-                    gap_kind, gap = "validation loss", v["val_loss_gap_pct"]
-                elif pd.notna(v["loss_gap_pct"]):
-                    gap_kind, gap = "smoothed training loss", v["loss_gap_pct"]
-            if gap_kind and valid.iloc[0]["fp8_run"] == r["fp8_run"]:
-                s += (f"; after the same {fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
-                      f"{gap:+.2f}% relative to BF16")
-            elif gap_kind:  # speed from a throughput run, loss from a longer run of the same model
-                v = valid.iloc[0]
-                s += (f"; in a longer run of the same model ({v['fp8_variant']} against {v['baseline_variant']}, runs "
-                      f"{v['fp8_run']} and {v['baseline_run']}, "
-                      f"{fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
-                      f"{gap:+.2f}% relative to BF16")
-            elif "non-finite loss" in str(r.get("note", "")):
-                s += "; its loss was non-finite (NaN/Inf, flagged in the runs table), so no loss gap is given"
-            elif len(valid):
-                s += "; no loss was recorded, so the loss gap is unknown"
-            elif "throughput run" in str(r.get("note", "")):
-                s += "; these are short throughput runs, so their loss is not compared here"
-            else:
-                s += "; the BF16 and FP8 runs did not see the same tokens, so their loss is not compared"
-            scales = comp[(comp["model"] == model) & (comp["fp8_variant"] == r["fp8_variant"])]
-            if scales["world_size"].nunique() > 1:
-                s += (f"; across {scales['world_size'].min():g} to {scales['world_size'].max():g} GPUs its speedup "
-                      f"ranged from {scales['speedup'].min():.2f}x to {scales['speedup'].max():.2f}x")
-            if reference is not None and len(reference):
-                same = reference[np.isclose(reference["params_b"], model_size_b(model))]
-                if len(same):
-                    s += f" (the source reported {same['speedup'].iloc[0]:.2f}x at {same['model_size'].iloc[0]})"
+            gap_kind, gap = _loss_gap(valid)
+            s = (_speed_sentence(model, r, tokens, price_per_instance_hour, gpus_per_instance)
+                 + _loss_clause(r, valid, gap_kind, gap) + _scale_and_reference_clause(comp, model, r, reference))
             parts.append(s + ".")
-            if not r["hardware_fp8"]:
-                emulated.append(model + (f" (its loss is within {loss_tolerance_pct:g}% of BF16's)" if gap_kind and
-                                         abs(gap) <= loss_tolerance_pct else ""))
-            elif r["speedup"] <= 1.0:
-                slower.append(model)
-            elif gap_kind and gap > loss_tolerance_pct:
-                faster_worse.append(model)
-            elif gap_kind:
-                pays.append(model)
-            else:
-                pays_unknown_loss.append(model)
-        concl = []
-        if pays:
-            concl.append(f"FP8 pays off for {', '.join(pays)} (faster, loss within {loss_tolerance_pct:g}% of BF16)")
-        if pays_unknown_loss:
-            concl.append(f"FP8 is faster for {', '.join(pays_unknown_loss)}, but these runs do not show its loss")
-        if faster_worse:
-            concl.append(f"for {', '.join(faster_worse)} FP8 is faster but its loss is more than "
-                         f"{loss_tolerance_pct:g}% above BF16's")
-        if slower:
-            concl.append(f"for {', '.join(slower)} FP8 is not faster than BF16")
-        if emulated:
-            concl.append(f"for {', '.join(emulated)} these runs cannot say whether FP8 is faster (no FP8 hardware)")
-        parts.append("In short: " + "; ".join(concl) + ".")
+            key, name = _bucket(model, r, gap_kind, gap, loss_tolerance_pct)
+            buckets[key].append(name)
+        parts.append(_in_short(buckets, loss_tolerance_pct))
     if reference is not None and len(reference):
-        refs = ", ".join(f"{r['speedup']:.2f}x and ~{r['loss_gap_pct']:g}% higher loss at {r['model_size']}"
-                         for _, r in reference.iterrows())
-        parts.append(f"For comparison, the source blog reported (not measured here) {refs} on "
-                     f"{reference['hardware'].iloc[0]}.")
+        parts.append(_reference_sentence(reference))
     return " ".join(parts)

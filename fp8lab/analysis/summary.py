@@ -53,6 +53,97 @@ def smooth(values: Sequence[float] | pd.Series, smoothing: str = "ema", span: in
     return s
 
 
+def _throughput_stats(steps: pd.DataFrame, steady: pd.DataFrame) -> dict:
+    """Step-derived throughput (median, quartiles), MFU, step time, memory and tokens of one run."""
+    tps = steady["tokens_per_sec_per_gpu"]
+    return dict(
+        tokens_per_sec_per_gpu=tps.median() if len(tps) else np.nan,
+        tps_p25=tps.quantile(0.25) if len(tps) else np.nan,
+        tps_p75=tps.quantile(0.75) if len(tps) else np.nan,
+        steady_steps=len(tps),
+        mfu=steady["mfu"].median() if steady["mfu"].notna().any() else np.nan,
+        step_time_s=steady["step_time_s"].median() if steady["step_time_s"].notna().any() else np.nan,
+        max_mem_gib=steps["max_mem_gib"].max() if steps["max_mem_gib"].notna().any() else np.nan,
+        tokens=steps["tokens"].max() if steps["tokens"].notna().any() else np.nan,
+    )
+
+
+def _loss_stats(steps: pd.DataFrame, smoothing: str, smoothing_span: int) -> tuple[dict, str | None]:
+    """Final, smoothed and validation loss of one run, blanked (with a note) if any loss is non-finite."""
+    row = {}
+    loss = steps["loss"][np.isfinite(steps["loss"])]  # skipped (overflow) steps may carry no loss
+    row["final_loss"] = loss.iloc[-1] if len(loss) else np.nan
+    row["smoothed_loss"] = smooth(loss, smoothing, smoothing_span).iloc[-1] if len(loss) else np.nan
+    val = steps[["step", "val_loss"]].dropna()
+    row["val_loss"] = val["val_loss"].iloc[-1] if len(val) else np.nan
+    # NaN/Inf losses: the run is flagged and shows no loss, rather than an older or another loss
+    bad = (steps["loss_nonfinite"].astype("boolean").fillna(False).to_numpy(bool) if "loss_nonfinite" in steps
+           else np.zeros(len(steps), bool))
+    for col in ("loss", "val_loss"):
+        bad |= np.isinf(pd.to_numeric(steps[col], errors="coerce").to_numpy(float))
+    row["nonfinite_losses"] = int(bad.sum())
+    note = None
+    if bad.any():
+        note = (f"{int(bad.sum())} non-finite loss value(s) (NaN/Inf), the first at step "
+                f"{steps['step'].to_numpy()[bad].min():g}: loss not reported or compared")
+        row["final_loss"] = row["smoothed_loss"] = row["val_loss"] = np.nan
+    return row, note
+
+
+def _apply_summary_record(row: dict, summ: pd.Series, throughput_from: str) -> str:
+    """Let a benchmark's summary record override the step-derived numbers; returns where throughput came from."""
+    if pd.notna(summ.get("tokens_per_sec_per_gpu")):
+        row["tokens_per_sec_per_gpu"] = summ["tokens_per_sec_per_gpu"]
+        row["tps_p25"] = summ.get("tokens_per_sec_per_gpu_p25", np.nan)
+        row["tps_p75"] = summ.get("tokens_per_sec_per_gpu_p75", np.nan)
+        row["steady_steps"] = summ.get("timed_steps", np.nan)
+        throughput_from = "benchmark summary record"
+        if pd.isna(row["tps_p25"]) and pd.notna(summ.get("tokens_per_sec_per_gpu_min", np.nan)):
+            row["tps_p25"] = summ["tokens_per_sec_per_gpu_min"]  # no quartiles: min-max of repeats
+            row["tps_p75"] = summ.get("tokens_per_sec_per_gpu_max", np.nan)
+            throughput_from += " (spread: min-max of repeats)"
+    for key, src in (("mfu", "mfu"), ("max_mem_gib", "max_mem_gib"), ("step_time_s", "step_time_s"),
+                     ("tokens", "tokens"), ("val_loss", "val_loss")):
+        if pd.notna(summ.get(src, np.nan)):
+            row[key] = summ[src]
+    for key in ("final_loss", "loss"):
+        if pd.isna(row["final_loss"]) and pd.notna(summ.get(key, np.nan)):
+            row["final_loss"] = row["smoothed_loss"] = summ[key]
+    return throughput_from
+
+
+def _summarize_run(run_id: object, g: pd.DataFrame, warmup_steps: int, smoothing: str,
+                   smoothing_span: int) -> dict:
+    """The summary row of one run's records (see ``summarize_runs``)."""
+    meta = {c: g[c].dropna().iloc[0] if g[c].notna().any() else np.nan for c in META_COLUMNS if c != "run_id"}
+    steps = g[g["record"] == "step"].sort_values("step")
+    summ = g[g["record"] == "summary"]
+    summ = summ.iloc[-1] if len(summ) else None
+    timed = steps[steps["tokens_per_sec_per_gpu"].notna()]
+    # by step number, not position: downsampled files keep exact step numbers
+    steady = timed[timed["step"] >= timed["step"].min() + warmup_steps] if len(timed) else timed
+    row = {"run_id": run_id, **meta, "n_steps": int(steps["step"].nunique())}
+    row.update(_throughput_stats(steps, steady))
+    note = []
+    if len(timed) and not len(steady):
+        note.append(f"all {len(timed)} timed steps fall within warmup_steps={warmup_steps}")
+    n_tps = row["steady_steps"]
+    throughput_from = f"median of {n_tps} steps after {warmup_steps} warm-up" if n_tps else "none"
+    loss_row, loss_note = _loss_stats(steps, smoothing, smoothing_span)
+    row.update(loss_row)
+    if loss_note is not None:
+        note.append(loss_note)
+    if summ is not None:
+        throughput_from = _apply_summary_record(row, summ, throughput_from)
+    for k in ("tps_p25", "tps_p75"):
+        row[k] = pd.to_numeric(row[k], errors="coerce")
+    row["tps_iqr"] = row["tps_p75"] - row["tps_p25"]
+    row["tps_spread_pct"] = 100 * row["tps_iqr"] / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"] else np.nan
+    row["throughput_from"] = throughput_from
+    row["note"] = "; ".join(note)
+    return row
+
+
 def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = "ema",
                    smoothing_span: int = 20) -> pd.DataFrame:
     """One row per run: steady-state tokens/s/GPU (median, quartiles, spread), MFU, memory, loss.
@@ -64,71 +155,8 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
     if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r}; allowed: an integer >= 0")
     _check_smoothing(smoothing, smoothing_span)
-    rows = []
-    for run_id, g in runs.groupby("run_id", sort=False):
-        meta = {c: g[c].dropna().iloc[0] if g[c].notna().any() else np.nan for c in META_COLUMNS if c != "run_id"}
-        steps = g[g["record"] == "step"].sort_values("step")
-        summ = g[g["record"] == "summary"]
-        summ = summ.iloc[-1] if len(summ) else None
-        timed = steps[steps["tokens_per_sec_per_gpu"].notna()]
-        # by step number, not position: downsampled files keep exact step numbers
-        steady = timed[timed["step"] >= timed["step"].min() + warmup_steps] if len(timed) else timed
-        row = {"run_id": run_id, **meta, "n_steps": int(steps["step"].nunique())}
-        tps = steady["tokens_per_sec_per_gpu"]
-        row.update(
-            tokens_per_sec_per_gpu=tps.median() if len(tps) else np.nan,
-            tps_p25=tps.quantile(0.25) if len(tps) else np.nan,
-            tps_p75=tps.quantile(0.75) if len(tps) else np.nan,
-            steady_steps=len(tps),
-            mfu=steady["mfu"].median() if steady["mfu"].notna().any() else np.nan,
-            step_time_s=steady["step_time_s"].median() if steady["step_time_s"].notna().any() else np.nan,
-            max_mem_gib=steps["max_mem_gib"].max() if steps["max_mem_gib"].notna().any() else np.nan,
-            tokens=steps["tokens"].max() if steps["tokens"].notna().any() else np.nan,
-        )
-        note = []
-        if len(timed) and not len(steady):
-            note.append(f"all {len(timed)} timed steps fall within warmup_steps={warmup_steps}")
-        throughput_from = f"median of {len(tps)} steps after {warmup_steps} warm-up" if len(tps) else "none"
-        loss = steps["loss"][np.isfinite(steps["loss"])]  # skipped (overflow) steps may carry no loss
-        row["final_loss"] = loss.iloc[-1] if len(loss) else np.nan
-        row["smoothed_loss"] = smooth(loss, smoothing, smoothing_span).iloc[-1] if len(loss) else np.nan
-        val = steps[["step", "val_loss"]].dropna()
-        row["val_loss"] = val["val_loss"].iloc[-1] if len(val) else np.nan
-        # NaN/Inf losses: the run is flagged and shows no loss, rather than an older or another loss
-        bad = (steps["loss_nonfinite"].astype("boolean").fillna(False).to_numpy(bool) if "loss_nonfinite" in steps
-               else np.zeros(len(steps), bool))
-        for col in ("loss", "val_loss"):
-            bad |= np.isinf(pd.to_numeric(steps[col], errors="coerce").to_numpy(float))
-        row["nonfinite_losses"] = int(bad.sum())
-        if bad.any():
-            note.append(f"{int(bad.sum())} non-finite loss value(s) (NaN/Inf), the first at step "
-                        f"{steps['step'].to_numpy()[bad].min():g}: loss not reported or compared")
-            row["final_loss"] = row["smoothed_loss"] = row["val_loss"] = np.nan
-        if summ is not None:
-            if pd.notna(summ.get("tokens_per_sec_per_gpu")):
-                row["tokens_per_sec_per_gpu"] = summ["tokens_per_sec_per_gpu"]
-                row["tps_p25"] = summ.get("tokens_per_sec_per_gpu_p25", np.nan)
-                row["tps_p75"] = summ.get("tokens_per_sec_per_gpu_p75", np.nan)
-                row["steady_steps"] = summ.get("timed_steps", np.nan)
-                throughput_from = "benchmark summary record"
-                if pd.isna(row["tps_p25"]) and pd.notna(summ.get("tokens_per_sec_per_gpu_min", np.nan)):
-                    row["tps_p25"] = summ["tokens_per_sec_per_gpu_min"]  # no quartiles: min-max of repeats
-                    row["tps_p75"] = summ.get("tokens_per_sec_per_gpu_max", np.nan)
-                    throughput_from += " (spread: min-max of repeats)"
-            for key, src in (("mfu", "mfu"), ("max_mem_gib", "max_mem_gib"), ("step_time_s", "step_time_s"),
-                             ("tokens", "tokens"), ("val_loss", "val_loss")):
-                if pd.notna(summ.get(src, np.nan)):
-                    row[key] = summ[src]
-            for key in ("final_loss", "loss"):
-                if pd.isna(row["final_loss"]) and pd.notna(summ.get(key, np.nan)):
-                    row["final_loss"] = row["smoothed_loss"] = summ[key]
-        for k in ("tps_p25", "tps_p75"):
-            row[k] = pd.to_numeric(row[k], errors="coerce")
-        row["tps_iqr"] = row["tps_p75"] - row["tps_p25"]
-        row["tps_spread_pct"] = 100 * row["tps_iqr"] / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"] else np.nan
-        row["throughput_from"] = throughput_from
-        row["note"] = "; ".join(note)
-        rows.append(row)
+    rows = [_summarize_run(run_id, g, warmup_steps, smoothing, smoothing_span)
+            for run_id, g in runs.groupby("run_id", sort=False)]
     cols = (["run_id"] + [c for c in META_COLUMNS if c != "run_id"] +
             ["n_steps", "steady_steps", "tokens", "tokens_per_sec_per_gpu", "tps_p25", "tps_p75", "tps_iqr",
              "tps_spread_pct", "mfu", "step_time_s", "max_mem_gib", "final_loss", "smoothed_loss", "val_loss",

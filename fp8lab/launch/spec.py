@@ -125,6 +125,14 @@ class JobSpec:
             object.__setattr__(self, name, whole_number(getattr(self, name)))
 
         self._check_model(bad)
+        self._check_options(bad)
+        self._check_instance(bad)
+        self._check_run_limits(bad)
+        self._check_aws(bad)
+        self._resolve_with_trainer()
+
+    def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
         from fp8lab.train import option_problem  # trainer options: the trainer's own checks (its schema)
 
         for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
@@ -139,6 +147,9 @@ class JobSpec:
             Recipe.parse(self.recipe)
         except ValueError as exc:
             raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid: {exc}") from None
+
+    def _check_instance(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """The instance type (and whether its GPU can run the precision and recipe) and the instance count."""
         if self.instance_type not in INSTANCES:
             raise bad("instance_type", self.instance_type, ", ".join(INSTANCES))
         info = INSTANCES[self.instance_type]
@@ -159,6 +170,9 @@ class JobSpec:
             raise bad("instance_count", self.instance_count,
                       f"1..{MAX_INSTANCES_PER_JOB} per job (a sanity limit); to plan more, pass allow_large=True "
                       "(CLI: --allow-large) after checking your SageMaker quota")
+
+    def _check_run_limits(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """The job's length and timing: tokens or steps, checkpoints, run/wait limits, warm pool and spot."""
         for name in ("checkpoint_every", "keep_alive_s"):  # a job checkpoints to S3: never -1 (off)
             if not NONNEG_INT(getattr(self, name)):
                 raise bad(name, getattr(self, name), NONNEG_INT.allowed)
@@ -178,6 +192,9 @@ class JobSpec:
             raise ValueError("JobSpec.max_wait_s only applies to spot=True jobs")
         if self.max_run_s is not None and self.max_run_s > MAX_RUNTIME_CAP_S:
             raise bad("max_run_s", self.max_run_s, f"at most {MAX_RUNTIME_CAP_S} (28 days)")
+
+    def _check_aws(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """Where the job runs and writes: role, bucket, prefix, study, data URI and region."""
         if not self.role:
             raise ValueError("JobSpec.role is missing: pass your SageMaker execution role ARN "
                              f"(for a dry run without an account: {PLACEHOLDER_ROLE!r})")
@@ -202,7 +219,6 @@ class JobSpec:
         if known is not None and self.region not in known and self.region in _instance_region_table():
             raise ValueError(f"JobSpec.region={self.region!r}: {self.instance_type} is not offered there "
                              f"(SageMaker SDK instance table); choose one of: {', '.join(sorted(known))}")
-        self._resolve_with_trainer()
 
     def _check_model(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """A named model, a local folder (its config.json read and checked) or s3:// with ``model_config``.
