@@ -34,7 +34,7 @@ The memory model, per GPU, is the larger of two peaks:
 Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` = 3 for SwiGLU
 (gate, up, product) and 2 for GELU, ``kv`` = key/value width; ``a`` and ``b`` were fitted to the
 measured peaks of TE fused runs (llama-1b and llama-7b, one H200) and are checked against every
-measured TE run in ``tests/test_layout.py`` (within 10%).
+measured TE run in ``tests/unit/test_layout.py`` (within 10%).
 """
 from __future__ import annotations
 

@@ -6,8 +6,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
+
+# tests/sagemaker/moto_env.py (moto's endpoint and the request checker) imports as ``moto_env``; the folder
+# itself is no package, so it never shadows the real ``sagemaker`` SDK
+sys.path.insert(0, str(Path(__file__).resolve().parent / "sagemaker"))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -40,7 +40,7 @@ def report_main(argv: Iterable[str] | None = None) -> int:
     """``fp8lab report RUNS... --out report.html``: kept for old callers; the command is :func:`fp8lab.report.main`.
 
     ``fp8lab.report`` builds on this package, not the other way round: this one call reaches up to
-    it when made, and no module-level import does (tests/test_layering.py checks that).
+    it when made, and no module-level import does (tests/unit/test_layering.py checks that).
     """
     from fp8lab.report import main
 

@@ -100,7 +100,7 @@ def check_request(operation: str, params: dict[str, Any]) -> None:
     assert not errs, "\n".join(errs)
 
 
-# ---- fixtures, imported by the test modules (tests/conftest.py is not ours to extend) ----
+# ---- fixtures, imported by the test modules that talk to the endpoint (only they need moto) ----
 
 BUCKET = "fp8lab-test-bucket"
 ROLE = "arn:aws:iam::123456789012:role/fp8lab-test-role"  # moto's account; must never be printed

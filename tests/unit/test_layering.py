@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "fp8lab"
+from fp8lab.paths import REPO_ROOT
+
+PKG = REPO_ROOT / "fp8lab"
 
 # A private name used across modules on purpose, with the reason. Keep this list short.
 ALLOWED_PRIVATE = {

@@ -34,13 +34,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-
 from conftest import chromium_paths
+
 from fp8lab.notebooks import GLUE_MIME, NOTEBOOK_DIR
+from fp8lab.paths import REPO_ROOT
 
 pytestmark = pytest.mark.browser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 ARTIFACTS = REPO / "outputs" / "browser"
 NOTEBOOK = "01_fp8_formats.ipynb"
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
@@ -401,8 +402,8 @@ def _wait_for_drawn(driver, prefix: str, previous_src: str | None) -> tuple[dict
 
 
 def test_notebook_01_runs_in_jupyterlab_and_the_explorer_responds(lab, browser):
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 
     d = browser.driver

@@ -171,13 +171,7 @@ def test_parse_metric_line():
 
 
 def test_warm_pool_request_and_cli_dry_run(capsys):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parent / "sagemaker" / "moto_env.py"
-    sp = importlib.util.spec_from_file_location("moto_env", path)
-    menv = importlib.util.module_from_spec(sp)
-    sp.loader.exec_module(menv)
+    import moto_env as menv  # tests/sagemaker/, on sys.path through tests/conftest.py
     (req,) = L.build_requests(spec(keep_alive_s=900, instance_count=2))
     assert req["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900 and "EnableManagedSpotTraining" not in req
     menv.check_request("CreateTrainingJob", req)

@@ -1,7 +1,6 @@
 """Notebook 04 executed for real (papermill): defaults and a non-default sweep, values read back."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -12,9 +11,7 @@ pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
 from fp8lab.notebooks import read_glued, run  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("moto_env", Path(__file__).parent / "sagemaker" / "moto_env.py")
-menv = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(menv)
+import moto_env as menv  # noqa: E402  (tests/sagemaker/, on sys.path through tests/conftest.py)
 
 TS = re.compile(r"-\d{14}$")
 # The placeholder role's account is AWS's documentation example, shown on purpose in the parameters cell.

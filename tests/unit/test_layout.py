@@ -3,16 +3,16 @@ the trainer's --dry-run and refusals, and SageMaker jobs the trainer accepts by 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from fp8lab import layout as fl
 from fp8lab.hardware import Machine, gpu_memory_gib
 from fp8lab.models import get_config
+from fp8lab.paths import RESULTS_DIR
 from fp8lab.train import TrainConfig, main, parse_args, preflight
 
-RESULTS = Path(__file__).resolve().parents[1] / "data" / "results"
+RESULTS = RESULTS_DIR
 H200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
 H100 = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, te_usable=True, fp8=True)
 CPU = Machine("cpu", "cpu", 24.0)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from fp8lab import metrics as fmetrics
+from fp8lab.paths import REPO_ROOT
 from fp8lab.train import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
@@ -166,7 +167,7 @@ def test_fsdp2_te_bf16_needs_bf16_parameters(param_dtype):
     fails, and the trainer's guard can go."""
     _te_or_skip()
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-                        os.path.join(os.path.dirname(__file__), "..", "benchmarks", "fsdp_te_check.py"),
+                        str(REPO_ROOT / "benchmarks" / "fsdp_te_check.py"),
                         "--param-dtype", param_dtype], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = p.stdout + p.stderr

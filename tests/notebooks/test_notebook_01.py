@@ -90,7 +90,7 @@ def test_explorer_scale_follows_format_and_margin():
 
 
 def test_explorer_widget_shows_the_numbers_of_each_setting():
-    """The widget's wiring without a browser; tests/test_browser.py moves it in JupyterLab."""
+    """The widget's wiring without a browser; tests/notebooks/test_browser.py moves it in JupyterLab."""
     import html
 
     import matplotlib.pyplot as plt

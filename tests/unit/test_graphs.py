@@ -1,6 +1,6 @@
 """--cuda-graphs on a CPU: the policy (when auto turns graphs on), the set-ups that cannot be captured
 (refused up front for ``on``, run eagerly for ``auto``), and the same refusal for a planned P5 job.
-The captured graphs themselves run in tests/test_graphs_gpu.py on the H200."""
+The captured graphs themselves run in tests/gpu/test_graphs_gpu.py on the H200."""
 from __future__ import annotations
 
 import json

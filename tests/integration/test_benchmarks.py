@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from fp8lab.paths import REPO_ROOT
+
+BENCH = REPO_ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 

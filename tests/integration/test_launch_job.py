@@ -7,7 +7,6 @@ metric-definition regexes; its ``/opt/ml/output/data`` becomes the output.tar.gz
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -15,16 +14,13 @@ import re
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("moto_env", Path(__file__).parent / "sagemaker" / "moto_env.py")
-menv = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(menv)
+import moto_env as menv  # noqa: E402  (tests/sagemaker/, on sys.path through tests/conftest.py)
 endpoint, aws = menv.endpoint, menv.aws  # fixtures
 
 

@@ -8,7 +8,6 @@ handed to launch(), and judged by botocore's service model, not by moto.
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import logging
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,9 +26,7 @@ pytest.importorskip("moto.server")
 
 from fp8lab import launch as L  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("moto_env", Path(__file__).parent / "sagemaker" / "moto_env.py")
-menv = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(menv)
+import moto_env as menv  # noqa: E402  (tests/sagemaker/, on sys.path through tests/conftest.py)
 
 BUCKET, ROLE = menv.BUCKET, menv.ROLE
 TS = re.compile(r"-\d{14}")
