@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-CHOICES = ("auto", "on", "off")
+CHOICES = ("auto", "on", "off")  # the --cuda-graphs vocabulary (fp8lab.options takes it from here)
 
 # Work per block per micro-batch (tokens x the block's parameters) below which the step is
 # launch-bound on an H100/H200 with TE's fused layers. FP8's GEMMs take about half BF16's time, so
@@ -42,17 +42,16 @@ CHOICES = ("auto", "on", "off")
 LAUNCH_BOUND_WORK = {"fp8": 6e11, "bf16": 3e11}
 
 
-def block_params(mcfg) -> int:
-    """Parameters of one decoder block (attention and MLP matrices; norms are negligible)."""
-    h, f, hd = mcfg.hidden_size, mcfg.intermediate_size, mcfg.head_dim
-    attn = 2 * h * mcfg.num_heads * hd + 2 * h * mcfg.kv_heads * hd  # Q and O, K and V
-    mlp = (3 if mcfg.family == "llama" else 2) * h * f
-    return attn + mlp
+def work_per_block(mcfg, micro_batch_size: int, seq_len: int) -> float:
+    """Tokens x GEMM weights of one decoder block per micro-batch: the GPU work one block's launches carry."""
+    from fp8lab.models import block_matmul_params
+
+    return micro_batch_size * seq_len * block_matmul_params(mcfg)
 
 
 def launch_bound(mcfg, micro_batch_size: int, seq_len: int, precision: str = "fp8") -> bool:
     """True where one block's GPU work per micro-batch is too small to hide TE's launch overhead."""
-    return micro_batch_size * seq_len * block_params(mcfg) < LAUNCH_BOUND_WORK[precision]
+    return work_per_block(mcfg, micro_batch_size, seq_len) < LAUNCH_BOUND_WORK[precision]
 
 
 def problem(*, device_type: str, backend: str | None, fuse: bool, param_dtype: str, world_size: int,
@@ -96,10 +95,10 @@ def decide(choice: str, mcfg, *, micro_batch_size: int, seq_len: int, precision:
         if why_not:
             raise ValueError(f"--cuda-graphs on: {why_not}; use --cuda-graphs auto or off")
         return Decision(True, "--cuda-graphs on")
-    work, limit = micro_batch_size * seq_len * block_params(mcfg), LAUNCH_BOUND_WORK[precision]
+    work, limit = work_per_block(mcfg, micro_batch_size, seq_len), LAUNCH_BOUND_WORK[precision]
     if why_not:
         return Decision(False, f"auto: {why_not}")
-    if work >= limit:
+    if not launch_bound(mcfg, micro_batch_size, seq_len, precision):
         return Decision(False, f"auto: {work:.1e} token-params per block and micro-batch keep the GPU busy "
                                f"in {precision} (graphs pay below {limit:.0e})")
     return Decision(True, f"auto: {work:.1e} token-params per block and micro-batch: launch-bound in {precision} "

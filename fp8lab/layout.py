@@ -97,10 +97,10 @@ def _act_unit(mcfg) -> int:
 
 
 def _block_linear_params(mcfg) -> int:
-    h, f = mcfg.hidden_size, mcfg.intermediate_size
-    kv = mcfg.kv_heads * mcfg.head_dim
-    mlp = (3 if mcfg.family == "llama" else 2) * h * f
-    return mcfg.num_layers * (2 * h * h + 2 * h * kv + mlp)
+    """GEMM weights of all decoder blocks (fp8lab.models.block_matmul_params per block)."""
+    from fp8lab.models import block_matmul_params
+
+    return mcfg.num_layers * block_matmul_params(mcfg)
 
 
 def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int, param_dtype: str = "bf16",
@@ -170,14 +170,6 @@ def _budget(machine: Machine) -> float:
     return machine.memory_gib - max(HEADROOM_GIB, HEADROOM_FRACTION * machine.memory_gib)
 
 
-def cache_held_fits(layout: "Layout", machine: Machine) -> bool:
-    """Whether the run still fits when TE's FP8 weight cache stays allocated for the whole run, as
-    under CUDA graphs (the captured graphs write into it, so it cannot be released before the
-    optimizer step as it otherwise is). Measured: llama-7b 1 x 2048 FP8 peaks at 120.8 GiB eager;
-    graphed with the cache it ran out of the H200's 139.8 GiB at its first optimizer step."""
-    return layout.memory.peak + layout.memory.fp8_cache <= _budget(machine)
-
-
 GRAPH_HOLD_FACTOR = 1.25  # margin on what CUDA graphs keep allocated for the whole run (see graphs_memory_problem)
 
 
@@ -189,7 +181,8 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
     before the optimizer step. Estimate: the eager peak without the transient FP8 weight cache, plus
     GRAPH_HOLD_FACTOR x (activations + FP8 weights). Measured on the H200: llama-7b 1 x 2048 BF16
     graphed peaked at 127.4 GiB (eager 113.4; this estimate 125.3: fits), FP8 graphed ran out of
-    139.8 GiB at its first optimizer step (estimate 135.2 > 132.8 usable: refused)."""
+    139.8 GiB at its first optimizer step with TE's FP8 weight cache and without it (estimate 135.2 >
+    132.8 usable: refused). The FP8 weights count either way: a graph keeps those saved for backward."""
     m = layout.memory
     held = m.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
     need = m.peak - m.fp8_cache + GRAPH_HOLD_FACTOR * held

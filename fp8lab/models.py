@@ -74,7 +74,7 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     ``config.json`` is read (nothing is built) and overrides are refused (edit the config instead)."""
     from fp8lab import user_model
 
-    if isinstance(name, str) and name not in MODEL_CONFIGS and user_model.is_user_model(name):
+    if user_model.is_user_model(name):
         if overrides:
             raise ValueError(f"model overrides ({', '.join(sorted(overrides))}) apply to the named models only; "
                              f"for the model folder {name!r} edit its config.json instead")
@@ -265,16 +265,23 @@ def count_parameters(model_or_config) -> ParamCounts:
     c = _config_of(model_or_config)
     h, f, v, L = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers
     if c.family == "llama":
-        q_dim, kv_dim = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
-        attn = h * q_dim + 2 * h * kv_dim + q_dim * h
-        block = attn + 3 * h * f + 2 * h  # q,k,v,o + gate,up,down + two RMSNorm weights
+        block = block_matmul_params(c) + 2 * h  # q,k,v,o + gate,up,down + two RMSNorm weights
         emb, final, head, head_matmul = v * h, h, (0 if c.tied else v * h), v * h
     else:
-        attn = 4 * h * h + h  # q,k,v without bias, out_proj with bias
-        block = attn + 2 * h * f + f + h + 4 * h  # c_fc, c_proj (+biases), two LayerNorms (w+b)
+        block = block_matmul_params(c) + h + f + h + 4 * h  # q,k,v,o, c_fc, c_proj; out_proj, c_fc, c_proj biases; 2 LayerNorms
         emb, final, head, head_matmul = v * h + c.max_seq_len * h, 2 * h, (0 if c.tied else v * h), v * h
     blocks = L * block
     return ParamCounts(emb, blocks, final, head, emb + blocks + final + head, blocks + final + head_matmul)
+
+
+def block_matmul_params(model_or_config) -> int:
+    """Weights of one decoder block that take part in a GEMM (Q, K, V, O and the MLP): what FP8 casts."""
+    c = _config_of(model_or_config)
+    h, f = c.hidden_size, c.intermediate_size
+    if c.family == "llama":
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
+        return 2 * h * q_dim + 2 * h * kv_dim + 3 * h * f
+    return 4 * h * h + 2 * h * f
 
 
 def model_flops_per_token(model_or_config, seq_len: int) -> float:

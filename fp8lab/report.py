@@ -362,7 +362,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "",
         "## Headline",
         "",
-        f"![FP8 against BF16 per model](headline.png)",
+        "![FP8 against BF16 per model](headline.png)",
         "",
         headline_markdown(headline),
         "## Verdict",

@@ -60,8 +60,7 @@ from typing import Any, Callable
 
 from fp8lab import data as fdata
 from fp8lab import validate as fvalidate
-from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (also importable from here, its old home)
-from fp8lab.layout import INT_FIELDS
+from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR
 from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
@@ -232,7 +231,6 @@ def _check_recipe(c: TrainConfig, bad: Callable[[str, str], ValueError]) -> None
 # command line (and SageMaker hyperparameters, which arrive as --key value strings)
 # ----------------------------------------------------------------------------------------------
 
-AUTO_INTS = INT_FIELDS  # layout options that are integers or "auto"
 
 
 class OptionError(ValueError):
@@ -408,13 +406,17 @@ def preflight(c: TrainConfig, machine, backend: str | None):
     return c, layout, total_steps, warmup
 
 
-def graphs_decision(c: TrainConfig, machine, backend: str | None, layout):
-    """Whether this run replays its blocks as CUDA graphs (fp8lab.graphs.Decision), for its resolved layout."""
+def graphs_decision(c: TrainConfig, machine, backend: str | None, layout, mcfg=None):
+    """Whether this run replays its blocks as CUDA graphs (fp8lab.graphs.Decision), for its resolved layout.
+
+    ``mcfg``: the run's ModelConfig where the caller has it (else read from ``c``)."""
     from fp8lab import graphs
     from fp8lab import layout as flayout
     from fp8lab.models import get_config
 
-    mcfg = get_config(c.model, **c.model_overrides)
+    if c.cuda_graphs == "off":
+        return graphs.decide("off", None, micro_batch_size=c.micro_batch_size, seq_len=c.seq_len)
+    mcfg = mcfg or get_config(c.model, **c.model_overrides)
     memory = flayout.graphs_memory_problem(layout, machine, mcfg, fp8=c.precision == "fp8") if machine.gpu else None
     return graphs.decide(c.cuda_graphs, mcfg, micro_batch_size=c.micro_batch_size, memory_problem=memory,
                          precision=c.precision,

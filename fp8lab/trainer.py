@@ -94,12 +94,12 @@ class Trainer:
         ftrain.fused_check(c, self.backend)
         self.requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
         self.c, self.layout, self.total_steps, self.warmup = ftrain.preflight(c, self.machine, self.backend)
+        c = self.c
         self.log(f"fp8lab: {self.layout.header()}")
-        self.graphs = ftrain.graphs_decision(self.c, self.machine, self.backend, self.layout)
-        if self.graphs.active or c.cuda_graphs != "auto" or self.machine.gpu:
+        self.graphs = ftrain.graphs_decision(c, self.machine, self.backend, self.layout, self.mcfg)
+        if self.machine.gpu or c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
             self.log(f"fp8lab: {self.graphs.describe()}")
         self.graphs_captured = None
-        c = self.c
         self.world = env.world_size
         self.tokens_per_step = c.micro_batch_size * c.grad_accum * self.world * c.seq_len
         self.fp8_on = c.precision == "fp8"
@@ -145,7 +145,6 @@ class Trainer:
         """build -> convert -> activation checkpointing -> compile -> master weights -> wrap."""
         import torch
 
-        from fp8lab import layout as flayout
         from fp8lab.convert import convert_model, edge_blocks_filter
         from fp8lab.models import build_model
 
@@ -174,11 +173,6 @@ class Trainer:
         self.weight_cache = bool(c.fp8_weight_cache and self.fp8_on and c.grad_accum > 1
                                  and getattr(model, "supports_weight_cache", False)
                                  and (self.keep_weights or not self.sharded))
-        if self.weight_cache and self.graphs.active and not flayout.cache_held_fits(self.layout, self.machine):
-            self.weight_cache = False  # the graphs would hold it through the optimizer step: weights re-cast per micro-batch
-            m = self.layout.memory
-            self.log(f"fp8lab: FP8 weight cache off under CUDA graphs: held for the whole step it would not fit "
-                     f"({m.peak:.0f} + {m.fp8_cache:.0f} GiB of {self.machine.memory_gib:.0f} GiB)")
 
     def _make_master_weights(self, model) -> None:
         """bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype."""
@@ -228,7 +222,7 @@ class Trainer:
                                         rank=env.rank, world_size=self.world)
         self.state = TrainState(tokens_per_step=self.tokens_per_step, device=env.device)
         self.guard = NonFiniteGuard(c.max_bad_steps, self.state)
-        self.gpu_name = _gpu_name(env.device)
+        self.gpu_name = self.machine.name
         peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(self.gpu_name)
         self.info = RunInfo(c.precision, self.backend or "none", self.recipe.kind if (self.recipe and self.fp8_on) else None,
                             c.model, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, c.seq_len),
@@ -478,12 +472,6 @@ def _compile_blocks(model) -> None:
         getattr(torch._dynamo.config, "accumulated_recompile_limit", 256), 4 * limit)
     for block in blocks:
         block.compile()
-
-
-def _gpu_name(device) -> str:
-    import torch
-
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _adamw_impl(opt) -> str:

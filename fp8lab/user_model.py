@@ -51,8 +51,12 @@ CONNECT_TIMEOUT_S = 3.0
 
 
 def is_user_model(spec: Any) -> bool:
-    """True for ``hf:<repo>`` or a string that names an existing folder (not a named shape)."""
-    return isinstance(spec, str) and (spec.startswith(HF_PREFIX) or Path(spec).is_dir())
+    """True for ``hf:<repo>`` or a string that names an existing folder; a named shape never is, even
+    where a folder of that name happens to exist in the working directory."""
+    from fp8lab.models import MODEL_CONFIGS
+
+    return (isinstance(spec, str) and spec not in MODEL_CONFIGS
+            and (spec.startswith(HF_PREFIX) or Path(spec).is_dir()))
 
 
 def _hub_reachable() -> str | None:
@@ -173,9 +177,7 @@ def describe(spec: str) -> dict[str, Any]:
 def identity(spec: str) -> str:
     """What a checkpoint fingerprint records for the model: the name, or the config's hash (a folder
     may move, e.g. into a SageMaker channel, and stay the same model)."""
-    from fp8lab.models import MODEL_CONFIGS
-
-    if spec in MODEL_CONFIGS or not is_user_model(spec):
+    if not is_user_model(spec):
         return spec
     return f"config.json sha256 {describe(spec)['config_sha256'][:16]}"
 
@@ -211,9 +213,7 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
 
 def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
     """Copy the user's tokenizer files into ``model_dir``; returns the names copied (none: [])."""
-    from fp8lab.models import MODEL_CONFIGS
-
-    if spec in MODEL_CONFIGS or not is_user_model(spec):
+    if not is_user_model(spec):
         return []
     folder = folder_of(spec)
     copied = []

@@ -295,3 +295,17 @@ def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
     ]:
         with pytest.raises(ValueError, match=match):
             L.JobSpec(**{**base, **kw})
+
+
+def test_a_named_shape_stays_named_when_a_folder_of_that_name_exists(tmp_path, monkeypatch):
+    """--model llama-tiny in a working directory that happens to hold a folder called llama-tiny."""
+    from fp8lab import user_model
+    from fp8lab.hardware import Machine
+    from fp8lab.train import TrainConfig, preflight
+
+    (tmp_path / "llama-tiny").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert not user_model.is_user_model("llama-tiny") and user_model.is_user_model(str(tmp_path / "llama-tiny"))
+    c = TrainConfig(model="llama-tiny", precision="fp8", backend="emulated")
+    c, layout, steps, _ = preflight(c, Machine("cpu", "cpu", 24.0), "emulated")
+    assert c.model == "llama-tiny" and steps == 100 and user_model.describe("llama-tiny")["source"] == "named"
