@@ -7,7 +7,8 @@
 #   changes by < 2% either way; graphs hold little memory beyond eager (static inputs per block).
 #   Part A: llama-7b mb1 and gptneo-1.3b mb2, BF16 and FP8, graphs on/off, profiled.
 #   Part B (after part A ran out of memory graphing llama-7b with the FP8 weight cache held): llama-7b mb1
-#   graphed (the cache now off where holding it does not fit), llama-1b 16 x 2048 x 4 FP8 graphs on/off,
+#   graphed (the FP8 weight cache off, as an early rule decided; that layout is now refused for
+#   graphs by fp8lab.layout.graphs_memory_problem), llama-1b 16 x 2048 x 4 FP8 graphs on/off,
 #   gptneo-1.3b mb2 FP8 graphed and capped at 79.2 GiB (P5's H100).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B
 # Results: $OUT/<part>-results.tar.gz holds data/results/graphs-h200/*.jsonl (+ .profile.json).

@@ -49,7 +49,8 @@ def show(fig: Figure) -> None:
     test of the executed notebook can check that each figure stays readable."""
     from IPython.display import Image, display
 
-    display(Image(data=to_png(fig), format="png"), metadata={"fp8lab": figure_stats(fig)})
+    png = to_png(fig)
+    display(Image(data=png, format="png"), metadata={"fp8lab": figure_stats(fig, png=png)})
 
 
 def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, np.ndarray]:
@@ -457,12 +458,13 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     return _finish(fig, save)
 
 
-def figure_stats(fig: Figure, dpi: int = 110) -> dict:
+def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
     """What a reader faces in a figure: bars per panel, legend entries, and its size in pixels at ``dpi``
-    (as :func:`to_png` renders it). Tests read these from executed notebooks."""
+    (as :func:`to_png` renders it, or of ``png``, the figure already rendered at ``dpi``). Tests read
+    these from executed notebooks."""
     import struct
 
-    png = to_png(fig, dpi)
+    png = png if png is not None else to_png(fig, dpi)
     width, height = struct.unpack(">II", png[16:24])  # the PNG header's IHDR chunk
     bars = []
     for ax in fig.axes:
@@ -471,7 +473,7 @@ def figure_stats(fig: Figure, dpi: int = 110) -> dict:
     legend = sum(len(leg.get_texts()) for leg in fig.legends)
     legend += sum(len(ax.get_legend().get_texts()) for ax in fig.axes if ax.get_legend() is not None)
     return {"bars_per_panel": bars, "legend_entries": legend, "width_px": int(width), "height_px": int(height),
-            "dpi": dpi, "title": fig._suptitle.get_text() if fig._suptitle else ""}
+            "dpi": dpi, "title": fig.get_suptitle()}
 
 
 def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:

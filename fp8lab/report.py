@@ -237,10 +237,6 @@ def main(argv: Iterable[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # --------------------------------------------------------------------------- README and docs
 # `fp8lab report --docs` regenerates, from data/results/ alone: the README's results block (the
 # headline table, at most one row per model and GPU), docs/results.md (every table, the verdict and
@@ -425,3 +421,7 @@ def write_docs(root: str | Path | None = None, sources: object = None, config: R
             path.write_text(content, encoding="utf-8")
         written.append(path)
     return written
+
+
+if __name__ == "__main__":  # at the end: main() reads the docs section's names
+    raise SystemExit(main())

@@ -7,12 +7,19 @@ import sys
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
 from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
-from fp8lab.launch.spec import MAX_INSTANCES_PER_JOB, PRECISIONS
-from fp8lab.validate import OneLineParser, check_writable_file, parse_count
+from fp8lab.launch.spec import MAX_INSTANCES_PER_JOB
+from fp8lab.options import PRECISIONS
+from fp8lab.validate import AUTO, OneLineParser, check_writable_file, parse_count
+
+
+def auto_or_integer(text: str):
+    """A layout option on the command line: "auto" (fp8lab.layout picks it for the instance's GPU) or an integer."""
+    return AUTO if text == AUTO else int(text)
+
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["llama-1b", "llama-7b"])
-    p.add_argument("--precisions", nargs="+", default=["bf16", "fp8"], choices=PRECISIONS)
+    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     p.add_argument("--instance-counts", nargs="+", type=int, default=[1, 2, 4])
     g = p.add_mutually_exclusive_group()
     g.add_argument("--tokens", type=parse_count, help="training tokens per job, e.g. 1e9 (default 1e9 unless --steps)")
@@ -22,8 +29,9 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET)
     p.add_argument("--region", default="us-east-1")
     p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: see PRICE_SOURCE)")
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--micro-batch-size", type=auto_or_integer, default=AUTO,
+                   help="sequences per GPU per micro-step; auto (default): the largest that fits the instance's GPU")
+    p.add_argument("--seq-len", type=auto_or_integer, default=AUTO, help="tokens per sequence; auto (default): 2048")
     p.add_argument("--spot", action="store_true")
     p.add_argument("--install-te", action="store_true")
     p.add_argument("--allow-large", action="store_true",

@@ -294,7 +294,7 @@ class JobSpec:
             raise ValueError(f"JobSpec.options: {', '.join(unknown + reserved)} "
                              + ("not trainer options" if unknown else "set by JobSpec itself or by SageMaker")
                              + f"; allowed: {', '.join(sorted(_trainer_option_names() - JOB_OWNED_OPTIONS))}")
-        hp = _requested_hyperparameters(self)
+        hp = hyperparameters(self)
         hp.pop("data", None)  # the channel's path exists only inside the job
         try:
             with _local_model(self) as local:  # the model channel's path exists only inside the job, too
@@ -403,10 +403,6 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
 
     Layout options are the resolved values (``JobSpec`` replaced "auto" when it was made), plus
     everything in ``spec.options``; the set passed the trainer's own parser and start-up checks."""
-    return _requested_hyperparameters(spec)
-
-
-def _requested_hyperparameters(spec: JobSpec) -> dict[str, Any]:
     hp: dict[str, Any] = {
         "model": spec.model, "precision": spec.precision, "backend": spec.backend, "recipe": spec.recipe,
         "micro-batch-size": spec.micro_batch_size, "grad-accum": spec.grad_accum, "seq-len": spec.seq_len,

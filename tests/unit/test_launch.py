@@ -196,3 +196,15 @@ def test_wait_and_collect_reject_bad_job_lists():
         L.wait([])
     with pytest.raises(ValueError, match="job names"):
         L.collect([None])
+
+
+def test_cli_plan_uses_the_layout_resolver_like_the_api(capsys):
+    """`fp8lab launch plan` with no layout flags plans the layout JobSpec resolves (not a fixed micro-batch)."""
+    job = L.plan_sweep(["llama-7b"], ["fp8"], [2], role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET,
+                       tokens=10**9).jobs[0].spec
+    assert L.main(["plan", "--models", "llama-7b", "--precisions", "fp8", "--instance-counts", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"{job.micro_batch_size} x {job.seq_len} x {job.grad_accum}" in out
+    assert L.main(["plan", "--models", "llama-7b", "--precisions", "fp8", "--instance-counts", "2",
+                   "--micro-batch-size", "1", "--seq-len", "1024"]) == 0
+    assert " 1 x 1024 x " in capsys.readouterr().out
