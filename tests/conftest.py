@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-# tests/sagemaker/moto_env.py (moto's endpoint and the request checker) imports as ``moto_env``; the folder
-# itself is no package, so it never shadows the real ``sagemaker`` SDK
-sys.path.insert(0, str(Path(__file__).resolve().parent / "sagemaker"))
+# Helpers shared across the test folders import by module name: tests/helpers/fake_runs.py (fake trainer
+# runs and result files) and tests/sagemaker/moto_env.py (moto's endpoint and the request checker). The
+# folders are no packages, so ``sagemaker`` never shadows the real SDK
+for _d in ("helpers", "sagemaker"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent / _d))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -330,7 +330,7 @@ def test_allow_large_does_not_change_job_names():
 
 @pytest.fixture
 def report_dir(tmp_path, monkeypatch):
-    from test_analysis import make_pair
+    from fake_runs import make_pair
 
     make_pair(tmp_path / "runs", val_every=10)
     (tmp_path / "empty").mkdir()

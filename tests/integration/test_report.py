@@ -6,7 +6,7 @@ import html
 from html.parser import HTMLParser
 
 from fp8lab import analysis, cli, report
-from test_analysis import make_pair
+from fake_runs import make_pair
 
 
 class _Refs(HTMLParser):
@@ -85,7 +85,7 @@ def test_markdown_table_for_the_readme(tmp_path):
 
 
 def test_markdown_scaling_table_lists_multi_gpu_runs_against_their_reference(tmp_path):
-    from test_analysis import _bench
+    from fake_runs import bench as _bench
 
     _bench(tmp_path, "one", 1000.0, 1, "2026-11-29T10:00:00Z")
     _bench(tmp_path, "two", 955.0, 2, "2026-11-29T10:05:00Z", parallel="fsdp")

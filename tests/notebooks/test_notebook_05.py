@@ -9,7 +9,7 @@ import pytest
 
 from fp8lab import analysis
 from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
-from test_analysis import make_pair
+from fake_runs import make_pair
 
 NB = NOTEBOOK_DIR / "05_analyze_results.ipynb"
 

@@ -9,7 +9,7 @@ import pytest
 
 from fp8lab import analysis, estimates, launch as L, plots
 from fp8lab.models import model_flops_per_token
-from test_analysis import _bench, run_meta, step_records
+from fake_runs import bench as _bench, run_meta, step_records
 
 ROLE, BUCKET = L.PLACEHOLDER_ROLE, L.PLACEHOLDER_BUCKET
 

@@ -8,7 +8,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from fp8lab import analysis, plots
-from test_analysis import make_pair, make_trainer_run, run_meta, step_records
+from fake_runs import make_pair, make_trainer_run, run_meta, step_records
 
 
 @pytest.fixture
