@@ -237,9 +237,13 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
     if not len(steps):
         return _finish(_empty(title, "no per-step loss to compare\n(throughput runs are too short)"), save)
     models = _models(steps)
-    fig, axes = _new(ncols=len(models), nrows=2, height=3.2, sharex="col")
+    fp8_of = [is_fp8(p) for p in steps.drop_duplicates("run_id")["precision"]]
+    paired = any(fp8_of) and not all(fp8_of)  # a gap needs a BF16 and an FP8 run: else one row, and say so
+    if not paired:
+        title = f"Training loss ({smoothing}, span {smoothing_span})"
+    fig, axes = _new(ncols=len(models), nrows=2 if paired else 1, height=3.2, sharex="col")
     for col, model in enumerate(models):
-        top, bottom = axes[0, col], axes[1, col]
+        top = axes[0, col]
         g = steps[steps["model"] == model]
         x_col = "tokens" if g["tokens"].notna().all() else "step"
         label = _run_labels(g)
@@ -254,28 +258,38 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             top.plot(x, r["loss"], color=c, alpha=0.25, lw=0.8)
             top.plot(x, sm, color=c, lw=1.8, label=label[run_id], gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
-        study = dict(g[["run_id", "study"]].drop_duplicates("run_id").values) if "study" in g else {}
-        base = [k for k, v in curves.items() if not v[0]]
-        for run_id, (fp8, x, sm) in curves.items():
-            if not fp8 or not base:
-                continue
-            # the BF16 run of the same study (same data, order and hyperparameters), else the first BF16 run
-            base_id = ([k for k in base if study.get(k) == study.get(run_id)] or base)[0]
-            _, bx, bsm = curves[base_id]
-            inside = (x >= bx.min()) & (x <= bx.max())
-            gap = 100 * (sm[inside] - np.interp(x[inside], bx, bsm)) / np.interp(x[inside], bx, bsm)
-            bottom.plot(x[inside], gap, color=colors[label[run_id]], label=f"{label[run_id]} vs {label[base_id]}",
-                        gid=f"gap:{run_id}")
-        bottom.axhline(0, color="0.3", lw=0.8, ls="--")
         top.set_title(str(model))
         top.set_ylabel("loss")
         top.legend(fontsize=7, loc="upper right")  # losses fall from the top left; the gap lines below share these colours
-        bottom.set_ylabel("FP8 - BF16 of its study\n(% of BF16)", fontsize=9)
-        bottom.set_xlabel(x_col)
-        if not bottom.lines[:-1]:
-            bottom.text(0.5, 0.5, "needs a BF16 and an FP8 run", ha="center", transform=bottom.transAxes, color="0.4")
+        if not paired:
+            top.set_xlabel(x_col)
+            top.text(0.02, 0.03, "FP8 gap: needs a BF16 and an FP8 run", transform=top.transAxes, fontsize=8,
+                     color="0.4")
+            continue
+        _gap_panel(axes[1, col], g, curves, colors, label, x_col)
     fig.suptitle(title)
     return _finish(fig, save)
+
+
+def _gap_panel(bottom, g: pd.DataFrame, curves: dict, colors: dict, label: dict, x_col: str) -> None:
+    """Each FP8 run's smoothed loss against the BF16 run of its study (else the first BF16 run), in percent."""
+    study = dict(g[["run_id", "study"]].drop_duplicates("run_id").values) if "study" in g else {}
+    base = [k for k, v in curves.items() if not v[0]]
+    for run_id, (fp8, x, sm) in curves.items():
+        if not fp8 or not base:
+            continue
+        # the BF16 run of the same study (same data, order and hyperparameters), else the first BF16 run
+        base_id = ([k for k in base if study.get(k) == study.get(run_id)] or base)[0]
+        _, bx, bsm = curves[base_id]
+        inside = (x >= bx.min()) & (x <= bx.max())
+        gap = 100 * (sm[inside] - np.interp(x[inside], bx, bsm)) / np.interp(x[inside], bx, bsm)
+        bottom.plot(x[inside], gap, color=colors[label[run_id]], label=f"{label[run_id]} vs {label[base_id]}",
+                    gid=f"gap:{run_id}")
+    bottom.axhline(0, color="0.3", lw=0.8, ls="--")
+    bottom.set_ylabel("FP8 - BF16 of its study\n(% of BF16)", fontsize=9)
+    bottom.set_xlabel(x_col)
+    if not bottom.lines[:-1]:  # this model has only one precision (another model has both)
+        bottom.text(0.5, 0.5, "needs a BF16 and an FP8 run", ha="center", transform=bottom.transAxes, color="0.4")
 
 
 def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
