@@ -160,18 +160,19 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     timed = [r for r in recs if r["step"] > args.warmup and r.get("loss") is not None and not r.get("profiled")]
     tps = quantiles([r["tokens_per_sec_per_gpu"] for r in timed])
     mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
+    backend = cfg.get("backend_resolved", _arg_value(flags, "--backend"))  # "none": plain transformers
     run = {
         "record": "run", "run_id": run_id, "study": args.study, "model": model,
         "variant": variant + (f"-{args.tag}" if getattr(args, "tag", "") else ""),
         "precision": _arg_value(flags, "--precision"),
-        "backend": "hf" if cfg.get("backend_resolved", _arg_value(flags, "--backend")) == "none" else cfg.get("backend_resolved", _arg_value(flags, "--backend")),
+        "backend": "hf" if backend == "none" else backend,
         "recipe": (((_arg_value(flags + extra, "--recipe") or "").partition(":")[0]
                     or (cfg.get("recipe_resolved") or "").partition(" ")[0] or None)
                    if _arg_value(flags, "--precision") == "fp8" else None),
         "recipe_spec": _arg_value(flags + extra, "--recipe"),
         "bf16_edge_blocks": int(_arg_value(flags + extra, "--bf16-edge-blocks", "0")),
         "warmup_lr_steps": int(_arg_value(cmd, "--warmup-steps", "0")),
-        "fuse": None if cfg.get("backend_resolved") == "none" else _arg_value(flags, "--fuse", "True") == "True",
+        "fuse": None if backend == "none" else _arg_value(flags, "--fuse", "True") == "True",
         "compile": _arg_value(flags, "--compile", "False") == "True",
         "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,

@@ -21,15 +21,13 @@ The same file runs everywhere; only the launch differs::
     # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
 
 This module holds the entry points and ``TrainConfig`` (each option declared once on its field:
-fp8lab.options); the run itself is ``fp8lab.trainer.Trainer``. Order of set-up (as torchtitan):
-build the HF model, convert it for FP8, activation checkpointing, compile each block, shard (FSDP2)
-or wrap (DDP), then create the optimizer. The loop is backend-agnostic: FP8 is the backend's
-autocast region plus its optional ``after_optimizer_step``, registered once as an optimizer hook.
+fp8lab.options); the run itself, its set-up order and its loop, is ``fp8lab.trainer.Trainer``.
 
 ``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.
 ``--precision bf16`` with an explicit ``--backend`` runs the *same converted layers* with FP8 off
 (TE BF16 vs TE FP8, what SageMaker jobs of fp8lab.launch compare); with ``--backend auto`` (the
-default) a BF16 run is the plain Hugging Face model. Non-FP8 math runs under ``torch.autocast``
+default) a BF16 run does the same where Transformer Engine is usable, and elsewhere runs the plain
+Hugging Face model (which ``--backend none`` always runs). Non-FP8 math runs under ``torch.autocast``
 in ``--compute-dtype`` (default bf16 on GPUs, fp32 on CPUs, where bf16 autocast is slow and
 adds nothing to a loss comparison) over float32 parameters. ``--param-dtype bf16`` keeps the
 parameters (and gradients) in bf16 instead, so nothing is re-cast per step, and the optimizer

@@ -44,7 +44,7 @@ class PairResult:
         return bool(self.losses)
 
 
-TINY_LR, DEFAULT_LR = 2e-3, 3e-4  # lr="auto": tiny models (< 50M parameters) like it high
+TINY_LR = 2e-3  # lr="auto": tiny models (< 50M parameters) like it high; others get the trainer's default --lr
 
 
 def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str] = ("auto",), recipe: str = "auto",
@@ -71,7 +71,7 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     out = Path(output_dir)
     mcfg = get_config(model, **options.get("model_overrides", {}))
     if options.get("lr", "auto") == "auto":
-        options["lr"] = TINY_LR if count_parameters(mcfg).total < 50e6 else DEFAULT_LR
+        options["lr"] = TINY_LR if count_parameters(mcfg).total < 50e6 else TrainConfig.lr
     base = {"progress": "off", "print_metrics": False, "plot": False, "save_model": False, "resume": False, **options}
     plan = [("bf16", "bf16", names[0])] + [(f"fp8 {n}", "fp8", n) for n in names]
     configs = {label: TrainConfig(model=model, steps=steps, precision=precision, backend=backend, recipe=recipe,

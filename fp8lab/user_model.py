@@ -154,6 +154,12 @@ def has_weights(folder: Path) -> bool:
     return any(any(folder.glob(g)) for g in WEIGHT_GLOBS)
 
 
+def config_sha256(spec: str) -> str:
+    """SHA-256 of the user model's config.json (read once per file version, as ``hf_config``)."""
+    folder = folder_of(spec)
+    return _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)[1]
+
+
 def describe(spec: str) -> dict[str, Any]:
     """Provenance for the run's config.json: where the model came from, its config hash, its size."""
     from fp8lab.models import MODEL_CONFIGS, count_parameters, get_config
@@ -166,7 +172,7 @@ def describe(spec: str) -> dict[str, Any]:
         "source": "hf" if spec.startswith(HF_PREFIX) else "folder",
         "name": spec if spec.startswith(HF_PREFIX) else folder.name,
         "model_type": cfg.model_type,
-        "config_sha256": _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)[1],
+        "config_sha256": config_sha256(spec),
         "weights": "loaded (from_pretrained)" if has_weights(folder) else "random init from config.json",
         "params_from_config": count_parameters(get_config(spec)).total,
         # exported with the model when present; the training data used fp8lab's tokenizer (module docstring)
@@ -179,7 +185,7 @@ def identity(spec: str) -> str:
     may move, e.g. into a SageMaker channel, and stay the same model)."""
     if not is_user_model(spec):
         return spec
-    return f"config.json sha256 {describe(spec)['config_sha256'][:16]}"
+    return f"config.json sha256 {config_sha256(spec)[:16]}"
 
 
 def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None = 0):

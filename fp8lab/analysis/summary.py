@@ -14,7 +14,7 @@ import pandas as pd
 
 from fp8lab.analysis.labels import group_key, is_false, is_fp8, is_hardware_fp8, layout_label, model_size_b, variant_label
 from fp8lab.analysis.load import META_COLUMNS
-from fp8lab.hardware import DEFAULT_PRICES_USD_PER_HOUR
+from fp8lab.hardware import DEFAULT_PRICES_USD_PER_HOUR, INSTANCES
 
 SMOOTHING_METHODS = ("ema", "window", "none")
 # The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.
@@ -32,7 +32,7 @@ DEFAULT_PRICE_PER_INSTANCE_HOUR = DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]
 PRICE_SOURCE = ("assumed SageMaker on-demand training price of ml.p5.48xlarge in us-east-1 as of 2024-11 "
                 "(the value fp8lab.launch uses); pass your own price")
 DEFAULT_TOKEN_BUDGET = 24e9  # the source's epoch: 24 billion tokens
-DEFAULT_GPUS_PER_INSTANCE = 8  # P5: 8 GPUs per instance
+DEFAULT_GPUS_PER_INSTANCE = INSTANCES["ml.p5.48xlarge"].gpus  # P5: 8 GPUs per instance
 
 
 def _check_smoothing(smoothing: str, span: int) -> None:

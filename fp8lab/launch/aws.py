@@ -17,7 +17,7 @@ from fp8lab.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.launch.metric_line import parse_metric_line
 from fp8lab.launch.plan import SweepPlan, as_plan, format_cost_table
 from fp8lab.launch.redaction import redact, redacted_sdk_logs
-from fp8lab.launch.requests import build_requests, build_trainer, input_data, request_diff, stage_source
+from fp8lab.launch.requests import build_requests, build_trainer, request_diff, staged_source, submit
 from fp8lab.launch.spec import JobSpec
 
 THROTTLE_CODES = {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
@@ -126,11 +126,8 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
                 out(f"skip {job.name}: already launched as {live[0]['TrainingJobName']} ({live[0]['TrainingJobStatus']})")
                 names.append(live[0]["TrainingJobName"])
                 continue
-            if spec.install_te not in staged:
-                staged[spec.install_te] = stage_source(Path(tmp) / f"te{int(spec.install_te)}", spec.install_te)
-            trainer = build_trainer(spec, staged[spec.install_te], sess)
-            call_with_backoff(lambda: trainer.train(input_data_config=input_data(spec), wait=False, logs=False),
-                              **backoff)
+            trainer = build_trainer(spec, staged_source(staged, tmp, spec.install_te), sess)
+            call_with_backoff(lambda: submit(trainer, spec), **backoff)
             # The SDK chose the timestamped name; read it back from SageMaker (public API only).
             before = {j["TrainingJobName"] for j in existing}
             created = [j["TrainingJobName"] for j in find_existing(job.name, sm, **backoff)

@@ -179,6 +179,18 @@ def _offline_session(region: str, bucket: str, stop_at_create: bool = True):
     return Session(boto_session=boto, default_bucket=bucket, sagemaker_config=config)
 
 
+def staged_source(staged: dict[bool, Path], tmp: str, install_te: bool) -> Path:
+    """The job's source folder, staged once per sweep for jobs with and without TE in their requirements."""
+    if install_te not in staged:
+        staged[install_te] = stage_source(Path(tmp) / f"te{int(install_te)}", install_te)
+    return staged[install_te]
+
+
+def submit(trainer, spec: JobSpec) -> None:
+    """Start the job through the SDK's ModelTrainer (returns at once; nothing is waited for or streamed)."""
+    trainer.train(input_data_config=input_data(spec), wait=False, logs=False)
+
+
 def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> list[dict[str, Any]]:
     """The exact CreateTrainingJob request of each job, built by ModelTrainer.train() with no AWS call."""
     plan = as_plan(spec_or_plan)
@@ -187,11 +199,10 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
         staged: dict[bool, Path] = {}
         for job in plan.jobs:
             spec = job.spec
-            if spec.install_te not in staged:
-                staged[spec.install_te] = stage_source(Path(tmp) / f"te{int(spec.install_te)}", spec.install_te)
-            trainer = build_trainer(spec, staged[spec.install_te], _offline_session(spec.region, spec.bucket))
+            trainer = build_trainer(spec, staged_source(staged, tmp, spec.install_te),
+                                    _offline_session(spec.region, spec.bucket))
             try:
-                trainer.train(input_data_config=input_data(spec), wait=False, logs=False)
+                submit(trainer, spec)
             except _Captured as cap:
                 out.append(cap.params)
             else:  # pragma: no cover - the hook always fires
