@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import is_false, is_fp8, model_size_b, scaling_axis, smooth
+from fp8lab.analysis import is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth
 
 NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
@@ -447,7 +447,7 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
                          + str(r["layout"]).replace(", ", "\n"))
         for x, (v, c, lab) in enumerate(zip(values, colors, labels)):
             ax.bar([x], [v], color=c, label=lab)
-        ref = reference[np.isclose(reference["params_b"], model_size_b(model))] if has_ref else []
+        ref = reference_for(reference, model) if has_ref else []
         if len(ref):
             x = len(values)
             ax.bar([x], [ref["speedup"].iloc[0]], color="white", edgecolor="crimson", hatch="//",

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.analysis.labels import model_size_b
+from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args)
 
@@ -86,10 +87,9 @@ def _scale_and_reference_clause(comp: pd.DataFrame, model: str, r: pd.Series,
     if scales["world_size"].nunique() > 1:
         s += (f"; across {scales['world_size'].min():g} to {scales['world_size'].max():g} GPUs its speedup "
               f"ranged from {scales['speedup'].min():.2f}x to {scales['speedup'].max():.2f}x")
-    if reference is not None and len(reference):
-        same = reference[np.isclose(reference["params_b"], model_size_b(model))]
-        if len(same):
-            s += f" (the source reported {same['speedup'].iloc[0]:.2f}x at {same['model_size'].iloc[0]})"
+    same = reference_for(reference, model)
+    if len(same):
+        s += f" (the source reported {same['speedup'].iloc[0]:.2f}x at {same['model_size'].iloc[0]})"
     return s
 
 

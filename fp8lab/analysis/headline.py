@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.analysis.labels import group_key, is_fp8, is_hardware_fp8, is_true, layout_label, model_size_b
+from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.summary import compare_precisions
 
 # What a reader needs first, per model: the plain `transformers` BF16 run a user starts from, the
@@ -132,11 +133,10 @@ def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None
         row["speedup_vs_hf"] = row["tps_fp8"] / row["tps_hf"]
         row.update(_headline_loss(comparison, summary, model, pick["best FP8"]["recipe"] if "best FP8" in pick else None)
                    or {})
-        if reference is not None and len(reference):
-            same = reference[np.isclose(reference["params_b"], model_size_b(model))]
-            if len(same):
-                row.update(source_model_size=same["model_size"].iloc[0], source_speedup=same["speedup"].iloc[0],
-                           source_loss_gap_pct=same["loss_gap_pct"].iloc[0])
+        same = reference_for(reference, model)
+        if len(same):
+            row.update(source_model_size=same["model_size"].iloc[0], source_speedup=same["speedup"].iloc[0],
+                       source_loss_gap_pct=same["loss_gap_pct"].iloc[0])
         rows.append(row)
     return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
 

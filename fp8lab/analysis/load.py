@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from fp8lab.analysis.labels import layout_label, variant_label
+from fp8lab.analysis.labels import layout_label, model_size_b, variant_label
 from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 
 # Run metadata carried on every row of the tidy table.
@@ -400,6 +400,13 @@ def load_reference(path: str | Path | None = None) -> pd.DataFrame:
     df["hardware"] = ref["hardware"]
     df["tokens"] = float(ref["tokens"])
     return df
+
+
+def reference_for(reference: pd.DataFrame | None, model: str) -> pd.DataFrame:
+    """The source's reported rows for a model of this size (by the size in its name; none: empty)."""
+    if reference is None or not len(reference):
+        return pd.DataFrame()
+    return reference[np.isclose(reference["params_b"], model_size_b(model))]
 
 
 def describe(runs: pd.DataFrame) -> str:
