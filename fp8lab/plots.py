@@ -6,6 +6,7 @@ renders and says so, so notebooks and reports work before any GPU result exists.
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -260,7 +261,11 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
         top.set_title(str(model))
         top.set_ylabel("loss")
-        top.legend(fontsize=7, loc="upper right")  # losses fall from the top left; the gap lines below share these colours
+        # losses fall from the top left, so the legend sits top right; long labels (recipe settings)
+        # wrap, so it stays narrow there. The gap lines below share these colours
+        handles, names = top.get_legend_handles_labels()
+        top.legend(handles, [textwrap.fill(n.replace(",", ", "), 30, break_long_words=False) for n in names], fontsize=7,
+                   loc="upper right")
         if not paired:
             top.set_xlabel(x_col)
             top.text(0.02, 0.03, "FP8 gap: needs a BF16 and an FP8 run", transform=top.transAxes, fontsize=8,
