@@ -10,7 +10,10 @@
 #   graphed (the FP8 weight cache off, as an early rule decided; that layout is now refused for
 #   graphs by fp8lab.layout.graphs_memory_problem), llama-1b 16 x 2048 x 4 FP8 graphs on/off,
 #   gptneo-1.3b mb2 FP8 graphed and capped at 79.2 GiB (P5's H100).
-# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B
+#   Part C (session 8, after the streamed master-weight step and fused weight-gradient accumulation under
+#   graphs): the graph tests first, then llama-7b 1 x 2048 x 8 graphed FP8 and BF16, then eager FP8 and
+#   BF16 in the same call (a same-session pair), all profiled. Tag suffix -s8.
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B|C
 # Results: $OUT/<part>-results.tar.gz holds data/results/graphs-h200/*.jsonl (+ .profile.json).
 set -uo pipefail
 PART=${1:?part A or B}
@@ -44,5 +47,15 @@ B)
   "${H[@]}" --models gptneo-1.3b --variants te-fp8-delayed-p16 --tag mb2-ga16-graphs-on-p5mem \
     --common-args "--seq-len 2048 --micro-batch-size 2 --grad-accum 16 --cuda-graphs on --gpu-memory-gib 79.2" \
     --steps 10 --warmup 3; pack
+  ;;
+C)
+  FP8LAB_GPU_RESULTS=$OUT/gpu-results timeout 300 python3 -m pytest tests/gpu/test_graphs_gpu.py -q -rfEs --tb=short \
+    -p no:cacheprovider > "$OUT/C-graphs-tests.log" 2>&1
+  tail -3 "$OUT/C-graphs-tests.log"
+  for g in on off; do
+    "${H[@]}" --models llama-7b --variants te-fp8-delayed-p16,te-bf16-p16 --tag mb1-ga8-graphs-$g-s8 \
+      --common-args "--seq-len 2048 --micro-batch-size 1 --grad-accum 8 --cuda-graphs $g --profile-steps 11,12" \
+      --steps 14 --warmup 4; pack
+  done
   ;;
 esac

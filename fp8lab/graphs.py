@@ -17,8 +17,10 @@ the loss stay eager (a handful of large kernels).
 What a graph needs, checked before anything is built (``problem``): a CUDA GPU, TE's fused layers,
 bf16 parameters (the graph is captured outside ``torch.autocast``), one process (FSDP2's gathers and
 DDP's hooks run outside the graph and are not supported here), no activation checkpointing and no
-``torch.compile``. Fused weight-gradient accumulation is turned off under graphs: its ``main_grad``
-buffers are re-allocated every step, and a graph would keep writing to the old ones.
+``torch.compile``. Fused weight-gradient accumulation stays on: the trainer's master weights run their
+streamed step under graphs (``fp8lab.master_weights``), which zeroes the ``main_grad`` buffers in place
+(the graphs' backward writes into them at fixed addresses) and steps the optimizer a chunk of fp32
+gradients at a time, so the activations the graphs keep resident still leave room for the step.
 
 ``--cuda-graphs auto`` turns graphs on where the resolver predicts a launch-bound step
 (``launch_bound``: little GPU work per block per micro-batch, by precision), the set-up supports

@@ -178,14 +178,16 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
 
     A graph keeps what its blocks allocate (saved activations and, under FP8, the quantised weights
     saved for backward) in its own memory pool for the whole run, where an eager step frees them
-    before the optimizer step. Estimate: the eager peak without the transient FP8 weight cache, plus
-    GRAPH_HOLD_FACTOR x (activations + FP8 weights). Measured on the H200: llama-7b 1 x 2048 BF16
-    graphed peaked at 127.4 GiB (eager 113.4; this estimate 125.3: fits), FP8 graphed ran out of
-    139.8 GiB at its first optimizer step with TE's FP8 weight cache and without it (estimate 135.2 >
-    132.8 usable: refused). The FP8 weights count either way: a graph keeps those saved for backward."""
+    before the optimizer step. Under graphs the trainer's master weights run their streamed step
+    (``fp8lab.master_weights``): the step needs one chunk of fp32 gradients, not a full copy. Estimate:
+    the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x (activations + FP8 weights).
+    Measured on the H200 with the plain step (full fp32 gradients at the step): llama-7b 1 x 2048 FP8
+    graphed ran out of 139.8 GiB at its first optimizer step."""
+    from fp8lab.master_weights import STREAM_CHUNK_BYTES
+
     m = layout.memory
     held = m.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
-    need = m.peak - m.fp8_cache + GRAPH_HOLD_FACTOR * held
+    need = m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace + GRAPH_HOLD_FACTOR * held
     budget = _budget(machine)
     if need <= budget:
         return None

@@ -18,6 +18,14 @@ with AdamW; the fp32 master gradients (4 more bytes) exist only from step 1 to `
 the activations are gone. Gradient accumulation over micro-batches sums in bf16 (the parameters'
 dtype), which an fp32 model under autocast does in fp32.
 
+Streamed step (``streamed=True``, what the trainer uses under CUDA graphs): the gradients stay where
+backward wrote them, and the fused-accumulation buffers (``main_grad``) are zeroed in place instead of
+freed, so they keep the addresses a captured graph writes to. Clipping takes the fp32 norm chunk by
+chunk, and the step then converts, clips and steps about ``STREAM_CHUNK_BYTES`` of fp32 gradients at a
+time. The step's peak is then the bf16 gradients plus one chunk, not a full fp32 copy (at 7B,
+25 GiB less), which is the room the graphs' resident activations need. The arithmetic is the same as
+the plain step's: the same fp32 upcasts, per-tensor norms and clip factor, and AdamW is elementwise.
+
 Checkpoints: :meth:`model_state_dict` puts the fp32 masters where a model state dict has its
 parameters and :meth:`state_dict` is keyed by parameter name like
 ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``, so a checkpoint has the same
@@ -32,6 +40,9 @@ import torch
 from torch import nn
 
 
+STREAM_CHUNK_BYTES = 1 << 30  # fp32 gradient bytes converted and stepped at a time by the streamed step
+
+
 class MasterWeights:
     """Casts ``module``'s parameters to ``dtype`` in place and steps fp32 copies of them.
 
@@ -39,10 +50,11 @@ class MasterWeights:
     before the first forward. ``make_optimizer(masters)`` builds the inner optimizer (AdamW with
     the trainer's parameter groups) over the fp32 masters; an LR scheduler attaches to
     ``.optimizer``. Duck-types the parts of ``torch.optim.Optimizer`` the trainer uses.
+    ``streamed``: the streamed step of the module docstring (gradient buffers kept in place).
     """
 
     def __init__(self, module: nn.Module, make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, streamed: bool = False):
         self.params: list[nn.Parameter] = []
         self.names: list[list[str]] = []  # every name of each parameter (tied weights have several)
         index: dict[int, int] = {}
@@ -64,6 +76,21 @@ class MasterWeights:
         self.optimizer = make_optimizer(self.masters)
         self._post_hooks: list[Callable[[Any, tuple, dict], None]] = []
         self._main_grad: set[int] = set()  # parameters whose gradient arrives in p.main_grad (fused accumulation)
+        self.streamed = streamed
+        self._chunks = self._chunk_indices(STREAM_CHUNK_BYTES) if streamed else []
+        self._clip_coef: torch.Tensor | None = None  # the streamed step's clip factor, set by clip_grad_norm_
+
+    def _chunk_indices(self, limit: int) -> list[list[int]]:
+        """Parameter indices in order, grouped so each group's fp32 gradients take about ``limit`` bytes."""
+        chunks: list[list[int]] = [[]]
+        size = 0
+        for i, p in enumerate(self.params):
+            if chunks[-1] and size + 4 * p.numel() > limit:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(i)
+            size += 4 * p.numel()
+        return chunks
 
     def use_main_grad(self, params: list[nn.Parameter]) -> None:
         """These parameters' gradients are accumulated by their layers into ``p.main_grad`` (bf16).
@@ -89,19 +116,28 @@ class MasterWeights:
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
+    def _fp32_grad(self, p: nn.Parameter) -> torch.Tensor | None:
+        """``p``'s gradient (autograd's ``.grad`` plus its fused ``main_grad``) as a new fp32 tensor, or None."""
+        g = None if p.grad is None else p.grad.to(torch.float32)
+        if id(p) in self._main_grad and getattr(p, "main_grad", None) is not None:
+            g = p.main_grad.to(torch.float32) if g is None else g.add_(p.main_grad)
+        return g
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Move the bf16 gradients into fp32 master gradients, clip those; return the fp32 norm.
 
         One parameter at a time: each bf16 gradient is released as soon as its fp32 copy exists,
         so the step never holds both full sets (at 7B that is 13.5 GB less at the memory peak).
         After this call the parameters have no ``.grad``; the masters have theirs until ``zero_grad``.
-        A parameter the forward did not use (no gradient) is not stepped, as in torch."""
+        A parameter the forward did not use (no gradient) is not stepped, as in torch.
+        Streamed: only the norm and the clip factor; the gradients stay in place for :meth:`step`."""
+        if self.streamed:
+            return self._streamed_norm(max_norm)
         with torch.no_grad():
             for m, p in zip(self.masters, self.params):
-                m.grad = None if p.grad is None else p.grad.to(torch.float32)
+                m.grad = self._fp32_grad(p)
                 p.grad = None
                 if id(p) in self._main_grad:
-                    m.grad = p.main_grad.to(torch.float32) if m.grad is None else m.grad.add_(p.main_grad)
                     p.main_grad = None  # freed now; a zeroed one is made after the step
         grads = [m for m in self.masters if m.grad is not None]
         if not grads:
@@ -109,9 +145,48 @@ class MasterWeights:
         return torch.nn.utils.clip_grad_norm_(grads, max_norm)
 
     @torch.no_grad()
+    def _streamed_norm(self, max_norm: float) -> torch.Tensor:
+        """The fp32 global norm as ``clip_grad_norm_`` computes it (per-tensor norms, then their norm),
+        from one chunk of fp32 upcasts at a time; keeps the clip factor for the streamed step."""
+        norms: list[torch.Tensor] = []
+        for chunk in self._chunks:
+            grads = [g for g in (self._fp32_grad(self.params[i]) for i in chunk) if g is not None]
+            if grads:
+                norms += torch._foreach_norm(grads, 2.0)
+            del grads
+        if not norms:
+            self._clip_coef = None
+            return torch.zeros((), device=self.masters[0].device)
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        self._clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        return total
+
+    @torch.no_grad()
+    def _streamed_step(self) -> None:
+        """Convert, clip and step one chunk of fp32 master gradients at a time (then free them)."""
+        if self._clip_coef is None:
+            raise RuntimeError("MasterWeights(streamed=True).step() needs clip_grad_norm_() first (it sets the clip factor)")
+        for chunk in self._chunks:
+            stepped = []
+            for i in chunk:
+                self.masters[i].grad = self._fp32_grad(self.params[i])
+                self.params[i].grad = None
+                if self.masters[i].grad is not None:
+                    stepped.append(self.masters[i])
+            if stepped:
+                torch._foreach_mul_([m.grad for m in stepped], self._clip_coef)
+                self.optimizer.step()  # parameters without a gradient (the other chunks) are not stepped
+            for m in stepped:
+                m.grad = None
+        self._clip_coef = None
+
+    @torch.no_grad()
     def step(self) -> None:
         """AdamW on the fp32 masters, then the bf16 parameters become their rounded copies."""
-        self.optimizer.step()
+        if self.streamed:
+            self._streamed_step()
+        else:
+            self.optimizer.step()
         torch._foreach_copy_(self.params, self.masters)
         for hook in self._post_hooks:
             hook(self, (), {})
@@ -122,7 +197,8 @@ class MasterWeights:
         self._post_hooks.append(hook)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the bf16 gradients (if any are left) and the fp32 master gradients (their memory is freed)."""
+        """Drop the bf16 gradients (if any are left) and the fp32 master gradients (their memory is freed).
+        The fused ``main_grad`` buffers are freed and made afresh, or (streamed) zeroed in place."""
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -130,8 +206,13 @@ class MasterWeights:
                 p.grad.zero_()
         for m in self.masters:
             m.grad = None
+        self._clip_coef = None
+        kept = [p.main_grad for p in self.params
+                if id(p) in self._main_grad and getattr(p, "main_grad", None) is not None] if self.streamed else []
+        if kept:
+            torch._foreach_zero_(kept)
         for p in self.params:  # a main_grad not consumed by clip_grad_norm_ must not leak into the next step
-            if id(p) in self._main_grad:
+            if id(p) in self._main_grad and not self.streamed:
                 p.main_grad = None
         self._fresh_main_grads()
 

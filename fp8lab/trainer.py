@@ -179,10 +179,12 @@ class Trainer:
         from fp8lab.master_weights import MasterWeights
 
         c, env = self.c, self.env
-        self.master = MasterWeights(model, lambda params: ftrain.make_optimizer(params, c, env.device))
-        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only. Not under CUDA
-        # graphs either: main_grad buffers are made afresh every step, and a graph would write to the old ones
-        if (c.fuse_wgrad_accumulation and not env.distributed and not self.graphs.active
+        # Under CUDA graphs the streamed step: main_grad buffers zeroed in place (a graph writes to fixed
+        # addresses), and no full fp32 gradient copy at the step, which the graphs' resident activations need
+        self.master = MasterWeights(model, lambda params: ftrain.make_optimizer(params, c, env.device),
+                                    streamed=self.graphs.active)
+        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only
+        if (c.fuse_wgrad_accumulation and not env.distributed
                 and hasattr(model, "wgrad_into_main_grad")):
             self.fused_wgrad = model.wgrad_into_main_grad()
             if self.fused_wgrad:
@@ -197,6 +199,7 @@ class Trainer:
         c = self.c
         self.graphs_captured = graphs.capture(self.inner, micro_batch_size=c.micro_batch_size, seq_len=c.seq_len,
                                               fp8=self.fp8_on, recipe=self.recipe, weight_cache=self.weight_cache)
+        self.optimizer.zero_grad(set_to_none=True)  # the capture's warm-up backward wrote into the gradient buffers
         self.log(f"fp8lab: {self.graphs_captured.describe()}")
 
     def _build_optimizer(self) -> None:

@@ -278,3 +278,78 @@ def test_zero_grad_drops_an_unconsumed_main_grad():
     m.weight.main_grad.add_(1.0)  # a layer wrote into it, but no step consumed it
     mw.zero_grad()
     assert m.weight.main_grad is not None and not m.weight.main_grad.any()
+
+
+def _tiny_pair_plain_and_streamed(monkeypatch, chunk_bytes):
+    """Two identical tiny models with master weights: the plain step, and the streamed step in chunks of ``chunk_bytes``."""
+    from fp8lab import master_weights
+
+    monkeypatch.setattr(master_weights, "STREAM_CHUNK_BYTES", chunk_bytes)
+    cfg = TrainConfig(lr=1e-2, weight_decay=0.1)
+    pair = []
+    for streamed in (False, True):
+        model = build_model("llama-tiny", seed=0)
+        pair.append((model, MasterWeights(model, lambda ps: make_optimizer(ps, cfg, torch.device("cpu")), streamed=streamed)))
+    return pair
+
+
+def test_streamed_step_equals_the_plain_step_exactly(monkeypatch):
+    """What the trainer uses under CUDA graphs: chunks of ~64 KiB of fp32 gradients (several chunks
+    even for the tiny model), clipping active (norm above max_norm): the same norms, masters,
+    parameters and AdamW states as the plain step, bit for bit, over three steps."""
+    (ma, a), (mb, b) = _tiny_pair_plain_and_streamed(monkeypatch, 1 << 16)
+    assert len(b._chunks) > 3 and sorted(i for c in b._chunks for i in c) == list(range(len(b.params)))
+    for seed in range(3):
+        norms = []
+        for model, mw in ((ma, a), (mb, b)):
+            _backward(model, seed=seed)
+            norms.append(mw.clip_grad_norm_(0.05))
+            if mw.streamed:  # nothing converted yet: the bf16 gradients are where backward left them
+                assert all(m.grad is None for m in mw.masters) and all(p.grad is not None for p in mw.params)
+            mw.step()
+            mw.zero_grad()
+        assert float(norms[0]) > 0.05 and torch.equal(norms[0], norms[1])
+    assert all(torch.equal(x, y) for x, y in zip(a.masters, b.masters))
+    assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mb.parameters()))
+    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k][s], sb[k][s]) for k in sa for s in ("exp_avg", "exp_avg_sq", "step"))
+    assert all(m.grad is None for m in b.masters) and all(p.grad is None for p in b.params)
+
+
+def test_streamed_step_keeps_main_grad_buffers_in_place(monkeypatch):
+    """Under CUDA graphs the backward writes into main_grad at fixed addresses: the streamed step reads
+    them, zeroes them in place after the step (same storage), and its update equals the plain step's."""
+    from fp8lab import master_weights
+
+    monkeypatch.setattr(master_weights, "STREAM_CHUNK_BYTES", 1 << 8)
+    torch.manual_seed(0)
+    w0 = torch.randn(8, 16)
+    results = []
+    for streamed in (False, True):
+        m = torch.nn.Linear(16, 8, bias=False)
+        with torch.no_grad():
+            m.weight.copy_(w0)
+        mw = MasterWeights(m, lambda ps: torch.optim.AdamW(ps, lr=1e-2), streamed=streamed)
+        mw.use_main_grad([m.weight])
+        buffer = m.weight.main_grad
+        for step in range(2):
+            for x in (torch.randn(4, 16, generator=torch.Generator().manual_seed(10 * step + k)) for k in range(2)):
+                _MainGradMatmul.apply(x.bfloat16(), m.weight).float().pow(2).sum().backward()
+            assert m.weight.grad is None and m.weight.main_grad.any()
+            norm = mw.clip_grad_norm_(1.0)
+            mw.step()
+            mw.zero_grad()
+            if streamed:
+                assert m.weight.main_grad is buffer and not buffer.any()  # zeroed in place, never re-allocated
+        results.append((norm, mw.masters[0].detach().clone()))
+    (na, wa), (nb, wb) = results
+    assert torch.equal(na, nb) and torch.equal(wa, wb) and not torch.equal(wb, w0)
+
+
+def test_streamed_step_without_a_norm_first_is_an_error():
+    model = build_model("llama-tiny", seed=0)
+    mw = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), streamed=True)
+    _backward(model)
+    with pytest.raises(RuntimeError, match="needs clip_grad_norm_"):
+        mw.step()
