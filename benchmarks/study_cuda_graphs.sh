@@ -13,6 +13,9 @@
 #   Part C (session 8, after the streamed master-weight step and fused weight-gradient accumulation under
 #   graphs): the graph tests first, then llama-7b 1 x 2048 x 8 graphed FP8 and BF16, then eager FP8 and
 #   BF16 in the same call (a same-session pair), all profiled. Tag suffix -s8.
+#   Part D (session 8): the other layouts on the new step, graphs on and off in one call: gptneo-1.3b
+#   2 x 2048 x 16 BF16 and FP8 (profiled), llama-1b 16 x 2048 x 4 FP8, gptneo-1.3b FP8 graphed capped at
+#   79.2 GiB (P5's H100).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B|C
 # Results: $OUT/<part>-results.tar.gz holds data/results/graphs-h200/*.jsonl (+ .profile.json).
 set -uo pipefail
@@ -57,5 +60,19 @@ C)
       --common-args "--seq-len 2048 --micro-batch-size 1 --grad-accum 8 --cuda-graphs $g --profile-steps 11,12" \
       --steps 14 --warmup 4; pack
   done
+  ;;
+D)
+  for g in on off; do
+    "${H[@]}" --models gptneo-1.3b --variants te-fp8-delayed-p16,te-bf16-p16 --tag mb2-ga16-graphs-$g-s8 \
+      --common-args "--seq-len 2048 --micro-batch-size 2 --grad-accum 16 --cuda-graphs $g --profile-steps 9,10" \
+      --steps 12 --warmup 3; pack
+  done
+  for g in on off; do
+    "${H[@]}" --models llama-1b --variants te-fp8-delayed-p16 --tag mb16-ga4-graphs-$g-s8 \
+      --common-args "--seq-len 2048 --micro-batch-size 16 --grad-accum 4 --cuda-graphs $g" --steps 12 --warmup 4; pack
+  done
+  "${H[@]}" --models gptneo-1.3b --variants te-fp8-delayed-p16 --tag mb2-ga16-graphs-on-p5mem-s8 \
+    --common-args "--seq-len 2048 --micro-batch-size 2 --grad-accum 16 --cuda-graphs on --gpu-memory-gib 79.2" \
+    --steps 12 --warmup 3; pack
   ;;
 esac

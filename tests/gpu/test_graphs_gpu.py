@@ -55,7 +55,8 @@ def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recip
     # both accumulate weight gradients inside TE's GEMMs: the graphed run into main_grad kept in place
     assert con["fuse_wgrad_accumulation_active"] is True and coff["fuse_wgrad_accumulation_active"] is True
     cap = con["cuda_graphs_captured"]
-    assert cap["blocks"] == 2 and cap["memory_gib"] >= 0
+    # allocated after capture minus before: the capture also frees a little (the warm-up's gradients)
+    assert cap["blocks"] == 2 and -0.01 < cap["memory_gib"] < 0.1
     assert cap["weight_cache"] is (precision == "fp8" and grad_accum > 1 and cache)
     gpu_record(model=model, precision=precision, recipe=recipe, grad_accum=grad_accum,
                max_rel_loss_diff=max(abs(a - b) / abs(b) for a, b in zip(lon, loff)), graphs_memory_gib=cap["memory_gib"])
