@@ -16,7 +16,10 @@
 #   Part D (session 8): the other layouts on the new step, graphs on and off in one call: gptneo-1.3b
 #   2 x 2048 x 16 BF16 and FP8 (profiled), llama-1b 16 x 2048 x 4 FP8, gptneo-1.3b FP8 graphed capped at
 #   79.2 GiB (P5's H100).
-# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B|C
+#   Part E (session 8): the whole GPU test suite (no notebooks) on the final code, then the four llama-7b
+#   1 x 2048 x 8 runs again with the peak memory *reserved* recorded (a graph's private pool stays
+#   reserved while its tensors count as freed, so allocated memory understates a graphed run). Tag -s8-mem.
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B|C|D|E
 # Results: $OUT/<part>-results.tar.gz holds data/results/graphs-h200/*.jsonl (+ .profile.json).
 set -uo pipefail
 PART=${1:?part A or B}
@@ -74,5 +77,12 @@ D)
   "${H[@]}" --models gptneo-1.3b --variants te-fp8-delayed-p16 --tag mb2-ga16-graphs-on-p5mem-s8 \
     --common-args "--seq-len 2048 --micro-batch-size 2 --grad-accum 16 --cuda-graphs on --gpu-memory-gib 79.2" \
     --steps 12 --warmup 3; pack
+  ;;
+E)
+  NOTEBOOKS=0 TEST_TIMEOUT=270 bash benchmarks/h200_gpu_tests.sh
+  for g in on off; do
+    "${H[@]}" --models llama-7b --variants te-fp8-delayed-p16,te-bf16-p16 --tag mb1-ga8-graphs-$g-s8-mem \
+      --common-args "--seq-len 2048 --micro-batch-size 1 --grad-accum 8 --cuda-graphs $g" --steps 10 --warmup 3; pack
+  done
   ;;
 esac

@@ -204,14 +204,16 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "tokens_per_sec_per_gpu_max": tps["max"], "timed_steps": len(timed), "warmup_steps": args.warmup,
         "step_time_s": statistics.median(r["step_time_s"] for r in timed),
         "mfu": statistics.median(mfus) if mfus else None, "mfu_peak_tflops": _peak_tflops(recs[-1]["gpu_name"]) if mfus else None,
-        "max_mem_gib": max(r["max_mem_gib"] or 0 for r in recs), "tokens": recs[-1]["tokens"],
+        "max_mem_gib": max(r["max_mem_gib"] or 0 for r in recs),
+        "max_reserved_gib": max((r.get("max_reserved_gib") or 0 for r in recs), default=None), "tokens": recs[-1]["tokens"],
         "loss": recs[-1]["loss"], "first_loss": recs[0]["loss"],
     }
     every = max(1, len(recs) // args.max_step_records) if getattr(args, "max_step_records", 0) else 1
     keep = [r for i, r in enumerate(recs) if i % every == 0 or r is recs[-1] or r.get("val_loss") is not None]
     steps = [{"record": "step", **{k: r.get(k) for k in ("step", "tokens", "loss", "val_loss", "grad_norm", "step_time_s",
-                                                         "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "max_mem_gib")
-                                   if k != "val_loss" or r.get(k) is not None}}
+                                                         "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "max_mem_gib",
+                                                         "max_reserved_gib")
+                                   if k not in ("val_loss", "max_reserved_gib") or r.get(k) is not None}}
              for r in keep]
     vals = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
     if vals:

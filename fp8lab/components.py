@@ -218,6 +218,14 @@ def show_progress(choice: str, is_main: bool) -> bool:
     return sys.stderr.isatty() or "ipykernel" in sys.modules
 
 
+def max_reserved_gib(device) -> float | None:
+    """Peak GPU memory reserved by torch's caching allocator (None on CPU). Under CUDA graphs this is
+    the footprint: a graph's private pool stays reserved while its tensors count as freed."""
+    import torch
+
+    return torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
+
+
 def max_mem_gib(device) -> float:
     """Peak GPU memory allocated by torch; on CPU the process's peak resident memory."""
     import torch
@@ -299,6 +307,8 @@ class StepMetrics:
                "mfu": fmetrics.mfu(i.flops_per_token, tps / i.world_size, i.peak), "max_mem_gib": max_mem_gib(self.env.device),
                "precision": i.precision, "backend": i.backend, "recipe": i.recipe, "model": i.model,
                "world_size": i.world_size, "gpu_name": i.gpu_name}
+        if self.env.device.type == "cuda":
+            rec["max_reserved_gib"] = max_reserved_gib(self.env.device)
         if r.skipped:
             rec.update(skipped=True, nonfinite_steps=state.nonfinite_steps)
         if profiled:

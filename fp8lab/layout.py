@@ -173,6 +173,20 @@ def _budget(machine: Machine) -> float:
 GRAPH_HOLD_FACTOR = 1.25  # margin on what CUDA graphs keep allocated for the whole run (see graphs_memory_problem)
 
 
+def _graphs_base(layout: "Layout") -> float:
+    """What a graphed run needs besides what its graphs hold: model states, one streamed chunk, workspace."""
+    from fp8lab.master_weights import STREAM_CHUNK_BYTES
+
+    m = layout.memory
+    return m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace
+
+
+def graphs_memory_need(layout: "Layout", mcfg, fp8: bool) -> float:
+    """Peak GiB of this layout with its decoder blocks captured as CUDA graphs (see graphs_memory_problem)."""
+    held = layout.memory.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
+    return _graphs_base(layout) + GRAPH_HOLD_FACTOR * held
+
+
 def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -> str | None:
     """Why this layout would not fit with its decoder blocks captured as CUDA graphs (None: it fits).
 
@@ -181,18 +195,16 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
     before the optimizer step. Under graphs the trainer's master weights run their streamed step
     (``fp8lab.master_weights``): the step needs one chunk of fp32 gradients, not a full copy. Estimate:
     the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x (activations + FP8 weights).
-    Measured on the H200 with the plain step (full fp32 gradients at the step): llama-7b 1 x 2048 FP8
-    graphed ran out of 139.8 GiB at its first optimizer step."""
-    from fp8lab.master_weights import STREAM_CHUNK_BYTES
-
-    m = layout.memory
-    held = m.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
-    need = m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace + GRAPH_HOLD_FACTOR * held
+    Measured on the H200 (``data/results/graphs-h200/*-s8``): llama-7b 1 x 2048 x 8 graphed peaked at
+    115.6 GiB in FP8 (estimate 128) and 103.5 GiB in BF16 (estimate 114); with the plain step (full fp32
+    gradients at the step) the FP8 run had run out of 139.8 GiB at its first optimizer step."""
+    need = graphs_memory_need(layout, mcfg, fp8)
+    held = need - _graphs_base(layout)
     budget = _budget(machine)
     if need <= budget:
         return None
     return (f"with the blocks captured the run would need about {need:.0f} GiB (the graphs hold "
-            f"{GRAPH_HOLD_FACTOR * held:.0f} GiB for the whole run) of {budget:.0f} GiB usable on {machine.name}")
+            f"{held:.0f} GiB for the whole run) of {budget:.0f} GiB usable on {machine.name}")
 
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, keep: bool,
