@@ -137,13 +137,15 @@ class Captured:
     blocks: int
     weight_cache: bool
     capture_s: float
-    memory_gib: float  # allocated after capture minus before: tensors the graphs keep (FP8 weight cache, static buffers)
-    reserved_gib: float = 0.0  # reserved after capture minus before: the graphs' private memory pool as well
+    # allocated after capture minus before: the tensors the graphs keep (FP8 weight cache, static buffers).
+    # Not the graphs' private pool: its tensors count as freed once captured, yet stay reserved (the
+    # steps' max_reserved_gib shows the whole footprint; reserved growth is no measure, as capture
+    # empties torch's cache first)
+    memory_gib: float
 
     def describe(self) -> str:
         return (f"{self.blocks} decoder blocks captured as CUDA graphs in {self.capture_s:.1f} s "
-                f"({self.reserved_gib:.2f} GiB more reserved, {self.memory_gib:.2f} GiB of it allocated"
-                f"{', FP8 weight cache inside' if self.weight_cache else ''})")
+                f"({self.memory_gib:.2f} GiB allocated by the graphs{', FP8 weight cache inside' if self.weight_cache else ''})")
 
 
 def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, weight_cache: bool,
@@ -170,7 +172,7 @@ def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, we
         # and freeze its FP8 weights. (One graphed model at a time per process, as the trainer has.)
         _te_quantization_state().skip_fp8_weight_update_tensor = None
     torch.cuda.synchronize(dev)
-    before, reserved = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+    before = torch.cuda.memory_allocated(dev)
     t0 = time.perf_counter()
     graphed = te.make_graphed_callables(
         calls, sample, num_warmup_iters=warmup_iters,
@@ -178,7 +180,6 @@ def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, we
         cache_quantized_params=cache)
     torch.cuda.synchronize(dev)
     captured = Captured(len(calls), cache, time.perf_counter() - t0,
-                        (torch.cuda.memory_allocated(dev) - before) / 2**30,
-                        (torch.cuda.memory_reserved(dev) - reserved) / 2**30)
+                        (torch.cuda.memory_allocated(dev) - before) / 2**30)
     model.use_block_calls(graphed, (micro_batch_size, seq_len), pass_first_microbatch=captured.weight_cache)
     return captured

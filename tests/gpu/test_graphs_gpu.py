@@ -57,7 +57,6 @@ def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recip
     cap = con["cuda_graphs_captured"]
     # allocated after capture minus before: the capture also frees a little (the warm-up's gradients)
     assert cap["blocks"] == 2 and -0.01 < cap["memory_gib"] < 0.1
-    assert cap["reserved_gib"] >= 0  # the graphs' private pool (nothing is released during a capture)
     assert cap["weight_cache"] is (precision == "fp8" and grad_accum > 1 and cache)
     gpu_record(model=model, precision=precision, recipe=recipe, grad_accum=grad_accum,
                max_rel_loss_diff=max(abs(a - b) / abs(b) for a, b in zip(lon, loff)), graphs_memory_gib=cap["memory_gib"])

@@ -91,17 +91,20 @@ def test_graphs_memory_estimate_covers_each_measured_graphed_peak():
         run = lines[0]
         if not run["cuda_graphs"]:
             continue
-        peak = max(r["max_mem_gib"] for r in lines if r.get("record") == "step")
+        steps = [r for r in lines if r.get("record") == "step"]
+        # the footprint: reserved where recorded (a graph's pool is reserved while its tensors count as freed)
+        peak = max(r.get("max_reserved_gib") or r["max_mem_gib"] for r in steps)
         mcfg = get_config(run["model"])
         fp8 = run["precision"] == "fp8"
         est = fl.estimate_memory(mcfg, precision=run["precision"], micro_batch_size=run["micro_batch_size"],
                                  seq_len=run["seq_len"], weight_cache=run["fp8_weight_cache"] and run["grad_accum"] > 1)
         lay = fl.Layout("bf16", run["seq_len"], run["micro_batch_size"], run["grad_accum"], False, est, h200)
         need = fl.graphs_memory_need(lay, mcfg, fp8)
-        print(f.name, peak, need, need / peak)
-        assert peak <= need <= 9 * peak, (f.name, peak, need)
+        # measured: llama-7b 1 x 2048 reserved 124.7 (FP8) and 113.0 (BF16) GiB against 127.9 and 113.7;
+        # the rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 allocated, 83.4)
+        assert peak <= need <= 1.7 * peak, (f.name, peak, need)
         checked += 1
-    assert checked >= 5
+    assert checked >= 7
 
 
 def test_a_bad_choice_names_the_option_and_the_choices():
