@@ -76,7 +76,7 @@ def test_a_layout_that_would_not_fit_graphed_runs_eagerly_or_is_refused():
 
 
 # Graphed runs on the streamed master-weight step (session 8; earlier graphed runs held full fp32 gradients)
-STREAMED_GRAPHED = sorted(Path(__file__).resolve().parents[2].glob("data/results/graphs-h200/*-s8.jsonl"))
+STREAMED_GRAPHED = sorted(Path(__file__).resolve().parents[2].glob("data/results/graphs-h200/*-s8*.jsonl"))
 
 
 def test_graphs_memory_estimate_covers_each_measured_graphed_peak():
@@ -104,7 +104,7 @@ def test_graphs_memory_estimate_covers_each_measured_graphed_peak():
         # the rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 allocated, 83.4)
         assert peak <= need <= 1.7 * peak, (f.name, peak, need)
         checked += 1
-    assert checked >= 7
+    assert checked >= 8
 
 
 def test_a_bad_choice_names_the_option_and_the_choices():
