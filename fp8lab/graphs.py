@@ -38,9 +38,10 @@ CHOICES = ("auto", "on", "off")  # the --cuda-graphs vocabulary (fp8lab.options 
 # Work per block per micro-batch (tokens x the block's parameters) below which the step is
 # launch-bound on an H100/H200 with TE's fused layers. FP8's GEMMs take about half BF16's time, so
 # FP8 becomes launch-bound at twice the work. Measured (data/results/throughput-h200/, graphs-h200/,
-# profiles): FP8 llama-7b 1 x 2048 = 4.1e11 (GPU busy 59%), gptneo-1.3b 2 x 2048 = 2.0e11 (71%;
-# graphed 1.22x BF16) against gptneo-1.3b 8 x 2048 = 8.2e11 (97.5%); BF16 llama-7b 1 x 2048 busy 94%
-# and 8% slower graphed, gptneo-1.3b 2 x 2048 busy 91% and 1.6% faster graphed.
+# profiles): FP8 llama-7b 1 x 2048 = 4.1e11 (GPU busy 59-67% eager, 96.5% graphed, 1.42x BF16 with
+# both graphed), gptneo-1.3b 2 x 2048 = 2.0e11 (72%; graphed 1.23x BF16) against gptneo-1.3b 8 x 2048 =
+# 8.2e11 (97.5%); BF16 llama-7b 1 x 2048 busy 97% eager and 1-2% slower graphed, gptneo-1.3b
+# 2 x 2048 busy 85% eager and 14% faster graphed (which auto takes: 2.0e11 is below 3e11).
 LAUNCH_BOUND_WORK = {"fp8": 6e11, "bf16": 3e11}
 
 
