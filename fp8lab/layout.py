@@ -29,7 +29,8 @@ The memory model, per GPU, is the larger of two peaks:
   FP8 weight cache (2 bytes per decoder-block weight: FP8 copy and its transpose) + kept bf16
   weights under FSDP2 + activations + 1 GiB of workspace;
 * optimizer step: 18 bytes per parameter with bf16 parameters (the fp32 master gradients exist
-  while the bf16 ones are freed one by one).
+  while the bf16 ones are freed one by one). Under CUDA graphs the step is streamed and the graphs
+  hold activations for the whole run: :func:`graphs_memory_problem` has that model.
 
 Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` = 3 for SwiGLU
 (gate, up, product) and 2 for GELU, ``kv`` = key/value width; ``a`` and ``b`` were fitted to the
@@ -195,9 +196,10 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
     before the optimizer step. Under graphs the trainer's master weights run their streamed step
     (``fp8lab.master_weights``): the step needs one chunk of fp32 gradients, not a full copy. Estimate:
     the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x (activations + FP8 weights).
-    Measured on the H200 (``data/results/graphs-h200/*-s8``): llama-7b 1 x 2048 x 8 graphed peaked at
-    115.6 GiB in FP8 (estimate 128) and 103.5 GiB in BF16 (estimate 114); with the plain step (full fp32
-    gradients at the step) the FP8 run had run out of 139.8 GiB at its first optimizer step."""
+    Measured on the H200 (``data/results/graphs-h200/*-s8*``): llama-7b 1 x 2048 x 8 graphed reserved at
+    most 124.7 GiB in FP8 (estimate 127.9) and 113.0 GiB in BF16 (estimate 113.7); with the plain step
+    (full fp32 gradients at the step) the FP8 run had run out of 139.8 GiB at its first optimizer step.
+    The rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 GiB allocated, 83.4)."""
     need = graphs_memory_need(layout, mcfg, fp8)
     held = need - _graphs_base(layout)
     budget = _budget(machine)

@@ -22,8 +22,8 @@ Streamed step (``streamed=True``, what the trainer uses under CUDA graphs): the 
 backward wrote them, and the fused-accumulation buffers (``main_grad``) are zeroed in place instead of
 freed, so they keep the addresses a captured graph writes to. Clipping takes the fp32 norm chunk by
 chunk, and the step then converts, clips and steps about ``STREAM_CHUNK_BYTES`` of fp32 gradients at a
-time. The step's peak is then the bf16 gradients plus one chunk, not a full fp32 copy (at 7B,
-25 GiB less), which is the room the graphs' resident activations need. The arithmetic is the same as
+time. The step then holds the bf16 gradients plus one chunk (at 7B 13.6 GiB) instead of a full fp32
+copy (25 GiB), which leaves room for the activations the graphs keep resident. The arithmetic is the same as
 the plain step's: the same fp32 upcasts, per-tensor norms and clip factor, and AdamW is elementwise.
 
 Checkpoints: :meth:`model_state_dict` puts the fp32 masters where a model state dict has its
