@@ -247,7 +247,28 @@ def run(
             os.environ["MPLBACKEND"] = saved_backend
 
 
+def _local_socket_kernel_manager(folder: Path):
+    """A kernel manager whose kernel talks to papermill over Unix sockets in ``folder`` (private to
+    this user), not over unencrypted TCP on localhost, which any local process could connect to and
+    which makes ipykernel print a warning on every run."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class LocalSocketKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**{"transport": "ipc", "ip": str(folder / "kernel"), **kwargs})
+
+    return LocalSocketKernelManager
+
+
 def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout) -> list[NotebookResult]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fp8lab-kernel-") as sockets:
+        return _run_each(paths, declared, params, out, kernel, stop_on_error, progress, timeout,
+                         _local_socket_kernel_manager(Path(sockets)))
+
+
+def _run_each(paths, declared, params, out, kernel, stop_on_error, progress, timeout, manager) -> list[NotebookResult]:
     import papermill as pm
     from tqdm.auto import tqdm
 
@@ -264,6 +285,7 @@ def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, time
             pm.execute_notebook(
                 str(path), str(executed), parameters=nb_params, kernel_name=kernel,
                 cwd=str(workdir), progress_bar=False, log_output=False, execution_timeout=timeout,
+                kernel_manager_class=manager,
             )
             _shareable_metadata(executed, path)
             results.append(NotebookResult(path.stem, True, time.perf_counter() - t0, executed))
