@@ -163,8 +163,6 @@ def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, we
     rope = None if model.pos_embed is not None else model.rope_tables(seq_len, dev, dtype)
     BlockCall = _block_call_class()
     calls = tuple(BlockCall(b, rope).train() for b in model.blocks)
-    sample = tuple((torch.randn(micro_batch_size, seq_len, model.spec.hidden, device=dev, dtype=dtype,
-                                requires_grad=True),) for _ in calls)
     te_recipe = get_backend("te").te_recipe(recipe) if fp8 else None
     cache = bool(weight_cache and fp8)
     if not cache:
@@ -175,10 +173,15 @@ def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, we
     torch.cuda.synchronize(dev)
     before = torch.cuda.memory_allocated(dev)
     t0 = time.perf_counter()
-    graphed = te.make_graphed_callables(
-        calls, sample, num_warmup_iters=warmup_iters,
-        enabled=tuple(fp8 and b.fp8 for b in model.blocks), recipe=te_recipe,
-        cache_quantized_params=cache)
+    # the capture's random sample inputs leave the run's RNG streams as they were (a resumed run
+    # captures after restoring them, and must go on exactly as the uninterrupted run)
+    with torch.random.fork_rng(devices=[dev]):
+        sample = tuple((torch.randn(micro_batch_size, seq_len, model.spec.hidden, device=dev, dtype=dtype,
+                                    requires_grad=True),) for _ in calls)
+        graphed = te.make_graphed_callables(
+            calls, sample, num_warmup_iters=warmup_iters,
+            enabled=tuple(fp8 and b.fp8 for b in model.blocks), recipe=te_recipe,
+            cache_quantized_params=cache)
     torch.cuda.synchronize(dev)
     captured = Captured(len(calls), cache, time.perf_counter() - t0,
                         (torch.cuda.memory_allocated(dev) - before) / 2**30)

@@ -134,3 +134,25 @@ def test_streamed_master_step_equals_the_plain_step_on_the_gpu(monkeypatch):
     assert len(b._chunks) > 3 and float(na[0]) > 0.05
     assert all(torch.equal(x, y) for x, y in zip(na, nb))
     assert all(torch.equal(x, y) for x, y in zip(a.masters, b.masters))
+
+
+def test_a_capture_leaves_the_rng_streams_as_they_were():
+    """A resumed run captures after restoring its RNG states: the capture's random sample inputs must
+    not move them (torch.random.fork_rng around the capture)."""
+    _te_or_skip()
+    import torch
+
+    from fp8lab import graphs
+    from fp8lab.convert import convert_model
+    from fp8lab.models import build_model
+
+    model = convert_model(build_model("llama-tiny", device="cuda", seed=0), backend="te", fuse=True)
+    model.to(torch.bfloat16).train()
+    cpu, gpu = torch.get_rng_state(), torch.cuda.get_rng_state()
+    cap = graphs.capture(model, micro_batch_size=2, seq_len=64, fp8=False, recipe=None, weight_cache=False)
+    assert cap.blocks == 2 and model.graphed
+    assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(torch.cuda.get_rng_state(), gpu)
+    x = torch.randint(0, 512, (2, 64), device="cuda")
+    model(x).logits.float().sum().backward()  # the graphs replay
+    assert all(p.grad is not None or getattr(p, "main_grad", None) is not None
+               for p in model.blocks[0].parameters() if p.requires_grad)
