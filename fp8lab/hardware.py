@@ -145,7 +145,7 @@ INSTANCES: dict[str, InstanceInfo] = {
 DEFAULT_PRICES_USD_PER_HOUR: dict[str, float] = {"ml.p5.48xlarge": 113.07}
 PRICE_SOURCE = (
     "assumed on-demand price of ml.p5.48xlarge SageMaker training in us-east-1 "
-    "(SageMaker AI pricing page, as of 2024-11); check current pricing and pass price_per_hour"
+    "(SageMaker AI pricing page, as of 2024-11); check current pricing and pass your own price"
 )
 
 

@@ -91,7 +91,8 @@ class Trainer:
         self.mcfg = get_config(c.model, **c.model_overrides)
         self.machine = Machine.detect(env.device, env.world_size, c.gpu_memory_gib)
         self.backend, self.recipe = ftrain.resolve_fp8(c, te_usable=self.machine.te_usable)  # errors before any compute
-        ftrain.fused_check(c, self.backend)
+        if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
+            ftrain.fused_check(c, self.backend)
         self.requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
         self.c, self.layout, self.total_steps, self.warmup = ftrain.preflight(c, self.machine, self.backend)
         c = self.c

@@ -30,10 +30,11 @@ from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENA
                                   display_path, load_profiles, load_reference, load_runs, reference_for, read_jsonl, select_runs,
                                   write_result_file)
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR,  # noqa: F401
-                                     DEFAULT_TOKEN_BUDGET, LAYOUT_KEYS, PRICE_SOURCE, SCALE_KEYS, SMOOTHING_METHODS,
+                                     DEFAULT_TOKEN_BUDGET, LAYOUT_KEYS, SCALE_KEYS, SMOOTHING_METHODS,
                                      check_cost_args, compare_precisions, cost_table, scaling_axis, scaling_table,
                                      smooth, summarize_runs)
 from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
+from fp8lab.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 
 
 def report_main(argv: Iterable[str] | None = None) -> int:

@@ -29,8 +29,6 @@ LAYOUT_KEYS = ("study", "micro_batch_size", "grad_accum", "seq_len")
 # date (2024-11). Not a quote: prices differ by region and changed since (AWS cut P5 prices in
 # 2025). Pass your own.
 DEFAULT_PRICE_PER_INSTANCE_HOUR = DEFAULT_PRICES_USD_PER_HOUR["ml.p5.48xlarge"]
-PRICE_SOURCE = ("assumed SageMaker on-demand training price of ml.p5.48xlarge in us-east-1 as of 2024-11 "
-                "(the value fp8lab.launch uses); pass your own price")
 DEFAULT_TOKEN_BUDGET = 24e9  # the source's epoch: 24 billion tokens
 DEFAULT_GPUS_PER_INSTANCE = INSTANCES["ml.p5.48xlarge"].gpus  # P5: 8 GPUs per instance
 
