@@ -47,9 +47,6 @@ from fp8lab.launch.requests import (JOB_REQUIREMENTS, build_requests, build_trai
                                     request_diff, s3_paths, stage_source, training_image)
 from fp8lab.launch.spec import (BACKENDS, JOB_OWNED_OPTIONS, LAYOUT_FIELDS, LAYOUT_OPTIONS,  # noqa: F401
                                 MAX_INSTANCES_PER_JOB, MAX_RUNTIME_CAP_S, MODEL_CHANNEL, MODEL_CHANNEL_PATH,
-                                PARALLEL, PRECISIONS, RECIPES, SOURCE_NAME_MAX, JobSpec, hyperparameters, job_name)
+                                PARALLEL, PRECISIONS, RECIPES, SOURCE_NAME_MAX, SPEC_OPTIONS, JobSpec, hyperparameters,
+                                job_name)
 
-# private helpers the tests reach through fp8lab.launch (patch them in the module that uses them)
-from fp8lab.launch.aws import _split_s3  # noqa: F401
-from fp8lab.launch.redaction import _public_registry_accounts  # noqa: F401
-from fp8lab.launch.spec import _hp_text, _known_regions  # noqa: F401

@@ -299,7 +299,7 @@ class JobSpec:
         try:
             with _local_model(self) as local:  # the model channel's path exists only inside the job, too
                 hp["model"] = local
-                cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", _hp_text(v))])
+                cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", to_text(v))])  # as the driver passes them
                 machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
                 cfg, layout, _, _ = preflight(cfg, machine, self.backend)  # parse_args ran the fused-path check
         except ValueError as exc:
@@ -382,11 +382,13 @@ def _local_model(spec: JobSpec) -> Iterator[str]:
 
 LAYOUT_FIELDS = INT_FIELDS  # JobSpec fields the layout resolver fills in
 LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in INT_FIELDS)  # and trainer options it fills into JobSpec.options
-# trainer options a job does not take from JobSpec.options: JobSpec fields, SageMaker's folders, test hooks
-JOB_OWNED_OPTIONS = frozenset({"model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len",
-                               "lr", "seed", "fuse", "compile", "parallel", "activation_checkpointing", "progress",
-                               "tokens", "steps", "checkpoint_every", "data", "output_dir", "checkpoint_dir",
-                               "model_dir", "device", "dry_run", "inject_nan_at_steps"})
+# JobSpec fields that are trainer options of the same name, passed as they are (hyperparameters())
+SPEC_OPTIONS = ("model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len", "lr", "seed",
+                "fuse", "compile", "parallel", "activation_checkpointing")
+# trainer options a job does not take from JobSpec.options: those fields, the run length and checkpoints (also
+# JobSpec fields), SageMaker's folders and channels, the log style, test hooks
+JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "checkpoint_every", "data", "output_dir",
+                                              "checkpoint_dir", "model_dir", "device", "dry_run", "inject_nan_at_steps"}
 
 
 def _trainer_option_names() -> set[str]:
@@ -395,21 +397,13 @@ def _trainer_option_names() -> set[str]:
     return {f.name for f in dataclasses.fields(TrainConfig)}
 
 
-_hp_text = to_text  # a hyperparameter as the torchrun driver passes it (a string the trainer reads back)
-
-
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:
     """The trainer's CLI options; the torchrun driver passes each as ``--key value``.
 
     Layout options are the resolved values (``JobSpec`` replaced "auto" when it was made), plus
     everything in ``spec.options``; the set passed the trainer's own parser and start-up checks."""
-    hp: dict[str, Any] = {
-        "model": spec.model, "precision": spec.precision, "backend": spec.backend, "recipe": spec.recipe,
-        "micro-batch-size": spec.micro_batch_size, "grad-accum": spec.grad_accum, "seq-len": spec.seq_len,
-        "lr": spec.lr, "seed": spec.seed, "fuse": spec.fuse, "compile": spec.compile,
-        "parallel": spec.parallel, "activation-checkpointing": spec.activation_checkpointing,
-        "progress": "off",  # no tqdm bar in CloudWatch logs; the metric lines carry the progress
-    }
+    hp: dict[str, Any] = {name.replace("_", "-"): getattr(spec, name) for name in SPEC_OPTIONS}
+    hp["progress"] = "off"  # no tqdm bar in CloudWatch logs; the metric lines carry the progress
     hp["tokens" if spec.tokens is not None else "steps"] = spec.tokens if spec.tokens is not None else spec.steps
     if spec.checkpoint_every:
         hp["checkpoint-every"] = spec.checkpoint_every

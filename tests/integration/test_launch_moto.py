@@ -25,6 +25,8 @@ pytest.importorskip("sagemaker.train")
 pytest.importorskip("moto.server")
 
 from fp8lab import launch as L  # noqa: E402
+from fp8lab.launch.aws import _split_s3  # noqa: E402
+from fp8lab.launch.redaction import _public_registry_accounts  # noqa: E402
 
 import moto_env as menv  # noqa: E402  (tests/sagemaker/, on sys.path through tests/conftest.py)
 
@@ -40,12 +42,12 @@ def _spec(**kw):
 
 
 def _assert_clean(*texts):
-    menv.assert_clean(L._public_registry_accounts(), *texts)
+    menv.assert_clean(_public_registry_accounts(), *texts)
 
 
 def _s3_text(boto, uri_or_bucket, key=None):
     if key is None:
-        uri_or_bucket, key = L._split_s3(uri_or_bucket)
+        uri_or_bucket, key = _split_s3(uri_or_bucket)
     return boto.client("s3").get_object(Bucket=uri_or_bucket, Key=key)["Body"].read().decode()
 
 
@@ -327,7 +329,7 @@ def test_torchrun_command_on_each_node_of_a_two_node_job(aws, tmp_path):
     distributed = _s3_text(boto, root + "/distributed.json")
     entry = json.loads(_s3_text(boto, root + "/sourcecode.json"))["entry_script"]
     # The driver files as uploaded to S3 for this job, so this is the code the job would run.
-    bucket, prefix = L._split_s3(root)
+    bucket, prefix = _split_s3(root)
     local = tmp_path / "sm_drivers"
     for key in ("common/__init__.py", "common/utils.py", "distributed_drivers/__init__.py",
                 "distributed_drivers/torchrun_driver.py"):

@@ -9,13 +9,14 @@ import pytest
 
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
+from fp8lab.launch.redaction import _public_registry_accounts  # noqa: E402
 from fp8lab.notebooks import read_glued, run  # noqa: E402
 
 import moto_env as menv  # noqa: E402  (tests/sagemaker/, on sys.path through tests/conftest.py)
 
 TS = re.compile(r"-\d{14}$")
 # The placeholder role's account is AWS's documentation example, shown on purpose in the parameters cell.
-ALLOWED = L._public_registry_accounts() | {"111122223333"}
+ALLOWED = _public_registry_accounts() | {"111122223333"}
 
 
 def _outputs(executed: Path) -> str:

@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
+from fp8lab.launch.spec import _known_regions  # noqa: E402
 
 ROLE, BUCKET = L.PLACEHOLDER_ROLE, L.PLACEHOLDER_BUCKET
 
@@ -53,7 +54,7 @@ def test_bf16_is_fine_on_a100_and_mxfp8_on_blackwell():
 def test_region_check_uses_the_sdk_instance_table(monkeypatch):
     # The SDK's table lists the regions it knows for an instance type; a listed region
     # without the type is rejected, a region the table does not know is allowed.
-    assert L._known_regions("ml.p5.48xlarge") and "us-east-1" in L._known_regions("ml.p5.48xlarge")
+    assert _known_regions("ml.p5.48xlarge") and "us-east-1" in _known_regions("ml.p5.48xlarge")
     monkeypatch.setattr("fp8lab.launch.spec._instance_region_table", lambda: {"us-east-1": frozenset(), "us-west-2": frozenset(L.INSTANCES)})
     with pytest.raises(ValueError, match=r"region='us-east-1'.*not offered there.*us-west-2"):
         spec()

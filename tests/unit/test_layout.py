@@ -9,6 +9,7 @@ import pytest
 from fp8lab import layout as fl
 from fp8lab.hardware import Machine, gpu_memory_gib
 from fp8lab.models import get_config
+from fp8lab.options import to_text
 from fp8lab.paths import RESULTS_DIR
 from fp8lab.train import TrainConfig, main, parse_args, preflight
 
@@ -159,7 +160,7 @@ def test_default_p5_sweep_gives_jobs_the_trainer_accepts_at_their_world_size():
     for job in plan.jobs:
         hp = L.hyperparameters(job.spec)
         assert hp["param-dtype"] == "bf16" and hp["parallel"] == "fsdp"
-        cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", L._hp_text(v))])
+        cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", to_text(v))])
         world = Machine("cuda", "H100 80GB", 79.2, world_size=8 * job.spec.instance_count, te_usable=True, fp8=True)
         resolved, lay, _, _ = preflight(cfg, world, "te")
         assert lay.memory.peak <= 79.2  # fits P5's H100
