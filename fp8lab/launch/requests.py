@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS
-from fp8lab.launch.plan import Estimate, SweepPlan, as_plan, plan_job
+from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
 
@@ -72,8 +72,8 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
     from sagemaker.train import ModelTrainer
     from sagemaker.train.distributed import Torchrun
 
-    if spec.max_run_s is None:
-        spec = plan_job(spec, 1.0, Estimate()).spec
+    if spec.max_run_s is None:  # the time limit a plan gives it (launch() and build_requests() plan first)
+        spec = as_plan(spec).jobs[0].spec
     paths = s3_paths(spec)
     stopping = StoppingCondition(max_runtime_in_seconds=spec.max_run_s)
     if spec.spot:

@@ -209,3 +209,16 @@ def test_cli_plan_uses_the_layout_resolver_like_the_api(capsys):
     assert L.main(["plan", "--models", "llama-7b", "--precisions", "fp8", "--instance-counts", "2",
                    "--micro-batch-size", "1", "--seq-len", "1024"]) == 0
     assert " 1 x 1024 x " in capsys.readouterr().out
+
+
+def test_a_bare_spec_given_to_build_trainer_gets_the_time_limit_a_plan_gives_it(tmp_path):
+    from fp8lab.launch import requests
+
+    spec = L.JobSpec(model="llama-1b", precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET,
+                     tokens=2_000_000_000)
+    assert spec.max_run_s is None
+    planned = L.plan_sweep(["llama-1b"], ["fp8"], [1], role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET,
+                           tokens=2_000_000_000).jobs[0].spec
+    source = requests.staged_source({}, str(tmp_path), spec.install_te)
+    trainer = L.build_trainer(spec, source, requests._offline_session(spec.region, spec.bucket))
+    assert trainer.stopping_condition.max_runtime_in_seconds == planned.max_run_s > 0
