@@ -69,8 +69,19 @@ def _hub_reachable() -> str | None:
     return None
 
 
+_HUB_FOLDERS: dict[str, Path] = {}  # hf: specs this process has resolved (describe, checks and build each look one up)
+
+
 def _hub_folder(spec: str) -> Path:
-    """The local snapshot of ``hf:<repo id>``: the cache when it has one, else a download."""
+    """The local snapshot of ``hf:<repo id>``: the cache when it has one, else a download; once per process."""
+    known = _HUB_FOLDERS.get(spec)
+    if known is not None and (known / "config.json").is_file():
+        return known
+    _HUB_FOLDERS[spec] = folder = _find_hub_folder(spec)
+    return folder
+
+
+def _find_hub_folder(spec: str) -> Path:
     repo = spec[len(HF_PREFIX):].strip()
     if not repo or repo.count("/") > 1 or any(ch.isspace() for ch in repo):
         raise ValueError(f"--model={spec!r} is invalid; allowed: hf:<repo id>, e.g. hf:EleutherAI/gpt-neo-125m")

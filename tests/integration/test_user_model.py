@@ -309,3 +309,25 @@ def test_a_named_shape_stays_named_when_a_folder_of_that_name_exists(tmp_path, m
     c = TrainConfig(model="llama-tiny", precision="fp8", backend="emulated")
     c, layout, steps, _ = preflight(c, Machine("cpu", "cpu", 24.0), "emulated")
     assert c.model == "llama-tiny" and steps == 100 and user_model.describe("llama-tiny")["source"] == "named"
+
+
+def test_an_hf_model_is_looked_up_once_per_process(tmp_path, monkeypatch):
+    """describe, the checks and the build each ask for the folder of an hf: model; the Hub client is
+    asked once (a cached snapshot here: the stand-in returns a folder as snapshot_download does)."""
+    import huggingface_hub
+
+    folder = save_folder(tmp_path / "snapshot", llama_config(), weights=False)
+    calls = []
+
+    def snapshot_download(repo, allow_patterns=None, local_files_only=False):
+        calls.append((repo, local_files_only))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(user_model, "_HUB_FOLDERS", {})
+    spec = "hf:example-org/tiny-llama"
+    assert user_model.folder_of(spec) == folder
+    user_model.describe(spec)
+    user_model.model_config(spec)
+    assert user_model.folder_of(spec) == folder
+    assert calls == [("example-org/tiny-llama", True)]
