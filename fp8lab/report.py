@@ -137,6 +137,11 @@ def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -
     comparison = analysis.compare_precisions(summary)
     text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
                             reference=analysis.load_reference())
+    return _comparison_markdown(comparison) + "\n\n" + text + "\n" + _scaling_markdown(analysis.scaling_table(summary))
+
+
+def _comparison_markdown(comparison: pd.DataFrame) -> str:
+    """Each FP8 run against its BF16 baseline, one Markdown table row each."""
     lines = ["| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
     for _, r in comparison.iterrows():
         cells = []
@@ -153,7 +158,7 @@ def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -
         lines.append("| " + " | ".join(cells) + " |")
     if not len(comparison):
         lines.append("| " + " | ".join(["-"] * len(MARKDOWN_COLUMNS)) + " |")
-    return "\n".join(lines) + "\n\n" + text + "\n" + _scaling_markdown(analysis.scaling_table(summary))
+    return "\n".join(lines)
 
 
 def _scaling_markdown(scaling: pd.DataFrame) -> str:
@@ -338,18 +343,33 @@ CAVEATS = """\
   measured here."""
 
 
+@dataclass(frozen=True)
+class Analysed:
+    """What the docs show, computed once from the runs: per-run summary, BF16/FP8 pairs, headline."""
+
+    reference: pd.DataFrame
+    summary: pd.DataFrame
+    comparison: pd.DataFrame
+    headline: pd.DataFrame
+
+    @classmethod
+    def of(cls, runs: pd.DataFrame, config: "ReportConfig") -> "Analysed":
+        reference = analysis.load_reference()
+        summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
+        comparison = analysis.compare_precisions(summary)
+        return cls(reference, summary, comparison, analysis.headline_table(summary, comparison, reference))
+
+
 def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
-                       results_dir: Path | None = None) -> str:
+                       results_dir: Path | None = None, analysed: Analysed | None = None) -> str:
     """docs/results.md: the headline, the verdict, every BF16/FP8 pair, scaling, every run, the study
-    notes and the caveats; all numbers from ``runs``."""
+    notes and the caveats; all numbers from ``runs`` (``analysed``: their analysis, if already made)."""
     from fp8lab.paths import RESULTS_DIR
 
-    reference = analysis.load_reference()
-    summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
-    comparison = analysis.compare_precisions(summary)
-    headline = analysis.headline_table(summary, comparison, reference)
+    a = analysed or Analysed.of(runs, config)
+    summary, comparison, headline = a.summary, a.comparison, a.headline
     text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
-                            reference=reference)
+                            reference=a.reference)
     return "\n".join([
         "# fp8lab: measured results",
         "",
@@ -374,7 +394,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "Each FP8 run against the fastest BF16 run of the same model, GPU, scale, study and batch layout "
         "(micro-batch x sequence, accumulation steps).",
         "",
-        render_markdown(runs, config).split("\n\n", 1)[0],
+        _comparison_markdown(comparison),
         _scaling_markdown(analysis.scaling_table(summary)),
         "## Every run",
         "",
@@ -389,11 +409,10 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     """{'README.md': the README with its results block regenerated (``readme``: its current text),
     'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/)."""
     runs = analysis.load_runs(sources)
-    reference = analysis.load_reference()
-    summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
-    headline = analysis.headline_table(summary, reference=reference)
-    out = {RESULTS_MD: render_results_doc(runs, config),
-           HEADLINE_PNG: plots.headline_figure(analysis.best_runs(summary), reference)}
+    a = Analysed.of(runs, config)
+    summary, headline = a.summary, a.headline
+    out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
+           HEADLINE_PNG: plots.headline_figure(analysis.best_runs(summary), a.reference)}
     if readme is not None:
         if README_BEGIN not in readme or README_END not in readme:
             raise ValueError(f"README.md: the results block markers are missing; add the two lines\n{README_BEGIN}\n{README_END}")
