@@ -7,8 +7,8 @@
 #   changes by < 2% either way; graphs hold little memory beyond eager (static inputs per block).
 #   Part A: llama-7b mb1 and gptneo-1.3b mb2, BF16 and FP8, graphs on/off, profiled.
 #   Part B (after part A ran out of memory graphing llama-7b with the FP8 weight cache held): llama-7b mb1
-#   graphed (the FP8 weight cache off, as an early rule decided; that layout is now refused for
-#   graphs by fp8lab.layout.graphs_memory_problem), llama-1b 16 x 2048 x 4 FP8 graphs on/off,
+#   graphed (the FP8 weight cache off, as an early rule decided; it ran out of memory again, and
+#   fits only since part C's streamed step), llama-1b 16 x 2048 x 4 FP8 graphs on/off,
 #   gptneo-1.3b mb2 FP8 graphed and capped at 79.2 GiB (P5's H100).
 #   Part C (session 8, after the streamed master-weight step and fused weight-gradient accumulation under
 #   graphs): the graph tests first, then llama-7b 1 x 2048 x 8 graphed FP8 and BF16, then eager FP8 and
@@ -22,7 +22,7 @@
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_cuda_graphs.sh A|B|C|D|E
 # Results: $OUT/<part>-results.tar.gz holds data/results/graphs-h200/*.jsonl (+ .profile.json).
 set -uo pipefail
-PART=${1:?part A or B}
+PART=${1:?part A, B, C, D or E}
 OUT=${OUT:-/tmp/out}
 RES=/tmp/graphs-h200
 H=(python3 benchmarks/throughput.py --study graphs-h200 --out $RES --work /tmp/bench --timeout 300)

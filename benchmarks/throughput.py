@@ -205,7 +205,8 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "step_time_s": statistics.median(r["step_time_s"] for r in timed),
         "mfu": statistics.median(mfus) if mfus else None, "mfu_peak_tflops": _peak_tflops(recs[-1]["gpu_name"]) if mfus else None,
         "max_mem_gib": max(r["max_mem_gib"] or 0 for r in recs),
-        "max_reserved_gib": max((r.get("max_reserved_gib") or 0 for r in recs), default=None), "tokens": recs[-1]["tokens"],
+        "max_reserved_gib": max((r["max_reserved_gib"] for r in recs if r.get("max_reserved_gib") is not None), default=None),
+        "tokens": recs[-1]["tokens"],
         "loss": recs[-1]["loss"], "first_loss": recs[0]["loss"],
     }
     every = max(1, len(recs) // args.max_step_records) if getattr(args, "max_step_records", 0) else 1

@@ -12,7 +12,7 @@
   stops the run after ``--max-bad-steps`` in a row;
 * :class:`StopFlag`: SIGTERM (a spot interruption, torchrun or SageMaker stopping the job).
 
-None of them imports the trainer; torch loads when a run starts, not on import.
+None of them imports the trainer.
 """
 from __future__ import annotations
 
@@ -312,7 +312,7 @@ class StepMetrics:
         if r.skipped:
             rec.update(skipped=True, nonfinite_steps=state.nonfinite_steps)
         if profiled:
-            rec["profiled"] = True  # slowed by the profiler: throughput summaries leave it out
+            rec["profiled"] = True  # slowed by the profiler: benchmarks/throughput.py leaves it out of its statistics
         if val_loss is not None:
             rec["val_loss"] = val_loss
         if not self.env.is_main:

@@ -101,7 +101,7 @@ def decide(choice: str, mcfg, *, micro_batch_size: int, seq_len: int, precision:
     work, limit = work_per_block(mcfg, micro_batch_size, seq_len), LAUNCH_BOUND_WORK[precision]
     if why_not:
         return Decision(False, f"auto: {why_not}")
-    if not launch_bound(mcfg, micro_batch_size, seq_len, precision):
+    if work >= limit:  # not launch_bound()
         return Decision(False, f"auto: {work:.1e} token-params per block and micro-batch keep the GPU busy "
                                f"in {precision} (graphs pay below {limit:.0e})")
     return Decision(True, f"auto: {work:.1e} token-params per block and micro-batch: launch-bound in {precision} "

@@ -182,10 +182,14 @@ def _graphs_base(layout: "Layout") -> float:
     return m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace
 
 
+def _graphs_held(layout: "Layout", mcfg, fp8: bool) -> float:
+    """What the graphs hold for the whole run, with the margin: activations and, in FP8, the FP8 weights."""
+    return GRAPH_HOLD_FACTOR * (layout.memory.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0))
+
+
 def graphs_memory_need(layout: "Layout", mcfg, fp8: bool) -> float:
     """Peak GiB of this layout with its decoder blocks captured as CUDA graphs (see graphs_memory_problem)."""
-    held = layout.memory.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
-    return _graphs_base(layout) + GRAPH_HOLD_FACTOR * held
+    return _graphs_base(layout) + _graphs_held(layout, mcfg, fp8)
 
 
 def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -> str | None:
@@ -200,8 +204,8 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
     most 124.7 GiB in FP8 (estimate 127.9) and 113.0 GiB in BF16 (estimate 113.7); with the plain step
     (full fp32 gradients at the step) the FP8 run had run out of 139.8 GiB at its first optimizer step.
     The rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 GiB allocated, 83.4)."""
-    need = graphs_memory_need(layout, mcfg, fp8)
-    held = need - _graphs_base(layout)
+    held = _graphs_held(layout, mcfg, fp8)
+    need = _graphs_base(layout) + held
     budget = _budget(machine)
     if need <= budget:
         return None

@@ -74,7 +74,6 @@ class MasterWeights:
                 p.data = p.data.to(dtype)
         self.dtype = dtype
         self.optimizer = make_optimizer(self.masters)
-        self._post_hooks: list[Callable[[Any, tuple, dict], None]] = []
         self._main_grad: set[int] = set()  # parameters whose gradient arrives in p.main_grad (fused accumulation)
         self.streamed = streamed
         self._chunks = self._chunk_indices(STREAM_CHUNK_BYTES) if streamed else []
@@ -154,8 +153,8 @@ class MasterWeights:
             if grads:
                 norms += torch._foreach_norm(grads, 2.0)
             del grads
-        if not norms:
-            self._clip_coef = None
+        if not norms:  # no gradient at all: the step then changes nothing, as the plain step
+            self._clip_coef = torch.ones((), device=self.masters[0].device)
             return torch.zeros((), device=self.masters[0].device)
         total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
         self._clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -188,13 +187,6 @@ class MasterWeights:
         else:
             self.optimizer.step()
         torch._foreach_copy_(self.params, self.masters)
-        for hook in self._post_hooks:
-            hook(self, (), {})
-
-    def register_step_post_hook(self, hook: Callable[[Any, tuple, dict], None]) -> None:
-        """``hook(optimizer, args, kwargs)`` after every :meth:`step`, once the bf16 parameters are updated
-        (as ``torch.optim.Optimizer.register_step_post_hook``)."""
-        self._post_hooks.append(hook)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the bf16 gradients (if any are left) and the fp32 master gradients (their memory is freed).
@@ -207,14 +199,15 @@ class MasterWeights:
         for m in self.masters:
             m.grad = None
         self._clip_coef = None
-        kept = [p.main_grad for p in self.params
-                if id(p) in self._main_grad and getattr(p, "main_grad", None) is not None] if self.streamed else []
-        if kept:
-            torch._foreach_zero_(kept)
-        for p in self.params:  # a main_grad not consumed by clip_grad_norm_ must not leak into the next step
-            if id(p) in self._main_grad and not self.streamed:
+        # a main_grad not consumed by clip_grad_norm_ must not leak into the next step
+        mains = [p for p in self.params if id(p) in self._main_grad and getattr(p, "main_grad", None) is not None]
+        if self.streamed:  # in place: a captured graph writes to these addresses
+            if mains:
+                torch._foreach_zero_([p.main_grad for p in mains])
+        else:
+            for p in mains:
                 p.main_grad = None
-        self._fresh_main_grads()
+            self._fresh_main_grads()
 
     # -- checkpoints and export ---------------------------------------------------------------
     def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:

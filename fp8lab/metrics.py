@@ -65,15 +65,6 @@ def _fixed(x: float | None, digits: int) -> str:
     return f"{x:.{digits}f}"
 
 
-def sagemaker_metric_definitions() -> list[dict[str, str]]:
-    """Regexes for a SageMaker estimator's ``metric_definitions`` that read the lines above."""
-    num = r"([0-9]+(?:\.[0-9]+)?)"
-    names = ("loss", "tokens_per_sec_per_gpu", "mfu", "step_time_s", "lr", "grad_norm")
-    defs = [{"Name": f"train:{n}", "Regex": rf"{LINE_PREFIX} step=[0-9]+ .*\b{n}={num}"} for n in names]
-    defs.append({"Name": "validation:loss", "Regex": rf"{LINE_PREFIX} step=[0-9]+ val_loss={num}"})
-    return defs
-
-
 class MetricsLog:
     """Append-only ``metrics.jsonl`` that a resumed run continues without losing or repeating a step.
 

@@ -386,7 +386,7 @@ def schedule(c: TrainConfig, world_size: int) -> tuple[int, int]:
     return total_steps, warmup
 
 
-def preflight(c: TrainConfig, machine, backend: str | None):
+def preflight(c: TrainConfig, machine, backend: str | None, mcfg=None):
     """Every start-up check that needs no data, model or GPU, with the layout resolved for ``machine``.
 
     Returns (config with no "auto" layout option left, Layout, total steps, warm-up steps); a bad
@@ -400,7 +400,7 @@ def preflight(c: TrainConfig, machine, backend: str | None):
     if problem:
         raise ValueError(problem)
     total_steps, warmup = schedule(c, machine.world_size)
-    graphs_decision(c, machine, backend, layout)  # --cuda-graphs on with a set-up that cannot be captured: refused here
+    graphs_decision(c, machine, backend, layout, mcfg)  # --cuda-graphs on with a set-up that cannot be captured: refused here
     return c, layout, total_steps, warmup
 
 

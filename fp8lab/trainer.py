@@ -13,7 +13,7 @@ read the resumed weights and FP8 scaling state in place.
 The loop only calls components (fp8lab.components): the step metrics, the profiler, the
 non-finite guard and the checkpointer. FP8 is the backend's autocast region around
 :meth:`Trainer._forward` (the one place the model is called) plus the backend's optional
-``after_optimizer_step``, registered once on the optimizer as a step post-hook.
+``after_optimizer_step``, called after every optimizer step the guard lets through.
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ class Trainer:
         self.wall0 = time.perf_counter()
         self.resumed_from: int | None = None
         self.last_val: float | None = None
+        self.stop = StopFlag()  # SIGTERM seen; fit() installs and uninstalls its handler
 
     # ------------------------------------------------------------------------------------ set-up
 
@@ -94,7 +95,7 @@ class Trainer:
         if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
             ftrain.fused_check(c, self.backend)
         self.requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
-        self.c, self.layout, self.total_steps, self.warmup = ftrain.preflight(c, self.machine, self.backend)
+        self.c, self.layout, self.total_steps, self.warmup = ftrain.preflight(c, self.machine, self.backend, self.mcfg)
         c = self.c
         self.log(f"fp8lab: {self.layout.header()}")
         self.graphs = ftrain.graphs_decision(c, self.machine, self.backend, self.layout, self.mcfg)
@@ -102,7 +103,7 @@ class Trainer:
             self.log(f"fp8lab: {self.graphs.describe()}")
         self.graphs_captured = None
         self.world = env.world_size
-        self.tokens_per_step = c.micro_batch_size * c.grad_accum * self.world * c.seq_len
+        self.tokens_per_step = c.tokens_per_micro_batch * c.grad_accum * self.world
         self.fp8_on = c.precision == "fp8"
         self.compute_dtype = c.compute_dtype if c.compute_dtype != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
         self.sharded = env.distributed and c.parallel == "fsdp"  # FSDP2 really shards (torchrun, several ranks)
@@ -204,19 +205,14 @@ class Trainer:
         self.log(f"fp8lab: {self.graphs_captured.describe()}")
 
     def _build_optimizer(self) -> None:
-        """AdamW (or the master weights' AdamW), the LR schedule, and the backend's post-step hook."""
+        """AdamW (or the master weights' AdamW) and the LR schedule."""
         import torch
-
-        from fp8lab.backends import get_backend
 
         c = self.c
         self.optimizer = self.master if self.master is not None else ftrain.make_optimizer(
             self.model, c, self.env.device, sharded=self.sharded)
         self.adamw = self.master.optimizer if self.master is not None else self.optimizer
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw, ftrain.lr_lambda(c, self.total_steps, self.warmup))
-        after = getattr(get_backend(self.backend), "after_optimizer_step", None) if self.backend else None
-        if after is not None:  # e.g. FP8 scales of the new weights: after every optimizer step, skipped steps excepted
-            self.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: after(self.inner))
 
     def _build_components(self) -> None:
         from fp8lab.models import model_flops_per_token
@@ -337,6 +333,8 @@ class Trainer:
         """Forward/backward over the micro-batches, clip, and the update unless the guard skips it."""
         import torch
 
+        from fp8lab.convert import after_optimizer_step
+
         c, env = self.c, self.env
         lr = self.optimizer.param_groups[0]["lr"]
         loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
@@ -354,7 +352,9 @@ class Trainer:
                             stop=bool(packed[1] > 0))
         result.skipped = self.guard.skip(result.loss, result.grad_norm)
         if not result.skipped:  # the FP8 overflow guard drops the update and keeps the weights
-            self.optimizer.step()  # post-step hooks (the backend's) run inside
+            self.optimizer.step()
+            if self.backend:  # e.g. FP8 scales of the new weights (a backend's optional hook)
+                after_optimizer_step(self.inner)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return result
@@ -395,7 +395,6 @@ class Trainer:
         the run; (status, message). metrics.jsonl is complete whatever stops it."""
         c, env, state = self.c, self.env, self.state
         first = state.step + 1
-        self.stop = StopFlag()
         self.stop.install()
         self.metrics.open(self.total_steps, first, self.resumed_from)
         profiler = StepProfiler(c.profile_steps, self.total_steps, first, env.device, self.paths.output_dir,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from fp8lab.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
+from fp8lab.metrics import LINE_PREFIX
 from fp8lab.launch.metric_line import parse_metric_line
 from fp8lab.launch.plan import SweepPlan, as_plan, format_cost_table
 from fp8lab.launch.redaction import redact, redacted_sdk_logs
@@ -242,7 +243,7 @@ def _metrics_from_logs(logs, name: str, **backoff: Any) -> list[dict[str, Any]]:
     rows, token = [], None
     while True:
         kw = {"logGroupName": "/aws/sagemaker/TrainingJobs", "logStreamNamePrefix": f"{name}/",
-              "filterPattern": '"fp8lab-metrics"', **({"nextToken": token} if token else {})}
+              "filterPattern": f'"{LINE_PREFIX}"', **({"nextToken": token} if token else {})}
         try:
             page = call_with_backoff(lambda: logs.filter_log_events(**kw), **backoff)
         except ClientError as err:

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import re
 
+from fp8lab.metrics import LINE_PREFIX  # the trainer writes the line
+
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 # SageMaker reads these from the job's log stream. The leading space keeps " loss=" from
 # matching "val_loss=". Names become CloudWatch metric names of the job.
 METRIC_DEFINITIONS: dict[str, str] = {
-    "train:loss": rf"fp8lab-metrics step=\d+ loss={_NUM}",
-    "train:tokens_per_sec_per_gpu": rf"fp8lab-metrics step=\d+ .* tokens_per_sec_per_gpu={_NUM}",
-    "train:mfu": rf"fp8lab-metrics step=\d+ .* mfu={_NUM}",
-    "train:step_time_s": rf"fp8lab-metrics step=\d+ .* step_time_s={_NUM}",
-    "train:lr": rf"fp8lab-metrics step=\d+ .* lr={_NUM}",
-    "train:grad_norm": rf"fp8lab-metrics step=\d+ .* grad_norm={_NUM}",
-    "validation:loss": rf"fp8lab-metrics step=\d+ val_loss={_NUM}",
+    "train:loss": rf"{LINE_PREFIX} step=\d+ loss={_NUM}",
+    "train:tokens_per_sec_per_gpu": rf"{LINE_PREFIX} step=\d+ .* tokens_per_sec_per_gpu={_NUM}",
+    "train:mfu": rf"{LINE_PREFIX} step=\d+ .* mfu={_NUM}",
+    "train:step_time_s": rf"{LINE_PREFIX} step=\d+ .* step_time_s={_NUM}",
+    "train:lr": rf"{LINE_PREFIX} step=\d+ .* lr={_NUM}",
+    "train:grad_norm": rf"{LINE_PREFIX} step=\d+ .* grad_norm={_NUM}",
+    "validation:loss": rf"{LINE_PREFIX} step=\d+ val_loss={_NUM}",
 }
-_METRIC_LINE = re.compile(r"fp8lab-metrics ((?:\w+=\S+ ?)+)")
+_METRIC_LINE = re.compile(rf"{LINE_PREFIX} ((?:\w+=\S+ ?)+)")
 
 
 def parse_metric_line(line: str) -> dict[str, float | int] | None:

@@ -124,9 +124,10 @@ def _max_run(seconds: float) -> int:
     return int(min(MAX_RUNTIME_CAP_S, math.ceil(2 * seconds + 3600)))
 
 
-def plan_job(spec: JobSpec, price: float, est: Estimate) -> PlannedJob:
-    """One job of a plan: its name, time limit (from ``est`` unless the spec sets one), time and cost."""
-    seconds = est.seconds(spec)
+def plan_job(spec: JobSpec, price: float, est: Estimate, seconds: float | None = None) -> PlannedJob:
+    """One job of a plan: its name, time limit (from ``est`` unless the spec sets one), time and cost.
+    ``seconds``: ``est.seconds(spec)`` where the caller has it already."""
+    seconds = est.seconds(spec) if seconds is None else seconds
     if spec.max_run_s is None:
         spec = dataclasses.replace(spec, max_run_s=_max_run(seconds))
     hours = seconds / 3600
@@ -153,15 +154,16 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
              for m, p, n in itertools.product(models, precisions, instance_counts)]
     price, source = price_for((s.instance_type for s in specs), price_per_hour)
     est = estimate or default_estimate()
+    seconds = [est.seconds(s) for s in specs]  # the time limit does not enter the estimate
     if "max_run_s" not in common:
         # One time limit per (model, instance count), the longer of its BF16 and FP8 estimates,
         # so the paired jobs differ in nothing but precision.
         longest: dict[tuple, float] = {}
-        for s in specs:
+        for s, sec in zip(specs, seconds):
             key = (s.model, s.instance_count)
-            longest[key] = max(longest.get(key, 0.0), est.seconds(s))
+            longest[key] = max(longest.get(key, 0.0), sec)
         specs = [dataclasses.replace(s, max_run_s=_max_run(longest[s.model, s.instance_count])) for s in specs]
-    jobs = tuple(plan_job(s, price, est) for s in specs)
+    jobs = tuple(plan_job(s, price, est, sec) for s, sec in zip(specs, seconds))
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):  # cannot happen with distinct inputs; guard the invariant
         raise ValueError(f"plan_sweep produced duplicate job names: {names}")

@@ -134,7 +134,7 @@ def _ok(parsed: dict[str, Any]):
     return AWSResponse("https://dry-run.invalid", 200, {}, None), parsed
 
 
-def _offline_session(region: str, bucket: str, stop_at_create: bool = True):
+def _offline_session(region: str, bucket: str):
     """A SageMaker Session whose every AWS call is answered here; nothing leaves the process.
 
     S3 uploads succeed without storing anything, IAM answers that it cannot decide (so the
@@ -164,7 +164,7 @@ def _offline_session(region: str, bucket: str, stop_at_create: bool = True):
     def on_params(params, model, **_):
         key = f"{model.service_model.service_name}.{model.name}"
         last_params[key] = params
-        if model.name == "CreateTrainingJob" and stop_at_create:
+        if model.name == "CreateTrainingJob":
             raise _Captured(json.loads(json.dumps(params, default=str)))
 
     def on_call(model, **_):

@@ -270,9 +270,9 @@ class JobSpec:
             return self.model
         return self.model.rstrip("/").rsplit("/", 1)[-1] or "model"
 
-    @property
+    @functools.cached_property  # a frozen dataclass: written straight into __dict__
     def model_cfg(self):
-        """fp8lab's ModelConfig of the job's model (named, folder or model_config)."""
+        """fp8lab's ModelConfig of the job's model (named, folder or model_config), built once."""
         from fp8lab.models import config_from_hf, get_config
         from fp8lab import user_model
 
