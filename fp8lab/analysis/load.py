@@ -28,7 +28,7 @@ META_COLUMNS = [
     "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
-    "activation_checkpointing", "fsdp_keep_weights", "compile",
+    "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]

@@ -463,3 +463,14 @@ def test_fp8_pairs_with_the_best_bf16_of_its_own_batch_layout(tmp_path):
     assert c.loc["f8", "layout"] == "8x2048, accum 8" and c.loc["f1", "layout"] == "8x2048"
     mixed = analysis.compare_precisions(summary, by_layout=False).set_index("fp8_run")
     assert set(mixed["baseline_run"]) == {"b8"}  # without layouts: the fastest BF16 of the model and scale
+
+
+def test_graphed_runs_are_labelled_as_such_in_the_runs_table_and_in_the_profiles():
+    """A graphed run and its eager twin are different set-ups: the label says 'graphs' where the run
+    record has cuda_graphs true (runs table, pairs, scaling keys and profiles alike)."""
+    on, off = (RESULTS_DIR / "graphs-h200" / f"llama-7b-te-fp8-delayed-p16-mb1-ga8-graphs-{g}-s8.jsonl" for g in ("on", "off"))
+    runs = analysis.load_runs([on, off])
+    labels = runs.groupby("run_id")["variant"].first()
+    assert "graphs" in labels[on.stem].split() and "graphs" not in labels[off.stem].split()
+    profiles = analysis.load_profiles([on.with_name(on.stem + ".profile.json")])
+    assert profiles["variant"].iloc[0] == labels[on.stem]
