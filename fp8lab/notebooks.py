@@ -11,6 +11,7 @@ import ast
 import json
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,7 +242,9 @@ def run(
     # a kernel inherits MPLBACKEND; 'Agg' (set by test runners) would hide every figure
     saved_backend = os.environ.pop("MPLBACKEND", None)
     try:
-        return _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout)
+        with tempfile.TemporaryDirectory(prefix="fp8lab-kernel-") as sockets:
+            return _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout,
+                            _local_socket_kernel_manager(Path(sockets)))
     finally:
         if saved_backend is not None:
             os.environ["MPLBACKEND"] = saved_backend
@@ -260,15 +263,7 @@ def _local_socket_kernel_manager(folder: Path):
     return LocalSocketKernelManager
 
 
-def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout) -> list[NotebookResult]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="fp8lab-kernel-") as sockets:
-        return _run_each(paths, declared, params, out, kernel, stop_on_error, progress, timeout,
-                         _local_socket_kernel_manager(Path(sockets)))
-
-
-def _run_each(paths, declared, params, out, kernel, stop_on_error, progress, timeout, manager) -> list[NotebookResult]:
+def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout, manager) -> list[NotebookResult]:
     import papermill as pm
     from tqdm.auto import tqdm
 

@@ -6,6 +6,7 @@ renders and says so, so notebooks and reports work before any GPU result exists.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -230,7 +231,8 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
 def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int = 20,
                 save: str | Path | None = None) -> Figure:
     """Training loss against tokens, BF16 vs FP8 (raw faint, smoothed solid), and below it the
-    gap of each FP8 run's smoothed loss to the BF16 run of the same model, in percent."""
+    gap of each FP8 run's smoothed loss to the BF16 run of the same model, in percent (where a
+    model has both; a model with one precision is one row, with a note saying what the gap needs)."""
     title = f"Training loss ({smoothing}, span {smoothing_span}) and FP8 gap"
     steps = runs[(runs["record"] == "step") & runs["loss"].notna()] if len(runs) else runs
     if len(steps) and "loss_comparable" in steps:  # throughput runs: a few steps, not a loss comparison
@@ -264,7 +266,7 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
         # losses fall from the top left, so the legend sits top right; long labels (recipe settings)
         # wrap, so it stays narrow there. The gap lines below share these colours
         handles, names = top.get_legend_handles_labels()
-        top.legend(handles, [textwrap.fill(n.replace(",", ", "), 30, break_long_words=False) for n in names], fontsize=7,
+        top.legend(handles, [textwrap.fill(re.sub(r",(?!\s)", ", ", n), 30, break_long_words=False) for n in names], fontsize=7,
                    loc="upper right")
         if not paired:
             top.set_xlabel(x_col)

@@ -53,7 +53,7 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
 
     Layout options left out (or "auto") are chosen by ``fp8lab.layout`` for this machine, the same
     for both runs, as ``fp8lab train`` does. ``dry_run``: resolve and return the layouts, train nothing.
-    ``lr="auto"``: 2e-3 for models under 50M parameters, else 3e-4."""
+    ``lr="auto"``: 2e-3 for models under 50M parameters, else the trainer's default ``--lr``."""
     import pandas as pd
 
     from fp8lab.convert import pick_backend

@@ -149,10 +149,15 @@ def _load(folder: str, mtime_ns: int) -> tuple[Any, str]:
     return check_config_dict(d), hashlib.sha256(raw).hexdigest()
 
 
+def _loaded(spec: str) -> tuple[Any, str]:
+    """(validated transformers config, SHA-256 of config.json) of a user model, read once per file version."""
+    folder = folder_of(spec)
+    return _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)
+
+
 def hf_config(spec: str):
     """The transformers config of a user model (validated; nothing is built)."""
-    folder = folder_of(spec)
-    return _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)[0]
+    return _loaded(spec)[0]
 
 
 def model_config(spec: str):
@@ -167,8 +172,7 @@ def has_weights(folder: Path) -> bool:
 
 def config_sha256(spec: str) -> str:
     """SHA-256 of the user model's config.json (read once per file version, as ``hf_config``)."""
-    folder = folder_of(spec)
-    return _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)[1]
+    return _loaded(spec)[1]
 
 
 def describe(spec: str) -> dict[str, Any]:
