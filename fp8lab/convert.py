@@ -462,7 +462,7 @@ def weight_mapping(converted: nn.Module, layer: int | None = 0) -> list[dict[str
     if not info.fused:
         rules = [_fused.Rule((k,), k) for k in hf_shapes]
     else:
-        rules = _fused.expand_rules(converted.spec.family, converted.spec.layers)
+        rules = _fused.expand_rules(converted.spec)
     rows = []
     for r in rules:
         idx = [int(p) for p in r.fused.split(".") if p.isdigit()]
