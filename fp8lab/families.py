@@ -74,6 +74,16 @@ def hf_class(model_type) -> type:
     return getattr(transformers, family_of(model_type).hf_class)
 
 
+def rotary_class(model_type) -> type:
+    """The family's own rotary-embedding class (e.g. ``LlamaRotaryEmbedding``) from its transformers
+    modelling module; for the llama layout only."""
+    import importlib
+
+    fam = family_of(model_type)
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    return getattr(module, fam.hf_class.removesuffix("ForCausalLM") + "RotaryEmbedding")
+
+
 def layer_windows(c) -> tuple[int | None, ...]:
     """Per layer, the attention window of an HF config of the llama layout: None = full causal, w = the
     last w tokens (the token itself included), as transformers' sliding-window mask.

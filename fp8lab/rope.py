@@ -48,9 +48,6 @@ def rope_problem(c: Any) -> str | None:
     allowed = known_types()
     if kind not in allowed:
         return f"rope_type={kind!r} is not a RoPE type transformers implements; allowed: {', '.join(allowed)}"
-    partial = rp.get("partial_rotary_factor", getattr(c, "partial_rotary_factor", None))
-    if partial not in (None, 1, 1.0):
-        return f"partial_rotary_factor={partial!r} (RoPE on part of each head) is not supported; fp8lab rotates whole heads"
     return None
 
 

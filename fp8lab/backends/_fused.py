@@ -83,6 +83,11 @@ def fused_problem(c: Any) -> str | None:
         problem = rope_problem(c)
         if problem:
             return f"{name} RoPE: {problem}{alt}"
+        hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        half = hf_rope(c).half
+        if 2 * half != hd:
+            return (f"{name} RoPE rotates {2 * half} of the {hd} dimensions of each head (partial rotary): "
+                    f"the fused conversion rotates whole heads{alt}")
         return None
     if mt == "gpt_neo":
         if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -91,10 +96,10 @@ def fused_problem(c: Any) -> str | None:
     return None  # architecture_of reports unsupported architectures
 
 
-def hf_rope(model: nn.Module) -> HFRope | None:
-    """transformers' RoPE of an HF model of the llama layout (its own rotary class), None for GPT-Neo."""
-    rot = getattr(getattr(model, "model", None), "rotary_emb", None)
-    return HFRope(type(rot), model.config) if rot is not None else None
+def hf_rope(c: Any) -> HFRope | None:
+    """transformers' RoPE (the family's own rotary class) for an HF config of the llama layout, None for GPT-Neo."""
+    mt = getattr(c, "model_type", None)
+    return HFRope(families.rotary_class(mt), c) if families.SUPPORTED[mt].layout == "llama" else None
 
 
 def spec_from_hf(model: nn.Module) -> FusedSpec:
@@ -106,9 +111,7 @@ def spec_from_hf(model: nn.Module) -> FusedSpec:
     if families.SUPPORTED[arch].layout == "llama":
         rp = rope_parameters(c)
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        hfr = hf_rope(model)
-        if hfr.half * 2 != hd:
-            raise ValueError(f"RoPE of {hfr.half} frequencies for head_dim {hd}: the fused conversion rotates whole heads; use fuse=False")
+        hfr = hf_rope(c)
         return FusedSpec(
             "llama", c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
             c.num_key_value_heads, hd, c.vocab_size, c.max_position_embeddings, c.rms_norm_eps,
@@ -416,7 +419,7 @@ def build_fused(hf_model: nn.Module, parts: Parts, backend: str, device=None,
     p = next(hf_model.parameters())
     dev = torch.device(device) if device is not None else p.device
     fused = FusedCausalLM(spec, parts, hf_model.config, type(hf_model), backend, device=dev, dtype=p.dtype,
-                          rope_source=hf_rope(hf_model))
+                          rope_source=hf_rope(hf_model.config))
     fused.to(dtype=p.dtype)  # TE parts take params_dtype; make the norms and everything else agree
     sd = hf_to_fused(hf_model.state_dict(), spec)
     target = {k: v for k, v in fused.state_dict().items() if not _is_state(k)}
