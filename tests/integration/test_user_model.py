@@ -260,14 +260,15 @@ def test_hf_without_route_fails_fast_without_the_offline_flag(monkeypatch):
     assert time.perf_counter() - t < 2 * user_model.CONNECT_TIMEOUT_S + 5
 
 
-def test_notebook_02_converts_a_model_folder(tmp_path):
+@pytest.mark.parametrize("variant, name", [("llama3-gqa-tied-headdim", "my-llama3"), ("qwen2-bias-windows", "my-qwen2")])
+def test_notebook_02_converts_a_model_folder(variant, name, tmp_path):
     from fp8lab.notebooks import read_glued, run
 
-    src = save_folder(tmp_path / "my-llama3", VARIANTS["llama3-gqa-tied-headdim"]())
+    src = save_folder(tmp_path / name, VARIANTS[variant]())
     res = run(["02"], {"model_folder": str(src), "backend": "emulated", "seq_len": 32}, output_dir=tmp_path / "nb",
               progress=False)
     vals = read_glued(res[0].output)
-    assert vals["model"] == "my-llama3" and vals["num_layers"] == 2 and vals["round_trip_identical"] is True
+    assert vals["model"] == name and vals["num_layers"] == 2 and vals["round_trip_identical"] is True
     assert vals["fp8_off_logits_rel_diff"] < 1e-5 and vals["fp8_on_logits_rel_diff"] > 1e-4
     assert str(src) not in res[0].output.read_text()  # the machine path is not written into the notebook
 
