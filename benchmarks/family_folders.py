@@ -27,8 +27,6 @@ def make_folder(spec: str, out: Path, device: str) -> Path:
     d = json.loads((CONFIGS / name / "config.json").read_text())
     if layers:
         d["num_hidden_layers"] = int(layers)
-        if "max_window_layers" in d:
-            d["max_window_layers"] = min(d["max_window_layers"], int(layers))
     folder = out / (f"{name}-{layers}l" if layers else name)
     cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     torch.manual_seed(0)

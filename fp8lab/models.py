@@ -181,7 +181,8 @@ def default_dtype(dtype) -> Iterator[None]:
 
 
 def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int | None = 0, **overrides: Any):
-    """A ``LlamaForCausalLM`` / ``GPTNeoForCausalLM`` with random weights for the named config.
+    """A ``LlamaForCausalLM`` / ``GPTNeoForCausalLM`` with random weights for the named config (a user's
+    folder: its own class, e.g. ``Qwen2ForCausalLM``, with its weights when it has them).
 
     ``device="meta"`` builds shapes only (for counting or planning a 7B model); ``dtype`` creates
     the parameters in that float type directly. ``seed`` makes the weights reproducible without

@@ -2,14 +2,20 @@
 
 Each HF decoder block becomes four fused pieces, the layout of Transformer Engine's building blocks:
 
-    qkv  = LayerNormLinear(norm -> one GEMM for Q, K and V)       [q; k; v] rows concatenated
+    qkv  = LayerNormLinear(norm -> one GEMM for Q, K and V)       [q; k; v] rows (and biases) concatenated
     attn = DotProductAttention(causal, GQA, window, softmax_scale)  no parameters
     proj = Linear(attention output -> hidden)
-    mlp  = LayerNormMLP(norm -> fc1 -> activation -> fc2)         Llama: fc1 = [gate; up] (SwiGLU)
+    mlp  = LayerNormMLP(norm -> fc1 -> activation -> fc2)         llama layout: fc1 = [gate; up] (SwiGLU)
 
-A backend supplies the pieces (``Parts``); this module wires them, applies RoPE (Llama) or learned
-positions (GPT-Neo) itself, and keeps the token embedding and LM head as plain high-precision
-modules. GPT-Neo does not divide attention scores by sqrt(head_dim): ``softmax_scale=1.0``.
+The families (``fp8lab.families``): Llama, Mistral and Qwen2 share the llama layout and differ in data:
+Q/K/V biases (Qwen2; Llama ``attention_bias``, which also biases the output projection), MLP biases
+(Llama ``mlp_bias``), per-layer windows (Mistral's ``sliding_window``, Qwen2's sliding layers), and
+the RoPE variant, whose frequencies transformers computes (``fp8lab.rope.HFRope``); yarn's/longrope's
+attention scaling is folded into the softmax scale. GPT-Neo: LayerNorm, GELU, learned positions, local
+layers, and no division of the scores by sqrt(head_dim) (``softmax_scale=1.0``).
+
+A backend supplies the pieces (``Parts``); this module wires them, applies RoPE or learned positions
+itself, and keeps the token embedding and LM head as plain high-precision modules.
 
 The HF <-> fused mapping is data (``weight_map``): ``{}`` stands for the layer index, a rule with
 several HF keys concatenates them along dim 0 in order (and splits them back by their HF shapes).
