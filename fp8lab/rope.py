@@ -63,7 +63,7 @@ class HFRope:
         if problem:
             raise ValueError(problem)
         with torch.device("cpu"):
-            self._rot = rotary_cls(config).float()
+            self._rot = rotary_cls(config=config).float()  # keyword: transformers 4 took dim first
         self.rope_type = rope_type(config)
         self.attention_scaling = float(self._rot.attention_scaling)
         self.half = int(self._rot.inv_freq.numel())

@@ -90,7 +90,10 @@ def fused_problem(c: Any) -> str | None:
         if problem:
             return f"{name} RoPE: {problem}{alt}"
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        half = hf_rope(c).half
+        try:
+            half = hf_rope(c).half
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # transformers cannot build it either
+            return f"{name} RoPE: transformers' rotary embedding cannot be built from this config ({type(exc).__name__}: {exc})"
         if 2 * half != hd:
             return (f"{name} RoPE rotates {2 * half} of the {hd} dimensions of each head (partial rotary): "
                     f"the fused conversion rotates whole heads{alt}")
