@@ -1,6 +1,6 @@
 """The families people bring (issue 27) at real widths on an FP8 GPU (skipped without one): the published
 configs of Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-1.5B and Mistral-7B-v0.3 (``data/reference/configs``)
-with two decoder layers, random weights, converted by Transformer Engine (fused). As the Llama and
+with two decoder layers, random weights, converted by Transformer Engine (fused and swapped). As the Llama and
 GPT-Neo tests in ``test_convert_gpu.py``: the bf16 conversion is at least as close to an fp32 forward of
 the same weights as HF's own bf16 forward; FP8 on gives finite, bounded logits and gradients; the export
 is exact. Extra cases put the sequence past a small ``original_max_position_embeddings`` and a window
@@ -56,11 +56,12 @@ def _model(case: str):
     return model
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "swap"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_fused_family_matches_fp32_at_real_widths(case, gpu_record):
+def test_family_matches_fp32_at_real_widths(case, fuse, gpu_record):
     _need_te()
     ref = _model(case)
-    conv = convert_model(copy.deepcopy(ref), backend="te", fuse=True)
+    conv = convert_model(copy.deepcopy(ref), backend="te", fuse=fuse)
     sd = export_hf_state_dict(conv)
     assert set(sd) == set(ref.state_dict()) and all(torch.equal(v, ref.state_dict()[k]) for k, v in sd.items())
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -68,11 +69,15 @@ def test_fused_family_matches_fp32_at_real_widths(case, gpu_record):
     rep = check_equivalence(ref, conv, ids, per_layer=True, fp32_reference=True)
     t = rep.fp32
     on = check_equivalence(ref, conv, ids, fp8=True)
-    gpu_record(case=case, seq_len=SEQ, layers=2, windows=list(conv.spec.windows), rope_type=conv.spec.rope_type,
+    gpu_record(case=case, conversion="fused" if fuse else "swap", seq_len=SEQ, layers=2,
+               windows=list(conv.spec.windows) if fuse else None, rope_type=conv.spec.rope_type if fuse else None,
                converted_vs_hf_bf16=rep.logits_rel_diff, hf_bf16_vs_fp32=t.reference_logits_rel_diff,
                converted_vs_fp32=t.converted_logits_rel_diff, fp8_vs_hf_bf16=on.logits_rel_diff)
     assert 0 < t.reference_logits_rel_diff < 0.5
-    assert t.converted_at_least_as_close, rep
+    if fuse:  # RoPE angles in fp32 from transformers' frequencies: no further from the truth than HF bf16
+        assert t.converted_at_least_as_close, rep
+    else:  # HF's attention and RoPE with TE's GEMMs: HF's bf16 forward within rounding
+        assert t.converted_logits_rel_diff <= 1.05 * t.reference_logits_rel_diff, rep
     assert t.converted_loss_abs_diff <= t.reference_loss_abs_diff + 2e-2, rep
     assert 0 < on.logits_rel_diff < 0.3 and on.loss_abs_diff < 0.1, on
     conv.train()
