@@ -273,15 +273,17 @@ def test_notebook_02_converts_a_model_folder(variant, name, tmp_path):
     assert str(src) not in res[0].output.read_text()  # the machine path is not written into the notebook
 
 
-def test_run_pair_trains_a_model_folder(prepared, tmp_path):
+@pytest.mark.parametrize("variant, name", [("gptneo", "neo"), ("mistral-window", "mistral")])
+def test_run_pair_trains_a_model_folder(variant, name, prepared, tmp_path):
+    """What notebook 03 runs for ``-p model <folder>``."""
     from fp8lab.trainpair import run_pair
 
-    src = save_folder(tmp_path / "neo", VARIANTS["gptneo"]())
+    src = save_folder(tmp_path / name, VARIANTS[variant]())
     pair = run_pair(str(src), steps=2, backends=["emulated"], output_dir=tmp_path / "pair", data=str(prepared),
                     seq_len=32, micro_batch_size=2)
     assert set(pair.summaries) == {"bf16", "fp8 emulated"}
     for s in pair.summaries.values():  # summary.json names the folder without the machine path
-        assert s["status"] == "completed" and s["model"] == "<abs>/neo"
+        assert s["status"] == "completed" and s["model"] == f"<abs>/{name}"
 
 
 def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
