@@ -122,13 +122,22 @@ def _harness_command(args) -> str:
         line = line.replace(str(args.out), "<out>")
     if getattr(args, "data", None):
         line = line.replace(str(args.data), "<data>")
+    for m in getattr(args, "models", "").split(","):
+        if model_label(m.strip()) != m.strip():
+            line = line.replace(str(Path(m.strip()).parent), "<models>")
     return line.replace(str(args.work), "<work>")
+
+
+def model_label(model: str) -> str:
+    """A named shape as it is; a model folder by its name (result files hold no machine path)."""
+    return Path(model).name if Path(model).is_dir() and not model.startswith("hf:") else model
 
 
 def run_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> dict:
     """Train ``args.steps`` steps in a fresh process; return the run record, steps and summary."""
     nproc = getattr(args, "nproc", 1)
-    run_id = f"{model}-{variant}" + (f"-{nproc}gpu-{args.parallel}" if nproc > 1 else "") + (f"-{args.tag}" if getattr(args, "tag", "") else "")
+    label = model_label(model)
+    run_id = f"{label}-{variant}" + (f"-{nproc}gpu-{args.parallel}" if nproc > 1 else "") + (f"-{args.tag}" if getattr(args, "tag", "") else "")
     out_dir = work / run_id
     # several GPUs: torchrun's own rendezvous (--standalone), one process per GPU
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
@@ -150,6 +159,8 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         return {"run_id": run_id, "error": f"timed out after {args.timeout} s (--timeout)", "seconds": time.time() - t0}
     (work / f"{run_id}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     shown = " ".join(shlex.quote(c) for c in ["python" if i == 0 else c for i, c in enumerate(cmd)]).replace(str(work), "<work>")
+    if label != model:  # a folder: <models>/name, never the machine's path
+        shown = shown.replace(str(Path(model).parent), "<models>")
     if args.data:  # machine paths stay out of result files
         shown = shown.replace(str(args.data), "<data>")
     if proc.returncode != 0:
@@ -162,7 +173,10 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
     mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
     backend = cfg.get("backend_resolved", _arg_value(flags, "--backend"))  # "none": plain transformers
     run = {
-        "record": "run", "run_id": run_id, "study": args.study, "model": model,
+        "record": "run", "run_id": run_id, "study": args.study, "model": label,
+        # a folder model: its model_type and the SHA-256 of its config.json (the run's own model_source)
+        "model_type": (cfg.get("model_source") or {}).get("model_type"),
+        "model_config_sha256": (cfg.get("model_source") or {}).get("config_sha256"),
         "variant": variant + (f"-{args.tag}" if getattr(args, "tag", "") else ""),
         "precision": _arg_value(flags, "--precision"),
         "backend": "hf" if backend == "none" else backend,
@@ -237,7 +251,7 @@ def prepare_once(args, work: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="llama-1b", help="comma list of fp8lab.models names")
+    p.add_argument("--models", default="llama-1b", help="comma list of fp8lab.models names or model folders")
     p.add_argument("--variants", default="all", help="'all' or a comma list of: " + ", ".join(VARIANTS))
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=15, help="steps left out of the statistics")

@@ -1,4 +1,4 @@
-"""Convert a Hugging Face Llama / GPT-Neo model for FP8 training, check it, and get HF weights back.
+"""Convert a Hugging Face Llama / Mistral / Qwen2 / GPT-Neo model for FP8 training, check it, and get HF weights back.
 
     from fp8lab.models import build_model
     from fp8lab.convert import convert_model, autocast, check_equivalence, export_hf_state_dict
@@ -53,7 +53,7 @@ class ConversionInfo:
     backend: str
     recipe: Recipe
     fused: bool
-    architecture: str  # 'llama' | 'gpt_neo'
+    architecture: str  # the HF model_type: 'llama' | 'mistral' | 'qwen2' | 'gpt_neo' (fp8lab.families)
     fp8_modules: tuple[str, ...]  # fqns whose GEMMs run in FP8 inside autocast
     high_precision: tuple[str, ...]  # fqns kept in high precision (embeddings, LM head, ...)
 
@@ -87,7 +87,7 @@ def _resolve_recipe(backend, recipe) -> Recipe:
 
 def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | None = None, fuse: bool = True,
                   module_filter: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
-    """Convert ``model`` (LlamaForCausalLM / GPTNeoForCausalLM) for FP8 on ``backend``.
+    """Convert ``model`` (a class of ``fp8lab.families.SUPPORTED``: Llama, Mistral, Qwen2, GPT-Neo) for FP8 on ``backend``.
 
     Every check (architecture, backend installed, FP8 GPU, recipe supported, GEMM shapes divisible
     by 16) runs before anything is built. See the module docstring for ``fuse`` and ``module_filter``.
@@ -462,7 +462,7 @@ def weight_mapping(converted: nn.Module, layer: int | None = 0) -> list[dict[str
     if not info.fused:
         rules = [_fused.Rule((k,), k) for k in hf_shapes]
     else:
-        rules = _fused.expand_rules(converted.spec.family, converted.spec.layers)
+        rules = _fused.expand_rules(converted.spec)
     rows = []
     for r in rules:
         idx = [int(p) for p in r.fused.split(".") if p.isdigit()]

@@ -36,6 +36,11 @@ class ModelConfig:
     rope_theta: float = 10000.0  # Llama only
     attention_head_dim: int | None = None  # Llama only: per-head width; None = hidden_size / num_heads
     tie_embeddings: bool | None = None  # LM head shares the token embedding; None = family default (GPT-Neo tied, Llama not)
+    # Llama layout only, read from a user's config.json (Mistral, Qwen2, Llama with biases); not overrides:
+    qkv_bias: bool = False  # Q/K/V projections have biases (Qwen2; Llama attention_bias)
+    out_bias: bool = False  # attention output projection has a bias (Llama attention_bias)
+    mlp_bias: bool = False  # gate/up/down have biases (Llama mlp_bias)
+    layer_windows: tuple[int | None, ...] | None = None  # per layer: sliding window (None = full causal); None = all full
 
     @property
     def head_dim(self) -> int:
@@ -64,6 +69,7 @@ MODEL_CONFIGS: dict[str, ModelConfig] = {
     "gptneo-1.3b": ModelConfig("gptneo", 2048, 8192, 24, 16, 50257, 2048, window_size=256),
 }
 
+FROM_CONFIG_ONLY = ("qkv_bias", "out_bias", "mlp_bias", "layer_windows")  # a user's config.json sets them
 _INT_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "vocab_size", "max_seq_len")
 
 
@@ -83,7 +89,7 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
         raise ValueError(f"unknown model {name!r}; choose from: {', '.join(MODEL_CONFIGS)}, "
                          f"a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     base = MODEL_CONFIGS[name]
-    valid = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "family"]
+    valid = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("family", *FROM_CONFIG_ONLY)]
     unknown = sorted(set(overrides) - set(valid))
     if unknown:
         raise ValueError(f"unknown override(s) {', '.join(unknown)} for model {name!r}; valid overrides: {', '.join(valid)}")
@@ -119,6 +125,10 @@ def validate_config(cfg: ModelConfig, name: str = "model") -> None:
             raise ValueError(f"{name}: head_dim ({cfg.head_dim}) must be even for RoPE")
         if not cfg.rope_theta > 0:
             raise ValueError(f"{name}: rope_theta must be positive, got {cfg.rope_theta!r}")
+        lw = cfg.layer_windows
+        if lw is not None and (len(lw) != cfg.num_layers or any(
+                w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1) for w in lw)):
+            raise ValueError(f"{name}: sliding_window must be a positive integer or null, one per layer, got {lw!r}")
     else:
         if cfg.num_kv_heads not in (None, cfg.num_heads):
             raise ValueError(f"{name}: num_kv_heads applies to Llama only (GPT-Neo has one KV head per query head)")
@@ -171,7 +181,8 @@ def default_dtype(dtype) -> Iterator[None]:
 
 
 def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int | None = 0, **overrides: Any):
-    """A ``LlamaForCausalLM`` / ``GPTNeoForCausalLM`` with random weights for the named config.
+    """A ``LlamaForCausalLM`` / ``GPTNeoForCausalLM`` with random weights for the named config (a user's
+    folder: its own class, e.g. ``Qwen2ForCausalLM``, with its weights when it has them).
 
     ``device="meta"`` builds shapes only (for counting or planning a 7B model); ``dtype`` creates
     the parameters in that float type directly. ``seed`` makes the weights reproducible without
@@ -220,18 +231,25 @@ def _config_of(model_or_config) -> ModelConfig:
 
 
 def config_from_hf(c) -> ModelConfig:
-    """Our ``ModelConfig`` for a transformers ``LlamaConfig`` / ``GPTNeoConfig`` (the shape only:
-    FLOPs, memory plans and counts need nothing else; biases and RoPE scaling are not represented)."""
+    """Our ``ModelConfig`` for a transformers config of a supported family (``fp8lab.families``): the
+    shape, biases and windows (FLOPs, memory plans and counts need nothing else; the RoPE variant is
+    not represented, it changes no count)."""
+    from fp8lab import families
+    from fp8lab.rope import rope_parameters
+
     mt = getattr(c, "model_type", None)
-    if mt == "llama":
-        rp = getattr(c, "rope_parameters", None) or {}
+    if mt in families.SUPPORTED and families.SUPPORTED[mt].layout == "llama":
+        rp = rope_parameters(c)
         hd = getattr(c, "head_dim", None)
+        windows = families.layer_windows(c)
         return ModelConfig(
             "llama", c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
             c.vocab_size, c.max_position_embeddings, num_kv_heads=c.num_key_value_heads,
             norm_eps=c.rms_norm_eps, rope_theta=float(rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
             attention_head_dim=hd if hd and hd != c.hidden_size // c.num_attention_heads else None,
             tie_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+            qkv_bias=families.qkv_bias(c), out_bias=families.out_bias(c), mlp_bias=families.mlp_bias(c),
+            layer_windows=windows if any(w is not None for w in windows) else None,
         )
     if mt == "gpt_neo":
         return ModelConfig(
@@ -239,13 +257,14 @@ def config_from_hf(c) -> ModelConfig:
             c.vocab_size, c.max_position_embeddings, window_size=c.window_size, norm_eps=c.layer_norm_epsilon,
             tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
         )
-    raise ValueError(f"unsupported architecture {mt or type(c).__name__!r}; supported: llama (Llama 2 / 3), gpt_neo")
+    raise ValueError(f"unsupported architecture {mt or type(c).__name__!r}; supported: {', '.join(families.SUPPORTED)}")
 
 
-def _layer_types(cfg: ModelConfig) -> list[str]:
+def _layer_windows(cfg: ModelConfig) -> list[int | None]:
+    """Per layer, the attention window (None: every earlier key)."""
     if cfg.family == "llama":
-        return ["global"] * cfg.num_layers
-    return ["global" if i % 2 == 0 else "local" for i in range(cfg.num_layers)]
+        return list(cfg.layer_windows or (None,) * cfg.num_layers)
+    return [None if i % 2 == 0 else cfg.window_size for i in range(cfg.num_layers)]
 
 
 @dataclass(frozen=True)
@@ -265,7 +284,9 @@ def count_parameters(model_or_config) -> ParamCounts:
     c = _config_of(model_or_config)
     h, f, v, L = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers
     if c.family == "llama":
-        block = block_matmul_params(c) + 2 * h  # q,k,v,o + gate,up,down + two RMSNorm weights
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
+        biases = (q_dim + 2 * kv_dim) * c.qkv_bias + h * c.out_bias + (2 * f + h) * c.mlp_bias
+        block = block_matmul_params(c) + 2 * h + biases  # q,k,v,o + gate,up,down + two RMSNorm weights (+ biases)
         emb, final, head, head_matmul = v * h, h, (0 if c.tied else v * h), v * h
     else:
         block = block_matmul_params(c) + h + f + h + 4 * h  # q,k,v,o, c_fc, c_proj; out_proj, c_fc, c_proj biases; 2 LayerNorms
@@ -295,7 +316,7 @@ def model_flops_per_token(model_or_config, seq_len: int) -> float:
       6 = 2 (multiply-add) x 3 (forward, grad wrt input, grad wrt weight).
     * The attention term counts QK^T and AV (2 matmuls x 2 FLOPs x 3 passes = 12) over ``T_l``
       keys: ``T_l = seq_len`` on global layers (as PaLM; causal masking is not discounted) and
-      ``min(seq_len, window_size)`` on GPT-Neo's local layers. Query heads count, so GQA does
+      ``min(seq_len, window)`` on GPT-Neo's local layers and Mistral's / Qwen2's sliding-window layers. Query heads count, so GQA does
       not reduce it.
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
@@ -303,8 +324,8 @@ def model_flops_per_token(model_or_config, seq_len: int) -> float:
     c = _config_of(model_or_config)
     n = count_parameters(c).matmul
     attn = 0
-    for kind in _layer_types(c):
-        t = min(seq_len, c.window_size) if kind == "local" else seq_len
+    for w in _layer_windows(c):
+        t = min(seq_len, w) if w else seq_len
         attn += 12 * c.num_heads * c.head_dim * t
     return float(6 * n + attn)
 

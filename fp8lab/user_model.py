@@ -9,12 +9,16 @@
   needs the network: offline (``HF_HUB_OFFLINE=1`` or no route to the Hub) it fails at once with
   one line that says so, unless the repository is already in the local cache.
 
-Supported architectures (``model_type``): ``llama`` (Llama 2 and 3: GQA, ``rope_theta``, tied or
-untied embeddings, ``head_dim`` other than hidden/heads) and ``gpt_neo``. Anything else (Qwen2,
-Mistral, ...) is refused with the list. What the fused conversion cannot represent exactly (Llama
-3.1 ``rope_scaling`` of type ``llama3``, attention/MLP biases, other RoPE types) is refused by the
-trainer before anything is built, naming ``--fuse False`` as the alternative
-(``fp8lab.convert.fused_problem``).
+Supported architectures (``model_type``, ``fp8lab.families``): ``llama`` (Llama 2 and 3.x: GQA, any
+RoPE variant transformers implements, tied or untied embeddings, ``head_dim`` other than
+hidden/heads, attention/MLP biases), ``mistral`` (with or without ``sliding_window``), ``qwen2``
+(Q/K/V biases, tied embeddings, per-layer sliding windows) and ``gpt_neo``. Anything else (Gemma,
+Phi, mixtures of experts, ...) is refused from its config.json with what makes it different and the
+list; so is a config with ``auto_map`` (custom modelling code, never executed) and a folder whose
+weights do not fit its config (missing tensors or other shapes). What the fused conversion cannot
+represent exactly is refused by the trainer before anything is built, naming ``--fuse False`` as the
+alternative (``fp8lab.convert.fused_problem``). Sharded checkpoints (``model.safetensors.index.json``)
+load as ``from_pretrained`` loads them.
 
 The config is turned into fp8lab's ``ModelConfig`` (``fp8lab.models.config_from_hf``), so FLOPs/MFU,
 the layout resolver's memory model and checkpoint fingerprints treat a folder like a named shape;
@@ -40,8 +44,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from fp8lab import families
+
 HF_PREFIX = "hf:"
-SUPPORTED = {"llama": "LlamaForCausalLM (Llama 2 / Llama 3)", "gpt_neo": "GPTNeoForCausalLM"}
+SUPPORTED = {k: f"{f.hf_class} ({f.label})" for k, f in families.SUPPORTED.items()}
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 # files of a tokenizer that save_pretrained/from_pretrained read; copied to the exported folder
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -127,15 +133,22 @@ def check_config_dict(d: dict, where: str = "config.json"):
     """The transformers config for a config.json dict, or a ValueError listing what is supported."""
     mt = d.get("model_type")
     if mt not in SUPPORTED:
-        raise ValueError(f"--model: {where} has model_type={mt!r}, which fp8lab does not support; supported: "
-                         f"{', '.join(f'{k} ({v})' for k, v in SUPPORTED.items())}")
+        raise ValueError(families.unsupported_reason(mt, where))
+    if d.get("auto_map"):
+        raise ValueError(f"--model: {where} has auto_map (custom modelling code: {', '.join(sorted(d['auto_map']))}); "
+                         f"fp8lab never runs a folder's code and supports the transformers classes only: "
+                         f"{families.supported_list()}")
     from transformers import AutoConfig
+
+    from fp8lab import rope
 
     body = {k: v for k, v in d.items() if k != "model_type"}
     try:
         hf = AutoConfig.for_model(mt, **body)
     except (TypeError, ValueError, KeyError) as exc:
         raise ValueError(f"--model: {where} is not a valid {mt} config ({exc})") from None
+    if families.SUPPORTED[mt].layout == "llama" and rope.rope_type(hf) not in rope.known_types():
+        raise ValueError(f"--model: {where}: {rope.rope_problem(hf)}")
     from fp8lab.models import config_from_hf, validate_config
 
     validate_config(config_from_hf(hf), f"--model ({where})")
@@ -207,15 +220,15 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     """The user's model as its HF class: ``from_pretrained`` when the folder has weights, else random
     init from its config (seeded like ``fp8lab.models.build_model``)."""
     import torch
-    from transformers import GPTNeoForCausalLM, LlamaForCausalLM
 
     from fp8lab.models import init_from_config
 
     folder = folder_of(spec)
     cfg = hf_config(spec)
-    cls = LlamaForCausalLM if cfg.model_type == "llama" else GPTNeoForCausalLM
+    cls = families.hf_class(cfg.model_type)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if has_weights(folder) and dev.type != "meta":
+        check_weights(folder, cls, cfg)
         from transformers.utils import logging as hf_logging
 
         bar = hf_logging.is_progress_bar_enabled()
@@ -230,6 +243,43 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
         model = init_from_config(cls, cfg, dev, dtype, seed)
     model.fp8lab_name = spec if spec.startswith(HF_PREFIX) else folder.name
     return model.eval() if dev.type == "meta" else model
+
+
+def _safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from the safetensors headers (the index's shards when sharded); no data read."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(_read_config_file(index).get("weight_map", {}).values())) if index.is_file() else \
+        sorted(p.name for p in folder.glob("*.safetensors"))
+    shapes = {}
+    for name in files:
+        if not (folder / name).is_file():
+            raise ValueError(f"--model: {index.name} names the shard {name!r}, which is not in the folder")
+        with safe_open(str(folder / name), framework="pt") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return shapes
+
+
+def check_weights(folder: Path, cls: type, cfg) -> None:
+    """Refuse a folder whose safetensors weights do not fit its config.json (a missing tensor would be
+    initialised at random by ``from_pretrained``, another shape fails deep inside it): one line."""
+    import torch
+
+    if not any(folder.glob("*.safetensors")):
+        return  # pytorch_model*.bin: from_pretrained's own checks
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
+    if getattr(cfg, "tie_word_embeddings", False):
+        want.pop("lm_head.weight", None)  # tied: not stored, re-tied on load
+    have = _safetensors_shapes(folder)
+    missing = sorted(set(want) - set(have))
+    wrong = [f"{k} {have[k]} (config.json gives {want[k]})" for k in sorted(set(want) & set(have)) if have[k] != want[k]]
+    if missing or wrong:
+        what = (f"missing {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}" if missing else "") + \
+               ("; " if missing and wrong else "") + (f"other shapes: {', '.join(wrong[:3])}" if wrong else "")
+        raise ValueError(f"--model: the weights in {folder.name!r} do not match its config.json ({what}); "
+                         f"use the config.json the weights were saved with")
 
 
 def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:

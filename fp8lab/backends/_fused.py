@@ -2,14 +2,20 @@
 
 Each HF decoder block becomes four fused pieces, the layout of Transformer Engine's building blocks:
 
-    qkv  = LayerNormLinear(norm -> one GEMM for Q, K and V)       [q; k; v] rows concatenated
+    qkv  = LayerNormLinear(norm -> one GEMM for Q, K and V)       [q; k; v] rows (and biases) concatenated
     attn = DotProductAttention(causal, GQA, window, softmax_scale)  no parameters
     proj = Linear(attention output -> hidden)
-    mlp  = LayerNormMLP(norm -> fc1 -> activation -> fc2)         Llama: fc1 = [gate; up] (SwiGLU)
+    mlp  = LayerNormMLP(norm -> fc1 -> activation -> fc2)         llama layout: fc1 = [gate; up] (SwiGLU)
 
-A backend supplies the pieces (``Parts``); this module wires them, applies RoPE (Llama) or learned
-positions (GPT-Neo) itself, and keeps the token embedding and LM head as plain high-precision
-modules. GPT-Neo does not divide attention scores by sqrt(head_dim): ``softmax_scale=1.0``.
+The families (``fp8lab.families``): Llama, Mistral and Qwen2 share the llama layout and differ in data:
+Q/K/V biases (Qwen2; Llama ``attention_bias``, which also biases the output projection), MLP biases
+(Llama ``mlp_bias``), per-layer windows (Mistral's ``sliding_window``, Qwen2's sliding layers), and
+the RoPE variant, whose frequencies transformers computes (``fp8lab.rope.HFRope``); yarn's/longrope's
+attention scaling is folded into the softmax scale. GPT-Neo: LayerNorm, GELU, learned positions, local
+layers, and no division of the scores by sqrt(head_dim) (``softmax_scale=1.0``).
+
+A backend supplies the pieces (``Parts``); this module wires them, applies RoPE or learned positions
+itself, and keeps the token embedding and LM head as plain high-precision modules.
 
 The HF <-> fused mapping is data (``weight_map``): ``{}`` stands for the layer index, a rule with
 several HF keys concatenates them along dim 0 in order (and splits them back by their HF shapes).
@@ -25,14 +31,17 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "gpt_neo": "GPTNeoForCausalLM"}
+from fp8lab import families
+from fp8lab.rope import HFRope, rope_parameters, rope_problem
+
+SUPPORTED_ARCHITECTURES = {k: f.hf_class for k, f in families.SUPPORTED.items()}
 
 
 @dataclass(frozen=True)
 class FusedSpec:
     """Everything the fused model needs to know about the HF architecture."""
 
-    family: str  # "llama" | "gptneo"
+    family: str  # "llama" (Llama, Mistral, Qwen2: RMSNorm, SwiGLU, RoPE) | "gptneo"
     hidden: int
     ffn: int
     layers: int
@@ -44,15 +53,18 @@ class FusedSpec:
     eps: float
     normalization: str  # TE spelling: "RMSNorm" | "LayerNorm"
     activation: str  # TE spelling: "swiglu" | "gelu" (tanh approximation = HF gelu_new)
-    bias: bool  # GPT-Neo: out_proj and MLP biases (its Q/K/V have none)
-    softmax_scale: float  # 1/sqrt(head_dim) for Llama; 1.0 for GPT-Neo (unscaled scores)
+    qkv_bias: bool  # Q/K/V biases (Qwen2; Llama attention_bias)
+    proj_bias: bool  # attention output projection bias (GPT-Neo; Llama attention_bias; never Qwen2)
+    mlp_bias: bool  # fc1/fc2 biases (GPT-Neo; Llama mlp_bias)
+    softmax_scale: float  # 1/sqrt(head_dim) times RoPE's attention_scaling^2; 1.0 for GPT-Neo (unscaled scores)
     windows: tuple[int | None, ...]  # per layer: None = full causal, w = the last w tokens (self included)
-    rope_theta: float | None  # Llama RoPE base; None = learned positions
-    tied: bool  # LM head shares the token embedding (GPT-Neo)
+    rope_theta: float | None  # RoPE base; None = learned positions (GPT-Neo)
+    tied: bool  # LM head shares the token embedding
+    rope_type: str = "default"  # transformers' RoPE variant; its frequencies come from fp8lab.rope.HFRope
 
 
 def architecture_of(model: nn.Module) -> str:
-    """'llama' or 'gpt_neo', else a ValueError listing the supported classes."""
+    """The model_type of a supported HF model, else a ValueError listing the supported classes."""
     mt = getattr(getattr(model, "config", None), "model_type", None)
     if mt not in SUPPORTED_ARCHITECTURES or not hasattr(model, "lm_head"):
         raise ValueError(
@@ -67,20 +79,24 @@ def fused_problem(c: Any) -> str | None:
 
     Checked from the config alone, so a trainer refuses before anything is built. Each reason names
     the feature and the alternative: ``fuse=False`` swaps the HF model's Linear layers one for one and
-    keeps everything else of the HF model (biases, RoPE scaling, sliding windows) as it is."""
+    keeps everything else of the HF model as it is."""
     alt = "; use fuse=False (--fuse False), which keeps the Hugging Face modules and swaps only their Linear layers"
     mt = getattr(c, "model_type", None)
-    if mt == "llama":
-        feats = [f for f in ("attention_bias", "mlp_bias") if getattr(c, f, False)]
-        if feats:
-            return f"Llama with {' and '.join(feats)}=True is not supported by the fused conversion (it has no Q/K/V/O or MLP biases){alt}"
+    if mt in SUPPORTED_ARCHITECTURES and families.SUPPORTED[mt].layout == "llama":
+        name = families.SUPPORTED[mt].label
         if c.hidden_act != "silu":
-            return f"Llama hidden_act={c.hidden_act!r} is not supported by the fused conversion (SwiGLU needs 'silu'){alt}"
-        rp = getattr(c, "rope_parameters", None) or {}
-        kind = rp.get("rope_type", "default")
-        if kind != "default":
-            what = "Llama 3.1 RoPE scaling (rope_type 'llama3')" if kind == "llama3" else f"RoPE scaling of type {kind!r}"
-            return f"{what} is not supported by the fused conversion (it implements plain RoPE with rope_theta only){alt}"
+            return f"{name} hidden_act={c.hidden_act!r} is not supported by the fused conversion (SwiGLU needs 'silu'){alt}"
+        problem = rope_problem(c)
+        if problem:
+            return f"{name} RoPE: {problem}{alt}"
+        hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        try:
+            half = hf_rope(c).half
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # transformers cannot build it either
+            return f"{name} RoPE: transformers' rotary embedding cannot be built from this config ({type(exc).__name__}: {exc})"
+        if 2 * half != hd:
+            return (f"{name} RoPE rotates {2 * half} of the {hd} dimensions of each head (partial rotary): "
+                    f"the fused conversion rotates whole heads{alt}")
         return None
     if mt == "gpt_neo":
         if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -89,26 +105,35 @@ def fused_problem(c: Any) -> str | None:
     return None  # architecture_of reports unsupported architectures
 
 
+def hf_rope(c: Any) -> HFRope | None:
+    """transformers' RoPE (the family's own rotary class) for an HF config of the llama layout, None for GPT-Neo."""
+    mt = getattr(c, "model_type", None)
+    return HFRope(families.rotary_class(mt), c) if families.SUPPORTED[mt].layout == "llama" else None
+
+
 def spec_from_hf(model: nn.Module) -> FusedSpec:
     c = model.config
     arch = architecture_of(model)
     problem = fused_problem(c)
     if problem:
         raise ValueError(problem)
-    if arch == "llama":
-        rp = getattr(c, "rope_parameters", None) or {}
+    if families.SUPPORTED[arch].layout == "llama":
+        rp = rope_parameters(c)
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        hfr = hf_rope(c)
         return FusedSpec(
             "llama", c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
             c.num_key_value_heads, hd, c.vocab_size, c.max_position_embeddings, c.rms_norm_eps,
-            "RMSNorm", "swiglu", False, 1.0 / math.sqrt(hd), (None,) * c.num_hidden_layers,
-            float(rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))), bool(c.tie_word_embeddings),
+            "RMSNorm", "swiglu", families.qkv_bias(c), families.out_bias(c), families.mlp_bias(c),
+            hfr.attention_scaling ** 2 / math.sqrt(hd), families.layer_windows(c),
+            float(rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))), bool(c.tie_word_embeddings), hfr.rope_type,
         )
     windows = tuple(c.window_size if t == "local" else None for t in c.attention_layers)
     return FusedSpec(
         "gptneo", c.hidden_size, c.intermediate_size or 4 * c.hidden_size, c.num_layers, c.num_heads,
         c.num_heads, c.hidden_size // c.num_heads, c.vocab_size, c.max_position_embeddings,
-        c.layer_norm_epsilon, "LayerNorm", "gelu", True, 1.0, windows, None, bool(getattr(c, "tie_word_embeddings", True)),
+        c.layer_norm_epsilon, "LayerNorm", "gelu", False, True, True, 1.0, windows, None,
+        bool(getattr(c, "tie_word_embeddings", True)),
     )
 
 
@@ -122,12 +147,12 @@ class Rule:
     fused: str  # key in the fused model
 
 
-def weight_map(family: str) -> list[Rule]:
-    """The HF -> fused key map for one family."""
+def weight_map(spec: FusedSpec) -> list[Rule]:
+    """The HF -> fused key map for one architecture (its family and which biases it has)."""
     R = Rule
-    if family == "llama":
+    if spec.family == "llama":
         a, m = "model.layers.{}.self_attn.", "model.layers.{}.mlp."
-        return [
+        rules = [
             R(("model.embed_tokens.weight",), "embed.weight"),
             R(("model.layers.{}.input_layernorm.weight",), "blocks.{}.qkv.layer_norm_weight"),
             R((a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), "blocks.{}.qkv.weight"),
@@ -138,6 +163,14 @@ def weight_map(family: str) -> list[Rule]:
             R(("model.norm.weight",), "norm.weight"),
             R(("lm_head.weight",), "lm_head.weight"),
         ]
+        if spec.qkv_bias:
+            rules.append(R((a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"), "blocks.{}.qkv.bias"))
+        if spec.proj_bias:
+            rules.append(R((a + "o_proj.bias",), "blocks.{}.proj.bias"))
+        if spec.mlp_bias:
+            rules += [R((m + "gate_proj.bias", m + "up_proj.bias"), "blocks.{}.mlp.fc1_bias"),
+                      R((m + "down_proj.bias",), "blocks.{}.mlp.fc2_bias")]
+        return rules
     h, a = "transformer.h.{}.", "transformer.h.{}.attn.attention."
     return [
         R(("transformer.wte.weight",), "embed.weight"),
@@ -159,10 +192,11 @@ def weight_map(family: str) -> list[Rule]:
     ]
 
 
-def expand_rules(family: str, layers: int) -> list[Rule]:
+def expand_rules(spec: FusedSpec) -> list[Rule]:
     """Rules with ``{}`` replaced by every layer index."""
     out = []
-    for r in weight_map(family):
+    layers = spec.layers
+    for r in weight_map(spec):
         if "{}" in r.fused:
             out += [Rule(tuple(k.format(i) for k in r.hf), r.fused.format(i)) for i in range(layers)]
         else:
@@ -176,7 +210,7 @@ def _is_state(key: str) -> bool:
 
 def hf_to_fused(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> dict[str, torch.Tensor]:
     """Fused state dict from an HF one; every HF key must be used exactly once."""
-    rules = expand_rules(spec.family, spec.layers)
+    rules = expand_rules(spec)
     needed = {k for r in rules for k in r.hf}
     missing, unused = sorted(needed - set(hf_sd)), sorted(set(hf_sd) - needed)
     if missing or unused:
@@ -186,7 +220,7 @@ def hf_to_fused(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> dict[str, to
 
 def fused_to_hf(fused_sd: dict[str, torch.Tensor], spec: FusedSpec, hf_shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
     """HF state dict from a fused one, split by the HF shapes; counts and shapes are checked."""
-    rules = expand_rules(spec.family, spec.layers)
+    rules = expand_rules(spec)
     sd = {k: v for k, v in fused_sd.items() if not _is_state(k)}
     needed = {r.fused for r in rules}
     missing, unused = sorted(needed - set(sd)), sorted(set(sd) - needed)
@@ -224,14 +258,20 @@ class Parts(Protocol):
     # ``weight_cache = True`` when the modules accept ``is_first_microbatch`` (TE's FP8 weight cache)
 
 
-def rope_angles(seq_len: int, head_dim: int, theta: float, device) -> torch.Tensor:
-    """RoPE angles [s, d] in fp32, rotate-half layout (HF Llama): each frequency twice, halves concatenated."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+def rope_angles(seq_len: int, head_dim: int, theta: float | torch.Tensor, device) -> torch.Tensor:
+    """RoPE angles [s, d] in fp32, rotate-half layout (HF Llama): each frequency twice, halves concatenated.
+
+    ``theta``: the RoPE base (plain RoPE), or the [head_dim / 2] inverse frequencies themselves
+    (any variant, from ``fp8lab.rope.HFRope``)."""
+    if isinstance(theta, torch.Tensor):
+        inv = theta.to(device=device, dtype=torch.float32)
+    else:
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     f = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
     return torch.cat([f, f], dim=-1)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float | torch.Tensor, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables in the non-interleaved (rotate-half) layout that HF Llama uses; fp32 math."""
     emb = rope_angles(seq_len, head_dim, theta, device)  # [s, d]
     return emb.cos().to(dtype)[None, :, None, :], emb.sin().to(dtype)[None, :, None, :]
@@ -247,7 +287,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class TorchRope:
     """RoPE in plain PyTorch ops; a backend may supply a fused kernel with the same two methods."""
 
-    def tables(self, seq_len: int, head_dim: int, theta: float, device, dtype) -> Any:
+    def tables(self, seq_len: int, head_dim: int, theta: float | torch.Tensor, device, dtype) -> Any:
         return rope_cos_sin(seq_len, head_dim, theta, device, dtype)
 
     def apply(self, x: torch.Tensor, tables: Any) -> torch.Tensor:
@@ -269,7 +309,7 @@ class FusedBlock(nn.Module):
         q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
         self.qkv = parts.norm_linear(spec, q + 2 * kv)
         self.attn = parts.attention(spec, self.window, layer + 1)
-        self.proj = parts.linear(spec, q, spec.hidden, spec.bias)
+        self.proj = parts.linear(spec, q, spec.hidden, spec.proj_bias)
         self.mlp = parts.norm_mlp(spec)
         self.fp8 = True  # False: this block runs in high precision even inside an FP8 autocast
         self._hp = parts.high_precision
@@ -299,7 +339,7 @@ class FusedCausalLM(nn.Module):
     """
 
     def __init__(self, spec: FusedSpec, parts: Parts, hf_config: Any, hf_class: type, backend: str,
-                 device=None, dtype=None):
+                 device=None, dtype=None, rope_source: HFRope | None = None):
         super().__init__()
         self.spec, self.config, self.hf_class, self.backend = spec, hf_config, hf_class, backend
         kw = {"device": device, "dtype": dtype}
@@ -312,6 +352,8 @@ class FusedCausalLM(nn.Module):
             self.lm_head.weight = self.embed.weight
         self._rope = _rope_of(parts)
         self._rope_tables: dict[tuple, Any] = {}  # (seq_len, device, dtype) -> tables; not state
+        # transformers' RoPE frequencies per sequence length (None: plain RoPE from rope_theta); not state
+        self.__dict__["_rope_source"] = rope_source
         # True: forward(..., is_first_microbatch=) caches FP8 weights across micro-batches (TE)
         self.supports_weight_cache = _caches_weights(parts)
         self._release_cache = getattr(parts, "release_weight_cache", None)
@@ -341,7 +383,9 @@ class FusedCausalLM(nn.Module):
     def rope_tables(self, t: int, device, dtype) -> Any:
         key = (t, str(device), dtype)
         if key not in self._rope_tables:
-            self._rope_tables[key] = self._rope.tables(t, self.spec.head_dim, self.spec.rope_theta, device, dtype)
+            src = self.__dict__.get("_rope_source")
+            theta = src.inv_freq(t) if src is not None else self.spec.rope_theta
+            self._rope_tables[key] = self._rope.tables(t, self.spec.head_dim, theta, device, dtype)
         return self._rope_tables[key]
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
@@ -383,7 +427,8 @@ def build_fused(hf_model: nn.Module, parts: Parts, backend: str, device=None,
     spec = spec_from_hf(hf_model)
     p = next(hf_model.parameters())
     dev = torch.device(device) if device is not None else p.device
-    fused = FusedCausalLM(spec, parts, hf_model.config, type(hf_model), backend, device=dev, dtype=p.dtype)
+    fused = FusedCausalLM(spec, parts, hf_model.config, type(hf_model), backend, device=dev, dtype=p.dtype,
+                          rope_source=hf_rope(hf_model.config))
     fused.to(dtype=p.dtype)  # TE parts take params_dtype; make the norms and everything else agree
     sd = hf_to_fused(hf_model.state_dict(), spec)
     target = {k: v for k, v in fused.state_dict().items() if not _is_state(k)}
@@ -408,6 +453,6 @@ def decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(fqn, module) of each decoder block, in order, for HF and fused models."""
     if isinstance(model, FusedCausalLM):
         return [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
-    if architecture_of(model) == "llama":
+    if families.SUPPORTED[architecture_of(model)].layout == "llama":
         return [(f"model.layers.{i}", b) for i, b in enumerate(model.model.layers)]
     return [(f"transformer.h.{i}", b) for i, b in enumerate(model.transformer.h)]

@@ -186,9 +186,10 @@ class EmuLayerNormLinear(FP8Gemm):
         self.layer_norm_weight = _param(spec.hidden, device=device, dtype=dtype)
         self.layer_norm_bias = _param(spec.hidden, device=device, dtype=dtype) if self.kind == "LayerNorm" else None
         self.weight = _param(out_features, spec.hidden, device=device, dtype=dtype)
+        self.bias = _param(out_features, device=device, dtype=dtype) if spec.qkv_bias else None
 
     def forward(self, x):
-        return self.gemm(_norm(x, self.layer_norm_weight, self.layer_norm_bias, self.kind, self.eps), self.weight, None)
+        return self.gemm(_norm(x, self.layer_norm_weight, self.layer_norm_bias, self.kind, self.eps), self.weight, self.bias)
 
 
 class EmuLayerNormMLP(nn.Module):
@@ -202,9 +203,9 @@ class EmuLayerNormMLP(nn.Module):
         self.layer_norm_weight = _param(h, device=device, dtype=dtype)
         self.layer_norm_bias = _param(h, device=device, dtype=dtype) if self.kind == "LayerNorm" else None
         self.fc1_weight = _param(fc1_out, h, device=device, dtype=dtype)
-        self.fc1_bias = _param(fc1_out, device=device, dtype=dtype) if spec.bias else None
+        self.fc1_bias = _param(fc1_out, device=device, dtype=dtype) if spec.mlp_bias else None
         self.fc2_weight = _param(h, f, device=device, dtype=dtype)
-        self.fc2_bias = _param(h, device=device, dtype=dtype) if spec.bias else None
+        self.fc2_bias = _param(h, device=device, dtype=dtype) if spec.mlp_bias else None
         self.fc1, self.fc2 = FP8Gemm(), FP8Gemm()  # separate scaling state per GEMM
 
     def forward(self, x):

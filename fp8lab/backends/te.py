@@ -6,8 +6,9 @@ Two levels, because the difference is part of the lesson:
   ``te.Linear``, RMSNorm -> ``te.RMSNorm``, ``nn.LayerNorm`` -> ``te.LayerNorm``. HF's attention,
   RoPE and residual code keep running; each projection is its own FP8 GEMM.
 * ``fuse=True``: each decoder block -> ``te.LayerNormLinear`` (norm + one QKV GEMM) +
-  ``te.DotProductAttention`` (fused attention kernels; GQA; GPT-Neo's sliding window as
-  ``window_size=(w-1, 0)`` and its unscaled scores as ``softmax_scale=1.0``) + ``te.Linear`` +
+  ``te.DotProductAttention`` (fused attention kernels; GQA; GPT-Neo's local layers and Mistral's /
+  Qwen2's sliding windows as ``window_size=(w-1, 0)``; GPT-Neo's unscaled scores as
+  ``softmax_scale=1.0``, yarn/longrope's attention scaling folded into it) + ``te.Linear`` +
   ``te.LayerNormMLP`` (norm + fc1 [gate; up] + SwiGLU / GELU + fc2). Built by fp8lab from the
   HF config (``_fused``), never by patching ``transformers``.
 
@@ -95,14 +96,14 @@ class TEParts:
         self.device, self.dtype = device, dtype
 
     def norm_linear(self, spec, out_features):
-        return _te().LayerNormLinear(spec.hidden, out_features, eps=spec.eps, bias=False,
+        return _te().LayerNormLinear(spec.hidden, out_features, eps=spec.eps, bias=spec.qkv_bias,
                                      normalization=spec.normalization, params_dtype=self.dtype, device=self.device)
 
     def linear(self, spec, in_features, out_features, bias):
         return _te().Linear(in_features, out_features, bias=bias, params_dtype=self.dtype, device=self.device)
 
     def norm_mlp(self, spec):
-        return _te().LayerNormMLP(spec.hidden, spec.ffn, eps=spec.eps, bias=spec.bias, normalization=spec.normalization,
+        return _te().LayerNormMLP(spec.hidden, spec.ffn, eps=spec.eps, bias=spec.mlp_bias, normalization=spec.normalization,
                                   activation=spec.activation, params_dtype=self.dtype, device=self.device)
 
     def attention(self, spec, window, layer_number):

@@ -3,8 +3,9 @@
 export back to their own HF class, reload with ``from_pretrained`` and give the trained converted
 model's logits to bf16 noise (issue 18).
 
-Shapes: a Llama-3-8B layer shape at reduced depth (GQA 32:8, vocab 128,256, rope_theta 5e5, 3 layers)
-and GPT-Neo-2.7B (hidden 2560, 20 heads, window 256, 32 layers). Weights are random (nothing is
+Shapes: a Llama-3-8B layer shape at reduced depth (GQA 32:8, vocab 128,256, rope_theta 5e5, 3 layers),
+GPT-Neo-2.7B (hidden 2560, 20 heads, window 256, 32 layers), and the published Llama-3.2-1B (llama3 RoPE
+scaling, tied) and Qwen2.5-1.5B (Q/K/V biases, tied) configs (issue 27). Weights are random (nothing is
 downloaded); the data are the shipped corpus tokenized with the 32,000-token tokenizer (<= both vocabularies).
 """
 from __future__ import annotations
@@ -55,7 +56,26 @@ def gptneo_27b():
                         embed_dropout=0.0, resid_dropout=0.0, attention_dropout=0.0)
 
 
-@pytest.mark.parametrize("make", [llama3_style, gptneo_27b], ids=["llama3-style-3-layers", "gptneo-2.7b"])
+def _published(name: str):
+    """A published config (data/reference/configs, issue 27) as its transformers config object."""
+    from transformers import AutoConfig
+
+    from fp8lab.paths import REPO_ROOT
+
+    d = json.loads((REPO_ROOT / "data" / "reference" / "configs" / name / "config.json").read_text())
+    return AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+def llama32_1b():  # Llama 3.1+ RoPE scaling (rope_type llama3), tied embeddings, 16 layers
+    return _published("llama-3.2-1b")
+
+
+def qwen25_15b():  # Qwen2: Q/K/V biases, tied embeddings, 28 layers
+    return _published("qwen2.5-1.5b")
+
+
+@pytest.mark.parametrize("make", [llama3_style, gptneo_27b, llama32_1b, qwen25_15b],
+                         ids=["llama3-style-3-layers", "gptneo-2.7b", "llama-3.2-1b", "qwen2.5-1.5b"])
 def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path, capture_trained, gpu_record):
     _te_or_skip()
     from transformers import AutoModelForCausalLM
@@ -79,7 +99,9 @@ def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path,
     assert rec["model_source"]["params_built"] == rec["model_source"]["params_from_config"]
 
     reloaded = AutoModelForCausalLM.from_pretrained(str(out / "model"), dtype=torch.bfloat16).cuda().eval()
-    assert type(reloaded).__name__ == ("LlamaForCausalLM" if cfg.model_type == "llama" else "GPTNeoForCausalLM")
+    from fp8lab.families import SUPPORTED
+
+    assert type(reloaded).__name__ == SUPPORTED[cfg.model_type].hf_class
     trained = seen["inner"].eval()
     x = torch.randint(0, 32000, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):

@@ -76,3 +76,32 @@ def test_kernel_names_seen_on_the_h200_fall_into_the_right_categories():
     assert categorize("void transformer_engine::dgated_act_kernel<16, true, float>") == "norm/activation"
     assert categorize("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>") \
         == "other (elementwise, copies, reductions)"
+
+
+def test_throughput_names_a_model_folder_by_its_name_and_config_hash(tmp_path):
+    """The families study (benchmarks/study_families.sh) passes model folders: the result file is named
+    after the folder, records its config.json hash and model_type, and holds no machine path."""
+    import hashlib
+
+    import throughput
+    from transformers import Qwen2Config
+
+    folder = tmp_path / "models" / "my-qwen2"
+    Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True).save_pretrained(str(folder))
+    rc = throughput.main(["--cpu-smoke", "--models", str(folder), "--variants", "hf-bf16,emulated-fp8-delayed", "--steps", "3",
+                          "--warmup", "1", "--common-args", "--seq-len 32 --micro-batch-size 2",
+                          "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--timeout", "300"])
+    assert rc == 0
+    run = _records(tmp_path / "out" / "my-qwen2-emulated-fp8-delayed.jsonl")["run"][0]
+    assert run["model"] == "my-qwen2" and run["model_type"] == "qwen2" and run["fuse"] is True
+    assert run["model_config_sha256"] == hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
+    assert str(tmp_path) not in json.dumps(run) and "--model <models>/my-qwen2" in run["command"]
+    # the docs table's speed row comes from these files (benchmarks/families_table.py)
+    import families_table
+
+    header, _, row = families_table.rows(tmp_path / "out")
+    bf16 = _records(tmp_path / "out" / "my-qwen2-hf-bf16.jsonl")["summary"][0]["tokens_per_sec_per_gpu"]
+    fp8 = _records(tmp_path / "out" / "my-qwen2-emulated-fp8-delayed.jsonl")["summary"][0]["tokens_per_sec_per_gpu"]
+    assert row.startswith("| my-qwen2 | qwen2 | 2 x 32 x ") and f"| {fp8 / bf16:.3f}x |" in row
+    assert run["model_config_sha256"][:16] in row and "FP8/BF16" in header

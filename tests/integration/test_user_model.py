@@ -40,12 +40,37 @@ def gptneo_config(**kw):
     return GPTNeoConfig(**{**base, **kw})
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # < RUN's seq_len
+
+
+def qwen2_config(**kw):
+    from transformers import Qwen2Config
+
+    base = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, use_sliding_window=True,
+                sliding_window=16, max_window_layers=1)
+    return Qwen2Config(**{**base, **kw})
+
+
+def mistral_config(**kw):
+    from transformers import MistralConfig
+
+    base = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, sliding_window=16, tie_word_embeddings=False)
+    return MistralConfig(**{**base, **kw})
+
+
 VARIANTS = {
     "llama2-mha-untied": lambda: llama_config(),
     # Llama 3 style: GQA 4:2, rope_theta 5e5, tied embeddings, head_dim 32 != 64 / 4
     "llama3-gqa-tied-headdim": lambda: llama_config(num_key_value_heads=2, head_dim=32, rope_theta=500000.0,
                                                      tie_word_embeddings=True),
     "gptneo": lambda: gptneo_config(),
+    # issue 27: Llama 3.1+ RoPE scaling, Qwen2 (Q/K/V biases, tied, sliding layers), Mistral with a window
+    "llama31-rope-scaled": lambda: llama_config(num_key_value_heads=2, rope_parameters=LLAMA3_ROPE),
+    "qwen2-bias-windows": lambda: qwen2_config(),
+    "mistral-window": lambda: mistral_config(),
 }
 
 
@@ -95,6 +120,8 @@ def test_supported_variant_round_trips(variant, fuse, prepared, tmp_path, captur
     reloaded = assert_same_logits(capture_trained["inner"], out / "model", cfg.vocab_size)
     assert type(reloaded).__name__ == type(cfg).__name__.replace("Config", "ForCausalLM")
     assert reloaded.config.tie_word_embeddings == cfg.tie_word_embeddings
+    if cfg.model_type in ("qwen2", "mistral"):
+        assert reloaded.config.sliding_window == cfg.sliding_window
     if cfg.model_type == "llama":
         assert reloaded.config.head_dim == getattr(cfg, "head_dim") and reloaded.config.num_key_value_heads == cfg.num_key_value_heads
     # the user's tokenizer went back along, byte for byte
@@ -148,26 +175,21 @@ def test_fingerprint_follows_the_config_not_the_path(tmp_path):
     assert resume.fingerprint(TrainConfig(**RUN, model="llama-tiny"), 1, 3, 1)["model"] == "llama-tiny"
 
 
-def test_llama31_rope_scaling_refused_fused_and_trains_unfused(prepared, tmp_path, capture_trained):
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    cfg = llama_config(num_key_value_heads=2, rope_parameters=rope)
+def test_llama31_rope_scaling_trains_fused(prepared, tmp_path, capture_trained):
+    """Issue 27: Llama 3.1+ RoPE scaling was refused by the fused conversion; it now trains fused with
+    transformers' own frequencies, and the export keeps the scaling."""
+    cfg = llama_config(num_key_value_heads=2, rope_parameters=LLAMA3_ROPE)
     src = save_folder(tmp_path / "l31", cfg)
-    with pytest.raises(ValueError, match=r"Llama 3\.1 RoPE scaling \(rope_type 'llama3'\).*fuse=False") as e:
-        TrainConfig(**RUN, model=str(src), data=str(prepared), output_dir=str(tmp_path / "refused"))
-    assert "\n" not in str(e.value)
-    assert not (tmp_path / "refused").exists()
     out = tmp_path / "run"
-    s = train(TrainConfig(**RUN, model=str(src), fuse=False, data=str(prepared), output_dir=str(out)))
+    s = train(TrainConfig(**RUN, model=str(src), data=str(prepared), output_dir=str(out)))
     assert s["status"] == "completed"
+    assert json.loads((out / "config.json").read_text())["conversion"]["fused"] is True
     reloaded = assert_same_logits(capture_trained["inner"], out / "model", cfg.vocab_size)
     assert reloaded.config.rope_parameters["rope_type"] == "llama3"
 
 
 @pytest.mark.parametrize("kw, feature", [
-    ({"attention_bias": True}, "attention_bias=True"),
-    ({"mlp_bias": True}, "mlp_bias=True"),
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE scaling of type 'linear'"),
+    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
 ])
 def test_fused_refuses_what_it_cannot_represent(kw, feature, tmp_path):
     src = save_folder(tmp_path / "m", llama_config(**kw), weights=False)
@@ -183,13 +205,13 @@ def test_fused_refuses_what_it_cannot_represent(kw, feature, tmp_path):
         convert_model(AutoModelForCausalLM.from_config(llama_config(**kw)), backend="emulated", fuse=True)
 
 
-@pytest.mark.parametrize("make", ["qwen2", "mistral"])
+@pytest.mark.parametrize("make", ["gemma", "mixtral"])
 def test_other_architectures_refused_with_the_supported_list(make, tmp_path):
-    from transformers import MistralConfig, Qwen2Config
+    from transformers import GemmaConfig, MixtralConfig
 
-    cfg = (Qwen2Config if make == "qwen2" else MistralConfig)(
+    cfg = (GemmaConfig if make == "gemma" else MixtralConfig)(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, sliding_window=16)
+        num_key_value_heads=2)
     src = tmp_path / make
     cfg.save_pretrained(str(src))
     with pytest.raises(ValueError, match=f"model_type='{make}'.*supported: llama .*gpt_neo"):
@@ -238,27 +260,30 @@ def test_hf_without_route_fails_fast_without_the_offline_flag(monkeypatch):
     assert time.perf_counter() - t < 2 * user_model.CONNECT_TIMEOUT_S + 5
 
 
-def test_notebook_02_converts_a_model_folder(tmp_path):
+@pytest.mark.parametrize("variant, name", [("llama3-gqa-tied-headdim", "my-llama3"), ("qwen2-bias-windows", "my-qwen2")])
+def test_notebook_02_converts_a_model_folder(variant, name, tmp_path):
     from fp8lab.notebooks import read_glued, run
 
-    src = save_folder(tmp_path / "my-llama3", VARIANTS["llama3-gqa-tied-headdim"]())
+    src = save_folder(tmp_path / name, VARIANTS[variant]())
     res = run(["02"], {"model_folder": str(src), "backend": "emulated", "seq_len": 32}, output_dir=tmp_path / "nb",
               progress=False)
     vals = read_glued(res[0].output)
-    assert vals["model"] == "my-llama3" and vals["num_layers"] == 2 and vals["round_trip_identical"] is True
+    assert vals["model"] == name and vals["num_layers"] == 2 and vals["round_trip_identical"] is True
     assert vals["fp8_off_logits_rel_diff"] < 1e-5 and vals["fp8_on_logits_rel_diff"] > 1e-4
     assert str(src) not in res[0].output.read_text()  # the machine path is not written into the notebook
 
 
-def test_run_pair_trains_a_model_folder(prepared, tmp_path):
+@pytest.mark.parametrize("variant, name", [("gptneo", "neo"), ("mistral-window", "mistral")])
+def test_run_pair_trains_a_model_folder(variant, name, prepared, tmp_path):
+    """What notebook 03 runs for ``-p model <folder>``."""
     from fp8lab.trainpair import run_pair
 
-    src = save_folder(tmp_path / "neo", VARIANTS["gptneo"]())
+    src = save_folder(tmp_path / name, VARIANTS[variant]())
     pair = run_pair(str(src), steps=2, backends=["emulated"], output_dir=tmp_path / "pair", data=str(prepared),
                     seq_len=32, micro_batch_size=2)
     assert set(pair.summaries) == {"bf16", "fp8 emulated"}
     for s in pair.summaries.values():  # summary.json names the folder without the machine path
-        assert s["status"] == "completed" and s["model"] == "<abs>/neo"
+        assert s["status"] == "completed" and s["model"] == f"<abs>/{name}"
 
 
 def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
@@ -273,6 +298,8 @@ def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
     assert L.hyperparameters(spec)["model"] == "/opt/ml/input/data/model"
     assert [c.channel_name for c in L.input_data(spec)] == ["model"]
     assert spec.model_cfg == get_config(str(src)) and spec.micro_batch_size >= 1  # layout resolved for H100
+    q = L.JobSpec(model=str(save_folder(tmp_path / "my-qwen2", qwen2_config(), weights=False)), **base)
+    assert q.model_cfg.qkv_bias and q.model_cfg.layer_windows == (None, 16) and q.model_label == "my-qwen2"
     assert "my-llama3" in L.job_name(spec) and str(tmp_path) not in json.dumps(spec.identity())
     # the same config elsewhere is the same job (identity = config hash, not path)
     other = save_folder(tmp_path / "copy" / "my-llama3", cfg, weights=False)
@@ -284,14 +311,13 @@ def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
     assert s3.model_cfg == spec.model_cfg and L.input_data(s3)[0].data_source == "s3://my-bucket/models/my-llama3"
     for kw, match in [
         ({"model": "s3://my-bucket/models/x"}, r"JobSpec.model_config=None is invalid; allowed: the model's config.json"),
-        ({"model": "s3://my-bucket/m", "model_config": {**cfg.to_dict(), "model_type": "qwen2"}},
-         r"model_type='qwen2'.*supported: llama"),
+        ({"model": "s3://my-bucket/m", "model_config": {**cfg.to_dict(), "model_type": "gemma"}},
+         r"model_type='gemma'.*supported: llama"),
         ({"model": str(src), "model_config": cfg.to_dict()}, r"model_config.*None unless model is an s3:// URI"),
         ({"model": "hf:meta-llama/Llama-3.1-8B"}, r"JobSpec.model='hf:meta-llama/Llama-3.1-8B' is invalid.*download hf: models first"),
         ({"model": str(tmp_path / "missing")}, r"JobSpec.model=.*is invalid; allowed: llama-tiny.*local model folder"),
-        ({"model": str(save_folder(tmp_path / "l31", llama_config(rope_parameters={
-            "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}), weights=False))}, r"trainer would refuse this job.*llama3.*fuse=False"),
+        ({"model": str(save_folder(tmp_path / "gelu", llama_config(hidden_act="gelu"), weights=False))},
+         r"trainer would refuse this job.*hidden_act='gelu'.*fuse=False"),
     ]:
         with pytest.raises(ValueError, match=match):
             L.JobSpec(**{**base, **kw})

@@ -212,7 +212,7 @@ def test_recipe_validation_and_mapping():
 
 
 def test_clear_errors_before_compute(monkeypatch):
-    with pytest.raises(ValueError, match="unsupported architecture.*LlamaForCausalLM, GPTNeoForCausalLM"):
+    with pytest.raises(ValueError, match="unsupported architecture.*LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPTNeoForCausalLM"):
         convert_model(nn.Sequential(nn.Linear(16, 16)), backend="emulated")
     with pytest.raises(ValueError, match="backend must be one of emulated, te, torchao"):
         convert_model(build_model("llama-tiny"), backend="tensorrt")
