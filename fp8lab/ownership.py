@@ -77,11 +77,15 @@ def _legacy_ok(folder: Path, kind: str, default_place: bool) -> bool:
     if kind == "tokens":
         return _json(folder / "manifest.json").get("format") == "fp8lab-tokens"
     if kind == "run":
-        cfg = folder / "config.json"
-        return not cfg.exists() or str(_json(cfg).get("command", "")).startswith("fp8lab ")
+        return not (folder / "config.json").exists() or _fp8lab_config(folder)
     if kind == "model":
         return default_place
     return True  # checkpoints: step_NNNNNNNN folders are fp8lab's names
+
+
+def _fp8lab_config(folder: Path) -> bool:
+    """``folder`` holds a run's config.json as fp8lab writes it (its ``command`` is an fp8lab one)."""
+    return str(_json(folder / "config.json").get("command", "")).startswith("fp8lab ")
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -156,8 +160,9 @@ def check_run_folders(c, paths, source: str | None) -> None:
     resolved = [(o, Path(p).resolve(), k) for o, p, k in writes]
     _check_overlaps(resolved, [(o, Path(p).resolve()) for o, p in reads])
     out = resolved[0][1]
+    run_folder = marker_kind(out) == "run" or _fp8lab_config(out)  # its model/ then is fp8lab's export
     for option, folder, kind in resolved:
-        refuse_foreign(option, folder, kind, default_place=folder == out / "model")
+        refuse_foreign(option, folder, kind, default_place=run_folder and folder == out / "model")
 
 
 def _check_overlaps(writes: list[tuple[str, Path, str]], reads: list[tuple[str, Path]]) -> None:

@@ -131,6 +131,17 @@ def test_an_output_folder_holding_the_users_files_is_refused(tmp_path, prepared,
     assert tree(tmp_path) == before
 
 
+def test_a_model_folder_in_a_folder_fp8lab_did_not_write_is_not_exported_over(tmp_path, prepared, capsys):
+    from transformers import LlamaConfig
+
+    proj = tmp_path / "proj"
+    LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4).save_pretrained(str(proj / "model"))
+    before = tree(tmp_path)
+    err = refused(argv("--steps", "1", "--data", str(prepared), "--output-dir", str(proj), "--save-model", "True"), capsys)
+    assert "--model-dir=" in err and "holds files fp8lab did not write (config.json)" in err
+    assert tree(tmp_path) == before
+
+
 def test_prepare_data_never_deletes_shards_it_did_not_write(tmp_path, capsys):
     out = tmp_path / "tokens"
     out.mkdir()
