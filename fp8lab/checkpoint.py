@@ -10,13 +10,22 @@ One checkpoint is a folder ``step_00000120/``:
   counters and this rank's RNG states, see fp8lab.components.TrainState; the scheduler; the
   data-loader position), the run's fingerprint and config.
 
+* ``fp8lab-checkpoint.json``: fp8lab's manifest, the sha256 of DCP's ``.metadata`` (rank 0).
+
 It is written into ``step_00000120.tmp/`` and renamed when every rank has finished, so a folder
 without ``.tmp`` is complete; a crash mid-write leaves only a ``.tmp`` that is ignored (and
 removed at the next start). Resuming takes the newest complete folder that loads.
+
+Loading unpickles no code: ``trainer_rank{r}.pt`` is read with ``torch.load(weights_only=True)``
+(numpy's RNG state allowlisted), DCP's bytes entries too, and DCP's ``.metadata`` (a pickle) is
+read only when its digest matches the manifest, through an unpickler that knows DCP's metadata
+classes and nothing else. A folder fp8lab did not write (no manifest, another digest) does not load.
 """
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -33,6 +42,8 @@ from fp8lab import distributed as fdist
 
 _NAME = re.compile(r"^step_(\d{8})$")
 TRAINER_FILE = "trainer_rank{rank}.pt"
+MANIFEST = "fp8lab-checkpoint.json"
+METADATA = ".metadata"
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -101,7 +112,7 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     if env.is_main:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)  # unmarked: its step_NNNNNNNN folders are fp8lab's (fp8lab.ownership)
         if tmp.exists():
             shutil.rmtree(tmp)
     fdist.barrier(env)
@@ -110,6 +121,8 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     with _quiet_single_process(env):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     torch.save(trainer_state, tmp / TRAINER_FILE.format(rank=env.rank))
+    if env.is_main:  # DCP's coordinator (rank 0) wrote .metadata
+        _write_manifest(tmp, step)
     fdist.barrier(env)
     # rank 0 renames; then, on a node whose disk rank 0 does not share, that node's first rank
     if env.is_main:
@@ -126,6 +139,101 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     return final
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_manifest(folder: Path, step: int) -> None:
+    manifest = {"written_by": "fp8lab", "step": step, "sha256": {METADATA: _sha256(folder / METADATA)}}
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, folder / MANIFEST)
+
+
+def verify(path: str | Path) -> None:
+    """ValueError unless ``path`` holds fp8lab's manifest and DCP metadata matching its digest."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        want = manifest["sha256"][METADATA] if manifest.get("written_by") == "fp8lab" else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        want = None
+    if want is None:
+        raise ValueError(f"not written by fp8lab (no valid {MANIFEST}); nothing in it was read")
+    if _sha256(path / METADATA) != want:
+        raise ValueError(f"its {METADATA} is not the one fp8lab wrote (sha256 differs from {MANIFEST}); nothing in it was read")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's metadata classes, torch sizes, dtypes and layouts, paths: nothing that can run code."""
+
+    _ALLOWED = {"torch.distributed.checkpoint.filesystem": {"_StorageInfo"}, "torch.serialization": {"_get_layout"},
+                "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+                "collections": {"OrderedDict"}, "torch": {"Size"}}
+
+    def find_class(self, module: str, name: str):
+        if module == "torch.distributed.checkpoint.metadata":
+            obj = super().find_class(module, name)
+            if isinstance(obj, type):
+                return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+            return getattr(torch, name)
+        elif name in self._ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{METADATA} refers to {module}.{name}, which a DCP checkpoint never holds")
+
+
+def _reader(path: Path):
+    """DCP's file reader with the metadata read by :class:`_MetadataUnpickler`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(dcp.FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            with open(Path(self.path) / METADATA, "rb") as fh:
+                metadata = _MetadataUnpickler(fh).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def _planner():
+    """DCP's default load planner reading its bytes entries (e.g. AdamW's settings) with weights_only."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class WeightsOnlyPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value) -> None:  # DefaultLoadPlanner's, with weights_only=True
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return WeightsOnlyPlanner()
+
+
+@contextmanager
+def _weights_only_trainer_state() -> Iterator[None]:
+    """torch.load(weights_only=True) with numpy's RNG state (an uint32 array) allowlisted."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]):
+        yield
+
+
 def _promote(tmp: Path, final: Path) -> None:
     if final.exists():  # re-saving the same step after a resume
         shutil.rmtree(final)
@@ -138,10 +246,11 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     path = Path(path)
+    verify(path)
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
     state = {"model": _sized_like_saved(model_sd, path, "model"), "optim": optim_sd}
-    with _quiet_single_process(env):
-        dcp.load(state, checkpoint_id=str(path))  # the masters and AdamW states are filled in place
+    with _quiet_single_process(env):  # the masters and AdamW states are filled in place
+        dcp.load(state, storage_reader=_reader(path), planner=_planner())
     with _te_pickled_state_allowed():
         if _is_master(optimizer):
             set_model_state_dict(model, state["model"])  # non-parameter state (FP8 scaling) and bf16(master)
@@ -151,7 +260,8 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
     mine = path / TRAINER_FILE.format(rank=env.rank)
     if not mine.is_file():  # resumed with more ranks than saved: rank 0's counters and RNG
         mine = path / TRAINER_FILE.format(rank=0)
-    return torch.load(mine, map_location="cpu", weights_only=False)
+    with _weights_only_trainer_state():
+        return torch.load(mine, map_location="cpu", weights_only=True)
 
 
 _TE_UNSAFE_PICKLE = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
@@ -163,9 +273,10 @@ def _te_pickled_state_allowed() -> Iterator[None]:
 
     TE stores DelayedScaling's amax history and scales as a pickle in ``_extra_state`` and, since
     unpickling can run code, refuses to load it unless ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``.
-    The trainer only resumes from its own checkpoint folder (written by this code, in this run's
-    output), so the opt-in is given around that load and the variable restored afterwards; never
-    point ``--checkpoint-dir`` at checkpoints from a source you do not trust.
+    The trainer only gets here with a checkpoint whose DCP metadata matches fp8lab's manifest
+    (:func:`verify`), so the opt-in is given around that load and the variable restored afterwards.
+    The manifest is no signature: the tensors' bytes (this pickle among them) are not digested, so
+    never point ``--checkpoint-dir`` at checkpoints from a source you do not trust.
     """
     old = os.environ.get(_TE_UNSAFE_PICKLE)
     os.environ[_TE_UNSAFE_PICKLE] = "1"
@@ -186,9 +297,7 @@ def _sized_like_saved(model_sd: dict[str, Any], path: Path, prefix: str) -> dict
     in place and refuses a size change, so the receiving tensor is made the saved size first; the
     module's ``set_extra_state`` then reads it in ``set_model_state_dict``.
     """
-    import torch.distributed.checkpoint as dcp
-
-    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    saved = _reader(path).read_metadata().state_dict_metadata
     out = dict(model_sd)
     for key, value in model_sd.items():
         if not (key.endswith("_extra_state") and isinstance(value, torch.Tensor)):

@@ -10,7 +10,8 @@
 * :class:`StepProfiler`: torch.profiler over ``--profile-steps``, written as ``profile.json``;
 * :class:`NonFiniteGuard`: skips a step whose loss or gradient is not finite, counts them, and
   stops the run after ``--max-bad-steps`` in a row;
-* :class:`StopFlag`: SIGTERM (a spot interruption, torchrun or SageMaker stopping the job).
+* :class:`StopFlag`: SIGTERM (a spot interruption, torchrun or SageMaker stopping the job) or
+  SIGINT (Ctrl-C, a notebook's interrupt), handled alike.
 
 None of them imports the trainer.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -187,25 +189,32 @@ class NonFiniteGuard:
                 f"or --precision bf16.")
 
 
-# ---------------------------------------------------------------------------------------- SIGTERM
+# ---------------------------------------------------------------------------------------- SIGTERM, SIGINT
 
 class StopFlag:
-    """Set by SIGTERM (spot interruption, torchrun/SageMaker stop): checkpoint and leave after this step."""
+    """Set by SIGTERM (spot interruption, torchrun/SageMaker stop) or SIGINT (Ctrl-C, a notebook's
+    interrupt): checkpoint and leave after this step. A second Ctrl-C interrupts at once (KeyboardInterrupt)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.set = False
-        self._old = None
+        self.name = "SIGTERM"  # the signal that set it
+        self._old: dict[int, Any] = {}
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handle)
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum, frame) -> None:
-        self.set = True
+        if self.set and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.set, self.name = True, signal.Signals(signum).name
 
     def uninstall(self) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old = {}
 
 
 # ---------------------------------------------------------------------------------------- metrics
@@ -356,10 +365,24 @@ class StepMetrics:
             "wall_s": wall_s,
         }
 
-    def write_summary(self, summary: dict[str, Any], plot: bool) -> None:
-        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    def write_summary(self, summary: dict[str, Any], plot: bool) -> str | None:
+        """summary.json, atomically (a temporary file, then a rename), and loss.png; None, or why
+        summary.json could not be written (the one before, if any, stays whole)."""
+        path = self.output_dir / "summary.json"
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            return (f"fp8lab: writing summary.json in {self.output_dir.name!r} failed ({fresume.failure_reason(exc)}); "
+                    f"metrics.jsonl and the checkpoints are kept: free space and re-run the same command")
         if plot:
             plot_loss(self.output_dir)
+        return None
 
 
 def plot_loss(output_dir: Path) -> None:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import lzma
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -243,24 +242,48 @@ def _check_prepare_args(val_fraction: Any, shard_tokens: Any) -> None:
         raise ValueError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
 
 
-def _source_documents(source: Any, hf_split: str, text_field: str) -> tuple[Iterable[str], dict[str, Any]]:
-    """The documents of ``source`` (local files or ``hf:<name>``) and its description for the manifest."""
+def source_digest(files: Iterable[Path]) -> str:
+    """sha256 over the text files' names and bytes, in order: the source's identity."""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(Path(path).name.encode() + b"\0")
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def describe_source(source: Any, hf_split: str = "train", text_field: str = "text") -> dict[str, Any]:
+    """The manifest's ``source``: local files by name and content digest (no machine paths), or the dataset."""
     if not _is_hf(source):
         files = text_files(source)
-        docs: Iterable[str] = read_documents(files)
-        source_desc = {"kind": "local", "files": [p.name for p in files]}  # names only, no machine paths
-    else:
-        name = source[3:]
-        docs = _hf_documents(name, hf_split, text_field)
-        source_desc = {"kind": "huggingface", "dataset": name, "split": hf_split, "text_field": text_field}
-    return docs, source_desc
+        return {"kind": "local", "files": [p.name for p in files], "sha256": source_digest(files)}
+    return {"kind": "huggingface", "dataset": source[3:], "split": hf_split, "text_field": text_field}
+
+
+def _source_documents(source: Any, hf_split: str, text_field: str) -> tuple[Iterable[str], dict[str, Any]]:
+    """The documents of ``source`` (local files or ``hf:<name>``) and its description for the manifest."""
+    docs = read_documents(text_files(source)) if not _is_hf(source) else _hf_documents(source[3:], hf_split, text_field)
+    return docs, describe_source(source, hf_split, text_field)
+
+
+def identity(manifest: dict[str, Any]) -> str:
+    """A short digest of what a prepared folder's tokens are: source (content digest for local text),
+    tokenizer and token counts; the same wherever the folder is (a checkpoint's fingerprint holds it)."""
+    key = {"source": manifest["source"], "tokenizer_sha256": manifest.get("tokenizer_sha256"),
+           "tokens": {s: v["tokens"] for s, v in manifest["splits"].items()}}
+    return "sha256:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _fresh_writers(out: Path, dtype: np.dtype, shard_tokens: int) -> dict[str, _ShardWriter]:
-    """Create ``out`` (removing shards of an earlier run) and a shard writer for each split."""
-    out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("train_*.bin")) + list(out.glob("val_*.bin")):
-        old.unlink()
+    """Claim ``out`` (refused when it holds files fp8lab did not write: fp8lab.ownership), remove an
+    earlier preparation's own files, and make a shard writer for each split."""
+    from fp8lab import ownership
+
+    ownership.refuse_foreign("out_dir", out, "tokens")
+    ownership.remove_own(out, "tokens")
+    ownership.claim(out, "tokens")
     return {s: _ShardWriter(out, s, dtype, shard_tokens) for s in ("train", "val")}
 
 
@@ -484,21 +507,18 @@ def ensure_prepared(data: str | Path | None, cache_dir: str | Path, vocab_size: 
     """A prepared folder for ``data``: used as is when it has a manifest, else prepared into cache_dir.
 
     ``data=None`` means the shipped corpus with the shipped tokenizer whose vocabulary fits the
-    model (``min(vocab_size, 32000)`` rows; 512 for the tiny models).
+    model (``min(vocab_size, 32000)`` rows; 512 for the tiny models). The cache is reused when it
+    holds the same source (by content digest); else re-prepared, replacing only fp8lab's own files
+    (a cache folder holding anything else is refused: fp8lab.ownership).
     """
     if data is not None and is_prepared(data):
         return Path(data)
     cache = Path(cache_dir)
     vocab = min(vocab_size, DEFAULT_VOCAB)
-    local = not _is_hf(data)
     if is_prepared(cache):
         m = read_manifest(cache)
-        same = (m["source"].get("files") == [p.name for p in text_files(data)]) if local else (
-            m["source"].get("dataset") == str(data).removeprefix("hf:"))
-        if m["vocab_size"] <= vocab_size and same:
+        if m["vocab_size"] <= vocab_size and m["source"] == describe_source(data):
             return cache
-    if cache.exists():
-        shutil.rmtree(cache)
     prepare_data(data, cache, None, vocab_size=vocab)
     return cache
 
@@ -531,9 +551,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
     try:
-        from fp8lab import validate
+        from fp8lab import ownership, validate
 
         validate.check_writable_dir("OUT_DIR", args.out_dir)
+        ownership.refuse_foreign("OUT_DIR", args.out_dir, "tokens")
         validate.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)
         m = prepare_data(source, args.out_dir, args.tokenizer, args.val_fraction, vocab_size=args.vocab_size,
                          shard_tokens=args.shard_tokens)

@@ -1,7 +1,8 @@
 """What a checkpoint must agree on with the run resuming from it, and how new settings take over.
 
 A checkpoint records the options that shape training (its *fingerprint*): the model and its
-layers, precision, recipe, sequence length, global batch, seed, and the optimisation schedule
+layers, precision, recipe, the data (a digest of the tokens' source, fp8lab.data.identity),
+sequence length, global batch, seed, and the optimisation schedule
 (total steps, warm-up, learning rates, AdamW settings, clipping). The batch layout is checked as
 the global batch: micro-batch x accumulation x ranks may be split differently on resume (another
 world size), since the loader gives every optimizer step the same samples whatever the split. A run resuming with different
@@ -25,12 +26,14 @@ SCHEDULE_KEYS = ("total_steps", "warmup_steps", "lr", "min_lr", "weight_decay", 
 NEW_SETTINGS_FLAG = "--resume-with-new-settings"
 
 
-def fingerprint(c, world_size: int, total_steps: int, warmup: int) -> dict[str, Any]:
-    """What must not change between a checkpoint and the run resuming from it."""
+def fingerprint(c, world_size: int, total_steps: int, warmup: int, data: str | None = None) -> dict[str, Any]:
+    """What must not change between a checkpoint and the run resuming from it (``data``: the tokens'
+    identity, fp8lab.data.identity; None leaves it out)."""
     from fp8lab.user_model import identity
 
     # a model folder is identified by its config.json's hash (it may move, e.g. into a SageMaker channel)
-    return {"model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
+    extra = {} if data is None else {"data": data}
+    return {**extra, "model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
             "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": c.seq_len, "seed": c.seed,
             "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": c.micro_batch_size * c.grad_accum * world_size,
@@ -52,6 +55,10 @@ def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int,
         return {}
     listed = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
     fixed = [k for k in diff if k not in SCHEDULE_KEYS]
+    if "data" in fixed:  # another corpus: that is another run, started in its own folder
+        raise ValueError(
+            f"checkpoint {where} was trained on other data ({listed}); resume with the same --data, or start "
+            f"afresh in a new --output-dir (or another --checkpoint-dir)")
     if fixed:
         raise ValueError(
             f"checkpoint {where} was written by a different run ({listed}); use the same options, another "

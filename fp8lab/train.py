@@ -38,9 +38,10 @@ Outputs in ``--output-dir``: ``metrics.jsonl`` (one record per step), ``config.j
 provenance), ``summary.json``, ``loss.png``, ``checkpoints/`` and ``model/`` (HF ``save_pretrained``
 plus the tokenizer) unless SageMaker or the options place them elsewhere.
 
-Exit codes of ``main``: 0 done (or stopped by SIGTERM after a checkpoint), 2 bad options,
+Exit codes of ``main``: 0 done (or stopped by SIGTERM or Ctrl-C after a checkpoint), 2 bad options,
 3 stopped by the FP8 overflow guard (too many non-finite steps in a row), 4 stopped because a
-checkpoint could not be written (metrics.jsonl and summary.json are still written).
+checkpoint could not be written (metrics.jsonl and summary.json are still written), or the final
+model export or summary.json could not be written (the weights then kept in a checkpoint).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from contextlib import nullcontext
@@ -502,7 +504,7 @@ def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, dat
 
     ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
     the fp32 master weights of ``--param-dtype bf16`` (written instead of the bf16 parameters)."""
-    from fp8lab import user_model
+    from fp8lab import ownership, user_model
     from fp8lab.models import build_model
 
     sd = _export_hf_state_dict(model, inner, conversion, master)
@@ -512,19 +514,22 @@ def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, dat
     from transformers.utils import logging as hf_logging
 
     hf = build_model(c.model, device="meta", **c.model_overrides)  # a user's folder: its own config
-    model_dir.mkdir(parents=True, exist_ok=True)
+    stage = ownership.claim(model_dir, "model") / ".export.tmp"  # written whole, then moved in file by file
+    shutil.rmtree(stage, ignore_errors=True)
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
     try:
-        hf.save_pretrained(str(model_dir), state_dict=sd)
+        hf.save_pretrained(str(stage), state_dict=sd)
+        # the user's folder had a tokenizer: it goes back along (the data were tokenized with fp8lab's: fp8lab.user_model)
+        if not user_model.copy_tokenizer(c.model, stage):
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
+            tok.save_pretrained(str(stage))
+        for f in sorted(stage.iterdir()):
+            os.replace(f, model_dir / f.name)
     finally:
+        shutil.rmtree(stage, ignore_errors=True)
         if bar_was_on:
             hf_logging.enable_progress_bar()
-
-    if user_model.copy_tokenizer(c.model, model_dir):  # the user's folder had a tokenizer: it goes back along
-        return  # (the data were tokenized with fp8lab's tokenizer: see fp8lab.user_model)
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
-    tok.save_pretrained(str(model_dir))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -566,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
-    return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED}.get(summary["status"], 0)
+    return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED, "export_failed": EXIT_CHECKPOINT_FAILED,
+            "summary_failed": EXIT_CHECKPOINT_FAILED}.get(summary["status"], 0)
 
 
 if __name__ == "__main__":  # python -m fp8lab.train: run the imported module's main, so that its OptionError is

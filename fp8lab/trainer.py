@@ -24,9 +24,11 @@ import time
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
+from fp8lab import checkpoint as fckpt
 from fp8lab import data as fdata
 from fp8lab import distributed as fdist
 from fp8lab import metrics as fmetrics
+from fp8lab import ownership
 from fp8lab import paths as fpaths
 from fp8lab import resume as fresume
 from fp8lab import train as ftrain
@@ -45,7 +47,9 @@ class Trainer:
         self.wall0 = time.perf_counter()
         self.resumed_from: int | None = None
         self.last_val: float | None = None
-        self.stop = StopFlag()  # SIGTERM seen; fit() installs and uninstalls its handler
+        self.stop = StopFlag()  # SIGTERM/SIGINT seen; fit() installs and uninstalls its handler
+        self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
+        self.lock = None  # the output folder's run lock (fp8lab.runlock), rank 0, from _prepare_data to close()
 
     # ------------------------------------------------------------------------------------ set-up
 
@@ -58,6 +62,7 @@ class Trainer:
         try:
             yield
         except ValueError as exc:
+            self.close()
             if self.env.local_rank == 0:
                 for d in new:
                     shutil.rmtree(d, ignore_errors=True)
@@ -76,9 +81,13 @@ class Trainer:
         self._build_optimizer()
         self._build_components()
         self._resume()
-        self._capture_graphs()
-        if self.env.is_main:
-            self._write_config()
+        # resumed at its last step: a finished run (kept as it is, see finish) or one whose export failed
+        self.finished = (fdist.broadcast_object(self._finished_summary(), self.env)
+                         if self.resumed_from == self.total_steps else None)
+        if self.finished is None:
+            self._capture_graphs()
+            if self.env.is_main:
+                self._write_config()
         return None
 
     def _plan(self) -> None:
@@ -89,6 +98,7 @@ class Trainer:
 
         c, env = self.c, self.env
         fvalidate.check_run(c, self.paths, ftrain.data_source(c))  # folders writable, data readable: before any compute
+        ownership.check_run_folders(c, self.paths, ftrain.data_source(c))  # no overlaps, nothing of the user's overwritten
         self.mcfg = get_config(c.model, **c.model_overrides)
         self.machine = Machine.detect(env.device, env.world_size, c.gpu_memory_gib)
         self.backend, self.recipe = ftrain.resolve_fp8(c, te_usable=self.machine.te_usable)  # errors before any compute
@@ -130,6 +140,11 @@ class Trainer:
         source = ftrain.data_source(c)
         if env.local_rank == 0:
             self.paths.output_dir.mkdir(parents=True, exist_ok=True)
+            if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
+                from fp8lab import runlock
+
+                self.lock = runlock.acquire("--output-dir", self.paths.output_dir)
+            ownership.claim(self.paths.output_dir, "run")
             self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
         fdist.barrier(env)
         if env.local_rank != 0:
@@ -228,7 +243,7 @@ class Trainer:
                             c.model, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, c.seq_len),
                             self.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
-        self.fingerprint = fresume.fingerprint(c, self.world, self.total_steps, self.warmup)
+        self.fingerprint = fresume.fingerprint(c, self.world, self.total_steps, self.warmup, data=fdata.identity(self.manifest))
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
                                          {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
                                          self.fingerprint, self.log)
@@ -421,7 +436,7 @@ class Trainer:
                 failed = self.checkpointer.maybe_save(step, last=last, stopping=r.stop, healthy=self.guard.healthy)
                 if r.stop:
                     status = "interrupted"
-                    message = f"fp8lab: SIGTERM received: checkpoint written at step {step}; exiting (a restart resumes here)"
+                    message = f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a restart resumes here)"
                 if failed:
                     status, message = "checkpoint_failed", self.checkpointer.failure_message(step, failed)
                 if r.stop or failed:
@@ -435,32 +450,88 @@ class Trainer:
     # ------------------------------------------------------------------------------------ the end
 
     def finish(self, status: str, message: str | None) -> dict[str, Any]:
-        """Export the model (a completed run), write summary.json and loss.png, print the stop message."""
+        """Export the model (a completed run), write summary.json and loss.png, print the stop message.
+
+        A run that was already complete (resumed at its last step) keeps its summary.json; an export or
+        summary that cannot be written is status ``export_failed``/``summary_failed`` (exit code 4), the
+        weights then kept in a checkpoint of the last step."""
         import sys
 
         c, env = self.c, self.env
+        if self.finished is not None:
+            self.log(f"fp8lab: the run in {self.paths.output_dir.name!r} is complete (step {self.total_steps} of "
+                     f"{self.total_steps}); config.json, summary.json, metrics.jsonl and the model are kept as they are")
+            return self.finished
+        if status == "completed" and self.resumed_from == self.total_steps:
+            self.last_val = self.evaluate()  # finished before, its export or summary missing: written now
         if status == "completed" and c.save_model:
-            ftrain.save_hf_model(self.model, self.inner, self.conversion, c, self.paths.model_dir, self.data_dir, env,
-                                 master=self.master)
+            failed = self._export()
+            if failed:
+                status, message = "export_failed", failed
         summary = self.metrics.summary(self.paths, status, message, self.state, self.total_steps, self.last_val,
                                        self.resumed_from, time.perf_counter() - self.wall0)
         if env.is_main:
-            self.metrics.write_summary(summary, plot=c.plot)
-            if message:
-                print(message, file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
+            failed = self.metrics.write_summary(summary, plot=c.plot)
+            if failed:
+                summary.update(status="summary_failed", message=failed)
+            if summary["message"]:
+                print(summary["message"], file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
         fdist.barrier(env)  # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
         return summary
+
+    def _finished_summary(self) -> dict[str, Any] | None:
+        """summary.json of this run when it already completed and exported (rank 0), else None."""
+        if not self.env.is_main:
+            return None
+        try:
+            done = json.loads((self.paths.output_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+        complete = isinstance(done, dict) and done.get("status") == "completed" and done.get("steps") == self.total_steps
+        exported = not self.c.save_model or (done.get("model_dir") is not None
+                                             and (self.paths.model_dir / "config.json").is_file())
+        return done if complete and exported else None
+
+    def _export(self) -> str | None:
+        """The final HF model; None, or (after a failure, the weights kept in a checkpoint) why it failed."""
+        env, step = self.env, self.state.step
+        why = None
+        try:
+            ftrain.save_hf_model(self.model, self.inner, self.conversion, self.c, self.paths.model_dir, self.data_dir,
+                                 env, master=self.master)
+        except OSError as exc:  # e.g. disk full: the staged files are removed, nothing half-written stays
+            why = fresume.failure_reason(exc)
+        why = fdist.broadcast_object(why, env)
+        if why is None:
+            return None
+        newest = fdist.broadcast_object([s for s, _ in fckpt.complete_checkpoints(self.paths.checkpoint_dir)][:1], env)
+        kept_failed = self.checkpointer.save(step) if newest != [step] else None
+        shown = lambda p: fpaths.shareable_path(str(p), self.paths.output_dir)  # noqa: E731
+        head = f"fp8lab: exporting the model to --model-dir {shown(self.paths.model_dir)!r} failed ({why})"
+        if kept_failed:
+            return f"{head}; keeping the weights in a checkpoint failed too ({kept_failed}): free space and train again"
+        return (f"{head}; the trained weights are kept in checkpoint step_{step:08d} of --checkpoint-dir "
+                f"{shown(self.paths.checkpoint_dir)!r}: re-run the same command to export them")
+
+    def close(self) -> None:
+        """Release the output folder's lock (idempotent)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def run(c, env, argv: list[str] | None = None) -> dict[str, Any]:
     """Set up (a ValueError there is an OptionError: the run cannot start as configured), then train."""
     trainer = Trainer(c, env, argv)
-    with trainer.setup_errors():
-        dry = trainer.setup()
-    if dry is not None:
-        return dry
-    status, message = trainer.fit()
-    return trainer.finish(status, message)
+    try:
+        with trainer.setup_errors():
+            dry = trainer.setup()
+        if dry is not None:
+            return dry
+        status, message = trainer.fit()
+        return trainer.finish(status, message)
+    finally:
+        trainer.close()
 
 
 def _compile_blocks(model) -> None:

@@ -48,7 +48,7 @@ def test_shipped_tokenizer_sizes_and_round_trip():
 def test_prepare_writes_manifest_and_memmap_shards(prepared):
     m = data.read_manifest(prepared)
     assert m["format"] == "fp8lab-tokens" and m["dtype"] == "uint16" and m["vocab_size"] == 512
-    assert m["source"] == {"kind": "local", "files": ["kjv.txt.xz"]}
+    assert m["source"] == {"kind": "local", "files": ["kjv.txt.xz"], "sha256": data.source_digest(data.default_corpus())}
     train, val = m["splits"]["train"], m["splits"]["val"]
     assert len(train["shards"]) > 1 and all(s["tokens"] <= 300_000 for s in train["shards"])
     assert val["documents"] == 1189 // 20 and train["documents"] + val["documents"] == 1189
