@@ -48,6 +48,14 @@ def variant_label(row: dict) -> str:
     return " ".join(parts) or "unknown"
 
 
+def variant_kind(variant: object) -> str:
+    """The kind of run a variant label names, what a figure's legend tells apart: precision, backend
+    and (FP8) recipe, e.g. 'fp8 te delayed fused bf16-params' -> 'fp8 te delayed', 'bf16 te bf16-params'
+    -> 'bf16 te' (``variant_label`` puts these first)."""
+    words = str(variant).split()
+    return " ".join(words[:3] if words and is_fp8(words[0]) else words[:2])
+
+
 def is_fp8(precision: object) -> bool:
     return isinstance(precision, str) and precision.lower().startswith("fp8")
 

@@ -402,6 +402,13 @@ def load_reference(path: str | Path | None = None) -> pd.DataFrame:
     return df
 
 
+def source_link(path: str | Path | None = None) -> str:
+    """The source blog as a Markdown link: its title (as published, in quotes) to its address, and where it appeared."""
+    path = Path(path) if path else DATA_DIR / "reference" / "source_blog.json"
+    ref = json.loads(Path(path).read_text(encoding="utf-8"))
+    return f"{ref['venue']}, [\u201c{ref['title']}\u201d]({ref['url']}) ({ref['date']})"
+
+
 def reference_for(reference: pd.DataFrame | None, model: str) -> pd.DataFrame:
     """The source's reported rows for a model of this size (by the size in its name; none: empty)."""
     if reference is None or not len(reference):
