@@ -447,68 +447,107 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
 
 # ------------------------------------------------------------------------------ headline view
 
-_ROLE_COLORS = {"plain HF BF16": "0.6", "best BF16": matplotlib.colormaps["Blues"](0.75)}
-_FP8_SHADES = {"delayed": 0.8, "current": 0.6, "block": 0.42, "mxfp8": 0.3}
+# The headline's bars, in one order in every panel: what a user starts from, the best BF16, then the
+# best FP8 run of each backend and recipe, then the source's figure. Each FP8 kind has its own colour
+# from a qualitative palette and its own hatching, so colour is never the only cue.
+_RECIPE_ORDER = ["delayed", "current", "block", "mxfp8"]
+_RECIPE_STYLE = {"delayed": ("#d95f02", ""), "current": ("#1b9e77", "//"), "block": ("#7570b3", ".."),
+                 "mxfp8": ("#e7298a", "xx")}
+_TORCHAO_STYLE = ("#a6761d", "\\\\")
 SOURCE_BAR_LABEL = "source blog: FP8 / its BF16 (reported, H100 P5)"
 
 
-def _role_color(role: str) -> object:
-    if role in _ROLE_COLORS:
-        return _ROLE_COLORS[role]
+def _slot_order(role: str) -> tuple:
+    """Where a headline role sits: plain HF, best BF16, TE recipes in ``_RECIPE_ORDER``, other backends."""
+    if role == "plain HF BF16":
+        return (0,)
+    if role == "best BF16":
+        return (1,)
     _, backend, recipe = (role.split() + ["", "", ""])[:3]
-    cmap = matplotlib.colormaps["Purples" if backend == "torchao" else "Oranges"]
-    return cmap(_FP8_SHADES.get(recipe, 0.5))
+    return (2, backend != "te", backend, _RECIPE_ORDER.index(recipe) if recipe in _RECIPE_ORDER else 99, recipe)
+
+
+def _role_style(role: str) -> tuple[object, str]:
+    """(colour, hatch) of a headline bar."""
+    if role == "plain HF BF16":
+        return "0.6", ""
+    if role == "best BF16":
+        return "#1f4e9a", ""
+    _, backend, recipe = (role.split() + ["", "", ""])[:3]
+    return _TORCHAO_STYLE if backend == "torchao" else _RECIPE_STYLE.get(recipe, ("#666666", "++"))
+
+
+def _slot_label(role: str) -> str:
+    if role == "plain HF BF16":
+        return "plain HF\nBF16"
+    if role == "best BF16":
+        return "best\nBF16"
+    _, backend, recipe = (role.split() + ["", "", ""])[:3]
+    return f"FP8 {backend.upper() if backend == 'te' else backend}\n{recipe}"
+
+
+def _value_label(ax, x: float, v: float, note: str, top: float) -> None:
+    """``note`` above the bar, or inside it where above would cross the 1.0 line (never on a line)."""
+    lines = note.count("\n") + 1
+    height_pt = ax.get_window_extent().height * 72 / ax.figure.dpi
+    text_h = (lines * 8.0 + 3) / height_pt * top  # 6.5 pt text, ~8 pt per line, in data units
+    above_ok = v >= 1.0 or v + text_h < 0.97
+    if above_ok:
+        ax.annotate(note, (x, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6.5)
+    else:  # inside, from the top of the bar down (the bar is below 1.0, so the line is above the text)
+        ax.annotate(note, (x, v), xytext=(0, -3), textcoords="offset points", ha="center", va="top", fontsize=6.5,
+                    color="black", bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5})
 
 
 def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
                     save: str | Path | None = None) -> Figure:
     """Per model, a handful of bars: tokens/s/GPU relative to the best BF16 run (1.0) for plain
     `transformers` BF16, the best BF16 and the best FP8 run of each backend and recipe, from
-    ``analysis.best_runs``, and the source's reported FP8 speedup over its own BF16 (hatched).
-    Each bar is labelled with its ratio, tokens/s/GPU and batch layout."""
+    ``analysis.best_runs``, and the source's reported FP8 speedup over its own BF16 (hatched, outlined).
+    Every panel has the same bars in the same order, each named on the x axis; each bar is labelled
+    with its ratio, tokens/s/GPU and batch layout."""
     title = "Tokens/s/GPU relative to the best BF16 run, per model (one GPU)"
     if not len(best):
         return _finish(_empty(title), save)
-    groups = [(m, g) for m, g in best.groupby("model", sort=False)]
-    ncols = min(2, len(groups))
-    nrows = -(-len(groups) // ncols)
-    fig, axes = _new(ncols=ncols, nrows=nrows, width=6.2, height=3.0)
-    for ax in axes.flat[len(groups):]:
-        ax.set_visible(False)
+    groups = [(m, g[g["role"] != "best FP8"]) for m, g in best.groupby("model", sort=False)]  # best FP8: its recipe's bar
     has_ref = reference is not None and len(reference)
-    widest = max(int((g["role"] != "best FP8").sum()) + 1 for _, g in groups)
-    for ax, (model, g) in zip(axes.flat, groups):
-        g = g[g["role"] != "best FP8"]  # drawn as its recipe's bar
-        labels, values, colors, notes = [], [], [], []
-        for _, r in g.iterrows():
-            labels.append(r["role"])
-            values.append(r["relative_to_best_bf16"])
-            colors.append(_role_color(r["role"]))
-            notes.append(f"{r['relative_to_best_bf16']:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n"
-                         + str(r["layout"]).replace(", ", "\n"))
-        for x, (v, c, lab) in enumerate(zip(values, colors, labels)):
-            ax.bar([x], [v], color=c, label=lab)
+    roles = sorted({r for _, g in groups for r in g["role"]}, key=_slot_order)
+    with_ref = has_ref and any(len(reference_for(reference, m)) for m, _ in groups)
+    slots = roles + ([SOURCE_BAR_LABEL] if with_ref else [])
+    ticks = [_slot_label(r) for r in roles] + (["source\n(reported)"] if with_ref else [])
+    fig, axes = _grid(len(groups), width=max(5.0, 0.8 * len(slots) + 1.2), height=3.3)
+    fig.canvas.draw()  # axes sizes known: value labels are placed by the space they take
+    for ax, (model, g) in zip(axes, groups):
+        by_role = {r["role"]: r for _, r in g.iterrows()}
         ref = reference_for(reference, model) if has_ref else []
+        values = [by_role[r]["relative_to_best_bf16"] for r in roles if r in by_role]
         if len(ref):
-            x = len(values)
-            ax.bar([x], [ref["speedup"].iloc[0]], color="white", edgecolor="crimson", hatch="//",
-                   label=SOURCE_BAR_LABEL)
             values.append(ref["speedup"].iloc[0])
-            notes.append(f"{ref['speedup'].iloc[0]:.2f}x\nreported\n({ref['model_size'].iloc[0]})")
-        for x, (v, note) in enumerate(zip(values, notes)):
-            ax.annotate(note, (x, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6.5)
-        ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
-        ax.set_xticks([])
-        ax.set_xlim(-0.6, widest - 0.4)  # equal bar widths in every panel
-        ax.set_ylim(0, 1.55 * max(values))
+        top = 1.5 * max(values)
+        ax.set_ylim(0, top)
+        ax.axhline(1.0, color="0.3", lw=0.8, ls="--", zorder=0)
+        for x, role in enumerate(roles):
+            r = by_role.get(role)
+            if r is None:
+                ax.text(x, 0.02 * top, "not run", ha="center", va="bottom", fontsize=6.5, color="0.5")
+                continue
+            color, hatch = _role_style(role)
+            v = r["relative_to_best_bf16"]
+            ax.bar([x], [v], color=color, hatch=hatch, edgecolor="white", zorder=2)
+            _value_label(ax, x, v, f"{v:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n{r['layout']}".replace(
+                ", accum ", " ga"), top)
+        if with_ref:
+            x = len(roles)
+            if len(ref):
+                v = ref["speedup"].iloc[0]
+                ax.bar([x], [v], color="white", edgecolor="crimson", hatch="//", zorder=2)
+                _value_label(ax, x, v, f"{v:.2f}x\nreported\n({ref['model_size'].iloc[0]})", top)
+            else:
+                ax.text(x, 0.02 * top, "none\nreported", ha="center", va="bottom", fontsize=6.5, color="0.5")
+        ax.set_xticks(range(len(slots)), ticks, fontsize=7)
+        ax.set_xlim(-0.6, len(slots) - 0.4)
         ax.set_ylabel("relative to best BF16", fontsize=8)
         ax.set_title(f"{model} ({g['gpu_name'].iloc[0]})", fontsize=10)
-    seen: dict[str, object] = {}
-    for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(label, h)
-    order = sorted(seen, key=lambda k: (k != "plain HF BF16", k != "best BF16", k == SOURCE_BAR_LABEL, k))
-    fig.legend([seen[k] for k in order], order, loc="outside lower center", ncols=4, fontsize=8)
     fig.suptitle(title)
     return _finish(fig, save)
 
