@@ -26,6 +26,7 @@ META_COLUMNS = [
     "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
     "parallel",  # ddp | fsdp on several GPUs: runs pair only within one mode
     "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
+    "compute_dtype",  # the trainer's non-FP8 math: auto (bf16 on a GPU, fp32 on a CPU), bf16 or fp32
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
