@@ -43,7 +43,9 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
     length, the GPU and its peak)."""
     s = summary[summary["tokens_per_sec_per_gpu"].notna() & (summary["world_size"].fillna(1) == 1)
                 & (summary["instances"].fillna(1) == 1)]
-    s = s[s["gpu_name"].map(lambda g: peak_bf16_flops(g) is not None)]  # a GPU with a known peak
+    s = s[s["gpu_name"].map(lambda g: peak_bf16_flops(g) is not None).astype(bool)]  # a GPU with a known peak
+    if not len(s):
+        return pd.DataFrame(columns=RATE_COLUMNS)
     fp8 = s["precision"].map(analysis.is_fp8)
     s = s[~fp8 | ((s["fuse"] != False) & (s["backend"] != "emulated"))]  # noqa: E712 (fuse may be missing)
     rows = [{"model": r["model"], "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],

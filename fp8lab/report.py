@@ -351,8 +351,8 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float)
         "the fastest BF16 and the fastest FP8 run fp8lab measured at the smallest scale measured (one GPU unless the row says otherwise; full training steps), MFU over the "
         "dense BF16 peak for both, the FP8 loss gap of the loss study (the same tokens, validation loss), "
         f"the time and cost of {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` "
-        f"estimates them from these runs, and the reported figure of the source, {analysis.source_link()} (H100, P5: not "
-        "measured here).",
+        "estimates them from these runs, and the figure reported by the source (H100, P5: not measured here), "
+        f"{analysis.source_link()}.",
         "",
         headline_markdown(headline, tokens).rstrip("\n"),
         "",
