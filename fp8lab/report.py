@@ -75,7 +75,7 @@ PAIR_DETAIL_COLUMNS = ["model", "layout", "baseline_run", "fp8_run", "tps_baseli
 ANSWER_HTML_COLUMNS = {"model": "model", "gpu_name": "GPU", "bf16_variant": "best BF16", "tps_bf16": "tokens/s/GPU",
                        "fp8_variant": "best FP8", "tps_fp8": "tokens/s/GPU ", "speedup": "speedup",
                        "mfu_bf16": "BF16 MFU", "mfu_fp8": "FP8 MFU", "loss_gap_pct": "FP8 loss gap %",
-                       "cost_bf16": "BF16 cost USD", "cost_fp8": "FP8 cost USD"}
+                       "cost_bf16": "BF16 cost (time)", "cost_fp8": "FP8 cost (time)"}
 SHOWN_ROWS = 12  # rows of a table shown at once; the rest on request
 
 
@@ -114,7 +114,12 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     ]
     n_runs = summary["run_id"].nunique()
     e = html.escape
-    rows = answer.rows.assign(mfu_bf16=answer.rows["mfu_bf16"] * 100, mfu_fp8=answer.rows["mfu_fp8"] * 100)
+    r = answer.rows
+    rows = r.assign(speedup=[("-" if pd.isna(v) else f"{v:.2f}x") for v in r["speedup"]],
+                    mfu_bf16=r["mfu_bf16"].map(_pct), mfu_fp8=r["mfu_fp8"].map(_pct),
+                    loss_gap_pct=["-" if pd.isna(v) else f"{v:+.2f}" for v in r["loss_gap_pct"]],
+                    cost_bf16=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_bf16"], r["hours_bf16"])],
+                    cost_fp8=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_fp8"], r["hours_fp8"])])
     body = [
         f"<h1>{e(config.title)}</h1>",
         f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '

@@ -110,6 +110,11 @@ def test_html_report_quotes_the_answer():
     page = report.render_html(analysis.load_runs())
     text = html.unescape(re.sub(r"<[^>]+>", " ", page.split('class="verdict">')[1].split("</p>")[0]))
     _check_verdict(text, "HTML report")
+    table = html.unescape(page.split("The answer per model")[1].split("</table>")[0])
+    for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
+        for prec in ("bf16", "fp8"):
+            assert f"${r[f'cost_{prec}']:,.0f} ({r[f'hours_{prec}']:,.1f} h)" in table, (r["model"], prec)
+        assert f"{r['speedup']:.2f}x" in table
 
 
 def test_launch_plan_prints_the_answers_time_and_cost(capsys):
