@@ -279,7 +279,9 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             x = r[x_col].to_numpy(dtype=float)
             c = colors[label[run_id]]
             top.plot(x, r["loss"], color=c, alpha=0.25, lw=0.8)
-            top.plot(x, sm, color=c, lw=1.8, label=label[run_id], gid=f"smoothed:{run_id}")
+            base = not is_fp8(r["precision"].iloc[0])  # BF16 on top, dashed: the FP8 curves it tracks never hide it
+            top.plot(x, sm, color=c, lw=2.0 if base else 1.6, ls="--" if base else "-", zorder=4 if base else 3,
+                     label=label[run_id], gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
         top.set_title(str(model))
         top.set_ylabel("loss")

@@ -91,7 +91,7 @@ class Answer:
         return {str(r["model"]): {"bf16_run": r["bf16_run"], "fp8_run": r["fp8_run"], "speedup": num(r["speedup"]),
                                   "tps_bf16": num(r["tps_bf16"]), "tps_fp8": num(r["tps_fp8"]),
                                   "mfu_bf16": num(r["mfu_bf16"]), "mfu_fp8": num(r["mfu_fp8"]),
-                                  "loss_gap_pct": num(r["loss_gap_pct"]), "loss_study": r["loss_study"],
+                                  "loss_gap_pct": num(r["loss_gap_pct"]), "loss_study": r["loss_study"] if isinstance(r["loss_study"], str) else None,
                                   "hours_bf16": num(r["hours_bf16"]), "hours_fp8": num(r["hours_fp8"]),
                                   "cost_bf16": num(r["cost_bf16"]), "cost_fp8": num(r["cost_fp8"])}
                 for _, r in self.rows.iterrows()}
