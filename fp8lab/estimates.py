@@ -37,24 +37,33 @@ RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "
                 "seq_len", "tokens_per_sec_per_gpu", "peak_tflops"]
 
 
-def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
-    """The fastest one-GPU run per model, precision, backend and FP8 recipe kind (fused TE layers, FP8 on
-    FP8 hardware), with what an estimate needs: tokens/s/GPU, sequence length, the GPU and its peak."""
+def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
+    """Every run an estimate can rest on: one GPU of one machine with a known dense BF16 peak, BF16 or
+    FP8 on FP8 hardware through fused layers; with what an estimate needs (tokens/s/GPU, sequence
+    length, the GPU and its peak)."""
     s = summary[summary["tokens_per_sec_per_gpu"].notna() & (summary["world_size"].fillna(1) == 1)
                 & (summary["instances"].fillna(1) == 1)]
-    s = s[s["gpu_name"].map(lambda g: peak_bf16_flops(g) is not None)]  # a GPU with a known peak
+    s = s[s["gpu_name"].map(lambda g: peak_bf16_flops(g) is not None).astype(bool)]  # a GPU with a known peak
+    if not len(s):
+        return pd.DataFrame(columns=RATE_COLUMNS)
     fp8 = s["precision"].map(analysis.is_fp8)
     s = s[~fp8 | ((s["fuse"] != False) & (s["backend"] != "emulated"))]  # noqa: E712 (fuse may be missing)
-    rows = []
-    for _, g in s.groupby([s["model"], s["precision"], s["backend"].map(analysis.group_key),
-                           s["recipe"].map(analysis.group_key)], sort=True):
-        r = g.loc[g["tokens_per_sec_per_gpu"].idxmax()]
-        rows.append({"model": r["model"], "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],
-                     "run_id": r["run_id"], "source": r["source"], "variant": r["variant"],
-                     "layout": analysis.layout_label(r), "gpu_name": r["gpu_name"], "seq_len": r["seq_len"],
-                     "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
-                     "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12})
+    rows = [{"model": r["model"], "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],
+             "run_id": r["run_id"], "source": r["source"], "variant": r["variant"],
+             "layout": analysis.layout_label(r), "gpu_name": r["gpu_name"], "seq_len": r["seq_len"],
+             "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
+             "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12} for _, r in s.iterrows()]
     return pd.DataFrame(rows, columns=RATE_COLUMNS)
+
+
+def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
+    """The fastest of :func:`measurable_runs` per model, precision, backend and FP8 recipe kind."""
+    s = measurable_runs(summary)
+    if not len(s):
+        return s
+    keys = [s["model"], s["precision"], s["backend"].map(analysis.group_key), s["recipe"].map(analysis.group_key)]
+    best = [g.loc[g["tokens_per_sec_per_gpu"].idxmax()] for _, g in s.groupby(keys, sort=True)]
+    return pd.DataFrame(best, columns=RATE_COLUMNS).reset_index(drop=True)
 
 
 def _node_efficiencies(summary: pd.DataFrame) -> pd.DataFrame:
@@ -63,10 +72,13 @@ def _node_efficiencies(summary: pd.DataFrame) -> pd.DataFrame:
     return sc[(sc["run_id"] != sc["reference_run_id"]) & (sc["instances"].fillna(1) == 1)]
 
 
+def _tables(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return measurable_runs(summary), _node_efficiencies(summary)
+
+
 @functools.lru_cache(maxsize=8)
 def _measurements(results: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    summary = analysis.summarize_runs(analysis.load_runs(results))
-    return measured_rates(summary), _node_efficiencies(summary)
+    return _tables(analysis.summarize_runs(analysis.load_runs(results)))
 
 
 @dataclass(frozen=True)
@@ -86,15 +98,32 @@ class MeasuredEstimate(Estimate):
         if self.node_efficiency is not None and not 0 < self.node_efficiency <= 1:
             raise ValueError(f"node_efficiency={self.node_efficiency!r}: allowed: None (measured) or a number in (0, 1]")
 
+    @classmethod
+    def of_summary(cls, summary: pd.DataFrame, **fields: Any) -> "MeasuredEstimate":
+        """The estimate measured from ``summary`` (a per-run summary already made, e.g. of the runs a
+        notebook shows) instead of from result files."""
+        est = cls(**fields)
+        object.__setattr__(est, "given_tables", _tables(summary))  # not a field: plans print fields
+        return est
+
+    def _measured(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return getattr(self, "given_tables", None) or _measurements(self.results)
+
     # --- the rate of one job ---------------------------------------------------------------------
     def rate(self, model: str, precision: str, *, instance_type: str = "ml.p5.48xlarge", instance_count: int = 1,
-             backend: str = "te", recipe: str = "delayed", seq_len: Any = None) -> dict[str, Any] | None:
-        """Per-GPU tokens/s for a job and what it rests on; None where nothing was measured."""
-        rates, effs = _measurements(self.results)
+             backend: str = "te", recipe: str = "delayed", seq_len: Any = None,
+             run_id: str | None = None) -> dict[str, Any] | None:
+        """Per-GPU tokens/s for a job and what it rests on; None where nothing was measured.
+        ``run_id``: rest on that run (one of :func:`measurable_runs`) instead of the fastest match."""
+        rates, effs = self._measured()
         info = INSTANCES[instance_type]
         kind = str(recipe).partition(":")[0]
         mine = rates[(rates["model"] == model) & (rates["precision"] == precision)]
-        if precision == "fp8":
+        if run_id is not None:
+            exact = mine[mine["run_id"] == run_id]
+            if not len(exact):
+                return None
+        elif precision == "fp8":
             exact = mine[(mine["backend"] == backend) & (mine["recipe"] == kind)]
         else:
             exact = mine[mine["backend"] == backend]
@@ -142,7 +171,23 @@ class MeasuredEstimate(Estimate):
         r = self._job_rate(spec)
         if r is None:
             return super().seconds(spec)
-        return spec.total_tokens / (r["tokens_per_sec_per_gpu"] * spec.world_size) + self.startup_s
+        return self.seconds_at(spec.total_tokens, r["tokens_per_sec_per_gpu"], spec.world_size)
+
+    def seconds_at(self, tokens: float, tokens_per_sec_per_gpu: float, gpus: int) -> float:
+        """The one formula of a job's wall time: tokens over the cluster's rate, plus the start-up."""
+        return tokens / (tokens_per_sec_per_gpu * gpus) + self.startup_s
+
+    def run_budget(self, model: str, precision: str, run_id: str, tokens: float, price_per_hour: float, *,
+                   instance_type: str = "ml.p5.48xlarge", instance_count: int = 1) -> dict[str, Any] | None:
+        """Time and cost of one job of ``tokens`` resting on the run ``run_id``, as a plan of that job
+        computes them (:meth:`seconds`); None where the run is not one an estimate can rest on."""
+        r = self.rate(model, precision, instance_type=instance_type, instance_count=instance_count, run_id=run_id)
+        if r is None:
+            return None
+        gpus = INSTANCES[instance_type].gpus * max(int(instance_count), 1)
+        hours = self.seconds_at(tokens, r["tokens_per_sec_per_gpu"], gpus) / 3600
+        return {**r, "hours": hours, "cost_usd": hours * max(int(instance_count), 1) * price_per_hour,
+                "gpus": gpus, "basis": _basis_text(r)}
 
     def basis(self, spec) -> str:
         r = self._job_rate(spec)

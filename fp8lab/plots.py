@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth
+from fp8lab.analysis import is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
 
 NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
@@ -60,6 +60,20 @@ def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8
     fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
     return fig, axes
+
+
+MAX_BARS = 12  # bars or rows a panel shows at most; tables carry the rest
+MAX_COLS = 2  # panels side by side at most, so a figure stays within a screen's width
+_HATCHES = ["", "//", "..", "xx", "\\\\", "++"]  # a second cue beside colour, one per bar kind
+
+
+def _grid(n: int, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, list]:
+    """``n`` panels in rows of at most ``MAX_COLS``; the unused cells hidden."""
+    ncols = max(1, min(MAX_COLS, n))
+    fig, axes = _new(ncols=ncols, nrows=-(-max(n, 1) // ncols), width=width, height=height, **kw)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
 
 
 def _empty(title: str, message: str = NO_DATA) -> Figure:
@@ -124,25 +138,29 @@ _SCALE_LABEL = {"instances": "instances", "world_size": "GPUs"}
 
 
 def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path | None = None) -> Figure:
-    """Tokens/s/GPU against instance (or GPU) count, BF16 and FP8 bars side by side, per model.
+    """Tokens/s/GPU against instance (or GPU) count, one bar per kind of run (precision, backend, FP8
+    recipe: :func:`fp8lab.analysis.variant_kind`) side by side, per model; each bar the fastest run of
+    its kind at that scale (the runs table names them all).
 
     Bar height is the steady-state median; the whisker spans the quartiles where known.
     """
-    title = "Throughput per GPU (steady state)"
+    title = "Throughput per GPU (steady state): the fastest run of each kind"
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
     if not len(s):
         return _finish(_empty(title), save)
     by = _scale_axis(s, by)
+    s = s.assign(variant=s["variant"].map(variant_kind), _scale=s[by].fillna(1))
+    s = s.loc[s.groupby(["model", "variant", "_scale"])["tokens_per_sec_per_gpu"].idxmax()]
     models = _models(s)
-    fig, axes = _new(ncols=len(models))
+    fig, axes = _grid(len(models))
     colors = _variant_colors(_ordered_variants(s), dict(s[["variant", "precision"]].values))
-    for ax, model in zip(axes[0], models):
+    for ax, model in zip(axes, models):
         g = s[s["model"] == model]
-        scales = sorted(g[by].fillna(1).unique())
+        scales = sorted(g["_scale"].unique())
         variants = _ordered_variants(g)
         width = 0.8 / len(variants)
         for i, var in enumerate(variants):
-            gv = g[g["variant"] == var].groupby(g[by].fillna(1)).median(numeric_only=True).reindex(scales)
+            gv = g[g["variant"] == var].set_index("_scale").reindex(scales)
             x = np.arange(len(scales)) + (i - (len(variants) - 1) / 2) * width
             err = None
             if gv["tps_p25"].notna().any():
@@ -154,7 +172,7 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
         ax.set_xlabel(_SCALE_LABEL[by])
         ax.set_ylabel("tokens/s/GPU")
         ax.set_title(str(model))
-    _shared_legend(fig, axes)
+    _shared_legend(fig, np.array(axes))
     fig.suptitle(title)
     return _finish(fig, save)
 
@@ -171,16 +189,20 @@ def _shared_legend(fig: Figure, axes: np.ndarray) -> None:
 
 def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = None,
                    save: str | Path | None = None) -> Figure:
-    """FP8 speedup over BF16 per model size (smallest measured scale), with the source's reported
-    values as labelled reference markers."""
-    title = "FP8 speedup over BF16 (tokens/s/GPU)"
+    """FP8 speedup over BF16 per model size (smallest measured scale), one bar per kind of FP8 run
+    (backend and recipe; the best pair of that kind), with the source's reported values as labelled
+    reference markers. The axis starts at 0: a ratio's bar is read against 1.0."""
+    title = "FP8 speedup over BF16 (tokens/s/GPU), the best pair of each kind"
     comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
     has_ref = reference is not None and len(reference)
     if not len(comp) and not has_ref:
         return _finish(_empty(title), save)
+    if len(comp):
+        comp = comp.assign(fp8_variant=comp["fp8_variant"].map(variant_kind))
+        comp = comp[comp["world_size"].fillna(1) == comp.groupby("model")["world_size"].transform(
+            lambda w: w.fillna(1).min()).fillna(1)]
     categories = _models(comp) if len(comp) else []
-    n_var = comp["fp8_variant"].nunique() if len(comp) else 1
-    fig, axes = _new(width=max(6.5, 1.5 + 0.45 * n_var * (len(categories) + (len(reference) if has_ref else 0))))
+    fig, axes = _new(width=8.0, height=4.0)
     ax = axes[0, 0]
     ref_pos = {}
     if has_ref:
@@ -199,13 +221,14 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
             xs, ys = [], []
             for m in _models(comp):
                 g = comp[(comp["model"] == m) & (comp["fp8_variant"] == var)]
-                g = g[(g["world_size"].fillna(1) == g["world_size"].fillna(1).min())]
                 if len(g):
                     xs.append(categories.index(m) + (i - (len(variants) - 1) / 2) * width)
                     ys.append(g["speedup"].max())
-            ax.bar(xs, ys, width, label=f"measured: {var}", color=colors[var])
+            ax.bar(xs, ys, width, label=f"measured: {var}", color=colors[var], hatch=_HATCHES[i % len(_HATCHES)],
+                   edgecolor="white")
             for x, y in zip(xs, ys):
-                ax.annotate(f"{y:.2f}x", (x, y), ha="center", va="bottom", fontsize=7)
+                ax.annotate(f"{y:.2f}x", (x, y), xytext=(0, 2), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=7)
     else:
         ax.text(0.5, 0.92, NO_DATA, ha="center", transform=ax.transAxes, color="0.4")
     if has_ref:
@@ -213,16 +236,12 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
         ax.scatter(xs, reference["speedup"], marker="D", s=50, color="crimson", zorder=5, label=REFERENCE_LABEL)
         ax.hlines(reference["speedup"], np.array(xs) - 0.45, np.array(xs) + 0.45, colors="crimson",
                   linestyles=":", lw=1.5, zorder=4)
-        for x, y in zip(xs, reference["speedup"]):
-            ax.annotate(f"source: {y:.2f}x (reported)", (x - 0.45, y), xytext=(0, -4), textcoords="offset points",
-                        ha="left", va="top", fontsize=7, color="crimson", zorder=6,
-                        bbox={"fc": "white", "ec": "none", "alpha": 0.85, "pad": 1})
-    ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+    ax.axhline(1.0, color="0.3", lw=0.8, ls="--", zorder=1)
     ax.set_xticks(range(len(categories)), categories)
-    ax.set_xlim(-0.7, len(categories) - 0.3)
+    ax.set_xlim(-0.6, len(categories) - 0.4)
     ax.set_ylabel("speedup (FP8 / BF16)")
     values = [1.0, *(comp["speedup"] if len(comp) else []), *(reference["speedup"] if has_ref else [])]
-    ax.set_ylim(0.8 * min(values), 1.12 * max(values))
+    ax.set_ylim(0, 1.15 * max(values))
     ax.set_title(title)
     _shared_legend(fig, axes)
     return _finish(fig, save)
@@ -244,7 +263,8 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
     paired = any(fp8_of) and not all(fp8_of)  # a gap needs a BF16 and an FP8 run: else one row, and say so
     if not paired:
         title = f"Training loss ({smoothing}, span {smoothing_span})"
-    fig, axes = _new(ncols=len(models), nrows=2 if paired else 1, height=3.2, sharex="col")
+    fig, axes = _new(ncols=len(models), nrows=2 if paired else 1, width=min(5.0, 13.0 / len(models)), height=3.2,
+                     sharex="col")
     for col, model in enumerate(models):
         top = axes[0, col]
         g = steps[steps["model"] == model]
@@ -259,7 +279,9 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             x = r[x_col].to_numpy(dtype=float)
             c = colors[label[run_id]]
             top.plot(x, r["loss"], color=c, alpha=0.25, lw=0.8)
-            top.plot(x, sm, color=c, lw=1.8, label=label[run_id], gid=f"smoothed:{run_id}")
+            base = not is_fp8(r["precision"].iloc[0])  # BF16 on top, dashed: the FP8 curves it tracks never hide it
+            top.plot(x, sm, color=c, lw=2.0 if base else 1.6, ls="--" if base else "-", zorder=4 if base else 3,
+                     label=label[run_id], gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
         top.set_title(str(model))
         top.set_ylabel("loss")
@@ -300,23 +322,32 @@ def _gap_panel(bottom, g: pd.DataFrame, curves: dict, colors: dict, label: dict,
 
 
 def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """Model FLOPs utilisation per run, as each run reported it: fp8lab's trainer and benchmarks divide
-    by the GPU's dense BF16 peak for BF16 and FP8 runs alike, so the bars compare like with like."""
-    title = "MFU per run (model FLOPs / dense BF16 peak, FP8 runs too)"
+    """Model FLOPs utilisation as each run reported it, one panel per model and a bar per kind of run
+    (the run of that kind with the highest MFU; the runs table lists every run). fp8lab's trainer and
+    benchmarks divide by the GPU's dense BF16 peak for BF16 and FP8 runs alike, so the bars compare
+    like with like."""
+    title = "MFU (model FLOPs / dense BF16 peak, FP8 runs too): the best run of each kind"
     s = summary[summary["mfu"].notna()] if len(summary) else summary
     if not len(s):
         return _finish(_empty(title, "no MFU in these runs"), save)
-    s = s.assign(_size=s["model"].map(model_size_b)).sort_values(["_size", "model", "world_size", "precision", "variant"])
-    labels = [f"{m} | {v} | {int(w) if pd.notna(w) else '?'} GPU" for m, v, w in
-              zip(s["model"], s["variant"], s["world_size"])]
-    colors = _variant_colors(list(s["variant"].unique()), dict(s[["variant", "precision"]].values))
-    fig, axes = _new(width=7, height=0.45 * len(s) + 1.5)
-    ax = axes[0, 0]
-    ax.barh(range(len(s)), 100 * s["mfu"], color=[colors[v] for v in s["variant"]])
-    ax.set_yticks(range(len(s)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("MFU (% of dense BF16 peak)")
-    ax.set_title(title)
+    s = s.assign(_kind=[f"{variant_kind(v)}, {int(w) if pd.notna(w) else '?'} GPU" for v, w in
+                        zip(s["variant"], s["world_size"])])
+    s = s.loc[s.groupby(["model", "_kind"])["mfu"].idxmax()]
+    models = _models(s)
+    rows = max(min(MAX_BARS, int(s["model"].value_counts().max())), 1)
+    fig, axes = _grid(len(models), width=5.0, height=0.35 * rows + 1.3)
+    colors = _variant_colors(sorted(s["_kind"].unique()), dict(s[["_kind", "precision"]].values))
+    for ax, model in zip(axes, models):
+        g = s[s["model"] == model].sort_values(["precision", "_kind"]).head(MAX_BARS)
+        ax.barh(range(len(g)), 100 * g["mfu"], color=[colors[k] for k in g["_kind"]])
+        for y, v in enumerate(100 * g["mfu"]):
+            ax.annotate(f"{v:.1f}%", (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.set_yticks(range(len(g)), list(g["_kind"]), fontsize=8)
+        ax.set_ylim(rows - 0.5, -0.5)
+        ax.set_xlim(0, 100 * float(s["mfu"].max()) * 1.2)
+        ax.set_xlabel("MFU (% of dense BF16 peak)")
+        ax.set_title(str(model), fontsize=10)
+    fig.suptitle(title)
     return _finish(fig, save)
 
 
@@ -370,15 +401,20 @@ def cost_figure(costs: pd.DataFrame, save: str | Path | None = None) -> Figure:
     c = costs[costs["hours"].notna() & np.isfinite(costs["hours"])] if len(costs) else costs
     if not len(c):
         return _finish(_empty(title), save)
+    if len(c) > MAX_BARS:  # every run is in the table; the figure shows the cheapest of each precision per model
+        c = c.loc[c.groupby(["model", "precision"])["cost_usd"].idxmin()]
+        title += "\n(the cheapest BF16 and FP8 run per model; the table lists every run)"
     c = c.assign(_size=c["model"].map(model_size_b)).sort_values(["_size", "model", "instances", "precision", "variant"])
     labels = [f"{m} | {v} | {int(i)} inst" + (" (projected)" if p else "")
               for m, v, i, p in zip(c["model"], c["variant"], c["instances"].fillna(1), c["projected"])]
+    labels = [f"{lab} [{r}]" if labels.count(lab) > 1 else lab for lab, r in zip(labels, c["run_id"])]
     colors = _variant_colors(list(c["variant"].unique()), dict(c[["variant", "precision"]].values))
-    fig, axes = _new(ncols=2, width=5.5, height=0.45 * len(c) + 1.6, sharey=True)
-    for ax, col, xlabel in ((axes[0, 0], "hours", "hours"), (axes[0, 1], "cost_usd", "cost (USD)")):
+    fig, axes = _new(ncols=2, width=5.5, height=0.4 * len(c) + 1.4, sharey=True)
+    for ax, col, xlabel, fmt in ((axes[0, 0], "hours", "hours", "{:,.1f} h"), (axes[0, 1], "cost_usd", "cost (USD)", "${:,.0f}")):
         ax.barh(range(len(c)), c[col], color=[colors[v] for v in c["variant"]])
         for y, val in enumerate(c[col]):
-            ax.annotate(f"{val:,.0f}", (val, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+            ax.annotate(fmt.format(val), (val, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.set_xlim(0, float(c[col].max()) * 1.25)
         ax.set_xlabel(xlabel)
     axes[0, 0].set_yticks(range(len(c)), labels, fontsize=8)
     axes[0, 0].invert_yaxis()
@@ -413,68 +449,107 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
 
 # ------------------------------------------------------------------------------ headline view
 
-_ROLE_COLORS = {"plain HF BF16": "0.6", "best BF16": matplotlib.colormaps["Blues"](0.75)}
-_FP8_SHADES = {"delayed": 0.8, "current": 0.6, "block": 0.42, "mxfp8": 0.3}
+# The headline's bars, in one order in every panel: what a user starts from, the best BF16, then the
+# best FP8 run of each backend and recipe, then the source's figure. Each FP8 kind has its own colour
+# from a qualitative palette and its own hatching, so colour is never the only cue.
+_RECIPE_ORDER = ["delayed", "current", "block", "mxfp8"]
+_RECIPE_STYLE = {"delayed": ("#d95f02", ""), "current": ("#1b9e77", "//"), "block": ("#7570b3", ".."),
+                 "mxfp8": ("#e7298a", "xx")}
+_TORCHAO_STYLE = ("#a6761d", "\\\\")
 SOURCE_BAR_LABEL = "source blog: FP8 / its BF16 (reported, H100 P5)"
 
 
-def _role_color(role: str) -> object:
-    if role in _ROLE_COLORS:
-        return _ROLE_COLORS[role]
+def _slot_order(role: str) -> tuple:
+    """Where a headline role sits: plain HF, best BF16, TE recipes in ``_RECIPE_ORDER``, other backends."""
+    if role == "plain HF BF16":
+        return (0,)
+    if role == "best BF16":
+        return (1,)
     _, backend, recipe = (role.split() + ["", "", ""])[:3]
-    cmap = matplotlib.colormaps["Purples" if backend == "torchao" else "Oranges"]
-    return cmap(_FP8_SHADES.get(recipe, 0.5))
+    return (2, backend != "te", backend, _RECIPE_ORDER.index(recipe) if recipe in _RECIPE_ORDER else 99, recipe)
+
+
+def _role_style(role: str) -> tuple[object, str]:
+    """(colour, hatch) of a headline bar."""
+    if role == "plain HF BF16":
+        return "0.6", ""
+    if role == "best BF16":
+        return "#1f4e9a", ""
+    _, backend, recipe = (role.split() + ["", "", ""])[:3]
+    return _TORCHAO_STYLE if backend == "torchao" else _RECIPE_STYLE.get(recipe, ("#666666", "++"))
+
+
+def _slot_label(role: str) -> str:
+    if role == "plain HF BF16":
+        return "plain HF\nBF16"
+    if role == "best BF16":
+        return "best\nBF16"
+    _, backend, recipe = (role.split() + ["", "", ""])[:3]
+    return f"FP8 {backend.upper() if backend == 'te' else backend}\n{recipe}"
+
+
+def _value_label(ax, x: float, v: float, note: str, top: float) -> None:
+    """``note`` above the bar, or inside it where above would cross the 1.0 line (never on a line)."""
+    lines = note.count("\n") + 1
+    height_pt = ax.get_window_extent().height * 72 / ax.figure.dpi
+    text_h = (lines * 8.0 + 3) / height_pt * top  # 6.5 pt text, ~8 pt per line, in data units
+    above_ok = v >= 1.0 or v + text_h < 0.97
+    if above_ok:
+        ax.annotate(note, (x, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6.5)
+    else:  # inside, from the top of the bar down (the bar is below 1.0, so the line is above the text)
+        ax.annotate(note, (x, v), xytext=(0, -3), textcoords="offset points", ha="center", va="top", fontsize=6.5,
+                    color="black", bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 0.5})
 
 
 def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
                     save: str | Path | None = None) -> Figure:
     """Per model, a handful of bars: tokens/s/GPU relative to the best BF16 run (1.0) for plain
     `transformers` BF16, the best BF16 and the best FP8 run of each backend and recipe, from
-    ``analysis.best_runs``, and the source's reported FP8 speedup over its own BF16 (hatched).
-    Each bar is labelled with its ratio, tokens/s/GPU and batch layout."""
+    ``analysis.best_runs``, and the source's reported FP8 speedup over its own BF16 (hatched, outlined).
+    Every panel has the same bars in the same order, each named on the x axis; each bar is labelled
+    with its ratio, tokens/s/GPU and batch layout."""
     title = "Tokens/s/GPU relative to the best BF16 run, per model (one GPU)"
     if not len(best):
         return _finish(_empty(title), save)
-    groups = [(m, g) for m, g in best.groupby("model", sort=False)]
-    ncols = min(2, len(groups))
-    nrows = -(-len(groups) // ncols)
-    fig, axes = _new(ncols=ncols, nrows=nrows, width=6.2, height=3.0)
-    for ax in axes.flat[len(groups):]:
-        ax.set_visible(False)
+    groups = [(m, g[g["role"] != "best FP8"]) for m, g in best.groupby("model", sort=False)]  # best FP8: its recipe's bar
     has_ref = reference is not None and len(reference)
-    widest = max(int((g["role"] != "best FP8").sum()) + 1 for _, g in groups)
-    for ax, (model, g) in zip(axes.flat, groups):
-        g = g[g["role"] != "best FP8"]  # drawn as its recipe's bar
-        labels, values, colors, notes = [], [], [], []
-        for _, r in g.iterrows():
-            labels.append(r["role"])
-            values.append(r["relative_to_best_bf16"])
-            colors.append(_role_color(r["role"]))
-            notes.append(f"{r['relative_to_best_bf16']:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n"
-                         + str(r["layout"]).replace(", ", "\n"))
-        for x, (v, c, lab) in enumerate(zip(values, colors, labels)):
-            ax.bar([x], [v], color=c, label=lab)
+    roles = sorted({r for _, g in groups for r in g["role"]}, key=_slot_order)
+    with_ref = has_ref and any(len(reference_for(reference, m)) for m, _ in groups)
+    slots = roles + ([SOURCE_BAR_LABEL] if with_ref else [])
+    ticks = [_slot_label(r) for r in roles] + (["source\n(reported)"] if with_ref else [])
+    fig, axes = _grid(len(groups), width=max(5.0, 0.8 * len(slots) + 1.2), height=3.3)
+    fig.canvas.draw()  # axes sizes known: value labels are placed by the space they take
+    for ax, (model, g) in zip(axes, groups):
+        by_role = {r["role"]: r for _, r in g.iterrows()}
         ref = reference_for(reference, model) if has_ref else []
+        values = [by_role[r]["relative_to_best_bf16"] for r in roles if r in by_role]
         if len(ref):
-            x = len(values)
-            ax.bar([x], [ref["speedup"].iloc[0]], color="white", edgecolor="crimson", hatch="//",
-                   label=SOURCE_BAR_LABEL)
             values.append(ref["speedup"].iloc[0])
-            notes.append(f"{ref['speedup'].iloc[0]:.2f}x\nreported\n({ref['model_size'].iloc[0]})")
-        for x, (v, note) in enumerate(zip(values, notes)):
-            ax.annotate(note, (x, v), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6.5)
-        ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
-        ax.set_xticks([])
-        ax.set_xlim(-0.6, widest - 0.4)  # equal bar widths in every panel
-        ax.set_ylim(0, 1.55 * max(values))
+        top = 1.5 * max(values)
+        ax.set_ylim(0, top)
+        ax.axhline(1.0, color="0.3", lw=0.8, ls="--", zorder=0)
+        for x, role in enumerate(roles):
+            r = by_role.get(role)
+            if r is None:
+                ax.text(x, 0.02 * top, "not run", ha="center", va="bottom", fontsize=6.5, color="0.5")
+                continue
+            color, hatch = _role_style(role)
+            v = r["relative_to_best_bf16"]
+            ax.bar([x], [v], color=color, hatch=hatch, edgecolor="white", zorder=2)
+            _value_label(ax, x, v, f"{v:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n{r['layout']}".replace(
+                ", accum ", " ga"), top)
+        if with_ref:
+            x = len(roles)
+            if len(ref):
+                v = ref["speedup"].iloc[0]
+                ax.bar([x], [v], color="white", edgecolor="crimson", hatch="//", zorder=2)
+                _value_label(ax, x, v, f"{v:.2f}x\nreported\n({ref['model_size'].iloc[0]})", top)
+            else:
+                ax.text(x, 0.02 * top, "none\nreported", ha="center", va="bottom", fontsize=6.5, color="0.5")
+        ax.set_xticks(range(len(slots)), ticks, fontsize=7)
+        ax.set_xlim(-0.6, len(slots) - 0.4)
         ax.set_ylabel("relative to best BF16", fontsize=8)
         ax.set_title(f"{model} ({g['gpu_name'].iloc[0]})", fontsize=10)
-    seen: dict[str, object] = {}
-    for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(label, h)
-    order = sorted(seen, key=lambda k: (k != "plain HF BF16", k != "best BF16", k == SOURCE_BAR_LABEL, k))
-    fig.legend([seen[k] for k in order], order, loc="outside lower center", ncols=4, fontsize=8)
     fig.suptitle(title)
     return _finish(fig, save)
 

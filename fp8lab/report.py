@@ -26,7 +26,8 @@ h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid 
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}
-.ref{color:#a3162b}.muted{color:#666;font-size:.9em}img{max-width:100%}
+.ref{color:#a3162b}.muted{color:#666;font-size:.9em}img{max-width:100%;height:auto}
+.wide{overflow-x:auto;max-width:100%}td{overflow-wrap:anywhere}details{margin:.3em 0}summary{cursor:pointer;color:#245}
 """
 
 
@@ -55,7 +56,8 @@ def _table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
     if not len(df):
         return '<p class="muted">(none)</p>'
     d = df[[c for c in (columns or df.columns) if c in df]]
-    return d.to_html(index=False, escape=True, na_rep="-", formatters={c: _fmt for c in d.columns}, border=0)
+    return ('<div class="wide">' + d.to_html(index=False, escape=True, na_rep="-",
+                                             formatters={c: _fmt for c in d.columns}, border=0) + "</div>")
 
 
 def _img(fig, alt: str) -> str:
@@ -63,26 +65,61 @@ def _img(fig, alt: str) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
+# The runs table: what a reader needs first; the rest of each run on request (<details>).
+RUN_COLUMNS = ["run_id", "model", "variant", "layout", "world_size", "tokens_per_sec_per_gpu", "mfu", "val_loss"]
+RUN_DETAIL_COLUMNS = ["run_id", "study", "gpu_name", "instances", "n_steps", "tokens", "tps_spread_pct", "max_mem_gib",
+                      "final_loss", "smoothed_loss", "nonfinite_losses", "throughput_from", "note"]
+PAIR_COLUMNS = ["model", "world_size", "layout", "baseline_variant", "fp8_variant", "speedup", "val_loss_gap_pct"]
+PAIR_DETAIL_COLUMNS = ["model", "layout", "baseline_run", "fp8_run", "tps_baseline", "tps_fp8", "mfu_baseline",
+                       "mfu_fp8", "tokens_baseline", "tokens_fp8", "valid", "loss_gap_pct", "note"]
+ANSWER_HTML_COLUMNS = {"model": "model", "gpu_name": "GPU", "bf16_variant": "best BF16", "tps_bf16": "tokens/s/GPU",
+                       "fp8_variant": "best FP8", "tps_fp8": "tokens/s/GPU ", "speedup": "speedup",
+                       "mfu_bf16": "BF16 MFU", "mfu_fp8": "FP8 MFU", "loss_gap_pct": "FP8 loss gap %",
+                       "cost_bf16": "BF16 cost (time)", "cost_fp8": "FP8 cost (time)"}
+SHOWN_ROWS = 12  # rows of a table shown at once; the rest on request
+
+
+def _details(summary: str, inner: str) -> str:
+    return f"<details><summary>{html.escape(summary)}</summary>{inner}</details>"
+
+
+def _long_table(df: pd.DataFrame, first: list[str], rest: list[str], what: str) -> str:
+    """The first ``SHOWN_ROWS`` rows in the columns a reader needs first; every row and the other
+    columns on request."""
+    if not len(df):
+        return _table(df)
+    out = _table(df.head(SHOWN_ROWS), first)
+    if len(df) > SHOWN_ROWS:
+        out += _details(f"all {len(df)} {what}", _table(df, first))
+    return out + _details(f"more columns of the {what}", _table(df, rest))
+
+
 def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
                 reference: pd.DataFrame | None = None) -> str:
     """The report page for a runs table from :func:`fp8lab.analysis.load_runs`."""
-    reference = analysis.load_reference() if reference is None else reference
-    summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
-    comparison = analysis.compare_precisions(summary)
+    a = Analysed.of(runs, config, reference)
+    summary, comparison, answer = a.summary, a.comparison, a.answer
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance)
     scaling = analysis.scaling_table(summary)
-    text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour,
-                            config.gpus_per_instance, reference=reference)
+    text = answer.verdict()
+    loss_runs, best_summary = analysis.headline_runs(runs, summary, answer.rows)
+    shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
     figs = [
-        (plots.throughput_figure(summary), "tokens/s/GPU, BF16 vs FP8"),
-        (plots.speedup_figure(comparison, reference), "FP8 speedup per model, with the source's reported values"),
-        (plots.loss_figure(runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap"),
-        (plots.mfu_figure(summary), "MFU per run"),
-        (plots.cost_figure(costs), "time and cost to train the token budget"),
+        (plots.throughput_figure(shown), "tokens/s/GPU: the best run of each kind per model"),
+        (plots.speedup_figure(comparison, reference=a.reference), "FP8 speedup per model, with the source's reported values"),
+        (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
+        (plots.mfu_figure(shown), "MFU of the best run of each kind per model"),
+        (plots.cost_figure(answer.costs()), "time and cost to train the token budget, best BF16 against best FP8"),
         (plots.scaling_figure(scaling), "per-GPU scaling efficiency"),
     ]
     n_runs = summary["run_id"].nunique()
     e = html.escape
+    r = answer.rows
+    rows = r.assign(speedup=[("-" if pd.isna(v) else f"{v:.2f}x") for v in r["speedup"]],
+                    mfu_bf16=r["mfu_bf16"].map(_pct), mfu_fp8=r["mfu_fp8"].map(_pct),
+                    loss_gap_pct=["-" if pd.isna(v) else f"{v:+.2f}" for v in r["loss_gap_pct"]],
+                    cost_bf16=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_bf16"], r["hours_bf16"])],
+                    cost_fp8=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_fp8"], r["hours_fp8"])])
     body = [
         f"<h1>{e(config.title)}</h1>",
         f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
@@ -92,35 +129,53 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
         "<h2>Verdict</h2>", f'<p class="verdict">{e(text)}</p>',
+        "<h2>The answer per model</h2>",
+        f'<p class="muted">Best BF16: {e(analysis.answer.WHY_BF16)}; best FP8: {e(analysis.answer.WHY_FP8)}. '
+        f"Cost: {analysis.fmt_tokens(config.tokens)} tokens on one {e(answer.instance_type)}, as fp8lab launch plan "
+        "estimates it from these runs.</p>",
+        _table(rows.rename(columns=ANSWER_HTML_COLUMNS), list(ANSWER_HTML_COLUMNS.values())),
     ]
     if not n_runs:
         body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are shown.</p>')
     body.append("<h2>Figures</h2>")
     body += [_img(f, alt) for f, alt in figs]
+    runs_table = summary.assign(layout=[analysis.layout_label(r) for _, r in summary.iterrows()])
     body += [
         "<h2>FP8 vs BF16 per model and scale</h2>",
         '<p class="muted">Loss gaps only between runs that saw the same number of tokens (column valid).</p>',
-        _table(comparison),
+        _long_table(comparison, PAIR_COLUMNS, PAIR_DETAIL_COLUMNS, "BF16/FP8 pairs"),
         "<h2>Per-GPU scaling</h2>",
         '<p class="muted">Each multi-GPU run against the same set-up on the smallest scale, measured closest in '
         "time (efficiency) and the fastest such run (efficiency_vs_fastest).</p>",
-        _table(scaling),
+        _long_table(scaling, ["model", "variant", "world_size", "efficiency", "efficiency_vs_fastest"],
+                    ["run_id", "reference_run_id", "tokens_per_sec_per_gpu", "reference_tokens_per_sec_per_gpu",
+                     "hours_apart"], "scaling rows"),
         "<h2>Runs</h2>",
-        _table(summary, ["run_id", "study", "model", "variant", "gpu_name", "world_size", "instances", "n_steps",
-                         "tokens", "tokens_per_sec_per_gpu", "tps_spread_pct", "mfu", "max_mem_gib", "final_loss",
-                         "smoothed_loss", "val_loss", "nonfinite_losses", "throughput_from", "note"]),
-        "<h2>Provenance</h2>",
-        _table(summary, ["run_id", "source", *analysis.PROVENANCE_COLUMNS]),
-        "<h2>Time and cost</h2>",
-        '<p class="muted">projected = the run used fewer GPUs than the cluster priced here; its per-GPU rate is '
-        "assumed to hold on full instances.</p>",
-        _table(costs),
+        _long_table(runs_table, RUN_COLUMNS, RUN_DETAIL_COLUMNS, "runs"),
+        _details("provenance of every run", _table(summary, ["run_id", "source", *analysis.PROVENANCE_COLUMNS])),
+        "<h2>Time and cost of every run</h2>",
+        '<p class="muted">Each run at its own measured per-GPU rate on full instances (no start-up, no multi-GPU '
+        "efficiency): an upper bound, not the plan's estimate above. projected = the run used fewer GPUs than the "
+        "cluster priced here.</p>",
+        _long_table(costs, ["run_id", "model", "variant", "hours", "cost_usd"],
+                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected"], "costs"),
         '<h2 class="ref">Source blog figures (reported by the source, not measured here)</h2>',
-        _table(reference),
+        f"<p>{_md_link_html(analysis.source_link())}</p>",
+        _table(a.reference),
     ]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{e(config.title)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def _md_link_html(markdown: str) -> str:
+    """A Markdown ``[text](url)`` as HTML text naming the address (the page links nowhere: it opens offline)."""
+    import re
+
+    m = re.search(r"\[(.*?)\]\((.*?)\)", markdown)
+    if not m:
+        return html.escape(markdown)
+    return html.escape(markdown[:m.start()] + m.group(1) + f" ({m.group(2)})" + markdown[m.end():])
 
 
 MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the README's results table)
@@ -263,19 +318,23 @@ def _pct(v: float) -> str:
     return "-" if pd.isna(v) else f"{100 * v:.1f}%"
 
 
-def headline_markdown(headline: pd.DataFrame) -> str:
-    """The headline table (tokens/s/GPU on one GPU unless the row says otherwise) and, below it, the
-    configuration and run behind each number."""
-    lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss gap | source reported |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET) -> str:
+    """The headline table (tokens/s/GPU on one GPU unless the row says otherwise; an
+    :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens``) and, below
+    it, the configuration and run behind each number."""
+    budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5: BF16 -> FP8"
+    lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss gap | "
+             f"{budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for _, r in headline.iterrows():
         gap = "-" if pd.isna(r["loss_gap_pct"]) else f"{r['loss_gap_pct']:+.2f}%"
         src = "-" if pd.isna(r["source_speedup"]) else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% loss"
         speed = "-" if pd.isna(r["speedup"]) else f"**{r['speedup']:.2f}x**"
         gpus = "" if r["world_size"] == 1 else f" ({int(r['world_size'])} GPUs)"
+        cost = ("-" if pd.isna(r["cost_fp8"]) else
+                f"{r['hours_bf16']:,.1f} h ${r['cost_bf16']:,.0f} -> {r['hours_fp8']:,.1f} h ${r['cost_fp8']:,.0f}")
         lines.append(f"| {r['model']}{gpus} | {_tps(r['tps_hf'])} | {_tps(r['tps_bf16'])} | {_tps(r['tps_fp8'])} | {speed} | "
-                     f"{_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {src} |")
+                     f"{_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {cost} | {src} |")
         parts = [f"best BF16 `{r['bf16_variant']}` {r['bf16_layout']}", f"best FP8 `{r['fp8_variant']}` {r['fp8_layout']}"]
         if isinstance(r["hf_run"], str):
             parts.insert(0, f"plain `{r['hf_variant']}` {r['hf_layout']}")
@@ -284,11 +343,11 @@ def headline_markdown(headline: pd.DataFrame) -> str:
                          f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
         notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")
     if not len(headline):
-        lines.append("| " + " | ".join(["-"] * 9) + " |")
+        lines.append("| " + " | ".join(["-"] * 10) + " |")
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
-def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str) -> str:
+def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float) -> str:
     return "\n".join([
         README_BEGIN,
         f"![FP8 against BF16 per model]({HEADLINE_PNG})",
@@ -296,9 +355,11 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str) -> str:
         f"Tokens/s/GPU from {n_runs} measured runs on {gpus}: each model's plain `transformers` BF16 run, "
         "the fastest BF16 and the fastest FP8 run fp8lab measured at the smallest scale measured (one GPU unless the row says otherwise; full training steps), MFU over the "
         "dense BF16 peak for both, the FP8 loss gap of the loss study (the same tokens, validation loss), "
-        "and the source blog's reported figure (H100, P5: not measured here).",
+        f"the time and cost of {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` "
+        "estimates them from these runs, and the figure reported by the source (H100, P5: not measured here), "
+        f"{analysis.source_link()}.",
         "",
-        headline_markdown(headline).rstrip("\n"),
+        headline_markdown(headline, tokens).rstrip("\n"),
         "",
         f"Every run, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
         README_END,
@@ -350,14 +411,19 @@ class Analysed:
     reference: pd.DataFrame
     summary: pd.DataFrame
     comparison: pd.DataFrame
-    headline: pd.DataFrame
+    answer: analysis.Answer
+
+    @property
+    def headline(self) -> pd.DataFrame:
+        return self.answer.rows
 
     @classmethod
-    def of(cls, runs: pd.DataFrame, config: "ReportConfig") -> "Analysed":
-        reference = analysis.load_reference()
+    def of(cls, runs: pd.DataFrame, config: "ReportConfig", reference: pd.DataFrame | None = None) -> "Analysed":
+        reference = analysis.load_reference() if reference is None else reference
         summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
         comparison = analysis.compare_precisions(summary)
-        return cls(reference, summary, comparison, analysis.headline_table(summary, comparison, reference))
+        answer = analysis.Answer.of(summary, comparison, reference, config.tokens, config.price_per_instance_hour)
+        return cls(reference, summary, comparison, answer)
 
 
 def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
@@ -368,8 +434,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
 
     a = analysed or Analysed.of(runs, config)
     summary, comparison, headline = a.summary, a.comparison, a.headline
-    text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
-                            reference=a.reference)
+    text = a.answer.verdict()
     return "\n".join([
         "# fp8lab: measured results",
         "",
@@ -380,7 +445,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "",
         "![FP8 against BF16 per model](headline.png)",
         "",
-        headline_markdown(headline),
+        headline_markdown(headline, config.tokens),
         "## Verdict",
         "",
         text,
@@ -419,7 +484,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
         head, rest = readme.split(README_BEGIN, 1)
         tail = rest.split(README_END, 1)[1]
-        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus) + tail
+        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens) + tail
     return out
 
 

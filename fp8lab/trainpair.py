@@ -56,6 +56,7 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     ``lr="auto"``: 2e-3 for models under 50M parameters, else the trainer's default ``--lr``."""
     import pandas as pd
 
+    from fp8lab.analysis.labels import math_dtype
     from fp8lab.convert import pick_backend
     from fp8lab.models import count_parameters, get_config
     from fp8lab.train import TrainConfig, train
@@ -77,8 +78,15 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     configs = {label: TrainConfig(model=model, steps=steps, precision=precision, backend=backend, recipe=recipe,
                                   output_dir=str(out / label.replace(" ", "-")), **base)
                for label, precision, backend in plan}  # every option checked before any data is prepared
-    layouts = pd.DataFrame([{"run": label, **_layout_row(train(dataclasses.replace(cfg, dry_run=True)))}
+    once = _PrintOnce()
+    layouts = pd.DataFrame([{"run": label, **_layout_row(once(train, dataclasses.replace(cfg, dry_run=True)))}
                             for label, cfg in configs.items()]).set_index("run")
+    if math_dtype({"precision": "bf16", "gpu_name": layouts["gpu"].iloc[0],
+                                   "compute_dtype": options.get("compute_dtype", "auto")}) == "fp32":
+        # a CPU computes the "bf16" baseline in fp32: name it for what it is (label and run folder)
+        configs = {("fp32" if k == "bf16" else k): (dataclasses.replace(c, output_dir=str(out / "fp32")) if k == "bf16" else c)
+                   for k, c in configs.items()}
+        layouts = layouts.rename(index={"bf16": "fp32"})
     if dry_run:
         return PairResult({}, {}, layouts, str(layouts["gpu"].iloc[0]), "dry run: layouts only, nothing trained",
                           {}, layouts)
@@ -87,19 +95,42 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
         configs = {k: dataclasses.replace(c, data=data) for k, c in configs.items()}
     runs, summaries, losses = {}, {}, {}
     for label, cfg in configs.items():
-        summaries[label] = train(cfg)
+        summaries[label] = once(train, cfg)  # the layout line both runs share is printed once
         runs[label] = Path(cfg.output_dir)
         losses[label] = [r.get("loss") for r in fmetrics.read_metrics(runs[label] / "metrics.jsonl")]
-    device = summaries["bf16"]["gpu_name"]
+    baseline = next(iter(configs))  # "bf16", or "fp32" on a CPU
+    device = summaries[baseline]["gpu_name"]
     table = pd.DataFrame([_row(label, s) for label, s in summaries.items()]).set_index("run")
-    base_tps = table.loc["bf16", "tokens_per_sec_per_gpu"]
+    base_tps = table.loc[baseline, "tokens_per_sec_per_gpu"]
     table["speedup_vs_bf16"] = table["tokens_per_sec_per_gpu"] / base_tps
-    base_loss = table.loc["bf16", "final_val_loss"]
+    base_loss = table.loc[baseline, "final_val_loss"]
     table["val_loss_gap_pct"] = 100 * (table["final_val_loss"] - base_loss) / base_loss
     note = CPU_NOTE if device == "cpu" else (
         f"{device}: tokens/s/GPU is the median after warm-up; MFU divides by the GPU's dense BF16 peak "
         "for both precisions (so FP8 is not flattered by a higher FP8 peak).")
     return PairResult(runs, summaries, table, device, note, losses, layouts)
+
+
+class _PrintOnce:
+    """Call a function with its printed lines captured, then print each line not printed before:
+    the BF16 and FP8 runs (and their dry runs) report the same layout, and a reader needs it once."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, fn, *args: Any) -> Any:
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buf):
+                return fn(*args)
+        finally:
+            for line in buf.getvalue().splitlines():
+                if line not in self.seen:
+                    self.seen.add(line)
+                    print(line)
 
 
 def _layout_row(s: dict[str, Any]) -> dict[str, Any]:
@@ -126,13 +157,20 @@ def pair_figure(pair: PairResult, smoothing_span: int = 10):
     fig = Figure(figsize=(11, 4), layout="constrained")
     ax_loss, ax_tps = fig.subplots(1, 2, width_ratios=[3, 2])
     colors = {label: f"C{i}" for i, label in enumerate(pair.runs)}
-    for label, losses in pair.losses.items():
+    # the curves nearly coincide (that is the point): each run gets its own line style and markers,
+    # drawn in order with the baseline on top, so no curve hides another
+    styles = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
+    for i, (label, losses) in reversed(list(enumerate(pair.losses.items()))):
         steps = [i + 1 for i, v in enumerate(losses) if v is not None]
         vals = [v for v in losses if v is not None]
-        ax_loss.plot(steps, vals, color=colors[label], alpha=0.3, lw=0.8)
-        ax_loss.plot(steps, smooth(vals, "ema", smoothing_span), color=colors[label], lw=1.8, label=label)
+        ls, marker = styles[i % len(styles)]
+        ax_loss.plot(steps, vals, color=colors[label], alpha=0.25, lw=0.8)
+        ax_loss.plot(steps, smooth(vals, "ema", smoothing_span), color=colors[label], lw=2.0 if i == 0 else 1.6,
+                     ls=ls, marker=marker, markevery=max(len(steps) // 8, 1), ms=5, mfc="none" if i else colors[label],
+                     label=label, zorder=3 + len(pair.losses) - i)
     ax_loss.set(xlabel="step", ylabel="training loss", title="Loss (same weights at step 0, same batches)")
-    ax_loss.legend()
+    handles, names = ax_loss.get_legend_handles_labels()
+    ax_loss.legend(handles[::-1], names[::-1])
     t = pair.table
     bars = ax_tps.bar(range(len(t)), t["tokens_per_sec_per_gpu"].fillna(0), color=[colors[r] for r in t.index])
     for bar, (label, row) in zip(bars, t.iterrows()):

@@ -16,6 +16,8 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.analysis
     summary     per-run summaries, BF16-vs-FP8 comparisons, time and cost, scaling
     headline    the headline view per model (best runs, speedups, the loss study's gap)
     conclusion  the verdict: a paragraph written from the comparison (``verdict``)
+    answer      the one answer every view renders (``Answer``): chosen runs, speedup, MFU, loss gap,
+                and the planned time and cost of a token budget
 """
 from __future__ import annotations
 
@@ -24,16 +26,18 @@ from typing import Iterable
 from fp8lab.analysis.headline import (BEST_RUN_COLUMNS, DETAILS, HEADLINE_COLUMNS, best_runs,  # noqa: F401
                                       check_detail, headline_runs, headline_table)
 from fp8lab.analysis.labels import (group_key, is_false, is_fp8, is_hardware_fp8, is_true,  # noqa: F401
-                                    layout_label, model_size_b, variant_label)
+                                    layout_label, model_size_b, variant_kind, variant_label)
 from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS,  # noqa: F401
                                   RECORD_TYPES, RUN_RECORD_REQUIRED, RunFileError, RunFileWarning, describe,
                                   display_path, load_profiles, load_reference, load_runs, reference_for, read_jsonl, select_runs,
+                                  source_link,
                                   write_result_file)
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR,  # noqa: F401
                                      DEFAULT_TOKEN_BUDGET, LAYOUT_KEYS, SCALE_KEYS, SMOOTHING_METHODS,
                                      check_cost_args, compare_precisions, cost_table, scaling_axis, scaling_table,
                                      smooth, summarize_runs)
 from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
+from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer  # noqa: F401
 from fp8lab.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 
 

@@ -135,22 +135,63 @@ def _reference_sentence(reference: pd.DataFrame) -> str:
             f"{reference['hardware'].iloc[0]}.")
 
 
+def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tuple[list[str], dict[str, list[str]]]:
+    """The per-model sentences and conclusions from an :class:`fp8lab.analysis.Answer`: its runs, its
+    speedup, its loss gap and its time and cost (the plan's estimate), nothing recomputed."""
+    parts, buckets = [], {k: [] for k in ("pays", "pays_unknown_loss", "faster_worse", "slower", "emulated")}
+    for _, a in answer.rows[answer.rows["speedup"].notna()].iterrows():
+        model = a["model"]
+        pair = comp[(comp["model"] == model) & (comp["fp8_run"] == a["fp8_run"]) & (comp["baseline_run"] == a["bf16_run"])]
+        r = pd.Series({"gpu_name": a["gpu_name"], "world_size": a["world_size"], "fp8_variant": a["fp8_variant"],
+                       "fp8_run": a["fp8_run"], "hardware_fp8": bool(a["hardware_fp8"]), "speedup": a["speedup"],
+                       "note": pair["note"].iloc[0] if len(pair) else ""})
+        s = (f"For {model} on {_where(r)}, {a['fp8_variant']} at {a['fp8_layout']} (run {a['fp8_run']}) ran at "
+             f"{a['speedup']:.2f}x the tokens/s/GPU of {a['bf16_variant']} at {a['bf16_layout']} (run {a['bf16_run']}) "
+             f"({a['tps_fp8']:,.0f} vs {a['tps_bf16']:,.0f})")
+        if not r["hardware_fp8"]:
+            s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
+                  "of FP8 speed or cost")
+        elif pd.notna(a["cost_fp8"]):
+            s += (f"; planned on one {answer.instance_type} at ${answer.price_per_instance_hour:,.2f} per "
+                  f"instance-hour (the estimate of fp8lab launch plan), {fmt_tokens(answer.tokens)} tokens would take "
+                  f"{a['hours_fp8']:,.1f} h and cost ${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h and "
+                  f"${a['cost_bf16']:,.0f} ({a['saved_pct']:.0f}% saved)")
+        else:
+            s += f"; {a['cost_note']}"
+        gap_kind, gap = (a["loss_gap_kind"], a["loss_gap_pct"]) if isinstance(a["loss_study"], str) else (None, np.nan)
+        valid = pd.DataFrame([{"fp8_run": a["loss_fp8_run"], "baseline_run": a["loss_baseline_run"],
+                               "fp8_variant": a["loss_fp8_variant"], "baseline_variant": "BF16",
+                               "tokens_fp8": a["loss_tokens"], "study": a["loss_study"]}]) if gap_kind else \
+            pair[pair["valid"]] if len(pair) else pair
+        s += _loss_clause(r, valid, gap_kind, gap) + _scale_and_reference_clause(comp, model, r, answer.reference)
+        parts.append(s + ".")
+        key, name = _bucket(model, r, gap_kind, gap, loss_tolerance_pct)
+        buckets[key].append(name)
+    return parts, buckets
+
+
 def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
             price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
             gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE, reference: pd.DataFrame | None = None,
-            loss_tolerance_pct: float = 1.0) -> str:
+            loss_tolerance_pct: float = 1.0, answer=None) -> str:
     """A one-paragraph verdict written from the comparison table (never by hand).
 
-    Per model it takes the fastest FP8 variant at the smallest scale measured, states its speedup,
-    loss gap (only from runs that saw the same tokens), and the cost saved on ``tokens``; then the
-    source's reported figures, labelled as such. Missing pieces are said, not guessed.
+    With ``answer`` (an :class:`fp8lab.analysis.Answer`, what every view of the results renders; its
+    ``verdict()`` passes itself) each model's sentence states the answer's runs, speedup, loss gap and
+    planned time and cost. Without one, per model it takes the fastest FP8 variant at the smallest
+    scale measured, states its speedup, loss gap (only from runs that saw the same tokens), and the
+    cost saved on ``tokens`` at the measured per-GPU rates; then the source's reported figures,
+    labelled as such. Missing pieces are said, not guessed.
     """
     check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
     if not (isinstance(loss_tolerance_pct, (int, float)) and loss_tolerance_pct >= 0):
         raise ValueError(f"loss_tolerance_pct={loss_tolerance_pct!r}; allowed: a number >= 0 (percent)")
     parts = []
     comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
-    if not len(comp):
+    if answer is not None and answer.rows["speedup"].notna().any():
+        parts, buckets = _answer_parts(answer, comp, loss_tolerance_pct)
+        parts.append(_in_short(buckets, loss_tolerance_pct))
+    elif not len(comp) or answer is not None:
         parts.append("There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
                      "precisions), so this report cannot say from its own numbers whether FP8 pays off.")
     else:

@@ -13,12 +13,26 @@ import numpy as np
 import pandas as pd
 
 
+def math_dtype(row: dict) -> object:
+    """What a run's non-FP8 math ran in: its precision, except that a "bf16" run whose trainer computed
+    in fp32 (``compute_dtype`` fp32, or auto on a CPU) is named "fp32": what it was."""
+    precision = row.get("precision")
+    compute = row.get("compute_dtype")
+    gpu = row.get("gpu_name")
+    on_cpu = isinstance(gpu, str) and gpu.lower() == "cpu"
+    if precision == "bf16" and (compute == "fp32" or (on_cpu and compute in (None, "auto") or
+                                                    (on_cpu and isinstance(compute, float) and math.isnan(compute)))):
+        return "fp32"
+    return precision
+
+
 def variant_label(row: dict) -> str:
-    """Short name of what ran: precision, backend, recipe, fused or not (e.g. 'fp8 te delayed fused')."""
+    """Short name of what ran: precision, backend, recipe, fused or not (e.g. 'fp8 te delayed fused';
+    'fp32 hf' for a "bf16" run that computed in fp32 on a CPU: :func:`math_dtype`)."""
     parts = []
     fp8 = is_fp8(row.get("precision"))
     for key in ("precision", "backend", "recipe") if fp8 else ("precision", "backend"):
-        v = row.get(key)
+        v = math_dtype(row) if key == "precision" else row.get(key)
         if isinstance(v, str) and v and v not in parts and v != "none":
             parts.append(v)
     fuse = row.get("fuse")
@@ -46,6 +60,14 @@ def variant_label(row: dict) -> str:
         if is_true(row.get("fsdp_keep_weights")):
             parts.append("keep-weights")
     return " ".join(parts) or "unknown"
+
+
+def variant_kind(variant: object) -> str:
+    """The kind of run a variant label names, what a figure's legend tells apart: precision, backend
+    and (FP8) recipe, e.g. 'fp8 te delayed fused bf16-params' -> 'fp8 te delayed', 'bf16 te bf16-params'
+    -> 'bf16 te' (``variant_label`` puts these first)."""
+    words = str(variant).split()
+    return " ".join(words[:3] if words and is_fp8(words[0]) else words[:2])
 
 
 def is_fp8(precision: object) -> bool:

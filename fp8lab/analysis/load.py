@@ -26,6 +26,7 @@ META_COLUMNS = [
     "gpu_name", "world_size", "instances", "micro_batch_size", "grad_accum", "seq_len",
     "parallel",  # ddp | fsdp on several GPUs: runs pair only within one mode
     "param_dtype",  # fp32 (default) or bf16 parameters with fp32 master weights
+    "compute_dtype",  # the trainer's non-FP8 math: auto (bf16 on a GPU, fp32 on a CPU), bf16 or fp32
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
@@ -400,6 +401,13 @@ def load_reference(path: str | Path | None = None) -> pd.DataFrame:
     df["hardware"] = ref["hardware"]
     df["tokens"] = float(ref["tokens"])
     return df
+
+
+def source_link(path: str | Path | None = None) -> str:
+    """The source blog as a Markdown link: its title (as published, in quotes) to its address, and where it appeared."""
+    path = Path(path) if path else DATA_DIR / "reference" / "source_blog.json"
+    ref = json.loads(Path(path).read_text(encoding="utf-8"))
+    return f"{ref['venue']}, [\u201c{ref['title']}\u201d]({ref['url']}) ({ref['date']})"
 
 
 def reference_for(reference: pd.DataFrame | None, model: str) -> pd.DataFrame:

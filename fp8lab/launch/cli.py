@@ -17,30 +17,55 @@ def auto_or_integer(text: str):
     return AUTO if text == AUTO else int(text)
 
 
+DEFAULT_TOKENS = 24 * 10**9  # the source's one epoch; notebook 04 and the results' cost figures price the same budget
+
+
+def _trainer_help(name: str) -> str:
+    """The help of a trainer option, from its one declaration (``TrainConfig``'s field)."""
+    import dataclasses
+
+    from fp8lab.train import TrainConfig
+
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(TrainConfig)}[name]
+
+
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", nargs="+", default=["llama-1b", "llama-7b"])
-    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
-    p.add_argument("--instance-counts", nargs="+", type=int, default=[1, 2, 4])
+    from fp8lab.models import MODEL_CONFIGS
+
+    p.add_argument("--models", nargs="+", default=["llama-1b", "llama-7b"], metavar="MODEL",
+                   help=f"models to plan: {', '.join(MODEL_CONFIGS)}, a local model folder or s3://... of one "
+                        "(default: llama-1b llama-7b)")
+    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS,
+                   help="one job per precision, otherwise identical (default: %(default)s)")
+    p.add_argument("--instance-counts", nargs="+", type=int, default=[1, 2, 4], metavar="N",
+                   help="instances per job, one job per count (default: 1 2 4)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--tokens", type=parse_count, help="training tokens per job, e.g. 1e9 (default 1e9 unless --steps)")
+    g.add_argument("--tokens", type=parse_count,
+                   help=f"training tokens per job, e.g. 1e9 (default {DEFAULT_TOKENS // 10**9}e9, the source's one "
+                        "epoch, as in notebook 04, unless --steps)")
     g.add_argument("--steps", type=parse_count, help="optimizer steps per job (instead of --tokens)")
-    p.add_argument("--instance-type", default="ml.p5.48xlarge", choices=sorted(INSTANCES))
-    p.add_argument("--role", default=PLACEHOLDER_ROLE, help="SageMaker execution role ARN")
-    p.add_argument("--bucket", default=PLACEHOLDER_BUCKET)
-    p.add_argument("--region", default="us-east-1")
+    p.add_argument("--instance-type", default="ml.p5.48xlarge", choices=sorted(INSTANCES),
+                   help="SageMaker instance type (default: %(default)s; FP8 needs FP8 tensor cores: p5, p6)")
+    p.add_argument("--role", default=PLACEHOLDER_ROLE,
+                   help="SageMaker execution role ARN (default: AWS's documentation placeholder, for plans and dry runs)")
+    p.add_argument("--bucket", default=PLACEHOLDER_BUCKET,
+                   help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
+    p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
     p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: see PRICE_SOURCE)")
     p.add_argument("--micro-batch-size", type=auto_or_integer, default=AUTO,
-                   help="sequences per GPU per micro-step; auto (default): the largest that fits the instance's GPU")
-    p.add_argument("--seq-len", type=auto_or_integer, default=AUTO, help="tokens per sequence; auto (default): 2048")
-    p.add_argument("--spot", action="store_true")
-    p.add_argument("--install-te", action="store_true")
+                   help=_trainer_help("micro_batch_size") + "; in a plan: the instance's GPU (default: auto)")
+    p.add_argument("--seq-len", type=auto_or_integer, default=AUTO,
+                   help=_trainer_help("seq_len") + " (default: auto)")
+    p.add_argument("--spot", action="store_true", help="managed spot training (cheaper, may wait; checkpoints resume it)")
+    p.add_argument("--install-te", action="store_true",
+                   help="add transformer-engine[pytorch] to the job's requirements (if the image lacks it)")
     p.add_argument("--allow-large", action="store_true",
                    help=f"allow more than {MAX_INSTANCES_PER_JOB} instances per job (a sanity limit against typos)")
 
 
 def _plan_from(args: argparse.Namespace) -> SweepPlan:
     size = ({"tokens": args.tokens} if args.tokens is not None else
-            {"steps": args.steps} if args.steps is not None else {"tokens": 10**9})
+            {"steps": args.steps} if args.steps is not None else {"tokens": DEFAULT_TOKENS})
     return plan_sweep(args.models, args.precisions, args.instance_counts, price_per_hour=args.price_per_hour,
                       instance_type=args.instance_type, role=args.role, bucket=args.bucket, region=args.region,
                       micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, spot=args.spot,
@@ -56,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         _plan_args(sub.add_parser(action, help=help_))
     for action in ("wait", "collect"):
         p = sub.add_parser(action, help=f"{action} for jobs by name")
-        p.add_argument("jobs", nargs="+")
-        p.add_argument("--region", default=None)
+        p.add_argument("jobs", nargs="+", help="job names, as launch printed them")
+        p.add_argument("--region", default=None, help="AWS region of the jobs (default: the SDK's configured region)")
         if action == "wait":
-            p.add_argument("--poll-s", type=float, default=60.0)
+            p.add_argument("--poll-s", type=float, default=60.0, help="seconds between status checks (default: 60)")
         else:
             p.add_argument("--csv", help="write the table here")
     args = parser.parse_args(argv)

@@ -47,8 +47,8 @@ def test_cli_writes_a_self_contained_report(tmp_path, capsys):
         assert base64.b64decode(v.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     # the numbers in the page are the analysis's numbers, and the reference is labelled
     summary = analysis.summarize_runs(analysis.load_runs(runs), warmup_steps=5)
-    expected = analysis.verdict(analysis.compare_precisions(summary), 1e9, 100.0,
-                                reference=analysis.load_reference())
+    expected = analysis.Answer.of(summary, reference=analysis.load_reference(), tokens=1e9,
+                                  price_per_instance_hour=100.0).verdict()  # the one answer every view renders
     assert html.escape(expected) in text and "1.25x" in expected
     assert "not measured here" in text and "1.13" in str(analysis.load_reference()["speedup"].tolist())
     assert "$100.00 per instance-hour" in text and "1,000,000,000" in text

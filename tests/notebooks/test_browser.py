@@ -528,6 +528,21 @@ def test_report_of_committed_results_renders_in_chromium(browser, tmp_path):
         broken = [i for i in images if min(i["natural"]) <= 0 or min(i["shown"]) <= 0]
         assert not broken, f"figures that did not render: {broken}"
         assert all(i["alt"] for i in images)  # each figure says what it shows
+        # made for a screen: no figure wider than ~1600 px or longer than 3:1 either way, and the page
+        # never scrolls sideways in a 1400 px window (wide tables scroll inside their own box)
+        for i in images:
+            w, h = i["natural"]
+            assert w <= 1600 and max(w / h, h / w) <= 3.0, f"figure {i['alt']!r} is {w} x {h} px"
+        assert len({i["alt"] for i in images}) == len(images)  # each figure named apart
+        width = d.execute_script("return [window.innerWidth, document.documentElement.scrollWidth]")
+        assert width[0] == 1400 and width[1] <= width[0], f"the page scrolls sideways: {width}"
+        # the long tables show what a reader needs first; the rest waits behind <details>
+        details = d.execute_script("return document.querySelectorAll('details').length")
+        assert details >= 3
+        first_tables = d.execute_script(
+            "return [...document.querySelectorAll('body > div.wide > table')]"
+            ".map(t => [t.rows.length, t.rows[0].cells.length])")
+        assert first_tables and all(rows <= 13 and cols <= 12 for rows, cols in first_tables), first_tables
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         d.save_screenshot(str(ARTIFACTS / "report_top.png"))
 

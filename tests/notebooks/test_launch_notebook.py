@@ -58,6 +58,16 @@ def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
     _check(vals, plan, res[0].output)
     assert vals["n_jobs"] == 12 and vals["price_per_hour"] == 113.07 and vals["n_metric_rows"] == 0
     assert sorted({r["instances"] for r in vals["curve"]}) == list(range(1, 9))  # chart_instances = 8
+    # one answer: the chart's one-instance points are the time and cost the results quote (README, notebook 05)
+    from fp8lab import analysis
+
+    answer = analysis.Answer.of(analysis.summarize_runs(analysis.load_runs())).rows.set_index("model")
+    curve = {(r["model"], r["precision"], r["instances"]): r for r in vals["curve"]}
+    for model in ("llama-1b", "llama-7b"):
+        for prec in ("bf16", "fp8"):
+            c = curve[model, prec, 1]
+            assert c["hours"] == pytest.approx(answer.loc[model, f"hours_{prec}"])
+            assert c["cost_usd"] == pytest.approx(answer.loc[model, f"cost_{prec}"])
     assert all(r["measured"] for r in vals["curve"])  # llama-1b and llama-7b were measured in both precisions
     nb = json.loads(res[0].output.read_text())
     figs = [o["metadata"]["fp8lab"] for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]

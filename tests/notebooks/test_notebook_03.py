@@ -19,16 +19,16 @@ def test_parameters_are_declared():
 def test_defaults_train_bf16_and_fp8_on_the_same_tokens(tmp_path):
     res = run(["03"], {}, output_dir=tmp_path, progress=False)
     vals = read_glued(res[0].output)
-    assert vals["device"] == "cpu" and vals["labels"] == ["bf16", "fp8 emulated"]
+    assert vals["device"] == "cpu" and vals["labels"] == ["fp32", "fp8 emulated"]  # a CPU computes the baseline in fp32
     assert "only the loss comparison is meaningful" in vals["note"]
     first, final = vals["first_losses"], vals["final_val_loss"]
-    assert abs(first["bf16"] - first["fp8 emulated"]) < 0.01  # same weights, same first batch
-    assert final["bf16"] < first["bf16"] - 1.0  # 60 steps on real text: the model learns
+    assert abs(first["fp32"] - first["fp8 emulated"]) < 0.01  # same weights, same first batch
+    assert final["fp32"] < first["fp32"] - 1.0  # 60 steps on real text: the model learns
     assert abs(vals["val_loss_gap_pct"]["fp8 emulated"]) < 2.0  # FP8 (emulated) learns about as well
-    assert vals["steps"] == {"bf16": 60, "fp8 emulated": 60}
+    assert vals["steps"] == {"fp32": 60, "fp8 emulated": 60}
     # the glued numbers are the trainer's files, not notebook arithmetic
     runs = tmp_path / NB.stem / "runs"
-    for label, folder in (("bf16", "bf16"), ("fp8 emulated", "fp8-emulated")):
+    for label, folder in (("fp32", "fp32"), ("fp8 emulated", "fp8-emulated")):
         recs = fmetrics.read_metrics(runs / folder / "metrics.jsonl")
         assert [r["step"] for r in recs] == list(range(1, 61))
         assert recs[0]["loss"] == first[label] and recs[-1]["val_loss"] == final[label]
@@ -36,3 +36,6 @@ def test_defaults_train_bf16_and_fp8_on_the_same_tokens(tmp_path):
     nb = nbformat.read(str(res[0].output), as_version=4)
     pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert pngs == 1
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    layout_lines = [l for l in text.splitlines() if l.startswith("fp8lab: layout:")]
+    assert len(layout_lines) == 1, layout_lines  # the layout both runs share, printed once

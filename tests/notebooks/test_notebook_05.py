@@ -35,8 +35,10 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
     assert vals["n_runs"] == committed["run_id"].nunique()
     assert vals["reference_speedups"] == {"1B": 1.13, "7B": 1.18}
     summary = analysis.summarize_runs(committed)
-    expected = analysis.verdict(analysis.compare_precisions(summary), reference=analysis.load_reference())
+    answer = analysis.Answer.of(summary, reference=analysis.load_reference())  # what every view renders
+    expected = answer.verdict()
     assert vals["verdict"] == expected and "not measured here" in vals["verdict"]
+    assert vals["answer"] == answer.numbers()  # headline, verdict and cost chart: the same numbers
     if vals["n_runs"] == 0:
         assert "no measured BF16/FP8 pairs" in vals["verdict"]
     assert vals["n_profiled_runs"] == analysis.load_profiles()["run_id"].nunique()
@@ -88,7 +90,13 @@ def test_user_run_folders_are_analysed(tmp_path):
     assert vals["loss_gaps_pct"] == {"fp8": pytest.approx(3.0)}  # FP8 loss is 1.03x BF16's at every step
     hours_bf16 = 1e9 / (1000.0 * 8) / 3600
     assert vals["cost_usd"] == {"bf16": pytest.approx(10 * hours_bf16), "fp8": pytest.approx(10 * hours_bf16 / 1.25)}
-    assert "1.25x" in vals["verdict"] and "20% saved" in vals["verdict"]
+    # the answer prices the budget as a plan does: one P5 (8 GPUs at the run's rate, no two-GPU runs
+    # measured here: efficiency 1.0) plus the 600 s start-up
+    hours = {p: (1e9 / (tps * 8) + 600) / 3600 for p, tps in (("bf16", 1000.0), ("fp8", 1250.0))}
+    got = vals["answer"]["llama-1b"]
+    assert got["hours_bf16"] == pytest.approx(hours["bf16"]) and got["cost_fp8"] == pytest.approx(10 * hours["fp8"])
+    saved = 100 * (1 - hours["fp8"] / hours["bf16"])
+    assert "1.25x" in vals["verdict"] and f"{saved:.0f}% saved" in vals["verdict"]
     workdir = tmp_path / "out" / "05_analyze_results"
     assert vals["n_profiled_runs"] == 0  # no --profile-steps in these runs: the figure says so
     for name in ("throughput", "speedup", "loss", "mfu", "profile", "cost", "scaling", "headline"):
@@ -105,9 +113,11 @@ def test_runs_of_notebook_03_are_analysed(tmp_path):
     res = run(["05"], {"runs": [str(tmp_path / "runs")], "warmup_steps": 2}, output_dir=tmp_path / "out",
               progress=False)
     vals = read_glued(res[0].output)
-    assert vals["n_runs"] == 2 and vals["run_ids"] == ["bf16", "fp8-emulated"] and vals["n_step_records"] == 16
+    # the baseline computed in fp32 on the CPU: named for what it is
+    assert vals["n_runs"] == 2 and vals["run_ids"] == ["fp32", "fp8-emulated"] and vals["n_step_records"] == 16
     loaded = analysis.summarize_runs(analysis.load_runs(tmp_path / "runs"), warmup_steps=2).set_index("run_id")
-    assert loaded.loc["fp8-emulated", "tokens"] == loaded.loc["bf16", "tokens"] == 8 * 2 * 64  # steps x batch x seq
+    assert loaded.loc["fp8-emulated", "tokens"] == loaded.loc["fp32", "tokens"] == 8 * 2 * 64  # steps x batch x seq
+    assert loaded.loc["fp32", "variant"].startswith("fp32 ")
     assert set(vals["speedups"]) == {"fp8-emulated"} and vals["loss_gaps_pct"]["fp8-emulated"] is not None
     # emulated FP8 on a CPU: the loss comparison stands, the speed is not claimed
     assert "not a measurement of FP8 speed" in vals["verdict"] and "validation loss" in vals["verdict"]

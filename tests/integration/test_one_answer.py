@@ -1,0 +1,131 @@
+"""One answer everywhere (issue 29): the README's results block, docs/results.md (headline and verdict),
+the HTML report and `fp8lab launch plan` quote the numbers of one ``analysis.Answer``, computed once
+from the committed runs. Each rendering is parsed back and compared with it; notebooks 04 and 05 are
+checked in their own tests (test_launch_notebook.py, test_notebook_05.py) against the same object."""
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from fp8lab import analysis, report
+from fp8lab import launch as L
+from fp8lab.paths import REPO_ROOT
+
+_CACHE: dict = {}
+
+
+def _answer() -> analysis.Answer:
+    if not _CACHE:
+        summary = analysis.summarize_runs(analysis.load_runs())
+        _CACHE["a"] = analysis.Answer.of(summary, reference=analysis.load_reference())
+    return _CACHE["a"]
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", "").replace("$", "").rstrip("x%h ").strip())
+
+
+def _headline_rows(markdown: str) -> dict[str, list[str]]:
+    """model -> cells of the headline table (README block or docs/results.md)."""
+    lines = markdown.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("| model | plain transformers BF16 |"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("| "):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].split(" (")[0]] = cells
+    return rows
+
+
+def _check_headline(markdown: str, where: str) -> None:
+    a = _answer().rows.set_index("model")
+    rows = _headline_rows(markdown)
+    assert sorted(rows) == sorted(a.index), where
+    cost = re.compile(r"([\d.,]+) h \$([\d,]+) -> ([\d.,]+) h \$([\d,]+)")
+    for model, cells in rows.items():
+        r = a.loc[model]
+        assert cells[2] == f"{r['tps_bf16']:,.0f}" and cells[3] == f"{r['tps_fp8']:,.0f}", (where, model)
+        assert _num(cells[4].strip("*")) == pytest.approx(round(r["speedup"], 2)), (where, model)
+        assert _num(cells[5]) == pytest.approx(round(100 * r["mfu_bf16"], 1)), (where, model)
+        assert _num(cells[6]) == pytest.approx(round(100 * r["mfu_fp8"], 1)), (where, model)
+        if cells[7] != "-":
+            assert _num(cells[7]) == pytest.approx(round(r["loss_gap_pct"], 2)), (where, model)
+        m = cost.fullmatch(cells[8])
+        assert m, (where, model, cells[8])
+        got = [_num(g) for g in m.groups()]
+        want = [round(r["hours_bf16"], 1), round(r["cost_bf16"]), round(r["hours_fp8"], 1), round(r["cost_fp8"])]
+        assert got == pytest.approx(want), (where, model)
+
+
+_SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on .*? \(run (?P<fp8>[^)]+)\) ran at (?P<speedup>[\d.]+)x the tokens/s/GPU "
+                       r"of .*? \(run (?P<bf16>[^)]+)\) \((?P<tps_fp8>[\d,]+) vs (?P<tps_bf16>[\d,]+)\); planned on one "
+                       r"\S+ at \$[\d.,]+ per instance-hour \(the estimate of fp8lab launch plan\), [\w.]+ tokens would take "
+                       r"(?P<h_fp8>[\d.,]+) h and cost \$(?P<c_fp8>[\d,]+) instead of (?P<h_bf16>[\d.,]+) h and "
+                       r"\$(?P<c_bf16>[\d,]+)")
+
+
+def _check_verdict(text: str, where: str) -> None:
+    a = _answer().rows.set_index("model")
+    found = {m["model"]: m for m in _SENTENCE.finditer(text)}
+    hardware = a[a["hardware_fp8"] == True]  # noqa: E712
+    assert sorted(found) == sorted(hardware.index), (where, sorted(found))
+    for model, m in found.items():
+        r = a.loc[model]
+        assert (m["fp8"], m["bf16"]) == (r["fp8_run"], r["bf16_run"]), (where, model)
+        assert float(m["speedup"]) == pytest.approx(round(r["speedup"], 2)), (where, model)
+        assert _num(m["tps_fp8"]) == round(r["tps_fp8"]) and _num(m["tps_bf16"]) == round(r["tps_bf16"]), (where, model)
+        assert [_num(m[k]) for k in ("h_fp8", "c_fp8", "h_bf16", "c_bf16")] == pytest.approx(
+            [round(r["hours_fp8"], 1), round(r["cost_fp8"]), round(r["hours_bf16"], 1), round(r["cost_bf16"])]), (where, model)
+
+
+def test_the_answer_rests_on_the_headline_runs_and_the_plans_estimate():
+    a = _answer()
+    rows = a.rows.set_index("model")
+    assert {"llama-1b", "llama-7b"} <= set(rows.index)
+    for model in ("llama-1b", "llama-7b"):
+        r = rows.loc[model]
+        assert r["speedup"] == pytest.approx(r["tps_fp8"] / r["tps_bf16"])
+        for prec in ("bf16", "fp8"):  # the plan's formula, by hand: tokens over 8 GPUs at the planned rate + start-up
+            rate = a.estimate.rate(model, prec, run_id=r[f"{prec}_run"])
+            hours = (24e9 / (rate["tokens_per_sec_per_gpu"] * 8) + a.estimate.startup_s) / 3600
+            assert r[f"hours_{prec}"] == pytest.approx(hours) and r[f"cost_{prec}"] == pytest.approx(hours * 113.07)
+        assert r["why_bf16"] and r["why_fp8"]
+
+
+def test_readme_and_results_doc_quote_the_answer():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split(report.README_BEGIN)[1].split(report.README_END)[0]
+    _check_headline(block, "README.md")
+    results = (REPO_ROOT / report.RESULTS_MD).read_text(encoding="utf-8")
+    _check_headline(results, report.RESULTS_MD)
+    verdict = results.split("## Verdict")[1].split("## Caveats")[0]
+    _check_verdict(verdict, report.RESULTS_MD + " verdict")
+    assert _answer().verdict() in results
+
+
+def test_html_report_quotes_the_answer():
+    page = report.render_html(analysis.load_runs())
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page.split('class="verdict">')[1].split("</p>")[0]))
+    _check_verdict(text, "HTML report")
+    table = html.unescape(page.split("The answer per model")[1].split("</table>")[0])
+    for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
+        for prec in ("bf16", "fp8"):
+            assert f"${r[f'cost_{prec}']:,.0f} ({r[f'hours_{prec}']:,.1f} h)" in table, (r["model"], prec)
+        assert f"{r['speedup']:.2f}x" in table
+
+
+def test_launch_plan_prints_the_answers_time_and_cost(capsys):
+    a = _answer().rows.set_index("model")
+    assert L.main(["plan", "--models", "llama-1b", "llama-7b", "--instance-counts", "1"]) == 0  # default budget: 24e9
+    out = capsys.readouterr().out
+    for model in ("llama-1b", "llama-7b"):
+        for prec in ("bf16", "fp8"):
+            row = next(l for l in out.splitlines() if re.search(rf"\b{model}\s+{prec}\s+1\s+8\s+24000000000\b", l))
+            cells = row.split()
+            assert float(cells[-1]) == pytest.approx(a.loc[model, f"cost_{prec}"], abs=0.01), (model, prec, row)
+            assert float(cells[-3]) == pytest.approx(a.loc[model, f"hours_{prec}"], abs=0.01), (model, prec, row)
+            basis = next(l for l in out.splitlines() if l.strip().startswith(f"{model} {prec} x1:"))
+            assert f"measured {a.loc[model, f'{prec}_run']} " in basis  # the same run the answer rests on
