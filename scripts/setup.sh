@@ -94,7 +94,10 @@ else  # ------------------------------------------------------------------------
     read -r _ sys_torch sys_cuda <<<"$(probe "$PY")"
     if torch_fits "$sys_torch" "$sys_cuda"; then
       say "creating $VENV with $($PY --version), reusing its torch $sys_torch (CUDA $sys_cuda)"
+      reuse=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
       "$PY" -m venv --system-site-packages "$VENV"
+      # $PY may itself be a venv, whose packages are not the "system" ones: its folders by a .pth
+      printf '%s\n' "$reuse" >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fp8lab-system-packages.pth"
     else
       say "creating $VENV with $($PY --version)"
       "$PY" -m venv "$VENV"

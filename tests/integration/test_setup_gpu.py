@@ -36,6 +36,7 @@ case "$1" in
       *fp8lab-probe*) cat "$STATE/probe" ;;
       *transformer_engine*) [ -f "$STATE/te" ] && cat "$STATE/te" || exit 1 ;;
       *sysconfig*) echo "$STATE/site" ;;
+      *getsitepackages*) echo "$STATE/system-site" ;;
       *nvidia.cudnn*) exit 1 ;;
       *'print("fp8lab"'*) echo "fp8lab 0.1.0 torch stub" ;;
     esac ;;
@@ -99,6 +100,9 @@ def test_h100_without_toolkit_builds_the_pinned_te_with_pips_nvcc(tmp_path):
     p = pins()
     # the system torch is the pinned release: reused through a venv that sees the system packages
     assert ["-m", "venv", "--system-site-packages", str(tmp_path / "venv")] in calls
+    # where that Python is itself a venv, its packages are reached by a .pth in the new venv
+    pth = tmp_path / "state" / "site" / "fp8lab-system-packages.pth"
+    assert pth.read_text().splitlines() == [str(tmp_path / "state" / "system-site")]
     assert not [c for c in _pip_installs(calls) if any(a.startswith("torch==") for a in c)]
     assert [c for c in _pip_installs(calls) if "nvidia-cuda-nvcc==13.0.*" in c], out  # no nvcc on PATH
     (build,) = _te_builds(calls)
