@@ -183,3 +183,14 @@ def test_the_kernel_fp8lab_is_registered_for_the_venv_and_for_studio(tmp_path):
 @pytest.mark.skipif(os.name != "posix", reason="bash script")
 def test_setup_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(SETUP)]).returncode == 0
+
+
+def test_readme_setup_and_env_give_the_same_install_command_and_pins():
+    from fp8lab.pins import CONSTRAINTS, INSTALL_COMMAND, install_hint
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert f"```bash\n{INSTALL_COMMAND}\n```" in readme and "fp8lab/constraints-gpu.txt" in readme
+    assert f"PINS={CONSTRAINTS.relative_to(REPO_ROOT).as_posix()}" in SETUP.read_text()
+    assert INSTALL_COMMAND in install_hint() and pins()["transformer-engine"] in install_hint()
+    for name in ("torch", "transformer-engine", "torchao"):  # the README states the pinned versions
+        assert pins()[name] in readme
