@@ -189,7 +189,8 @@ def test_readme_setup_and_env_give_the_same_install_command_and_pins():
     from fp8lab.pins import CONSTRAINTS, INSTALL_COMMAND, install_hint
 
     readme = (REPO_ROOT / "README.md").read_text()
-    assert f"```bash\n{INSTALL_COMMAND}\n```" in readme and "fp8lab/constraints-gpu.txt" in readme
+    assert f"`{INSTALL_COMMAND}`" in readme and "fp8lab/constraints-gpu.txt" in readme
+    assert f"```bash\n{INSTALL_COMMAND}\n```" in (REPO_ROOT / "docs" / "setup.md").read_text()
     assert f"PINS={CONSTRAINTS.relative_to(REPO_ROOT).as_posix()}" in SETUP.read_text()
     assert INSTALL_COMMAND in install_hint() and pins()["transformer-engine"] in install_hint()
     for name in ("torch", "transformer-engine", "torchao"):  # the README states the pinned versions
