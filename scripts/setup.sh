@@ -71,6 +71,10 @@ torch_fits() { [ "$2" != "-" ] && [ "$(echo "${1%%+*}" | cut -d. -f1-2)" = "$(pi
 GPU=""
 if [ "${FP8LAB_CPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
   GPU=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
+  # drivers older than 510 do not know compute_cap: the GPU by name, its capability left to the check
+  if [ -z "$GPU" ] && nvidia-smi -L >/dev/null 2>&1; then
+    GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'NVIDIA GPU'), unknown"
+  fi
 fi
 
 if [ -z "$GPU" ]; then  # ---------------------------------------------------------------- CPU
@@ -88,14 +92,15 @@ if [ -z "$GPU" ]; then  # ------------------------------------------------------
   "${PIP[@]}" install "${INDEX[@]}" "${EXTRAS_ARGS[@]}" 2>&1 | quiet
 else  # ----------------------------------------------------------------------------------- GPU
   GPU_NAME=${GPU%,*}; CC=${GPU##*, }
-  FP8=$(awk -v c="$CC" 'BEGIN { print (c + 0 >= 8.9) ? 1 : 0 }')
+  FP8=$(awk -v c="$CC" 'BEGIN { print (c == "unknown" || c + 0 >= 8.9) ? 1 : 0 }')
   say "NVIDIA GPU: $GPU_NAME, compute capability $CC; the GPU stack of $PINS"
   if [ ! -x "$VENV/bin/python" ]; then
     read -r _ sys_torch sys_cuda <<<"$(probe "$PY")"
     if torch_fits "$sys_torch" "$sys_cuda"; then
       say "creating $VENV with $($PY --version), reusing its torch $sys_torch (CUDA $sys_cuda)"
       reuse=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
-      "$PY" -m venv --system-site-packages "$VENV"
+      # without pip where this Python cannot seed one (no ensurepip): its own pip is reachable below
+      "$PY" -m venv --system-site-packages "$VENV" || "$PY" -m venv --clear --system-site-packages --without-pip "$VENV"
       # $PY may itself be a venv, whose packages are not the "system" ones: its folders by a .pth
       printf '%s\n' "$reuse" >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fp8lab-system-packages.pth"
     else
