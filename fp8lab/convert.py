@@ -132,11 +132,37 @@ def fused_problem(hf_config) -> str | None:
 
 
 def pick_backend(requested: str = "auto") -> str:
-    """'auto' -> 'te' where TE and an FP8 GPU are present, else 'emulated'; other names are checked."""
-    if requested == "auto":
-        return "te" if available_backends().get("te") is None else "emulated"
-    get_backend(requested)
-    return requested
+    """The FP8 backend for ``requested``: 'auto' is 'te' where Transformer Engine runs, 'emulated'
+    on a machine with no CUDA GPU, and refused (BackendUnavailableError with the install command
+    and the explicit alternatives) on a CUDA GPU without a usable TE: no silent pure-PyTorch FP8
+    on a GPU. Other names are checked and returned as they are (an explicit 'emulated' runs anywhere)."""
+    if requested != "auto":
+        get_backend(requested)
+        return requested
+    usable = available_backends()
+    if usable.get("te") is None:
+        return "te"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "emulated"
+    raise BackendUnavailableError(auto_refusal(usable))
+
+
+def auto_refusal(usable: dict[str, str | None]) -> str:
+    """Why backend 'auto' picks nothing on this GPU machine, and the choices that remain."""
+    from fp8lab.backends import fp8_gpu_problem
+    from fp8lab.pins import install_hint
+
+    no_fp8 = fp8_gpu_problem()
+    if no_fp8 is not None:  # below compute capability 8.9: no hardware FP8 at all
+        return (f"backend 'auto': {no_fp8}, so only emulated FP8 runs here: pass backend 'emulated' "
+                f"(--backend emulated; pure PyTorch, for learning the numerics, slower than bf16), or use "
+                f"an FP8 GPU")
+    alt = "'torchao' (usable here) or 'emulated'" if usable.get("torchao") is None else "'emulated'"
+    return (f"backend 'auto': this machine has an FP8 GPU but Transformer Engine is not usable "
+            f"({usable.get('te')}); {install_hint()}; or choose backend {alt} explicitly "
+            f"(emulated is pure PyTorch: slower than bf16, never for speed)")
 
 
 # --------------------------------------------------------------------------------------------

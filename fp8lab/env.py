@@ -13,6 +13,8 @@ import platform
 import sys
 from dataclasses import asdict, dataclass, field
 
+from fp8lab.pins import install_hint
+
 
 
 @dataclass
@@ -32,6 +34,8 @@ class EnvReport:
     torchao_error: str | None
     transformers: str | None
     backends: dict[str, str | None] = field(default_factory=dict)
+    auto_backend: str | None = None  # what backend 'auto' runs FP8 with here; None: refused (auto_refusal says why)
+    auto_refusal: str | None = None
 
     def usable_backends(self) -> list[str]:
         return [name for name, why in self.backends.items() if why is None]
@@ -55,7 +59,23 @@ class EnvReport:
         ]
         for name, why in self.backends.items():
             lines.append(f"  {name:<10} {'usable' if why is None else 'not usable: ' + why}")
+        lines.append(f"backend 'auto'       {self.auto_backend or 'refused: ' + str(self.auto_refusal)}")
+        if self.auto_backend != "te":
+            lines.append(f"Transformer Engine   {install_hint()}")
         return "\n".join(lines)
+
+    def check(self) -> tuple[bool, str]:
+        """(ok, one line) for the end of set-up: on an FP8 GPU, Transformer Engine must be usable;
+        below compute capability 8.9 only emulated FP8 runs, which is said by name."""
+        if not self.gpu_name:
+            return True, f"no CUDA GPU: FP8 runs emulated ({self.fp8_reason})"
+        if not self.fp8_tensor_cores:
+            return True, (f"{self.gpu_name} (compute capability {self.compute_capability}) has no FP8 tensor cores: "
+                          f"emulated FP8 only (--backend emulated, pure PyTorch, for learning; not for speed)")
+        if self.backends.get("te") is None:
+            return True, (f"{self.gpu_name}: Transformer Engine {self.transformer_engine} usable, FP8 available"
+                          + (f"; torchao {self.torchao} usable" if self.backends.get("torchao") is None else ""))
+        return False, f"{self.gpu_name}: Transformer Engine not usable: {self.backends.get('te')}"
 
 
 def _version(module: str) -> tuple[str | None, str | None]:
@@ -100,23 +120,41 @@ def report() -> EnvReport:
         from fp8lab.convert import available_backends
 
         backends = dict(available_backends())
+        auto, refusal = _auto_choice()
     except Exception as exc:  # the conversion layer itself failed to import
         backends = {"emulated": None if torch_version else "needs torch",
                     "te": f"fp8lab.convert failed to import: {exc}", "torchao": f"fp8lab.convert failed to import: {exc}"}
+        auto, refusal = None, f"fp8lab.convert failed to import: {exc}"
     return EnvReport(
         python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
         torch=torch_version, cuda=cuda, gpu_count=count, gpu_name=gpu_name, compute_capability=cc,
         fp8_tensor_cores=fp8, fp8_reason=fp8_reason, transformer_engine=te_version,
         transformer_engine_error=te_error, torchao=ao_version, torchao_error=ao_error,
-        transformers=hf_version, backends=backends,
+        transformers=hf_version, backends=backends, auto_backend=auto, auto_refusal=refusal,
     )
+
+
+def _auto_choice() -> tuple[str | None, str | None]:
+    """(backend 'auto' picks, None) or (None, why it refuses), from the one selection function."""
+    from fp8lab.convert import BackendUnavailableError, pick_backend
+
+    try:
+        return pick_backend("auto"), None
+    except BackendUnavailableError as exc:
+        return None, str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fp8lab env", description="What this machine can do for FP8 training.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--check", action="store_true",
+                        help="one line; exit 1 on an FP8 GPU where Transformer Engine is not usable (set-up's last step)")
     args = parser.parse_args(argv)
     rep = report()
+    if args.check:
+        ok, line = rep.check()
+        print(f"fp8lab env: {line}" + ("" if ok else f"; {install_hint()}"))
+        return 0 if ok else 1
     print(json.dumps(rep.to_dict(), indent=2) if args.json else rep)
     return 0
 

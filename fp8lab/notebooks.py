@@ -19,6 +19,8 @@ from typing import Any, Iterable
 
 GLUE_MIME = "application/x.fp8lab.glue+json"
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+KERNEL = "fp8lab"  # the Jupyter kernel scripts/setup.sh registers; every notebook's kernelspec names it
+OUTPUTS = "outputs"  # beside notebooks/: each notebook works in outputs/<its name>/ (as `fp8lab notebooks run`)
 
 
 class NotebookError(RuntimeError):
@@ -32,6 +34,33 @@ class NotebookResult:
     seconds: float
     output: Path
     error: str | None = None
+
+
+def default_kernel() -> str:
+    """'fp8lab' where that kernel runs this environment's Python (set-up registered it), else 'python3'
+    (ipykernel's kernel for this interpreter): either way the notebooks run on the Python that runs fp8lab."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        argv0 = KernelSpecManager().get_kernel_spec(KERNEL).argv[0]
+    except (NoSuchKernel, IndexError):
+        return "python3"
+    return KERNEL if Path(argv0).absolute().parent.parent == Path(sys.prefix).absolute() else "python3"
+
+
+def work_folder(name: str) -> Path:
+    """Run the notebook ``name`` in ``outputs/<name>/`` beside the notebooks folder when it was opened
+    from that folder (JupyterLab starts a kernel there), so its files land where ``fp8lab notebooks run``
+    puts them and relative parameters (e.g. notebook 05's ``runs``) mean the same; elsewhere (the
+    runner already chose the folder) the working folder stays. Returns the folder."""
+    here = Path.cwd()
+    if (here / f"{name}.ipynb").is_file():
+        target = here.parent / OUTPUTS / name
+        target.mkdir(parents=True, exist_ok=True)
+        os.chdir(target)
+        print(f"working folder: {OUTPUTS}/{name}/ (figures and runs go here)")
+        return target
+    return here
 
 
 def glue(name: str, value: Any, display: bool = False) -> None:
@@ -204,8 +233,8 @@ def coerce(value: str) -> Any:
 def run(
     names: Iterable[str] | None = None,
     params: dict[str, Any] | None = None,
-    output_dir: str | Path = "outputs",
-    kernel: str = "python3",
+    output_dir: str | Path = OUTPUTS,
+    kernel: str | None = None,
     stop_on_error: bool = True,
     progress: bool = True,
     directory: str | Path | None = None,
@@ -217,8 +246,10 @@ def run(
     name no chosen notebook declares is rejected. With a single notebook every name must be valid.
 
     ``timeout`` (seconds per cell) turns a hung kernel into a clear failure instead of a stall.
+    ``kernel``: None is :func:`default_kernel` (this interpreter).
     """
     params = dict(params or {})
+    kernel = kernel or default_kernel()
     paths = resolve(names, directory)
     if not paths:
         raise NotebookError("no notebooks found")
@@ -312,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("names", nargs="*", help="notebook names or numbers, e.g. 01 or 02_convert_to_te")
     r.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="inject a parameter (value parsed as a Python literal when possible)")
-    r.add_argument("-o", "--output-dir", default="outputs")
-    r.add_argument("-k", "--kernel", default="python3")
+    r.add_argument("-o", "--output-dir", default=OUTPUTS)
+    r.add_argument("-k", "--kernel", default=None,
+                   help=f"Jupyter kernel (default: {KERNEL!r} when it runs this Python, else 'python3')")
     r.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
     sub.add_parser("list", help="list notebooks and their parameters")
     args = parser.parse_args(argv)

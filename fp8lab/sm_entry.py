@@ -44,8 +44,8 @@ def preflight(argv: list[str]) -> str | None:
             return (
                 f"fp8lab: {precision.upper()} was requested with backend 'te' but Transformer Engine does not "
                 f"import in this container ({type(exc).__name__}: {exc}). Use an image that ships TE, or "
-                "launch with JobSpec(install_te=True) so the job installs transformer-engine[pytorch] "
-                "from its requirements file."
+                "launch with JobSpec(install_te=True) so the job installs the pinned transformer-engine[pytorch] "
+                "(fp8lab/constraints-gpu.txt) from its requirements file."
             )
     if precision != "fp8":
         return None

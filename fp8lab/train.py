@@ -350,11 +350,14 @@ def resolve_fp8(c: TrainConfig, te_usable: bool = False):
     is usable (``te_usable``: a GPU with TE), the fastest BF16 fp8lab has and the same layers as the
     FP8 run; elsewhere the plain transformers model (what ``--backend none`` always runs)."""
     from fp8lab.convert import pick_backend
-    from fp8lab.backends import get_backend
+    from fp8lab.backends import BackendUnavailableError, get_backend
 
     if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16" and not te_usable):
         return None, None
-    name = "te" if (c.backend == "auto" and c.precision == "bf16") else pick_backend(c.backend)
+    try:
+        name = "te" if (c.backend == "auto" and c.precision == "bf16") else pick_backend(c.backend)
+    except BackendUnavailableError as exc:  # auto on a GPU without TE: refused, not emulated
+        raise ValueError(str(exc)) from None
     be = get_backend(name)
     reason = be.available()
     if reason is not None:

@@ -1,34 +1,184 @@
 #!/usr/bin/env bash
-# Create .venv and install fp8lab with everything the notebooks and tests need.
-# Idempotent: a second run only checks what is installed. On a machine without an NVIDIA
-# GPU it installs the CPU build of torch first (never a multi-GB CUDA build).
+# Create .venv and install fp8lab with everything the notebooks and tests need: one command for a
+# CPU machine and an NVIDIA GPU machine. Idempotent: a second run only checks what is installed.
+#
+#  - no NVIDIA GPU: the CPU build of torch first (never a multi-GB CUDA build), then fp8lab.
+#  - NVIDIA GPU: the tested torch + Transformer Engine (TE) + torchao of fp8lab/constraints-gpu.txt
+#    (the one place the GPU stack is pinned). TE's PyTorch part compiles here (several minutes),
+#    with CUDA's compiler and headers from pip's NVIDIA packages when the machine has no toolkit.
+#    A GPU below compute capability 8.9 has no FP8 tensor cores: TE is not installed and set-up
+#    says that FP8 runs there only emulated. Ends with `fp8lab env --check`: TE imports, FP8 available.
+#  - both: registers the Jupyter kernel `fp8lab` for this venv (JupyterLab, SageMaker Studio).
+#
+# Environment (all optional):
+#   PYTHON             interpreter the venv is made from (python3)
+#   FP8LAB_VENV        the venv (.venv)
+#   FP8LAB_TORCH_SPEC  the torch to install instead of the CPU build / the pinned one
+#   FP8LAB_EXTRAS      fp8lab's pip extras (default: requirements.txt + dev,aws,notebooks)
+#   FP8LAB_WHEELS      offline: a folder of wheels; every pip call uses --no-index --find-links it
+#   FP8LAB_TE_KIT      a prebuilt TE kit (its install_te.sh and payload/; default .gpu/te-h200 where
+#                      present), used where it fits this machine (README of the kit)
+#   FP8LAB_CPU=1       the CPU branch even where an NVIDIA GPU is present
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${FP8LAB_VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating $VENV with $($PY --version)"
-  "$PY" -m venv "$VENV"
-fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+PINS=fp8lab/constraints-gpu.txt
+KIT=${FP8LAB_TE_KIT:-.gpu/te-h200}
+LOG_DIR=${TMPDIR:-/tmp}
+pin() { sed -n "s/^$1==\([^ #]*\).*/\1/p" "$PINS"; }
+say() { echo "[setup] $*"; }
 # pip's notes about this machine's local package mirrors are noise; errors still show (and the
 # import check below fails the set-up if anything is missing)
 quiet() { grep -v "^WARNING: Location" || true; }
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "[setup] NVIDIA GPU found: installing torch from PyPI (CUDA build)"
-    "${PIP[@]}" install "${FP8LAB_TORCH_SPEC:-torch}" 2>&1 | quiet
-  else
-    echo "[setup] no GPU: installing the CPU build of torch (${FP8LAB_TORCH_SPEC:-torch==2.13.0})"
-    "${PIP[@]}" install "${FP8LAB_TORCH_SPEC:-torch==2.13.0}" 2>&1 | quiet
+INDEX=()
+if [ -n "${FP8LAB_WHEELS:-}" ]; then INDEX=(--no-index --find-links "$FP8LAB_WHEELS"); fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+PIPV=("$VENV/bin/python" -m pip --disable-pip-version-check)  # long steps: pip's own lines show progress
+EXTRAS_ARGS=(-r requirements.txt -e ".[dev,aws,notebooks]")
+if [ -n "${FP8LAB_EXTRAS+set}" ]; then EXTRAS_ARGS=(-e ".${FP8LAB_EXTRAS:+[$FP8LAB_EXTRAS]}"); fi
+
+# A long step: its output goes to a log, a line every 20 s says it is still going (elapsed time
+# and the log's last line); on failure the log's tail is shown.
+long_step() {
+  local label=$1; shift
+  local log; log=$(mktemp "$LOG_DIR/fp8lab-setup.XXXXXX")
+  say "$label (log: $log)"
+  "$@" >"$log" 2>&1 &
+  local pid=$! t0=$SECONDS
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if (( (SECONDS - t0) % 20 == 0 && SECONDS - t0 >= 20 )); then
+      say "  ... $((SECONDS - t0)) s: $(tail -c 300 "$log" | tr '\r' '\n' | grep -v '^\s*$' | tail -1 | cut -c1-120)"
+    fi
+  done
+  if ! wait "$pid"; then tail -40 "$log" >&2; say "FAILED: $label" >&2; exit 1; fi
+  say "  done in $((SECONDS - t0)) s"
+}
+
+# "<python major.minor> <torch version or -> <torch CUDA version or ->" of an interpreter
+probe() {
+  "$1" -c 'import sys, importlib.util as u  # fp8lab-probe
+v = c = "-"
+if u.find_spec("torch"):
+    import torch
+    v, c = torch.__version__, torch.version.cuda or "-"
+print(f"{sys.version_info[0]}.{sys.version_info[1]} {v} {c}")'
+}
+# $1 torch version, $2 its CUDA version: a CUDA build of the pinned torch release (major.minor)
+torch_fits() { [ "$2" != "-" ] && [ "$(echo "${1%%+*}" | cut -d. -f1-2)" = "$(pin torch | cut -d. -f1-2)" ]; }
+
+GPU=""
+if [ "${FP8LAB_CPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
+  GPU=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
+  # drivers older than 510 do not know compute_cap: the GPU by name, its capability left to the check
+  if [ -z "$GPU" ] && nvidia-smi -L >/dev/null 2>&1; then
+    GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'NVIDIA GPU'), unknown"
   fi
-  # never let the requirements below pull a multi-GB CUDA torch because this step failed
-  "$VENV/bin/python" -c "import torch" || { echo "[setup] torch did not install" >&2; exit 1; }
 fi
-echo "[setup] installing fp8lab and its requirements"
-"${PIP[@]}" install -r requirements.txt -e ".[dev,aws,notebooks]" 2>&1 | quiet
+
+if [ -z "$GPU" ]; then  # ---------------------------------------------------------------- CPU
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV with $($PY --version)"
+    "$PY" -m venv "$VENV"
+  fi
+  if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    say "no GPU: installing the CPU build of torch (${FP8LAB_TORCH_SPEC:-torch==2.13.0})"
+    "${PIP[@]}" install "${INDEX[@]}" "${FP8LAB_TORCH_SPEC:-torch==2.13.0}" 2>&1 | quiet
+    # never let the requirements below pull a multi-GB CUDA torch because this step failed
+    "$VENV/bin/python" -c "import torch" || { echo "[setup] torch did not install" >&2; exit 1; }
+  fi
+  say "installing fp8lab and its requirements"
+  "${PIP[@]}" install "${INDEX[@]}" "${EXTRAS_ARGS[@]}" 2>&1 | quiet
+else  # ----------------------------------------------------------------------------------- GPU
+  GPU_NAME=${GPU%,*}; CC=${GPU##*, }
+  FP8=$(awk -v c="$CC" 'BEGIN { print (c == "unknown" || c + 0 >= 8.9) ? 1 : 0 }')
+  say "NVIDIA GPU: $GPU_NAME, compute capability $CC; the GPU stack of $PINS"
+  if [ ! -x "$VENV/bin/python" ]; then
+    read -r _ sys_torch sys_cuda <<<"$(probe "$PY")"
+    if torch_fits "$sys_torch" "$sys_cuda"; then
+      say "creating $VENV with $($PY --version), reusing its torch $sys_torch (CUDA $sys_cuda)"
+      reuse=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
+      # without pip where this Python cannot seed one (no ensurepip): its own pip is reachable below
+      "$PY" -m venv --system-site-packages "$VENV" || "$PY" -m venv --clear --system-site-packages --without-pip "$VENV"
+      # $PY may itself be a venv, whose packages are not the "system" ones: its folders by a .pth
+      printf '%s\n' "$reuse" >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/fp8lab-system-packages.pth"
+    else
+      say "creating $VENV with $($PY --version)"
+      "$PY" -m venv "$VENV"
+    fi
+  fi
+  read -r PYV TORCH CUDA <<<"$(probe "$VENV/bin/python")"
+  # FP8LAB_TORCH_SPEC: that torch, and the pins without theirs; else the pinned one unless it is there
+  CONSTRAINTS_FILE=$PINS
+  if [ -n "${FP8LAB_TORCH_SPEC:-}" ]; then
+    CONSTRAINTS_FILE=$(mktemp "$LOG_DIR/fp8lab-constraints.XXXXXX"); grep -v '^torch==' "$PINS" >"$CONSTRAINTS_FILE"
+    [ "$TORCH" = "-" ] && NEED_TORCH=1 || NEED_TORCH=0
+  else
+    torch_fits "$TORCH" "$CUDA" && NEED_TORCH=0 || NEED_TORCH=1
+  fi
+  CONSTRAIN=(-c "$CONSTRAINTS_FILE")
+  if [ "$NEED_TORCH" = 1 ]; then
+    long_step "installing ${FP8LAB_TORCH_SPEC:-torch==$(pin torch)} (a CUDA build: a few GB)" \
+      "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" "${FP8LAB_TORCH_SPEC:-torch==$(pin torch)}"
+    read -r PYV TORCH CUDA <<<"$(probe "$VENV/bin/python")"
+  fi
+  [ "$CUDA" != "-" ] || { echo "[setup] torch $TORCH in $VENV is not a CUDA build" >&2; exit 1; }
+  say "torch $TORCH (CUDA $CUDA), Python $PYV"
+  long_step "installing fp8lab and its requirements" \
+    "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" "${EXTRAS_ARGS[@]}"
+  TE_PIN=$(pin transformer-engine)
+  TE_HAVE=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("transformer_engine"))' 2>/dev/null || true)
+  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  KIT_WHEEL=$(ls "$KIT"/payload/transformer_engine_torch-"$TE_PIN"-cp"${PYV/./}"-*.whl 2>/dev/null | head -1 || true)
+  if [ "$FP8" != 1 ]; then
+    say "$GPU_NAME has compute capability $CC < 8.9: no FP8 tensor cores, so FP8 runs here only emulated" \
+        "(--backend emulated, pure PyTorch, for learning; not for speed). Transformer Engine and torchao are not installed."
+  elif [ "$TE_HAVE" = "$TE_PIN" ]; then
+    say "Transformer Engine $TE_HAVE already installed"
+  elif [ -n "$KIT_WHEEL" ] && [ "$CC" = "9.0" ] && [ "${TORCH%%+*}" = "$(pin torch)" ] && [ "${CUDA%%.*}" = 13 ]; then
+    say "Transformer Engine $TE_PIN from the prebuilt kit $KIT (sm_90, torch $TORCH)"
+    PYTHON="$VENV/bin/python" bash "$KIT/install_te.sh" "$SITE"
+    "${PIP[@]}" install --no-index --no-deps "$KIT"/payload/torchao/torchao-"$(pin torchao)"-*.whl
+  else
+    CU=${CUDA%%.*}
+    if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+      nvcc_pkg=$([ "$CU" = 12 ] && echo "nvidia-cuda-nvcc-cu12" || echo "nvidia-cuda-nvcc")
+      long_step "no CUDA toolkit here: CUDA's compiler from pip ($nvcc_pkg==$CUDA.*)" \
+        "${PIPV[@]}" install "${INDEX[@]}" "$nvcc_pkg==$CUDA.*"
+      NVCC=$(find "$SITE/nvidia" -path '*/bin/nvcc' -type f 2>/dev/null | head -1)
+      [ -n "$NVCC" ] || { echo "[setup] nvcc not found after installing $nvcc_pkg" >&2; exit 1; }
+      export CUDA_HOME=$(dirname "$(dirname "$NVCC")") PATH="$(dirname "$NVCC"):$PATH"
+    fi
+    # the CUDA and cuDNN headers of pip's NVIDIA packages (torch's dependencies)
+    INC=$(ls -d "$SITE"/nvidia/*/include 2>/dev/null | tr '\n' ':' || true)
+    long_step "installing TE's build tools" "${PIPV[@]}" install "${INDEX[@]}" setuptools wheel pybind11 ninja cmake
+    long_step "building Transformer Engine $TE_PIN for PyTorch + torchao $(pin torchao) (compiles; several minutes)" \
+      env NVTE_FRAMEWORK=pytorch MAX_JOBS="${MAX_JOBS:-$(nproc)}" CPLUS_INCLUDE_PATH="${INC}${CPLUS_INCLUDE_PATH:-}" \
+      "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" --no-build-isolation -v \
+      "transformer_engine[pytorch,core_cu$CU]==$TE_PIN" "torchao==$(pin torchao)"
+  fi
+fi
 "$VENV/bin/python" -c "import fp8lab, torch, transformers, papermill" \
   || { echo "[setup] install failed: fp8lab or a dependency does not import" >&2; exit 1; }
-# The notebooks run on a kernel named python3 that must be this venv's interpreter.
-"$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fp8lab)" >/dev/null
-echo "[setup] ready: $("$VENV/bin/python" -c 'import torch, fp8lab; print("fp8lab", fp8lab.__version__, "torch", torch.__version__)')"
+KERNEL_ENV=()
+if [ -n "$GPU" ]; then
+  # torch's pip cuDNN first on the library path, for TE too: else TE can bind an older system cuDNN
+  # and torch's cuDNN calls fail ("cuDNN version incompatibility"). In the kernel and in activate.
+  CUDNN=$("$VENV/bin/python" -c 'import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null || true)
+  if [ -n "$CUDNN" ] && [ -d "$CUDNN" ]; then
+    export LD_LIBRARY_PATH="$CUDNN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    KERNEL_ENV=(--env LD_LIBRARY_PATH "$LD_LIBRARY_PATH")
+    grep -q "fp8lab: cuDNN" "$VENV/bin/activate" || \
+      echo "export LD_LIBRARY_PATH=\"$CUDNN\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\"  # fp8lab: cuDNN of torch first" >>"$VENV/bin/activate"
+  fi
+fi
+# The kernel `fp8lab` runs this venv's interpreter: in the venv (its own JupyterLab, papermill) and in
+# the user's Jupyter folder, where SageMaker Studio's and any other JupyterLab find it.
+for where in --sys-prefix --user; do
+  "$VENV/bin/python" -m ipykernel install "$where" --name fp8lab --display-name "fp8lab (Python 3)" \
+    "${KERNEL_ENV[@]}" >/dev/null
+done
+say "Jupyter kernel 'fp8lab' registered: in JupyterLab or SageMaker Studio pick 'fp8lab (Python 3)'"
+if [ -n "$GPU" ]; then "$VENV/bin/python" -m fp8lab env --check; fi
+say "ready: $("$VENV/bin/python" -c 'import torch, fp8lab; print("fp8lab", fp8lab.__version__, "torch", torch.__version__)')"

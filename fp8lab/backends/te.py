@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fp8lab.backends import _fused, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
+from fp8lab.pins import install_hint
 from fp8lab.recipe import Recipe
 
 # A known-harmless warning of TE's import, silenced by its message and the module that raises it (no
@@ -31,7 +32,7 @@ from fp8lab.recipe import Recipe
 JAX_WARNING = r"Detected a Jax installation but could not find the shared object file for the Transformer Engine Jax"
 warnings.filterwarnings("ignore", message=JAX_WARNING, category=RuntimeWarning, module=r"transformer_engine")
 
-INSTALL = "install: pip install --no-build-isolation 'transformer-engine[pytorch]', with a CUDA build of torch"
+INSTALL = install_hint()  # the one install command (fp8lab.pins), as README and setup.sh
 
 
 def _te():

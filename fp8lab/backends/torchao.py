@@ -17,9 +17,10 @@ from typing import Iterator
 from torch import nn
 
 from fp8lab.backends import install_or_gpu_problem, linear_targets
+from fp8lab.pins import install_hint
 from fp8lab.recipe import Recipe
 
-INSTALL = "install: pip install torchao, with a CUDA build of torch"
+INSTALL = install_hint()  # the one install command (fp8lab.pins), as README and setup.sh
 
 # A known-harmless warning of torchao's import, silenced by its message and the files that raise it:
 # Python 3.12 compiles torchao 0.18's quantization/quant_api.py (a regex in a plain string) with

@@ -18,6 +18,7 @@ from fp8lab.metrics import LINE_PREFIX
 from fp8lab.launch.metric_line import parse_metric_line
 from fp8lab.launch.plan import SweepPlan, as_plan, format_cost_table
 from fp8lab.launch.redaction import redact, redacted_sdk_logs
+from fp8lab.launch.image import installs_te
 from fp8lab.launch.requests import build_requests, build_trainer, request_diff, staged_source, submit
 from fp8lab.launch.spec import JobSpec
 
@@ -127,7 +128,7 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
                 out(f"skip {job.name}: already launched as {live[0]['TrainingJobName']} ({live[0]['TrainingJobStatus']})")
                 names.append(live[0]["TrainingJobName"])
                 continue
-            trainer = build_trainer(spec, staged_source(staged, tmp, spec.install_te), sess)
+            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec)), sess)
             call_with_backoff(lambda: submit(trainer, spec), **backoff)
             # The SDK chose the timestamped name; read it back from SageMaker (public API only).
             before = {j["TrainingJobName"] for j in existing}

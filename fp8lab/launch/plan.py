@@ -116,7 +116,14 @@ class SweepPlan:
             "total_gpu_hours": round(self.total_gpu_hours, 3), "total_cost_usd": round(self.total_cost_usd, 2),
             "price_per_hour": self.price_per_hour, "price_source": self.price_source,
             "assumptions": dataclasses.asdict(self.estimate),
+            "transformer_engine": self.te_lines(),
         }
+
+    def te_lines(self) -> list[str]:
+        """The training image and the Transformer Engine each job gets (fp8lab.launch.image), once each."""
+        from fp8lab.launch.image import te_in_job
+
+        return sorted({te_in_job(j.spec) for j in self.jobs})
 
 
 def _max_run(seconds: float) -> int:
@@ -192,4 +199,5 @@ def format_cost_table(plan: SweepPlan) -> str:
     basis = "\n".join(f"  {j.spec.model_label} {j.spec.precision} x{j.spec.instance_count}: {plan.estimate.basis(j.spec)}"
                       for j in plan.jobs)
     return (f"{text}\nprice: {plan.price_per_hour} USD per instance-hour ({plan.price_source})\n"
-            f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}")
+            f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}\n"
+            f"image and Transformer Engine: {'; '.join(plan.te_lines())}")

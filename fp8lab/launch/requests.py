@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
+from fp8lab.launch.image import TE_BUILD_ENV, installs_te, job_requirements
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS
 from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
-# image and is not pinned; Transformer Engine only with JobSpec(install_te=True), because it
-# compiles against the image's CUDA (slow) and some images already ship it.
+# image and is not pinned; Transformer Engine, pinned by fp8lab/constraints-gpu.txt, where the job
+# installs it (fp8lab.launch.image.installs_te: asked for, or the image's TE is too old or unknown),
+# because it compiles against the image's CUDA (minutes).
 JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm")
 
 
@@ -60,7 +62,7 @@ def stage_source(dest: str | Path, install_te: bool = False) -> Path:
         shutil.copytree(DATA_DIR / "corpus", dest / "data" / "corpus", dirs_exist_ok=True)
     for tok in sorted(DATA_DIR.glob("tokenizer*.json")):
         shutil.copy2(tok, dest / "data" / tok.name)
-    reqs = list(JOB_REQUIREMENTS) + (["transformer-engine[pytorch]"] if install_te else [])
+    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te)
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 
@@ -93,7 +95,8 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         checkpoint_config=CheckpointConfig(s3_uri=paths["checkpoints"], local_path=CHECKPOINT_LOCAL_PATH),
         hyperparameters=hyperparameters(spec),
         # Same for BF16 and FP8 jobs: only the precision hyperparameter differs.
-        environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false"},
+        environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false",
+                     **(TE_BUILD_ENV if installs_te(spec) else {})},
         tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),
               Tag(key="fp8lab:precision", value=spec.precision), Tag(key="fp8lab:model", value=spec.model_label)],
     )
@@ -199,7 +202,7 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
         staged: dict[bool, Path] = {}
         for job in plan.jobs:
             spec = job.spec
-            trainer = build_trainer(spec, staged_source(staged, tmp, spec.install_te),
+            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec)),
                                     _offline_session(spec.region, spec.bucket))
             try:
                 submit(trainer, spec)

@@ -112,7 +112,7 @@ class JobSpec:
     region: str = "us-east-1"
     framework_version: str = "2.9"  # PyTorch training image (AWS Deep Learning Container)
     py_version: str = "py312"
-    install_te: bool = False  # add transformer-engine[pytorch] to the job's requirements
+    install_te: bool = False  # always install the pinned TE in the job (it does anyway where the image's TE is too old: fp8lab.launch.image)
     model_config: dict | None = None  # s3:// model only: its config.json contents (the plan validates them; nothing is read from S3)
     options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
     allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import pytest
 from conftest import chromium_paths
 
-from fp8lab.notebooks import GLUE_MIME, NOTEBOOK_DIR
+from fp8lab.notebooks import GLUE_MIME, KERNEL, NOTEBOOK_DIR
 from fp8lab.paths import REPO_ROOT
 
 pytestmark = pytest.mark.browser
@@ -293,6 +293,10 @@ def lab(tmp_path_factory, no_proxy_env):
                JUPYTER_RUNTIME_DIR=str(dirs["runtime"]), JUPYTERLAB_SETTINGS_DIR=str(dirs["settings"]),
                JUPYTERLAB_WORKSPACES_DIR=str(dirs["workspaces"]),
                JUPYTER_TOKEN=token)  # through the environment, not argv: no token in `ps`
+    # the kernel `fp8lab` in the user's Jupyter folder, registered as scripts/setup.sh does (--user:
+    # where SageMaker Studio's JupyterLab finds it); JUPYTER_DATA_DIR keeps it in this test's folder
+    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--user", "--name", KERNEL,
+                    "--display-name", "fp8lab (Python 3)"], env=env, check=True, capture_output=True, timeout=120)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser",
            "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",  # port 0: the server binds a free one
            "--ServerApp.port_retries=0", "--ServerApp.terminals_enabled=False",
@@ -414,12 +418,12 @@ def test_notebook_01_runs_in_jupyterlab_and_the_explorer_responds(lab, browser):
         _wait_for("the notebook and an idle kernel", lambda: (s := state()) and s["status"] == "idle" and s,
                   PAGE_S, on_timeout=lambda: f"; state {state()!r:.300}; server log:\n{_tail(lab.log)}")
         st = state()
-        assert st["path"] == NOTEBOOK and st["kernel"] == "python3"
-        # the python3 kernel is this environment's interpreter (setup.sh installs that kernelspec)
-        argv0 = lab.api("kernelspecs")["kernelspecs"]["python3"]["spec"]["argv"][0]
+        assert st["path"] == NOTEBOOK and st["kernel"] == KERNEL  # the notebook's kernelspec names it
+        # the fp8lab kernel is this environment's interpreter (setup.sh installs that kernelspec)
+        argv0 = lab.api("kernelspecs")["kernelspecs"][KERNEL]["spec"]["argv"][0]
         prefix = subprocess.run([argv0, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                                 check=True, timeout=60).stdout.strip()
-        assert prefix == sys.prefix, f"the python3 kernel runs {argv0} (prefix {prefix}), not {sys.prefix}"
+        assert prefix == sys.prefix, f"the {KERNEL} kernel runs {argv0} (prefix {prefix}), not {sys.prefix}"
         code_cells = [c for c in st["cells"] if c["type"] == "code"]
         assert len(code_cells) >= 10 and all(c["count"] is None and not c["outputs"] for c in code_cells)
 

@@ -52,3 +52,14 @@ def test_notebook_02_gptneo_swapped_current_scaling(tmp_path):
 def test_notebook_02_rejects_a_bad_size(tmp_path):
     with pytest.raises(NotebookError, match="unknown model 'llama-2b'"):
         run(["02"], {"size": "2b"}, output_dir=tmp_path, progress=False)
+
+
+def test_opened_from_the_notebooks_folder_it_writes_into_outputs(tmp_path):
+    """As JupyterLab runs it (kernel started in notebooks/): the figure lands in outputs/02_convert_to_te/,
+    where `fp8lab notebooks run` puts it, and nothing new appears beside the notebooks."""
+    from lab_run import run_from_notebooks_folder
+
+    vals = run_from_notebooks_folder(tmp_path, "02_convert_to_te", {"seq_len": 32})
+    assert vals["model"] == "llama-tiny"
+    assert (tmp_path / "outputs" / "02_convert_to_te" / "fp8_error_per_layer.png").is_file()
+    assert sorted(p.name for p in (tmp_path / "notebooks").iterdir()) == ["02_convert_to_te.ipynb"]

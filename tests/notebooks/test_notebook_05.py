@@ -135,3 +135,24 @@ def test_notebook_is_thin_and_its_defaults_match_the_library():
     assert params["smoothing"] in analysis.SMOOTHING_METHODS
     assert params["detail"] == "headline" and params["detail"] in analysis.DETAILS
     assert params["models"] == [] and params["studies"] == [] and params["variant"] == ""
+
+
+def test_notebook_03s_runs_are_found_by_the_path_the_parameter_comment_gives(tmp_path):
+    """The runs parameter's comment: notebook 03's runs are "../03_train_bf16_vs_fp8/runs". That holds
+    from `fp8lab notebooks run` (working folder outputs/05_analyze_results/) and from JupyterLab
+    (kernel started in notebooks/, which the notebook's first cell moves to the same folder)."""
+    from lab_run import run_from_notebooks_folder
+
+    from fp8lab import trainpair
+
+    cells = nbformat.read(str(NB), as_version=4).cells
+    source = next(c.source for c in cells if "parameters" in c.metadata.get("tags", []))
+    comment = next(line for line in source.splitlines() if line.startswith("runs ="))
+    assert '"../03_train_bf16_vs_fp8/runs"' in comment
+    trainpair.run_pair("llama-tiny", 4, ["emulated"], output_dir=tmp_path / "outputs" / "03_train_bf16_vs_fp8" / "runs",
+                       seq_len=32, micro_batch_size=2, val_batches=1, compute_dtype="fp32", device="cpu",
+                       checkpoint_every=-1)
+    params = {"runs": ["../03_train_bf16_vs_fp8/runs"], "warmup_steps": 1}
+    res = run(["05"], params, output_dir=tmp_path / "outputs", progress=False)
+    assert read_glued(res[0].output)["run_ids"] == ["bf16", "fp8-emulated"]
+    assert run_from_notebooks_folder(tmp_path, "05_analyze_results", params)["run_ids"] == ["bf16", "fp8-emulated"]

@@ -118,3 +118,37 @@ def test_committed_notebook_is_clean(path):
     assert params, f"{path.name} declares no parameters"
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert not any("def " in "".join(c["source"]).split("\n", 1)[0] for c in code), "logic belongs in fp8lab"
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.stem for p in COMMITTED])
+def test_committed_notebook_names_the_fp8lab_kernel(path):
+    """The kernel scripts/setup.sh registers (JupyterLab and SageMaker Studio open it by this name)."""
+    assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == notebooks.KERNEL == "fp8lab"
+
+
+def test_default_kernel_is_fp8lab_only_where_it_runs_this_python(tmp_path, monkeypatch):
+    data = tmp_path / "jupyter"
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
+    monkeypatch.setenv("JUPYTER_PATH", "")
+    spec = data / "kernels" / "fp8lab"
+    spec.mkdir(parents=True)
+    kernel = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+              "display_name": "fp8lab (Python 3)", "language": "python"}
+    (spec / "kernel.json").write_text(json.dumps(kernel))
+    # sys.executable may be a venv's bin/python: its folder's parent is the prefix
+    from pathlib import Path
+    expected = "fp8lab" if Path(sys.executable).absolute().parent.parent == Path(sys.prefix).absolute() else "python3"
+    assert notebooks.default_kernel() == expected
+    kernel["argv"][0] = str(tmp_path / "other-venv" / "bin" / "python")  # another environment's kernel
+    (spec / "kernel.json").write_text(json.dumps(kernel))
+    assert notebooks.default_kernel() == "python3"
+
+
+def test_work_folder_moves_a_kernel_started_beside_the_notebook_into_outputs(tmp_path, monkeypatch):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "02_x.ipynb").write_text("{}")
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert notebooks.work_folder("02_x") == tmp_path / "outputs" / "02_x"
+    from pathlib import Path
+    assert Path.cwd() == tmp_path / "outputs" / "02_x"
+    assert notebooks.work_folder("02_x") == Path.cwd()  # the runner's folder (or any other) stays

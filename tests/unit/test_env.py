@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from fp8lab import env
@@ -34,3 +35,81 @@ def test_cli_json_and_text():
 def test_cli_unknown_command_lists_commands():
     out = subprocess.run([sys.executable, "-m", "fp8lab", "bogus"], capture_output=True, text=True)
     assert out.returncode == 2 and "env" in out.stderr and "train" in out.stderr
+
+
+# ---- backend 'auto' on a GPU machine without Transformer Engine: refused, never emulated -------
+
+def _gpu_without_te(monkeypatch, fp8_problem=None, torchao=None):
+    import fp8lab.backends as backends
+    import fp8lab.convert as convert
+
+    reasons = {"emulated": None, "te": "Transformer Engine is not installed (...)", "torchao": torchao or "not installed"}
+    monkeypatch.setattr(convert, "available_backends", lambda: dict(reasons))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(backends, "fp8_gpu_problem", lambda: fp8_problem)
+
+
+def test_auto_on_an_fp8_gpu_without_te_is_refused_with_the_install_command(monkeypatch):
+    from fp8lab.convert import BackendUnavailableError, pick_backend
+    from fp8lab.pins import INSTALL_COMMAND
+
+    _gpu_without_te(monkeypatch)
+    with pytest.raises(BackendUnavailableError) as err:
+        pick_backend("auto")
+    msg = str(err.value)
+    assert INSTALL_COMMAND in msg and "Transformer Engine is not installed" in msg and "'emulated'" in msg
+    assert pick_backend("emulated") == "emulated"  # explicit emulated still runs on a GPU machine
+
+
+def test_auto_names_torchao_when_it_is_the_usable_hardware_backend(monkeypatch):
+    from fp8lab.convert import BackendUnavailableError, pick_backend
+
+    _gpu_without_te(monkeypatch, torchao=None)
+    import fp8lab.convert as convert
+    monkeypatch.setattr(convert, "available_backends", lambda: {"emulated": None, "te": "no TE", "torchao": None})
+    with pytest.raises(BackendUnavailableError, match="'torchao' \\(usable here\\) or 'emulated'"):
+        pick_backend("auto")
+
+
+def test_auto_below_cc_8_9_says_emulated_only_by_name(monkeypatch):
+    from fp8lab.convert import BackendUnavailableError, pick_backend
+
+    _gpu_without_te(monkeypatch, fp8_problem="GPU Tesla T4 has compute capability 7.5; FP8 needs >= 8.9")
+    with pytest.raises(BackendUnavailableError, match="Tesla T4 .*only emulated FP8 runs here: pass backend 'emulated'"):
+        pick_backend("auto")
+
+
+def test_the_trainer_refuses_auto_fp8_on_a_gpu_without_te_before_any_compute(monkeypatch):
+    from fp8lab.train import TrainConfig, resolve_fp8
+
+    _gpu_without_te(monkeypatch)
+    with pytest.raises(ValueError, match="bash scripts/setup.sh"):
+        resolve_fp8(TrainConfig(precision="fp8", backend="auto"))
+    name, _ = resolve_fp8(TrainConfig(precision="fp8", backend="emulated"))
+    assert name == "emulated"
+
+
+def test_env_reports_the_refusal_and_check_fails_on_an_fp8_gpu_without_te(monkeypatch):
+    _gpu_without_te(monkeypatch)
+    auto, refusal = env._auto_choice()
+    assert auto is None and "bash scripts/setup.sh" in refusal
+    base = dict(python="3.12", platform="Linux", torch="2.11.0", cuda="13.0", gpu_count=1, gpu_name="NVIDIA H100",
+                compute_capability="9.0", fp8_tensor_cores=True, fp8_reason=None, transformer_engine=None,
+                transformer_engine_error="not installed", torchao=None, torchao_error="not installed",
+                transformers="5", backends={"emulated": None, "te": "not installed", "torchao": "not installed"},
+                auto_backend=None, auto_refusal=refusal)
+    ok, line = env.EnvReport(**base).check()
+    assert not ok and "NVIDIA H100" in line
+    assert "backend 'auto'       refused" in str(env.EnvReport(**base))
+    ok, line = env.EnvReport(**{**base, "gpu_name": "Tesla T4", "compute_capability": "7.5",
+                                 "fp8_tensor_cores": False}).check()
+    assert ok and "emulated FP8 only" in line and "Tesla T4" in line
+    ok, line = env.EnvReport(**{**base, "transformer_engine": "2.20.2", "auto_backend": "te",
+                                 "backends": {"emulated": None, "te": None, "torchao": "x"}}).check()
+    assert ok and "Transformer Engine 2.20.2 usable" in line
+
+
+def test_env_check_on_this_cpu_machine_passes():
+    out = subprocess.run([sys.executable, "-m", "fp8lab", "env", "--check"], capture_output=True, text=True)
+    if not torch.cuda.is_available():
+        assert out.returncode == 0 and "no CUDA GPU" in out.stdout
