@@ -32,12 +32,10 @@ step() {  # step NAME COMMAND...: run in $CLEAN, time it, log it; later steps st
 }
 
 rm -rf "$CLEAN" && mkdir -p "$CLEAN"
-if git -C "$SRC" rev-parse --git-dir >/dev/null 2>&1; then
-  (cd "$SRC" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$CLEAN"
-else  # a copy without .git: everything but what set-up and runs make
-  (cd "$SRC" && tar --exclude=./.git --exclude=./.venv --exclude=./outputs --exclude=./.gpu --exclude=./.whl -cf - .) \
-    | tar -xf - -C "$CLEAN"
-fi
+# the files as they are (the device machine's copy of .git may not match its working tree), less what
+# set-up and runs make and the carried kits
+(cd "$SRC" && tar --exclude=./.git --exclude=./.venv --exclude=./outputs --exclude=./.gpu --exclude=./.whl \
+  --exclude=./runs --exclude='*.egg-info' --exclude=__pycache__ -cf - .) | tar -xf - -C "$CLEAN"
 export FP8LAB_WHEELS="$SRC/.whl" FP8LAB_TE_KIT="$SRC/.gpu/te-h200" FP8LAB_EXTRAS="" PYTHON=python3
 step setup bash scripts/setup.sh
 step setup_again bash scripts/setup.sh
@@ -59,7 +57,7 @@ rm -rf "$OUT/nb"
   echo "# scripts/setup.sh, GPU branch, offline on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
   echo
   echo "command: \`bash benchmarks/gpu_setup_check.sh\` (carry .gpu .whl), $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "checkout: $(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo 'no git') ; python3 $(python3 --version 2>&1 | cut -d' ' -f2)"
+  echo "checkout: ${FP8LAB_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)} ; python3 $(python3 --version 2>&1 | cut -d" " -f2)"
   echo "versions in the venv: $("$CLEAN/.venv/bin/python" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("torch", "transformer_engine", "torchao", "transformers", "papermill")))' 2>&1)"
   echo
   echo '| step | seconds | exit |'
