@@ -116,11 +116,16 @@ def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | 
     return converted
 
 
-def autocast(backend: str, recipe: Recipe | str | None = None, enabled: bool = True):
+def autocast(backend, recipe: Recipe | str | None = None, enabled: bool = True):
     """One FP8 context manager for every backend (TE's ``te.autocast``, the emulator's region;
-    torchao converts statically, so ``enabled=False`` routes its layers through plain matmuls)."""
+    torchao converts statically, so ``enabled=False`` routes its layers through plain matmuls).
+
+    ``backend``: a name (looked up and checked for this machine on each call) or the backend object
+    itself (``get_backend(name)``, what a training loop holds: nothing is looked up per call)."""
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled must be True or False, got {enabled!r}")
+    if not isinstance(backend, str):
+        return backend.autocast(_resolve_recipe(backend, recipe), enabled)
     be = require(backend) if enabled else get_backend(backend)
     return be.autocast(_resolve_recipe(be, recipe), enabled)
 
@@ -132,9 +137,13 @@ def fused_problem(hf_config) -> str | None:
 
 
 def pick_backend(requested: str = "auto") -> str:
-    """'auto' -> 'te' where TE and an FP8 GPU are present, else 'emulated'; other names are checked."""
+    """'auto' -> 'te' where TE and an FP8 GPU are present, else 'emulated' (fp8lab.plan.auto_fp8_backend, the
+    trainer's rule, on this machine); other names are checked."""
     if requested == "auto":
-        return "te" if available_backends().get("te") is None else "emulated"
+        from fp8lab.hardware import Machine
+        from fp8lab.plan import auto_fp8_backend
+
+        return auto_fp8_backend(Machine.detect("cuda" if torch.cuda.is_available() else "cpu"))[0]
     get_backend(requested)
     return requested
 
