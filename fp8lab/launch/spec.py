@@ -415,7 +415,8 @@ JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "c
 
 def _planned_options(spec: JobSpec) -> dict[str, Any]:
     """The job's fields and options with the plan's decisions for "auto": the backend, the recipe and the layout."""
-    plan, c = spec.plan, spec.trainer_config()
+    plan = spec.plan
+    c = plan.config  # the request as planned (a model folder stands in for an s3:// model)
     recipe = c.recipe if c.recipe != AUTO or plan.recipe is None else plan.recipe.kind  # a backend's default is its kind
     layout = {name: getattr(plan.layout, name) for name in LAYOUT_FIELDS}
     return {"backend": plan.backend_label, "recipe": recipe, **layout,
