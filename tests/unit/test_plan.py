@@ -117,3 +117,17 @@ def test_plan_curve_estimates_a_model_without_measurements():
     curve = estimates.plan_curve(["llama-tiny"], ["bf16", "fp8"], [1, 2], 10**9)
     assert len(curve) == 4 and not curve["measured"].any()
     assert (curve["hours"] > 0).all() and curve.sort_values("instances")["hours"].is_monotonic_decreasing
+
+
+def test_fp8lab_launch_takes_the_trainers_flags_from_its_schema(capsys):
+    """`fp8lab launch plan` sets recipe, backend, grad-accum and lr as `fp8lab train` spells them."""
+    from fp8lab import launch as L
+
+    argv = ["plan", "--models", "llama-1b", "--precisions", "fp8", "--instance-counts", "1"]
+    assert L.main(argv + ["--grad-accum", "2", "--lr", "1e-4", "--recipe", "current", "--backend", "te"]) == 0
+    out = capsys.readouterr().out
+    assert " 16 x 2048 x 2 " in out
+    assert L.main(argv + ["--lr", "3"]) == 1
+    assert "JobSpec.lr=3.0 is invalid" in capsys.readouterr().err
+    assert L.main(argv + ["--backend", "apex"]) == 1
+    assert "JobSpec.backend='apex' is invalid; allowed: auto, te, torchao" in capsys.readouterr().err
