@@ -28,7 +28,8 @@ def profile(model_name: str, variant: str, mb: int, seq: int, steps: int, overri
     from fp8lab.convert import autocast, convert_model
     from fp8lab.models import build_model
     from fp8lab.recipe import Recipe
-    from fp8lab.train import TrainConfig, make_optimizer
+    from fp8lab.optim import make_optimizer
+    from fp8lab.train import TrainConfig
 
     precision, backend, recipe = {"hf-bf16": ("bf16", None, None), "te-bf16": ("bf16", "te", "delayed"),
                                   "te-fp8-delayed": ("fp8", "te", "delayed"), "te-fp8-current": ("fp8", "te", "current"),

@@ -116,11 +116,16 @@ def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | 
     return converted
 
 
-def autocast(backend: str, recipe: Recipe | str | None = None, enabled: bool = True):
+def autocast(backend, recipe: Recipe | str | None = None, enabled: bool = True):
     """One FP8 context manager for every backend (TE's ``te.autocast``, the emulator's region;
-    torchao converts statically, so ``enabled=False`` routes its layers through plain matmuls)."""
+    torchao converts statically, so ``enabled=False`` routes its layers through plain matmuls).
+
+    ``backend``: a name (looked up and checked for this machine on each call) or the backend object
+    itself (``get_backend(name)``, what a training loop holds: nothing is looked up per call)."""
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled must be True or False, got {enabled!r}")
+    if not isinstance(backend, str):
+        return backend.autocast(_resolve_recipe(backend, recipe), enabled)
     be = require(backend) if enabled else get_backend(backend)
     return be.autocast(_resolve_recipe(be, recipe), enabled)
 
@@ -135,34 +140,20 @@ def pick_backend(requested: str = "auto") -> str:
     """The FP8 backend for ``requested``: 'auto' is 'te' where Transformer Engine runs, 'emulated'
     on a machine with no CUDA GPU, and refused (BackendUnavailableError with the install command
     and the explicit alternatives) on a CUDA GPU without a usable TE: no silent pure-PyTorch FP8
-    on a GPU. Other names are checked and returned as they are (an explicit 'emulated' runs anywhere)."""
+    on a GPU (the trainer's rule, fp8lab.plan.auto_fp8_backend, for this process's machine). Other
+    names are checked and returned as they are (an explicit 'emulated' runs anywhere)."""
     if requested != "auto":
         get_backend(requested)
         return requested
     usable = available_backends()
     if usable.get("te") is None:
         return "te"
-    import torch
-
     if not torch.cuda.is_available():
         return "emulated"
-    raise BackendUnavailableError(auto_refusal(usable))
-
-
-def auto_refusal(usable: dict[str, str | None]) -> str:
-    """Why backend 'auto' picks nothing on this GPU machine, and the choices that remain."""
     from fp8lab.backends import fp8_gpu_problem
-    from fp8lab.pins import install_hint
+    from fp8lab.plan import auto_refusal
 
-    no_fp8 = fp8_gpu_problem()
-    if no_fp8 is not None:  # below compute capability 8.9: no hardware FP8 at all
-        return (f"backend 'auto': {no_fp8}, so only emulated FP8 runs here: pass backend 'emulated' "
-                f"(--backend emulated; pure PyTorch, for learning the numerics, slower than bf16), or use "
-                f"an FP8 GPU")
-    alt = "'torchao' (usable here) or 'emulated'" if usable.get("torchao") is None else "'emulated'"
-    return (f"backend 'auto': this machine has an FP8 GPU but Transformer Engine is not usable "
-            f"({usable.get('te')}); {install_hint()}; or choose backend {alt} explicitly "
-            f"(emulated is pure PyTorch: slower than bf16, never for speed)")
+    raise BackendUnavailableError(auto_refusal(usable, fp8_gpu_problem()))
 
 
 # --------------------------------------------------------------------------------------------

@@ -551,11 +551,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
     try:
-        from fp8lab import ownership, validate
+        from fp8lab import data_checks, ownership, probes
 
-        validate.check_writable_dir("OUT_DIR", args.out_dir)
+        probes.check_writable_dir("OUT_DIR", args.out_dir)
         ownership.refuse_foreign("OUT_DIR", args.out_dir, "tokens")
-        validate.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)
+        data_checks.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)
         m = prepare_data(source, args.out_dir, args.tokenizer, args.val_fraction, vocab_size=args.vocab_size,
                          shard_tokens=args.shard_tokens)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:

@@ -20,18 +20,16 @@ and the plan table says so per job. ``launch.plan_sweep`` uses :class:`MeasuredE
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Sequence
 
 import pandas as pd
 
 from fp8lab import analysis
 from fp8lab.hardware import INSTANCES, peak_bf16_flops, price_for
-from fp8lab.launch import Estimate
+from fp8lab.launch.estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
                 "seq_len", "tokens_per_sec_per_gpu", "peak_tflops"]
@@ -163,9 +161,11 @@ class MeasuredEstimate(Estimate):
 
     # --- the Estimate interface launch.plan_sweep uses -----------------------------------------
     def _job_rate(self, spec) -> dict[str, Any] | None:
+        plan = spec.plan  # what the job runs: "auto" as its plan resolved it
         return self.rate(spec.model, spec.precision, instance_type=spec.instance_type,
-                         instance_count=spec.instance_count, backend=getattr(spec, "backend", "te"),
-                         recipe=getattr(spec, "recipe", "delayed"), seq_len=getattr(spec, "seq_len", None))
+                         instance_count=spec.instance_count, backend=plan.backend_label,
+                         recipe=plan.recipe.kind if plan.recipe else "delayed",
+                         seq_len=plan.seq_len)
 
     def seconds(self, spec) -> float:
         r = self._job_rate(spec)
@@ -231,17 +231,17 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
     price, _ = price_for([instance_type], price_per_hour)
     est = estimate or MeasuredEstimate()
     info = INSTANCES[instance_type]
-    if seq_len is None:
-        from fp8lab.launch import JobSpec
+    from fp8lab.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
+    from fp8lab.launch.spec import JobSpec
 
-        seq_len = {f.name: f.default for f in dataclasses.fields(JobSpec)}.get("seq_len")
     rows = []
     for model in models:
         for prec in precisions:
             for n in sorted(instance_counts):
-                spec = SimpleNamespace(model=model, precision=prec, instance_type=instance_type, instance_count=n,
-                                       backend=backend, recipe=recipe, seq_len=seq_len, info=info,
-                                       world_size=n * info.gpus, total_tokens=int(tokens))
+                # the job plan_sweep would plan (placeholders for the account: nothing is launched)
+                spec = JobSpec(model=model, precision=prec, instance_type=instance_type, instance_count=n,
+                               backend=backend, recipe=recipe, seq_len="auto" if seq_len is None else seq_len,
+                               tokens=int(tokens), role=PLACEHOLDER_ROLE, bucket=PLACEHOLDER_BUCKET, allow_large=True)
                 r = est.rate(model, prec, instance_type=instance_type, instance_count=n, backend=backend,
                              recipe=recipe, seq_len=seq_len) if isinstance(est, MeasuredEstimate) else None
                 seconds = est.seconds(spec)

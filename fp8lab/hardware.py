@@ -84,25 +84,31 @@ class Machine:
     world_size: int = 1
     te_usable: bool = False
     fp8: bool = False
+    unusable: tuple[tuple[str, str], ...] = ()  # (backend, why it cannot run here), as Machine.detect found them
 
     @property
     def gpu(self) -> bool:
         return self.device == "cuda"
 
+    def backend_problem(self, name: str) -> str | None:
+        """Why backend ``name`` cannot run here (None: it can, or this machine is planned, not seen)."""
+        return dict(self.unusable).get(name)
+
     @classmethod
     def detect(cls, device, world_size: int = 1, memory_gib: float = 0.0) -> "Machine":
         """This process's device (a ``torch.device``); ``memory_gib`` > 0 caps it (an emulated smaller GPU)."""
-        if getattr(device, "type", device) != "cuda":
-            return cls("cpu", "cpu", memory_gib or cpu_memory_gib(), world_size)
-        import torch
-
         from fp8lab.backends import available_backends
+
+        unusable = tuple((n, why) for n, why in available_backends().items() if why is not None)
+        if getattr(device, "type", device) != "cuda":
+            return cls("cpu", "cpu", memory_gib or cpu_memory_gib(), world_size, unusable=unusable)
+        import torch
 
         props = torch.cuda.get_device_properties(device)
         total = props.total_memory / 2**30
-        te_ok = available_backends().get("te") is None
+        te_ok = "te" not in dict(unusable)
         return cls("cuda", props.name, min(total, memory_gib) if memory_gib else total, world_size,
-                   te_usable=te_ok, fp8=(props.major, props.minor) >= (8, 9))
+                   te_usable=te_ok, fp8=(props.major, props.minor) >= (8, 9), unusable=unusable)
 
     @classmethod
     def planned(cls, gpu_name: str, world_size: int, fp8: bool) -> "Machine":

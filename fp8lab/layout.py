@@ -55,6 +55,7 @@ MAX_GLOBAL_TOKENS_PER_STEP = 4 * 2**20  # at most ~4M tokens per optimizer step 
 MAX_GRAD_ACCUM = 32  # short sequences or tiny micro-batches do not get hundreds of micro-steps
 HEADROOM_GIB, HEADROOM_FRACTION = 5.0, 0.05  # kept free: the larger of the two
 WORKSPACE_GIB = 1.0  # cuBLAS/cuDNN workspaces, allocator slack (GPUs only)
+STREAM_CHUNK_BYTES = 1 << 30  # fp32 gradient bytes converted and stepped at a time by the streamed step (fp8lab.master_weights)
 # activation bytes per unit (see the module docstring), by what computes the blocks' GEMMs
 ACT_BYTES = {"bf16": 1.775, "fp8": 1.627}
 LOGIT_BYTES = {"bf16": 16.2, "fp8": 15.6}
@@ -176,8 +177,6 @@ GRAPH_HOLD_FACTOR = 1.25  # margin on what CUDA graphs keep allocated for the wh
 
 def _graphs_base(layout: "Layout") -> float:
     """What a graphed run needs besides what its graphs hold: model states, one streamed chunk, workspace."""
-    from fp8lab.master_weights import STREAM_CHUNK_BYTES
-
     m = layout.memory
     return m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace
 
@@ -213,25 +212,46 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
             f"{held:.0f} GiB for the whole run) of {budget:.0f} GiB usable on {machine.name}")
 
 
-def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, keep: bool,
-                  both_precisions: bool) -> MemoryEstimate:
+def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep_weights: bool,
+                 precision: str | None = None) -> tuple[bool, str]:
+    """(whether TE's FP8 weight cache is built, why): the one rule the trainer (fp8lab.plan) and the memory
+    estimate follow. The first micro-batch of a step quantises the weights, the others reuse them (they
+    cannot change before the optimizer step); under FSDP2 only with the weights kept gathered for the
+    whole step (the layout tested on two GPUs), not with per-micro-batch gathers."""
+    if not c.fp8_weight_cache:
+        return False, "--fp8-weight-cache False"
+    if (precision or c.precision) != "fp8" or backend != "te" or not c.fuse:
+        return False, "only FP8 runs on TE's fused layers cache FP8 weights"
+    if grad_accum <= 1:
+        return False, "accumulation 1: no later micro-batch to reuse the FP8 weights"
+    if sharded and not keep_weights:
+        return False, "FSDP2 without kept weights gathers them per micro-batch"
+    return True, f"FP8 weights cast once per step, reused by {grad_accum - 1} more micro-batches"
+
+
+def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
+                  keep: bool, both_precisions: bool) -> MemoryEstimate:
     """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both)."""
     precisions = ("bf16", "fp8") if (both_precisions and backend == "te") else (c.precision,)
+    sharded = c.parallel == "fsdp" and machine.world_size > 1
     ests = [estimate_memory(mcfg, precision=p, micro_batch_size=mb, seq_len=seq, param_dtype=param_dtype,
                             backend=backend, fuse=c.fuse, world_size=machine.world_size, parallel=c.parallel,
-                            keep_weights=keep, weight_cache=c.fp8_weight_cache,
+                            keep_weights=keep,
+                            weight_cache=weight_cache(c, backend, grad_accum=ga, sharded=sharded, keep_weights=keep,
+                                                      precision=p)[0],
                             activation_checkpointing=c.activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 
-def resolve(c, machine: Machine, backend: str | None) -> Layout:
+def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
     """Resolve the ``"auto"`` options of TrainConfig ``c`` for ``machine``; ``backend`` is the resolved
-    FP8/layer backend (None = plain transformers). Raises ValueError when the layout cannot fit."""
+    FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig where the caller has
+    it. Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan keeps both."""
     from fp8lab.models import get_config
 
-    mcfg = get_config(c.model, **c.model_overrides)
+    mcfg = mcfg or get_config(c.model, **c.model_overrides)
     reasons: dict[str, str] = {}
     gpu = machine.gpu
     param_dtype = c.param_dtype
@@ -261,7 +281,8 @@ def resolve(c, machine: Machine, backend: str | None) -> Layout:
         return gpu and sharded and ga > 1  # CPUs keep today's plain FSDP2
 
     def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
-        return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, keep, both_precisions=gpu and both)
+        return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, accum_for(mb), keep,
+                             both_precisions=gpu and both)
 
     if mb_auto and gpu:
         candidates = [2**i for i in range(int(math.log2(max(1, MICRO_BATCH_TOKENS // seq))), -1, -1)]
@@ -301,8 +322,3 @@ def resolve(c, machine: Machine, backend: str | None) -> Layout:
         reasons["fsdp_keep_weights"] = "FSDP2 keeps weights gathered: one all-gather per step"
     return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons)
 
-
-def apply(c, machine: Machine, backend: str | None):
-    """(TrainConfig with every "auto" layout option replaced, Layout)."""
-    layout = resolve(c, machine, backend)
-    return dataclasses.replace(c, **layout.options()), layout

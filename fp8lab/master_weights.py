@@ -39,8 +39,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from fp8lab.layout import STREAM_CHUNK_BYTES  # read at each construction (tests patch it here)
 
-STREAM_CHUNK_BYTES = 1 << 30  # fp32 gradient bytes converted and stepped at a time by the streamed step
+
 
 
 class MasterWeights:

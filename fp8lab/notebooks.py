@@ -153,15 +153,18 @@ def check_parameters(path: str | Path, params: dict[str, Any]) -> None:
 
 def check_values(path: str | Path, params: dict[str, Any], declared: dict[str, Any] | None = None) -> None:
     """Values of declared parameters: the default's type (the cell's comment says what is allowed) and,
-    for notebooks that train, the trainer's own checks (fp8lab.validate.NOTEBOOK_CHECKS). Before any
+    for notebooks that train, the trainer's own checks (fp8lab.notebook_checks.NOTEBOOK_CHECKS). Before any
     cell runs, so a bad value never prepares data or starts a kernel."""
-    from fp8lab import validate
+    import nbformat
+
+    from fp8lab import notebook_checks as checks
 
     path = Path(path)
     declared = declared_parameters(path) if declared is None else declared
-    comments = validate.parameter_comments(_parameters_source(path))
-    validate.check_notebook_values(path.stem, declared, comments, params)
-    validate.check_notebook_semantics(path.stem, declared, params)
+    comments = checks.parameter_comments(_parameters_source(path))
+    checks.check_notebook_values(path.stem, declared, comments, params)
+    code = "\n".join(c.source for c in nbformat.read(str(path), as_version=4).cells if c.cell_type == "code")
+    checks.check_notebook_semantics(path.stem, declared, params, code)
 
 
 def _shareable_metadata(executed: Path, source: Path) -> None:
@@ -266,7 +269,7 @@ def run(
             )
     for p in paths:
         check_values(p, {k: v for k, v in params.items() if k in declared[p]}, declared[p])
-    from fp8lab.validate import check_writable_dir
+    from fp8lab.probes import check_writable_dir
 
     out = check_writable_dir("--output-dir", output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -187,18 +187,24 @@ def check_fields(obj: Any, bad: Callable[[str, str], Exception]) -> None:
 
 # ------------------------------------------------------------------------------------ the parser
 
-def _default_text(f: dataclasses.Field) -> str:
-    v = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+def _default_text(f: dataclasses.Field, defaults: dict[str, Any]) -> str:
+    v = defaults[f.name] if f.name in defaults else (
+        f.default if f.default is not dataclasses.MISSING else f.default_factory())
     return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
-def add_arguments(p: argparse.ArgumentParser, cls: type) -> None:
+def add_arguments(p: argparse.ArgumentParser, cls: type, only: tuple[str, ...] | None = None,
+                  defaults: dict[str, Any] | None = None) -> None:
     """One flag per field of ``cls`` (and its underscore spelling); values stay text (``default=None``:
-    not given), for :func:`from_text`. Booleans also work alone (``--compile``)."""
+    not given), for :func:`from_text`. Booleans also work alone (``--compile``). ``only``: these fields
+    (``fp8lab launch`` takes a job's trainer options this way); ``defaults``: defaults shown in the help
+    where the caller's differ from the field's (a job's ``--parallel``)."""
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         names = [*f.metadata.get("flags", ()), flag(f.name)] + ([f"--{f.name}"] if "_" in f.name else [])
         kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.metadata.get("metavar") or f.name.upper(),
-                              "help": f"{f.metadata['help']} (default: {_default_text(f)})".replace("%", "%%")}
+                              "help": f"{f.metadata['help']} (default: {_default_text(f, defaults or {})})".replace("%", "%%")}
         kind = _annotation(f)
         if kind in ("bool", "AutoBool"):
             kw.update(nargs="?", const="True")  # `--compile` alone, or `--compile False` (SageMaker)

@@ -17,8 +17,8 @@ from typing import Iterable
 import pandas as pd
 
 from fp8lab import analysis, plots
-from fp8lab.validate import (OneLineParser, check_writable_file, nonneg_float, nonneg_int, positive_float,
-                             positive_int)
+from fp8lab.probes import check_writable_file
+from fp8lab.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}

@@ -26,17 +26,22 @@ SCHEDULE_KEYS = ("total_steps", "warmup_steps", "lr", "min_lr", "weight_decay", 
 NEW_SETTINGS_FLAG = "--resume-with-new-settings"
 
 
-def fingerprint(c, world_size: int, total_steps: int, warmup: int, data: str | None = None) -> dict[str, Any]:
-    """What must not change between a checkpoint and the run resuming from it (``data``: the tokens'
-    identity, fp8lab.data.identity; None leaves it out)."""
+def fingerprint(c, world_size: int, total_steps: int, warmup: int, layout=None, data: str | None = None) -> dict[str, Any]:
+    """What must not change between a checkpoint and the run resuming from it.
+
+    ``layout``: the run's resolved layout (fp8lab.layout.Layout, from its plan) where ``c`` is the
+    request and may say "auto"; without it ``c``'s own sequence, micro-batch and accumulation.
+    ``data``: the tokens' identity (fp8lab.data.identity); None leaves it out."""
     from fp8lab.user_model import identity
+
+    lay = layout or c
 
     # a model folder is identified by its config.json's hash (it may move, e.g. into a SageMaker channel)
     extra = {} if data is None else {"data": data}
     return {**extra, "model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
-            "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": c.seq_len, "seed": c.seed,
+            "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": lay.seq_len, "seed": c.seed,
             "bf16_edge_blocks": c.bf16_edge_blocks,
-            "global_batch": c.micro_batch_size * c.grad_accum * world_size,
+            "global_batch": lay.micro_batch_size * lay.grad_accum * world_size,
             "total_steps": total_steps, "warmup_steps": warmup, "lr": c.lr, "min_lr": c.min_lr,
             "weight_decay": c.weight_decay, "beta1": c.beta1, "beta2": c.beta2, "grad_clip": c.grad_clip}
 

@@ -18,25 +18,20 @@ from pathlib import Path
 FAILURE_FILE = "/opt/ml/output/failure"  # SageMaker shows its content as FailureReason
 
 
-def _option(argv: list[str], name: str, default: str | None = None) -> str | None:
-    """Value of ``--name value`` or ``--name=value`` in argv (the trainer's parser owns the rest)."""
-    flag = f"--{name}"
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return default
-
-
 def preflight(argv: list[str]) -> str | None:
     """None when the job can run as asked, else a message saying what is missing and how to fix it.
 
-    Transformer Engine is checked for every ``--backend te`` job: the BF16 twin of an FP8 job runs
-    the same TE layers (with FP8 off), so it needs TE as much as the FP8 job does.
+    The options are read by the trainer's own parser (bad ones are left to it: exit 2 with its
+    message). Transformer Engine is checked for every ``--backend te`` job: the BF16 twin of an FP8
+    job runs the same TE layers (with FP8 off), so it needs TE as much as the FP8 job does.
     """
-    precision = (_option(argv, "precision", "bf16") or "bf16").lower()
-    backend = (_option(argv, "backend", "te") or "te").lower()
+    from fp8lab.train import parse_args
+
+    try:
+        c = parse_args(argv)
+    except ValueError:
+        return None  # the trainer reports it
+    precision, backend = c.precision, c.backend
     if backend == "te":
         try:
             import transformer_engine.pytorch  # noqa: F401
@@ -77,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         _report_failure(problem)
         return 2
+    import json
+
+    from fp8lab.plan import PLANNED_ENV
     from fp8lab.train import main as train_main
 
-    return int(train_main(argv) or 0)
+    planned = os.environ.get(PLANNED_ENV)  # the trainer re-plans here and refuses a different plan
+    return int(train_main(argv, planned=json.loads(planned) if planned else None) or 0)
 
 
 if __name__ == "__main__":

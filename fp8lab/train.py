@@ -21,7 +21,9 @@ The same file runs everywhere; only the launch differs::
     # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
 
 This module holds the entry points and ``TrainConfig`` (each option declared once on its field:
-fp8lab.options); the run itself, its set-up order and its loop, is ``fp8lab.trainer.Trainer``.
+fp8lab.options): what was requested, "auto" included. ``fp8lab.plan.plan_run`` decides what runs
+(backend, recipe, layout, steps, graphs, ...); the run itself, its set-up order and its loop, is
+``fp8lab.trainer.Trainer``, which builds from that plan.
 
 ``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.
 ``--precision bf16`` with an explicit ``--backend`` runs the *same converted layers* with FP8 off
@@ -48,19 +50,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import shutil
 import sys
-import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fp8lab import data as fdata
 from fp8lab import validate as fvalidate
-from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR
+from fp8lab.errors import OptionError
+from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (its old name here: tests/unit/test_layering.py)
 from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
@@ -69,7 +67,6 @@ from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_POSITIVE_INT, BOOL, NONNEG
                              UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
 CHECKPOINT_EVERY = Check(lambda v: is_count(v, -1), "an integer: N > 0 steps, 0 = only at the end, -1 = never")
-CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 _opt = flag  # --seq-len for seq_len (the old name of fp8lab.options.flag)
 
@@ -87,7 +84,7 @@ class TrainConfig:
     model_overrides: dict = option(help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)", factory=dict,
                                    metavar="KEY=VALUE", flags=("--model-override", "--model_override"))
     precision: str = option("bf16", "bf16 | fp8", choices=PRECISIONS)
-    backend: str = option("auto", "auto (fp8: te on an FP8 GPU else emulated; bf16: plain HF) | none | " + " | ".join(FP8_BACKENDS), choices=BACKENDS)
+    backend: str = option("auto", "auto (fp8: te where Transformer Engine is usable, else emulated; bf16: te's layers with FP8 off where TE is usable, else the plain HF model; fp8lab.plan.select_backend) | none | " + " | ".join(FP8_BACKENDS), choices=BACKENDS)
     recipe: str = option("auto", "auto (backend default: TE delayed scaling) | " + " | ".join(KINDS) + ", optionally kind:key=value,... (fp8lab.recipe.Recipe.parse)")
     bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8 (a loss remedy)")
     fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers", check=BOOL)
@@ -142,7 +139,7 @@ class TrainConfig:
 
     @property
     def tokens_per_micro_batch(self) -> int | None:
-        """None until the layout resolver has replaced "auto" (fp8lab.layout.apply)."""
+        """None where the layout resolver picks micro-batch or sequence ("auto": fp8lab.plan has the values)."""
         if AUTO in (self.micro_batch_size, self.seq_len):
             return None
         return self.micro_batch_size * self.seq_len
@@ -184,6 +181,8 @@ def _validate(c: TrainConfig) -> None:
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | " + " | ".join(FP8_BACKENDS))
     if c.backend in ("te", EMULATED):
+        from fp8lab.plan import fused_check
+
         fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
@@ -233,10 +232,6 @@ def _check_recipe(c: TrainConfig, bad: Callable[[str, str], ValueError]) -> None
 
 
 
-class OptionError(ValueError):
-    """A run that cannot start as configured (bad option, unusable backend, data/model mismatch)."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one clear line instead of usage + exit inside a library call
         raise ValueError(message)
@@ -268,279 +263,17 @@ def _sagemaker_argv() -> list[str]:
     return [w for k, v in json.loads(raw).items() if not k.startswith("sagemaker_") for w in (f"--{k}", to_text(v))]
 
 
-# ----------------------------------------------------------------------------------------------
-# where things go
-# ----------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RunPaths:
-    output_dir: Path
-    checkpoint_dir: Path
-    model_dir: Path
-    data_cache: Path  # where text sources are tokenized when --data is not prepared already
-
-
-def on_sagemaker() -> bool:
-    return bool(os.environ.get("SM_MODEL_DIR") or os.environ.get("SM_TRAINING_ENV"))
-
-
-def _run_name(model: str) -> str:
-    """A folder name for the model: the named shape, a folder's own name, or the hub repo id."""
-    from fp8lab.models import MODEL_CONFIGS
-
-    if model in MODEL_CONFIGS:
-        return model
-    name = model[3:] if model.startswith("hf:") else Path(model).resolve().name
-    return "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in name).strip(".-") or "model"
-
-
-def fused_check(c: TrainConfig, backend: str | None) -> None:
-    """Refuse, before anything is built, a model the fused conversion cannot represent exactly."""
-    from fp8lab import user_model
-    from fp8lab.convert import fused_problem
-
-    if backend in (None, "torchao") or not c.fuse or not user_model.is_user_model(c.model):
-        return  # torchao has no fused form; the named shapes are all representable
-    problem = fused_problem(user_model.hf_config(c.model))
-    if problem:
-        raise ValueError(f"--model={c.model!r}: {problem}")
-
-
-def resolve_paths(c: TrainConfig) -> RunPaths:
-    """Output, checkpoint and model folders for this run (SageMaker's when inside a job)."""
-    sm = on_sagemaker()
-    if c.output_dir is not None:
-        out = Path(c.output_dir)
-    elif sm and os.environ.get("SM_OUTPUT_DATA_DIR"):
-        out = Path(os.environ["SM_OUTPUT_DATA_DIR"])
-    else:
-        out = Path("runs") / f"{_run_name(c.model)}-{c.precision}"
-    if c.checkpoint_dir is not None:
-        ck = Path(c.checkpoint_dir)
-    elif os.environ.get(CHECKPOINT_DIR_ENV):
-        ck = Path(os.environ[CHECKPOINT_DIR_ENV])
-    elif sm:
-        ck = Path(SAGEMAKER_CHECKPOINT_DIR)
-    else:
-        ck = out / "checkpoints"
-    if c.model_dir is not None:
-        md = Path(c.model_dir)
-    elif sm and os.environ.get("SM_MODEL_DIR"):
-        md = Path(os.environ["SM_MODEL_DIR"])
-    else:
-        md = out / "model"
-    # text tokenized on the fly goes next to the run, except on SageMaker where the output folder is
-    # uploaded as the job's output: there it stays on the instance's scratch disk
-    cache = Path(tempfile.gettempdir()) / "fp8lab-tokens" if sm else out / "data"
-    return RunPaths(out, ck, md, cache)
-
-
-def data_source(c: TrainConfig) -> str | None:
-    return c.data if c.data is not None else os.environ.get("SM_CHANNEL_TRAIN")
-
-
-# ----------------------------------------------------------------------------------------------
-# pieces of the run
-# ----------------------------------------------------------------------------------------------
-
-def resolve_fp8(c: TrainConfig, te_usable: bool = False):
-    """(backend name or None, Recipe or None) for this run, with a clear error if unusable here.
-
-    ``--precision bf16 --backend auto`` runs Transformer Engine's fused layers with FP8 off where TE
-    is usable (``te_usable``: a GPU with TE), the fastest BF16 fp8lab has and the same layers as the
-    FP8 run; elsewhere the plain transformers model (what ``--backend none`` always runs)."""
-    from fp8lab.convert import pick_backend
-    from fp8lab.backends import BackendUnavailableError, get_backend
-
-    if c.backend == "none" or (c.backend == "auto" and c.precision == "bf16" and not te_usable):
-        return None, None
-    try:
-        name = "te" if (c.backend == "auto" and c.precision == "bf16") else pick_backend(c.backend)
-    except BackendUnavailableError as exc:  # auto on a GPU without TE: refused, not emulated
-        raise ValueError(str(exc)) from None
-    be = get_backend(name)
-    reason = be.available()
-    if reason is not None:
-        raise ValueError(f"--backend {name}: not usable on this machine: {reason}. On a CPU use --backend emulated")
-    recipe = be.default_recipe if c.recipe == "auto" else Recipe.parse(c.recipe)
-    return name, recipe
-
-
-def fsdp_te_problem(c: TrainConfig, backend: str | None, distributed: bool) -> str | None:
-    """Why this FSDP2 + Transformer Engine layout cannot train, or None.
-
-    TE 2.20 under FSDP2 does not keep a high-precision weight it had to cast for backward (it
-    expects to re-quantize it there, which only FP8 does): fp32 parameters under bf16 autocast with
-    FP8 off fail at the first backward ("GEMM requested the columnwise representation, but it is
-    unavailable"). bf16 parameters (FSDP2 gathers them in bf16) need no cast and train.
-    """
-    if backend == "te" and distributed and c.parallel == "fsdp" and c.precision == "bf16" and c.param_dtype == "fp32":
-        return ("--parallel fsdp with --backend te and --precision bf16 needs --param-dtype bf16: Transformer "
-                "Engine under FSDP2 cannot run backward on fp32 parameters cast to bf16 with FP8 off; allowed: "
-                "--param-dtype bf16 (fp32 master weights stay in the optimizer), --parallel ddp, or --precision fp8")
-    return None
-
-
-def schedule(c: TrainConfig, world_size: int) -> tuple[int, int]:
-    """(optimizer steps, warm-up steps) of a run whose layout is resolved."""
-    tokens_per_step = c.micro_batch_size * c.grad_accum * world_size * c.seq_len
-    total_steps = c.steps if c.steps is not None else (math.ceil(c.tokens / tokens_per_step) if c.tokens else 100)
-    warmup = c.warmup_steps if c.warmup_steps is not None else min(1000, total_steps // 20)
-    if warmup >= total_steps:
-        raise ValueError(f"--warmup-steps={warmup} is invalid; allowed: fewer than the run's {total_steps} steps")
-    return total_steps, warmup
-
-
-def preflight(c: TrainConfig, machine, backend: str | None, mcfg=None):
-    """Every start-up check that needs no data, model or GPU, with the layout resolved for ``machine``.
-
-    Returns (config with no "auto" layout option left, Layout, total steps, warm-up steps); a bad
-    combination is a ValueError naming the option. The trainer calls it at start-up and the
-    SageMaker launcher for each planned job (``machine`` = the instance's GPU at 8 x instances
-    ranks), so a job the trainer would refuse is refused when the plan is made."""
-    from fp8lab import layout as flayout
-
-    c, layout = flayout.apply(c, machine, backend)  # "auto" options -> this machine's layout (or a clear refusal)
-    problem = fsdp_te_problem(c, backend, machine.world_size > 1)
-    if problem:
-        raise ValueError(problem)
-    total_steps, warmup = schedule(c, machine.world_size)
-    graphs_decision(c, machine, backend, layout, mcfg)  # --cuda-graphs on with a set-up that cannot be captured: refused here
-    return c, layout, total_steps, warmup
-
-
-def graphs_decision(c: TrainConfig, machine, backend: str | None, layout, mcfg=None):
-    """Whether this run replays its blocks as CUDA graphs (fp8lab.graphs.Decision), for its resolved layout.
-
-    ``mcfg``: the run's ModelConfig where the caller has it (else read from ``c``)."""
-    from fp8lab import graphs
-    from fp8lab import layout as flayout
-    from fp8lab.models import get_config
-
-    if c.cuda_graphs == "off":
-        return graphs.decide("off", None, micro_batch_size=c.micro_batch_size, seq_len=c.seq_len)
-    mcfg = mcfg or get_config(c.model, **c.model_overrides)
-    memory = flayout.graphs_memory_problem(layout, machine, mcfg, fp8=c.precision == "fp8") if machine.gpu else None
-    return graphs.decide(c.cuda_graphs, mcfg, micro_batch_size=c.micro_batch_size, memory_problem=memory,
-                         precision=c.precision,
-                         seq_len=c.seq_len, device_type=machine.device, backend=backend, fuse=c.fuse,
-                         param_dtype=c.param_dtype, world_size=machine.world_size,
-                         activation_checkpointing=c.activation_checkpointing, compile=c.compile)
-
-
-def lr_lambda(c: TrainConfig, total_steps: int, warmup: int) -> Callable[[int], float]:
-    """Multiplier of --lr after ``i`` optimizer steps: linear warm-up, then cosine down to --min-lr."""
-    def f(i: int) -> float:
-        if i < warmup:
-            return (i + 1) / warmup
-        progress = min(1.0, (i - warmup) / max(1, total_steps - warmup))
-        return (c.min_lr + (c.lr - c.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))) / c.lr
-    return f
-
-
-def make_optimizer(model, c: TrainConfig, device, sharded: bool = False):
-    """AdamW, weight decay on matrices only; fused kernels on GPU (foreach when FSDP2 shards).
-
-    ``model`` is a module or a list of parameters (the fp32 masters of ``--param-dtype bf16``).
-    ``sharded``: FSDP2 is really in use (several processes and --parallel fsdp); one process
-    with --parallel fsdp trains unsharded and gets the fused kernels (foreach AdamW makes
-    full-size temporaries: 27 GB at 7B, and it is slower)."""
-    import torch
-
-    decay, no_decay = [], []
-    for p in (model.parameters() if isinstance(model, torch.nn.Module) else model):
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    kw: dict[str, Any] = {}
-    if device.type == "cuda":
-        kw = {"foreach": True} if sharded else {"fused": True}
-    return torch.optim.AdamW(groups, lr=c.lr, betas=(c.beta1, c.beta2), **kw)
-
-
-def apply_activation_checkpointing(model, backend: str | None, fp8_context: Callable[[], Any]) -> int:
-    """Recompute every decoder block in backward; returns how many blocks were wrapped.
-
-    Transformer Engine recomputes with its own ``te.checkpoint`` (keeps FP8 scaling state right);
-    other backends use ``torch.utils.checkpoint`` re-entering their FP8 region for the recompute.
-    The block's ``forward`` is wrapped on the instance, so parameter names do not change.
-    """
-    import functools
-
-    import torch.utils.checkpoint as tuc
-
-    from fp8lab.distributed import block_list
-
-    blocks = block_list(model)
-    for block in blocks:
-        fwd = block.forward
-        if backend == "te":
-            import transformer_engine.pytorch as te
-
-            # non-reentrant: blocks take non-tensor arguments (RoPE tables as a tuple, HF kwargs)
-            block.forward = functools.partial(te.checkpoint, fwd, use_reentrant=False)
-        else:
-            block.forward = functools.partial(
-                tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))
-    return len(blocks)
-
-
-def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
-    """Full HF-named weights on rank 0 (every rank must call: FSDP2 gathers the shards).
-
-    Under ``--param-dtype bf16`` the weights are fp32: the optimizer's fp32 masters (``master``, one
-    process / DDP), or FSDP2's fp32 sharded parameters (it casts to bf16 only when gathering)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if master is not None and full:
-        full = master.model_state_dict(full)
-    if conversion is None or not full:  # plain HF model, or a rank other than 0
-        return full
-    from fp8lab.convert import hf_state_dict_from
-
-    return hf_state_dict_from(inner, full)
-
-
-def save_hf_model(model, inner, conversion, c: TrainConfig, model_dir: Path, data_dir: Path, env, master=None) -> None:
-    """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
-
-    ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
-    the fp32 master weights of ``--param-dtype bf16`` (written instead of the bf16 parameters)."""
-    from fp8lab import ownership, user_model
-    from fp8lab.models import build_model
-
-    sd = _export_hf_state_dict(model, inner, conversion, master)
-    if not env.is_main:
-        return
-    from transformers import PreTrainedTokenizerFast
-    from transformers.utils import logging as hf_logging
-
-    hf = build_model(c.model, device="meta", **c.model_overrides)  # a user's folder: its own config
-    stage = ownership.claim(model_dir, "model") / ".export.tmp"  # written whole, then moved in file by file
-    shutil.rmtree(stage, ignore_errors=True)
-    bar_was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
-    try:
-        hf.save_pretrained(str(stage), state_dict=sd)
-        # the user's folder had a tokenizer: it goes back along (the data were tokenized with fp8lab's: fp8lab.user_model)
-        if not user_model.copy_tokenizer(c.model, stage):
-            tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
-            tok.save_pretrained(str(stage))
-        for f in sorted(stage.iterdir()):
-            os.replace(f, model_dir / f.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if bar_was_on:
-            hf_logging.enable_progress_bar()
-
 
 # ----------------------------------------------------------------------------------------------
 # the run
 # ----------------------------------------------------------------------------------------------
 
-def train(config: TrainConfig | None = None, *, argv: list[str] | None = None) -> dict[str, Any]:
-    """Run one training job as configured; returns the summary (also written to summary.json)."""
+def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
+          planned: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one training job as configured; returns the summary (also written to summary.json).
+
+    ``planned``: the decisions of the plan made for this run elsewhere (a SageMaker job's, at launch:
+    ``RunPlan.decisions()``); the run is refused when this machine plans it differently."""
     from fp8lab import distributed as fdist
 
     c = config or TrainConfig()
@@ -551,13 +284,15 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None) -
     try:
         from fp8lab.trainer import run  # the Trainer: setup, fit, finish
 
-        return run(c, env, argv)
+        return run(c, env, argv, expected=planned)
     finally:
         fdist.teardown(env)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop."""
+def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None) -> int:
+    """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop.
+
+    ``planned``: as for :func:`train` (fp8lab.sm_entry passes a SageMaker job's plan)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         build_parser().print_help()
@@ -570,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
     try:
-        summary = train(config, argv=argv)
+        summary = train(config, argv=argv, planned=planned)
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
@@ -578,7 +313,5 @@ def main(argv: list[str] | None = None) -> int:
             "summary_failed": EXIT_CHECKPOINT_FAILED}.get(summary["status"], 0)
 
 
-if __name__ == "__main__":  # python -m fp8lab.train: run the imported module's main, so that its OptionError is
-    from fp8lab.train import main as _main  # the one fp8lab.trainer raises (this file is also loaded as __main__)
-
-    raise SystemExit(_main())
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,10 +1,14 @@
 """The training run as a ``Trainer``: ``setup``, then ``fit`` (the loop over ``train_step``), then ``finish``.
 
-    trainer = Trainer(config, env, argv)
-    with trainer.setup_errors():   # a ValueError here is an OptionError; new folders are removed
-        trainer.setup()            # checks, layout, data, model, optimizer, resume, config.json
+    plan = plan_run(config, Machine.detect(env.device, env.world_size))  # fp8lab.plan: every decision
+    trainer = Trainer(plan, env, argv)
+    with setup_errors(trainer.paths, env):  # a ValueError here is an OptionError; new folders are removed
+        trainer.setup()                      # data, model, optimizer, resume, config.json
     status, message = trainer.fit()
     summary = trainer.finish(status, message)
+
+(``run`` does exactly that, after checking the folders and the data.) The trainer decides nothing:
+it builds what the plan says, and holds the plan's backend and recipe objects.
 
 Set-up order (as torchtitan): build the HF model, convert it for FP8, activation checkpointing,
 compile each block, fp32 master weights (``--param-dtype bf16``), shard (FSDP2) or wrap (DDP), the
@@ -13,7 +17,9 @@ read the resumed weights and FP8 scaling state in place.
 The loop only calls components (fp8lab.components): the step metrics, the profiler, the
 non-finite guard and the checkpointer. FP8 is the backend's autocast region around
 :meth:`Trainer._forward` (the one place the model is called) plus the backend's optional
-``after_optimizer_step``, called after every optimizer step the guard lets through.
+``after_optimizer_step``, called after every optimizer step the guard lets through. The helpers
+beside it: fp8lab.optim (AdamW, the LR schedule), fp8lab.export (the HF model at the end),
+``apply_activation_checkpointing`` and ``_compile_blocks`` below.
 """
 from __future__ import annotations
 
@@ -22,57 +28,58 @@ import json
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from fp8lab import checkpoint as fckpt
 from fp8lab import data as fdata
 from fp8lab import distributed as fdist
+from fp8lab import export as fexport
 from fp8lab import metrics as fmetrics
+from fp8lab import optim as foptim
 from fp8lab import ownership
 from fp8lab import paths as fpaths
 from fp8lab import resume as fresume
-from fp8lab import train as ftrain
-from fp8lab import validate as fvalidate
+from fp8lab import run_paths as frun_paths
+from fp8lab import data_checks
+from fp8lab.backends import get_backend
+from fp8lab.errors import OptionError
+from fp8lab.models import get_config
 from fp8lab.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult, StopFlag,
                                TrainState)
 
 
 class Trainer:
-    """One training run of ``TrainConfig`` ``c`` on the process group ``env`` (see the module doc)."""
+    """One training run of the plan ``plan`` (fp8lab.plan.RunPlan) on the process group ``env`` (see the module doc).
 
-    def __init__(self, c, env, argv: list[str] | None = None):
-        self.c, self.env, self.argv = c, env, argv
-        self.paths = ftrain.resolve_paths(c)
+    ``self.c`` is the request (``plan.config``, "auto" included); what runs is read from the plan."""
+
+    def __init__(self, plan, env, argv: list[str] | None = None):
+        self.plan, self.c, self.env, self.argv = plan, plan.config, env, argv
+        self.paths = frun_paths.resolve_paths(self.c)
         self.log = print if env.is_main else (lambda *a, **k: None)
         self.wall0 = time.perf_counter()
         self.resumed_from: int | None = None
         self.last_val: float | None = None
         self.stop = StopFlag()  # SIGTERM/SIGINT seen; fit() installs and uninstalls its handler
+        self.backend, self.recipe, self.layout = plan.backend, plan.recipe, plan.layout
+        self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
+        self.graphs, self.graphs_captured = plan.graphs, None
+        self.world, self.tokens_per_step, self.fp8_on = plan.world_size, plan.tokens_per_step, plan.fp8
+        self.machine, self.sharded, self.compute_dtype = plan.machine, plan.sharded, plan.compute_dtype
+        # the backend object and its FP8 region, looked up once (not per micro-batch)
+        self.fp8_backend = get_backend(plan.backend) if plan.backend else None
+        self.after_step = getattr(self.fp8_backend, "after_optimizer_step", None)
+        self.mcfg = get_config(self.c.model, **self.c.model_overrides)
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
         self.lock = None  # the output folder's run lock (fp8lab.runlock), rank 0, from _prepare_data to close()
 
     # ------------------------------------------------------------------------------------ set-up
 
-    @contextmanager
-    def setup_errors(self) -> Iterator[None]:
-        """Inside: a ValueError means the run cannot start as configured. It becomes an OptionError,
-        and the folders this run would have created are removed (a refused run leaves nothing)."""
-        p = self.paths
-        new = [d for d in (p.output_dir, p.checkpoint_dir, p.model_dir, p.data_cache) if not d.exists()]
-        try:
-            yield
-        except ValueError as exc:
-            self.close()
-            if self.env.local_rank == 0:
-                for d in new:
-                    shutil.rmtree(d, ignore_errors=True)
-            if isinstance(exc, ftrain.OptionError):
-                raise
-            raise ftrain.OptionError(str(exc)) from exc
-
     def setup(self) -> dict[str, Any] | None:
         """Everything before the first step; returns the dry-run summary under ``--dry-run``, else None."""
-        self._plan()
+        self.log(f"fp8lab: {self.layout.header()}")
+        if self.machine.gpu or self.c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
+            self.log(f"fp8lab: {self.graphs.describe()}")
         if self.c.dry_run:
             return self._dry_run_summary()
         self._cap_gpu_memory()
@@ -90,37 +97,9 @@ class Trainer:
                 self._write_config()
         return None
 
-    def _plan(self) -> None:
-        """Checks that need no data or model, the backend and the layout for this machine."""
-        from fp8lab import layout as flayout
-        from fp8lab.hardware import Machine
-        from fp8lab.models import get_config
-
-        c, env = self.c, self.env
-        fvalidate.check_run(c, self.paths, ftrain.data_source(c))  # folders writable, data readable: before any compute
-        ownership.check_run_folders(c, self.paths, ftrain.data_source(c))  # no overlaps, nothing of the user's overwritten
-        self.mcfg = get_config(c.model, **c.model_overrides)
-        self.machine = Machine.detect(env.device, env.world_size, c.gpu_memory_gib)
-        self.backend, self.recipe = ftrain.resolve_fp8(c, te_usable=self.machine.te_usable)  # errors before any compute
-        if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
-            ftrain.fused_check(c, self.backend)
-        self.requested = {k: getattr(c, k) for k in flayout.AUTO_FIELDS}
-        self.c, self.layout, self.total_steps, self.warmup = ftrain.preflight(c, self.machine, self.backend, self.mcfg)
-        c = self.c
-        self.log(f"fp8lab: {self.layout.header()}")
-        self.graphs = ftrain.graphs_decision(c, self.machine, self.backend, self.layout, self.mcfg)
-        if self.machine.gpu or c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
-            self.log(f"fp8lab: {self.graphs.describe()}")
-        self.graphs_captured = None
-        self.world = env.world_size
-        self.tokens_per_step = c.tokens_per_micro_batch * c.grad_accum * self.world
-        self.fp8_on = c.precision == "fp8"
-        self.compute_dtype = c.compute_dtype if c.compute_dtype != "auto" else ("bf16" if env.device.type == "cuda" else "fp32")
-        self.sharded = env.distributed and c.parallel == "fsdp"  # FSDP2 really shards (torchrun, several ranks)
-
     def _dry_run_summary(self) -> dict[str, Any]:
         c, lay = self.c, self.layout
-        return {"status": "dry_run", "model": c.model, "precision": c.precision, "backend": self.backend or "none",
+        return {"status": "dry_run", "model": c.model, "precision": c.precision, "backend": self.plan.backend_label,
                 "world_size": self.env.world_size, "gpu_name": self.machine.name, **lay.options(),
                 "cuda_graphs": self.graphs.active, "memory_estimate_gib": round(lay.memory.peak, 1), "memory_gib": round(self.machine.memory_gib, 1),
                 "reasons": lay.reasons}
@@ -137,7 +116,7 @@ class Trainer:
         from fp8lab.models import MODEL_CONFIGS
 
         c, env, mcfg = self.c, self.env, self.mcfg
-        source = ftrain.data_source(c)
+        source = frun_paths.data_source(c)
         if env.local_rank == 0:
             self.paths.output_dir.mkdir(parents=True, exist_ok=True)
             if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
@@ -150,7 +129,7 @@ class Trainer:
         if env.local_rank != 0:
             self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
         self.manifest = m = fdata.read_manifest(self.data_dir)
-        fvalidate.check_prepared_size(m, c.seq_len)
+        data_checks.check_prepared_size(m, self.plan.seq_len)
         if m["vocab_size"] > mcfg.vocab_size:
             fix = (f"use --model-override vocab_size={m['vocab_size']}" if c.model in MODEL_CONFIGS else
                    f"use a model whose config.json has vocab_size >= {m['vocab_size']}")
@@ -174,22 +153,17 @@ class Trainer:
             model = convert_model(model, backend=self.backend, recipe=self.recipe, fuse=c.fuse, module_filter=flt)
             self.conversion = model.fp8lab_conversion
         if c.activation_checkpointing:
-            ftrain.apply_activation_checkpointing(model, self.backend, self._fp8_context)
+            apply_activation_checkpointing(model, self.backend, self._fp8_context)
         if c.compile:
             _compile_blocks(model)
         self.inner = model
         self.master, self.fused_wgrad = None, []
-        if c.param_dtype == "bf16" and not self.sharded:
+        if self.plan.master_weights:
             self._make_master_weights(model)
-        self.model = fdist.wrap(model, env, c.parallel, param_dtype=c.param_dtype)
-        self.keep_weights = bool(self.sharded and c.fsdp_keep_weights and c.grad_accum > 1
-                                 and fdist.keep_gathered_weights(self.model))
-        # TE's FP8 weight cache: the first micro-batch of a step quantises the weights, the others reuse
-        # them (they cannot change before optimizer.step()). Under FSDP2 only with the weights kept
-        # gathered for the whole step (the layout tested on two GPUs), not with per-micro-batch gathers
-        self.weight_cache = bool(c.fp8_weight_cache and self.fp8_on and c.grad_accum > 1
-                                 and getattr(model, "supports_weight_cache", False)
-                                 and (self.keep_weights or not self.sharded))
+        self.model = fdist.wrap(model, env, c.parallel, param_dtype=self.plan.param_dtype)
+        self.keep_weights = bool(self.plan.keep_weights and fdist.keep_gathered_weights(self.model))
+        # TE's FP8 weight cache (fp8lab.layout.weight_cache: the plan's rule, the memory estimate's too)
+        self.weight_cache = bool(self.plan.weight_cache and getattr(model, "supports_weight_cache", False))
 
     def _make_master_weights(self, model) -> None:
         """bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype."""
@@ -198,11 +172,10 @@ class Trainer:
         c, env = self.c, self.env
         # Under CUDA graphs the streamed step: main_grad buffers zeroed in place (a graph writes to fixed
         # addresses), and no full fp32 gradient copy at the step, which the graphs' resident activations need
-        self.master = MasterWeights(model, lambda params: ftrain.make_optimizer(params, c, env.device),
-                                    streamed=self.graphs.active)
-        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only
-        if (c.fuse_wgrad_accumulation and not env.distributed
-                and hasattr(model, "wgrad_into_main_grad")):
+        self.master = MasterWeights(model, lambda params: foptim.make_optimizer(params, c, env.device),
+                                    streamed=self.plan.streamed_step)
+        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only (fp8lab.plan)
+        if self.plan.fused_wgrad and hasattr(model, "wgrad_into_main_grad"):
             self.fused_wgrad = model.wgrad_into_main_grad()
             if self.fused_wgrad:
                 self.master.use_main_grad(self.fused_wgrad)
@@ -213,8 +186,8 @@ class Trainer:
             return
         from fp8lab import graphs
 
-        c = self.c
-        self.graphs_captured = graphs.capture(self.inner, micro_batch_size=c.micro_batch_size, seq_len=c.seq_len,
+        p = self.plan
+        self.graphs_captured = graphs.capture(self.inner, micro_batch_size=p.micro_batch_size, seq_len=p.seq_len,
                                               fp8=self.fp8_on, recipe=self.recipe, weight_cache=self.weight_cache)
         self.optimizer.zero_grad(set_to_none=True)  # the capture's warm-up backward wrote into the gradient buffers
         self.log(f"fp8lab: {self.graphs_captured.describe()}")
@@ -224,26 +197,27 @@ class Trainer:
         import torch
 
         c = self.c
-        self.optimizer = self.master if self.master is not None else ftrain.make_optimizer(
+        self.optimizer = self.master if self.master is not None else foptim.make_optimizer(
             self.model, c, self.env.device, sharded=self.sharded)
         self.adamw = self.master.optimizer if self.master is not None else self.optimizer
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw, ftrain.lr_lambda(c, self.total_steps, self.warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw, foptim.lr_lambda(c, self.total_steps, self.warmup))
 
     def _build_components(self) -> None:
         from fp8lab.models import model_flops_per_token
 
-        c, env = self.c, self.env
-        self.loader = fdata.TokenLoader(self.data_dir, "train", c.seq_len, c.micro_batch_size, seed=c.seed,
+        c, env, p = self.c, self.env, self.plan
+        self.loader = fdata.TokenLoader(self.data_dir, "train", p.seq_len, p.micro_batch_size, seed=c.seed,
                                         rank=env.rank, world_size=self.world)
         self.state = TrainState(tokens_per_step=self.tokens_per_step, device=env.device)
         self.guard = NonFiniteGuard(c.max_bad_steps, self.state)
         self.gpu_name = self.machine.name
         peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(self.gpu_name)
-        self.info = RunInfo(c.precision, self.backend or "none", self.recipe.kind if (self.recipe and self.fp8_on) else None,
-                            c.model, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, c.seq_len),
+        self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind,
+                            c.model, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, p.seq_len),
                             self.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
-        self.fingerprint = fresume.fingerprint(c, self.world, self.total_steps, self.warmup, data=fdata.identity(self.manifest))
+        self.fingerprint = fresume.fingerprint(c, self.world, self.total_steps, self.warmup, layout=p.layout,
+                                               data=fdata.identity(self.manifest))
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
                                          {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
                                          self.fingerprint, self.log)
@@ -256,7 +230,7 @@ class Trainer:
         self.resumed_from, new_settings = resumed
         if new_settings:
             c = self.c
-            fresume.apply_new_settings(self.scheduler, c, ftrain.lr_lambda(c, self.total_steps, self.warmup), self.resumed_from)
+            fresume.apply_new_settings(self.scheduler, c, foptim.lr_lambda(c, self.total_steps, self.warmup), self.resumed_from)
             self.log(f"fp8lab: resuming step {self.resumed_from} with new settings ("
                      + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items()) + "): the new schedule from here on")
 
@@ -265,20 +239,27 @@ class Trainer:
         from fp8lab.models import count_parameters
 
         c, i, lay = self.c, self.info, self.layout
-        cfg_record = {**c.as_dict(), **self._resolved(), "flops_per_token": i.flops_per_token,
+        requested = c.as_dict()
+        # the flat keys are the options as they ran (the layout's values for "auto"), as readers of
+        # config.json (fp8lab.analysis) expect; "requested" is what was asked, "plan" what was decided and why
+        effective = {**requested, **lay.options()}
+        cfg_record = {**effective, **self._resolved(), "flops_per_token": i.flops_per_token,
                       "params": count_parameters(self.mcfg).total, **self._sources(),
-                      "resumed_from_step": self.resumed_from, "requested_layout": self.requested,
+                      "resumed_from_step": self.resumed_from,
+                      "requested_layout": {k: requested[k] for k in lay.options()},
                       "layout": {"reasons": lay.reasons, "memory_estimate_gib": dataclasses.asdict(lay.memory),
                                  "memory_estimate_peak_gib": lay.memory.peak, "memory_gib": self.machine.memory_gib},
                       **fmetrics.provenance(i.gpu_name, self.world, self.argv)}
-        cfg_record.update(fpaths.shareable_run_record(c.as_dict(), ftrain.TrainConfig().as_dict(), self.argv,
-                                                      self.paths.output_dir,
-                                                      ("model", "data", "output_dir", "checkpoint_dir", "model_dir")))
+        shared = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")
+        cfg_record.update(fpaths.shareable_run_record(effective, type(c)().as_dict(), self.argv,
+                                                      self.paths.output_dir, shared))
+        cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
+        cfg_record["plan"] = self.plan.record()
         (self.paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
         self._log_start()
 
     def _resolved(self) -> dict[str, Any]:
-        return {"backend_resolved": self.info.backend, "recipe_resolved": self.recipe.describe() if self.recipe else None,
+        return {"backend_resolved": self.plan.backend_label, "recipe_resolved": self.recipe.describe() if self.recipe else None,
                 "total_steps": self.total_steps, "warmup_steps_resolved": self.warmup,
                 "compute_dtype_resolved": self.compute_dtype, "tokens_per_step": self.tokens_per_step,
                 "fp8_weight_cache_active": self.weight_cache, "fuse_wgrad_accumulation_active": bool(self.fused_wgrad),
@@ -316,9 +297,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------ one step
 
     def _fp8_context(self):
-        from fp8lab.convert import autocast as fp8_autocast
-
-        return fp8_autocast(self.backend, self.recipe, enabled=self.fp8_on) if self.backend else nullcontext()
+        """The backend's FP8 region (FP8 off for BF16 runs on converted layers), from the plan's objects."""
+        return self.fp8_backend.autocast(self.recipe, self.fp8_on) if self.fp8_backend else nullcontext()
 
     def _forward(self, x, is_first_microbatch: bool | None = None):
         """The model's forward (logits), in the compute dtype's autocast and the backend's FP8 region:
@@ -341,35 +321,33 @@ class Trainer:
         loss = self._loss(self._forward(x, micro == 0 if self.weight_cache else None), y)
         if step in self.c.inject_nan_at_steps and self.env.is_main and micro == 0:
             loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step
-        (loss / self.c.grad_accum).backward()
+        (loss / self.plan.grad_accum).backward()
         return loss
 
     def train_step(self, step: int) -> StepResult:
         """Forward/backward over the micro-batches, clip, and the update unless the guard skips it."""
         import torch
 
-        from fp8lab.convert import after_optimizer_step
-
-        c, env = self.c, self.env
+        env, accum = self.env, self.plan.grad_accum
         lr = self.optimizer.param_groups[0]["lr"]
         loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
-        for micro in range(c.grad_accum):
+        for micro in range(accum):
             x, y = (t.to(env.device, non_blocking=True) for t in self.loader.next_batch())
-            with fdist.gradient_sync(self.model, micro == c.grad_accum - 1, self.keep_weights):
+            with fdist.gradient_sync(self.model, micro == accum - 1, self.keep_weights):
                 loss_sum += self._forward_backward(x, y, micro, step).detach()
         if self.weight_cache:
             self.inner.release_weight_cache()
         grad_norm = self._clip()
         # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
-        packed = torch.stack([loss_sum / c.grad_accum, torch.tensor(float(self.stop.set), device=env.device)])
+        packed = torch.stack([loss_sum / accum, torch.tensor(float(self.stop.set), device=env.device)])
         fdist.all_reduce_sum(packed, env)
         result = StepResult(loss=float(packed[0]) / self.world, grad_norm=float(grad_norm), lr=lr, skipped=False,
                             stop=bool(packed[1] > 0))
         result.skipped = self.guard.skip(result.loss, result.grad_norm)
         if not result.skipped:  # the FP8 overflow guard drops the update and keeps the weights
             self.optimizer.step()
-            if self.backend:  # e.g. FP8 scales of the new weights (a backend's optional hook)
-                after_optimizer_step(self.inner)
+            if self.after_step is not None:  # e.g. FP8 scales of the new weights (a backend's optional hook)
+                self.after_step(self.inner)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return result
@@ -388,20 +366,20 @@ class Trainer:
         """Mean validation loss over ``--val-batches`` global batches: the same windows at any layout."""
         import torch
 
-        c, env = self.c, self.env
-        vl = fdata.TokenLoader(self.data_dir, "val", c.seq_len, c.micro_batch_size, seed=0, rank=env.rank,
+        c, env, p = self.c, self.env, self.plan
+        vl = fdata.TokenLoader(self.data_dir, "val", p.seq_len, p.micro_batch_size, seed=0, rank=env.rank,
                                world_size=self.world, shuffle=False)
         self.model.eval()
         total = torch.zeros((), device=env.device, dtype=torch.float64)
         with torch.no_grad():
-            for _ in range(c.val_batches * c.grad_accum):
+            for _ in range(c.val_batches * p.grad_accum):
                 x, y = (t.to(env.device) for t in vl.next_batch())
                 total += self._loss(self._forward(x), y).double()
         self.model.train()
         if self.keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
             fdist.reshard(self.model)
         fdist.all_reduce_sum(total, env)
-        return float(total) / (c.val_batches * c.grad_accum * self.world)
+        return float(total) / (c.val_batches * p.grad_accum * self.world)
 
     # ------------------------------------------------------------------------------------ the loop
 
@@ -497,8 +475,8 @@ class Trainer:
         env, step = self.env, self.state.step
         why = None
         try:
-            ftrain.save_hf_model(self.model, self.inner, self.conversion, self.c, self.paths.model_dir, self.data_dir,
-                                 env, master=self.master)
+            fexport.save_hf_model(self.model, self.inner, self.conversion, self.c, self.paths.model_dir, self.data_dir,
+                                  env, master=self.master)
         except OSError as exc:  # e.g. disk full: the staged files are removed, nothing half-written stays
             why = fresume.failure_reason(exc)
         why = fdist.broadcast_object(why, env)
@@ -520,18 +498,89 @@ class Trainer:
             self.lock = None
 
 
-def run(c, env, argv: list[str] | None = None) -> dict[str, Any]:
-    """Set up (a ValueError there is an OptionError: the run cannot start as configured), then train."""
-    trainer = Trainer(c, env, argv)
+@contextmanager
+def setup_errors(paths, env) -> Iterator[None]:
+    """Inside: a ValueError means the run cannot start as configured. It becomes an OptionError,
+    and the folders this run would have created are removed (a refused run leaves nothing)."""
+    new = [d for d in (paths.output_dir, paths.checkpoint_dir, paths.model_dir, paths.data_cache) if not d.exists()]
     try:
-        with trainer.setup_errors():
+        yield
+    except ValueError as exc:
+        if env.local_rank == 0:
+            for d in new:
+                shutil.rmtree(d, ignore_errors=True)
+        if isinstance(exc, OptionError):
+            raise
+        raise OptionError(str(exc)) from exc
+
+
+def plan_here(c, env):
+    """The run's plan on this process's machine (fp8lab.plan.plan_run on the detected device)."""
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+
+    return plan_run(c, Machine.detect(env.device, env.world_size, c.gpu_memory_gib))
+
+
+def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the folders and data, plan the run here, set up (a ValueError in any of it is an OptionError:
+    the run cannot start as configured), then train. The output folder's lock is released however it ends.
+
+    ``expected``: the decisions of the plan made for this run elsewhere (a SageMaker job's, made at
+    launch for the instance it planned); a plan here that differs is refused, naming each decision."""
+    paths = frun_paths.resolve_paths(c)
+    trainer = None
+    try:
+        with setup_errors(paths, env):
+            source = frun_paths.data_source(c)
+            frun_paths.check_run(c, paths, source)  # folders writable, data readable: before any compute
+            ownership.check_run_folders(c, paths, source)  # no overlaps, nothing of the user's overwritten
+            plan = plan_here(c, env)
+            if expected:
+                check_same_plan(plan, expected)
+            trainer = Trainer(plan, env, argv)
             dry = trainer.setup()
         if dry is not None:
             return dry
         status, message = trainer.fit()
         return trainer.finish(status, message)
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
+
+
+def check_same_plan(plan, expected: dict[str, Any]) -> None:
+    """Refuse a run whose plan here differs from the one it was launched with (``RunPlan.decisions()``)."""
+    diff = plan.differences(expected)
+    if diff:
+        listed = ", ".join(f"{k}: {a!r} planned, {b!r} here" for k, (a, b) in diff.items())
+        raise ValueError(f"this machine plans the run differently from the launch ({listed}); the job runs what "
+                         "was planned or nothing: set these options explicitly, or plan for this machine")
+
+
+def apply_activation_checkpointing(model, backend: str | None, fp8_context: Callable[[], Any]) -> int:
+    """Recompute every decoder block in backward; returns how many blocks were wrapped.
+
+    Transformer Engine recomputes with its own ``te.checkpoint`` (keeps FP8 scaling state right);
+    other backends use ``torch.utils.checkpoint`` re-entering their FP8 region for the recompute.
+    The block's ``forward`` is wrapped on the instance, so parameter names do not change.
+    """
+    import functools
+
+    import torch.utils.checkpoint as tuc
+
+    blocks = fdist.block_list(model)
+    for block in blocks:
+        fwd = block.forward
+        if backend == "te":
+            import transformer_engine.pytorch as te
+
+            # non-reentrant: blocks take non-tensor arguments (RoPE tables as a tuple, HF kwargs)
+            block.forward = functools.partial(te.checkpoint, fwd, use_reentrant=False)
+        else:
+            block.forward = functools.partial(
+                tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))
+    return len(blocks)
 
 
 def _compile_blocks(model) -> None:

@@ -1,219 +1,27 @@
-"""Checks that run before anything is computed, prepared or written: one clear line per bad input.
+"""Value checks: one clear line per bad value, before anything is computed, prepared or written.
 
-Each check raises ``ValueError`` whose message names the option (``--output-dir``), or the file and
-the option that pointed to it (``--data``), and says what is allowed. The commands turn that into
-``<command>: error: <message>`` and a non-zero exit; the Python API raises it as it is.
+Each check raises ``ValueError`` (or argparse's ``ArgumentTypeError``) whose message names the
+option and says what is allowed. The commands turn that into ``<command>: error: <message>`` and a
+non-zero exit; the Python API raises it as it is.
 
-* :func:`check_writable_dir` / :func:`check_writable_file`: a folder or file fp8lab will write,
-  tested up front by creating (and removing) a probe file in the nearest existing folder, which also
-  catches what permission bits do not show (read-only mounts, immutable folders, a root user);
-* :func:`check_data_source`: a ``--data`` text file or folder (UTF-8 text, not binary, not empty,
-  enough documents for a train/validation split) or a prepared folder (a readable manifest whose
-  shards are all there), before any tokenizing;
-* :func:`check_prepared_size`: after tokenizing, both splits hold at least one window;
-* :func:`parse_count`: a positive integer written as ``1000000000``, ``1e9`` or ``1_000_000_000``;
 * the shared value checks: :func:`is_int`, :func:`is_num`, :func:`is_count` and the :class:`Check`
   objects (``POSITIVE_INT``, ``NONNEG_INT``, ``AUTO_OR_POSITIVE_INT`` ...) that option fields declare
   (fp8lab.options) and ``fp8lab.launch.JobSpec`` uses for its own fields;
-* :func:`check_notebook_values`: notebook parameters against their declared defaults' types and,
-  for notebooks that train, the trainer's own checks (``NOTEBOOK_CHECKS``).
+* :func:`parse_count` and the argparse types: a positive integer written as ``1000000000``, ``1e9``
+  or ``1_000_000_000``; numbers with bounds;
+* :func:`check_cli_recipe` and :class:`OneLineParser` for the commands.
+
+The other checks live by what they look at: folders and files fp8lab will write
+(``fp8lab.probes``), ``--data`` sources and prepared folders (``fp8lab.data_checks``), notebook
+parameters (``fp8lab.notebook_checks``), a training run's folders and data (``fp8lab.run_paths.check_run``).
 """
 from __future__ import annotations
 
 import argparse
-import codecs
-import gzip
-import json
-import lzma
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
-
-SCAN_BYTES = 64 << 20  # text read per --data file up front; a decode error past this is caught while tokenizing
-
-
-# --------------------------------------------------------------------------------------- paths
-
-def _nearest_existing(p: Path) -> Path:
-    q = p
-    while not q.exists() and q.parent != q:
-        q = q.parent
-    return q
-
-
-def _probe(folder: Path) -> str | None:
-    """Why ``folder`` cannot take a new file, or None (a probe file is created and removed)."""
-    try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=".fp8lab-write-check-")
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
-    os.close(fd)
-    os.unlink(name)
-    return None
-
-
-def check_writable_dir(option: str, value: Any) -> Path:
-    """``value`` is a folder that exists and takes new files, or can be created where it is."""
-    if not isinstance(value, (str, Path)) or not str(value).strip():
-        raise ValueError(f"{option}={value!r} is invalid; allowed: a non-empty folder path")
-    p = Path(value)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"{option}={str(value)!r} is a file, not a folder; allowed: a folder path (existing or new)")
-    base = _nearest_existing(p)
-    if not base.is_dir():
-        raise ValueError(f"{option}={str(value)!r} cannot be created: {_show(base, p)} is a file; "
-                         "allowed: a folder path (existing or new)")
-    why = _probe(base)
-    if why is not None:
-        raise ValueError(f"{option}={str(value)!r} is not writable ({why} in {_show(base, p)}); "
-                         "allowed: a folder you can write to")
-    return p
-
-
-def check_writable_file(option: str, value: Any) -> Path:
-    """``value`` names a file that can be written (its folder exists or can be created; it is no folder)."""
-    if not isinstance(value, (str, Path)) or not str(value).strip():
-        raise ValueError(f"{option}={value!r} is invalid; allowed: a non-empty file path")
-    p = Path(value)
-    if p.is_dir():
-        raise ValueError(f"{option}={str(value)!r} is a folder; allowed: a file path, e.g. report.html")
-    try:
-        check_writable_dir(option, p.parent)
-    except ValueError as exc:
-        why = str(exc).split(" is ", 1)[-1].split(" cannot ", 1)[-1].split("; allowed")[0]
-        raise ValueError(f"{option}={str(value)!r} cannot be written: its folder {str(p.parent)!r} is {why}; "
-                         "allowed: a file path in a folder you can write to") from None
-    return p
-
-
-def _show(base: Path, asked: Path) -> str:
-    """The existing folder above ``asked``, as the user wrote it (never made absolute)."""
-    return repr(str(base)) if base != Path(".") else "the working folder"
-
-
-# --------------------------------------------------------------------------------------- --data
-
-def _open_binary(path: Path):
-    if path.name.endswith(".xz"):
-        return lzma.open(path, "rb")
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
-
-
-def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) -> int:
-    """Documents (blank-line separated blocks) in the first ``limit`` bytes; ValueError if not UTF-8 text."""
-    who = f"{option}: file {path.name!r}"
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    docs, in_doc, read, line_no = 0, False, 0, 0
-    try:
-        with _open_binary(path) as fh:
-            head = fh.peek(8192)[:8192] if hasattr(fh, "peek") else b""
-            if b"\x00" in head:
-                raise ValueError(f"{who} is binary (NUL bytes near its start), not text; allowed: UTF-8 text "
-                                 "files (.txt, .md, optionally .xz/.gz) or a prepared folder")
-            for raw in fh:
-                line_no += 1
-                if b"\x00" in raw:
-                    raise ValueError(f"{who} is binary (NUL bytes on line {line_no}), not text; "
-                                     "allowed: UTF-8 text files (.txt, .md, optionally .xz/.gz) or a prepared folder")
-                try:
-                    text = decoder.decode(raw)
-                except UnicodeDecodeError as exc:
-                    raise ValueError(f"{who} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line_no}); "
-                                     "allowed: UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)") from None
-                if text.strip():
-                    docs += not in_doc
-                    in_doc = True
-                else:
-                    in_doc = False
-                read += len(raw)
-                if read >= limit:
-                    return docs
-            try:
-                decoder.decode(b"", final=True)
-            except UnicodeDecodeError:
-                raise ValueError(f"{who} is not UTF-8 text (it ends inside a multi-byte character); "
-                                 "allowed: UTF-8 text") from None
-    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
-        raise ValueError(f"{who} is not a readable {path.suffix} archive ({exc}); "
-                         "allowed: text files, optionally compressed with xz or gzip") from None
-    except OSError as exc:
-        raise ValueError(f"{who} cannot be read ({exc.strerror or exc})") from None
-    if docs == 0:
-        raise ValueError(f"{who} is empty (no text); allowed: UTF-8 text with at least one paragraph")
-    return docs
-
-
-def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05) -> None:
-    """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
-    ``hf:`` pass (checked when loaded)."""
-    from fp8lab import data as fdata
-
-    if value is None or (isinstance(value, str) and value.startswith("hf:")):
-        return
-    if isinstance(value, (str, Path)) and fdata.is_prepared(value):
-        check_prepared_folder(Path(value), option)
-        return
-    try:
-        files = fdata.text_files(value)
-    except ValueError as exc:
-        raise ValueError(f"{option}={value if isinstance(value, list) else str(value)!r}: {exc}") from None
-    docs = sum(scan_text_file(f, option) for f in files)
-    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fdata.prepare_data)
-    if docs < need:
-        names = ", ".join(repr(f.name) for f in files[:3]) + (" ..." if len(files) > 3 else "")
-        raise ValueError(f"{option}: {names} hold(s) {docs} document(s) (paragraphs separated by blank lines); "
-                         f"allowed: at least {need}, since every {need}th goes to the validation split")
-
-
-def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any]:
-    """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist."""
-    from fp8lab import data as fdata
-
-    mpath = folder / fdata.MANIFEST
-    who = f"{option}: {fdata.MANIFEST} in {folder.name!r}"
-    try:
-        m = json.loads(mpath.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{who} is not valid JSON (line {exc.lineno}: {exc.msg}); allowed: a folder written by "
-                         "fp8lab prepare-data (re-create it), or text files") from None
-    except (UnicodeDecodeError, OSError) as exc:
-        raise ValueError(f"{who} cannot be read ({type(exc).__name__}); allowed: a folder written by fp8lab prepare-data") from None
-    if not isinstance(m, dict) or m.get("format") != fdata.FORMAT or m.get("version") != fdata.FORMAT_VERSION:
-        got = (m.get("format"), m.get("version")) if isinstance(m, dict) else type(m).__name__
-        raise ValueError(f"{who} is not an {fdata.FORMAT} v{fdata.FORMAT_VERSION} manifest (found {got}); "
-                         "allowed: a folder written by fp8lab prepare-data")
-    try:
-        itemsize = __import__("numpy").dtype(m["dtype"]).itemsize
-        shards = [(s["file"], int(s["tokens"])) for split in ("train", "val") for s in m["splits"][split]["shards"]]
-        tokenizer = m["tokenizer"]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{who} lacks {exc} or has a wrong type there; allowed: a folder written by fp8lab prepare-data") from None
-    for name, tokens in shards:
-        f = folder / name
-        if not f.is_file() or f.stat().st_size < tokens * itemsize:
-            raise ValueError(f"{option}: shard {name!r} in {folder.name!r} is missing or shorter than its manifest says "
-                             f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
-    if not (folder / tokenizer).is_file():
-        raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
-    return m
-
-
-def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "--data") -> None:
-    """Both splits hold at least one window of ``seq_len + 1`` tokens."""
-    src = manifest.get("source", {})
-    names = src.get("files") or ([src["dataset"]] if src.get("dataset") else [])
-    who = f"{option} ({', '.join(map(repr, names[:3]))}{' ...' if len(names) > 3 else ''})" if names else option
-    for split in ("train", "val"):
-        n = manifest["splits"][split]["tokens"]
-        if n < seq_len + 1:
-            raise ValueError(f"{who}: its {split} split holds {n} tokens, too few for one sequence of --seq-len "
-                             f"{seq_len} (+1); allowed: more text, or a smaller --seq-len (at most {max(1, n - 1)})")
 
 
 # --------------------------------------------------------------------------------------- numbers
@@ -311,108 +119,19 @@ def whole_number(value: Any) -> Any:
     return value
 
 
-# --------------------------------------------------------------------------------------- notebooks
-
-def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
-    if isinstance(default, bool):
-        return "True or False", lambda v: isinstance(v, bool)
-    if isinstance(default, int):
-        return "an integer", lambda v: is_int(v) or (isinstance(v, float) and math.isfinite(v) and v.is_integer())
-    if isinstance(default, float):
-        return "a number", is_num
-    # a string default is left to the notebook's own checks: it may stand for "auto" or a number
-    if isinstance(default, list):
-        return "a list, e.g. " + repr(default), lambda v: isinstance(v, (list, tuple))
-    return None
-
-
-def check_notebook_values(name: str, declared: dict[str, Any], comments: dict[str, str], params: dict[str, Any]) -> None:
-    """Each value has its default's type (the parameters cell's comment says what is allowed)."""
-    for key, value in params.items():
-        kind = _kind(declared.get(key))
-        if kind is not None and not kind[1](value):
-            hint = f" ({comments[key]})" if comments.get(key) else ""
-            raise ValueError(f"notebook {name}: parameter {key}={value!r} is invalid; allowed: {kind[0]}{hint}, "
-                             f"default {declared[key]!r}")
-
-
-def _train_pair_check(values: dict[str, Any]) -> None:
-    """Notebook 03: every run it would start passes the trainer's own checks (fp8lab.train.TrainConfig)."""
-    import dataclasses
-
-    from fp8lab.options import FP8_BACKENDS
-    from fp8lab.train import TrainConfig
-
-    backends = values.get("backends")
-    choices = ("auto", *FP8_BACKENDS)
-    if isinstance(backends, str) or not isinstance(backends, (list, tuple)) or not backends or any(
-            b not in choices for b in backends):
-        raise ValueError(f"backends={backends!r} is invalid; allowed: a non-empty list of "
-                         f"{', '.join(repr(b) for b in choices)}")
-    options = {f.name for f in dataclasses.fields(TrainConfig)} - {"precision", "backend", "recipe"}
-    base = {k: v for k, v in values.items() if k in options}  # the parameters named like trainer options
-    if base.get("lr") == "auto":  # trainpair picks it by model size
-        del base["lr"]
-    for backend in backends:
-        TrainConfig(**base, precision="fp8", backend=backend, recipe=values.get("recipe", "auto"))
-
-
-NOTEBOOK_CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
-    "03_train_bf16_vs_fp8": _train_pair_check,  # its parameters are TrainConfig options
-}
-
-
-def check_notebook_semantics(name: str, declared: dict[str, Any], params: dict[str, Any]) -> None:
-    """The notebook's own checks on its full parameter set (defaults + given), named as the notebook names them."""
-    check = NOTEBOOK_CHECKS.get(name)
-    if check is None:
-        return
-    try:
-        check({**declared, **params})
-    except ValueError as exc:
-        # the trainer says --seq-len; the notebook parameter is seq_len
-        msg = re.sub(r"--([a-z0-9-]+)", lambda m: m.group(1).replace("-", "_"), str(exc))
-        raise ValueError(f"notebook {name}: parameter {msg}") from None
-
-
-def parameter_comments(source: str) -> dict[str, str]:
-    """``name = value  # comment`` lines of a parameters cell: name -> comment."""
-    out = {}
-    for line in source.splitlines():
-        m = re.match(r"^(\w+)\s*(?::[^=]+)?=.*?#\s*(.+)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    return out
-
-
-# --------------------------------------------------------------------------------------- a training run
-
-def check_run(c, paths, source: str | None) -> None:
-    """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.train)."""
-    from fp8lab import data as fdata
-
-    check_writable_dir("--output-dir", paths.output_dir)
-    if c.checkpoint_every >= 0:
-        check_writable_dir("--checkpoint-dir", paths.checkpoint_dir)
-    elif paths.checkpoint_dir.exists() and not paths.checkpoint_dir.is_dir():
-        raise ValueError(f"--checkpoint-dir={str(paths.checkpoint_dir)!r} is a file, not a folder")
-    if c.save_model:
-        check_writable_dir("--model-dir", paths.model_dir)
-    check_data_source(source)
-    if source is None or not (str(source).startswith("hf:") or fdata.is_prepared(source)):
-        check_writable_dir("--output-dir", paths.data_cache)  # text is tokenized there
-
+# --------------------------------------------------------------------------------------- the command lines
 
 def check_cli_recipe(c, recipe_given: bool) -> None:
-    """``fp8lab train --precision bf16 --recipe X``: with ``--backend auto`` a BF16 run is the plain HF
-    model, so the recipe would be silently ignored.
+    """``fp8lab train --precision bf16 --recipe X``: with ``--backend auto`` a BF16 run has FP8 off (TE's
+    layers where TE is usable, else the plain HF model: fp8lab.plan.select_backend), so the recipe
+    would be silently ignored.
 
     Not refused: an explicit ``--backend`` (a BF16 run then uses the converted layers that recipe
     picks, as fp8lab.launch and fp8lab.trainpair do for their baselines; SageMaker jobs always pass
     their recipe), and the Python API (TrainConfig keeps accepting it, for those callers)."""
     if recipe_given and c.precision == "bf16" and c.backend == "auto" and c.recipe != "auto":
-        raise ValueError(f"--recipe={c.recipe!r} has no effect with --precision bf16 and --backend auto (the plain "
-                         "Hugging Face model); allowed: leave --recipe out, --precision fp8, or an FP8 --backend "
+        raise ValueError(f"--recipe={c.recipe!r} has no effect with --precision bf16 and --backend auto (FP8 off: "
+                         "TE's layers where TE is usable, else the plain Hugging Face model); allowed: leave --recipe out, --precision fp8, or an FP8 --backend "
                          "(te | torchao | emulated: BF16 on the converted layers that recipe picks)")
 
 

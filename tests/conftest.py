@@ -74,17 +74,17 @@ def prepared(tmp_path_factory):
 
 @pytest.fixture
 def capture_trained(monkeypatch):
-    """The converted model as it finished training (what fp8lab.train.save_hf_model exported), by key "inner"."""
-    from fp8lab import train as ftrain
+    """The converted model as it finished training (what fp8lab.export.save_hf_model exported), by key "inner"."""
+    from fp8lab import export as fexport
 
     seen = {}
-    real = ftrain.save_hf_model
+    real = fexport.save_hf_model
 
     def spy(model, inner, conversion, *a, **k):
         seen["inner"] = inner
         return real(model, inner, conversion, *a, **k)
 
-    monkeypatch.setattr(ftrain, "save_hf_model", spy)
+    monkeypatch.setattr(fexport, "save_hf_model", spy)
     return seen
 
 

@@ -11,6 +11,7 @@ A backend is a module in this package that defines ``BACKEND``, an object follow
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import pkgutil
@@ -23,6 +24,13 @@ if TYPE_CHECKING:  # torch loads with a backend, not with the registry (fp8lab.o
     from torch import nn
 
 ModuleFilter = Callable[["nn.Module", str], bool]
+
+# what recipe=None (--recipe auto) means per backend, readable without importing a backend (fp8lab.plan)
+DEFAULT_RECIPES: dict[str, Recipe] = {
+    "te": Recipe(),  # TE's own default: DelayedScaling, HYBRID
+    "torchao": Recipe(kind="current"),  # torchao's tensorwise dynamic scaling, E5M2 gradients
+    "emulated": Recipe(),
+}
 
 
 @runtime_checkable
@@ -42,9 +50,14 @@ class Backend(Protocol):
         """Context in which converted modules compute in FP8 (``enabled=False``: high precision)."""
 
 
+@functools.cache  # the package's files do not change while it runs: discovered once
+def _discovered() -> tuple[str, ...]:
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+
+
 def backend_names() -> list[str]:
     """Names of the backend modules in this package (files not starting with '_')."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return list(_discovered())
 
 
 def get_backend(name: str) -> Backend:
@@ -94,6 +107,14 @@ def fp8_gpu_problem() -> str | None:
         return (f"GPU {torch.cuda.get_device_name()} has compute capability {major}.{minor}; FP8 needs >= 8.9 "
                 f"(Ada L4/L40, Hopper H100/H200, Blackwell)")
     return None
+
+
+def fused_problem(hf_config) -> str | None:
+    """Why the fused conversion cannot represent this transformers config exactly, or None
+    (``backends/_fused.py`` has the rules; torch loads with it)."""
+    from fp8lab.backends._fused import fused_problem as problem
+
+    return problem(hf_config)
 
 
 def check_gemm_shapes(shapes: list[tuple[str, int, int]]) -> None:
@@ -156,6 +177,6 @@ def is_rmsnorm(module: nn.Module) -> bool:
 
 
 __all__ = [
-    "Backend", "BackendUnavailableError", "ModuleFilter", "available_backends", "backend_names",
-    "get_backend", "require", "fp8_gpu_problem", "install_or_gpu_problem", "check_gemm_shapes", "default_filter",
+    "Backend", "BackendUnavailableError", "DEFAULT_RECIPES", "ModuleFilter", "available_backends", "backend_names",
+    "get_backend", "require", "fused_problem", "fp8_gpu_problem", "install_or_gpu_problem", "check_gemm_shapes", "default_filter",
 ]

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8lab import formats
-from fp8lab.backends import _fused, fused_targets, linear_targets, swap_modules
+from fp8lab.backends import DEFAULT_RECIPES, _fused, fused_targets, linear_targets, swap_modules
 from fp8lab.recipe import Recipe
 
 
@@ -283,7 +283,7 @@ def _to_emulinear(lin: nn.Linear) -> EmuLinear:
 
 class EmulatedBackend:
     name = "emulated"
-    default_recipe = Recipe()
+    default_recipe = DEFAULT_RECIPES["emulated"]
 
     def available(self) -> str | None:
         return None  # pure PyTorch: any device

@@ -22,7 +22,7 @@ import warnings
 import torch
 from torch import nn
 
-from fp8lab.backends import _fused, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
+from fp8lab.backends import DEFAULT_RECIPES, _fused, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
 from fp8lab.pins import install_hint
 from fp8lab.recipe import Recipe
 
@@ -131,7 +131,7 @@ def _copy_into(new: nn.Module, old: nn.Module) -> nn.Module:
 
 class TEBackend:
     name = "te"
-    default_recipe = Recipe()  # TE's own default: DelayedScaling, HYBRID
+    default_recipe = DEFAULT_RECIPES["te"]
 
     def __init__(self) -> None:
         # one TE recipe object per Recipe: TE re-initialises a module's FP8 state (its amax

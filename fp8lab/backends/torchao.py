@@ -16,7 +16,7 @@ from typing import Iterator
 
 from torch import nn
 
-from fp8lab.backends import install_or_gpu_problem, linear_targets
+from fp8lab.backends import DEFAULT_RECIPES, install_or_gpu_problem, linear_targets
 from fp8lab.pins import install_hint
 from fp8lab.recipe import Recipe
 
@@ -32,7 +32,7 @@ warnings.filterwarnings("ignore", message=r"invalid escape sequence", category=S
 
 class TorchaoBackend:
     name = "torchao"
-    default_recipe = Recipe(kind="current")  # torchao's tensorwise dynamic scaling, E5M2 gradients
+    default_recipe = DEFAULT_RECIPES["torchao"]
 
     def __init__(self) -> None:
         self._converted: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # for autocast(enabled=False)

@@ -7,26 +7,28 @@ import sys
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
 from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
-from fp8lab.launch.spec import MAX_INSTANCES_PER_JOB
-from fp8lab.options import PRECISIONS
-from fp8lab.validate import AUTO, OneLineParser, check_writable_file, parse_count
+from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS
+from fp8lab.options import PRECISIONS, add_arguments, from_text
+from fp8lab.probes import check_writable_file
+from fp8lab.validate import OneLineParser, parse_count
+
+# the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
+# precision are the sweep's --models / --precisions)
+TRAINER_FLAGS = tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision")) + ("checkpoint_every",)
 
 
-def auto_or_integer(text: str):
-    """A layout option on the command line: "auto" (fp8lab.layout picks it for the instance's GPU) or an integer."""
-    return AUTO if text == AUTO else int(text)
-
-
-DEFAULT_TOKENS = 24 * 10**9  # the source's one epoch; notebook 04 and the results' cost figures price the same budget
-
-
-def _trainer_help(name: str) -> str:
-    """The help of a trainer option, from its one declaration (``TrainConfig``'s field)."""
+def _trainer_options(args: argparse.Namespace) -> dict:
+    """The trainer options given on the command line, converted by their fields (fp8lab.options.from_text)."""
     import dataclasses
 
     from fp8lab.train import TrainConfig
 
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(TrainConfig)}[name]
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    return {name: from_text(fields[name], getattr(args, name)) for name in TRAINER_FLAGS
+            if getattr(args, name) is not None}
+
+
+DEFAULT_TOKENS = 24 * 10**9  # the source's one epoch; notebook 04 and the results' cost figures price the same budget
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
@@ -52,10 +54,10 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
     p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: see PRICE_SOURCE)")
-    p.add_argument("--micro-batch-size", type=auto_or_integer, default=AUTO,
-                   help=_trainer_help("micro_batch_size") + "; in a plan: the instance's GPU (default: auto)")
-    p.add_argument("--seq-len", type=auto_or_integer, default=AUTO,
-                   help=_trainer_help("seq_len") + " (default: auto)")
+    from fp8lab.train import TrainConfig
+
+    g = p.add_argument_group("trainer options (as for fp8lab train; every job of the sweep gets them)")
+    add_arguments(g, TrainConfig, only=TRAINER_FLAGS, defaults=JOB_DEFAULTS)
     p.add_argument("--spot", action="store_true", help="managed spot training (cheaper, may wait; checkpoints resume it)")
     p.add_argument("--install-te", action="store_true",
                    help="add transformer-engine[pytorch] to the job's requirements (if the image lacks it)")
@@ -68,8 +70,8 @@ def _plan_from(args: argparse.Namespace) -> SweepPlan:
             {"steps": args.steps} if args.steps is not None else {"tokens": DEFAULT_TOKENS})
     return plan_sweep(args.models, args.precisions, args.instance_counts, price_per_hour=args.price_per_hour,
                       instance_type=args.instance_type, role=args.role, bucket=args.bucket, region=args.region,
-                      micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, spot=args.spot,
-                      install_te=args.install_te, allow_large=args.allow_large, **size)
+                      spot=args.spot, install_te=args.install_te, allow_large=args.allow_large,
+                      **_trainer_options(args), **size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,9 +33,9 @@ def image_te(framework_version: str) -> str | None:
 
 
 def installs_te(spec) -> bool:
-    """Whether the job installs the pinned TE: asked for (``install_te``), or its backend is ``te`` and
+    """Whether the job installs the pinned TE: asked for (``install_te``), or its planned backend is ``te`` and
     the image's TE is older than fp8lab needs or unknown."""
-    return bool(spec.install_te) or (spec.backend == "te" and not te_supported(image_te(spec.framework_version)))
+    return bool(spec.install_te) or (spec.plan.backend == "te" and not te_supported(image_te(spec.framework_version)))
 
 
 def te_in_job(spec) -> str:

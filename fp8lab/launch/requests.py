@@ -17,6 +17,7 @@ from fp8lab.launch.image import TE_BUILD_ENV, installs_te, job_requirements
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS
 from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
+from fp8lab.plan import PLANNED_ENV
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
@@ -94,8 +95,10 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         output_data_config=OutputDataConfig(s3_output_path=paths["output"], compression_type="GZIP"),
         checkpoint_config=CheckpointConfig(s3_uri=paths["checkpoints"], local_path=CHECKPOINT_LOCAL_PATH),
         hyperparameters=hyperparameters(spec),
-        # Same for BF16 and FP8 jobs: only the precision hyperparameter differs.
+        # the plan made here: the trainer re-plans on the instance and refuses a different plan (fp8lab.sm_entry);
+        # otherwise the same for BF16 and FP8 jobs (only the precision hyperparameter differs)
         environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false",
+                     PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True),
                      **(TE_BUILD_ENV if installs_te(spec) else {})},
         tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),
               Tag(key="fp8lab:precision", value=spec.precision), Tag(key="fp8lab:model", value=spec.model_label)],

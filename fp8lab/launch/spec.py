@@ -1,10 +1,13 @@
 """``JobSpec``: one SageMaker training job, validated on construction, and the trainer options it becomes.
 
-A spec is checked field by field, then run through the trainer's own parser and start-up checks
-for the instance's GPU (``fp8lab.train.parse_args`` / ``preflight``), which also resolve its
-``auto`` layout fields. Here too: the option vocabularies and limits a spec is checked against,
-the deterministic job name (``job_name``) and the trainer's command line as SageMaker
-hyperparameters (``hyperparameters``), since the validation runs exactly those options.
+A spec is the trainer's options (``TrainConfig``'s fields, with ``TrainConfig``'s defaults except
+those in ``JOB_DEFAULTS``) plus where and how the job runs (instance, S3, limits). It is checked
+field by field, then planned like the trainer plans a run (``fp8lab.plan.plan_run``) for the
+instance's GPU at 8 x instance_count ranks: ``spec.plan`` is that ``RunPlan``. Nothing planned is
+written back into the spec, so ``dataclasses.replace(spec, model="llama-7b")`` plans the 7B job
+afresh. Here too: the option vocabularies and limits a spec is checked against, the deterministic
+job name (``job_name``) and the trainer's command line as SageMaker hyperparameters
+(``hyperparameters``: the plan's decisions spelled out, so the job runs what was planned).
 """
 from __future__ import annotations
 
@@ -21,16 +24,17 @@ from typing import Any, Callable, Iterator
 
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
 from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
-from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS, to_text  # the trainer's vocabularies
+from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
 from fp8lab.recipe import Recipe
-from fp8lab.validate import NONNEG_INT, is_count, one_of, whole_number
+from fp8lab.train import TrainConfig
+from fp8lab.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
 
 # ----------------------------------------------------------------------------------------------
 # Option vocabularies and limits
 # ----------------------------------------------------------------------------------------------
 
-BACKENDS = HARDWARE_BACKENDS  # FP8 on tensor cores (fp8lab.backends less the emulator)
-RECIPES = RECIPE_KINDS
+BACKENDS = (AUTO, *HARDWARE_BACKENDS)  # auto (TE on the instance's GPU), or FP8 on tensor cores (not the emulator)
+RECIPES = (AUTO, *RECIPE_KINDS)
 SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
 MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
 # A sanity cap on instances per job: more than a typical regional P5 quota; a typo there (1000 for 10)
@@ -41,6 +45,17 @@ MAX_INSTANCES_PER_JOB = 64
 # ----------------------------------------------------------------------------------------------
 # JobSpec
 # ----------------------------------------------------------------------------------------------
+
+_TRAINER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+# where a job's default differs from ``fp8lab train``'s, and why (every other trainer option: TrainConfig's default)
+JOB_DEFAULTS = {
+    "parallel": "fsdp",  # 8 GPUs per instance: FSDP2 shards the model states (a 7B model with AdamW does not fit DDP on P5)
+}
+
+
+def _default(name: str) -> Any:
+    """A trainer option's default in a JobSpec: the job's own (JOB_DEFAULTS) or TrainConfig's."""
+    return JOB_DEFAULTS.get(name, _TRAINER_DEFAULTS[name])
 
 
 def _model_names() -> list[str]:
@@ -85,22 +100,22 @@ class JobSpec:
     precision: str = "bf16"  # "bf16" or "fp8"
     role: str = ""  # SageMaker execution role ARN (required)
     bucket: str = ""  # S3 bucket for code, outputs and checkpoints (required)
-    backend: str = "te"  # FP8 backend, passed to BF16 jobs too so both run the same layers
-    recipe: str = "delayed"  # FP8 scaling recipe (fp8lab.recipe kinds); mxfp8 needs Blackwell
+    backend: str = _default("backend")  # auto: TE (FP8 on, or off for BF16: both run the same layers); or te | torchao
+    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.recipe kinds; auto: the backend's); mxfp8 needs Blackwell
     instance_type: str = "ml.p5.48xlarge"
     instance_count: int = 1
-    tokens: int | None = None  # training tokens over all GPUs; exactly one of tokens / steps
-    steps: int | None = None
-    micro_batch_size: int | str = "auto"  # sequences per GPU per micro-step; auto: fp8lab.layout for the instance's GPU
-    grad_accum: int | str = "auto"  # auto: fp8lab.layout's tokens-per-step target
-    seq_len: int | str = "auto"  # auto: 2048 (at most the model's max_seq_len)
-    lr: float = 3e-4
-    fuse: bool = True  # fused TE modules (LayerNormLinear / LayerNormMLP)
-    compile: bool = False  # torch.compile each block
-    parallel: str = "fsdp"  # ddp | fsdp (FSDP2): a 7B model with AdamW state does not fit one GPU under DDP
-    activation_checkpointing: bool = False  # recompute blocks in backward: less memory, ~1/3 more compute
-    seed: int = 0
-    checkpoint_every: int = 0  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
+    tokens: int | None = _default("tokens")  # training tokens over all GPUs; exactly one of tokens / steps
+    steps: int | None = _default("steps")
+    micro_batch_size: int | str = _default("micro_batch_size")  # auto: fp8lab.layout for the instance's GPU (spec.plan)
+    grad_accum: int | str = _default("grad_accum")  # auto: fp8lab.layout's tokens-per-step target
+    seq_len: int | str = _default("seq_len")  # auto: 2048 (at most the model's max_seq_len)
+    lr: float = _default("lr")
+    fuse: bool = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP)
+    compile: bool = _default("compile")  # torch.compile each block
+    parallel: str = _default("parallel")  # ddp | fsdp (FSDP2; JOB_DEFAULTS)
+    activation_checkpointing: bool = _default("activation_checkpointing")  # less memory, ~1/3 more compute
+    seed: int = _default("seed")
+    checkpoint_every: int = _default("checkpoint_every")  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
     data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data
     spot: bool = False  # managed spot training (checkpoints make it resumable)
     max_run_s: int | None = None  # None = from the plan's time estimate (x2 + 1 h)
@@ -129,7 +144,7 @@ class JobSpec:
         self._check_instance(bad)
         self._check_run_limits(bad)
         self._check_aws(bad)
-        self._resolve_with_trainer()
+        self._plan_with_trainer()
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
@@ -141,10 +156,11 @@ class JobSpec:
         for name in (*LAYOUT_FIELDS, "tokens", "steps", "seed", "lr", "fuse", "compile", "activation_checkpointing"):
             if (allowed := option_problem(name, getattr(self, name))) is not None:
                 raise bad(name, getattr(self, name), allowed)
-        if not isinstance(self.recipe, str) or self.recipe.partition(":")[0] not in RECIPES:
+        if not isinstance(self.recipe, str) or self.recipe.partition(":")[0] not in RECIPES or self.recipe.startswith("auto:"):
             raise bad("recipe", self.recipe, ", ".join(RECIPES) + " (optionally kind:key=value,...)")
         try:
-            Recipe.parse(self.recipe)
+            if self.recipe != AUTO:
+                Recipe.parse(self.recipe)
         except ValueError as exc:
             raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid: {exc}") from None
 
@@ -280,41 +296,46 @@ class JobSpec:
             return config_from_hf(user_model.check_config_dict(self.model_config, "JobSpec.model_config"))
         return get_config(self.model)
 
-    def _resolve_with_trainer(self) -> None:
-        """Run the trainer's own parser and start-up checks on this job, for the instance's GPU at
-        8 x instance_count ranks, and replace "auto" layout fields by what the trainer will run."""
+    def _plan_with_trainer(self) -> None:
+        """Plan this job as the trainer plans a run (fp8lab.plan.plan_run), for the instance's GPU at
+        8 x instance_count ranks; a job the trainer would refuse is refused here. The plan is kept
+        (``spec.plan``); no field of the spec changes."""
         from fp8lab.hardware import Machine
-        from fp8lab.train import parse_args, preflight
+        from fp8lab.plan import plan_run
 
         if not isinstance(self.options, dict):
             raise ValueError(f"JobSpec.options={self.options!r} is invalid; allowed: a dict of trainer options")
-        unknown = sorted(set(self.options) - _trainer_option_names())
+        unknown = sorted(set(self.options) - set(_TRAINER_DEFAULTS))
         reserved = sorted(set(self.options) & JOB_OWNED_OPTIONS)
         if unknown or reserved:
             raise ValueError(f"JobSpec.options: {', '.join(unknown + reserved)} "
                              + ("not trainer options" if unknown else "set by JobSpec itself or by SageMaker")
-                             + f"; allowed: {', '.join(sorted(_trainer_option_names() - JOB_OWNED_OPTIONS))}")
-        hp = hyperparameters(self)
-        hp.pop("data", None)  # the channel's path exists only inside the job
+                             + f"; allowed: {', '.join(sorted(set(_TRAINER_DEFAULTS) - JOB_OWNED_OPTIONS))}")
         try:
-            with _local_model(self) as local:  # the model channel's path exists only inside the job, too
-                hp["model"] = local
-                cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", to_text(v))])  # as the driver passes them
+            with _local_model(self) as local:  # the model channel's path exists only inside the job
                 machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
-                cfg, layout, _, _ = preflight(cfg, machine, self.backend)  # parse_args ran the fused-path check
+                plan = plan_run(self.trainer_config(model=local), machine)
         except ValueError as exc:
             raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x {self.instance_type}): "
                              f"the trainer would refuse this job: {exc}") from None
-        # spell the resolved layout out, so a copy (dataclasses.replace) resolves to the very same job
-        for name in LAYOUT_FIELDS:
-            object.__setattr__(self, name, getattr(cfg, name))
-        object.__setattr__(self, "options", {**self.options, **{k: getattr(cfg, k) for k in LAYOUT_OPTIONS}})
-        object.__setattr__(self, "_layout", layout)
+        object.__setattr__(self, "_plan", plan)  # derived, not a field: replace() plans again
+
+    def trainer_config(self, **override: Any) -> TrainConfig:
+        """The trainer options this job requests (its TrainConfig; "auto" as given), ``override`` applied."""
+        kw = {name: getattr(self, name) for name in SPEC_OPTIONS}
+        kw.update(tokens=self.tokens, steps=self.steps, checkpoint_every=self.checkpoint_every, progress="off",
+                  **self.options)
+        return TrainConfig(**{**kw, **override})
+
+    @property
+    def plan(self):
+        """The fp8lab.plan.RunPlan of this job on its instance: what the trainer will decide there."""
+        return self._plan
 
     @property
     def layout(self):
         """The fp8lab.layout.Layout the job runs (memory estimate and reasons included)."""
-        return self._layout
+        return self._plan.layout
 
     @property
     def info(self) -> InstanceInfo:
@@ -326,7 +347,7 @@ class JobSpec:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.micro_batch_size * self.grad_accum * self.seq_len * self.world_size
+        return self._plan.tokens_per_step
 
     @property
     def total_tokens(self) -> int:
@@ -336,6 +357,7 @@ class JobSpec:
         """The fields that define the experiment (not where it is stored or who pays), for the name hash."""
         skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
         out = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        out.update(_planned_options(self))  # what runs ("auto" as the plan resolved it), so equal jobs get equal names
         if self.model_config is None:
             out.pop("model_config")  # named models: the identity (and job names) as before
         if self.is_folder_model and not self.model.startswith("s3://"):
@@ -380,8 +402,8 @@ def _local_model(spec: JobSpec) -> Iterator[str]:
         yield str(folder)
 
 
-LAYOUT_FIELDS = INT_FIELDS  # JobSpec fields the layout resolver fills in
-LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in INT_FIELDS)  # and trainer options it fills into JobSpec.options
+LAYOUT_FIELDS = INT_FIELDS  # JobSpec fields the layout resolver decides (spec.plan.layout)
+LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in INT_FIELDS)  # and trainer options it decides (passed as options)
 # JobSpec fields that are trainer options of the same name, passed as they are (hyperparameters())
 SPEC_OPTIONS = ("model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len", "lr", "seed",
                 "fuse", "compile", "parallel", "activation_checkpointing")
@@ -391,18 +413,24 @@ JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "c
                                               "checkpoint_dir", "model_dir", "device", "dry_run", "inject_nan_at_steps"}
 
 
-def _trainer_option_names() -> set[str]:
-    from fp8lab.train import TrainConfig
-
-    return {f.name for f in dataclasses.fields(TrainConfig)}
+def _planned_options(spec: JobSpec) -> dict[str, Any]:
+    """The job's fields and options with the plan's decisions for "auto": the backend, the recipe and the layout."""
+    plan = spec.plan
+    c = plan.config  # the request as planned (a model folder stands in for an s3:// model)
+    recipe = c.recipe if c.recipe != AUTO or plan.recipe is None else plan.recipe.kind  # a backend's default is its kind
+    layout = {name: getattr(plan.layout, name) for name in LAYOUT_FIELDS}
+    return {"backend": plan.backend_label, "recipe": recipe, **layout,
+            "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}}}
 
 
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:
     """The trainer's CLI options; the torchrun driver passes each as ``--key value``.
 
-    Layout options are the resolved values (``JobSpec`` replaced "auto" when it was made), plus
-    everything in ``spec.options``; the set passed the trainer's own parser and start-up checks."""
-    hp: dict[str, Any] = {name.replace("_", "-"): getattr(spec, name) for name in SPEC_OPTIONS}
+    What the plan decided for the instance (``spec.plan``: backend, recipe and layout instead of
+    "auto"), plus everything in ``spec.options``: the job runs what was planned."""
+    planned = _planned_options(spec)
+    values = {name: planned.get(name, getattr(spec, name)) for name in SPEC_OPTIONS}
+    hp: dict[str, Any] = {name.replace("_", "-"): value for name, value in values.items()}
     hp["progress"] = "off"  # no tqdm bar in CloudWatch logs; the metric lines carry the progress
     hp["tokens" if spec.tokens is not None else "steps"] = spec.tokens if spec.tokens is not None else spec.steps
     if spec.checkpoint_every:
@@ -411,6 +439,6 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
         hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
     if spec.is_folder_model:
         hp["model"] = MODEL_CHANNEL_PATH  # the "model" channel: the user's folder
-    for name, value in spec.options.items():
+    for name, value in planned["options"].items():
         hp[name.replace("_", "-")] = value
     return hp

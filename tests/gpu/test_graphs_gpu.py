@@ -112,7 +112,7 @@ def test_streamed_master_step_equals_the_plain_step_on_the_gpu(monkeypatch):
 
     from fp8lab import master_weights
     from fp8lab.models import build_model
-    from fp8lab.train import make_optimizer
+    from fp8lab.optim import make_optimizer
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

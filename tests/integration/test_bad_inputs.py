@@ -52,7 +52,7 @@ def _make_readonly(path: Path) -> bool:
 
 
 def _readonly(path: Path) -> bool:
-    from fp8lab.validate import _probe
+    from fp8lab.probes import _probe
 
     return _probe(path) is not None
 

@@ -10,6 +10,7 @@ import pytest
 
 from fp8lab import data as fdata
 from fp8lab import metrics as fmetrics
+from fp8lab import run_paths
 from fp8lab import train as ftrain
 from fp8lab.train import TrainConfig, main, train
 
@@ -117,7 +118,7 @@ def test_fp8_weight_cache_is_only_active_where_the_backend_has_one(prepared, tmp
     (None, "fsdp", "bf16", "fp32", True, False),
 ])
 def test_fsdp2_with_te_in_bf16_needs_bf16_parameters(backend, parallel, precision, param_dtype, distributed, refused):
-    from fp8lab.train import fsdp_te_problem
+    from fp8lab.plan import fsdp_te_problem
 
     c = TrainConfig(model="llama-tiny", precision=precision, parallel=parallel, param_dtype=param_dtype,
                     backend="te" if backend else "none")
@@ -201,8 +202,8 @@ def test_sagemaker_entry_point_layout(prepared, tmp_path, monkeypatch):
         monkeypatch.setenv(name, str(path))
     monkeypatch.setenv("SM_TRAINING_ENV", json.dumps({"job_name": "fp8lab-test"}))
     # where SageMaker syncs checkpoints is /opt/ml/checkpoints; the test points it at tmp
-    assert ftrain.resolve_paths(TrainConfig()).checkpoint_dir.as_posix() == "/opt/ml/checkpoints"
-    monkeypatch.setenv(ftrain.CHECKPOINT_DIR_ENV, str(ml / "checkpoints"))
+    assert run_paths.resolve_paths(TrainConfig()).checkpoint_dir.as_posix() == "/opt/ml/checkpoints"
+    monkeypatch.setenv(run_paths.CHECKPOINT_DIR_ENV, str(ml / "checkpoints"))
     hps = {"model": "llama-tiny", "precision": "fp8", "backend": "emulated", "recipe": "current", "steps": 3,
            "seq-len": 32, "micro-batch-size": 2, "grad-accum": 1, "lr": 0.001, "seed": 0, "fuse": "True",
            "compile": "False", "checkpoint-every": 2, "progress": "off", "plot": "True",
@@ -361,7 +362,7 @@ def test_single_process_gets_fused_adamw_even_with_parallel_fsdp():
     its full-size temporaries ran llama-7b out of memory on one H200)."""
     import torch
 
-    from fp8lab.train import make_optimizer
+    from fp8lab.optim import make_optimizer
 
     c = TrainConfig(model="llama-tiny", parallel="fsdp")
     params = [torch.nn.Parameter(torch.zeros(4, 4)), torch.nn.Parameter(torch.zeros(4))]

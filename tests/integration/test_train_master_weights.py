@@ -12,7 +12,8 @@ from test_train_processes import _start_and_wait, common, records, run, torchrun
 from fp8lab import train as ftrain
 from fp8lab.master_weights import MasterWeights
 from fp8lab.models import build_model
-from fp8lab.train import TrainConfig, main, make_optimizer, train
+from fp8lab.optim import make_optimizer
+from fp8lab.train import TrainConfig, main, train
 
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, plot=False, progress="off", print_metrics=False)
 

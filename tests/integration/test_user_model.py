@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from fp8lab import data as fdata
-from fp8lab import train as ftrain
 from fp8lab import user_model
 from fp8lab.models import count_parameters, get_config, model_flops_per_token
 from fp8lab.train import TrainConfig, train
@@ -160,8 +159,10 @@ def test_user_config_feeds_flops_layout_and_counts(tmp_path):
     c = TrainConfig(**{**RUN, "micro_batch_size": "auto"}, model=str(tmp_path / "gptneo"))
     from fp8lab.hardware import Machine
 
-    c2, layout, total, warm = ftrain.preflight(c, Machine.detect(torch.device("cpu"), 1, 0), "emulated")
-    assert c2.micro_batch_size >= 1 and layout.memory.peak > 0
+    from fp8lab.plan import plan_run
+
+    p = plan_run(c, Machine.detect(torch.device("cpu"), 1, 0))
+    assert p.micro_batch_size >= 1 and p.layout.memory.peak > 0
 
 
 def test_fingerprint_follows_the_config_not_the_path(tmp_path):
@@ -298,7 +299,7 @@ def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
     assert spec.is_folder_model and spec.model_label == "my-llama3"
     assert L.hyperparameters(spec)["model"] == "/opt/ml/input/data/model"
     assert [c.channel_name for c in L.input_data(spec)] == ["model"]
-    assert spec.model_cfg == get_config(str(src)) and spec.micro_batch_size >= 1  # layout resolved for H100
+    assert spec.model_cfg == get_config(str(src)) and spec.plan.micro_batch_size >= 1  # layout planned for H100
     q = L.JobSpec(model=str(save_folder(tmp_path / "my-qwen2", qwen2_config(), weights=False)), **base)
     assert q.model_cfg.qkv_bias and q.model_cfg.layer_windows == (None, 16) and q.model_label == "my-qwen2"
     assert "my-llama3" in L.job_name(spec) and str(tmp_path) not in json.dumps(spec.identity())
@@ -328,14 +329,15 @@ def test_a_named_shape_stays_named_when_a_folder_of_that_name_exists(tmp_path, m
     """--model llama-tiny in a working directory that happens to hold a folder called llama-tiny."""
     from fp8lab import user_model
     from fp8lab.hardware import Machine
-    from fp8lab.train import TrainConfig, preflight
+    from fp8lab.plan import plan_run
+    from fp8lab.train import TrainConfig
 
     (tmp_path / "llama-tiny").mkdir()
     monkeypatch.chdir(tmp_path)
     assert not user_model.is_user_model("llama-tiny") and user_model.is_user_model(str(tmp_path / "llama-tiny"))
     c = TrainConfig(model="llama-tiny", precision="fp8", backend="emulated")
-    c, layout, steps, _ = preflight(c, Machine("cpu", "cpu", 24.0), "emulated")
-    assert c.model == "llama-tiny" and steps == 100 and user_model.describe("llama-tiny")["source"] == "named"
+    p = plan_run(c, Machine("cpu", "cpu", 24.0))
+    assert p.config.model == "llama-tiny" and p.total_steps == 100 and user_model.describe("llama-tiny")["source"] == "named"
 
 
 def test_an_hf_model_is_looked_up_once_per_process(tmp_path, monkeypatch):

@@ -79,14 +79,23 @@ def test_auto_below_cc_8_9_says_emulated_only_by_name(monkeypatch):
         pick_backend("auto")
 
 
-def test_the_trainer_refuses_auto_fp8_on_a_gpu_without_te_before_any_compute(monkeypatch):
-    from fp8lab.train import TrainConfig, resolve_fp8
+def test_the_trainer_refuses_auto_fp8_on_a_gpu_without_te_before_any_compute():
+    """The trainer's plan (fp8lab.plan.plan_run, torch-free: what Machine.detect saw) refuses 'auto' FP8 on an
+    FP8 GPU without TE with the install command, and on a GPU below cc 8.9 says emulated only, by name."""
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+    from fp8lab.train import TrainConfig
 
-    _gpu_without_te(monkeypatch)
+    no_te = (("te", "Transformer Engine is not installed (...)"), ("torchao", "not installed"))
+    h100 = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, fp8=True, unusable=no_te)
     with pytest.raises(ValueError, match="bash scripts/setup.sh"):
-        resolve_fp8(TrainConfig(precision="fp8", backend="auto"))
-    name, _ = resolve_fp8(TrainConfig(precision="fp8", backend="emulated"))
-    assert name == "emulated"
+        plan_run(TrainConfig(precision="fp8", backend="auto"), h100)
+    assert plan_run(TrainConfig(precision="fp8", backend="emulated"), h100).backend == "emulated"
+    t4 = Machine("cuda", "Tesla T4", 15.0, fp8=False, unusable=no_te)
+    with pytest.raises(ValueError, match="Tesla T4 has no FP8 tensor cores.*only emulated FP8 runs here"):
+        plan_run(TrainConfig(precision="fp8", backend="auto"), t4)
+    cpu = Machine("cpu", "cpu", 24.0, unusable=no_te)  # no GPU: auto is the emulator, as before
+    assert plan_run(TrainConfig(precision="fp8", backend="auto"), cpu).backend == "emulated"
 
 
 def test_env_reports_the_refusal_and_check_fails_on_an_fp8_gpu_without_te(monkeypatch):

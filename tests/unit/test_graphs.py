@@ -59,20 +59,18 @@ def test_a_layout_that_would_not_fit_graphed_runs_eagerly_or_is_refused():
     of 133 usable GiB; measured peak 115.6 GiB, data/results/graphs-h200/*-s8) and auto graphs it;
     at 2 x 2048 the graphs would hold 36 GiB (138 GiB in all): auto leaves it eager and on is refused."""
     from fp8lab.hardware import Machine
-    from fp8lab.train import TrainConfig, graphs_decision, preflight
+    from fp8lab.plan import plan_run
+    from fp8lab.train import TrainConfig
 
     h200 = Machine("cuda", "NVIDIA H200", 139.8, 1, te_usable=True, fp8=True)
     base = dict(model="llama-7b", backend="te", grad_accum=8, seq_len=2048, param_dtype="bf16")
-    c, lay, _, _ = preflight(TrainConfig(**base, micro_batch_size=1, precision="fp8"), h200, "te")
-    d = graphs_decision(c, h200, "te", lay)
+    d = plan_run(TrainConfig(**base, micro_batch_size=1, precision="fp8"), h200).graphs
     assert d.active is True and d.reason.startswith("auto: 4.1e+11 token-params")
-    c, lay, _, _ = preflight(TrainConfig(**base, micro_batch_size=2, precision="fp8"), h200, "te")
-    d = graphs_decision(c, h200, "te", lay)
+    d = plan_run(TrainConfig(**base, micro_batch_size=2, precision="fp8"), h200).graphs
     assert d.active is False and "would need about 138 GiB" in d.reason and "of 133 GiB usable" in d.reason
     with pytest.raises(ValueError, match=r"--cuda-graphs on: with the blocks captured the run would need about 138 GiB"):
-        preflight(TrainConfig(**base, micro_batch_size=2, precision="fp8", cuda_graphs="on"), h200, "te")
-    c, lay, _, _ = preflight(TrainConfig(**base, micro_batch_size=1, precision="bf16", cuda_graphs="on"), h200, "te")
-    assert graphs_decision(c, h200, "te", lay).active is True  # ran: 103.5 GiB
+        plan_run(TrainConfig(**base, micro_batch_size=2, precision="fp8", cuda_graphs="on"), h200)
+    assert plan_run(TrainConfig(**base, micro_batch_size=1, precision="bf16", cuda_graphs="on"), h200).graphs.active is True  # ran: 103.5 GiB
 
 
 # Graphed runs on the streamed master-weight step (session 8; earlier graphed runs held full fp32 gradients)

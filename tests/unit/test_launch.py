@@ -205,7 +205,7 @@ def test_cli_plan_uses_the_layout_resolver_like_the_api(capsys):
                        tokens=10**9).jobs[0].spec
     assert L.main(["plan", "--models", "llama-7b", "--precisions", "fp8", "--instance-counts", "2"]) == 0
     out = capsys.readouterr().out
-    assert f"{job.micro_batch_size} x {job.seq_len} x {job.grad_accum}" in out
+    assert f"{job.plan.micro_batch_size} x {job.plan.seq_len} x {job.plan.grad_accum}" in out
     assert L.main(["plan", "--models", "llama-7b", "--precisions", "fp8", "--instance-counts", "2",
                    "--micro-batch-size", "1", "--seq-len", "1024"]) == 0
     assert " 1 x 1024 x " in capsys.readouterr().out

@@ -1,6 +1,8 @@
 """fp8lab's layering, read from the source with ``ast`` (nothing is imported):
 
-- no cycle among fp8lab modules in their module-level imports (what runs on ``import``);
+- no cycle among fp8lab modules in their module-level imports (what runs on ``import``), nor counting
+  the imports inside functions, except the few cycles listed in ``KNOWN_CYCLES`` (each with why it is
+  still there; the list may only shrink);
 - no private name (``_x``) of one fp8lab module used by another, whether imported
   (``from fp8lab.m import _x``) or reached as an attribute (``m._x``). Modules of one package
   (``fp8lab.backends.*``) share that package's private pieces;
@@ -60,12 +62,12 @@ def _targets(module: str, node: ast.AST) -> list[tuple[str, str | None, str]]:
     return [t for t in out if t[0] in MODULES]
 
 
-def _walk_module_level(tree: ast.AST):
-    """Statements that run on import: skip function bodies and ``if TYPE_CHECKING:`` blocks."""
+def _walk_module_level(tree: ast.AST, functions: bool = False):
+    """Statements that run on import: skip function bodies (unless ``functions``) and ``if TYPE_CHECKING:`` blocks."""
     stack = list(ast.iter_child_nodes(tree))
     while stack:
         node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if not functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
@@ -78,10 +80,11 @@ def _trees() -> dict[str, ast.AST]:
     return {m: ast.parse(p.read_text(encoding="utf-8"), filename=str(p)) for m, p in MODULES.items()}
 
 
-def import_graph(trees: dict[str, ast.AST]) -> dict[str, set[str]]:
+def import_graph(trees: dict[str, ast.AST], functions: bool = False) -> dict[str, set[str]]:
+    """module -> the fp8lab modules it imports (``functions``: also those imported inside functions)."""
     graph: dict[str, set[str]] = {m: set() for m in trees}
     for module, tree in trees.items():
-        for node in _walk_module_level(tree):
+        for node in _walk_module_level(tree, functions):
             for target, _, _ in _targets(module, node):
                 # a package's own submodules, and the root package, are not edges worth a cycle:
                 # importing fp8lab.x.y runs fp8lab/__init__ first by Python's rules
@@ -149,6 +152,69 @@ def private_uses(trees: dict[str, ast.AST]) -> list[str]:
 def test_no_import_cycle_at_module_level():
     cycle = find_cycle(import_graph(_trees()))
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The groups of modules that import each other, directly or around a circle (Tarjan; groups of 2+)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(frozenset(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+# Cycles that remain when imports inside functions count, and why. Nothing may join them and no new
+# one may appear; remove an entry when its cycle is broken.
+KNOWN_CYCLES = {
+    # a named shape or a user's folder: models dispatches to user_model, which builds through models'
+    # config helpers (the model-families work reshapes both)
+    frozenset({"fp8lab.models", "fp8lab.user_model"}),
+    # analysis.report_main forwards old callers to report.main, which builds on analysis and plots
+    frozenset({"fp8lab.analysis", "fp8lab.plots", "fp8lab.report"}),
+    # prepare-data's command (data.main) checks its source with data_checks, which reads data's format
+    frozenset({"fp8lab.data", "fp8lab.data_checks"}),
+}
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    found = set(strongly_connected(import_graph(_trees(), functions=True)))
+    new = [sorted(g) for g in found - KNOWN_CYCLES]
+    assert not new, "import cycles (imports inside functions count): " + "; ".join(" <-> ".join(g) for g in new)
+    assert found == KNOWN_CYCLES, f"broken cycles still listed in KNOWN_CYCLES: {KNOWN_CYCLES - found}"
+
+
+def test_the_trainer_never_imports_the_command_line_module():
+    graph = import_graph(_trees(), functions=True)
+    for module in ("fp8lab.trainer", "fp8lab.plan", "fp8lab.optim", "fp8lab.export", "fp8lab.run_paths"):
+        assert "fp8lab.train" not in graph[module], module
+
+
+def test_strongly_connected_finds_circles():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
 
 
 def test_cycle_finder_finds_a_cycle():

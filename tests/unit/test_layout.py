@@ -11,7 +11,8 @@ from fp8lab.hardware import Machine, gpu_memory_gib
 from fp8lab.models import get_config
 from fp8lab.options import to_text
 from fp8lab.paths import RESULTS_DIR
-from fp8lab.train import TrainConfig, main, parse_args, preflight
+from fp8lab.plan import plan_run
+from fp8lab.train import TrainConfig, main, parse_args
 
 RESULTS = RESULTS_DIR
 H200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
@@ -106,15 +107,16 @@ def test_a_model_that_cannot_fit_is_refused_with_the_estimate():
         _resolve(H200, micro_batch_size=64)
 
 
-def test_preflight_resolves_and_checks_like_the_trainer():
-    c, lay, steps, warmup = preflight(TrainConfig(model="llama-1b", precision="bf16", backend="te", parallel="fsdp",
-                                                  tokens=10**8), H100, "te")
-    assert c.param_dtype == "bf16" and c.micro_batch_size == lay.micro_batch_size
-    assert steps == -(-10**8 // (c.micro_batch_size * c.grad_accum * c.seq_len))
+def test_the_plan_resolves_and_checks_like_the_trainer():
+    c = TrainConfig(model="llama-1b", precision="bf16", backend="te", parallel="fsdp", tokens=10**8)
+    p = plan_run(c, H100)
+    assert p.param_dtype == "bf16" and p.micro_batch_size == p.layout.micro_batch_size
+    assert (c.param_dtype, c.micro_batch_size) == ("auto", "auto")  # the request is kept as it was
+    assert p.total_steps == -(-10**8 // (p.micro_batch_size * p.grad_accum * p.seq_len))
     multi = Machine("cuda", "H100 80GB", 79.2, world_size=8, te_usable=True, fp8=True)
     with pytest.raises(ValueError, match="needs --param-dtype bf16"):
-        preflight(TrainConfig(model="llama-1b", precision="bf16", backend="te", parallel="fsdp", param_dtype="fp32"),
-                  multi, "te")
+        plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te", parallel="fsdp", param_dtype="fp32"),
+                 multi)
 
 
 def test_auto_options_parse_and_explicit_ones_still_do():
@@ -162,10 +164,12 @@ def test_default_p5_sweep_gives_jobs_the_trainer_accepts_at_their_world_size():
         assert hp["param-dtype"] == "bf16" and hp["parallel"] == "fsdp"
         cfg = parse_args([a for k, v in hp.items() for a in (f"--{k}", to_text(v))])
         world = Machine("cuda", "H100 80GB", 79.2, world_size=8 * job.spec.instance_count, te_usable=True, fp8=True)
-        resolved, lay, _, _ = preflight(cfg, world, "te")
-        assert lay.memory.peak <= 79.2  # fits P5's H100
-        assert (resolved.micro_batch_size, resolved.grad_accum) == (job.spec.micro_batch_size, job.spec.grad_accum)
-    by = {(j.spec.model, j.spec.precision): j.spec for j in plan.jobs if j.spec.instance_count == 1}
+        resolved = plan_run(cfg, world)
+        assert resolved.layout.memory.peak <= 79.2  # fits P5's H100
+        assert (resolved.micro_batch_size, resolved.grad_accum) == (job.spec.plan.micro_batch_size, job.spec.plan.grad_accum)
+        assert resolved.decisions() == job.spec.plan.decisions()  # the job's plan is the trainer's, there
+    # the spec keeps what was asked ("auto"); its plan has what runs
+    by = {(j.spec.model, j.spec.precision): j.spec.plan for j in plan.jobs if j.spec.instance_count == 1}
     assert by["llama-1b", "bf16"].micro_batch_size == by["llama-1b", "fp8"].micro_batch_size == 16
     assert by["llama-7b", "bf16"].micro_batch_size == by["llama-7b", "fp8"].micro_batch_size
 

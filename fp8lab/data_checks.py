@@ -1,0 +1,132 @@
+"""Data scans: a ``--data`` text file or folder (UTF-8 text, not binary, not empty, enough documents for
+a train/validation split) or a prepared folder (a readable manifest whose shards are all there),
+checked before any tokenizing; after tokenizing, both splits hold at least one window."""
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import lzma
+from pathlib import Path
+from typing import Any
+
+SCAN_BYTES = 64 << 20  # text read per --data file up front; a decode error past this is caught while tokenizing
+
+
+def _open_binary(path: Path):
+    if path.name.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) -> int:
+    """Documents (blank-line separated blocks) in the first ``limit`` bytes; ValueError if not UTF-8 text."""
+    who = f"{option}: file {path.name!r}"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    docs, in_doc, read, line_no = 0, False, 0, 0
+    try:
+        with _open_binary(path) as fh:
+            head = fh.peek(8192)[:8192] if hasattr(fh, "peek") else b""
+            if b"\x00" in head:
+                raise ValueError(f"{who} is binary (NUL bytes near its start), not text; allowed: UTF-8 text "
+                                 "files (.txt, .md, optionally .xz/.gz) or a prepared folder")
+            for raw in fh:
+                line_no += 1
+                if b"\x00" in raw:
+                    raise ValueError(f"{who} is binary (NUL bytes on line {line_no}), not text; "
+                                     "allowed: UTF-8 text files (.txt, .md, optionally .xz/.gz) or a prepared folder")
+                try:
+                    text = decoder.decode(raw)
+                except UnicodeDecodeError as exc:
+                    raise ValueError(f"{who} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line_no}); "
+                                     "allowed: UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)") from None
+                if text.strip():
+                    docs += not in_doc
+                    in_doc = True
+                else:
+                    in_doc = False
+                read += len(raw)
+                if read >= limit:
+                    return docs
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                raise ValueError(f"{who} is not UTF-8 text (it ends inside a multi-byte character); "
+                                 "allowed: UTF-8 text") from None
+    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+        raise ValueError(f"{who} is not a readable {path.suffix} archive ({exc}); "
+                         "allowed: text files, optionally compressed with xz or gzip") from None
+    except OSError as exc:
+        raise ValueError(f"{who} cannot be read ({exc.strerror or exc})") from None
+    if docs == 0:
+        raise ValueError(f"{who} is empty (no text); allowed: UTF-8 text with at least one paragraph")
+    return docs
+
+
+def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05) -> None:
+    """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
+    ``hf:`` pass (checked when loaded)."""
+    from fp8lab import data as fdata
+
+    if value is None or (isinstance(value, str) and value.startswith("hf:")):
+        return
+    if isinstance(value, (str, Path)) and fdata.is_prepared(value):
+        check_prepared_folder(Path(value), option)
+        return
+    try:
+        files = fdata.text_files(value)
+    except ValueError as exc:
+        raise ValueError(f"{option}={value if isinstance(value, list) else str(value)!r}: {exc}") from None
+    docs = sum(scan_text_file(f, option) for f in files)
+    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fdata.prepare_data)
+    if docs < need:
+        names = ", ".join(repr(f.name) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise ValueError(f"{option}: {names} hold(s) {docs} document(s) (paragraphs separated by blank lines); "
+                         f"allowed: at least {need}, since every {need}th goes to the validation split")
+
+
+def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any]:
+    """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist."""
+    from fp8lab import data as fdata
+
+    mpath = folder / fdata.MANIFEST
+    who = f"{option}: {fdata.MANIFEST} in {folder.name!r}"
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{who} is not valid JSON (line {exc.lineno}: {exc.msg}); allowed: a folder written by "
+                         "fp8lab prepare-data (re-create it), or text files") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ValueError(f"{who} cannot be read ({type(exc).__name__}); allowed: a folder written by fp8lab prepare-data") from None
+    if not isinstance(m, dict) or m.get("format") != fdata.FORMAT or m.get("version") != fdata.FORMAT_VERSION:
+        got = (m.get("format"), m.get("version")) if isinstance(m, dict) else type(m).__name__
+        raise ValueError(f"{who} is not an {fdata.FORMAT} v{fdata.FORMAT_VERSION} manifest (found {got}); "
+                         "allowed: a folder written by fp8lab prepare-data")
+    try:
+        itemsize = __import__("numpy").dtype(m["dtype"]).itemsize
+        shards = [(s["file"], int(s["tokens"])) for split in ("train", "val") for s in m["splits"][split]["shards"]]
+        tokenizer = m["tokenizer"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{who} lacks {exc} or has a wrong type there; allowed: a folder written by fp8lab prepare-data") from None
+    for name, tokens in shards:
+        f = folder / name
+        if not f.is_file() or f.stat().st_size < tokens * itemsize:
+            raise ValueError(f"{option}: shard {name!r} in {folder.name!r} is missing or shorter than its manifest says "
+                             f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
+    if not (folder / tokenizer).is_file():
+        raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
+    return m
+
+
+def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "--data") -> None:
+    """Both splits hold at least one window of ``seq_len + 1`` tokens."""
+    src = manifest.get("source", {})
+    names = src.get("files") or ([src["dataset"]] if src.get("dataset") else [])
+    who = f"{option} ({', '.join(map(repr, names[:3]))}{' ...' if len(names) > 3 else ''})" if names else option
+    for split in ("train", "val"):
+        n = manifest["splits"][split]["tokens"]
+        if n < seq_len + 1:
+            raise ValueError(f"{who}: its {split} split holds {n} tokens, too few for one sequence of --seq-len "
+                             f"{seq_len} (+1); allowed: more text, or a smaller --seq-len (at most {max(1, n - 1)})")

@@ -1,0 +1,6 @@
+"""The error a run raises when it cannot start as configured (``fp8lab train`` exits 2 on it)."""
+from __future__ import annotations
+
+
+class OptionError(ValueError):
+    """A run that cannot start as configured (bad option, unusable backend, data/model mismatch)."""
