@@ -27,7 +27,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from fp8lab import analysis
+from fp8lab.analysis.labels import group_key, is_fp8, layout_label  # the modules, not the package (whose
+from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
+from fp8lab.analysis.summary import scaling_table, summarize_runs
 from fp8lab.hardware import INSTANCES, peak_bf16_flops, price_for
 from fp8lab.launch.estimate import Estimate
 
@@ -44,11 +46,11 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
     s = s[s["gpu_name"].map(lambda g: peak_bf16_flops(g) is not None).astype(bool)]  # a GPU with a known peak
     if not len(s):
         return pd.DataFrame(columns=RATE_COLUMNS)
-    fp8 = s["precision"].map(analysis.is_fp8)
+    fp8 = s["precision"].map(is_fp8)
     s = s[~fp8 | ((s["fuse"] != False) & (s["backend"] != "emulated"))]  # noqa: E712 (fuse may be missing)
     rows = [{"model": r["model"], "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],
              "run_id": r["run_id"], "source": r["source"], "variant": r["variant"],
-             "layout": analysis.layout_label(r), "gpu_name": r["gpu_name"], "seq_len": r["seq_len"],
+             "layout": layout_label(r), "gpu_name": r["gpu_name"], "seq_len": r["seq_len"],
              "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
              "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12} for _, r in s.iterrows()]
     return pd.DataFrame(rows, columns=RATE_COLUMNS)
@@ -59,14 +61,14 @@ def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
     s = measurable_runs(summary)
     if not len(s):
         return s
-    keys = [s["model"], s["precision"], s["backend"].map(analysis.group_key), s["recipe"].map(analysis.group_key)]
+    keys = [s["model"], s["precision"], s["backend"].map(group_key), s["recipe"].map(group_key)]
     best = [g.loc[g["tokens_per_sec_per_gpu"].idxmax()] for _, g in s.groupby(keys, sort=True)]
     return pd.DataFrame(best, columns=RATE_COLUMNS).reset_index(drop=True)
 
 
 def _node_efficiencies(summary: pd.DataFrame) -> pd.DataFrame:
-    """Multi-GPU runs of one machine against their one-GPU reference (``analysis.scaling_table``)."""
-    sc = analysis.scaling_table(summary, by="world_size")
+    """Multi-GPU runs of one machine against their one-GPU reference (``scaling_table``)."""
+    sc = scaling_table(summary, by="world_size")
     return sc[(sc["run_id"] != sc["reference_run_id"]) & (sc["instances"].fillna(1) == 1)]
 
 
@@ -76,7 +78,7 @@ def _tables(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 @functools.lru_cache(maxsize=8)
 def _measurements(results: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return _tables(analysis.summarize_runs(analysis.load_runs(results)))
+    return _tables(summarize_runs(load_runs(results)))
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def _train_pair_check(values: dict[str, Any]) -> None:
     import dataclasses
 
     from fp8lab.options import FP8_BACKENDS
-    from fp8lab.train import TrainConfig
+    from fp8lab.config import TrainConfig
 
     backends = values.get("backends")
     choices = ("auto", *FP8_BACKENDS)

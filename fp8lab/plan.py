@@ -28,7 +28,7 @@ from fp8lab.hardware import Machine
 from fp8lab.recipe import Recipe
 
 if TYPE_CHECKING:
-    from fp8lab.train import TrainConfig
+    from fp8lab.config import TrainConfig
 
 PLANNED_ENV = "FP8LAB_PLANNED"  # a SageMaker job's plan made at launch (decisions() as JSON), read by fp8lab.sm_entry
 

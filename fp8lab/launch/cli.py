@@ -21,7 +21,7 @@ def _trainer_options(args: argparse.Namespace) -> dict:
     """The trainer options given on the command line, converted by their fields (fp8lab.options.from_text)."""
     import dataclasses
 
-    from fp8lab.train import TrainConfig
+    from fp8lab.config import TrainConfig
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     return {name: from_text(fields[name], getattr(args, name)) for name in TRAINER_FLAGS
@@ -54,7 +54,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
     p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: see PRICE_SOURCE)")
-    from fp8lab.train import TrainConfig
+    from fp8lab.config import TrainConfig
 
     g = p.add_argument_group("trainer options (as for fp8lab train; every job of the sweep gets them)")
     add_arguments(g, TrainConfig, only=TRAINER_FLAGS, defaults=JOB_DEFAULTS)

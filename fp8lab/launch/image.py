@@ -46,7 +46,8 @@ def te_in_job(spec) -> str:
     if installs_te(spec):
         why = "asked (install_te=True)" if spec.install_te else f"fp8lab needs TE >= {'.'.join(map(str, MIN_TE))}"
         return f"{image} {shipped}; the job installs transformer-engine {pins()['transformer-engine']} ({why})"
-    return f"{image} {shipped}, which fp8lab supports" if spec.backend == "te" else f"{image}; backend {spec.backend}"
+    backend = spec.plan.backend
+    return f"{image} {shipped}, which fp8lab supports" if backend == "te" else f"{image}; backend {backend}"
 
 
 def job_requirements(install_te: bool) -> list[str]:

@@ -26,7 +26,7 @@ from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, Ins
 from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
 from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
 from fp8lab.recipe import Recipe
-from fp8lab.train import TrainConfig
+from fp8lab.config import TrainConfig
 from fp8lab.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
 
 # ----------------------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ class JobSpec:
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
-        from fp8lab.train import option_problem  # trainer options: the trainer's own checks (its schema)
+        from fp8lab.config import option_problem  # trainer options: the trainer's own checks (its schema)
 
         for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
             if not one_of(choices)(getattr(self, name)):

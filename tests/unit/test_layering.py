@@ -194,8 +194,9 @@ KNOWN_CYCLES = {
     frozenset({"fp8lab.models", "fp8lab.user_model"}),
     # analysis.report_main forwards old callers to report.main, which builds on analysis and plots
     frozenset({"fp8lab.analysis", "fp8lab.plots", "fp8lab.report"}),
-    # prepare-data's command (data.main) checks its source with data_checks, which reads data's format
-    frozenset({"fp8lab.data", "fp8lab.data_checks"}),
+    # prepare-data's command (data.main) checks its source with data_checks, which reads data's format;
+    # prepare-data claims its folder through ownership, which knows a token folder by data's manifest
+    frozenset({"fp8lab.data", "fp8lab.data_checks", "fp8lab.ownership"}),
 }
 
 
