@@ -40,6 +40,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from fp8lab import model_checks
+from fp8lab import paths as fpaths
+
 HF_PREFIX = "hf:"
 SUPPORTED = {"llama": "LlamaForCausalLM (Llama 2 / Llama 3)", "gpt_neo": "GPTNeoForCausalLM"}
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
@@ -126,9 +129,10 @@ def _read_config_file(path: Path) -> dict:
 def check_config_dict(d: dict, where: str = "config.json"):
     """The transformers config for a config.json dict, or a ValueError listing what is supported."""
     mt = d.get("model_type")
-    if mt not in SUPPORTED:
+    if not isinstance(mt, str) or mt not in SUPPORTED:
         raise ValueError(f"--model: {where} has model_type={mt!r}, which fp8lab does not support; supported: "
                          f"{', '.join(f'{k} ({v})' for k, v in SUPPORTED.items())}")
+    model_checks.check_config_fields(d, where)  # field by field, before transformers reads them
     from transformers import AutoConfig
 
     body = {k: v for k, v in d.items() if k != "model_type"}
@@ -149,10 +153,26 @@ def _load(folder: str, mtime_ns: int) -> tuple[Any, str]:
     return check_config_dict(d), hashlib.sha256(raw).hexdigest()
 
 
+@functools.lru_cache(maxsize=32)
+def _check_folder(folder: str, root: str, mtime_ns: int, files: tuple) -> None:
+    """Weights and tokenizer files (fp8lab.model_checks), once per version of the folder's files."""
+    model_checks.check_folder(Path(folder), Path(root), _load(folder, mtime_ns)[0], TOKENIZER_FILES)
+
+
+def _root(spec: str, folder: Path) -> Path:
+    """What the folder's files may link into: the folder, or for hf: the repository's cache folder
+    (its snapshot files are symlinks to ../../blobs)."""
+    return folder.resolve().parents[1] if spec.startswith(HF_PREFIX) else folder
+
+
 def _loaded(spec: str) -> tuple[Any, str]:
-    """(validated transformers config, SHA-256 of config.json) of a user model, read once per file version."""
+    """(validated transformers config, SHA-256 of config.json) of a user model, read once per file version;
+    its weights and tokenizer files are checked after the config, once per version of the folder."""
     folder = folder_of(spec)
-    return _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)
+    key = (str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)
+    loaded = _load(*key)
+    _check_folder(key[0], str(_root(spec, folder)), key[1], model_checks.file_state(folder))
+    return loaded
 
 
 def hf_config(spec: str):
@@ -173,6 +193,11 @@ def has_weights(folder: Path) -> bool:
 def config_sha256(spec: str) -> str:
     """SHA-256 of the user model's config.json (read once per file version, as ``hf_config``)."""
     return _loaded(spec)[1]
+
+
+def weights_digest(spec: str) -> str | None:
+    """SHA-256 over the user model's weight files (None without weights): what job names hash besides the config."""
+    return model_checks.weights_digest(folder_of(spec))
 
 
 def describe(spec: str) -> dict[str, Any]:
@@ -238,8 +263,8 @@ def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
         return []
     folder = folder_of(spec)
     copied = []
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
+    for name in TOKENIZER_FILES:  # checked at the start (model_checks); a link leaving the folder is never copied
+        if (folder / name).is_file() and fpaths.is_inside(folder / name, _root(spec, folder)):
             shutil.copyfile(folder / name, model_dir / name)
             copied.append(name)
     return copied

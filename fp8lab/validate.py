@@ -194,6 +194,8 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
         tokenizer = m["tokenizer"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{who} lacks {exc} or has a wrong type there; allowed: a folder written by fp8lab prepare-data") from None
+    for name in [n for n, _ in shards] + [tokenizer]:
+        check_member(folder, name, option)
     for name, tokens in shards:
         f = folder / name
         if not f.is_file() or f.stat().st_size < tokens * itemsize:
@@ -201,7 +203,46 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
                              f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
     if not (folder / tokenizer).is_file():
         raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
+    check_token_ids(folder, m, option)
     return m
+
+
+def check_member(folder: Path, name: Any, option: str = "--data") -> Path:
+    """A file a manifest names: a relative path that stays inside ``folder``, symlinks followed."""
+    from fp8lab.paths import is_inside
+
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+            or not is_inside(folder / name, folder):
+        raise ValueError(f"{option}: the manifest in {folder.name!r} names a file outside its folder ({name!r}); "
+                         "allowed: file names inside the prepared folder (re-create it with fp8lab prepare-data)")
+    return folder / name
+
+
+TOKEN_SCAN_CHUNK = 1 << 24  # tokens read at a time when scanning shards for out-of-vocabulary ids
+
+
+def check_token_ids(folder: Path, manifest: dict[str, Any], option: str = "--data") -> None:
+    """Every token id in the shards is below the manifest's vocab_size (which the trainer compares with
+    the model's): an id past the embedding would fail inside the first step. Reads every shard once
+    (memory-mapped, in chunks: about a second per GB)."""
+    import numpy as np
+
+    vocab = manifest.get("vocab_size")
+    if not is_count(vocab):
+        raise ValueError(f"{option}: the manifest in {folder.name!r} has vocab_size={vocab!r}; allowed: a positive "
+                         "integer (re-create the folder with fp8lab prepare-data)")
+    dtype = np.dtype(manifest["dtype"])
+    for split in ("train", "val"):
+        for s in manifest["splits"][split]["shards"]:
+            n = int(s["tokens"])
+            if n <= 0:
+                continue
+            arr = np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(n,))
+            top = max(int(arr[i:i + TOKEN_SCAN_CHUNK].max()) for i in range(0, n, TOKEN_SCAN_CHUNK))
+            if top >= vocab:
+                raise ValueError(f"{option}: shard {s['file']!r} in {folder.name!r} holds token id {top}, outside the "
+                                 f"manifest's vocab_size {vocab} (ids 0..{vocab - 1}); allowed: shards written with "
+                                 "that tokenizer (re-create the folder with fp8lab prepare-data)")
 
 
 def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "--data") -> None:
@@ -263,6 +304,12 @@ NONNEG_NUM = Check(lambda v: is_num(v) and v >= 0, "a number >= 0")
 UNIT_OPEN = Check(lambda v: is_num(v) and 0 < v < 1, "a number in (0, 1)")  # a learning rate
 UNIT_HALF_OPEN = Check(lambda v: is_num(v) and 0 <= v < 1, "a number in [0, 1)")  # an AdamW beta
 PATH = Check(lambda v: isinstance(v, str) and bool(v), "a non-empty path")
+# A run's length, bounded: more steps than any LLM run has taken (Llama 3 405B: ~1.2M), more tokens
+# than any has seen (~15e12); beyond that it is a typo (1e23 for 1e3) that would run until stopped.
+MAX_STEPS = 10**8
+MAX_TOKENS = 10**15
+STEP_COUNT = Check(lambda v: is_count(v) and v <= MAX_STEPS, "a positive integer, at most 1e8 (100,000,000)")
+TOKEN_COUNT = Check(lambda v: is_count(v) and v <= MAX_TOKENS, "a positive integer, at most 1e15")
 
 
 def step_numbers(allowed: str) -> Check:

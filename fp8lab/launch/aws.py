@@ -152,6 +152,19 @@ def _job_names(jobs: Iterable[str] | str) -> list[str]:
     return names
 
 
+def _describe(sm, name: str, backoff: dict) -> dict:
+    """DescribeTrainingJob of ``name``; a job SageMaker does not know is one line naming it."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return call_with_backoff(lambda: sm.describe_training_job(TrainingJobName=name), **backoff)
+    except ClientError as err:
+        if _code(err) in ("ValidationException", "ResourceNotFound", "ResourceNotFoundException"):
+            raise ValueError(f"job {name!r} is unknown to SageMaker in {sm.meta.region_name} ({_code(err)}); "
+                             "allowed: the names fp8lab launch printed, in the region it launched them (--region)") from None
+        raise
+
+
 def wait(jobs: Iterable[str] | str, *, region: str | None = None, session=None, poll_s: float = 60.0,
          timeout_s: float | None = None, raise_on_failure: bool = True, progress: bool = True,
          out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep):
@@ -176,7 +189,7 @@ def wait(jobs: Iterable[str] | str, *, region: str | None = None, session=None, 
             for name in names:
                 if name in state and state[name]["status"] in TERMINAL:
                     continue
-                d = call_with_backoff(lambda: sm.describe_training_job(TrainingJobName=name), **backoff)
+                d = _describe(sm, name, backoff)
                 start = d.get("TrainingStartTime") or d.get("CreationTime")
                 end = d.get("TrainingEndTime") or datetime.now(timezone.utc)
                 row = {"job": name, "status": d["TrainingJobStatus"], "secondary_status": d.get("SecondaryStatus", ""),
@@ -273,7 +286,7 @@ def collect(jobs: Iterable[str] | str, *, region: str | None = None, session=Non
     backoff = {"sleep": sleep, "out": out}
     frames = []
     for name in names:
-        d = call_with_backoff(lambda: sm.describe_training_job(TrainingJobName=name), **backoff)
+        d = _describe(sm, name, backoff)
         candidates = []
         out_path = d.get("OutputDataConfig", {}).get("S3OutputPath", "").rstrip("/")
         if out_path:

@@ -6,10 +6,11 @@ import sys
 
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
+from fp8lab.launch.redaction import redact
 from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
 from fp8lab.launch.spec import MAX_INSTANCES_PER_JOB
 from fp8lab.options import PRECISIONS
-from fp8lab.validate import AUTO, OneLineParser, check_writable_file, parse_count
+from fp8lab.validate import AUTO, OneLineParser, check_writable_file, parse_count, positive_float
 
 
 def auto_or_integer(text: str):
@@ -28,7 +29,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role", default=PLACEHOLDER_ROLE, help="SageMaker execution role ARN")
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET)
     p.add_argument("--region", default="us-east-1")
-    p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: see PRICE_SOURCE)")
+    p.add_argument("--price-per-hour", type=positive_float, help="USD per instance-hour (default: see PRICE_SOURCE)")
     p.add_argument("--micro-batch-size", type=auto_or_integer, default=AUTO,
                    help="sequences per GPU per micro-step; auto (default): the largest that fits the instance's GPU")
     p.add_argument("--seq-len", type=auto_or_integer, default=AUTO, help="tokens per sequence; auto (default): 2048")
@@ -81,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                 df.to_csv(args.csv, index=False)
             print(df.tail(20).to_string(index=False))
     except (ValueError, TrainingJobFailed, TimeoutError) as exc:
-        print(f"fp8lab launch: error: {exc}", file=sys.stderr)
+        print(redact(f"fp8lab launch: error: {exc}"), file=sys.stderr)  # a bucket may hold an account id
+        return 1
+    except Exception as exc:  # noqa: BLE001 - AWS's own errors (no credentials, access denied): one line, redacted
+        if type(exc).__module__.split(".")[0] != "botocore":
+            raise
+        print(redact(f"fp8lab launch: error: AWS refused the call ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                     "check your credentials (aws configure), --region and the role's permissions"), file=sys.stderr)
         return 1
     return 0
