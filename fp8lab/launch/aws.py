@@ -183,13 +183,15 @@ def wait(jobs: Iterable[str] | str, *, region: str | None = None, session=None, 
     backoff = {"sleep": sleep, "out": out}
     state: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
-    bar = tqdm(total=len(names), desc="jobs done", unit="job", disable=not progress)
+    bar = None  # made once SageMaker has answered: an unknown job or no credentials stay one line
     try:
         while True:
             for name in names:
                 if name in state and state[name]["status"] in TERMINAL:
                     continue
                 d = _describe(sm, name, backoff)
+                if bar is None:
+                    bar = tqdm(total=len(names), desc="jobs done", unit="job", disable=not progress)
                 start = d.get("TrainingStartTime") or d.get("CreationTime")
                 end = d.get("TrainingEndTime") or datetime.now(timezone.utc)
                 row = {"job": name, "status": d["TrainingJobStatus"], "secondary_status": d.get("SecondaryStatus", ""),
@@ -216,7 +218,8 @@ def wait(jobs: Iterable[str] | str, *, region: str | None = None, session=None, 
                                    + ", ".join(n for n, r in state.items() if r["status"] not in TERMINAL))
             sleep(poll_s)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     table = pd.DataFrame([state[n] for n in names])
     bad = table[table["status"] != "Completed"]
     if raise_on_failure and len(bad):

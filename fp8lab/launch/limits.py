@@ -80,6 +80,7 @@ def runtime_problem(est_seconds: float, amount: int, unit: str, what: str) -> st
     if est_seconds <= MAX_RUNTIME_S:
         return None
     fit = int(amount * MAX_RUNTIME_S / est_seconds)
+    fit -= fit % 10 ** max(0, len(str(fit)) - 3)  # rounded down to 3 digits: a number to type, and within the limit
     return (f"{what}: estimated {est_seconds / 3600:,.0f} h, beyond SageMaker's {MAX_RUNTIME_S // 3600} h (28-day) "
             f"limit for one training job; allowed: at most about {fit:,} {unit} per job at this estimate, or more "
             "instances per job (--instance-counts)")
