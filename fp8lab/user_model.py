@@ -16,6 +16,10 @@ Mistral, ...) is refused with the list. What the fused conversion cannot represe
 trainer before anything is built, naming ``--fuse False`` as the alternative
 (``fp8lab.convert.fused_problem``).
 
+Checked when the folder is first read, before anything is built (``fp8lab.model_checks``): the
+config.json fields, the safetensors headers against the config's shapes, the tokenizer files
+(inside the folder, parseable); one line per problem, naming the field or file.
+
 The config is turned into fp8lab's ``ModelConfig`` (``fp8lab.models.config_from_hf``), so FLOPs/MFU,
 the layout resolver's memory model and checkpoint fingerprints treat a folder like a named shape;
 named-model overrides (``--model-override``) are refused for folders: edit the config instead.
