@@ -284,9 +284,12 @@ class StepMetrics:
 
         if self.env.is_main:
             self.log = fmetrics.MetricsLog(self.output_dir / "metrics.jsonl", resume_step=resumed_from)
+            if self.log.torn:
+                print(f"fp8lab: metrics.jsonl: dropped {self.log.torn} incomplete line(s) (a write cut off by a kill); "
+                      f"the records up to step {resumed_from} (the checkpoint) are kept, later steps are redone", flush=True)
         self.bar = tqdm(total=total_steps, initial=first_step - 1, unit="step", dynamic_ncols=True,
                         disable=not show_progress(self.c.progress, self.env.is_main),
-                        desc=f"{self.c.model} {self.c.precision}")
+                        desc=f"{self.info.model} {self.c.precision}")
 
     def emit(self, line: str) -> None:
         if self.bar is not None and not self.bar.disable:

@@ -15,7 +15,7 @@ from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMUL
                             check_fields, check_schema, flag, option)
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
 from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
-                             UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
+                             STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
 CHECKPOINT_EVERY = Check(lambda v: is_count(v, -1), "an integer: N > 0 steps, 0 = only at the end, -1 = never")
 
@@ -37,8 +37,8 @@ class TrainConfig:
     recipe: str = option("auto", "auto (backend default: TE delayed scaling) | " + " | ".join(KINDS) + ", optionally kind:key=value,... (fp8lab.recipe.Recipe.parse)")
     bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8 (a loss remedy)")
     fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers", check=BOOL)
-    steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", check=optional(POSITIVE_INT))
-    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(POSITIVE_INT))
+    steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", check=optional(STEP_COUNT))
+    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(TOKEN_COUNT))
     micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
     grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
     seq_len: AutoInt = option(AUTO, "tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU", check=AUTO_OR_POSITIVE_INT)

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fp8lab.paths import DATA_DIR
+from fp8lab.probes import check_member
 
 CORPUS_DIR = DATA_DIR / "corpus"
 EOS_TOKEN = "<|endoftext|>"  # appended after every document, so windows can span documents
@@ -397,7 +398,7 @@ class TokenShards:
             raise ValueError(f"split must be one of {', '.join(self.manifest['splits'])}, got {split!r}")
         dtype = np.dtype(self.manifest["dtype"])
         self.arrays = [
-            np.memmap(self.dir / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],))
+            np.memmap(check_member(self.dir, s["file"]), dtype=dtype, mode="r", shape=(s["tokens"],))
             for s in self.manifest["splits"][split]["shards"] if s["tokens"] > 0
         ]
         self.starts = np.cumsum([0] + [len(a) for a in self.arrays])

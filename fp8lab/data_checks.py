@@ -10,6 +10,9 @@ import lzma
 from pathlib import Path
 from typing import Any
 
+from fp8lab.probes import check_member
+from fp8lab.validate import is_count
+
 SCAN_BYTES = 64 << 20  # text read per --data file up front; a decode error past this is caught while tokenizing
 
 
@@ -110,6 +113,8 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
         tokenizer = m["tokenizer"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{who} lacks {exc} or has a wrong type there; allowed: a folder written by fp8lab prepare-data") from None
+    for name in [n for n, _ in shards] + [tokenizer]:
+        check_member(folder, name, option)
     for name, tokens in shards:
         f = folder / name
         if not f.is_file() or f.stat().st_size < tokens * itemsize:
@@ -117,7 +122,35 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
                              f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
     if not (folder / tokenizer).is_file():
         raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
+    check_token_ids(folder, m, option)
     return m
+
+
+TOKEN_SCAN_CHUNK = 1 << 24  # tokens read at a time when scanning shards for out-of-vocabulary ids
+
+
+def check_token_ids(folder: Path, manifest: dict[str, Any], option: str = "--data") -> None:
+    """Every token id in the shards is below the manifest's vocab_size (which the trainer compares with
+    the model's): an id past the embedding would fail inside the first step. Reads every shard once
+    (memory-mapped, in chunks: about a second per GB)."""
+    import numpy as np
+
+    vocab = manifest.get("vocab_size")
+    if not is_count(vocab):
+        raise ValueError(f"{option}: the manifest in {folder.name!r} has vocab_size={vocab!r}; allowed: a positive "
+                         "integer (re-create the folder with fp8lab prepare-data)")
+    dtype = np.dtype(manifest["dtype"])
+    for split in ("train", "val"):
+        for s in manifest["splits"][split]["shards"]:
+            n = int(s["tokens"])
+            if n <= 0:
+                continue
+            arr = np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(n,))
+            top = max(int(arr[i:i + TOKEN_SCAN_CHUNK].max()) for i in range(0, n, TOKEN_SCAN_CHUNK))
+            if top >= vocab:
+                raise ValueError(f"{option}: shard {s['file']!r} in {folder.name!r} holds token id {top}, outside the "
+                                 f"manifest's vocab_size {vocab} (ids 0..{vocab - 1}); allowed: shards written with "
+                                 "that tokenizer (re-create the folder with fp8lab prepare-data)")
 
 
 def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "--data") -> None:

@@ -11,6 +11,7 @@ the marketing figure: an "80 GB" H100 reports about 79.2 GiB, a 141 GB H200 abou
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Iterable
@@ -161,8 +162,10 @@ def price_for(instance_types: Iterable[str], price_per_hour: float | None) -> tu
     ``price_per_hour`` wins when given; else the assumed default, which exists for one type only.
     """
     if price_per_hour is not None:
-        if not price_per_hour > 0:
-            raise ValueError(f"price_per_hour={price_per_hour!r} must be > 0 (USD per instance-hour)")
+        if isinstance(price_per_hour, bool) or not isinstance(price_per_hour, (int, float)) or not (
+                0 < price_per_hour < math.inf):
+            raise ValueError(f"price_per_hour={price_per_hour!r} is invalid; allowed: a finite number > 0 "
+                             "(USD per instance-hour)")
         return float(price_per_hour), "price_per_hour given by the caller"
     types = set(instance_types)
     unknown = sorted(types - set(DEFAULT_PRICES_USD_PER_HOUR))

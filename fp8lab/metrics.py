@@ -69,20 +69,22 @@ class MetricsLog:
     """Append-only ``metrics.jsonl`` that a resumed run continues without losing or repeating a step.
 
     Opening with ``resume_step=S`` keeps the records of steps ``<= S`` (those the checkpoint
-    covers) and drops later ones, and any torn last line a kill left behind; ``resume_step=None``
-    starts a fresh file.
+    covers) and drops later ones, and any torn last line a kill left behind (counted in ``torn``,
+    for the run's log to say so); ``resume_step=None`` starts a fresh file.
     """
 
     def __init__(self, path: str | Path, resume_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept: list[str] = []
+        self.torn = 0
         if resume_step is not None and self.path.exists():
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
-                    continue  # a line torn by kill -9
+                    self.torn += bool(line.strip())  # a line torn by kill -9
+                    continue
                 if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= resume_step:
                     kept.append(line)
         tmp = self.path.with_name(self.path.name + ".tmp")

@@ -13,6 +13,15 @@ DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
 RESULTS_DIR = DATA_DIR / "results"
 
 
+def is_inside(path: str | Path, root: str | Path) -> bool:
+    """True when ``path``, symlinks followed, lies in ``root`` (a manifest's shard, a model's tokenizer)."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+    except ValueError:
+        return False
+    return True
+
+
 # ------------------------------------------------------------------ paths in files people share
 # Run configs, summaries, executed notebooks and reports are shared: they never hold an absolute
 # machine path (user names, mount points). A path inside the run's folder is written relative to

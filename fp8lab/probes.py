@@ -64,3 +64,15 @@ def check_writable_file(option: str, value: Any) -> Path:
 def _show(base: Path, asked: Path) -> str:
     """The existing folder above ``asked``, as the user wrote it (never made absolute)."""
     return repr(str(base)) if base != Path(".") else "the working folder"
+
+
+def check_member(folder: Path, name: Any, option: str = "--data") -> Path:
+    """A file a manifest names: a relative path that stays inside ``folder``, symlinks followed."""
+    from fp8lab.paths import is_inside
+
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+            or not is_inside(folder / name, folder):
+        raise ValueError(f"{option}: the manifest in {folder.name!r} names a file outside its folder ({name!r}); "
+                         "allowed: file names inside the prepared folder (re-create it with fp8lab prepare-data)")
+    return folder / name
+

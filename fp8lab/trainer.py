@@ -97,9 +97,14 @@ class Trainer:
                 self._write_config()
         return None
 
+    @property
+    def model_name(self) -> str:
+        """--model as step records, logs and summaries show it: never an absolute machine path (fp8lab.paths)."""
+        return fpaths.shareable_path(self.c.model, self.paths.output_dir)
+
     def _dry_run_summary(self) -> dict[str, Any]:
         c, lay = self.c, self.layout
-        return {"status": "dry_run", "model": c.model, "precision": c.precision, "backend": self.plan.backend_label,
+        return {"status": "dry_run", "model": self.model_name, "precision": c.precision, "backend": self.plan.backend_label,
                 "world_size": self.env.world_size, "gpu_name": self.machine.name, **lay.options(),
                 "cuda_graphs": self.graphs.active, "memory_estimate_gib": round(lay.memory.peak, 1), "memory_gib": round(self.machine.memory_gib, 1),
                 "reasons": lay.reasons}
@@ -213,7 +218,7 @@ class Trainer:
         self.gpu_name = self.machine.name
         peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(self.gpu_name)
         self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind,
-                            c.model, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, p.seq_len),
+                            self.model_name, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, p.seq_len),
                             self.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
         self.fingerprint = fresume.fingerprint(c, self.world, self.total_steps, self.warmup, layout=p.layout,
@@ -281,7 +286,7 @@ class Trainer:
         c, i, log = self.c, self.info, self.log
         layers = (f" via {i.backend} ({self.recipe.describe()})" if self.fp8_on and self.backend
                   else (f" on {i.backend} layers, FP8 off" if self.backend else ""))
-        log(f"fp8lab: {c.model} ({count_parameters(self.mcfg).total / 1e6:.1f}M params) | {c.precision}{layers}"
+        log(f"fp8lab: {self.model_name} ({count_parameters(self.mcfg).total / 1e6:.1f}M params) | {c.precision}{layers}"
             f" | {self.world} x {i.gpu_name} | {c.parallel if self.world > 1 else 'single process'} | "
             f"{self.total_steps} steps x {self.tokens_per_step} tokens")
         log(f"fp8lab: {fdata.describe(self.data_dir)}")

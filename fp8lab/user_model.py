@@ -20,6 +20,10 @@ represent exactly is refused by the trainer before anything is built, naming ``-
 alternative (``fp8lab.convert.fused_problem``). Sharded checkpoints (``model.safetensors.index.json``)
 load as ``from_pretrained`` loads them.
 
+Checked when the folder is first read, before anything is built (``fp8lab.model_checks``): the
+config.json fields, the safetensors headers against the config's shapes, the tokenizer files
+(inside the folder, parseable); one line per problem, naming the field or file.
+
 The config is turned into fp8lab's ``ModelConfig`` (``fp8lab.models.config_from_hf``), so FLOPs/MFU,
 the layout resolver's memory model and checkpoint fingerprints treat a folder like a named shape;
 named-model overrides (``--model-override``) are refused for folders: edit the config instead.
@@ -44,7 +48,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from fp8lab import families
+from fp8lab import families, model_checks
+from fp8lab import paths as fpaths
 
 HF_PREFIX = "hf:"
 SUPPORTED = {k: f"{f.hf_class} ({f.label})" for k, f in families.SUPPORTED.items()}
@@ -132,12 +137,13 @@ def _read_config_file(path: Path) -> dict:
 def check_config_dict(d: dict, where: str = "config.json"):
     """The transformers config for a config.json dict, or a ValueError listing what is supported."""
     mt = d.get("model_type")
-    if mt not in SUPPORTED:
+    if not isinstance(mt, str) or mt not in SUPPORTED:
         raise ValueError(families.unsupported_reason(mt, where))
     if d.get("auto_map"):
         raise ValueError(f"--model: {where} has auto_map (custom modelling code: {', '.join(sorted(d['auto_map']))}); "
                          f"fp8lab never runs a folder's code and supports the transformers classes only: "
                          f"{families.supported_list()}")
+    model_checks.check_config_fields(d, where)  # field by field, before transformers reads them
     from transformers import AutoConfig
 
     from fp8lab import rope
@@ -162,10 +168,26 @@ def _load(folder: str, mtime_ns: int) -> tuple[Any, str]:
     return check_config_dict(d), hashlib.sha256(raw).hexdigest()
 
 
+@functools.lru_cache(maxsize=32)
+def _check_folder(folder: str, root: str, mtime_ns: int, files: tuple) -> None:
+    """Weights and tokenizer files (fp8lab.model_checks), once per version of the folder's files."""
+    model_checks.check_folder(Path(folder), Path(root), _load(folder, mtime_ns)[0], TOKENIZER_FILES)
+
+
+def _root(spec: str, folder: Path) -> Path:
+    """What the folder's files may link into: the folder, or for hf: the repository's cache folder
+    (its snapshot files are symlinks to ../../blobs)."""
+    return folder.resolve().parents[1] if spec.startswith(HF_PREFIX) else folder
+
+
 def _loaded(spec: str) -> tuple[Any, str]:
-    """(validated transformers config, SHA-256 of config.json) of a user model, read once per file version."""
+    """(validated transformers config, SHA-256 of config.json) of a user model, read once per file version;
+    its weights and tokenizer files are checked after the config, once per version of the folder."""
     folder = folder_of(spec)
-    return _load(str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)
+    key = (str(folder.resolve()), (folder / "config.json").stat().st_mtime_ns)
+    loaded = _load(*key)
+    _check_folder(key[0], str(_root(spec, folder)), key[1], model_checks.file_state(folder))
+    return loaded
 
 
 def hf_config(spec: str):
@@ -186,6 +208,11 @@ def has_weights(folder: Path) -> bool:
 def config_sha256(spec: str) -> str:
     """SHA-256 of the user model's config.json (read once per file version, as ``hf_config``)."""
     return _loaded(spec)[1]
+
+
+def weights_digest(spec: str) -> str | None:
+    """SHA-256 over the user model's weight files (None without weights): what job names hash besides the config."""
+    return model_checks.weights_digest(folder_of(spec))
 
 
 def describe(spec: str) -> dict[str, Any]:
@@ -228,7 +255,6 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     cls = families.hf_class(cfg.model_type)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if has_weights(folder) and dev.type != "meta":
-        check_weights(folder, cls, cfg)
         from transformers.utils import logging as hf_logging
 
         bar = hf_logging.is_progress_bar_enabled()
@@ -245,42 +271,6 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     return model.eval() if dev.type == "meta" else model
 
 
-def _safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from the safetensors headers (the index's shards when sharded); no data read."""
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    files = sorted(set(_read_config_file(index).get("weight_map", {}).values())) if index.is_file() else \
-        sorted(p.name for p in folder.glob("*.safetensors"))
-    shapes = {}
-    for name in files:
-        if not (folder / name).is_file():
-            raise ValueError(f"--model: {index.name} names the shard {name!r}, which is not in the folder")
-        with safe_open(str(folder / name), framework="pt") as f:
-            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-    return shapes
-
-
-def check_weights(folder: Path, cls: type, cfg) -> None:
-    """Refuse a folder whose safetensors weights do not fit its config.json (a missing tensor would be
-    initialised at random by ``from_pretrained``, another shape fails deep inside it): one line."""
-    import torch
-
-    if not any(folder.glob("*.safetensors")):
-        return  # pytorch_model*.bin: from_pretrained's own checks
-    with torch.device("meta"):
-        want = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
-    if getattr(cfg, "tie_word_embeddings", False):
-        want.pop("lm_head.weight", None)  # tied: not stored, re-tied on load
-    have = _safetensors_shapes(folder)
-    missing = sorted(set(want) - set(have))
-    wrong = [f"{k} {have[k]} (config.json gives {want[k]})" for k in sorted(set(want) & set(have)) if have[k] != want[k]]
-    if missing or wrong:
-        what = (f"missing {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}" if missing else "") + \
-               ("; " if missing and wrong else "") + (f"other shapes: {', '.join(wrong[:3])}" if wrong else "")
-        raise ValueError(f"--model: the weights in {folder.name!r} do not match its config.json ({what}); "
-                         f"use the config.json the weights were saved with")
-
 
 def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
     """Copy the user's tokenizer files into ``model_dir``; returns the names copied (none: [])."""
@@ -288,8 +278,8 @@ def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
         return []
     folder = folder_of(spec)
     copied = []
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
+    for name in TOKENIZER_FILES:  # checked at the start (model_checks); a link leaving the folder is never copied
+        if (folder / name).is_file() and fpaths.is_inside(folder / name, _root(spec, folder)):
             shutil.copyfile(folder / name, model_dir / name)
             copied.append(name)
     return copied

@@ -71,6 +71,12 @@ NONNEG_NUM = Check(lambda v: is_num(v) and v >= 0, "a number >= 0")
 UNIT_OPEN = Check(lambda v: is_num(v) and 0 < v < 1, "a number in (0, 1)")  # a learning rate
 UNIT_HALF_OPEN = Check(lambda v: is_num(v) and 0 <= v < 1, "a number in [0, 1)")  # an AdamW beta
 PATH = Check(lambda v: isinstance(v, str) and bool(v), "a non-empty path")
+# A run's length, bounded: more steps than any LLM run has taken (Llama 3 405B: ~1.2M), more tokens
+# than any has seen (~15e12); beyond that it is a typo (1e23 for 1e3) that would run until stopped.
+MAX_STEPS = 10**8
+MAX_TOKENS = 10**15
+STEP_COUNT = Check(lambda v: is_count(v) and v <= MAX_STEPS, "a positive integer, at most 1e8 (100,000,000)")
+TOKEN_COUNT = Check(lambda v: is_count(v) and v <= MAX_TOKENS, "a positive integer, at most 1e15")
 
 
 def step_numbers(allowed: str) -> Check:

@@ -200,9 +200,10 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
                     f"{path}: line {i} is incomplete (run still in progress?); read the "
                     f"{len(records)} complete record(s) before it", RunFileWarning, stacklevel=3)
                 break
-            raise RunFileError(f"{path}: line {i} is not valid JSON ({exc.msg}): {line[:80]!r}") from None
+            # position, not content: the file may be anything (a symlink to a system file)
+            raise RunFileError(f"{path}: line {i} is not valid JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(obj, dict):
-            raise RunFileError(f"{path}: line {i} is not a JSON object: {line[:80]!r}")
+            raise RunFileError(f"{path}: line {i} is not a JSON object (a {type(obj).__name__})")
         records.append((i, obj))
     return records
 

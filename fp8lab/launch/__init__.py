@@ -15,7 +15,9 @@ real SDK code path while every AWS call is answered locally, so it runs with no 
 Job names: ``plan_sweep`` gives each job a deterministic name (``fp8lab-<model>-<precision>-
 <count>x<instance>-<hash>``, at most 48 characters). The SDK appends a ``-<timestamp>`` (its
 local clock) to it when it creates the job, so SageMaker's name is ``<plan name>-YYYYmmddHHMMSS`` (<= 63).
-Re-launching the same plan finds the existing jobs by that prefix and skips them.
+Re-launching the same plan finds the existing jobs by that prefix and skips them. The hash covers
+what defines the experiment; for a model folder, its config.json and its weights' bytes (SHA-256),
+so another fine-tune with the same config is another job.
 See ``docs/launch.md`` for how Transformer Engine gets into the job and what the SDK's torchrun
 driver sets (NCCL/EFA variables) for every job alike.
 
@@ -23,6 +25,7 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.launch i
 
     spec         JobSpec (validated on construction, by the trainer's own checks too), job names,
                  the trainer options a job carries as hyperparameters
+    limits       what S3 and SageMaker take: bucket names, S3 URIs, volume, price, a job's 28 days
     plan         plan_sweep, Estimate, SweepPlan: names, time limits, time and cost
     requests     the CreateTrainingJob request: image, S3 paths, code channel, ModelTrainer, dry run
     aws          the AWS calls: launch, wait, collect (throttling back-off)

@@ -153,6 +153,19 @@ def _job_names(jobs: Iterable[str] | str) -> list[str]:
     return names
 
 
+def _describe(sm, name: str, backoff: dict) -> dict:
+    """DescribeTrainingJob of ``name``; a job SageMaker does not know is one line naming it."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return call_with_backoff(lambda: sm.describe_training_job(TrainingJobName=name), **backoff)
+    except ClientError as err:
+        if _code(err) in ("ValidationException", "ResourceNotFound", "ResourceNotFoundException"):
+            raise ValueError(f"job {name!r} is unknown to SageMaker in {sm.meta.region_name} ({_code(err)}); "
+                             "allowed: the names fp8lab launch printed, in the region it launched them (--region)") from None
+        raise
+
+
 def wait(jobs: Iterable[str] | str, *, region: str | None = None, session=None, poll_s: float = 60.0,
          timeout_s: float | None = None, raise_on_failure: bool = True, progress: bool = True,
          out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep):
@@ -171,13 +184,15 @@ def wait(jobs: Iterable[str] | str, *, region: str | None = None, session=None, 
     backoff = {"sleep": sleep, "out": out}
     state: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
-    bar = tqdm(total=len(names), desc="jobs done", unit="job", disable=not progress)
+    bar = None  # made once SageMaker has answered: an unknown job or no credentials stay one line
     try:
         while True:
             for name in names:
                 if name in state and state[name]["status"] in TERMINAL:
                     continue
-                d = call_with_backoff(lambda: sm.describe_training_job(TrainingJobName=name), **backoff)
+                d = _describe(sm, name, backoff)
+                if bar is None:
+                    bar = tqdm(total=len(names), desc="jobs done", unit="job", disable=not progress)
                 start = d.get("TrainingStartTime") or d.get("CreationTime")
                 end = d.get("TrainingEndTime") or datetime.now(timezone.utc)
                 row = {"job": name, "status": d["TrainingJobStatus"], "secondary_status": d.get("SecondaryStatus", ""),
@@ -204,7 +219,8 @@ def wait(jobs: Iterable[str] | str, *, region: str | None = None, session=None, 
                                    + ", ".join(n for n, r in state.items() if r["status"] not in TERMINAL))
             sleep(poll_s)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     table = pd.DataFrame([state[n] for n in names])
     bad = table[table["status"] != "Completed"]
     if raise_on_failure and len(bad):
@@ -274,7 +290,7 @@ def collect(jobs: Iterable[str] | str, *, region: str | None = None, session=Non
     backoff = {"sleep": sleep, "out": out}
     frames = []
     for name in names:
-        d = call_with_backoff(lambda: sm.describe_training_job(TrainingJobName=name), **backoff)
+        d = _describe(sm, name, backoff)
         candidates = []
         out_path = d.get("OutputDataConfig", {}).get("S3OutputPath", "").rstrip("/")
         if out_path:

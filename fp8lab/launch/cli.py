@@ -6,11 +6,12 @@ import sys
 
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
+from fp8lab.launch.redaction import redact
 from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
 from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS
 from fp8lab.options import PRECISIONS, add_arguments, from_text
 from fp8lab.probes import check_writable_file
-from fp8lab.validate import OneLineParser, parse_count
+from fp8lab.validate import OneLineParser, parse_count, positive_float
 
 # the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
 # precision are the sweep's --models / --precisions)
@@ -53,7 +54,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET,
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
-    p.add_argument("--price-per-hour", type=float, help="USD per instance-hour (default: see PRICE_SOURCE)")
+    p.add_argument("--price-per-hour", type=positive_float, help="USD per instance-hour (default: see PRICE_SOURCE)")
     from fp8lab.config import TrainConfig
 
     g = p.add_argument_group("trainer options (as for fp8lab train; every job of the sweep gets them)")
@@ -108,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
                 df.to_csv(args.csv, index=False)
             print(df.tail(20).to_string(index=False))
     except (ValueError, TrainingJobFailed, TimeoutError) as exc:
-        print(f"fp8lab launch: error: {exc}", file=sys.stderr)
+        print(redact(f"fp8lab launch: error: {exc}"), file=sys.stderr)  # a bucket may hold an account id
+        return 1
+    except Exception as exc:  # noqa: BLE001 - AWS's own errors (no credentials, access denied): one line, redacted
+        if type(exc).__module__.split(".")[0] != "botocore":
+            raise
+        print(redact(f"fp8lab launch: error: AWS refused the call ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                     "check your credentials (aws configure), --region and the role's permissions"), file=sys.stderr)
         return 1
     return 0

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from fp8lab.hardware import price_for
 from fp8lab.launch.estimate import Estimate
+from fp8lab.launch.limits import runtime_problem
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
 
 
@@ -103,6 +104,10 @@ def plan_job(spec: JobSpec, price: float, est: Estimate, seconds: float | None =
     """One job of a plan: its name, time limit (from ``est`` unless the spec sets one), time and cost.
     ``seconds``: ``est.seconds(spec)`` where the caller has it already."""
     seconds = est.seconds(spec) if seconds is None else seconds
+    where = f"{spec.model_label} {spec.precision} on {spec.instance_count} x {spec.instance_type}"
+    amount, unit = (spec.tokens, "tokens") if spec.tokens is not None else (spec.steps, "steps")
+    if (line := runtime_problem(seconds, amount, unit, where)) is not None:
+        raise ValueError(line)  # a job SageMaker would stop before it ends
     if spec.max_run_s is None:
         spec = dataclasses.replace(spec, max_run_s=_max_run(seconds))
     hours = seconds / 3600

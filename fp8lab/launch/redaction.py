@@ -28,15 +28,19 @@ def _public_registry_accounts() -> frozenset[str]:
 
 
 # Where account ids appear in what the SDK and fp8lab print: ARNs, ECR hosts, the SDK's default
-# bucket name. Plain numbers (a token count of 288000000000) are left alone.
+# bucket name, and any name a 12-digit run is part of (a bucket "acme-123456789012-ml": joined to a
+# letter, '-' or '_', or to '.' and a letter). Plain numbers (a token count of 288000000000, the
+# digits of 0.000300000000) are left alone.
 _ACCOUNT = re.compile(r"(?P<pre>arn:aws[\w-]*:[\w-]*:[\w-]*:)(?P<id>\d{12})(?!\d)"
                       r"|(?<![\w-])(?P<id2>\d{12})(?P<post>\.dkr\.ecr\.)"
-                      r"|(?P<pre3>sagemaker-[a-z]{2}(?:-[a-z]+)+-\d-)(?P<id3>\d{12})(?!\d)")
+                      r"|(?P<pre3>sagemaker-[a-z]{2}(?:-[a-z]+)+-\d-)(?P<id3>\d{12})(?!\d)"
+                      r"|(?<!\d)(?:(?<=[A-Za-z_-])|(?<=[A-Za-z]\.))(?P<id4>\d{12})(?!\d)"
+                      r"|(?<![\d.])(?P<id5>\d{12})(?=[A-Za-z_-]|\.[A-Za-z])")
 _KEY = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
 
 
 def redact(text: str) -> str:
-    """Replace account ids in ARNs, ECR hosts and default bucket names (except AWS's public image
+    """Replace account ids in ARNs, ECR hosts, bucket and other names (except AWS's public image
     registries, part of every image URI) and access key ids by placeholders."""
     public = _public_registry_accounts()
 
@@ -45,7 +49,9 @@ def redact(text: str) -> str:
             return m.group("pre") + "<account-id>"
         if m.group("id2"):
             return m.group(0) if m.group("id2") in public else "<account-id>" + m.group("post")
-        return m.group("pre3") + "<account-id>"
+        if m.group("id3"):
+            return m.group("pre3") + "<account-id>"
+        return m.group(0) if m.group(0) in public else "<account-id>"  # a name holding an account id
 
     return _KEY.sub("<access-key-id>", _ACCOUNT.sub(sub, text))
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from fp8lab.launch import limits
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
 from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
 from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
@@ -36,7 +37,7 @@ from fp8lab.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
 BACKENDS = (AUTO, *HARDWARE_BACKENDS)  # auto (TE on the instance's GPU), or FP8 on tensor cores (not the emulator)
 RECIPES = (AUTO, *RECIPE_KINDS)
 SOURCE_NAME_MAX = 48  # 63 (SageMaker limit) - 15 for the SDK's "-YYYYmmddHHMMSS"
-MAX_RUNTIME_CAP_S = 28 * 24 * 3600  # SageMaker's longest training job
+MAX_RUNTIME_CAP_S = limits.MAX_RUNTIME_S  # SageMaker's longest training job
 # A sanity cap on instances per job: more than a typical regional P5 quota; a typo there (1000 for 10)
 # costs real money, so planning beyond it needs allow_large=True (CLI: --allow-large)
 MAX_INSTANCES_PER_JOB = 64
@@ -177,9 +178,10 @@ class JobSpec:
             )
         if self.precision == "fp8" and self.recipe.partition(":")[0] == "mxfp8" and not info.blackwell:
             raise ValueError(f"JobSpec.recipe='mxfp8' needs Blackwell GPUs; {self.instance_type} has {info.gpu}")
-        for name in ("instance_count", "volume_gb"):
-            if not is_count(getattr(self, name)):
-                raise bad(name, getattr(self, name), "an integer >= 1")
+        if not is_count(self.instance_count):
+            raise bad("instance_count", self.instance_count, "an integer >= 1")
+        if (allowed := limits.volume_problem(self.volume_gb)) is not None:
+            raise bad("volume_gb", self.volume_gb, allowed)
         if not isinstance(self.allow_large, bool):
             raise bad("allow_large", self.allow_large, "True or False")
         if self.instance_count > MAX_INSTANCES_PER_JOB and not self.allow_large:
@@ -219,14 +221,14 @@ class JobSpec:
         if not self.bucket:
             raise ValueError("JobSpec.bucket is missing: pass an S3 bucket name "
                              f"(for a dry run without an account: {PLACEHOLDER_BUCKET!r})")
-        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", self.bucket):
-            raise bad("bucket", self.bucket, "an S3 bucket name (3-63 of a-z 0-9 . -), without s3://")
+        if (allowed := limits.bucket_problem(self.bucket)) is not None:
+            raise bad("bucket", self.bucket, allowed)
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-/]*", self.prefix) or self.prefix.endswith("/"):
             raise bad("prefix", self.prefix, "an S3 key prefix of letters, digits, - _ / (no leading or trailing /)")
         if not re.fullmatch(r"[a-z0-9][a-z0-9\-]{0,40}", self.study):
             raise bad("study", self.study, "lowercase letters, digits and -, at most 41 characters")
-        if self.data_s3_uri is not None and not self.data_s3_uri.startswith("s3://"):
-            raise bad("data_s3_uri", self.data_s3_uri, "an s3:// URI or None")
+        if self.data_s3_uri is not None and (allowed := limits.s3_uri_problem(self.data_s3_uri)) is not None:
+            raise bad("data_s3_uri", self.data_s3_uri, allowed + ", or None")
         regions = _sagemaker_regions()
         if self.region not in regions:
             raise bad("region", self.region, "a region where SageMaker runs: " + ", ".join(regions))
@@ -250,8 +252,8 @@ class JobSpec:
         if not isinstance(self.model, str) or not self.model:
             raise bad("model", self.model, allowed)
         if self.model.startswith("s3://"):
-            if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/\S*)?", self.model):
-                raise bad("model", self.model, "an s3://bucket/prefix URI of a model folder")
+            if (why := limits.s3_uri_problem(self.model)) is not None:
+                raise bad("model", self.model, why + " of a model folder")
             if not isinstance(self.model_config, dict):
                 raise bad("model_config", self.model_config, "the model's config.json contents as a dict (required for "
                           "an s3:// model: the plan validates it before launch), e.g. json.load(open('config.json'))")
@@ -354,7 +356,10 @@ class JobSpec:
         return self.tokens if self.tokens is not None else self.steps * self.tokens_per_step
 
     def identity(self) -> dict[str, Any]:
-        """The fields that define the experiment (not where it is stored or who pays), for the name hash."""
+        """The fields that define the experiment (not where it is stored or who pays), for the name hash.
+
+        A local folder model counts by its config.json's hash and, when it has weights, a SHA-256 of
+        the weight files' bytes (fp8lab.model_checks.weights_digest), not by where it sits."""
         skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
         out = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         out.update(_planned_options(self))  # what runs ("auto" as the plan resolved it), so equal jobs get equal names
@@ -364,6 +369,9 @@ class JobSpec:
             from fp8lab import user_model
 
             out["model"] = user_model.identity(self.model)  # the config, not where the folder sits on this machine
+            weights = user_model.weights_digest(self.model)  # and the weights: same config, other weights, other job
+            if weights is not None:
+                out["weights"] = weights
         return out
 
 

@@ -19,6 +19,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fp8lab import data as fdata
@@ -88,6 +89,15 @@ def workdir(tmp_path, monkeypatch, prepared):
     (w / "otherformat" / "manifest.json").write_text(json.dumps({"format": "something-else", "version": 3}))
     shutil.copytree(prepared, w / "noshard")
     (w / "noshard" / "train_00000.bin").unlink()
+    shutil.copytree(prepared, w / "escape")  # a manifest pointing a shard at a system file
+    m = json.loads((w / "escape" / "manifest.json").read_text())
+    m["splits"]["val"]["shards"][0]["file"] = "../../../../etc/hostname"
+    (w / "escape" / "manifest.json").write_text(json.dumps(m))
+    shutil.copytree(prepared, w / "badids")  # a token id past the manifest's (and the model's) vocabulary
+    ids = np.memmap(w / "badids" / "val_00000.bin", dtype=m["dtype"], mode="r+")
+    ids[7] = m["vocab_size"] + 88
+    ids.flush()
+    del ids
     (w / "ro").mkdir()
     _make_readonly(w / "ro")
     monkeypatch.chdir(w)
@@ -127,6 +137,14 @@ TRAIN_BAD = [  # (argv, phrase of the one-line message); exit code 2 for all
     (["--output-dir", "r", "--data", "corrupt"], "--data: manifest.json in 'corrupt' is not valid JSON (line 3"),
     (["--output-dir", "r", "--data", "otherformat"], "--data: manifest.json in 'otherformat' is not an fp8lab-tokens v1 manifest"),
     (["--output-dir", "r", "--data", "noshard"], "--data: shard 'train_00000.bin' in 'noshard' is missing"),
+    (["--output-dir", "r", "--data", "escape"], "--data: the manifest in 'escape' names a file outside its folder "
+                                                "('../../../../etc/hostname')"),
+    (["--output-dir", "r", "--data", "badids"], "--data: shard 'val_00000.bin' in 'badids' holds token id 600, outside "
+                                                "the manifest's vocab_size 512"),
+    (["--output-dir", "r", "--steps", "1e23"], "--steps=99999999999999991611392 is invalid; allowed: a positive integer, "
+                                               "at most 1e8"),
+    (["--output-dir", "r", "--tokens", "1e30"], "--tokens=1000000000000000019884624838656 is invalid; allowed: a "
+                                                "positive integer, at most 1e15"),
     # tokenized, then too short for one sequence: refused and the prepared shards removed again
     (["--output-dir", "r", "--data", "few_words.txt"], "--data ('few_words.txt'): its val split holds"),
 ]
@@ -145,6 +163,88 @@ def test_train_refuses_before_writing_anything(workdir, argv, phrase, capsys):
     assert phrase in err, err
     assert "Traceback" not in err
     assert _snapshot(workdir) == before  # no folder, no shards, no probe file left behind
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A tiny Llama folder as save_pretrained writes it: config.json, model.safetensors, tokenizer files."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("models") / "good"
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(d))
+    PreTrainedTokenizerFast(tokenizer_file=str(fdata.shipped_tokenizer_path(512)),
+                            eos_token=fdata.EOS_TOKEN).save_pretrained(str(d))
+    return d
+
+
+def _config_field(name, value):
+    def edit(d: Path) -> None:
+        cfg = json.loads((d / "config.json").read_text())
+        cfg[name] = value
+        (d / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def _drop_tensor(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _truncate_weights(d: Path) -> None:
+    raw = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(raw[: len(raw) // 2])
+
+
+SECRET = "SECRET-OUTSIDE-THE-MODEL-FOLDER"
+
+
+def _link_tokenizer(d: Path) -> None:
+    """tokenizer.json linked to a file elsewhere (a system file, in the probe): never read, never copied."""
+    (d.parent / "elsewhere.json").write_text(json.dumps({"secret": SECRET}))
+    (d / "tokenizer.json").unlink()
+    (d / "tokenizer.json").symlink_to(d.parent / "elsewhere.json")
+
+
+MODEL_BAD = [  # (edit of a good model folder, phrase of the one-line message); fp8lab train exits 2 before any compute
+    (_config_field("num_attention_heads", 0), "config.json field num_attention_heads=0 is invalid; allowed: a positive integer"),
+    (_config_field("vocab_size", 512.5), "config.json field vocab_size=512.5 is invalid; allowed: a positive integer"),
+    (_config_field("tie_word_embeddings", "yes"), "config.json field tie_word_embeddings='yes' is invalid; allowed: True | False"),
+    (_config_field("hidden_act", "swishy"), "config.json field hidden_act='swishy' is invalid; allowed: gelu | "),
+    (_config_field("rms_norm_eps", -1), "config.json field rms_norm_eps=-1 is invalid; allowed: a number in (0, 1)"),
+    (_config_field("intermediate_size", 96), "weights tensor 'model.layers.0.mlp.gate_proj.weight' has shape [128, 64] "
+                                             "but config.json gives [96, 64]"),
+    (_drop_tensor, "the weights lack tensor 'model.layers.1.mlp.up_proj.weight' (shape [128, 64])"),
+    (_truncate_weights, "weights file 'model.safetensors' is not a readable safetensors file"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"not safetensors at all"),
+     "weights file 'model.safetensors' is not a readable safetensors file"),
+    (lambda d: (d / "tokenizer.json").write_text('{"version": "1.0", "model": 5}'),
+     "tokenizer file 'tokenizer.json' does not load as a tokenizer"),
+    (lambda d: (d / "tokenizer_config.json").write_text("{not json"), "tokenizer file 'tokenizer_config.json' is not "
+                                                                      "valid JSON (line 1)"),
+    (_link_tokenizer, "tokenizer file 'tokenizer.json' leads outside the model folder (a symlink)"),
+]
+
+
+@pytest.mark.parametrize("edit,phrase", MODEL_BAD, ids=[p.split(";")[0][:48] for _, p in MODEL_BAD])
+def test_train_refuses_a_bad_model_folder_before_anything_runs(workdir, model_folder, edit, phrase, capsys):
+    bad = workdir.parent / "bad-model"
+    shutil.copytree(model_folder, bad)
+    edit(bad)
+    before = _snapshot(workdir)
+    code = ftrain.main(["--model", str(bad), "--steps", "1", "--seq-len", "32", "--progress", "off", "--output-dir", "r",
+                        "--save-model", "False"])
+    err = capsys.readouterr().err.strip()
+    assert code == ftrain.EXIT_BAD_OPTIONS, err
+    assert err.startswith("fp8lab train: error: --model: ") and len(err.splitlines()) == 1 and phrase in err, err
+    assert "Traceback" not in err and SECRET not in err
+    assert _snapshot(workdir) == before
 
 
 PREPARE_BAD = [  # fp8lab prepare-data OUT_DIR [--source ...]: (argv, phrase); exit code 2
@@ -176,6 +276,7 @@ def test_prepare_data_refuses_before_writing_anything(workdir, argv, phrase, cap
 NOTEBOOK_BAD = [  # (notebook, parameter, value as typed, phrase); exit code 1 (the runner's, for every parameter error)
     ("03", "steps", "abc", "parameter steps='abc' is invalid; allowed: an integer"),
     ("03", "steps", "0", "parameter steps=0 is invalid; allowed: a positive integer"),
+    ("03", "steps", "1e22", "parameter steps=1e+22 is invalid; allowed: a positive integer, at most 1e8"),
     ("03", "seq_len", "-5", "parameter seq_len=-5 is invalid; allowed: auto or a positive integer"),
     ("03", "seq_len", "100000", "parameter seq_len=100000 is invalid; allowed: at most 256 for llama-tiny"),
     ("03", "micro_batch_size", "0", "parameter micro_batch_size=0 is invalid; allowed: auto or a positive integer"),
@@ -262,6 +363,19 @@ LAUNCH_BAD = [  # (argv after 'plan', exit code, phrase)
     (["--instance-counts", "0"], 1, "JobSpec.instance_count=0 is invalid; allowed: an integer >= 1"),
     (["--models", "nope"], 1, "JobSpec.model='nope' is invalid"),
     (["--seq-len", "0"], 1, "JobSpec.seq_len=0 is invalid"),
+    (["--tokens", "1e30"], 1, "JobSpec.tokens=1000000000000000019884624838656 is invalid; allowed: a positive integer, "
+                              "at most 1e15"),
+    (["--steps", "1e23"], 1, "JobSpec.steps=99999999999999991611392 is invalid; allowed: a positive integer, at most 1e8"),
+    (["--price-per-hour", "inf"], 2, "argument --price-per-hour: 'inf' is invalid; allowed: a number > 0"),
+    (["--price-per-hour", "0"], 2, "argument --price-per-hour: '0' is invalid; allowed: a number > 0"),
+    (["--bucket", "a..b"], 1, "JobSpec.bucket='a..b' is invalid; allowed: an S3 bucket name"),
+    (["--bucket", "192.168.1.1"], 1, "JobSpec.bucket='192.168.1.1' is invalid; allowed: an S3 bucket name"),
+    # an account id in the bucket name is not printed back, even in the refusal
+    (["--bucket", "acme-123456789012-ml-"], 1, "JobSpec.bucket='acme-<account-id>-ml-' is invalid"),
+    # 25,877 h on one instance: SageMaker stops a job after 672 h
+    (["--models", "llama-7b", "--precisions", "bf16", "--tokens", "1e13"], 1,
+     "h, beyond SageMaker's 672 h (28-day) limit for one training job; allowed: at most about"),
+    (["--steps", "1e8"], 1, "steps per job at this estimate, or more instances per job (--instance-counts)"),
 ]
 
 
@@ -275,6 +389,7 @@ def test_launch_plan_refuses(tmp_path, monkeypatch, argv, code, phrase, capsys):
     err = capsys.readouterr().err.strip()
     assert got == code and len(err.splitlines()) == 1 and err.startswith("fp8lab launch"), err
     assert phrase in err, err
+    assert "123456789012" not in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -367,6 +482,17 @@ def test_report_refuses(report_dir, argv, code, phrase, capsys):
     assert got == code and err.startswith("fp8lab report: error: ") and len(err.splitlines()) == 1, err
     assert phrase in err, err
     assert _snapshot(report_dir) == before
+
+
+def test_report_errors_never_quote_the_file(report_dir, capsys):
+    """A metrics.jsonl that is a symlink to some other file: the error names the file and line, not its text."""
+    (report_dir / "secret.txt").write_text("root:x:0:0:SECRET-FIRST-LINE:/root:/bin/bash\n")
+    (report_dir / "linked").mkdir()
+    (report_dir / "linked" / "metrics.jsonl").symlink_to(report_dir / "secret.txt")
+    code = report.main(["linked", "--out", "r.html"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("fp8lab report: error: ") and len(err.splitlines()) == 1, err
+    assert "line 1 is not valid JSON" in err and "SECRET" not in err and "root:x" not in err, err
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
@@ -495,6 +621,36 @@ def test_resume_with_new_settings_follows_the_new_schedule(prepared, tmp_path):
     assert min(got[i] for i in range(5, 9)) >= 1e-4
     cfg_json = json.loads((run / "config.json").read_text())
     assert cfg_json["resume_with_new_settings"] is True and cfg_json["resumed_from_step"] == 4
+
+
+def test_an_absolute_model_path_stays_out_of_the_step_records_and_the_report(prepared, model_folder, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--model", str(model_folder), "--seq-len", "32", "--micro-batch-size", "2", "--steps", "2", "--progress",
+            "off", "--plot", "False", "--save-model", "False", "--data", str(prepared), "--output-dir", str(out)]
+    assert ftrain.main(argv) == 0
+    home = str(model_folder.parent)
+    printed = capsys.readouterr().out
+    rows = fmetrics.read_metrics(out / "metrics.jsonl")
+    assert len(rows) == 2 and {r["model"] for r in rows} == {"<abs>/good"}
+    for name in ("metrics.jsonl", "config.json", "summary.json"):
+        assert home not in (out / name).read_text(), name
+    assert home not in printed
+    assert report.main([str(out), "--out", str(tmp_path / "r.html")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert home not in html and "&lt;abs&gt;/good" in html
+
+
+def test_a_torn_metrics_line_is_reported_on_resume(prepared, tmp_path, capsys):
+    cfg = dict(**TINY, checkpoint_every=2, data=str(prepared), output_dir=str(tmp_path / "run"))
+    train(TrainConfig(**cfg, steps=2))
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 3, "tokens": 12')  # what a kill -9 in the middle of a write leaves
+    capsys.readouterr()
+    s = train(TrainConfig(**cfg, steps=4, resume_with_new_settings=True))
+    out = capsys.readouterr().out
+    assert s["resumed_from_step"] == 2
+    assert "fp8lab: metrics.jsonl: dropped 1 incomplete line(s) (a write cut off by a kill)" in out
+    assert [r["step"] for r in fmetrics.read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
 def test_shared_files_hold_no_absolute_paths(prepared, tmp_path):

@@ -220,6 +220,19 @@ def test_wait_backs_off_on_throttling(aws, capsys):
         L.wait(names, session=sess, poll_s=0, sleep=lambda s: None, progress=False)
 
 
+def test_wait_and_collect_for_an_unknown_job_are_one_line(aws, capsys):
+    sess, rec, boto = aws
+    for call in (lambda: L.wait(["fp8lab-nope"], session=sess, poll_s=0, sleep=lambda s: None, progress=False),
+                 lambda: L.collect(["fp8lab-nope"], session=sess, sleep=lambda s: None)):
+        with pytest.raises(ValueError, match=r"job 'fp8lab-nope' is unknown to SageMaker in us-east-1 \(.*\); "
+                                             r"allowed: the names fp8lab launch printed"):
+            call()
+    capsys.readouterr()
+    assert L.main(["wait", "fp8lab-nope", "--poll-s", "0"]) == 1  # the CLI, on the environment's endpoint
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab launch: error: job 'fp8lab-nope' is unknown") and len(err.splitlines()) == 1, err
+
+
 def test_failed_job_reason_surfaces(aws, capsys, caplog):
     caplog.set_level(logging.INFO)
     sess, rec, boto = aws

@@ -325,6 +325,32 @@ def test_jobspec_takes_a_model_folder_and_checks_it_before_launch(tmp_path):
             L.JobSpec(**{**base, **kw})
 
 
+def test_job_names_tell_apart_folders_with_the_same_config_and_other_weights(tmp_path):
+    """Issue 30: the launcher skipped a different model, since job names hashed config.json only."""
+    pytest.importorskip("sagemaker.train")
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from fp8lab import launch as L
+
+    base = dict(precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, steps=10)
+    a = save_folder(tmp_path / "a" / "my-llama", llama_config())
+    b = tmp_path / "b" / "my-llama"
+    shutil.copytree(a, b)
+    same = L.job_name(L.JobSpec(model=str(b), **base))
+    assert L.job_name(L.JobSpec(model=str(a), **base)) == same  # a copy elsewhere: the same job
+    sd = load_file(str(b / "model.safetensors"))
+    sd["model.norm.weight"] = sd["model.norm.weight"] + 1  # a fine-tune: same names, shapes and sizes
+    save_file(sd, str(b / "model.safetensors"), metadata={"format": "pt"})
+    assert (b / "model.safetensors").stat().st_size == (a / "model.safetensors").stat().st_size
+    other = L.JobSpec(model=str(b), **base)
+    assert L.job_name(other) != same and other.identity()["weights"] == user_model.weights_digest(str(b))
+    # without weights the identity is the config's alone, as before
+    c = save_folder(tmp_path / "c" / "my-llama", llama_config(), weights=False)
+    assert "weights" not in L.JobSpec(model=str(c), **base).identity()
+
+
 def test_a_named_shape_stays_named_when_a_folder_of_that_name_exists(tmp_path, monkeypatch):
     """--model llama-tiny in a working directory that happens to hold a folder called llama-tiny."""
     from fp8lab import user_model

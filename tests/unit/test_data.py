@@ -157,3 +157,41 @@ def test_command_line_prepares_a_channel_folder(tmp_path, capsys):
     assert data.read_manifest(tmp_path / "chan")["documents"] == 30
     assert data.main([str(tmp_path / "x"), "--source", str(tmp_path / "missing.txt")]) == 2
     assert "is not an existing file or folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["../../../../etc/hostname", "/etc/hostname", "sub/../../x.bin", "link.bin"])
+def test_shards_are_read_only_from_inside_the_prepared_folder(prepared, tmp_path, name):
+    """Issue 30: a manifest shard path ../../../../etc/... was memory-mapped as tokens."""
+    import shutil
+
+    d = tmp_path / "tokens"
+    shutil.copytree(prepared, d)
+    (tmp_path / "outside.bin").write_bytes((d / "train_00000.bin").read_bytes())
+    (d / "link.bin").symlink_to(tmp_path / "outside.bin")  # a link leaving the folder counts as outside
+    m = json.loads((d / "manifest.json").read_text())
+    m["splits"]["train"]["shards"][0]["file"] = name
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match=r"the manifest in 'tokens' names a file outside its folder"):
+        data.TokenShards(d, "train")
+    from fp8lab import data_checks  # the prepared folder's checks (fp8lab.data_checks)
+
+    with pytest.raises(ValueError, match=r"^--data: the manifest in 'tokens' names a file outside its folder"):
+        data_checks.check_prepared_folder(d)
+
+
+def test_token_ids_past_the_vocabulary_are_refused_before_training(prepared, tmp_path):
+    import shutil
+
+    from fp8lab import data_checks
+
+    d = tmp_path / "tokens"
+    shutil.copytree(prepared, d)
+    m = data.read_manifest(d)
+    assert data_checks.check_prepared_folder(d) == m  # the shipped corpus: every id below vocab_size
+    ids = np.memmap(d / "train_00000.bin", dtype=m["dtype"], mode="r+")
+    ids[-1] = m["vocab_size"]  # the first id past it, in the last token of the split
+    ids.flush()
+    del ids
+    with pytest.raises(ValueError, match=rf"shard 'train_00000.bin' in 'tokens' holds token id {m['vocab_size']}, "
+                                         rf"outside the manifest's vocab_size {m['vocab_size']}"):
+        data_checks.check_prepared_folder(d)

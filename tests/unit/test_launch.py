@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
+from fp8lab.launch.plan import as_plan  # noqa: E402
 from fp8lab.launch.spec import _known_regions  # noqa: E402
 
 ROLE, BUCKET = L.PLACEHOLDER_ROLE, L.PLACEHOLDER_BUCKET
@@ -44,6 +45,62 @@ def spec(**kw):
 def test_jobspec_rejects_bad_input_with_a_clear_error(kw, match):
     with pytest.raises(ValueError, match=match):
         spec(**kw)
+
+
+# The infrastructure fields, bounded by what S3 and SageMaker take (fp8lab.launch.limits): one line naming the field
+INFRA_BAD = [
+    ({"data_s3_uri": "s3://"}, "JobSpec.data_s3_uri='s3://' is invalid; allowed: an s3://bucket/prefix URI"),
+    ({"data_s3_uri": "s3://bucket/../x"}, "JobSpec.data_s3_uri='s3://bucket/../x' is invalid"),
+    ({"data_s3_uri": "s3://bucket/a//b"}, "JobSpec.data_s3_uri='s3://bucket/a//b' is invalid"),
+    ({"data_s3_uri": "s3://bucket/./x"}, "JobSpec.data_s3_uri='s3://bucket/./x' is invalid"),
+    ({"data_s3_uri": "s3://a..b/x"}, "JobSpec.data_s3_uri='s3://a..b/x' is invalid"),
+    ({"data_s3_uri": "s3://bucket/my data"}, "JobSpec.data_s3_uri='s3://bucket/my data' is invalid"),
+    ({"data_s3_uri": "s3://bucket/" + "k" * 1100}, "at most 1024 characters"),
+    ({"bucket": "a..b"}, "JobSpec.bucket='a..b' is invalid; allowed: an S3 bucket name"),
+    ({"bucket": "192.168.1.1"}, "JobSpec.bucket='192.168.1.1' is invalid"),
+    ({"bucket": "xn--bucket"}, "S3 reserves the prefixes"),
+    ({"bucket": "my-bucket-s3alias"}, "S3 reserves the prefixes"),
+    ({"bucket": "My-Bucket"}, "JobSpec.bucket='My-Bucket' is invalid"),
+    ({"volume_gb": 10**9}, "JobSpec.volume_gb=1000000000 is invalid; allowed: an integer in 1..16384"),
+    ({"volume_gb": 0}, "JobSpec.volume_gb=0 is invalid"),
+    ({"volume_gb": 100.5}, "JobSpec.volume_gb=100.5 is invalid"),
+    ({"model": "s3://bucket/../models"}, "JobSpec.model='s3://bucket/../models' is invalid"),
+    ({"tokens": 1e30}, "JobSpec.tokens=1000000000000000019884624838656 is invalid; allowed: a positive integer, at most 1e15"),
+    ({"tokens": None, "steps": 10**23}, "JobSpec.steps=100000000000000000000000 is invalid; allowed: a positive integer, "
+                                        "at most 1e8"),
+]
+
+
+@pytest.mark.parametrize("kw, phrase", INFRA_BAD, ids=[p[:40] for _, p in INFRA_BAD])
+def test_jobspec_infrastructure_fields_are_bounded_by_what_aws_takes(kw, phrase):
+    with pytest.raises(ValueError) as err:
+        spec(**kw)
+    assert phrase in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("kw", [{"data_s3_uri": "s3://my.bucket.name/tokens/v1/"}, {"data_s3_uri": "s3://bucket"},
+                                {"bucket": "acme-data.ml-1"}, {"volume_gb": 16384}, {"tokens": 10**15 // 10**5}])
+def test_jobspec_takes_what_aws_takes(kw):
+    spec(**kw)
+
+
+@pytest.mark.parametrize("price", [float("inf"), float("nan"), 0, -1, True])
+def test_plan_refuses_a_price_that_is_not_a_finite_positive_number(price):
+    with pytest.raises(ValueError, match=r"price_per_hour=.* is invalid; allowed: a finite number > 0"):
+        L.plan_sweep(["llama-1b"], ["fp8"], [1], price_per_hour=price, role=ROLE, bucket=BUCKET, tokens=10**9)
+
+
+def test_a_plan_longer_than_sagemakers_limit_is_refused_with_what_to_change():
+    """25,877 h on one P5 (the probe's plan) against SageMaker's 672 h: refused, with the tokens that fit."""
+    with pytest.raises(ValueError) as err:
+        L.plan_sweep(["llama-7b"], ["bf16"], [1], role=ROLE, bucket=BUCKET, tokens=10**13)
+    msg = str(err.value)
+    assert msg.startswith("llama-7b bf16 on 1 x ml.p5.48xlarge: estimated ") and "beyond SageMaker's 672 h" in msg
+    fit = int(re.search(r"at most about ([\d,]+) tokens", msg).group(1).replace(",", ""))
+    plan = L.plan_sweep(["llama-7b"], ["bf16"], [1], role=ROLE, bucket=BUCKET, tokens=fit)  # what it says fits, fits
+    assert plan.jobs[0].est_hours <= 672
+    with pytest.raises(ValueError, match="beyond SageMaker's 672 h"):  # launch() of a bare spec: the same check
+        as_plan(spec(model="llama-7b", precision="bf16", tokens=10**13))
 
 
 def test_bf16_is_fine_on_a100_and_mxfp8_on_blackwell():
@@ -160,6 +217,34 @@ def test_redact_masks_account_ids_and_keys_but_not_aws_image_registries():
         assert acct not in out
     assert image in out and out.count("<account-id>") == 4 and "<access-key-id>" in out
     assert "tokens=288000000000" in out  # a plain 12-digit number is not an account id
+
+
+def test_redact_masks_an_account_id_inside_a_bucket_name_but_not_numbers():
+    for text in ("s3://acme-123456789012-ml/fp8lab", "s3://123456789012-data/x", "bucket acme123456789012",
+                 "s3://ml.123456789012.data/x", "'Bucket': 'acme_123456789012'"):
+        assert "123456789012" not in L.redact(text) and "<account-id>" in L.redact(text), text
+    for text in ("tokens=288000000000", "lr 0.000300000000", "fp8lab-llama-1b-fp8-1xp5-e528a2-20261201185500",
+                 "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.9-gpu-py312"):
+        assert L.redact(text) == text
+
+
+def test_dry_run_never_prints_an_account_id_in_the_bucket_name(capsys):
+    assert L.main(["dry-run", "--models", "llama-1b", "--precisions", "fp8", "--instance-counts", "1",
+                   "--bucket", "acme-123456789012-ml", "--tokens", "1e9"]) == 0
+    out = capsys.readouterr()
+    assert "123456789012" not in out.out + out.err and out.out.count("acme-<account-id>-ml") >= 1
+
+
+def test_cli_wait_without_aws_credentials_is_one_line(monkeypatch, tmp_path, capsys):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
+              "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert L.main(["wait", "fp8lab-nope", "--region", "us-east-1", "--poll-s", "0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab launch: error: AWS refused the call (NoCredentialsError") and len(err.splitlines()) == 1
 
 
 def test_parse_metric_line():
