@@ -99,7 +99,13 @@ class Answer:
 
 def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str) -> dict:
     """Hours and cost of the budget for a headline row's best BF16 and best FP8 run (the plan's estimate)."""
+    from fp8lab.models import MODEL_CONFIGS
+
     out: dict = {c: np.nan for c in COST_COLUMNS}
+    if row["model"] not in MODEL_CONFIGS:  # a user's folder (e.g. the families study): the plan prices named shapes
+        out["cost_note"] = (f"no time or cost: {row['model']} is a model folder's shape, and P5 plans price "
+                            "fp8lab's named shapes (plan a folder with fp8lab launch plan --models <folder>)")
+        return out
     missing = []
     for prec in ("bf16", "fp8"):
         run = row[f"{prec}_run"]
