@@ -11,15 +11,15 @@ OUT=${OUT:-/tmp/out}
 RES=/tmp/defaults-plan-h200
 H=(python3 benchmarks/throughput.py --study defaults-plan-h200 --out $RES --work /tmp/bench --timeout 300)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-"${H[@]}" --models llama-1b --variants default-bf16,default-fp8 --common-args '' --steps 14 --warmup 4
-"${H[@]}" --models llama-7b --variants default-bf16,default-fp8 --common-args '' --steps 8 --warmup 3
+"${H[@]}" --models llama-1b --variants default-bf16,default-fp8 --tag plan --common-args '' --steps 14 --warmup 4
+"${H[@]}" --models llama-7b --variants default-bf16,default-fp8 --tag plan --common-args '' --steps 8 --warmup 3
 tar -czf "$OUT/results.tar.gz" -C /tmp defaults-plan-h200 2>/dev/null
 python3 - "$RES" data/results/defaults-h200 <<'PY' | tee "$OUT/pairs.txt"
 import json, sys
 from pathlib import Path
 
-def rate(folder, model, prec):
-    f = Path(folder) / f"{model}-default-{prec}.jsonl"
+def rate(folder, model, prec, tag=""):
+    f = Path(folder) / f"{model}-default-{prec}{tag}.jsonl"
     if not f.is_file():
         return None, None
     lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
@@ -28,7 +28,7 @@ def rate(folder, model, prec):
 
 new, old = sys.argv[1], sys.argv[2]
 for model in ("llama-1b", "llama-7b"):
-    (nb, rb), (nf, rf) = rate(new, model, "bf16"), rate(new, model, "fp8")
+    (nb, rb), (nf, rf) = rate(new, model, "bf16", "-plan"), rate(new, model, "fp8", "-plan")
     (ob, _), (of, _) = rate(old, model, "bf16"), rate(old, model, "fp8")
     if not (nb and nf):
         print(f"{model}: a run failed (see the logs)"); continue

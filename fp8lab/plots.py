@@ -64,6 +64,7 @@ def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8
 
 MAX_BARS = 12  # bars or rows a panel shows at most; tables carry the rest
 MAX_COLS = 2  # panels side by side at most, so a figure stays within a screen's width
+MAX_HEADLINE_PANELS = 4  # the headline figure's models (2 x 2): more would not fit a screen's height
 _HATCHES = ["", "//", "..", "xx", "\\\\", "++"]  # a second cue beside colour, one per bar kind
 
 
@@ -512,6 +513,12 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     if not len(best):
         return _finish(_empty(title), save)
     groups = [(m, g[g["role"] != "best FP8"]) for m, g in best.groupby("model", sort=False)]  # best FP8: its recipe's bar
+    if len(groups) > MAX_HEADLINE_PANELS:  # a screen's worth: fp8lab's own shapes first, model folders in the table
+        from fp8lab.models import MODEL_CONFIGS
+
+        named = [x for x in groups if x[0] in MODEL_CONFIGS]
+        groups = (named + [x for x in groups if x[0] not in MODEL_CONFIGS])[:MAX_HEADLINE_PANELS]
+        title += f" ({len(groups)} of {len(best['model'].unique())} models; every model in the table)"
     has_ref = reference is not None and len(reference)
     roles = sorted({r for _, g in groups for r in g["role"]}, key=_slot_order)
     with_ref = has_ref and any(len(reference_for(reference, m)) for m, _ in groups)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import html
 import re
 
+import pandas as pd
 import pytest
+
+from fp8lab.models import MODEL_CONFIGS
 
 from fp8lab import analysis, report
 from fp8lab import launch as L
@@ -53,6 +56,9 @@ def _check_headline(markdown: str, where: str) -> None:
         assert _num(cells[6]) == pytest.approx(round(100 * r["mfu_fp8"], 1)), (where, model)
         if cells[7] != "-":
             assert _num(cells[7]) == pytest.approx(round(r["loss_gap_pct"], 2)), (where, model)
+        if pd.isna(r["cost_fp8"]):  # a model folder's shape (e.g. the families study): the plan prices named shapes only
+            assert cells[8] == "-" and model not in MODEL_CONFIGS, (where, model, cells[8])
+            continue
         m = cost.fullmatch(cells[8])
         assert m, (where, model, cells[8])
         got = [_num(g) for g in m.groups()]
@@ -67,9 +73,20 @@ _SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on .*? \(run (?P<fp8>[^)]+)\) ra
                        r"\$(?P<c_bf16>[\d,]+)")
 
 
+_FOLDER_SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on .*? \(run (?P<fp8>[^)]+)\) ran at (?P<speedup>[\d.]+)x the "
+                              r"tokens/s/GPU of .*? \(run (?P<bf16>[^)]+)\) \((?P<tps_fp8>[\d,]+) vs (?P<tps_bf16>[\d,]+)\); "
+                              r"no time or cost: (?P=model) is a model folder's shape")
+
+
 def _check_verdict(text: str, where: str) -> None:
     a = _answer().rows.set_index("model")
-    found = {m["model"]: m for m in _SENTENCE.finditer(text)}
+    # one sentence per model, each starting "For <model> on": matched one at a time, so none runs into the next
+    sentences = [t for t in re.split(r"(?=For [\w.-]+ on )", text) if t.startswith("For ")]
+    found = {}
+    for t in sentences:
+        m = _SENTENCE.match(t) or _FOLDER_SENTENCE.match(t)
+        assert m, (where, t[:120])
+        found[m["model"]] = m
     hardware = a[a["hardware_fp8"] == True]  # noqa: E712
     assert sorted(found) == sorted(hardware.index), (where, sorted(found))
     for model, m in found.items():
@@ -77,6 +94,9 @@ def _check_verdict(text: str, where: str) -> None:
         assert (m["fp8"], m["bf16"]) == (r["fp8_run"], r["bf16_run"]), (where, model)
         assert float(m["speedup"]) == pytest.approx(round(r["speedup"], 2)), (where, model)
         assert _num(m["tps_fp8"]) == round(r["tps_fp8"]) and _num(m["tps_bf16"]) == round(r["tps_bf16"]), (where, model)
+        if "h_fp8" not in m.groupdict():  # a model folder's shape: no plan prices it, and the answer has no cost
+            assert pd.isna(r["cost_fp8"]) and model not in MODEL_CONFIGS, (where, model)
+            continue
         assert [_num(m[k]) for k in ("h_fp8", "c_fp8", "h_bf16", "c_bf16")] == pytest.approx(
             [round(r["hours_fp8"], 1), round(r["cost_fp8"]), round(r["hours_bf16"], 1), round(r["cost_bf16"])]), (where, model)
 
@@ -112,8 +132,12 @@ def test_html_report_quotes_the_answer():
     _check_verdict(text, "HTML report")
     table = html.unescape(page.split("The answer per model")[1].split("</table>")[0])
     for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
+        row = table.split(f"<td>{r['model']}</td>")[1].split("</tr>")[0]
         for prec in ("bf16", "fp8"):
-            assert f"${r[f'cost_{prec}']:,.0f} ({r[f'hours_{prec}']:,.1f} h)" in table, (r["model"], prec)
+            if pd.isna(r[f"cost_{prec}"]):  # a model folder's shape: no plan prices it, the table says "-"
+                assert "$" not in row and r["model"] not in MODEL_CONFIGS, (r["model"], prec)
+                continue
+            assert f"${r[f'cost_{prec}']:,.0f} ({r[f'hours_{prec}']:,.1f} h)" in row, (r["model"], prec)
         assert f"{r['speedup']:.2f}x" in table
 
 
