@@ -130,6 +130,8 @@ def test_default_kernel_is_fp8lab_only_where_it_runs_this_python(tmp_path, monke
     data = tmp_path / "jupyter"
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
     monkeypatch.setenv("JUPYTER_PATH", "")
+    # a venv's own kernels (set-up registers fp8lab there too) would otherwise come first (jupyter_core)
+    monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "0")
     spec = data / "kernels" / "fp8lab"
     spec.mkdir(parents=True)
     kernel = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
