@@ -168,8 +168,8 @@ def test_config_and_weights_that_disagree_are_refused(tmp_path):
     (src / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()),
                                                  "intermediate_size": 256}))
     # the folder's own checks (fp8lab.model_checks), when it is first read: before anything is built
-    with pytest.raises(ValueError, match=r"weights tensor 'model.layers.0.mlp.down_proj.weight' has shape \[64, 128\] "
-                                         r"but config.json gives \[64, 256\]") as e:
+    with pytest.raises(ValueError, match=r"weights tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[128, 64\] "
+                                         r"but config.json gives \[256, 64\]") as e:
         build_model(str(src))
     _one_line(e)
     src = save(tmp_path / "missing", d)

@@ -34,11 +34,19 @@ def _measured_te_runs():
 
 
 MEASURED = list(_measured_te_runs())
+FOLDERS = RESULTS.parent / "reference" / "configs"  # the published configs the families study ran (random weights)
+FOLDER_MODELS = {p.name for p in FOLDERS.iterdir() if p.is_dir()}
+
+
+def _config(model: str):
+    """A named shape, or a families-study model by the published config it was built from."""
+    return get_config(str(FOLDERS / model) if model in FOLDER_MODELS else model)
 
 
 def test_there_are_measured_runs_to_check_against():
     assert len(MEASURED) >= 40
-    assert {r["model"] for _, r, _ in MEASURED} == {"llama-1b", "llama-7b", "gptneo-1.3b"}
+    assert {r["model"] for _, r, _ in MEASURED} == {"llama-1b", "llama-7b", "gptneo-1.3b", "llama-3.2-1b",
+                                                    "qwen2.5-1.5b", "mistral-7b-v0.3"}
 
 
 @pytest.mark.parametrize("name,run,peak", MEASURED, ids=[m[0] for m in MEASURED])
@@ -46,11 +54,16 @@ def test_memory_model_is_close_to_each_measured_peak(name, run, peak):
     """Within 10% for bf16 parameters (what the resolver picks on a GPU); the older fp32-parameter runs,
     whose peaks vary more with when AdamW allocates its state, within 12%."""
     est = fl.estimate_memory(
-        get_config(run["model"]), precision=run["precision"], micro_batch_size=run["micro_batch_size"],
+        _config(run["model"]), precision=run["precision"], micro_batch_size=run["micro_batch_size"],
         seq_len=run["seq_len"], param_dtype=run.get("param_dtype") or "fp32", backend="te", fuse=True,
         world_size=run["world_size"], parallel=run.get("parallel") or "ddp", keep_weights="keep" in name,
         weight_cache=bool(run.get("fp8_weight_cache")) and run["grad_accum"] > 1,
         activation_checkpointing=bool(run.get("activation_checkpointing")))
+    if run["model"] in FOLDER_MODELS:
+        # the models people bring (families study), not among the runs the model was fitted to: never
+        # below the measured peak (a layout it picks fits), at most 20% above (128K-vocab logits: ~15%)
+        assert peak <= est.peak <= 1.20 * peak, (est, peak)
+        return
     tolerance = 0.10 if run.get("param_dtype") == "bf16" else 0.12
     assert abs(est.peak - peak) / peak <= tolerance, (est, peak)
 
