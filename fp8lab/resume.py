@@ -82,7 +82,7 @@ def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int,
 
 def apply_new_settings(scheduler, c, lr_at, step: int) -> None:
     """Make the loaded optimizer (the scheduler's) follow the new options from ``step`` on (see the module doc)."""
-    groups = scheduler.optimizer.param_groups  # fp8lab.train.make_optimizer: [matrices (decayed), the rest]
+    groups = scheduler.optimizer.param_groups  # fp8lab.optim.make_optimizer: [matrices (decayed), the rest]
     for i, group in enumerate(groups):
         group["initial_lr"] = c.lr
         group["betas"] = (c.beta1, c.beta2)

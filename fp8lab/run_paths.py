@@ -70,7 +70,7 @@ def data_source(c) -> str | None:
 
 
 def check_run(c, paths, source: str | None) -> None:
-    """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.train)."""
+    """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.trainer.run)."""
     from fp8lab import data as fdata
 
     check_writable_dir("--output-dir", paths.output_dir)

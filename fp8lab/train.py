@@ -20,7 +20,7 @@ The same file runs everywhere; only the launch differs::
     # SM_CHANNEL_TRAIN, the model goes to SM_MODEL_DIR, metrics + plots to SM_OUTPUT_DATA_DIR,
     # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
 
-This module holds the entry points and ``TrainConfig`` (each option declared once on its field:
+This module holds the entry points; ``TrainConfig`` (fp8lab.config, importable from here; each option declared once on its field:
 fp8lab.options): what was requested, "auto" included. ``fp8lab.plan.plan_run`` decides what runs
 (backend, recipe, layout, steps, graphs, ...); the run itself, its set-up order and its loop, is
 ``fp8lab.trainer.Trainer``, which builds from that plan.

@@ -111,7 +111,7 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
     names: list[str] = []
     sessions: dict[tuple[str, str], Any] = {}
     with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs():
-        staged: dict[bool, Path] = {}
+        staged: dict[tuple, Path] = {}
         for job in plan.jobs:
             spec = job.spec
             key = (spec.region, spec.bucket)
@@ -128,7 +128,7 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
                 out(f"skip {job.name}: already launched as {live[0]['TrainingJobName']} ({live[0]['TrainingJobStatus']})")
                 names.append(live[0]["TrainingJobName"])
                 continue
-            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec)), sess)
+            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version), sess)
             call_with_backoff(lambda: submit(trainer, spec), **backoff)
             # The SDK chose the timestamped name; read it back from SageMaker (public API only).
             before = {j["TrainingJobName"] for j in existing}

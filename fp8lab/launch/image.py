@@ -20,6 +20,10 @@ IMAGE_TE: dict[str, tuple[str, str]] = {
     "2.9": ("2.8", "pytorch/training/docker/2.9/py3/cu130/Dockerfile.gpu (ARG TE_VERSION=2.8)"),
 }
 
+# framework_version -> the CUDA major its image is built on (the Dockerfile's folder above: cu129, cu130):
+# the job installs the TE core built for it (setup.sh picks core_cu12 / core_cu13 the same way)
+IMAGE_CUDA: dict[str, str] = {"2.8": "12", "2.9": "13"}
+
 # The job's pip reads these while it installs the requirements: TE's PyTorch part is a source
 # package that must build against the image's torch, so without build isolation (pip's inverted
 # environment form of --no-build-isolation: PIP_NO_BUILD_ISOLATION=false), PyTorch only.
@@ -50,6 +54,8 @@ def te_in_job(spec) -> str:
     return f"{image} {shipped}, which fp8lab supports" if backend == "te" else f"{image}; backend {backend}"
 
 
-def job_requirements(install_te: bool) -> list[str]:
-    """The requirement lines TE adds to the job's requirements.txt (torch stays the image's)."""
-    return [requirement("transformer-engine", "pytorch")] if install_te else []
+def job_requirements(install_te: bool, framework_version: str | None = None) -> list[str]:
+    """The requirement lines TE adds to the job's requirements.txt (torch stays the image's): its PyTorch
+    part and, where the image's CUDA is known (``IMAGE_CUDA``), the core built for that CUDA."""
+    cuda = IMAGE_CUDA.get(str(framework_version)) if framework_version is not None else None
+    return [requirement("transformer-engine", "pytorch" + (f",core_cu{cuda}" if cuda else ""))] if install_te else []

@@ -46,7 +46,7 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
     return {"output": f"{base}/output", "checkpoints": f"{base}/checkpoints/{name}"}
 
 
-def stage_source(dest: str | Path, install_te: bool = False) -> Path:
+def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None) -> Path:
     """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, requirements.txt.
 
     In the job ``fp8lab.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
@@ -63,7 +63,7 @@ def stage_source(dest: str | Path, install_te: bool = False) -> Path:
         shutil.copytree(DATA_DIR / "corpus", dest / "data" / "corpus", dirs_exist_ok=True)
     for tok in sorted(DATA_DIR.glob("tokenizer*.json")):
         shutil.copy2(tok, dest / "data" / tok.name)
-    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te)
+    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version)
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 
@@ -185,11 +185,13 @@ def _offline_session(region: str, bucket: str):
     return Session(boto_session=boto, default_bucket=bucket, sagemaker_config=config)
 
 
-def staged_source(staged: dict[bool, Path], tmp: str, install_te: bool) -> Path:
-    """The job's source folder, staged once per sweep for jobs with and without TE in their requirements."""
-    if install_te not in staged:
-        staged[install_te] = stage_source(Path(tmp) / f"te{int(install_te)}", install_te)
-    return staged[install_te]
+def staged_source(staged: dict[tuple, Path], tmp: str, install_te: bool, framework_version: str | None = None) -> Path:
+    """The job's source folder, staged once per sweep for each kind of job: with or without TE in its
+    requirements (and, with it, the image whose CUDA its TE core is built for)."""
+    key = (install_te, framework_version if install_te else None)
+    if key not in staged:
+        staged[key] = stage_source(Path(tmp) / f"te{int(install_te)}-{key[1] or 'image'}", install_te, key[1])
+    return staged[key]
 
 
 def submit(trainer, spec: JobSpec) -> None:
@@ -202,10 +204,10 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
     plan = as_plan(spec_or_plan)
     out = []
     with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs():
-        staged: dict[bool, Path] = {}
+        staged: dict[tuple, Path] = {}
         for job in plan.jobs:
             spec = job.spec
-            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec)),
+            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version),
                                     _offline_session(spec.region, spec.bucket))
             try:
                 submit(trainer, spec)

@@ -125,7 +125,7 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
     assert not [k for k in code if "__pycache__" in k or k.endswith(".pyc")]
     assert channels["code"] == f"s3://{BUCKET}/{code_prefix.rstrip('/')}"
     reqs = _s3_text(boto, BUCKET, code_prefix + "requirements.txt")
-    assert reqs.splitlines() == [*L.JOB_REQUIREMENTS, f"transformer-engine[pytorch]=={pins()['transformer-engine']}"]
+    assert reqs.splitlines() == [*L.JOB_REQUIREMENTS, f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
     drivers = channels["sm_drivers"]
     src_json = json.loads(_s3_text(boto, drivers + "/sourcecode.json"))
     assert src_json["entry_script"] == "fp8lab/sm_entry.py" and src_json["requirements"] == "requirements.txt"
