@@ -172,7 +172,7 @@ def _budget(machine: Machine) -> float:
     return machine.memory_gib - max(HEADROOM_GIB, HEADROOM_FRACTION * machine.memory_gib)
 
 
-GRAPH_HOLD_FACTOR = 1.25  # margin on what CUDA graphs keep allocated for the whole run (see graphs_memory_problem)
+GRAPH_HOLD_FACTOR = 1.25  # margin on the activations CUDA graphs keep for the whole run (see graphs_memory_problem)
 
 
 def _graphs_base(layout: "Layout") -> float:
@@ -182,8 +182,16 @@ def _graphs_base(layout: "Layout") -> float:
 
 
 def _graphs_held(layout: "Layout", mcfg, fp8: bool) -> float:
-    """What the graphs hold for the whole run, with the margin: activations and, in FP8, the FP8 weights."""
-    return GRAPH_HOLD_FACTOR * (layout.memory.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0))
+    """What the graphs hold for the whole run: the activations with the margin and, in FP8, the FP8 weights
+    (two bytes per block weight: the quantised copy and its transpose, a known size, so no margin)."""
+    return GRAPH_HOLD_FACTOR * layout.memory.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
+
+
+def _graphs_budget(machine: Machine) -> float:
+    """GiB a graphed layout may reserve: the rule is fitted to measured peaks of *reserved* memory (the
+    allocator's fragmentation included), so it keeps only the fixed headroom for what torch's allocator
+    does not see, not the fraction that covers fragmentation above an estimate of allocated memory."""
+    return machine.memory_gib - HEADROOM_GIB
 
 
 def graphs_memory_need(layout: "Layout", mcfg, fp8: bool) -> float:
@@ -198,18 +206,20 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
     saved for backward) in its own memory pool for the whole run, where an eager step frees them
     before the optimizer step. Under graphs the trainer's master weights run their streamed step
     (``fp8lab.master_weights``): the step needs one chunk of fp32 gradients, not a full copy. Estimate:
-    the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x (activations + FP8 weights).
-    Measured on the H200 (``data/results/graphs-h200/*-s8*``): llama-7b 1 x 2048 x 8 graphed reserved at
-    most 124.7 GiB in FP8 (estimate 127.9) and 113.0 GiB in BF16 (estimate 113.7); with the plain step
-    (full fp32 gradients at the step) the FP8 run had run out of 139.8 GiB at its first optimizer step.
-    The rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 GiB allocated, 83.4)."""
+    the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x activations + the FP8 weights, against
+    the GPU's memory less HEADROOM_GIB (``_graphs_budget``). Measured peaks of reserved memory on the H200
+    (``data/results/graphs-h200/*-s8*``): llama-7b 1 x 2048 x 8 graphed 124.7 GiB in FP8 (estimate 124.8)
+    and 113.0 GiB in BF16 (estimate 113.7); Mistral-7B-v0.3 1 x 2048 x 32 in FP8 131.0 GiB (estimate 133.0,
+    ``benchmarks/logs/families-session10/mistral-7b-v0.3-graphs-calibration.json``); with the plain step (full fp32
+    gradients at the step) the llama-7b FP8 run had run out of 139.8 GiB at its first optimizer step.
+    The rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 GiB reserved, 82.9)."""
     held = _graphs_held(layout, mcfg, fp8)
     need = _graphs_base(layout) + held
-    budget = _budget(machine)
+    budget = _graphs_budget(machine)
     if need <= budget:
         return None
-    return (f"with the blocks captured the run would need about {need:.0f} GiB (the graphs hold "
-            f"{held:.0f} GiB for the whole run) of {budget:.0f} GiB usable on {machine.name}")
+    return (f"with the blocks captured the run would need about {need:.1f} GiB (the graphs hold "
+            f"{held:.1f} GiB for the whole run) of {budget:.1f} GiB usable on {machine.name}")
 
 
 def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep_weights: bool,

@@ -39,14 +39,21 @@ FOLDER_MODELS = {p.name for p in FOLDERS.iterdir() if p.is_dir()}
 
 
 def _config(model: str):
-    """A named shape, or a families-study model by the published config it was built from."""
+    """A named shape, or a families-study model by the published config it was built from (``NAME-16l``:
+    its first 16 decoder layers, as benchmarks/family_folders.py writes it)."""
+    import dataclasses
+    import re
+
+    cut = re.fullmatch(r"(.+)-(\d+)l", model)
+    if cut and cut.group(1) in FOLDER_MODELS:
+        return dataclasses.replace(get_config(str(FOLDERS / cut.group(1))), num_layers=int(cut.group(2)))
     return get_config(str(FOLDERS / model) if model in FOLDER_MODELS else model)
 
 
 def test_there_are_measured_runs_to_check_against():
     assert len(MEASURED) >= 40
     assert {r["model"] for _, r, _ in MEASURED} == {"llama-1b", "llama-7b", "gptneo-1.3b", "llama-3.2-1b",
-                                                    "qwen2.5-1.5b", "mistral-7b-v0.3"}
+                                                    "qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b-16l"}
 
 
 @pytest.mark.parametrize("name,run,peak", MEASURED, ids=[m[0] for m in MEASURED])
