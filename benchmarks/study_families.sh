@@ -33,8 +33,8 @@ A)
   "${H[@]}" --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b --steps 8 --warmup 3; pack
   ;;
 B)
-  folders mistral-7b-v0.3
-  "${H[@]}" --models $MODELS/mistral-7b-v0.3 --steps 6 --warmup 2; pack
+  folders mistral-7b-v0.3  # 12 steps, 3 untimed (session 10; 6 and 2 before: too few timed steps for its spread)
+  "${H[@]}" --models $MODELS/mistral-7b-v0.3 --steps 12 --warmup 3; pack
   ;;
 C)
   folders llama-3.1-8b:16
