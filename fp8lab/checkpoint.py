@@ -20,6 +20,10 @@ Loading unpickles no code: ``trainer_rank{r}.pt`` is read with ``torch.load(weig
 (numpy's RNG state allowlisted), DCP's bytes entries too, and DCP's ``.metadata`` (a pickle) is
 read only when its digest matches the manifest, through an unpickler that knows DCP's metadata
 classes and nothing else. A folder fp8lab did not write (no manifest, another digest) does not load.
+The manifest is no signature (the tensors are not digested), so Transformer Engine's delayed-scaling
+state, a pickle inside a tensor that TE's ``set_extra_state`` unpickles, is read first on its own and
+decoded by fp8lab.te_state's allowlisting unpickler; TE gets bytes fp8lab pickled again from that
+plain data, and a crafted one is refused, naming its file, before anything is loaded.
 """
 from __future__ import annotations
 
@@ -247,7 +251,8 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
 
     path = Path(path)
     verify(path)
-    extra = _extra_states(path, model, get_model_state_dict(model), env)  # read and checked before anything changes
+    metadata = _reader(path).read_metadata()  # through fp8lab's unpickler, before DCP reads it
+    extra = _extra_states(path, metadata, model, get_model_state_dict(model), env)  # checked before anything changes
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
     state = {"model": {k: v for k, v in model_sd.items() if k not in extra}, "optim": optim_sd}
     with _quiet_single_process(env):  # the masters and AdamW states are filled in place
@@ -266,7 +271,8 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
         return torch.load(mine, map_location="cpu", weights_only=True)
 
 
-def _extra_states(path: Path, model: nn.Module, model_sd: dict[str, Any], env: fdist.DistEnv) -> dict[str, Any]:
+def _extra_states(path: Path, metadata: Any, model: nn.Module, model_sd: dict[str, Any],
+                  env: fdist.DistEnv) -> dict[str, Any]:
     """The model's tensor ``_extra_state`` entries read from checkpoint ``path``, Transformer Engine's
     decoded and pickled again by fp8lab (fp8lab.te_state); RefusedState naming the file if one is not
     TE's FP8 state. Read on their own, into new tensors: a refusal leaves the model as it was.
@@ -281,7 +287,6 @@ def _extra_states(path: Path, model: nn.Module, model_sd: dict[str, Any], env: f
     keys = [k for k, v in model_sd.items() if k.endswith("_extra_state") and isinstance(v, torch.Tensor)]
     if not keys:
         return {}
-    metadata = _reader(path).read_metadata()
     wanted = {"model": {k: _like_saved(model_sd[k], metadata.state_dict_metadata.get(f"model.{k}")) for k in keys}}
     with _quiet_single_process(env):
         dcp.load(wanted, storage_reader=_reader(path), planner=_planner())
@@ -326,10 +331,9 @@ def _te_pickled_state_allowed() -> Iterator[None]:
 
     TE stores DelayedScaling's amax history and scales as a pickle in ``_extra_state`` and, since
     unpickling can run code, refuses to load it unless ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``.
-    The trainer only gets here with a checkpoint whose DCP metadata matches fp8lab's manifest
-    (:func:`verify`), so the opt-in is given around that load and the variable restored afterwards.
-    The manifest is no signature: the tensors' bytes (this pickle among them) are not digested, so
-    never point ``--checkpoint-dir`` at checkpoints from a source you do not trust.
+    What TE unpickles here is no checkpoint's bytes but fp8lab's: :func:`_extra_states` decoded the
+    checkpoint's with fp8lab.te_state and pickled the plain data again. The opt-in is given around
+    that load only and the variable restored afterwards.
     """
     old = os.environ.get(_TE_UNSAFE_PICKLE)
     os.environ[_TE_UNSAFE_PICKLE] = "1"

@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -85,9 +86,34 @@ def test_a_build_on_an_allowed_global_changes_nothing_shared(te):
         te_state.decode(b"\x80\x04X\x01\x00\x00\x00aQ.")
 
 
+def test_what_is_not_plain_data_is_refused(te):
+    recipe = te.recipe.DelayedScaling()
+    recipe.__dict__["not_a_field"] = 1
+    with warnings.catch_warnings():  # TypedStorage is deprecated: torch's tensor pickles still use it
+        warnings.simplefilter("ignore", UserWarning)
+        storage = torch.storage.TypedStorage(2, dtype=torch.float32)
+    cases = {
+        "DelayedScaling built in a way pickle never builds it":
+            b"\x80\x04ctransformer_engine.common.recipe\nDelayedScaling\nK\x01\x85\x81}b.",  # NEWOBJ with an argument
+        "a function, which is not data": b"\x80\x04}X\x01\x00\x00\x00actorch._utils\n_rebuild_tensor_v2\ns.",
+        "a type, which is not data": b"\x80\x04ctransformer_engine.common.recipe\nDelayedScaling\n.",
+        "a TypedStorage, which is not data": pickle.dumps({"s": storage}),
+        "a tensor that is not a plain one": pickle.dumps({"t": torch.ones(2, requires_grad=True)}),
+        "attributes this Transformer Engine does not have": pickle.dumps({"recipe": recipe}),
+    }
+    for reason, data in cases.items():
+        with pytest.raises(te_state.RefusedState, match=reason):
+            te_state.decode(data)
+    with pytest.raises(te_state.RefusedState, match="where TE pickles a dict"):
+        te_state.reencoded(torch.frombuffer(bytearray(pickle.dumps([1.0])), dtype=torch.uint8))
+
+
 def test_only_te_modules_extra_state_is_checked(te):
-    model = nn.Sequential(te.pytorch.Linear(4, te.recipe.DelayedScaling()), nn.Linear(4, 4))
-    owners = te_state.owners(model)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model = nn.Sequential(checkpoint_wrapper(te.pytorch.Linear(4, te.recipe.DelayedScaling())), nn.Linear(4, 4))
+    owners = te_state.owners(model)  # by state-dict name: activation checkpointing's wrapper is not in it
+    assert "0._extra_state" in model.state_dict()
     assert te_state.is_te(owners["0"]) and not te_state.is_te(owners["1"]) and te_state.is_te(None)
 
 
