@@ -20,6 +20,10 @@ Loading unpickles no code: ``trainer_rank{r}.pt`` is read with ``torch.load(weig
 (numpy's RNG state allowlisted), DCP's bytes entries too, and DCP's ``.metadata`` (a pickle) is
 read only when its digest matches the manifest, through an unpickler that knows DCP's metadata
 classes and nothing else. A folder fp8lab did not write (no manifest, another digest) does not load.
+The manifest is no signature (the tensors are not digested), so Transformer Engine's delayed-scaling
+state, a pickle inside a tensor that TE's ``set_extra_state`` unpickles, is read first on its own and
+decoded by fp8lab.te_state's allowlisting unpickler; TE gets bytes fp8lab pickled again from that
+plain data, and a crafted one is refused, naming its file, before anything is loaded.
 """
 from __future__ import annotations
 
@@ -243,14 +247,17 @@ def _promote(tmp: Path, final: Path) -> None:
 def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: fdist.DistEnv) -> dict[str, Any]:
     """Restore model + optimizer in place and return this rank's trainer state (the caller restores its RNG)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict, set_state_dict
 
     path = Path(path)
     verify(path)
+    metadata = _reader(path).read_metadata()  # through fp8lab's unpickler, before DCP reads it
+    extra = _extra_states(path, metadata, model, get_model_state_dict(model), env)  # checked before anything changes
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
-    state = {"model": _sized_like_saved(model_sd, path, "model"), "optim": optim_sd}
+    state = {"model": {k: v for k, v in model_sd.items() if k not in extra}, "optim": optim_sd}
     with _quiet_single_process(env):  # the masters and AdamW states are filled in place
         dcp.load(state, storage_reader=_reader(path), planner=_planner())
+    state["model"].update(extra)
     with _te_pickled_state_allowed():
         if _is_master(optimizer):
             set_model_state_dict(model, state["model"])  # non-parameter state (FP8 scaling) and bf16(master)
@@ -264,6 +271,57 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
         return torch.load(mine, map_location="cpu", weights_only=True)
 
 
+def _extra_states(path: Path, metadata: Any, model: nn.Module, model_sd: dict[str, Any],
+                  env: fdist.DistEnv) -> dict[str, Any]:
+    """The model's tensor ``_extra_state`` entries read from checkpoint ``path``, Transformer Engine's
+    decoded and pickled again by fp8lab (fp8lab.te_state); RefusedState naming the file if one is not
+    TE's FP8 state. Read on their own, into new tensors: a refusal leaves the model as it was.
+
+    TE's extra state is a uint8 tensor whose length depends on what it holds (a fresh model has a
+    0-byte one until its first FP8 forward), so each is read at the size the checkpoint saved.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    from fp8lab import te_state
+
+    keys = [k for k, v in model_sd.items() if k.endswith("_extra_state") and isinstance(v, torch.Tensor)]
+    if not keys:
+        return {}
+    wanted = {"model": {k: _like_saved(model_sd[k], metadata.state_dict_metadata.get(f"model.{k}")) for k in keys}}
+    with _quiet_single_process(env):
+        dcp.load(wanted, storage_reader=_reader(path), planner=_planner())
+    modules = te_state.owners(model)
+    out = dict(wanted["model"])
+    for key, value in out.items():
+        name = key[: -len("_extra_state")].rstrip(".")
+        if not te_state.is_te(modules.get(name)):
+            continue  # another module's: it reads its own state (TE's opt-in does not concern it)
+        try:
+            out[key] = te_state.reencoded(value)
+        except te_state.RefusedState as exc:
+            raise te_state.RefusedState(
+                f"{path.name}/{_file_of(metadata, f'model.{key}')}: refused the Transformer Engine FP8 state of "
+                f"{name or 'the model'!r} ({exc.reason}); nothing loaded or deleted: delete {path.name} if you did not write it"
+            ) from None
+    return out
+
+
+def _like_saved(value: torch.Tensor, meta: Any) -> torch.Tensor:
+    """A new tensor to read ``value``'s entry into, of the size and dtype the checkpoint saved."""
+    size = getattr(meta, "size", None)
+    if size is None:
+        return torch.empty_like(value)
+    return torch.empty(tuple(size), dtype=meta.properties.dtype, device=value.device)
+
+
+def _file_of(metadata: Any, fqn: str) -> str:
+    """The DCP data file that holds ``fqn`` (e.g. ``__0_0.distcp``)."""
+    for index, info in (getattr(metadata, "storage_data", None) or {}).items():
+        if getattr(index, "fqn", None) == fqn:
+            return str(getattr(info, "relative_path", "?"))
+    return METADATA
+
+
 _TE_UNSAFE_PICKLE = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 
 
@@ -273,10 +331,9 @@ def _te_pickled_state_allowed() -> Iterator[None]:
 
     TE stores DelayedScaling's amax history and scales as a pickle in ``_extra_state`` and, since
     unpickling can run code, refuses to load it unless ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``.
-    The trainer only gets here with a checkpoint whose DCP metadata matches fp8lab's manifest
-    (:func:`verify`), so the opt-in is given around that load and the variable restored afterwards.
-    The manifest is no signature: the tensors' bytes (this pickle among them) are not digested, so
-    never point ``--checkpoint-dir`` at checkpoints from a source you do not trust.
+    What TE unpickles here is no checkpoint's bytes but fp8lab's: :func:`_extra_states` decoded the
+    checkpoint's with fp8lab.te_state and pickled the plain data again. The opt-in is given around
+    that load only and the variable restored afterwards.
     """
     old = os.environ.get(_TE_UNSAFE_PICKLE)
     os.environ[_TE_UNSAFE_PICKLE] = "1"
@@ -287,26 +344,6 @@ def _te_pickled_state_allowed() -> Iterator[None]:
             os.environ.pop(_TE_UNSAFE_PICKLE, None)
         else:
             os.environ[_TE_UNSAFE_PICKLE] = old
-
-
-def _sized_like_saved(model_sd: dict[str, Any], path: Path, prefix: str) -> dict[str, Any]:
-    """``model_sd`` with each tensor ``_extra_state`` replaced by an empty tensor of the saved size.
-
-    Transformer Engine serialises its FP8 scaling state into a uint8 tensor whose length depends on
-    what it holds: a freshly built model has a 0-byte one until its first FP8 forward. DCP loads
-    in place and refuses a size change, so the receiving tensor is made the saved size first; the
-    module's ``set_extra_state`` then reads it in ``set_model_state_dict``.
-    """
-    saved = _reader(path).read_metadata().state_dict_metadata
-    out = dict(model_sd)
-    for key, value in model_sd.items():
-        if not (key.endswith("_extra_state") and isinstance(value, torch.Tensor)):
-            continue
-        meta = saved.get(f"{prefix}.{key}")
-        size = getattr(meta, "size", None)
-        if size is not None and tuple(size) != tuple(value.shape):
-            out[key] = torch.empty(tuple(size), dtype=meta.properties.dtype, device=value.device)
-    return out
 
 
 def remove_partial(root: str | Path) -> list[Path]:
