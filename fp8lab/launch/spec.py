@@ -114,7 +114,7 @@ class JobSpec:
     fuse: bool = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = _default("compile")  # torch.compile each block
     parallel: str = _default("parallel")  # ddp | fsdp (FSDP2; JOB_DEFAULTS)
-    activation_checkpointing: bool = _default("activation_checkpointing")  # less memory, ~1/3 more compute
+    activation_checkpointing: bool | str = _default("activation_checkpointing")  # auto: on where nothing fits without it (fp8lab.layout)
     seed: int = _default("seed")
     checkpoint_every: int = _default("checkpoint_every")  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
     data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data
