@@ -13,33 +13,15 @@ length from which FP8 attention is faster than FP8 without it at that length and
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from fp8lab.fp8attn import study_runs  # noqa: E402  (the same reader as the notebook's figure)
+
 LAST = 10  # steps averaged for the loss comparison
-ROLES = {"default-bf16": "bf16", "default-fp8-noattn": "fp8", "default-fp8-attn": "fp8_attn"}
-
-
-def _records(folder: Path, tag: str) -> dict[int, dict[str, dict]]:
-    """seq_len -> role -> {"run", "summary", "steps"} for the result files whose variant ends in ``-<tag>-s<N>``."""
-    out: dict[int, dict[str, dict]] = {}
-    for f in sorted(folder.glob("*.jsonl")):
-        rec = _read(f)
-        m = re.fullmatch(r"(default-[a-z0-9-]+?)-" + re.escape(tag) + r"-s(\d+)", rec["run"]["variant"])
-        if m and m.group(1) in ROLES:
-            out.setdefault(int(m.group(2)), {})[ROLES[m.group(1)]] = rec
-    return out
-
-
-def _read(path: Path) -> dict:
-    """One result file (data/results/README.md): its run record, summary and step records."""
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    one = {r["record"]: r for r in lines if r.get("record") in ("run", "summary")}
-    return {"run": one["run"], "summary": one.get("summary", {}), "steps": [r for r in lines if r.get("record") == "step"]}
 
 
 def _provenance(recs: list[dict], argv: list[str]) -> dict:
@@ -49,10 +31,10 @@ def _provenance(recs: list[dict], argv: list[str]) -> dict:
 
 
 def crossover(folder: Path, argv: list[str]) -> dict:
-    by_seq = _records(folder, "3b")
+    by_seq = study_runs(folder, "3b")
     rows, faster = {}, []
     for seq in sorted(by_seq):
-        r = {role: by_seq[seq][role]["summary"]["tokens_per_sec_per_gpu"] for role in ROLES.values() if role in by_seq[seq]}
+        r = {role: by_seq[seq][role]["summary"]["tokens_per_sec_per_gpu"] for role in ("bf16", "fp8", "fp8_attn") if role in by_seq[seq]}
         if "bf16" in r:
             r.update({f"{k}_over_bf16": r[k] / r["bf16"] for k in ("fp8", "fp8_attn") if k in r})
         rows[seq] = r
@@ -73,8 +55,8 @@ def _tail_loss(rec: dict) -> float:
 
 
 def loss(folder: Path, argv: list[str]) -> dict:
-    runs = {**{f"{role}": r for role, r in next(iter(_records(folder, "loss").values()), {}).items()},
-            **{f"{role}_bwd0": r for role, r in next(iter(_records(folder, "loss-bwd0").values()), {}).items()}}
+    runs = {**{f"{role}": r for role, r in next(iter(study_runs(folder, "loss").values()), {}).items()},
+            **{f"{role}_bwd0": r for role, r in next(iter(study_runs(folder, "loss-bwd0").values()), {}).items()}}
     if "fp8" not in runs:
         raise SystemExit(f"no loss runs (variant default-fp8-noattn-loss-s<N>) in {folder}")
     base = _tail_loss(runs["fp8"])

@@ -159,3 +159,59 @@ def test_the_layout_on_an_h100(seq):
     else:  # 16K x 128K-vocabulary logits (~30 GiB) stay whatever the blocks recompute
         with pytest.raises(ValueError, match=r"even at micro-batch 1 x 16384 with activation checkpointing"):
             _plan(H100, model_overrides=SHAPE_3B, seq_len=seq)
+
+
+# ------------------------------------------------------------------------------ the study's figure and summaries
+
+# fixture tokens/s/GPU (made up for the test, not measurements): bf16, fp8, fp8 + FP8 attention per length
+FIXTURE_TPS = {2048: (100.0, 140.0, 135.0), 4096: (90.0, 126.0, 130.5), 8192: (80.0, 104.0, 118.4), 16384: (60.0, 81.0, 88.2)}
+
+
+def _write_study(folder, tps=FIXTURE_TPS, tag="3b"):
+    from fp8lab.analysis import write_result_file
+
+    for seq, values in tps.items():
+        for variant, t in zip(fp8attn.ROLES, values):
+            run = {"run_id": f"llama-1b-{variant}-{tag}-s{seq}", "variant": f"{variant}-{tag}-s{seq}", "model": "llama-1b",
+                   "precision": "bf16" if variant.endswith("bf16") else "fp8", "gpu_name": "NVIDIA H200",
+                   "world_size": 1, "command": "fixture", "date": "2026-12-01T00:00:00Z", "versions": {}}
+            steps = [{"step": i, "loss": 5.0 - 0.01 * i + (0.001 if variant == "default-fp8-attn" else 0.0)} for i in range(1, 41)]
+            write_result_file(folder / f"{run['run_id']}.jsonl", run, steps, {"tokens_per_sec_per_gpu": t})
+
+
+def test_the_long_context_figure_draws_one_bar_per_length_and_fp8_role(tmp_path):
+    from fp8lab import plots
+
+    _write_study(tmp_path)
+    table = fp8attn.speedup_table(tmp_path)
+    assert len(table) == 8 and set(table["role"]) == {"fp8", "fp8_attn"}
+    fig = plots.long_context_figure(table)
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 3) for p in ax.patches)
+    expected = sorted(round(v[i] / v[0], 3) for v in FIXTURE_TPS.values() for i in (1, 2))
+    assert heights == expected
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2K", "4K", "8K", "16K"]
+    labels = {t.get_text() for t in ax.texts}
+    assert "1.48x" in labels and "1.30x" in labels  # 118.4 / 80, 104 / 80
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FP8 GEMMs, BF16 attention", "FP8 GEMMs + FP8 attention"]
+
+
+def test_without_the_study_the_figure_says_so(tmp_path):
+    from fp8lab import plots
+
+    fig = plots.long_context_figure(fp8attn.speedup_table(tmp_path / "absent"))
+    assert "no long-context study committed yet" in " ".join(t.get_text() for t in fig.axes[0].texts)
+
+
+def test_the_study_summaries_find_the_crossover_and_the_loss_gap(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("long_context", "benchmarks/long_context.py")
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    _write_study(tmp_path)
+    assert lc.crossover(tmp_path, ["crossover", "x"])["crossover_seq_len"] == 4096  # 130.5 > 126 from 4K on
+    _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss")
+    loss = lc.loss(tmp_path, ["loss", "x"])["runs_by_role"]
+    assert loss["fp8"]["relative_to_fp8"] == 0.0
+    assert loss["fp8_attn"]["relative_to_fp8"] == pytest.approx(0.001 / (5.0 - 0.01 * 35.5))
