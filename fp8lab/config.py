@@ -41,7 +41,7 @@ class TrainConfig:
     tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(TOKEN_COUNT))
     micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
     grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
-    seq_len: AutoInt = option(AUTO, "tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    seq_len: AutoInt = option(AUTO, "tokens per sequence; auto: 2048 on a GPU, 256 on a CPU. Longer than a named Llama shape's max_seq_len: trained from scratch with it raised; GPT-Neo (learned positions) and model folders: at most their max_seq_len / max_position_embeddings", check=AUTO_OR_POSITIVE_INT)
     lr: float = option(3e-4, "peak learning rate of AdamW", check=UNIT_OPEN)
     min_lr: float = option(3e-5, "end of the cosine decay")
     warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)", check=optional(NONNEG_INT))

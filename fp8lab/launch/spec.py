@@ -109,7 +109,7 @@ class JobSpec:
     steps: int | None = _default("steps")
     micro_batch_size: int | str = _default("micro_batch_size")  # auto: fp8lab.layout for the instance's GPU (spec.plan)
     grad_accum: int | str = _default("grad_accum")  # auto: fp8lab.layout's tokens-per-step target
-    seq_len: int | str = _default("seq_len")  # auto: 2048 (at most the model's max_seq_len)
+    seq_len: int | str = _default("seq_len")  # auto: 2048; a named Llama shape trains longer from scratch (fp8lab.models.sequence_overrides)
     lr: float = _default("lr")
     fuse: bool = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = _default("compile")  # torch.compile each block
