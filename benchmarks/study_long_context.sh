@@ -7,7 +7,7 @@
 #   the loss with FP8 attention within 0.5% of FP8 without it over the same short run.
 #   Model: a Llama-3.2-3B shape from scratch (hidden 3072, 28 layers, 24 heads / 8 KV heads, head_dim 128,
 #   128,256 vocabulary, tied, plain RoPE theta 500000): `--model llama-1b` with the overrides in SHAPE_3B below
-#   (a named shape: max_seq_len raised to the sequence, the run says so). llama-7b (head_dim 128) in part B.
+#   (a named shape: max_seq_len raised to the sequence, the run says so). llama-7b (head_dim 128) in part C.
 #   Layout: micro-batch auto (fp8lab.layout, the same for BF16 and FP8: at most 32,768 tokens), --grad-accum 1
 #   (short steps, so each part fits its 8 minutes; no FP8 weight cache to reuse at accumulation 1, alike for every
 #   length), activation checkpointing auto (llama-7b at 16K needs it on an H200: fp8lab.layout).
@@ -23,10 +23,12 @@
 #   (no GPU): python3 benchmarks/long_context.py crossover data/results/long-context-h200 (-> crossover.json: the
 #   measured crossover, per-length speed-ups) and ... loss data/results/long-context-h200 (-> loss.json); then set
 #   fp8lab.fp8attn.CROSSOVER_SEQ_LEN to crossover.json's value (tests/unit/test_long_context.py checks it).
-# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_long_context.sh A|B|C|D
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_long_context.sh A|B|C|D [lengths]
+#   (e.g. `... A 2048` then `... A 4096` where one part would run past a 10-minute command limit)
 # Results: $OUT/<part>-results.tar.gz holds long-context-h200/*.jsonl (for data/results/long-context-h200/); logs beside.
 set -uo pipefail
 PART=${1:?part A, B, C or D}
+SEQS=${2:-}  # A or B: these lengths only (e.g. "2048"), to split a part that would run past a command's limit
 OUT=${OUT:-/tmp/out}
 RES=/tmp/long-context-h200
 mkdir -p "$RES"
@@ -38,17 +40,19 @@ bench() {  # bench <seq> <tag prefix> <steps> <warm-up> <model> <extra trainer a
     --models "$model" --variants "${VARIANTS}" --steps "$steps" --warmup "$warm" --tag "$tag-s$seq" \
     --common-args "--seq-len $seq --grad-accum 1 $*"
 }
+partial() {  # this part's summary, beside the results (never as the folder's crossover.json / loss.json: see above)
+  python3 benchmarks/long_context.py "$1" $RES | tee "$OUT/$PART-$1.txt"; mv "$RES/$1.json" "$OUT/$PART-$1-partial.json" 2>/dev/null; }
 pack() { tar -czf "$OUT/$PART-results.tar.gz" -C /tmp long-context-h200 2>/dev/null; cp /tmp/bench/*.log "$OUT/" 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/$PART-gpu.txt"
 case $PART in
-A) for s in 2048 4096; do bench $s 3b 14 5 llama-1b "$SHAPE_3B"; done
-   python3 benchmarks/long_context.py crossover $RES | tee "$OUT/A-crossover.txt"; pack ;;
-B) for s in 8192 16384; do bench $s 3b 14 5 llama-1b "$SHAPE_3B"; done
-   python3 benchmarks/long_context.py crossover $RES | tee "$OUT/B-crossover.txt"; pack ;;
+A) for s in ${SEQS:-2048 4096}; do bench $s 3b 14 5 llama-1b "$SHAPE_3B"; done
+   partial crossover; pack ;;
+B) for s in ${SEQS:-8192 16384}; do bench $s 3b 14 5 llama-1b "$SHAPE_3B"; done
+   partial crossover; pack ;;
 C) bench 16384 7b 10 4 llama-7b; pack ;;
 D) FP8LAB_GPU_RESULTS=$RES/accuracy python3 -m pytest tests/gpu/test_fp8_attention_gpu.py -q -rs 2>&1 | tee "$OUT/D-accuracy.txt"
    VARIANTS=default-fp8-noattn,default-fp8-attn bench 4096 loss 40 10 llama-1b "$SHAPE_3B"
    VARIANTS=default-fp8-attn NVTE_FP8_DPA_BWD=0 bench 4096 loss-bwd0 40 10 llama-1b "$SHAPE_3B"
-   python3 benchmarks/long_context.py loss $RES | tee "$OUT/D-loss.txt"; pack ;;
+   partial loss; pack ;;
 *) echo "part must be A, B, C or D" >&2; exit 2 ;;
 esac

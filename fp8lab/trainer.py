@@ -81,7 +81,7 @@ class Trainer:
         self.log(f"fp8lab: {self.layout.header()}")
         if self.machine.gpu or self.c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
             self.log(f"fp8lab: {self.graphs.describe()}")
-        self._log_long_context()
+        self._long_context()
         if self.c.dry_run:
             return self._dry_run_summary()
         self._cap_gpu_memory()
@@ -99,8 +99,9 @@ class Trainer:
                 self._write_config()
         return None
 
-    def _log_long_context(self) -> None:
-        """#34: a named shape's raised max_seq_len, and the FP8-attention decision (where there is one to make)."""
+    def _long_context(self) -> None:
+        """#34: log a named shape's raised max_seq_len and the FP8-attention decision (where there is one to make);
+        with FP8 attention on, set TE's NVTE_FP8_DPA_BWD to fp8lab's default where the environment does not."""
         from fp8lab import fp8attn
 
         reasons = self.plan.reasons

@@ -215,3 +215,23 @@ def test_the_study_summaries_find_the_crossover_and_the_loss_gap(tmp_path):
     loss = lc.loss(tmp_path, ["loss", "x"])["runs_by_role"]
     assert loss["fp8"]["relative_to_fp8"] == 0.0
     assert loss["fp8_attn"]["relative_to_fp8"] == pytest.approx(0.001 / (5.0 - 0.01 * 35.5))
+
+
+# ------------------------------------------------------------------------------ the run's first lines and record
+
+def test_a_run_past_max_seq_len_says_so_and_records_its_decisions(prepared, tmp_path, capsys):
+    import json
+
+    from fp8lab.train import train
+
+    out = tmp_path / "run"
+    train(TrainConfig(model="llama-tiny", seq_len=512, micro_batch_size=1, steps=1, precision="fp8", backend="emulated",
+                      fp8_attention="off", data=str(prepared), output_dir=str(out), progress="off", print_metrics=False,
+                      plot=False, save_model=False, checkpoint_every=-1))
+    head = capsys.readouterr().out.splitlines()[:6]
+    assert "fp8lab: llama-tiny at 512: trained from scratch, max_seq_len raised from 256" in "\n".join(head)
+    assert "fp8lab: FP8 attention off: --fp8-attention off" in head
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["fp8_attention"] == "off" and cfg["activation_checkpointing"] is False and cfg["seq_len"] == 512
+    assert cfg["plan"]["fp8_attention"] is False and cfg["plan"]["reasons"]["fp8_attention"] == "--fp8-attention off"
+    assert cfg["plan"]["reasons"]["max_seq_len"].startswith("llama-tiny at 512")
