@@ -264,8 +264,7 @@ class Trainer:
         requested = c.as_dict()
         # the flat keys are the options as they ran (the layout's values for "auto"), as readers of
         # config.json (fp8lab.analysis) expect; "requested" is what was asked, "plan" what was decided and why
-        effective = {**requested, **lay.options(), "fp8_attention": "on" if self.plan.fp8_attention else "off",
-                     "activation_checkpointing": lay.activation_checkpointing}
+        effective = {**requested, **lay.options()}
         cfg_record = {**effective, **self._resolved(), "flops_per_token": i.flops_per_token,
                       "params": count_parameters(self.mcfg).total, **self._sources(),
                       "resumed_from_step": self.resumed_from,
@@ -276,6 +275,9 @@ class Trainer:
         shared = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")
         cfg_record.update(fpaths.shareable_run_record(effective, type(c)().as_dict(), self.argv,
                                                       self.paths.output_dir, shared))
+        # #34: as they ran (the plan's values for "auto"), beside the command (which keeps what was asked)
+        cfg_record.update({"fp8_attention": "on" if self.plan.fp8_attention else "off",
+                           "activation_checkpointing": lay.activation_checkpointing})
         cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
         cfg_record["plan"] = self.plan.record()
         if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.fp8attn)
