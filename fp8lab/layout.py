@@ -35,7 +35,12 @@ The memory model, per GPU, is the larger of two peaks:
 Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` = 3 for SwiGLU
 (gate, up, product) and 2 for GELU, ``kv`` = key/value width; ``a`` and ``b`` were fitted to the
 measured peaks of TE fused runs (llama-1b and llama-7b, one H200) and are checked against every
-measured TE run in ``tests/unit/test_layout.py`` (within 10%).
+measured TE run in ``tests/unit/test_layout.py`` (within 10%). Per token means linear in the sequence:
+attention runs as fused (flash / cuDNN) kernels that keep O(seq) softmax statistics, never the seq x seq
+scores, and the logits are O(seq x vocab). So long sequences (4K-16K, issue 34) trade micro-batch for
+length at the same tokens per micro-batch; where even micro-batch 1 does not fit, ``--activation-checkpointing
+auto`` keeps only each block's input (2 bytes x hidden per token and layer) plus one block's activations,
+for both precisions of a pair alike; the logits stay (a 128K vocabulary at 16K tokens: ~30 GiB).
 """
 from __future__ import annotations
 

@@ -235,3 +235,16 @@ def test_a_run_past_max_seq_len_says_so_and_records_its_decisions(prepared, tmp_
     assert cfg["fp8_attention"] == "off" and cfg["activation_checkpointing"] is False and cfg["seq_len"] == 512
     assert cfg["plan"]["fp8_attention"] is False and cfg["plan"]["reasons"]["fp8_attention"] == "--fp8-attention off"
     assert cfg["plan"]["reasons"]["max_seq_len"].startswith("llama-tiny at 512")
+
+
+def test_a_p5_job_plans_long_sequences_and_refuses_fp8_attention_it_cannot_run():
+    from fp8lab import launch as L
+
+    base = dict(role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9, precision="fp8")
+    spec = L.JobSpec(model="llama-1b", seq_len=8192, **base)
+    assert spec.plan.seq_len == 8192 and spec.plan.reasons["max_seq_len"].startswith("llama-1b at 8192: trained from scratch")
+    assert L.hyperparameters(spec)["seq-len"] == 8192
+    with pytest.raises(ValueError, match=r"--fp8-attention on cannot run: head_dim 64: .*allowed: auto \| off"):
+        L.JobSpec(model="llama-1b", seq_len=8192, options={"fp8_attention": "on"}, **base)
+    with pytest.raises(ValueError, match=r"--fp8-attention='sometimes' is invalid; allowed: auto \| on \| off"):
+        L.JobSpec(model="llama-1b", options={"fp8_attention": "sometimes"}, **base)
