@@ -61,6 +61,9 @@ VARIANTS: dict[str, list[str]] = {
     # the plain commands: everything else as fp8lab.layout resolves it on this machine
     "default-bf16": ["--precision", "bf16"],
     "default-fp8": ["--precision", "fp8"],
+    # the plain FP8 command with TE's FP8 attention forced on / off (#34; auto decides by fp8lab.fp8attn's rule)
+    "default-fp8-attn": ["--precision", "fp8", "--fp8-attention", "on"],
+    "default-fp8-noattn": ["--precision", "fp8", "--fp8-attention", "off"],
     # FP8 weights re-cast for every micro-batch (the default caches them once per step under --grad-accum)
     "te-fp8-delayed-nocache": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
                                "--fp8-weight-cache", "False"],
@@ -188,7 +191,10 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         "warmup_lr_steps": int(_arg_value(cmd, "--warmup-steps", "0")),
         "fuse": None if backend == "none" else _arg_value(flags, "--fuse", "True") == "True",
         "compile": _arg_value(flags, "--compile", "False") == "True",
-        "activation_checkpointing": _arg_value(extra, "--activation-checkpointing", "False") == "True",
+        "activation_checkpointing": bool(cfg.get("activation_checkpointing")),  # as the run resolved it (auto: fp8lab.layout)
+        "fp8_attention": (cfg.get("plan") or {}).get("fp8_attention"),
+        "fp8_attention_reason": ((cfg.get("plan") or {}).get("reasons") or {}).get("fp8_attention"),
+        "nvte_fp8_dpa_bwd": (cfg.get("plan") or {}).get("NVTE_FP8_DPA_BWD"),
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,
         "loss_comparable": False,  # tens of steps: too short to compare losses (benchmarks/loss_parity.py runs those)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
+from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
@@ -41,7 +41,7 @@ class TrainConfig:
     tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(TOKEN_COUNT))
     micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
     grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
-    seq_len: AutoInt = option(AUTO, "tokens per sequence (at most the model's max_seq_len); auto: 2048 on a GPU, 256 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    seq_len: AutoInt = option(AUTO, "tokens per sequence; auto: 2048 on a GPU, 256 on a CPU. Longer than a named Llama shape's max_seq_len: trained from scratch with it raised; GPT-Neo (learned positions) and model folders: at most their max_seq_len / max_position_embeddings", check=AUTO_OR_POSITIVE_INT)
     lr: float = option(3e-4, "peak learning rate of AdamW", check=UNIT_OPEN)
     min_lr: float = option(3e-5, "end of the cosine decay")
     warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)", check=optional(NONNEG_INT))
@@ -49,7 +49,7 @@ class TrainConfig:
     beta1: float = option(0.9, "AdamW's first-moment decay", check=UNIT_HALF_OPEN)
     beta2: float = option(0.95, "0.95 rather than 0.999: steadier for LLM pre-training", check=UNIT_HALF_OPEN)
     grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)", check=NONNEG_NUM)
-    activation_checkpointing: bool = option(False, "recompute each block in backward: less memory, ~1/3 more compute", check=BOOL)
+    activation_checkpointing: AutoBool = option(AUTO, "recompute each block in backward: less memory, ~1/3 more compute; auto: on only where the layout fits nothing without it (fp8lab.layout; the same for both runs of a BF16/FP8 pair)", check=AUTO_BOOL)
     compile: bool = option(False, "torch.compile each decoder block", check=BOOL)
     cuda_graphs: str = option(AUTO, "replay each decoder block's forward and backward as CUDA graphs (TE fused layers, bf16 parameters, one GPU): auto = on where the step is launch-bound (small micro-batch) and the set-up supports it (fp8lab.graphs)", choices=CUDA_GRAPHS)
     seed: int = option(1234, "model init and data order", check=NONNEG_INT)
@@ -82,9 +82,19 @@ class TrainConfig:
                                   check=step_numbers("comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)"))
     inject_nan_at_steps: Steps = option((), "FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)",
                                         check=step_numbers("comma-separated positive step numbers (testing only)"))
+    # --- #34 long sequences: FP8 attention
+    fp8_attention: str = option(AUTO, "TE's FP8 dot-product attention (fp8_dpa; fused TE blocks, --precision fp8): auto = on where it was measured to pay (Hopper, head_dim 128, delayed recipe, sequence >= fp8lab.fp8attn.CROSSOVER_SEQ_LEN) | on (refused where it cannot run) | off", choices=FP8_ATTENTION)
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def shape_overrides(self) -> dict:
+        """``model_overrides`` as the model is built: a named shape's max_seq_len raised to a longer
+        ``--seq-len`` (a from-scratch run: fp8lab.models.sequence_overrides)."""
+        from fp8lab.models import sequence_overrides
+
+        return sequence_overrides(self.model, self.model_overrides, self.seq_len)
 
     @property
     def tokens_per_micro_batch(self) -> int | None:
@@ -135,8 +145,14 @@ def _validate(c: TrainConfig) -> None:
         fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
-    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:
-        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} (its max_seq_len)")
+    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:  # a named Llama shape's was raised (shape_overrides)
+        from fp8lab.models import MODEL_CONFIGS
+
+        limit = ("its --model-override max_seq_len" if "max_seq_len" in c.model_overrides else
+                 f"its learned position table has {mcfg.max_seq_len} rows; a from-scratch run may grow it with "
+                 f"--model-override max_seq_len=N, a bigger model" if mcfg.family == "gptneo" and c.model in MODEL_CONFIGS else
+                 "its max_position_embeddings: the length its weights were trained for")
+        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} ({limit})")
     if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
         raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
     if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
@@ -160,7 +176,7 @@ def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
                              f"config.json instead")
         return get_config(c.model)
     try:
-        return get_config(c.model, **c.model_overrides)
+        return get_config(c.model, **c.shape_overrides)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model-override: {exc}") from None
 

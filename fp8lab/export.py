@@ -39,7 +39,7 @@ def save_hf_model(model, inner, conversion, c, model_dir: Path, data_dir: Path, 
     from transformers import PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
-    hf = build_model(c.model, device="meta", **c.model_overrides)  # a user's folder: its own config
+    hf = build_model(c.model, device="meta", **c.shape_overrides)  # a user's folder: its own config
     stage = ownership.claim(model_dir, "model") / ".export.tmp"  # written whole, then moved in file by file
     shutil.rmtree(stage, ignore_errors=True)
     bar_was_on = hf_logging.is_progress_bar_enabled()

@@ -35,7 +35,12 @@ The memory model, per GPU, is the larger of two peaks:
 Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` = 3 for SwiGLU
 (gate, up, product) and 2 for GELU, ``kv`` = key/value width; ``a`` and ``b`` were fitted to the
 measured peaks of TE fused runs (llama-1b and llama-7b, one H200) and are checked against every
-measured TE run in ``tests/unit/test_layout.py`` (within 10%).
+measured TE run in ``tests/unit/test_layout.py`` (within 10%). Per token means linear in the sequence:
+attention runs as fused (flash / cuDNN) kernels that keep O(seq) softmax statistics, never the seq x seq
+scores, and the logits are O(seq x vocab). So long sequences (4K-16K, issue 34) trade micro-batch for
+length at the same tokens per micro-batch; where even micro-batch 1 does not fit, ``--activation-checkpointing
+auto`` keeps only each block's input (2 bytes x hidden per token and layer) plus one block's activations,
+for both precisions of a pair alike; the logits stay (a 128K vocabulary at 16K tokens: ~30 GiB).
 """
 from __future__ import annotations
 
@@ -149,6 +154,7 @@ class Layout:
     memory: MemoryEstimate
     machine: Machine
     reasons: dict = dataclasses.field(default_factory=dict)
+    activation_checkpointing: bool = False  # #34: recompute each block in backward (--activation-checkpointing, or auto)
 
     @property
     def tokens_per_gpu_step(self) -> int:
@@ -165,6 +171,7 @@ class Layout:
         return (f"layout: micro-batch {self.micro_batch_size} x {self.seq_len} tokens, accumulation {self.grad_accum} "
                 f"({self.tokens_per_gpu_step:,} tokens/GPU/step), {self.param_dtype} parameters"
                 + (", FSDP2 keeps weights gathered" if self.fsdp_keep_weights else "")
+                + (", activation checkpointing" if self.activation_checkpointing else "")
                 + f"; memory estimate {self.memory.describe()} of {where}" + (f" | auto: {why}" if why else ""))
 
 
@@ -240,7 +247,7 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
 
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
-                  keep: bool, both_precisions: bool) -> MemoryEstimate:
+                  keep: bool, both_precisions: bool, activation_checkpointing: bool = False) -> MemoryEstimate:
     """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both)."""
     precisions = ("bf16", "fp8") if (both_precisions and backend == "te") else (c.precision,)
     sharded = c.parallel == "fsdp" and machine.world_size > 1
@@ -249,7 +256,7 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                             keep_weights=keep,
                             weight_cache=weight_cache(c, backend, grad_accum=ga, sharded=sharded, keep_weights=keep,
                                                       precision=p)[0],
-                            activation_checkpointing=c.activation_checkpointing,
+                            activation_checkpointing=activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0) for p in precisions]
     return max(ests, key=lambda e: e.peak)
@@ -261,7 +268,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
     it. Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan keeps both."""
     from fp8lab.models import get_config
 
-    mcfg = mcfg or get_config(c.model, **c.model_overrides)
+    mcfg = mcfg or get_config(c.model, **c.shape_overrides)
     reasons: dict[str, str] = {}
     gpu = machine.gpu
     param_dtype = c.param_dtype
@@ -290,28 +297,39 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
             return bool(c.fsdp_keep_weights)
         return gpu and sharded and ga > 1  # CPUs keep today's plain FSDP2
 
+    # #34: activation checkpointing "auto" is on only where no micro-batch fits without it (--micro-batch-size auto
+    # on a GPU; decided on the larger of the BF16 and FP8 estimates, as the micro-batch is, so both runs of a pair
+    # recompute alike); an explicit micro-batch that does not fit is refused, as before
+    ckpt_options = (False, True) if c.activation_checkpointing == AUTO and gpu and mb_auto else (c.activation_checkpointing is True,)
+    ckpt = ckpt_options[0]
+
     def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
         return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, accum_for(mb), keep,
-                             both_precisions=gpu and both)
+                             both_precisions=gpu and both, activation_checkpointing=ckpt)
 
     if mb_auto and gpu:
         candidates = [2**i for i in range(int(math.log2(max(1, MICRO_BATCH_TOKENS // seq))), -1, -1)]
         chosen = None
-        for mb in candidates:
-            keep = keep_for(accum_for(mb))
-            e = est(mb, keep)
-            if e.peak <= budget:
-                chosen = (mb, keep, e)
-                break
-            if keep and keep_auto and est(mb, False).peak <= budget:  # fits only with per-micro-batch gathers
-                chosen = (mb, False, est(mb, False))
+        for ckpt in ckpt_options:
+            for mb in candidates:
+                keep = keep_for(accum_for(mb))
+                e = est(mb, keep)
+                if e.peak <= budget:
+                    chosen = (mb, keep, e)
+                    break
+                if keep and keep_auto and est(mb, False).peak <= budget:  # fits only with per-micro-batch gathers
+                    chosen = (mb, False, est(mb, False))
+                    break
+            if chosen:
                 break
         if chosen is None:
             e = est(1, False)
+            tried = " with activation checkpointing" if ckpt else ""
             raise ValueError(
                 f"--micro-batch-size auto: {c.model} does not fit {machine.name} ({machine.memory_gib:.0f} GiB per GPU) "
-                f"even at micro-batch 1 x {seq}: estimated peak {e.describe()}; allowed: more GPUs with "
-                f"--parallel fsdp (shards the model states), --activation-checkpointing, a shorter --seq-len, or a larger GPU")
+                f"even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; allowed: more GPUs with "
+                f"--parallel fsdp (shards the model states), "
+                + ("" if ckpt else "--activation-checkpointing, ") + "a shorter --seq-len, or a larger GPU")
         mb, keep, e = chosen
         ga = accum_for(mb)
         reasons["micro_batch_size"] = (f"micro-batch {mb}: fits {e.peak:.0f} of {machine.memory_gib:.0f} GiB"
@@ -330,5 +348,8 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
         reasons["grad_accum"] = f"accumulation {ga}: {ga * mb * seq:,} tokens/GPU/step (target {TOKENS_PER_GPU_STEP:,})"
     if keep_auto and keep:
         reasons["fsdp_keep_weights"] = "FSDP2 keeps weights gathered: one all-gather per step"
-    return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons)
+    if ckpt and c.activation_checkpointing == AUTO:
+        reasons["activation_checkpointing"] = (f"activation checkpointing: {c.model} at {seq} tokens fits "
+                                               f"{machine.name} only recomputing each block in backward")
+    return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons, activation_checkpointing=ckpt)
 

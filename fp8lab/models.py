@@ -98,6 +98,30 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     return cfg
 
 
+def sequence_overrides(name: str, overrides: dict, seq_len: Any) -> dict:
+    """The overrides the named shape ``name`` is built with for sequences of ``seq_len`` tokens.
+
+    A named Llama shape is always trained from scratch (random weights) and RoPE has no position
+    table, so its ``max_seq_len`` is no limit: a longer ``seq_len`` raises it and nothing else changes.
+    GPT-Neo is not raised: it learns a table of ``max_seq_len`` position embeddings, so a longer
+    sequence means a bigger model (``--model-override max_seq_len=N`` asks for that explicitly;
+    ``fp8lab.config`` refuses it otherwise, naming why). An explicit ``max_seq_len`` override is kept, and
+    a user's model folder is never changed (its weights were trained up to its ``max_position_embeddings``)."""
+    base = MODEL_CONFIGS.get(name)
+    if (base is None or base.family != "llama" or "max_seq_len" in overrides or isinstance(seq_len, bool)
+            or not isinstance(seq_len, int) or seq_len <= base.max_seq_len):
+        return dict(overrides)
+    return {**overrides, "max_seq_len": seq_len}
+
+
+def longer_sequence_note(name: str, overrides: dict, seq_len: Any) -> str | None:
+    """One line for the run's first lines when :func:`sequence_overrides` raised ``max_seq_len`` (else None)."""
+    if sequence_overrides(name, overrides, seq_len) == dict(overrides):
+        return None
+    return (f"{name} at {seq_len}: trained from scratch, max_seq_len raised from {MODEL_CONFIGS[name].max_seq_len} "
+            f"(RoPE has no learned position table: nothing else changes)")
+
+
 def validate_config(cfg: ModelConfig, name: str = "model") -> None:
     """Reject configs the HF classes would build wrongly or that cannot run, before any allocation."""
     if cfg.family not in FAMILIES:

@@ -25,6 +25,7 @@ import dataclasses
 from typing import Any, Callable, Union
 
 from fp8lab.backends import backend_names
+from fp8lab.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
 from fp8lab.graphs import CHOICES as GRAPH_CHOICES
 from fp8lab.recipe import KINDS
 from fp8lab.validate import AUTO, Check, one_of
@@ -37,6 +38,7 @@ PARAM_DTYPES = (AUTO, "fp32", "bf16")
 DEVICES = (AUTO, "cpu", "cuda")
 PROGRESS = (AUTO, "on", "off")
 CUDA_GRAPHS = GRAPH_CHOICES  # auto | on | off, declared where they are decided
+FP8_ATTENTION = FP8_ATTENTION_CHOICES  # auto | on | off, declared where they are decided (fp8lab.fp8attn, #34)
 EMULATED = "emulated"  # fp8lab's pure-PyTorch backend: any device, never for speed claims
 # discovered (every module of fp8lab.backends): the tensor-core ones first, the emulator last
 HARDWARE_BACKENDS = tuple(b for b in backend_names() if b != EMULATED)  # FP8 on tensor cores (SageMaker jobs)

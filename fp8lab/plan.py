@@ -17,6 +17,7 @@ A combination that cannot run is a ValueError naming the option, before anything
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,8 @@ class RunPlan:
     weight_cache: bool  # TE's FP8 weight cache: weights cast once per step, not per micro-batch
     fused_wgrad: bool  # TE's weight-gradient GEMMs add into main_grad in place
     reasons: dict = field(default_factory=dict)
+    # --- #34 long sequences
+    fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.fp8attn); also on ``recipe``
 
     # the layout's values, read where the trainer needs them
     @property
@@ -100,7 +103,8 @@ class RunPlan:
                 **self.layout.options(), "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
-                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype}
+                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
+                "fp8_attention": self.fp8_attention, "activation_checkpointing": self.layout.activation_checkpointing}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -222,7 +226,7 @@ def graphs_decision(c: "TrainConfig", machine: Machine, backend: str | None, lay
     return graphs.decide(c.cuda_graphs, mcfg, micro_batch_size=lay.micro_batch_size, memory_problem=memory,
                          precision=c.precision, seq_len=lay.seq_len, device_type=machine.device, backend=backend,
                          fuse=c.fuse, param_dtype=lay.param_dtype, world_size=machine.world_size,
-                         activation_checkpointing=c.activation_checkpointing, compile=c.compile)
+                         activation_checkpointing=lay.activation_checkpointing, compile=c.compile)
 
 
 def compute_dtype(c: "TrainConfig", machine: Machine) -> tuple[str, str]:
@@ -241,6 +245,15 @@ def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_
     return True, "TE fused layers, bf16 parameters, one process: weight gradients added in place"
 
 
+def fp8_attention(c: "TrainConfig", machine: Machine, backend: str | None, recipe: Recipe | None,
+                  lay: flayout.Layout, mcfg) -> tuple[bool, str]:
+    """Whether attention runs in FP8 too (fp8lab.fp8attn's measured rule); ValueError for an ``on`` that cannot run."""
+    from fp8lab import fp8attn
+
+    return fp8attn.decide(c.fp8_attention, seq_len=lay.seq_len, precision=c.precision, backend=backend, fuse=c.fuse,
+                          recipe_kind=recipe.kind if recipe else None, mcfg=mcfg, gpu=machine.gpu, gpu_name=machine.name)
+
+
 def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     """Every effective decision of the run ``c`` on ``machine`` (see the module doc); ValueError if it cannot run."""
     from fp8lab.models import get_config
@@ -249,7 +262,7 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     recipe = recipe_for(c, backend)
     if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
         fused_check(c, backend)
-    mcfg = get_config(c.model, **c.model_overrides)
+    mcfg = get_config(c.model, **c.shape_overrides)
     lay = flayout.resolve(c, machine, backend, mcfg=mcfg)  # "auto" options -> this machine's layout (or a clear refusal)
     sharded = c.parallel == "fsdp" and machine.world_size > 1
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
@@ -267,5 +280,13 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
                                   "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 parameters"),
                "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
+    # --- #34 long sequences: a named shape's raised max_seq_len; FP8 attention, carried by the recipe TE runs
+    from fp8lab.models import longer_sequence_note
+
+    if note := longer_sequence_note(c.model, c.model_overrides, c.seq_len):
+        reasons["max_seq_len"] = note
+    attn, reasons["fp8_attention"] = fp8_attention(c, machine, backend, recipe, lay, mcfg)
+    if attn:
+        recipe = dataclasses.replace(recipe, fp8_attention=True)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, reasons)
+                   master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn)

@@ -31,6 +31,7 @@ class Recipe:
     amax_history_len: int = 1024  # delayed only: steps of amax remembered (TE default)
     amax_compute_algo: str = "max"  # delayed only: 'max' over the history or 'most_recent'
     margin: int = 0  # scale = fp8_max / amax / 2**margin: headroom against growth between steps
+    fp8_attention: bool = False  # TE only: dot-product attention in FP8 too (fp8_dpa); set by the plan (fp8lab.fp8attn)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -47,6 +48,8 @@ class Recipe:
         m = self.margin
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ValueError(f"Recipe.margin must be a non-negative integer, got {m!r}")
+        if not isinstance(self.fp8_attention, bool):
+            raise ValueError(f"Recipe.fp8_attention must be True or False, got {self.fp8_attention!r}")
         if self.kind in ("block", "mxfp8") and self.format != "e4m3":
             # TE's Float8BlockScaling and MXFP8BlockScaling quantise gradients in E4M3 as well
             raise ValueError(f"Recipe(kind={self.kind!r}) uses E4M3 for every tensor: pass format='e4m3'")
@@ -101,25 +104,28 @@ class Recipe:
             f", amax_history_len={self.amax_history_len}, amax_compute_algo={self.amax_compute_algo}"
             if self.kind == "delayed" else ""
         )
-        return f"{self.kind} scaling, {self.format.upper()} (grads {self.grad_format_name}), margin={self.margin}{extra}"
+        attn = ", FP8 attention" if self.fp8_attention else ""
+        return f"{self.kind} scaling, {self.format.upper()} (grads {self.grad_format_name}), margin={self.margin}{extra}{attn}"
 
     def to_te(self) -> Any:
         """The Transformer Engine recipe object (imports TE: call only where it is installed)."""
         from transformer_engine.common import recipe as te_recipe
 
         fmt = te_recipe.Format.HYBRID if self.format == "hybrid" else te_recipe.Format.E4M3
+        attn = {"fp8_dpa": True} if self.fp8_attention else {}  # TE's FP8 dot-product attention (fp8lab.fp8attn)
         if self.kind == "delayed":
             return te_recipe.DelayedScaling(
                 margin=self.margin, fp8_format=fmt, amax_history_len=self.amax_history_len,
-                amax_compute_algo=self.amax_compute_algo,
+                amax_compute_algo=self.amax_compute_algo, **attn,
             )
         if self.margin:
             raise ValueError(f"TE's {self.kind} recipe has no margin; use margin=0 (margin is a delayed-scaling knob)")
-        if self.kind == "current":
-            return te_recipe.Float8CurrentScaling(fp8_format=fmt)
         if self.kind == "block":
+            if attn:
+                raise ValueError("TE has no FP8 attention for block scaling (Float8BlockScaling); use kind='delayed'")
             return te_recipe.Float8BlockScaling(fp8_format=fmt)
-        return te_recipe.MXFP8BlockScaling(fp8_format=fmt)
+        cls = te_recipe.Float8CurrentScaling if self.kind == "current" else te_recipe.MXFP8BlockScaling
+        return cls(fp8_format=fmt, **attn)
 
     def to_torchao(self) -> Any:
         """The torchao ``Float8LinearConfig``: torchao implements dynamic (current) scaling only.

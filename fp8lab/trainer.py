@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -69,7 +70,7 @@ class Trainer:
         # the backend object and its FP8 region, looked up once (not per micro-batch)
         self.fp8_backend = get_backend(plan.backend) if plan.backend else None
         self.after_step = getattr(self.fp8_backend, "after_optimizer_step", None)
-        self.mcfg = get_config(self.c.model, **self.c.model_overrides)
+        self.mcfg = get_config(self.c.model, **self.c.shape_overrides)
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
         self.lock = None  # the output folder's run lock (fp8lab.runlock), rank 0, from _prepare_data to close()
 
@@ -80,6 +81,7 @@ class Trainer:
         self.log(f"fp8lab: {self.layout.header()}")
         if self.machine.gpu or self.c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
             self.log(f"fp8lab: {self.graphs.describe()}")
+        self._long_context()
         if self.c.dry_run:
             return self._dry_run_summary()
         self._cap_gpu_memory()
@@ -96,6 +98,21 @@ class Trainer:
             if self.env.is_main:
                 self._write_config()
         return None
+
+    def _long_context(self) -> None:
+        """#34: log a named shape's raised max_seq_len and the FP8-attention decision (where there is one to make);
+        with FP8 attention on, set TE's NVTE_FP8_DPA_BWD to fp8lab's default where the environment does not."""
+        from fp8lab import fp8attn
+
+        reasons = self.plan.reasons
+        if "max_seq_len" in reasons:
+            self.log(f"fp8lab: {reasons['max_seq_len']}")
+        if self.plan.fp8_attention:  # TE reads it at each attention call: set before anything runs, the user's value wins
+            os.environ.setdefault(fp8attn.BWD_ENV, fp8attn.FP8_DPA_BWD)
+            bwd = f"; {fp8attn.BWD_ENV}={os.environ[fp8attn.BWD_ENV]} (1: backward in FP8 too, 0: backward in BF16)"
+            self.log(f"fp8lab: FP8 attention on: {reasons['fp8_attention']}{bwd}")
+        elif self.fp8_on and (self.machine.gpu or self.c.fp8_attention != "auto"):
+            self.log(f"fp8lab: FP8 attention off: {reasons['fp8_attention']}")
 
     @property
     def model_name(self) -> str:
@@ -151,13 +168,13 @@ class Trainer:
 
         c, env = self.c, self.env
         torch.manual_seed(c.seed)
-        model = build_model(c.model, device=env.device, seed=c.seed, **c.model_overrides)
+        model = build_model(c.model, device=env.device, seed=c.seed, **c.shape_overrides)
         self.conversion = None
         if self.backend is not None:
             flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
             model = convert_model(model, backend=self.backend, recipe=self.recipe, fuse=c.fuse, module_filter=flt)
             self.conversion = model.fp8lab_conversion
-        if c.activation_checkpointing:
+        if self.layout.activation_checkpointing:
             apply_activation_checkpointing(model, self.backend, self._fp8_context)
         if c.compile:
             _compile_blocks(model)
@@ -258,8 +275,15 @@ class Trainer:
         shared = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")
         cfg_record.update(fpaths.shareable_run_record(effective, type(c)().as_dict(), self.argv,
                                                       self.paths.output_dir, shared))
+        # #34: as they ran (the plan's values for "auto"), beside the command (which keeps what was asked)
+        cfg_record.update({"fp8_attention": "on" if self.plan.fp8_attention else "off",
+                           "activation_checkpointing": lay.activation_checkpointing})
         cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
         cfg_record["plan"] = self.plan.record()
+        if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.fp8attn)
+            from fp8lab.fp8attn import BWD_ENV
+
+            cfg_record["plan"][BWD_ENV] = os.environ.get(BWD_ENV)
         (self.paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
         self._log_start()
 

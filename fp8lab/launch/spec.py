@@ -109,12 +109,12 @@ class JobSpec:
     steps: int | None = _default("steps")
     micro_batch_size: int | str = _default("micro_batch_size")  # auto: fp8lab.layout for the instance's GPU (spec.plan)
     grad_accum: int | str = _default("grad_accum")  # auto: fp8lab.layout's tokens-per-step target
-    seq_len: int | str = _default("seq_len")  # auto: 2048 (at most the model's max_seq_len)
+    seq_len: int | str = _default("seq_len")  # auto: 2048; a named Llama shape trains longer from scratch (fp8lab.models.sequence_overrides)
     lr: float = _default("lr")
     fuse: bool = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = _default("compile")  # torch.compile each block
     parallel: str = _default("parallel")  # ddp | fsdp (FSDP2; JOB_DEFAULTS)
-    activation_checkpointing: bool = _default("activation_checkpointing")  # less memory, ~1/3 more compute
+    activation_checkpointing: bool | str = _default("activation_checkpointing")  # auto: on where nothing fits without it (fp8lab.layout)
     seed: int = _default("seed")
     checkpoint_every: int = _default("checkpoint_every")  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
     data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data

@@ -241,7 +241,7 @@ BAD = [
     (["--steps", "5", "--tokens", "1000"], "give one of them, not both"),
     (["--micro-batch-size", "-1"], "--micro-batch-size=-1 is invalid"),
     (["--grad-accum", "1.5"], "--grad-accum='1.5' is invalid; allowed: an integer"),
-    (["--seq-len", "4096"], "--seq-len=4096 is invalid; allowed: at most 256 for llama-tiny"),
+    (["--model", "gptneo-tiny", "--seq-len", "4096"], "--seq-len=4096 is invalid; allowed: at most 256 for gptneo-tiny"),  # Llama's is raised (#34)
     (["--lr", "2"], "--lr=2.0 is invalid; allowed: a number in (0, 1)"),
     (["--lr", "nan"], "--lr=nan is invalid"),
     (["--min-lr", "0.1"], "--min-lr=0.1 is invalid; allowed: a number in [0, --lr=0.0003]"),

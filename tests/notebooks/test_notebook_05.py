@@ -61,8 +61,8 @@ def test_detail_all_shows_every_run(tmp_path):
     res = run(["05"], {"detail": "all"}, output_dir=tmp_path, progress=False)
     vals = read_glued(res[0].output)
     assert vals["detail"] == "all" and vals["n_runs"] == analysis.load_runs()["run_id"].nunique()
-    # headline, loss, cost, throughput, speedup, MFU, scaling, profile: drawn even with no runs
-    assert _images(res[0].output) == 8
+    # headline, loss, cost, throughput, speedup, MFU, scaling, profile, long sequences (#34): drawn even with no runs
+    assert _images(res[0].output) == 9
 
 
 def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Study: long sequences, 2K-16K tokens, with and without TE's FP8 attention (issue 34).
+#   Question: with the plain commands `fp8lab train --precision bf16|fp8 [--fp8-attention on|off] --seq-len N`,
+#   what FP8/BF16 ratio does a head_dim-128 model get at 2K-16K, and from which sequence length does FP8
+#   attention (TE's fp8_dpa, cuDNN fused attention) pay? That length is fp8lab.fp8attn.CROSSOVER_SEQ_LEN.
+#   Prediction (the issue's targets): the 3B shape at 8192 FP8/BF16 >= 1.45x with FP8 attention; 16K >= 1.40x;
+#   the loss with FP8 attention within 0.5% of FP8 without it over the same short run.
+#   Model: a Llama-3.2-3B shape from scratch (hidden 3072, 28 layers, 24 heads / 8 KV heads, head_dim 128,
+#   128,256 vocabulary, tied, plain RoPE theta 500000): `--model llama-1b` with the overrides in SHAPE_3B below
+#   (a named shape: max_seq_len raised to the sequence, the run says so). llama-7b (head_dim 128) in part C.
+#   Layout: micro-batch auto (fp8lab.layout, the same for BF16 and FP8: at most 32,768 tokens), --grad-accum 1
+#   (short steps, so each part fits its 8 minutes; no FP8 weight cache to reuse at accumulation 1, alike for every
+#   length), activation checkpointing auto (llama-7b at 16K needs it on an H200: fp8lab.layout).
+# Parts (expected GPU time on a warm machine, from ~40 s start-up per run plus the steps at the issue's
+#   measured MFU; each well under 8 min):
+#   A  3B shape at 2048 and 4096: bf16 / fp8 (attention off) / fp8 + FP8 attention, 14 steps (5 warm-up) ~6 min
+#   B  3B shape at 8192 and 16384: the same six runs                                                  ~6 min
+#   C  llama-7b at 16384 (micro-batch 1, activation checkpointing): bf16 / fp8 / fp8 + FP8 attention, 10 steps ~5 min
+#   D  accuracy: tests/gpu/test_fp8_attention_gpu.py (3B-shape attention, forward and gradients); the short loss run,
+#      3B shape at 4096, 40 steps (same seed, data and init), fp8 without / with FP8 attention (NVTE_FP8_DPA_BWD=1,
+#      TE's default) / with NVTE_FP8_DPA_BWD=0 (FP8 forward, BF16 backward)                           ~6-7 min
+#   Each part summarises what its machine holds; once A-D are committed to data/results/long-context-h200/, run
+#   (no GPU): python3 benchmarks/long_context.py crossover data/results/long-context-h200 (-> crossover.json: the
+#   measured crossover, per-length speed-ups) and ... loss data/results/long-context-h200 (-> loss.json); then set
+#   fp8lab.fp8attn.CROSSOVER_SEQ_LEN to crossover.json's value (tests/unit/test_long_context.py checks it).
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_long_context.sh A|B|C|D [lengths]
+#   (e.g. `... A 2048` then `... A 4096` where one part would run past a 10-minute command limit)
+# Results: $OUT/<part>-results.tar.gz holds long-context-h200/*.jsonl (for data/results/long-context-h200/); logs beside.
+set -uo pipefail
+PART=${1:?part A, B, C or D}
+SEQS=${2:-}  # A or B: these lengths only (e.g. "2048"), to split a part that would run past a command's limit
+OUT=${OUT:-/tmp/out}
+RES=/tmp/long-context-h200
+mkdir -p "$RES"
+SHAPE_3B="--model-override hidden_size=3072,intermediate_size=8192,num_layers=28,num_heads=24,num_kv_heads=8,vocab_size=128256,tie_embeddings=True,rope_theta=500000.0"
+VARIANTS=default-bf16,default-fp8-noattn,default-fp8-attn
+bench() {  # bench <seq> <tag prefix> <steps> <warm-up> <model> <extra trainer args...>
+  local seq=$1 tag=$2 steps=$3 warm=$4 model=$5; shift 5
+  python3 benchmarks/throughput.py --study long-context-h200 --out $RES --work /tmp/bench --timeout 300 \
+    --models "$model" --variants "${VARIANTS}" --steps "$steps" --warmup "$warm" --tag "$tag-s$seq" \
+    --common-args "--seq-len $seq --grad-accum 1 $*"
+}
+partial() {  # this part's summary, beside the results (never as the folder's crossover.json / loss.json: see above)
+  python3 benchmarks/long_context.py "$1" $RES | tee "$OUT/$PART-$1.txt"; mv "$RES/$1.json" "$OUT/$PART-$1-partial.json" 2>/dev/null; }
+pack() { tar -czf "$OUT/$PART-results.tar.gz" -C /tmp long-context-h200 2>/dev/null; cp /tmp/bench/*.log "$OUT/" 2>/dev/null; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/$PART-gpu.txt"
+case $PART in
+A) for s in ${SEQS:-2048 4096}; do bench $s 3b 14 5 llama-1b "$SHAPE_3B"; done
+   partial crossover; pack ;;
+B) for s in ${SEQS:-8192 16384}; do bench $s 3b 14 5 llama-1b "$SHAPE_3B"; done
+   partial crossover; pack ;;
+C) bench 16384 7b 10 4 llama-7b; pack ;;
+D) FP8LAB_GPU_RESULTS=$RES/accuracy python3 -m pytest tests/gpu/test_fp8_attention_gpu.py -q -rs 2>&1 | tee "$OUT/D-accuracy.txt"
+   VARIANTS=default-fp8-noattn,default-fp8-attn bench 4096 loss 40 10 llama-1b "$SHAPE_3B"
+   VARIANTS=default-fp8-attn NVTE_FP8_DPA_BWD=0 bench 4096 loss-bwd0 40 10 llama-1b "$SHAPE_3B"
+   partial loss; pack ;;
+*) echo "part must be A, B, C or D" >&2; exit 2 ;;
+esac

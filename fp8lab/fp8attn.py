@@ -1,0 +1,163 @@
+"""FP8 attention (issue #34): whether a run computes its dot-product attention in FP8, and why.
+
+Transformer Engine's FP8 dot-product attention (``fp8_dpa=True`` on the TE recipe) casts Q, K and V
+to FP8 inside ``te.DotProductAttention`` and runs cuDNN's FP8 fused-attention kernel; the
+projections around it stay as they are (``fp8_mha`` stays off). It applies to fp8lab's fused TE
+blocks only (``--fuse True``: ``fp8lab.backends.te.TEParts.attention`` is a ``te.DotProductAttention``);
+the swapped layers (``--fuse False``) keep HF's attention, which TE does not touch.
+
+What TE 2.20 can run (``transformer_engine/common/fused_attn/fused_attn.cpp``,
+``nvte_get_fused_attn_backend``, and ``pytorch/attention/dot_product_attention/utils.py``):
+
+* Hopper (sm90), training: head_dim 128 for Q/K and V exactly ("hidden_dim should be equal to 128"
+  at head_dim 64), causal or no mask (no sliding windows: GPT-Neo's local layers, Mistral's
+  windows), and the **delayed** recipe only (TE disables FP8 current-scaling attention below sm100);
+* Blackwell (sm100): head_dim up to 128 (a multiple of 16); delayed, current or MXFP8 recipes;
+* Ada and older GPUs: no FP8 fused attention; block scaling: never.
+
+``--fp8-attention auto`` turns it on only where it was measured to pay: a Hopper GPU, the conditions
+above, and a sequence of at least :data:`CROSSOVER_SEQ_LEN` tokens. ``on`` refuses, before anything
+is built, where it cannot run; ``off`` never uses it.
+
+TE's ``NVTE_FP8_DPA_BWD`` (default 1) chooses the backward: 1 = FP8 attention forward and backward,
+0 = FP8 forward, BF16 backward. fp8lab sets TE's default explicitly (:data:`FP8_DPA_BWD`, where the
+environment does not set it) so a run records what ran; the study compares both
+(``benchmarks/study_long_context.sh``, part B).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fp8lab.validate import AUTO
+
+CHOICES = (AUTO, "on", "off")
+
+# PROVISIONAL until the long-context study is committed: the issue's TE layer-stack figure (llama-7b
+# shape, 4 layers, TE 2.20.2, cuDNN 9.19, one H200): FP8 attention slower than BF16 attention at 2K,
+# faster from 4K on. benchmarks/study_long_context.sh measures it on whole training runs and writes
+# STUDY_RESULT; tests/unit/test_fp8attn.py holds this constant to that file once it is committed.
+CROSSOVER_SEQ_LEN = 4096
+STUDY_RESULT = Path(__file__).resolve().parent.parent / "data" / "results" / "long-context-h200" / "crossover.json"
+
+BWD_ENV = "NVTE_FP8_DPA_BWD"
+FP8_DPA_BWD = "1"  # TE's own default: FP8 backward too (the speed the issue measured); the study checks the loss
+
+# GPU generations by a fragment of the GPU's name (as torch or fp8lab.hardware names it), specific first
+_GENERATIONS = (("GH200", "hopper"), ("H100", "hopper"), ("H200", "hopper"), ("H800", "hopper"), ("H20", "hopper"),
+                ("GB200", "blackwell"), ("B200", "blackwell"), ("B100", "blackwell"), ("B300", "blackwell"))
+MEASURED = ("hopper",)  # where the crossover was measured: auto turns FP8 attention on only there
+_RECIPES = {"hopper": ("delayed",), "blackwell": ("delayed", "current", "mxfp8")}
+
+
+def generation(gpu_name: str) -> str | None:
+    """'hopper' | 'blackwell' | None (a GPU without TE's FP8 fused attention, or not known here)."""
+    return next((g for key, g in _GENERATIONS if key.lower() in gpu_name.lower()), None)
+
+
+def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str | None, mcfg, gpu: bool,
+            gpu_name: str) -> str | None:
+    """Why FP8 attention cannot run for this set-up (None: it can), naming what is allowed."""
+    if precision != "fp8":
+        return "it needs --precision fp8 (a bf16 run has no FP8 region)"
+    if backend != "te":
+        return f"it needs --backend te (TE's FP8 dot-product attention); the run's backend is {backend or 'none'}"
+    if not fuse:
+        return "it needs --fuse True: only fp8lab's fused blocks run te.DotProductAttention (the swapped layers keep HF's attention)"
+    gen = generation(gpu_name) if gpu else None
+    if gen is None:
+        return (f"{gpu_name if gpu else 'a CPU'} has no FP8 fused attention in TE (cuDNN's FP8 attention needs "
+                f"Hopper H100/H200 or Blackwell B200)")
+    allowed = _RECIPES[gen]
+    if recipe_kind not in allowed:
+        return f"--recipe {recipe_kind}: TE's FP8 attention on {gen.title()} needs recipe {' | '.join(allowed)}"
+    hd = mcfg.head_dim
+    if (gen == "hopper" and hd != 128) or (gen == "blackwell" and (hd > 128 or hd % 16)):
+        need = "exactly 128" if gen == "hopper" else "at most 128, a multiple of 16"
+        return f"head_dim {hd}: TE's FP8 attention on {gen.title()} needs head_dim {need}"
+    if any(_windows(mcfg)):
+        return "the model has sliding-window (local) attention layers; TE's FP8 attention supports causal masks only"
+    return None
+
+
+def _windows(mcfg) -> list:
+    if mcfg.family == "gptneo":
+        return [mcfg.window_size]
+    return list(mcfg.layer_windows or ())
+
+
+def decide(choice: str, *, seq_len: int, **setup: Any) -> tuple[bool, str]:
+    """(FP8 attention on, why) for ``--fp8-attention choice``; ValueError for ``on`` where it cannot run.
+
+    ``setup``: the keywords of :func:`problem` (precision, backend, fuse, recipe_kind, mcfg, gpu, gpu_name)."""
+    if choice == "off":
+        return False, "--fp8-attention off"
+    why_not = problem(**setup)
+    if choice == "on":
+        if why_not:
+            raise ValueError(f"--fp8-attention on cannot run: {why_not}; allowed: auto | off, or change that setting")
+        return True, "--fp8-attention on"
+    if why_not:
+        return False, f"auto: off, {why_not}"
+    gen = generation(setup["gpu_name"])
+    if gen not in MEASURED:
+        return False, f"auto: off, FP8 attention's speed-up is not measured on {gen.title()} (pass --fp8-attention on to try it)"
+    if seq_len < CROSSOVER_SEQ_LEN:
+        return False, f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on ({_source()})"
+    return True, f"auto: on at sequence {seq_len} >= {CROSSOVER_SEQ_LEN}, head_dim 128 ({_source()})"
+
+
+def _source() -> str:
+    return "measured: " + STUDY_RESULT.parent.name if STUDY_RESULT.exists() else "provisional: TE layer stacks on an H200"
+
+
+# ------------------------------------------------------------------------------ the study's result files
+
+STUDY_DIR = STUDY_RESULT.parent
+ROLES = {"default-bf16": "bf16", "default-fp8-noattn": "fp8", "default-fp8-attn": "fp8_attn"}  # throughput.py variants
+
+
+def _read(path: Path) -> dict:
+    """One result file (data/results/README.md): its run record, summary and step records."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    one = {r["record"]: r for r in lines if r.get("record") in ("run", "summary")}
+    return {"run": one["run"], "summary": one.get("summary", {}), "steps": [r for r in lines if r.get("record") == "step"]}
+
+
+def study_runs(folder: Path = STUDY_DIR, tag: str = "3b") -> dict[int, dict[str, dict]]:
+    """seq_len -> role (bf16 | fp8 | fp8_attn) -> result file, for the study's runs tagged ``<tag>-s<N>``."""
+    import re
+
+    out: dict[int, dict[str, dict]] = {}
+    for f in sorted(Path(folder).glob("*.jsonl")) if Path(folder).is_dir() else ():
+        rec = _read(f)
+        m = re.fullmatch(r"(default-[a-z0-9-]+?)-" + re.escape(tag) + r"-s(\d+)", rec["run"].get("variant", ""))
+        if m and m.group(1) in ROLES:
+            out.setdefault(int(m.group(2)), {})[ROLES[m.group(1)]] = rec
+    return out
+
+
+def speedup_table(folder: Path = STUDY_DIR, tag: str = "3b"):
+    """One row per sequence length and FP8 role: tokens/s/GPU and the ratio over BF16 at that length (a DataFrame;
+    empty before the study is committed). ``fp8lab.plots.long_context_figure`` draws it."""
+    import pandas as pd
+
+    rows = []
+    for seq, roles in sorted(study_runs(folder, tag).items()):
+        bf16 = roles.get("bf16", {}).get("summary", {}).get("tokens_per_sec_per_gpu")
+        for role in ("fp8", "fp8_attn"):
+            if role in roles and bf16:
+                tps = roles[role]["summary"]["tokens_per_sec_per_gpu"]
+                rows.append({"seq_len": seq, "role": role, "tokens_per_sec_per_gpu": tps, "bf16_tokens_per_sec_per_gpu": bf16,
+                             "speedup": tps / bf16, "model": roles[role]["run"].get("model"),
+                             "gpu_name": roles[role]["run"].get("gpu_name"), "run_id": roles[role]["run"].get("run_id")})
+    return pd.DataFrame(rows, columns=["seq_len", "role", "tokens_per_sec_per_gpu", "bf16_tokens_per_sec_per_gpu",
+                                       "speedup", "model", "gpu_name", "run_id"])
+
+
+def study_crossover(path: Path = STUDY_RESULT) -> int | None:
+    """The crossover the committed study measured (its ``crossover_seq_len``), or None before it exists."""
+    if not path.exists():
+        return None
+    return int(json.loads(path.read_text())["crossover_seq_len"])
