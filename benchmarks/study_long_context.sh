@@ -54,5 +54,11 @@ D) FP8LAB_GPU_RESULTS=$RES/accuracy python3 -m pytest tests/gpu/test_fp8_attenti
    VARIANTS=default-fp8-noattn,default-fp8-attn bench 4096 loss 40 10 llama-1b "$SHAPE_3B"
    VARIANTS=default-fp8-attn NVTE_FP8_DPA_BWD=0 bench 4096 loss-bwd0 40 10 llama-1b "$SHAPE_3B"
    partial loss; pack ;;
-*) echo "part must be A, B, C or D" >&2; exit 2 ;;
+S) # session 10's one call (~16 min of device time left): the targets' lengths first, then the crossover's
+   # 8192 and 16384: bf16 / fp8 / fp8 + FP8 attention; 4096 and 2048: fp8 without / with FP8 attention only;
+   # 10 steps (4 untimed); packed after each length so a cut-off call keeps what ran
+   for s in 8192 16384; do bench $s 3b 10 4 llama-1b "$SHAPE_3B"; pack; done
+   for s in 4096 2048; do VARIANTS=default-fp8-noattn,default-fp8-attn bench $s 3b 10 4 llama-1b "$SHAPE_3B"; pack; done
+   partial crossover; pack ;;
+*) echo "part must be A, B, C, D or S" >&2; exit 2 ;;
 esac

@@ -34,12 +34,14 @@ from fp8lab.validate import AUTO
 
 CHOICES = (AUTO, "on", "off")
 
-# PROVISIONAL until the long-context study is committed: the issue's TE layer-stack figure (llama-7b
-# shape, 4 layers, TE 2.20.2, cuDNN 9.19, one H200): FP8 attention slower than BF16 attention at 2K,
-# faster from 4K on. benchmarks/study_long_context.sh measures it on whole training runs and writes
-# STUDY_RESULT; tests/unit/test_fp8attn.py holds this constant to that file once it is committed.
-CROSSOVER_SEQ_LEN = 4096
+# Measured (benchmarks/study_long_context.sh S, one H200, TE 2.20.2, a Llama-3.2-3B shape, whole training
+# steps): FP8 attention over FP8 with BF16 attention 0.97x at 2048, 0.98x at 4096, 1.04x at 8192, 1.08x at
+# 16384, so it pays from 8192 on. STUDY_RESULT holds it; tests/unit/test_long_context.py ties this to it.
+CROSSOVER_SEQ_LEN = 8192
 STUDY_RESULT = Path(__file__).resolve().parent.parent / "data" / "results" / "long-context-h200" / "crossover.json"
+# ``auto`` also waits for the loss check (the study's part D: the loss of the same short run with and without
+# FP8 attention, within LOSS_BOUND): faster attention is no default until its loss is shown to hold.
+LOSS_RESULT = STUDY_RESULT.with_name("loss.json")
 
 BWD_ENV = "NVTE_FP8_DPA_BWD"
 FP8_DPA_BWD = "1"  # TE's own default: FP8 backward too (the speed the issue measured); the study checks the loss
@@ -105,7 +107,21 @@ def decide(choice: str, *, seq_len: int, **setup: Any) -> tuple[bool, str]:
         return False, f"auto: off, FP8 attention's speed-up is not measured on {gen.title()} (pass --fp8-attention on to try it)"
     if seq_len < CROSSOVER_SEQ_LEN:
         return False, f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on ({_source()})"
-    return True, f"auto: on at sequence {seq_len} >= {CROSSOVER_SEQ_LEN}, head_dim 128 ({_source()})"
+    loss = loss_checked()
+    if loss is not True:
+        return False, (f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on "
+                       f"({_source()}), but " + ("its loss check is not committed yet" if loss is None else
+                                                 "its committed loss check is outside the bound")
+                       + " (pass --fp8-attention on to use it)")
+    return True, f"auto: on at sequence {seq_len} >= {CROSSOVER_SEQ_LEN}, head_dim 128 ({_source()}; loss checked)"
+
+
+def loss_checked(path: Path | None = None) -> bool | None:
+    """Whether the committed loss check holds (its ``within_bound``), or None before it is committed."""
+    path = LOSS_RESULT if path is None else path
+    if not path.exists():
+        return None
+    return bool(json.loads(path.read_text())["within_bound"])
 
 
 def _source() -> str:

@@ -38,12 +38,15 @@ FOLDERS = RESULTS.parent / "reference" / "configs"  # the published configs the 
 FOLDER_MODELS = {p.name for p in FOLDERS.iterdir() if p.is_dir()}
 
 
-def _config(model: str):
+def _config(model: str, run: dict | None = None):
     """A named shape, or a families-study model by the published config it was built from (``NAME-16l``:
-    its first 16 decoder layers, as benchmarks/family_folders.py writes it)."""
+    its first 16 decoder layers, as benchmarks/family_folders.py writes it), or a named shape with the
+    overrides its run record names (``base_model`` + ``model_overrides``: the long-context study's 3B shape)."""
     import dataclasses
     import re
 
+    if run and run.get("model_overrides"):
+        return get_config(run["base_model"], **run["model_overrides"])
     cut = re.fullmatch(r"(.+)-(\d+)l", model)
     if cut and cut.group(1) in FOLDER_MODELS:
         return dataclasses.replace(get_config(str(FOLDERS / cut.group(1))), num_layers=int(cut.group(2)))
@@ -53,7 +56,8 @@ def _config(model: str):
 def test_there_are_measured_runs_to_check_against():
     assert len(MEASURED) >= 40
     assert {r["model"] for _, r, _ in MEASURED} == {"llama-1b", "llama-7b", "gptneo-1.3b", "llama-3.2-1b",
-                                                    "qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b-16l"}
+                                                    "qwen2.5-1.5b", "mistral-7b-v0.3", "llama-3.1-8b-16l",
+                                                    "llama-3b-shape"}
 
 
 @pytest.mark.parametrize("name,run,peak", MEASURED, ids=[m[0] for m in MEASURED])
@@ -61,7 +65,7 @@ def test_memory_model_is_close_to_each_measured_peak(name, run, peak):
     """Within 10% for bf16 parameters (what the resolver picks on a GPU); the older fp32-parameter runs,
     whose peaks vary more with when AdamW allocates its state, within 12%."""
     est = fl.estimate_memory(
-        _config(run["model"]), precision=run["precision"], micro_batch_size=run["micro_batch_size"],
+        _config(run["model"], run), precision=run["precision"], micro_batch_size=run["micro_batch_size"],
         seq_len=run["seq_len"], param_dtype=run.get("param_dtype") or "fp32", backend="te", fuse=True,
         world_size=run["world_size"], parallel=run.get("parallel") or "ddp", keep_weights="keep" in name,
         weight_cache=bool(run.get("fp8_weight_cache")) and run["grad_accum"] > 1,

@@ -53,7 +53,19 @@ def test_a_user_model_folder_is_limited_to_its_max_position_embeddings(tmp_path)
 
 # ------------------------------------------------------------------------------ FP8 attention
 
-def test_auto_turns_fp8_attention_on_from_the_crossover_for_head_dim_128_on_hopper():
+def test_auto_waits_for_the_loss_check_before_turning_fp8_attention_on(tmp_path, monkeypatch):
+    """Past the measured crossover, auto stays off until a committed loss check holds, and says so."""
+    monkeypatch.setattr(fp8attn, "LOSS_RESULT", tmp_path / "loss.json")
+    off = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN, model_overrides=SHAPE_3B)
+    assert not off.fp8_attention and "its loss check is not committed yet (pass --fp8-attention on" in off.reasons["fp8_attention"]
+    (tmp_path / "loss.json").write_text('{"within_bound": false, "bound": 0.005}')
+    off = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN, model_overrides=SHAPE_3B)
+    assert not off.fp8_attention and "its committed loss check is outside the bound" in off.reasons["fp8_attention"]
+
+
+def test_auto_turns_fp8_attention_on_from_the_crossover_for_head_dim_128_on_hopper(tmp_path, monkeypatch):
+    (tmp_path / "loss.json").write_text('{"within_bound": true, "bound": 0.005}')
+    monkeypatch.setattr(fp8attn, "LOSS_RESULT", tmp_path / "loss.json")
     short = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN // 2, model_overrides=SHAPE_3B)
     long = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN, model_overrides=SHAPE_3B)
     assert not short.fp8_attention and short.reasons["fp8_attention"].startswith(f"auto: off at sequence {fp8attn.CROSSOVER_SEQ_LEN // 2}")
@@ -154,7 +166,9 @@ def test_the_layout_on_an_h100(seq):
         _plan(H100, model="llama-7b", seq_len=seq)  # its model states alone (100 GiB) exceed the GPU
     if seq < 16384:
         p = _plan(H100, model_overrides=SHAPE_3B, seq_len=seq)
-        assert p.layout.memory.peak <= H100.memory_gib - 5 and p.fp8_attention
+        assert p.layout.memory.peak <= H100.memory_gib - 5
+        # below the measured crossover (8192), or past it before the loss check is committed: off, saying why
+        assert not p.fp8_attention and p.reasons["fp8_attention"].startswith(f"auto: off at sequence {seq}")
         assert p.layout.activation_checkpointing == (seq == 8192)
     else:  # 16K x 128K-vocabulary logits (~30 GiB) stay whatever the blocks recompute
         with pytest.raises(ValueError, match=r"even at micro-batch 1 x 16384 with activation checkpointing"):
