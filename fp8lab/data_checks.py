@@ -10,6 +10,7 @@ import lzma
 from pathlib import Path
 from typing import Any
 
+from fp8lab import data_format as fformat
 from fp8lab.probes import check_member
 from fp8lab.validate import is_count
 
@@ -71,19 +72,17 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
 def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05) -> None:
     """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
     ``hf:`` pass (checked when loaded)."""
-    from fp8lab import data as fdata
-
     if value is None or (isinstance(value, str) and value.startswith("hf:")):
         return
-    if isinstance(value, (str, Path)) and fdata.is_prepared(value):
+    if isinstance(value, (str, Path)) and fformat.is_prepared(value):
         check_prepared_folder(Path(value), option)
         return
     try:
-        files = fdata.text_files(value)
+        files = fformat.text_files(value)
     except ValueError as exc:
         raise ValueError(f"{option}={value if isinstance(value, list) else str(value)!r}: {exc}") from None
     docs = sum(scan_text_file(f, option) for f in files)
-    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fdata.prepare_data)
+    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fp8lab.data.prepare_data)
     if docs < need:
         names = ", ".join(repr(f.name) for f in files[:3]) + (" ..." if len(files) > 3 else "")
         raise ValueError(f"{option}: {names} hold(s) {docs} document(s) (paragraphs separated by blank lines); "
@@ -92,10 +91,8 @@ def check_data_source(value: str | list | None, option: str = "--data", val_frac
 
 def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any]:
     """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist."""
-    from fp8lab import data as fdata
-
-    mpath = folder / fdata.MANIFEST
-    who = f"{option}: {fdata.MANIFEST} in {folder.name!r}"
+    mpath = folder / fformat.MANIFEST
+    who = f"{option}: {fformat.MANIFEST} in {folder.name!r}"
     try:
         m = json.loads(mpath.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -103,9 +100,9 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
                          "fp8lab prepare-data (re-create it), or text files") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise ValueError(f"{who} cannot be read ({type(exc).__name__}); allowed: a folder written by fp8lab prepare-data") from None
-    if not isinstance(m, dict) or m.get("format") != fdata.FORMAT or m.get("version") != fdata.FORMAT_VERSION:
+    if not isinstance(m, dict) or m.get("format") != fformat.FORMAT or m.get("version") != fformat.FORMAT_VERSION:
         got = (m.get("format"), m.get("version")) if isinstance(m, dict) else type(m).__name__
-        raise ValueError(f"{who} is not an {fdata.FORMAT} v{fdata.FORMAT_VERSION} manifest (found {got}); "
+        raise ValueError(f"{who} is not an {fformat.FORMAT} v{fformat.FORMAT_VERSION} manifest (found {got}); "
                          "allowed: a folder written by fp8lab prepare-data")
     try:
         itemsize = __import__("numpy").dtype(m["dtype"]).itemsize

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fp8lab.data_checks import check_data_source
+from fp8lab.data_format import tokenized_here
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR
 from fp8lab.probes import check_writable_dir
 
@@ -71,8 +72,6 @@ def data_source(c) -> str | None:
 
 def check_run(c, paths, source: str | None) -> None:
     """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.trainer.run)."""
-    from fp8lab import data as fdata
-
     check_writable_dir("--output-dir", paths.output_dir)
     if c.checkpoint_every >= 0:
         check_writable_dir("--checkpoint-dir", paths.checkpoint_dir)
@@ -81,5 +80,5 @@ def check_run(c, paths, source: str | None) -> None:
     if c.save_model:
         check_writable_dir("--model-dir", paths.model_dir)
     check_data_source(source)
-    if source is None or not (str(source).startswith("hf:") or fdata.is_prepared(source)):
+    if tokenized_here(source):
         check_writable_dir("--output-dir", paths.data_cache)  # text is tokenized there

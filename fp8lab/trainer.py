@@ -275,8 +275,12 @@ class Trainer:
     def _sources(self) -> dict[str, Any]:
         from fp8lab import user_model
 
-        m = self.manifest
-        return {"model_source": {**user_model.describe(self.c.model), "params_built": sum(p.numel() for p in self.inner.parameters())},
+        from fp8lab.models import count_parameters
+
+        m, source = self.manifest, user_model.describe(self.c.model)
+        if source["source"] != "named":
+            source["params_from_config"] = count_parameters(get_config(self.c.model)).total
+        return {"model_source": {**source, "params_built": sum(p.numel() for p in self.inner.parameters())},
                 "conversion": dataclasses.asdict(self.conversion) if self.conversion is not None else None,
                 "data_manifest": {k: m[k] for k in ("source", "vocab_size", "tokenizer_sha256")}}
 

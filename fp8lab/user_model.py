@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from fp8lab import families, model_checks
+from fp8lab.model_config import MODEL_CONFIGS, config_from_hf, init_from_config, validate_config
 from fp8lab import paths as fpaths
 
 HF_PREFIX = "hf:"
@@ -64,8 +65,6 @@ CONNECT_TIMEOUT_S = 3.0
 def is_user_model(spec: Any) -> bool:
     """True for ``hf:<repo>`` or a string that names an existing folder; a named shape never is, even
     where a folder of that name happens to exist in the working directory."""
-    from fp8lab.models import MODEL_CONFIGS
-
     return (isinstance(spec, str) and spec not in MODEL_CONFIGS
             and (spec.startswith(HF_PREFIX) or Path(spec).is_dir()))
 
@@ -155,8 +154,6 @@ def check_config_dict(d: dict, where: str = "config.json"):
         raise ValueError(f"--model: {where} is not a valid {mt} config ({exc})") from None
     if families.SUPPORTED[mt].layout == "llama" and rope.rope_type(hf) not in rope.known_types():
         raise ValueError(f"--model: {where}: {rope.rope_problem(hf)}")
-    from fp8lab.models import config_from_hf, validate_config
-
     validate_config(config_from_hf(hf), f"--model ({where})")
     return hf
 
@@ -196,8 +193,6 @@ def hf_config(spec: str):
 
 
 def model_config(spec: str):
-    from fp8lab.models import config_from_hf
-
     return config_from_hf(hf_config(spec))
 
 
@@ -216,9 +211,8 @@ def weights_digest(spec: str) -> str | None:
 
 
 def describe(spec: str) -> dict[str, Any]:
-    """Provenance for the run's config.json: where the model came from, its config hash, its size."""
-    from fp8lab.models import MODEL_CONFIGS, count_parameters, get_config
-
+    """Provenance for the run's config.json: where the model came from, its config hash, its weights
+    (the trainer adds the parameter counts: counting is ``fp8lab.models``')."""
     if spec in MODEL_CONFIGS:
         return {"source": "named", "name": spec}
     folder = folder_of(spec)
@@ -229,7 +223,6 @@ def describe(spec: str) -> dict[str, Any]:
         "model_type": cfg.model_type,
         "config_sha256": config_sha256(spec),
         "weights": "loaded (from_pretrained)" if has_weights(folder) else "random init from config.json",
-        "params_from_config": count_parameters(get_config(spec)).total,
         # exported with the model when present; the training data used fp8lab's tokenizer (module docstring)
         "tokenizer_files": [n for n in TOKENIZER_FILES if (folder / n).is_file()],
     }
@@ -247,8 +240,6 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     """The user's model as its HF class: ``from_pretrained`` when the folder has weights, else random
     init from its config (seeded like ``fp8lab.models.build_model``)."""
     import torch
-
-    from fp8lab.models import init_from_config
 
     folder = folder_of(spec)
     cfg = hf_config(spec)

@@ -6,7 +6,8 @@ and result files under ``data/results/`` (format: ``data/results/README.md``). F
 per-run summaries (steady-state throughput, MFU, memory, loss), BF16-vs-FP8 comparisons per model
 and scale, time and cost to train a token budget, and a verdict written from those numbers.
 
-Figures live in :mod:`fp8lab.plots`; the HTML report in :mod:`fp8lab.report`.
+Figures live in :mod:`fp8lab.plots`; the HTML report and its command (``fp8lab report``) in
+:mod:`fp8lab.report`, which builds on this package (nothing here reaches up to either).
 
 The package, one idea a module (each re-exported here, so ``from fp8lab.analysis import X`` works):
 
@@ -20,8 +21,6 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.analysis
                 and the planned time and cost of a token budget
 """
 from __future__ import annotations
-
-from typing import Iterable
 
 from fp8lab.analysis.headline import (BEST_RUN_COLUMNS, DETAILS, HEADLINE_COLUMNS, best_runs,  # noqa: F401
                                       check_detail, headline_runs, headline_table)
@@ -40,13 +39,3 @@ from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
 from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer  # noqa: F401
 from fp8lab.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 
-
-def report_main(argv: Iterable[str] | None = None) -> int:
-    """``fp8lab report RUNS... --out report.html``: kept for old callers; the command is :func:`fp8lab.report.main`.
-
-    ``fp8lab.report`` builds on this package, not the other way round: this one call reaches up to
-    it when made, and no module-level import does (tests/unit/test_layering.py checks that).
-    """
-    from fp8lab.report import main
-
-    return main(argv)

@@ -65,7 +65,7 @@ def test_report_with_no_runs_says_so_and_shows_reference(tmp_path):
 
 
 def test_report_bad_source_is_a_clear_error(tmp_path, capsys):
-    assert analysis.report_main([str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 1
+    assert report.main([str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 1
     assert "missing" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
 

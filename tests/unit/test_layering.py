@@ -1,8 +1,7 @@
 """fp8lab's layering, read from the source with ``ast`` (nothing is imported):
 
 - no cycle among fp8lab modules in their module-level imports (what runs on ``import``), nor counting
-  the imports inside functions, except the few cycles listed in ``KNOWN_CYCLES`` (each with why it is
-  still there; the list may only shrink);
+  the imports inside functions (``KNOWN_CYCLES`` is empty; an entry would need its reason);
 - no private name (``_x``) of one fp8lab module used by another, whether imported
   (``from fp8lab.m import _x``) or reached as an attribute (``m._x``). Modules of one package
   (``fp8lab.backends.*``) share that package's private pieces;
@@ -187,17 +186,8 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 # Cycles that remain when imports inside functions count, and why. Nothing may join them and no new
-# one may appear; remove an entry when its cycle is broken.
-KNOWN_CYCLES = {
-    # a named shape or a user's folder: models dispatches to user_model, which builds through models'
-    # config helpers (the model-families work reshapes both)
-    frozenset({"fp8lab.models", "fp8lab.user_model"}),
-    # analysis.report_main forwards old callers to report.main, which builds on analysis and plots
-    frozenset({"fp8lab.analysis", "fp8lab.plots", "fp8lab.report"}),
-    # prepare-data's command (data.main) checks its source with data_checks, which reads data's format;
-    # prepare-data claims its folder through ownership, which knows a token folder by data's manifest
-    frozenset({"fp8lab.data", "fp8lab.data_checks", "fp8lab.ownership"}),
-}
+# one may appear; remove an entry when its cycle is broken. Empty: fp8lab has no import cycle at all.
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def test_no_import_cycle_counting_imports_inside_functions():
@@ -258,10 +248,26 @@ def test_hardware_facts_have_one_home_and_old_names_import(module, names):
         assert getattr(mod, name) is getattr(hardware, home), f"{module}.{name} is not fp8lab.hardware.{home}"
 
 
+@pytest.mark.parametrize("module, home, names", [
+    ("fp8lab.models", "fp8lab.model_config", ["ModelConfig", "MODEL_CONFIGS", "FAMILIES", "config_from_hf",
+                                              "validate_config", "to_hf_config", "init_from_config", "default_dtype"]),
+    ("fp8lab.data", "fp8lab.data_format", ["MANIFEST", "FORMAT", "FORMAT_VERSION", "TEXT_SUFFIXES", "CORPUS_DIR",
+                                           "default_corpus", "text_files", "is_prepared"]),
+])
+def test_names_moved_to_break_a_cycle_still_import_from_where_they_were(module, home, names):
+    import importlib
+
+    mod, src = importlib.import_module(module), importlib.import_module(home)
+    for name in names:
+        assert getattr(mod, name) is getattr(src, name), f"{module}.{name} is not {home}.{name}"
+
+
 @pytest.mark.parametrize("module, absent", [
     ("fp8lab.hardware", {"fp8lab.launch", "fp8lab.train", "fp8lab.metrics", "fp8lab.analysis"}),
     ("fp8lab.analysis", {"fp8lab.launch", "fp8lab.report", "fp8lab.plots"}),
     ("fp8lab.plots", {"fp8lab.report", "fp8lab.launch"}),
+    ("fp8lab.model_config", {"fp8lab.models", "fp8lab.user_model"}),
+    ("fp8lab.data_format", {"fp8lab.data", "fp8lab.data_checks", "fp8lab.ownership"}),
 ])
 def test_a_fresh_import_loads_no_module_above_it(module, absent):
     import subprocess
