@@ -221,8 +221,7 @@ class Trainer:
                             self.model_name, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, p.seq_len),
                             self.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
-        self.fingerprint = fresume.fingerprint(c, self.world, self.total_steps, self.warmup, layout=p.layout,
-                                               data=fdata.identity(self.manifest))
+        self.fingerprint = fresume.fingerprint(p, data=fdata.identity(self.manifest))
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
                                          {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
                                          self.fingerprint, self.log)
