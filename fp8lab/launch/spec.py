@@ -422,13 +422,17 @@ JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "c
 
 
 def _planned_options(spec: JobSpec) -> dict[str, Any]:
-    """The job's fields and options with the plan's decisions for "auto": the backend, the recipe and the layout."""
+    """The job's fields and options with the plan's decisions for "auto": the backend, the recipe, the layout
+    and CUDA graphs."""
     plan = spec.plan
     c = plan.config  # the request as planned (a model folder stands in for an s3:// model)
     recipe = c.recipe if c.recipe != AUTO or plan.recipe is None else plan.recipe.kind  # a backend's default is its kind
     layout = {name: getattr(plan.layout, name) for name in LAYOUT_FIELDS}
+    # CUDA graphs "auto" is decided from the memory a machine has: the instance, detecting its own,
+    # could decide otherwise near the limit and refuse the job after it started. It runs the launch's.
+    graphs = {"cuda_graphs": "on" if plan.graphs.active else "off"} if c.cuda_graphs == AUTO else {}
     return {"backend": plan.backend_label, "recipe": recipe, **layout,
-            "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}}}
+            "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs}}
 
 
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:
