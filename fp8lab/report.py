@@ -154,11 +154,11 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         _long_table(runs_table, RUN_COLUMNS, RUN_DETAIL_COLUMNS, "runs"),
         _details("provenance of every run", _table(summary, ["run_id", "source", *analysis.PROVENANCE_COLUMNS])),
         "<h2>Time and cost of every run</h2>",
-        '<p class="muted">Each run at its own measured per-GPU rate on full instances (no start-up, no multi-GPU '
-        "efficiency): an upper bound, not the plan's estimate above. projected = the run used fewer GPUs than the "
-        "cluster priced here.</p>",
+        f'<p class="muted">The budget on one {e(answer.instance_type)} resting on each run, estimated as the answer '
+        "above and fp8lab launch plan estimate a job; runs no estimate rests on (several GPUs, a CPU, emulated FP8) "
+        "say why in cost_note. projected = the run used fewer GPUs than the instance priced here.</p>",
         _long_table(costs, ["run_id", "model", "variant", "hours", "cost_usd"],
-                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected"], "costs"),
+                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected", "cost_note"], "costs"),
         '<h2 class="ref">Source blog figures (reported by the source, not measured here)</h2>',
         f"<p>{_md_link_html(analysis.source_link())}</p>",
         _table(a.reference),
@@ -187,12 +187,11 @@ MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the R
 
 
 def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -> str:
-    """The comparison table and the verdict as Markdown, for a README: every number from the run files."""
-    summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
-    comparison = analysis.compare_precisions(summary)
-    text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
-                            reference=analysis.load_reference())
-    return _comparison_markdown(comparison) + "\n\n" + text + "\n" + _scaling_markdown(analysis.scaling_table(summary))
+    """The comparison table and the verdict (the Answer's, as every view quotes it) as Markdown, for a
+    README: every number from the run files."""
+    a = Analysed.of(runs, config)
+    return (_comparison_markdown(a.comparison) + "\n\n" + a.answer.verdict() + "\n"
+            + _scaling_markdown(analysis.scaling_table(a.summary)))
 
 
 def _comparison_markdown(comparison: pd.DataFrame) -> str:

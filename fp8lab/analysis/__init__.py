@@ -14,11 +14,11 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.analysis
     load        reading runs (trainer folders, collected tables, result files) into the tidy table;
                 writing result files; profiles; the source's reported figures; choosing runs
     labels      what a run is called (variant, layout, model size) and missing-aware predicates
-    summary     per-run summaries, BF16-vs-FP8 comparisons, time and cost, scaling
+    summary     per-run summaries, BF16-vs-FP8 comparisons, the default budget and price, scaling
     headline    the headline view per model (best runs, speedups, the loss study's gap)
     conclusion  the verdict: a paragraph written from the comparison (``verdict``)
     answer      the one answer every view renders (``Answer``): chosen runs, speedup, MFU, loss gap,
-                and the planned time and cost of a token budget
+                and the planned time and cost of a token budget; every run's (``cost_table``), the same way
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENA
                                   write_result_file)
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR,  # noqa: F401
                                      DEFAULT_TOKEN_BUDGET, LAYOUT_KEYS, SCALE_KEYS, SMOOTHING_METHODS,
-                                     check_cost_args, compare_precisions, cost_table, scaling_axis, scaling_table,
+                                     check_cost_args, compare_precisions, scaling_axis, scaling_table,
                                      smooth, summarize_runs)
 from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
-from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer  # noqa: F401
+from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer, cost_table  # noqa: F401
 from fp8lab.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 

@@ -141,6 +141,14 @@ def test_html_report_quotes_the_answer():
         assert f"{r['speedup']:.2f}x" in table
 
 
+def test_markdown_report_quotes_the_answer():
+    """``fp8lab report --markdown`` writes the answer's verdict (its runs, speedups and planned costs)."""
+    md = report.render_markdown(analysis.load_runs())
+    verdict = next(p for p in md.split("\n\n") if p.startswith("For "))
+    _check_verdict(verdict, "fp8lab report --markdown")
+    assert _answer().verdict() in md
+
+
 def test_launch_plan_prints_the_answers_time_and_cost(capsys):
     a = _answer().rows.set_index("model")
     assert L.main(["plan", "--models", "llama-1b", "llama-7b", "--instance-counts", "1"]) == 0  # default budget: 24e9
