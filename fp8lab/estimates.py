@@ -246,8 +246,8 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
                 spec = JobSpec(model=model, precision=prec, instance_type=instance_type, instance_count=n,
                                backend=backend, recipe=recipe, seq_len="auto" if seq_len is None else seq_len,
                                tokens=int(tokens), role=PLACEHOLDER_ROLE, bucket=PLACEHOLDER_BUCKET, allow_large=True)
-                r = est.rate(model, prec, instance_type=instance_type, instance_count=n, backend=backend,
-                             recipe=recipe, seq_len=seq_len) if isinstance(est, MeasuredEstimate) else None
+                # the rate and the hours both from the job's plan (its backend, recipe and sequence length)
+                r = est._job_rate(spec) if isinstance(est, MeasuredEstimate) else None
                 seconds = est.seconds(spec)
                 hours = seconds / 3600
                 if isinstance(est, MeasuredEstimate):
