@@ -137,23 +137,21 @@ def fused_problem(hf_config) -> str | None:
 
 
 def pick_backend(requested: str = "auto") -> str:
-    """The FP8 backend for ``requested``: 'auto' is 'te' where Transformer Engine runs, 'emulated'
-    on a machine with no CUDA GPU, and refused (BackendUnavailableError with the install command
-    and the explicit alternatives) on a CUDA GPU without a usable TE: no silent pure-PyTorch FP8
-    on a GPU (the trainer's rule, fp8lab.plan.auto_fp8_backend, for this process's machine). Other
-    names are checked and returned as they are (an explicit 'emulated' runs anywhere)."""
+    """The FP8 backend for ``requested``: 'auto' is the trainer's rule (fp8lab.plan.auto_fp8_backend) for
+    this process's machine: 'te' where Transformer Engine runs, 'emulated' on a machine with no CUDA GPU,
+    and refused (BackendUnavailableError with the install command and the explicit alternatives) on a
+    CUDA GPU without a usable TE: no silent pure-PyTorch FP8 on a GPU. Other names are checked and
+    returned as they are (an explicit 'emulated' runs anywhere)."""
     if requested != "auto":
         get_backend(requested)
         return requested
-    usable = available_backends()
-    if usable.get("te") is None:
-        return "te"
-    if not torch.cuda.is_available():
-        return "emulated"
-    from fp8lab.backends import fp8_gpu_problem
-    from fp8lab.plan import auto_refusal
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import auto_fp8_backend
 
-    raise BackendUnavailableError(auto_refusal(usable, fp8_gpu_problem()))
+    try:
+        return auto_fp8_backend(Machine.detect(torch.device("cuda" if torch.cuda.is_available() else "cpu")))[0]
+    except ValueError as exc:
+        raise BackendUnavailableError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------------------------
