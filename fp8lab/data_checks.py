@@ -69,13 +69,15 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
     return docs
 
 
-def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05) -> None:
+def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05,
+                      scan_tokens: bool = True) -> None:
     """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
-    ``hf:`` pass (checked when loaded)."""
+    ``hf:`` pass (checked when loaded). ``scan_tokens``: also read a prepared folder's every token id
+    (:func:`check_token_ids`; a training job does that once, on rank 0: :func:`scan_token_ids`)."""
     if value is None or (isinstance(value, str) and value.startswith("hf:")):
         return
     if isinstance(value, (str, Path)) and fformat.is_prepared(value):
-        check_prepared_folder(Path(value), option)
+        check_prepared_folder(Path(value), option, scan_tokens)
         return
     try:
         files = fformat.text_files(value)
@@ -89,8 +91,9 @@ def check_data_source(value: str | list | None, option: str = "--data", val_frac
                          f"allowed: at least {need}, since every {need}th goes to the validation split")
 
 
-def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any]:
-    """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist."""
+def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: bool = True) -> dict[str, Any]:
+    """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist;
+    with ``scan_tokens`` every token id is below its vocab_size (:func:`check_token_ids`)."""
     mpath = folder / fformat.MANIFEST
     who = f"{option}: {fformat.MANIFEST} in {folder.name!r}"
     try:
@@ -119,8 +122,18 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
                              f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
     if not (folder / tokenizer).is_file():
         raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
-    check_token_ids(folder, m, option)
+    if scan_tokens:
+        check_token_ids(folder, m, option)
     return m
+
+
+def scan_token_ids(source: str | Path | None, option: str = "--data") -> None:
+    """The token-id scan of a ``--data`` that is a prepared folder (already checked without it by
+    :func:`check_prepared_folder`); other sources are tokenized by the run itself, nothing to scan."""
+    if source is None or str(source).startswith("hf:") or not fformat.is_prepared(source):
+        return
+    folder = Path(source)
+    check_token_ids(folder, json.loads((folder / fformat.MANIFEST).read_text(encoding="utf-8")), option)
 
 
 TOKEN_SCAN_CHUNK = 1 << 24  # tokens read at a time when scanning shards for out-of-vocabulary ids

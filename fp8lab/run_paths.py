@@ -70,8 +70,9 @@ def data_source(c) -> str | None:
     return c.data if c.data is not None else os.environ.get("SM_CHANNEL_TRAIN")
 
 
-def check_run(c, paths, source: str | None) -> None:
-    """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.trainer.run)."""
+def check_run(c, paths, source: str | None, scan_tokens: bool = True) -> None:
+    """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.trainer.run;
+    ``scan_tokens``: also every token id of a prepared --data, which a job reads once: trainer.scan_data_once)."""
     check_writable_dir("--output-dir", paths.output_dir)
     if c.checkpoint_every >= 0:
         check_writable_dir("--checkpoint-dir", paths.checkpoint_dir)
@@ -79,6 +80,6 @@ def check_run(c, paths, source: str | None) -> None:
         raise ValueError(f"--checkpoint-dir={str(paths.checkpoint_dir)!r} is a file, not a folder")
     if c.save_model:
         check_writable_dir("--model-dir", paths.model_dir)
-    check_data_source(source)
+    check_data_source(source, scan_tokens=scan_tokens)
     if tokenized_here(source):
         check_writable_dir("--output-dir", paths.data_cache)  # text is tokenized there

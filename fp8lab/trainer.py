@@ -543,7 +543,8 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
     try:
         with setup_errors(paths, env):
             source = frun_paths.data_source(c)
-            frun_paths.check_run(c, paths, source)  # folders writable, data readable: before any compute
+            frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
+            scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
             ownership.check_run_folders(c, paths, source)  # no overlaps, nothing of the user's overwritten
             plan = plan_here(c, env)
             if expected:
@@ -557,6 +558,20 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
     finally:
         if trainer is not None:
             trainer.close()
+
+
+def scan_data_once(source, env) -> None:
+    """The token-id scan of a prepared ``--data`` (fp8lab.data_checks.scan_token_ids: every shard read, about a
+    second per GB) on rank 0 only; its outcome is broadcast, so every rank refuses alike or none does."""
+    why = None
+    if env.is_main:
+        try:
+            data_checks.scan_token_ids(source)
+        except ValueError as exc:
+            why = str(exc)
+    why = fdist.broadcast_object(why, env)
+    if why:
+        raise ValueError(why)
 
 
 def check_same_plan(plan, expected: dict[str, Any]) -> None:
