@@ -5,7 +5,8 @@
 - no private name (``_x``) of one fp8lab module used by another, whether imported
   (``from fp8lab.m import _x``) or reached as an attribute (``m._x``). Modules of one package
   (``fp8lab.backends.*``) share that package's private pieces;
-- the hardware facts have one home, ``fp8lab.hardware``, and the old names still import.
+- the hardware facts have one home, ``fp8lab.hardware``, and the old names still import;
+- no import a module never uses (``noqa`` marks a re-export).
 """
 from __future__ import annotations
 
@@ -278,3 +279,35 @@ def test_a_fresh_import_loads_no_module_above_it(module, absent):
     assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
     assert module in loaded and not loaded & absent, f"importing {module} loaded {sorted(loaded & absent)}"
+
+
+
+def unused_imports(sources: dict[str, str]) -> list[str]:
+    """``module:line name`` for each name an import binds that the module never uses (read with ``ast``: names,
+    annotations, quoted annotations and ``__all__`` count as uses; an import marked ``noqa`` is a re-export)."""
+    import re
+
+    found = []
+    for module, text in sources.items():
+        tree, lines = ast.parse(text), text.splitlines()
+        bound: dict[str, int] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "__future__":
+                if "noqa" not in "\n".join(lines[node.lineno - 1:node.end_lineno]):
+                    for a in node.names:
+                        bound.setdefault((a.asname or a.name).split(".")[0], node.lineno)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        quoted = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        used |= {w for q in quoted if len(q) < 200 for w in re.findall(r"[A-Za-z_]\w*", q)}  # "TrainConfig", __all__
+        found += [f"{module}:{line} {name}" for name, line in bound.items() if name not in used]
+    return sorted(found)
+
+
+def test_no_unused_imports():
+    assert unused_imports({m: p.read_text(encoding="utf-8") for m, p in MODULES.items()}) == []
+
+
+def test_unused_import_checker_sees_one():
+    src = "from __future__ import annotations\nimport os\nimport re  # noqa: F401\nfrom typing import Any\n\n" \
+          "def f(x: 'Any') -> None:\n    pass\n"
+    assert unused_imports({"m": src}) == ["m:2 os"]
