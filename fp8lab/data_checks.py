@@ -130,7 +130,7 @@ def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: boo
 def scan_token_ids(source: str | Path | None, option: str = "--data") -> None:
     """The token-id scan of a ``--data`` that is a prepared folder (already checked without it by
     :func:`check_prepared_folder`); other sources are tokenized by the run itself, nothing to scan."""
-    if source is None or str(source).startswith("hf:") or not fformat.is_prepared(source):
+    if source is None or not fformat.is_prepared(source):
         return
     folder = Path(source)
     check_token_ids(folder, json.loads((folder / fformat.MANIFEST).read_text(encoding="utf-8")), option)

@@ -54,7 +54,6 @@ from fp8lab import paths as fpaths
 
 HF_PREFIX = "hf:"
 SUPPORTED = {k: f"{f.hf_class} ({f.label})" for k, f in families.SUPPORTED.items()}
-WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 # files of a tokenizer that save_pretrained/from_pretrained read; copied to the exported folder
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json")
@@ -196,10 +195,6 @@ def model_config(spec: str):
     return config_from_hf(hf_config(spec))
 
 
-def has_weights(folder: Path) -> bool:
-    return any(any(folder.glob(g)) for g in WEIGHT_GLOBS)
-
-
 def config_sha256(spec: str) -> str:
     """SHA-256 of the user model's config.json (read once per file version, as ``hf_config``)."""
     return _loaded(spec)[1]
@@ -222,7 +217,7 @@ def describe(spec: str) -> dict[str, Any]:
         "name": spec if spec.startswith(HF_PREFIX) else folder.name,
         "model_type": cfg.model_type,
         "config_sha256": config_sha256(spec),
-        "weights": "loaded (from_pretrained)" if has_weights(folder) else "random init from config.json",
+        "weights": "loaded (from_pretrained)" if model_checks.has_weights(folder) else "random init from config.json",
         # exported with the model when present; the training data used fp8lab's tokenizer (module docstring)
         "tokenizer_files": [n for n in TOKENIZER_FILES if (folder / n).is_file()],
     }
@@ -245,7 +240,7 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     cfg = hf_config(spec)
     cls = families.hf_class(cfg.model_type)
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if has_weights(folder) and dev.type != "meta":
+    if model_checks.has_weights(folder) and dev.type != "meta":
         from transformers.utils import logging as hf_logging
 
         bar = hf_logging.is_progress_bar_enabled()

@@ -26,7 +26,6 @@ from fp8lab.launch import limits
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
 from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
 from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
-from fp8lab.recipe import Recipe
 from fp8lab.config import TrainConfig
 from fp8lab.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
 
@@ -149,7 +148,7 @@ class JobSpec:
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
-        from fp8lab.config import option_problem  # trainer options: the trainer's own checks (its schema)
+        from fp8lab.config import option_problem, recipe_problem  # trainer options: the trainer's own checks
 
         for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
             if not one_of(choices)(getattr(self, name)):
@@ -157,13 +156,8 @@ class JobSpec:
         for name in (*LAYOUT_FIELDS, "tokens", "steps", "seed", "lr", "fuse", "compile", "activation_checkpointing"):
             if (allowed := option_problem(name, getattr(self, name))) is not None:
                 raise bad(name, getattr(self, name), allowed)
-        if not isinstance(self.recipe, str) or self.recipe.partition(":")[0] not in RECIPES or self.recipe.startswith("auto:"):
-            raise bad("recipe", self.recipe, ", ".join(RECIPES) + " (optionally kind:key=value,...)")
-        try:
-            if self.recipe != AUTO:
-                Recipe.parse(self.recipe)
-        except ValueError as exc:
-            raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid: {exc}") from None
+        if (why := recipe_problem(self.recipe)) is not None:
+            raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid{why}")
 
     def _check_instance(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The instance type (and whether its GPU can run the precision and recipe) and the instance count."""
