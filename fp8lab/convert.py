@@ -40,7 +40,7 @@ from fp8lab.recipe import Recipe
 
 __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
-    "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend", "fused_problem",
+    "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
     "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed", "save_hf_checkpoint",
     "after_optimizer_step", "edge_blocks_filter",
 ]
@@ -128,12 +128,6 @@ def autocast(backend, recipe: Recipe | str | None = None, enabled: bool = True):
         return backend.autocast(_resolve_recipe(backend, recipe), enabled)
     be = require(backend) if enabled else get_backend(backend)
     return be.autocast(_resolve_recipe(be, recipe), enabled)
-
-
-def fused_problem(hf_config) -> str | None:
-    """Why ``convert_model(..., fuse=True)`` cannot represent this transformers config exactly (the
-    feature and the alternative, ``fuse=False``), or None."""
-    return _fused.fused_problem(hf_config)
 
 
 def pick_backend(requested: str = "auto") -> str:
