@@ -12,6 +12,7 @@ job name (``job_name``) and the trainer's command line as SageMaker hyperparamet
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -89,6 +90,10 @@ def _known_regions(instance_type: str) -> set[str] | None:
     return regions or None
 
 
+def _bad(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"JobSpec.{name}={value!r} is invalid; allowed: {allowed}")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One training job: what to train, on what, for how long, and where results go.
@@ -133,9 +138,7 @@ class JobSpec:
     allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
 
     def __post_init__(self) -> None:
-        def bad(name: str, value: Any, allowed: str) -> ValueError:
-            return ValueError(f"JobSpec.{name}={value!r} is invalid; allowed: {allowed}")
-
+        bad = _bad
         for name in ("tokens", "steps"):  # 1e9 is a count, as on the command line (fp8lab.validate.parse_count)
             object.__setattr__(self, name, whole_number(getattr(self, name)))
 
@@ -327,6 +330,14 @@ class JobSpec:
     def plan(self):
         """The fp8lab.plan.RunPlan of this job on its instance: what the trainer will decide there."""
         return self._plan
+
+    def with_time_limit(self, max_run_s: int) -> "JobSpec":
+        """This job with ``max_run_s`` set (checked as the field is) and its plan kept: a time limit is no
+        trainer decision, so nothing is planned again (``dataclasses.replace`` would plan afresh)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "max_run_s", max_run_s)
+        new._check_run_limits(_bad)
+        return new
 
     @property
     def layout(self):

@@ -328,3 +328,18 @@ def test_a_job_runs_its_planned_graphs_decision_and_the_instance_does_not_re_dec
     assert here.graphs.reason == "--cuda-graphs off" and here.differences(spec.plan) == {}
     # an explicit choice travels as it was; nothing is pinned over it
     assert L.hyperparameters(dataclasses.replace(spec, options={"cuda_graphs": "off"}))["cuda-graphs"] == "off"
+
+
+def test_plan_sweep_plans_each_job_once(monkeypatch):
+    """Setting the shared time limit once re-planned every job (dataclasses.replace runs __post_init__)."""
+    import fp8lab.plan as fplan
+
+    calls = []
+    real = fplan.plan_run
+    monkeypatch.setattr(fplan, "plan_run", lambda c, m: calls.append(c.model) or real(c, m))
+    plan = L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1, 2], role=ROLE, bucket=BUCKET, tokens=10**9)
+    assert len(calls) == len(plan.jobs) == 4
+    for j in plan.jobs:  # the time limit is set, checked and the plan the same as a fresh one's
+        assert j.spec.max_run_s > 0 and j.spec.plan.decisions() == dataclasses.replace(j.spec).plan.decisions()
+    with pytest.raises(ValueError, match="JobSpec.max_run_s=0 is invalid; allowed: a positive integer or None"):
+        plan.jobs[0].spec.with_time_limit(0)
