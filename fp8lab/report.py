@@ -25,7 +25,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max
 h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-.verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}
+.verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}.verdict li{margin:.4em 0}
 .ref{color:#a3162b}.muted{color:#666;font-size:.9em}img{max-width:100%;height:auto}
 .wide{overflow-x:auto;max-width:100%}td{overflow-wrap:anywhere}details{margin:.3em 0}summary{cursor:pointer;color:#245}
 """
@@ -101,7 +101,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     summary, comparison, answer = a.summary, a.comparison, a.answer
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance)
     scaling = analysis.scaling_table(summary)
-    text = answer.verdict()
+    parts = answer.verdict_parts()
     loss_runs, best_summary = analysis.headline_runs(runs, summary, answer.rows)
     shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
     figs = [
@@ -128,7 +128,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         f"{e(analysis.PRICE_SOURCE if config.price_per_instance_hour == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR else 'price given by the caller')}); "
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
-        "<h2>Verdict</h2>", f'<p class="verdict">{e(text)}</p>',
+        "<h2>Verdict</h2>", _verdict_html(parts),
         "<h2>The answer per model</h2>",
         f'<p class="muted">Best BF16: {e(analysis.answer.WHY_BF16)}; best FP8: {e(analysis.answer.WHY_FP8)}. '
         f"Cost: {analysis.fmt_tokens(config.tokens)} tokens on one {e(answer.instance_type)}, as fp8lab launch plan "
@@ -166,6 +166,15 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{e(config.title)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def _verdict_html(parts: tuple[list[str], list[str]]) -> str:
+    """The verdict, one list item per model, then the conclusion and the source's figures as paragraphs
+    (seven models in one block were hard to read)."""
+    per_model, closing = parts
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in per_model)
+    return ('<div class="verdict">' + (f"<ul>{items}</ul>" if items else "")
+            + "".join(f"<p>{html.escape(p)}</p>" for p in closing) + "</div>")
 
 
 def _md_link_html(markdown: str) -> str:

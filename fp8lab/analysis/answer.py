@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fp8lab.analysis.conclusion import verdict
+from fp8lab.analysis.conclusion import verdict_parts
 from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args, compare_precisions)
@@ -58,7 +58,14 @@ class Answer:
 
     def verdict(self, loss_tolerance_pct: float = 1.0) -> str:
         """The verdict paragraph, written from these rows (:func:`fp8lab.analysis.verdict`)."""
-        return verdict(self.comparison, reference=self.reference, loss_tolerance_pct=loss_tolerance_pct, answer=self)
+        per_model, closing = self.verdict_parts(loss_tolerance_pct)
+        return " ".join(per_model + closing)
+
+    def verdict_parts(self, loss_tolerance_pct: float = 1.0) -> tuple[list[str], list[str]]:
+        """The verdict's sentences (:func:`fp8lab.analysis.conclusion.verdict_parts`): (one per model, then
+        the conclusion and the source's figures)."""
+        return verdict_parts(self.comparison, reference=self.reference, loss_tolerance_pct=loss_tolerance_pct,
+                             answer=self)
 
     def costs(self) -> pd.DataFrame:
         """The time and cost of the budget per model and precision, in the columns of

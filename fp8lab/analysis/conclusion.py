@@ -164,7 +164,15 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
 
 def verdict(comparison: pd.DataFrame, reference: pd.DataFrame | None = None, loss_tolerance_pct: float = 1.0,
             answer=None) -> str:
-    """A one-paragraph verdict written from the comparison table (never by hand).
+    """A one-paragraph verdict written from the comparison table (never by hand): :func:`verdict_parts`, joined."""
+    per_model, closing = verdict_parts(comparison, reference, loss_tolerance_pct, answer)
+    return " ".join(per_model + closing)
+
+
+def verdict_parts(comparison: pd.DataFrame, reference: pd.DataFrame | None = None, loss_tolerance_pct: float = 1.0,
+                  answer=None) -> tuple[list[str], list[str]]:
+    """The verdict's sentences: (one per model, the rest: the conclusion or why there is none, and the
+    source's figures); a page may set each model apart, the paragraph joins them.
 
     With ``answer`` (an :class:`fp8lab.analysis.Answer`, what every view of the results renders; its
     ``verdict()`` passes itself) each model's sentence states the answer's runs, speedup, loss gap and
@@ -175,14 +183,14 @@ def verdict(comparison: pd.DataFrame, reference: pd.DataFrame | None = None, los
     """
     if not (isinstance(loss_tolerance_pct, (int, float)) and loss_tolerance_pct >= 0):
         raise ValueError(f"loss_tolerance_pct={loss_tolerance_pct!r}; allowed: a number >= 0 (percent)")
-    parts = []
+    parts: list[str] = []
     comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
     if answer is not None and answer.rows["speedup"].notna().any():
         parts, buckets = _answer_parts(answer, comp, loss_tolerance_pct)
-        parts.append(_in_short(buckets, loss_tolerance_pct))
+        closing = [_in_short(buckets, loss_tolerance_pct)]
     elif not len(comp) or answer is not None:
-        parts.append("There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
-                     "precisions), so this report cannot say from its own numbers whether FP8 pays off.")
+        closing = ["There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
+                   "precisions), so this report cannot say from its own numbers whether FP8 pays off."]
     else:
         buckets: dict[str, list[str]] = {k: [] for k in ("pays", "pays_unknown_loss", "faster_worse", "slower",
                                                           "emulated")}
@@ -198,7 +206,7 @@ def verdict(comparison: pd.DataFrame, reference: pd.DataFrame | None = None, los
             parts.append(s + ".")
             key, name = _bucket(model, r, gap_kind, gap, loss_tolerance_pct)
             buckets[key].append(name)
-        parts.append(_in_short(buckets, loss_tolerance_pct))
+        closing = [_in_short(buckets, loss_tolerance_pct)]
     if reference is not None and len(reference):
-        parts.append(_reference_sentence(reference))
-    return " ".join(parts)
+        closing.append(_reference_sentence(reference))
+    return parts, closing

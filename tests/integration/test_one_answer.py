@@ -128,8 +128,12 @@ def test_readme_and_results_doc_quote_the_answer():
 
 def test_html_report_quotes_the_answer():
     page = report.render_html(analysis.load_runs())
-    text = html.unescape(re.sub(r"<[^>]+>", " ", page.split('class="verdict">')[1].split("</p>")[0]))
-    _check_verdict(text, "HTML report")
+    block = page.split('<div class="verdict">')[1].split("</div>")[0]
+    items = [html.unescape(t) for t in re.findall(r"<li>(.*?)</li>", block)]  # one list item per model
+    closing = [html.unescape(t) for t in re.findall(r"<p>(.*?)</p>", block)]  # the conclusion, the source's figures
+    assert items and all(len(re.findall(r"For [\w.-]+ on ", t)) == 1 and t.startswith("For ") for t in items), items
+    assert closing[0].startswith("In short: ") and " ".join(items + closing) == _answer().verdict()
+    _check_verdict(" ".join(items), "HTML report")
     table = html.unescape(page.split("The answer per model")[1].split("</table>")[0])
     for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
         row = table.split(f"<td>{r['model']}</td>")[1].split("</tr>")[0]
