@@ -132,7 +132,7 @@ def _validate(c: TrainConfig) -> None:
     if not isinstance(c.model_overrides, dict):
         raise ValueError(f"--model-override must be key=value pairs (a dict), got {c.model_overrides!r}")
     mcfg = _model_config(c, bad)
-    _check_recipe(c, bad)
+    _check_recipe(c)
     if not is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
         raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
                   f"(at most {(mcfg.num_layers - 1) // 2})")
@@ -181,11 +181,20 @@ def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
         raise ValueError(f"--model-override: {exc}") from None
 
 
-def _check_recipe(c: TrainConfig, bad: Callable[[str, str], ValueError]) -> None:
-    if not isinstance(c.recipe, str) or c.recipe.partition(":")[0] not in RECIPES or c.recipe.startswith("auto:"):
-        raise bad("recipe", " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}")
-    if c.recipe != AUTO:
+def recipe_problem(value: Any) -> str | None:
+    """Why ``value`` is no recipe option, as the end of "<option>=<value> is invalid...": outside the
+    vocabulary ("; allowed: ..."), or settings ``Recipe.parse`` refuses (": why"); None: it is one.
+    The one recipe check, for the trainer and for callers with their own field (``fp8lab.launch.JobSpec``)."""
+    if not isinstance(value, str) or value.partition(":")[0] not in RECIPES or value.startswith("auto:"):
+        return "; allowed: " + " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}"
+    if value != AUTO:
         try:
-            Recipe.parse(c.recipe)
+            Recipe.parse(value)
         except ValueError as exc:
-            raise ValueError(f"--recipe={c.recipe!r} is invalid: {exc}") from None
+            return f": {exc}"
+    return None
+
+
+def _check_recipe(c: TrainConfig) -> None:
+    if (why := recipe_problem(c.recipe)) is not None:
+        raise ValueError(f"{flag('recipe')}={c.recipe!r} is invalid{why}")

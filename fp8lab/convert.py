@@ -40,7 +40,7 @@ from fp8lab.recipe import Recipe
 
 __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
-    "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend", "fused_problem",
+    "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
     "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed", "save_hf_checkpoint",
     "after_optimizer_step", "edge_blocks_filter",
 ]
@@ -130,30 +130,22 @@ def autocast(backend, recipe: Recipe | str | None = None, enabled: bool = True):
     return be.autocast(_resolve_recipe(be, recipe), enabled)
 
 
-def fused_problem(hf_config) -> str | None:
-    """Why ``convert_model(..., fuse=True)`` cannot represent this transformers config exactly (the
-    feature and the alternative, ``fuse=False``), or None."""
-    return _fused.fused_problem(hf_config)
-
-
 def pick_backend(requested: str = "auto") -> str:
-    """The FP8 backend for ``requested``: 'auto' is 'te' where Transformer Engine runs, 'emulated'
-    on a machine with no CUDA GPU, and refused (BackendUnavailableError with the install command
-    and the explicit alternatives) on a CUDA GPU without a usable TE: no silent pure-PyTorch FP8
-    on a GPU (the trainer's rule, fp8lab.plan.auto_fp8_backend, for this process's machine). Other
-    names are checked and returned as they are (an explicit 'emulated' runs anywhere)."""
+    """The FP8 backend for ``requested``: 'auto' is the trainer's rule (fp8lab.plan.auto_fp8_backend) for
+    this process's machine: 'te' where Transformer Engine runs, 'emulated' on a machine with no CUDA GPU,
+    and refused (BackendUnavailableError with the install command and the explicit alternatives) on a
+    CUDA GPU without a usable TE: no silent pure-PyTorch FP8 on a GPU. Other names are checked and
+    returned as they are (an explicit 'emulated' runs anywhere)."""
     if requested != "auto":
         get_backend(requested)
         return requested
-    usable = available_backends()
-    if usable.get("te") is None:
-        return "te"
-    if not torch.cuda.is_available():
-        return "emulated"
-    from fp8lab.backends import fp8_gpu_problem
-    from fp8lab.plan import auto_refusal
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import auto_fp8_backend
 
-    raise BackendUnavailableError(auto_refusal(usable, fp8_gpu_problem()))
+    try:
+        return auto_fp8_backend(Machine.detect(torch.device("cuda" if torch.cuda.is_available() else "cpu")))[0]
+    except ValueError as exc:
+        raise BackendUnavailableError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,28 +27,19 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from fp8lab.data_format import (  # noqa: F401 - the on-disk facts, re-exported where they were
+    CORPUS_DIR, FORMAT, FORMAT_VERSION, MANIFEST, TEXT_SUFFIXES, default_corpus, is_prepared, text_files,
+    tokenized_here,
+)
 from fp8lab.paths import DATA_DIR
 from fp8lab.probes import check_member
 
-CORPUS_DIR = DATA_DIR / "corpus"
 EOS_TOKEN = "<|endoftext|>"  # appended after every document, so windows can span documents
-MANIFEST = "manifest.json"
-FORMAT = "fp8lab-tokens"
-FORMAT_VERSION = 1
-TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz")
 DEFAULT_VOCAB = 32000  # Llama-2's vocabulary size: the 1B/7B models' embedding tables have 32000 rows
 SHIPPED_VOCABS = (32000, 512)  # 512: the tiny test models' vocabulary (fp8lab.models llama-tiny/gptneo-tiny)
 
 
 # ----------------------------------------------------------------------------- text sources
-
-def default_corpus() -> list[Path]:
-    """The shipped corpus files (sorted, so every machine reads them in the same order)."""
-    files = sorted(p for p in CORPUS_DIR.iterdir() if p.name.endswith(TEXT_SUFFIXES)) if CORPUS_DIR.is_dir() else []
-    if not files:
-        raise FileNotFoundError(f"no corpus text in {CORPUS_DIR.name}/ (expected kjv.txt.xz; see data/README.md)")
-    return files
-
 
 def _open_text(path: Path):
     if path.name.endswith(".xz"):
@@ -56,27 +47,6 @@ def _open_text(path: Path):
     if path.name.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")
-
-
-def text_files(source: str | Path | Iterable[str | Path] | None) -> list[Path]:
-    """Resolve a file, a folder (searched recursively) or a list of them into text files, in order."""
-    if source is None:
-        return default_corpus()
-    items = [source] if isinstance(source, (str, Path)) else list(source)
-    files: list[Path] = []
-    for item in items:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and q.name.endswith(TEXT_SUFFIXES))
-            if not found:
-                raise ValueError(f"source folder {p.name!r} holds no text files (accepted: {', '.join(TEXT_SUFFIXES)})")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise ValueError(f"source {str(item)!r} is not an existing file or folder "
-                             "(for a Hugging Face dataset write hf:<name>)")
-    return files
 
 
 def read_documents(files: Iterable[Path]) -> Iterator[str]:
@@ -380,10 +350,6 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     if m.get("format") != FORMAT or m.get("version") != FORMAT_VERSION:
         raise ValueError(f"{p.name}: not an {FORMAT} v{FORMAT_VERSION} manifest (format={m.get('format')!r}, version={m.get('version')!r})")
     return m
-
-
-def is_prepared(path: str | Path) -> bool:
-    return (Path(path) / MANIFEST).is_file()
 
 
 # ----------------------------------------------------------------------------- reading and sampling

@@ -10,6 +10,7 @@ import lzma
 from pathlib import Path
 from typing import Any
 
+from fp8lab import data_format as fformat
 from fp8lab.probes import check_member
 from fp8lab.validate import is_count
 
@@ -68,34 +69,33 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
     return docs
 
 
-def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05) -> None:
+def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05,
+                      scan_tokens: bool = True) -> None:
     """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
-    ``hf:`` pass (checked when loaded)."""
-    from fp8lab import data as fdata
-
+    ``hf:`` pass (checked when loaded). ``scan_tokens``: also read a prepared folder's every token id
+    (:func:`check_token_ids`; a training job does that once, on rank 0: :func:`scan_token_ids`)."""
     if value is None or (isinstance(value, str) and value.startswith("hf:")):
         return
-    if isinstance(value, (str, Path)) and fdata.is_prepared(value):
-        check_prepared_folder(Path(value), option)
+    if isinstance(value, (str, Path)) and fformat.is_prepared(value):
+        check_prepared_folder(Path(value), option, scan_tokens)
         return
     try:
-        files = fdata.text_files(value)
+        files = fformat.text_files(value)
     except ValueError as exc:
         raise ValueError(f"{option}={value if isinstance(value, list) else str(value)!r}: {exc}") from None
     docs = sum(scan_text_file(f, option) for f in files)
-    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fdata.prepare_data)
+    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fp8lab.data.prepare_data)
     if docs < need:
         names = ", ".join(repr(f.name) for f in files[:3]) + (" ..." if len(files) > 3 else "")
         raise ValueError(f"{option}: {names} hold(s) {docs} document(s) (paragraphs separated by blank lines); "
                          f"allowed: at least {need}, since every {need}th goes to the validation split")
 
 
-def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any]:
-    """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist."""
-    from fp8lab import data as fdata
-
-    mpath = folder / fdata.MANIFEST
-    who = f"{option}: {fdata.MANIFEST} in {folder.name!r}"
+def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: bool = True) -> dict[str, Any]:
+    """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist;
+    with ``scan_tokens`` every token id is below its vocab_size (:func:`check_token_ids`)."""
+    mpath = folder / fformat.MANIFEST
+    who = f"{option}: {fformat.MANIFEST} in {folder.name!r}"
     try:
         m = json.loads(mpath.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -103,9 +103,9 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
                          "fp8lab prepare-data (re-create it), or text files") from None
     except (UnicodeDecodeError, OSError) as exc:
         raise ValueError(f"{who} cannot be read ({type(exc).__name__}); allowed: a folder written by fp8lab prepare-data") from None
-    if not isinstance(m, dict) or m.get("format") != fdata.FORMAT or m.get("version") != fdata.FORMAT_VERSION:
+    if not isinstance(m, dict) or m.get("format") != fformat.FORMAT or m.get("version") != fformat.FORMAT_VERSION:
         got = (m.get("format"), m.get("version")) if isinstance(m, dict) else type(m).__name__
-        raise ValueError(f"{who} is not an {fdata.FORMAT} v{fdata.FORMAT_VERSION} manifest (found {got}); "
+        raise ValueError(f"{who} is not an {fformat.FORMAT} v{fformat.FORMAT_VERSION} manifest (found {got}); "
                          "allowed: a folder written by fp8lab prepare-data")
     try:
         itemsize = __import__("numpy").dtype(m["dtype"]).itemsize
@@ -122,8 +122,18 @@ def check_prepared_folder(folder: Path, option: str = "--data") -> dict[str, Any
                              f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
     if not (folder / tokenizer).is_file():
         raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
-    check_token_ids(folder, m, option)
+    if scan_tokens:
+        check_token_ids(folder, m, option)
     return m
+
+
+def scan_token_ids(source: str | Path | None, option: str = "--data") -> None:
+    """The token-id scan of a ``--data`` that is a prepared folder (already checked without it by
+    :func:`check_prepared_folder`); other sources are tokenized by the run itself, nothing to scan."""
+    if source is None or not fformat.is_prepared(source):
+        return
+    folder = Path(source)
+    check_token_ids(folder, json.loads((folder / fformat.MANIFEST).read_text(encoding="utf-8")), option)
 
 
 TOKEN_SCAN_CHUNK = 1 << 24  # tokens read at a time when scanning shards for out-of-vocabulary ids

@@ -180,13 +180,15 @@ class MeasuredEstimate(Estimate):
         return tokens / (tokens_per_sec_per_gpu * gpus) + self.startup_s
 
     def run_budget(self, model: str, precision: str, run_id: str, tokens: float, price_per_hour: float, *,
-                   instance_type: str = "ml.p5.48xlarge", instance_count: int = 1) -> dict[str, Any] | None:
+                   instance_type: str = "ml.p5.48xlarge", instance_count: int = 1,
+                   gpus_per_instance: int | None = None) -> dict[str, Any] | None:
         """Time and cost of one job of ``tokens`` resting on the run ``run_id``, as a plan of that job
-        computes them (:meth:`seconds`); None where the run is not one an estimate can rest on."""
+        computes them (:meth:`seconds`); None where the run is not one an estimate can rest on.
+        ``gpus_per_instance``: GPUs working per instance (None: the instance type's)."""
         r = self.rate(model, precision, instance_type=instance_type, instance_count=instance_count, run_id=run_id)
         if r is None:
             return None
-        gpus = INSTANCES[instance_type].gpus * max(int(instance_count), 1)
+        gpus = (gpus_per_instance or INSTANCES[instance_type].gpus) * max(int(instance_count), 1)
         hours = self.seconds_at(tokens, r["tokens_per_sec_per_gpu"], gpus) / 3600
         return {**r, "hours": hours, "cost_usd": hours * max(int(instance_count), 1) * price_per_hour,
                 "gpus": gpus, "basis": _basis_text(r)}
@@ -244,8 +246,8 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
                 spec = JobSpec(model=model, precision=prec, instance_type=instance_type, instance_count=n,
                                backend=backend, recipe=recipe, seq_len="auto" if seq_len is None else seq_len,
                                tokens=int(tokens), role=PLACEHOLDER_ROLE, bucket=PLACEHOLDER_BUCKET, allow_large=True)
-                r = est.rate(model, prec, instance_type=instance_type, instance_count=n, backend=backend,
-                             recipe=recipe, seq_len=seq_len) if isinstance(est, MeasuredEstimate) else None
+                # the rate and the hours both from the job's plan (its backend, recipe and sequence length)
+                r = est._job_rate(spec) if isinstance(est, MeasuredEstimate) else None
                 seconds = est.seconds(spec)
                 hours = seconds / 3600
                 if isinstance(est, MeasuredEstimate):

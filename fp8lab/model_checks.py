@@ -166,7 +166,14 @@ def check_tokenizer_files(folder: Path, root: Path, names: tuple[str, ...]) -> N
 
 # ------------------------------------------------------------------------------------ identity
 
-WEIGHT_GLOBS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin")  # a folder's weight files (from_pretrained loads them)
+WEIGHT_GLOBS = (*WEIGHTS, "*.safetensors.index.json", "pytorch_model*.bin.index.json")  # and their shard indexes
+
+
+def has_weights(folder: Path) -> bool:
+    """The folder holds weights (loaded with ``from_pretrained``; without them: random init from its config)."""
+    return any(any(folder.glob(g)) for g in WEIGHTS)
+
 _CHUNK = 8 << 20
 
 

@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fp8lab.data_format import tokenized_here
 from fp8lab.paths import DATA_DIR, REPO_ROOT
 
 MARKER = ".fp8lab-owner.json"
@@ -143,10 +144,9 @@ def _checkout_parts() -> list[Path]:
 def check_run_folders(c, paths, source: str | None) -> None:
     """Refuse (ValueError, one line naming the options) folders of a run that overlap, reach into the
     checkout, or hold files fp8lab did not write (see the module doc). Writes nothing."""
-    from fp8lab import data as fdata
     from fp8lab import user_model
 
-    tokenized = source is None or not (str(source).startswith("hf:") or fdata.is_prepared(source))
+    tokenized = tokenized_here(source)
     writes = [("--output-dir", paths.output_dir, "run")]
     if c.checkpoint_every >= 0 or c.resume:
         writes.append(("--checkpoint-dir", paths.checkpoint_dir, "checkpoints"))

@@ -25,7 +25,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max
 h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-.verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}
+.verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}.verdict li{margin:.4em 0}
 .ref{color:#a3162b}.muted{color:#666;font-size:.9em}img{max-width:100%;height:auto}
 .wide{overflow-x:auto;max-width:100%}td{overflow-wrap:anywhere}details{margin:.3em 0}summary{cursor:pointer;color:#245}
 """
@@ -101,7 +101,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     summary, comparison, answer = a.summary, a.comparison, a.answer
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance)
     scaling = analysis.scaling_table(summary)
-    text = answer.verdict()
+    parts = answer.verdict_parts()
     loss_runs, best_summary = analysis.headline_runs(runs, summary, answer.rows)
     shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
     figs = [
@@ -128,7 +128,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         f"{e(analysis.PRICE_SOURCE if config.price_per_instance_hour == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR else 'price given by the caller')}); "
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
-        "<h2>Verdict</h2>", f'<p class="verdict">{e(text)}</p>',
+        "<h2>Verdict</h2>", _verdict_html(parts),
         "<h2>The answer per model</h2>",
         f'<p class="muted">Best BF16: {e(analysis.answer.WHY_BF16)}; best FP8: {e(analysis.answer.WHY_FP8)}. '
         f"Cost: {analysis.fmt_tokens(config.tokens)} tokens on one {e(answer.instance_type)}, as fp8lab launch plan "
@@ -154,11 +154,11 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         _long_table(runs_table, RUN_COLUMNS, RUN_DETAIL_COLUMNS, "runs"),
         _details("provenance of every run", _table(summary, ["run_id", "source", *analysis.PROVENANCE_COLUMNS])),
         "<h2>Time and cost of every run</h2>",
-        '<p class="muted">Each run at its own measured per-GPU rate on full instances (no start-up, no multi-GPU '
-        "efficiency): an upper bound, not the plan's estimate above. projected = the run used fewer GPUs than the "
-        "cluster priced here.</p>",
+        f'<p class="muted">The budget on one {e(answer.instance_type)} resting on each run, estimated as the answer '
+        "above and fp8lab launch plan estimate a job; runs no estimate rests on (several GPUs, a CPU, emulated FP8) "
+        "say why in cost_note. projected = the run used fewer GPUs than the instance priced here.</p>",
         _long_table(costs, ["run_id", "model", "variant", "hours", "cost_usd"],
-                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected"], "costs"),
+                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected", "cost_note"], "costs"),
         '<h2 class="ref">Source blog figures (reported by the source, not measured here)</h2>',
         f"<p>{_md_link_html(analysis.source_link())}</p>",
         _table(a.reference),
@@ -166,6 +166,15 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{e(config.title)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def _verdict_html(parts: tuple[list[str], list[str]]) -> str:
+    """The verdict, one list item per model, then the conclusion and the source's figures as paragraphs
+    (seven models in one block were hard to read)."""
+    per_model, closing = parts
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in per_model)
+    return ('<div class="verdict">' + (f"<ul>{items}</ul>" if items else "")
+            + "".join(f"<p>{html.escape(p)}</p>" for p in closing) + "</div>")
 
 
 def _md_link_html(markdown: str) -> str:
@@ -187,12 +196,11 @@ MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the R
 
 
 def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -> str:
-    """The comparison table and the verdict as Markdown, for a README: every number from the run files."""
-    summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
-    comparison = analysis.compare_precisions(summary)
-    text = analysis.verdict(comparison, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
-                            reference=analysis.load_reference())
-    return _comparison_markdown(comparison) + "\n\n" + text + "\n" + _scaling_markdown(analysis.scaling_table(summary))
+    """The comparison table and the verdict (the Answer's, as every view quotes it) as Markdown, for a
+    README: every number from the run files."""
+    a = Analysed.of(runs, config)
+    return (_comparison_markdown(a.comparison) + "\n\n" + a.answer.verdict() + "\n"
+            + _scaling_markdown(analysis.scaling_table(a.summary)))
 
 
 def _comparison_markdown(comparison: pd.DataFrame) -> str:

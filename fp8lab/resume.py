@@ -1,7 +1,7 @@
 """What a checkpoint must agree on with the run resuming from it, and how new settings take over.
 
 A checkpoint records the options that shape training (its *fingerprint*): the model and its
-layers, precision, recipe, the data (a digest of the tokens' source, fp8lab.data.identity),
+layers, precision, the backend and recipe that ran (the plan's, never "auto"), the data (a digest of the tokens' source, fp8lab.data.identity),
 sequence length, global batch, seed, and the optimisation schedule
 (total steps, warm-up, learning rates, AdamW settings, clipping). The batch layout is checked as
 the global batch: micro-batch x accumulation x ranks may be split differently on resume (another
@@ -26,29 +26,35 @@ SCHEDULE_KEYS = ("total_steps", "warmup_steps", "lr", "min_lr", "weight_decay", 
 NEW_SETTINGS_FLAG = "--resume-with-new-settings"
 
 
-def fingerprint(c, world_size: int, total_steps: int, warmup: int, layout=None, data: str | None = None) -> dict[str, Any]:
-    """What must not change between a checkpoint and the run resuming from it.
+def fingerprint(plan, data: str | None = None) -> dict[str, Any]:
+    """What must not change between a checkpoint and the run resuming from it, from the run's plan
+    (fp8lab.plan.RunPlan): the request's options, and where the request may say "auto" the plan's
+    effective values (layout, backend, recipe), so an "auto" run and its explicit equivalent agree and
+    an "auto" that picks otherwise on another machine does not.
 
-    ``layout``: the run's resolved layout (fp8lab.layout.Layout, from its plan) where ``c`` is the
-    request and may say "auto"; without it ``c``'s own sequence, micro-batch and accumulation.
     ``data``: the tokens' identity (fp8lab.data.identity); None leaves it out."""
     from fp8lab.user_model import identity
 
-    lay = layout or c
-
+    c, lay = plan.config, plan.layout
     # a model folder is identified by its config.json's hash (it may move, e.g. into a SageMaker channel)
     extra = {} if data is None else {"data": data}
     return {**extra, "model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
-            "backend": c.backend, "recipe": c.recipe, "fuse": c.fuse, "seq_len": lay.seq_len, "seed": c.seed,
-            "bf16_edge_blocks": c.bf16_edge_blocks,
-            "global_batch": lay.micro_batch_size * lay.grad_accum * world_size,
-            "total_steps": total_steps, "warmup_steps": warmup, "lr": c.lr, "min_lr": c.min_lr,
+            "backend": plan.backend_label, "recipe": plan.recipe.spec() if plan.recipe_kind else None,
+            "fuse": c.fuse, "seq_len": lay.seq_len, "seed": c.seed, "bf16_edge_blocks": c.bf16_edge_blocks,
+            "global_batch": lay.micro_batch_size * lay.grad_accum * plan.world_size,
+            "total_steps": plan.total_steps, "warmup_steps": plan.warmup_steps, "lr": c.lr, "min_lr": c.min_lr,
             "weight_decay": c.weight_decay, "beta1": c.beta1, "beta2": c.beta2, "grad_clip": c.grad_clip}
+
+
+# Checkpoints written before the fingerprint held the plan's backend and recipe recorded the request,
+# "auto" included; such a value says nothing about what ran, so it is not compared (as before).
+REQUESTED_BEFORE = ("backend", "recipe")
 
 
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """key -> (checkpoint's value, this run's), for keys both know (older checkpoints record fewer)."""
-    return {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
+    return {k: (saved[k], v) for k, v in current.items()
+            if k in saved and saved[k] != v and not (k in REQUESTED_BEFORE and saved[k] == "auto")}
 
 
 def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int, allow_new: bool) -> dict[str, tuple]:

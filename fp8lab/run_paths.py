@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fp8lab.data_checks import check_data_source
+from fp8lab.data_format import tokenized_here
 from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR
 from fp8lab.probes import check_writable_dir
 
@@ -69,10 +70,9 @@ def data_source(c) -> str | None:
     return c.data if c.data is not None else os.environ.get("SM_CHANNEL_TRAIN")
 
 
-def check_run(c, paths, source: str | None) -> None:
-    """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.trainer.run)."""
-    from fp8lab import data as fdata
-
+def check_run(c, paths, source: str | None, scan_tokens: bool = True) -> None:
+    """Before a training run computes, tokenizes or writes anything: its folders and its data (fp8lab.trainer.run;
+    ``scan_tokens``: also every token id of a prepared --data, which a job reads once: trainer.scan_data_once)."""
     check_writable_dir("--output-dir", paths.output_dir)
     if c.checkpoint_every >= 0:
         check_writable_dir("--checkpoint-dir", paths.checkpoint_dir)
@@ -80,6 +80,6 @@ def check_run(c, paths, source: str | None) -> None:
         raise ValueError(f"--checkpoint-dir={str(paths.checkpoint_dir)!r} is a file, not a folder")
     if c.save_model:
         check_writable_dir("--model-dir", paths.model_dir)
-    check_data_source(source)
-    if source is None or not (str(source).startswith("hf:") or fdata.is_prepared(source)):
+    check_data_source(source, scan_tokens=scan_tokens)
+    if tokenized_here(source):
         check_writable_dir("--output-dir", paths.data_cache)  # text is tokenized there

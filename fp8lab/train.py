@@ -52,9 +52,7 @@ import dataclasses
 import json
 import os
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fp8lab import validate as fvalidate
 from fp8lab.errors import OptionError
@@ -62,9 +60,6 @@ from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (its old name
 from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
-from fp8lab.recipe import KINDS, SETTINGS, Recipe
-from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
-                             STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 _opt = flag  # --seq-len for seq_len (the old name of fp8lab.options.flag)

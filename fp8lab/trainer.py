@@ -238,8 +238,7 @@ class Trainer:
                             self.model_name, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, p.seq_len),
                             self.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
-        self.fingerprint = fresume.fingerprint(c, self.world, self.total_steps, self.warmup, layout=p.layout,
-                                               data=fdata.identity(self.manifest))
+        self.fingerprint = fresume.fingerprint(p, data=fdata.identity(self.manifest))
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
                                          {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
                                          self.fingerprint, self.log)
@@ -299,8 +298,12 @@ class Trainer:
     def _sources(self) -> dict[str, Any]:
         from fp8lab import user_model
 
-        m = self.manifest
-        return {"model_source": {**user_model.describe(self.c.model), "params_built": sum(p.numel() for p in self.inner.parameters())},
+        from fp8lab.models import count_parameters
+
+        m, source = self.manifest, user_model.describe(self.c.model)
+        if source["source"] != "named":
+            source["params_from_config"] = count_parameters(get_config(self.c.model)).total
+        return {"model_source": {**source, "params_built": sum(p.numel() for p in self.inner.parameters())},
                 "conversion": dataclasses.asdict(self.conversion) if self.conversion is not None else None,
                 "data_manifest": {k: m[k] for k in ("source", "vocab_size", "tokenizer_sha256")}}
 
@@ -564,7 +567,8 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
     try:
         with setup_errors(paths, env):
             source = frun_paths.data_source(c)
-            frun_paths.check_run(c, paths, source)  # folders writable, data readable: before any compute
+            frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
+            scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
             ownership.check_run_folders(c, paths, source)  # no overlaps, nothing of the user's overwritten
             plan = plan_here(c, env)
             if expected:
@@ -578,6 +582,20 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
     finally:
         if trainer is not None:
             trainer.close()
+
+
+def scan_data_once(source, env) -> None:
+    """The token-id scan of a prepared ``--data`` (fp8lab.data_checks.scan_token_ids: every shard read, about a
+    second per GB) on rank 0 only; its outcome is broadcast, so every rank refuses alike or none does."""
+    why = None
+    if env.is_main:
+        try:
+            data_checks.scan_token_ids(source)
+        except ValueError as exc:
+            why = str(exc)
+    why = fdist.broadcast_object(why, env)
+    if why:
+        raise ValueError(why)
 
 
 def check_same_plan(plan, expected: dict[str, Any]) -> None:

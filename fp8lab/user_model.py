@@ -49,11 +49,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 from fp8lab import families, model_checks
+from fp8lab.model_config import MODEL_CONFIGS, config_from_hf, init_from_config, validate_config
 from fp8lab import paths as fpaths
 
 HF_PREFIX = "hf:"
 SUPPORTED = {k: f"{f.hf_class} ({f.label})" for k, f in families.SUPPORTED.items()}
-WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 # files of a tokenizer that save_pretrained/from_pretrained read; copied to the exported folder
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json")
@@ -64,8 +64,6 @@ CONNECT_TIMEOUT_S = 3.0
 def is_user_model(spec: Any) -> bool:
     """True for ``hf:<repo>`` or a string that names an existing folder; a named shape never is, even
     where a folder of that name happens to exist in the working directory."""
-    from fp8lab.models import MODEL_CONFIGS
-
     return (isinstance(spec, str) and spec not in MODEL_CONFIGS
             and (spec.startswith(HF_PREFIX) or Path(spec).is_dir()))
 
@@ -155,8 +153,6 @@ def check_config_dict(d: dict, where: str = "config.json"):
         raise ValueError(f"--model: {where} is not a valid {mt} config ({exc})") from None
     if families.SUPPORTED[mt].layout == "llama" and rope.rope_type(hf) not in rope.known_types():
         raise ValueError(f"--model: {where}: {rope.rope_problem(hf)}")
-    from fp8lab.models import config_from_hf, validate_config
-
     validate_config(config_from_hf(hf), f"--model ({where})")
     return hf
 
@@ -196,13 +192,7 @@ def hf_config(spec: str):
 
 
 def model_config(spec: str):
-    from fp8lab.models import config_from_hf
-
     return config_from_hf(hf_config(spec))
-
-
-def has_weights(folder: Path) -> bool:
-    return any(any(folder.glob(g)) for g in WEIGHT_GLOBS)
 
 
 def config_sha256(spec: str) -> str:
@@ -216,9 +206,8 @@ def weights_digest(spec: str) -> str | None:
 
 
 def describe(spec: str) -> dict[str, Any]:
-    """Provenance for the run's config.json: where the model came from, its config hash, its size."""
-    from fp8lab.models import MODEL_CONFIGS, count_parameters, get_config
-
+    """Provenance for the run's config.json: where the model came from, its config hash, its weights
+    (the trainer adds the parameter counts: counting is ``fp8lab.models``')."""
     if spec in MODEL_CONFIGS:
         return {"source": "named", "name": spec}
     folder = folder_of(spec)
@@ -228,8 +217,7 @@ def describe(spec: str) -> dict[str, Any]:
         "name": spec if spec.startswith(HF_PREFIX) else folder.name,
         "model_type": cfg.model_type,
         "config_sha256": config_sha256(spec),
-        "weights": "loaded (from_pretrained)" if has_weights(folder) else "random init from config.json",
-        "params_from_config": count_parameters(get_config(spec)).total,
+        "weights": "loaded (from_pretrained)" if model_checks.has_weights(folder) else "random init from config.json",
         # exported with the model when present; the training data used fp8lab's tokenizer (module docstring)
         "tokenizer_files": [n for n in TOKENIZER_FILES if (folder / n).is_file()],
     }
@@ -248,13 +236,11 @@ def build(spec: str, *, device: Any = None, dtype: Any = None, seed: int | None 
     init from its config (seeded like ``fp8lab.models.build_model``)."""
     import torch
 
-    from fp8lab.models import init_from_config
-
     folder = folder_of(spec)
     cfg = hf_config(spec)
     cls = families.hf_class(cfg.model_type)
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if has_weights(folder) and dev.type != "meta":
+    if model_checks.has_weights(folder) and dev.type != "meta":
         from transformers.utils import logging as hf_logging
 
         bar = hf_logging.is_progress_bar_enabled()

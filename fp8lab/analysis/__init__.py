@@ -6,22 +6,21 @@ and result files under ``data/results/`` (format: ``data/results/README.md``). F
 per-run summaries (steady-state throughput, MFU, memory, loss), BF16-vs-FP8 comparisons per model
 and scale, time and cost to train a token budget, and a verdict written from those numbers.
 
-Figures live in :mod:`fp8lab.plots`; the HTML report in :mod:`fp8lab.report`.
+Figures live in :mod:`fp8lab.plots`; the HTML report and its command (``fp8lab report``) in
+:mod:`fp8lab.report`, which builds on this package (nothing here reaches up to either).
 
 The package, one idea a module (each re-exported here, so ``from fp8lab.analysis import X`` works):
 
     load        reading runs (trainer folders, collected tables, result files) into the tidy table;
                 writing result files; profiles; the source's reported figures; choosing runs
     labels      what a run is called (variant, layout, model size) and missing-aware predicates
-    summary     per-run summaries, BF16-vs-FP8 comparisons, time and cost, scaling
+    summary     per-run summaries, BF16-vs-FP8 comparisons, the default budget and price, scaling
     headline    the headline view per model (best runs, speedups, the loss study's gap)
     conclusion  the verdict: a paragraph written from the comparison (``verdict``)
     answer      the one answer every view renders (``Answer``): chosen runs, speedup, MFU, loss gap,
-                and the planned time and cost of a token budget
+                and the planned time and cost of a token budget; every run's (``cost_table``), the same way
 """
 from __future__ import annotations
-
-from typing import Iterable
 
 from fp8lab.analysis.headline import (BEST_RUN_COLUMNS, DETAILS, HEADLINE_COLUMNS, best_runs,  # noqa: F401
                                       check_detail, headline_runs, headline_table)
@@ -34,19 +33,9 @@ from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENA
                                   write_result_file)
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR,  # noqa: F401
                                      DEFAULT_TOKEN_BUDGET, LAYOUT_KEYS, SCALE_KEYS, SMOOTHING_METHODS,
-                                     check_cost_args, compare_precisions, cost_table, scaling_axis, scaling_table,
+                                     check_cost_args, compare_precisions, scaling_axis, scaling_table,
                                      smooth, summarize_runs)
 from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
-from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer  # noqa: F401
+from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer, cost_table  # noqa: F401
 from fp8lab.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 
-
-def report_main(argv: Iterable[str] | None = None) -> int:
-    """``fp8lab report RUNS... --out report.html``: kept for old callers; the command is :func:`fp8lab.report.main`.
-
-    ``fp8lab.report`` builds on this package, not the other way round: this one call reaches up to
-    it when made, and no module-level import does (tests/unit/test_layering.py checks that).
-    """
-    from fp8lab.report import main
-
-    return main(argv)

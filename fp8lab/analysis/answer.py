@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fp8lab.analysis.conclusion import verdict
+from fp8lab.analysis.conclusion import verdict_parts
 from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
-from fp8lab.analysis.summary import DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET, compare_precisions
+from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
+                                     check_cost_args, compare_precisions)
 
 ANSWER_INSTANCE = "ml.p5.48xlarge"  # the budget is priced on one P5, as notebook 04 plans it
 WHY_BF16 = "the fastest BF16 run at the model's smallest measured scale"
@@ -44,6 +45,7 @@ class Answer:
         """The answer of a per-run summary (:func:`summarize_runs`); costs on one ``instance_type``."""
         from fp8lab.estimates import MeasuredEstimate  # estimates builds on analysis, not the other way round
 
+        check_cost_args(tokens, price_per_instance_hour, DEFAULT_GPUS_PER_INSTANCE)
         comparison = compare_precisions(summary) if comparison is None else comparison
         head = headline_table(summary, comparison, reference)
         est = MeasuredEstimate.of_summary(summary)
@@ -56,14 +58,18 @@ class Answer:
 
     def verdict(self, loss_tolerance_pct: float = 1.0) -> str:
         """The verdict paragraph, written from these rows (:func:`fp8lab.analysis.verdict`)."""
-        from fp8lab.hardware import INSTANCES
+        per_model, closing = self.verdict_parts(loss_tolerance_pct)
+        return " ".join(per_model + closing)
 
-        return verdict(self.comparison, self.tokens, self.price_per_instance_hour, INSTANCES[self.instance_type].gpus,
-                       reference=self.reference, loss_tolerance_pct=loss_tolerance_pct, answer=self)
+    def verdict_parts(self, loss_tolerance_pct: float = 1.0) -> tuple[list[str], list[str]]:
+        """The verdict's sentences (:func:`fp8lab.analysis.conclusion.verdict_parts`): (one per model, then
+        the conclusion and the source's figures)."""
+        return verdict_parts(self.comparison, reference=self.reference, loss_tolerance_pct=loss_tolerance_pct,
+                             answer=self)
 
     def costs(self) -> pd.DataFrame:
         """The time and cost of the budget per model and precision, in the columns of
-        :func:`fp8lab.analysis.cost_table` (so :func:`fp8lab.plots.cost_figure` draws it)."""
+        :func:`cost_table` (so :func:`fp8lab.plots.cost_figure` draws it)."""
         from fp8lab.hardware import INSTANCES
 
         gpus = INSTANCES[self.instance_type].gpus
@@ -97,20 +103,39 @@ class Answer:
                 for _, r in self.rows.iterrows()}
 
 
-def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str) -> dict:
-    """Hours and cost of the budget for a headline row's best BF16 and best FP8 run (the plan's estimate)."""
+def _unpriced_shape(model: str) -> str | None:
+    """Why the plan prices no job of ``model`` (None: it does): P5 plans price fp8lab's named shapes."""
     from fp8lab.models import MODEL_CONFIGS
 
+    if model in MODEL_CONFIGS:
+        return None
+    return (f"{model} is a model folder's shape, and P5 plans price fp8lab's named shapes (plan a folder with "
+            "fp8lab launch plan --models <folder>)")
+
+
+def _budget(est, model: str, precision: str, run: str, tokens: float, price: float, instance_type: str,
+            gpus_per_instance: int | None = None) -> tuple[dict | None, str]:
+    """The plan's time and cost of ``tokens`` resting on run ``run`` (``est.run_budget``), or None and why not:
+    the one formula of every cost fp8lab quotes."""
+    unpriced = _unpriced_shape(model)
+    if unpriced:
+        return None, unpriced
+    job = est.run_budget(model, precision, run, tokens, price, instance_type=instance_type,
+                         gpus_per_instance=gpus_per_instance)
+    return job, "" if job else f"{precision} run {run} is not a one-GPU run on a GPU with a known peak"
+
+
+def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str) -> dict:
+    """Hours and cost of the budget for a headline row's best BF16 and best FP8 run (the plan's estimate)."""
     out: dict = {c: np.nan for c in COST_COLUMNS}
-    if row["model"] not in MODEL_CONFIGS:  # a user's folder (e.g. the families study): the plan prices named shapes
-        out["cost_note"] = (f"no time or cost: {row['model']} is a model folder's shape, and P5 plans price "
-                            "fp8lab's named shapes (plan a folder with fp8lab launch plan --models <folder>)")
+    unpriced = _unpriced_shape(row["model"])
+    if unpriced:  # a user's folder (e.g. the families study)
+        out["cost_note"] = f"no time or cost: {unpriced}"
         return out
     missing = []
     for prec in ("bf16", "fp8"):
         run = row[f"{prec}_run"]
-        job = est.run_budget(row["model"], prec, run, tokens, price, instance_type=instance_type) \
-            if isinstance(run, str) else None
+        job = _budget(est, row["model"], prec, run, tokens, price, instance_type)[0] if isinstance(run, str) else None
         if job is None:
             missing.append(f"{prec} run {run}" if isinstance(run, str) else f"no {prec} run")
             continue
@@ -122,3 +147,33 @@ def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str)
         out["saved_pct"] = 100 * (1 - out["cost_fp8"] / out["cost_bf16"])
         out["cost_note"] = ""
     return out
+
+
+COST_TABLE_COLUMNS = ["run_id", "model", "precision", "variant", "gpu_name", "instances", "world_size",
+                      "tokens_per_sec_per_gpu", "cluster_gpus", "hours", "cost_usd", "projected", "token_budget",
+                      "price_per_instance_hour", "cost_note"]
+
+
+def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
+               price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
+               gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE,
+               instance_type: str = ANSWER_INSTANCE) -> pd.DataFrame:
+    """Time and cost to train ``tokens`` on one instance resting on each run, as the plan estimates a job
+    (the formula of :class:`Answer`'s costs: the run's tokens/s/GPU, the GPU peak ratio, the measured
+    two-GPU efficiency, ``gpus_per_instance`` GPUs, plus the start-up). Runs no estimate rests on
+    (several GPUs, a CPU, emulated FP8, a model folder) have no time or cost and say why (``cost_note``);
+    ``projected``: the run used fewer GPUs than the instance priced."""
+    check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
+    from fp8lab.estimates import MeasuredEstimate
+
+    est = MeasuredEstimate.of_summary(summary)
+    rows = []
+    for _, r in summary.iterrows():
+        job, why = _budget(est, r["model"], r["precision"], r["run_id"], tokens, price_per_instance_hour,
+                           instance_type, gpus_per_instance) if isinstance(r["model"], str) else (None, "no model")
+        rows.append({**{k: r[k] for k in COST_TABLE_COLUMNS[:8]}, "cluster_gpus": gpus_per_instance,
+                     "hours": job["hours"] if job else np.nan, "cost_usd": job["cost_usd"] if job else np.nan,
+                     "projected": r["world_size"] != gpus_per_instance if pd.notna(r["world_size"]) else True,
+                     "token_budget": float(tokens), "price_per_instance_hour": float(price_per_instance_hour),
+                     "cost_note": "" if job else f"no time or cost: {why}"})
+    return pd.DataFrame(rows, columns=COST_TABLE_COLUMNS)

@@ -1,4 +1,5 @@
-"""The verdict (``verdict``): one paragraph, written from the comparison table (never by hand).
+"""The verdict (``verdict``): one paragraph, written from the comparison table (never by hand); its
+time and cost are an Answer's (``fp8lab.analysis.answer``), never computed here.
 
 Named ``conclusion`` so that ``fp8lab.analysis.verdict`` stays the function, not this module."""
 from __future__ import annotations
@@ -8,8 +9,6 @@ import pandas as pd
 
 from fp8lab.analysis.labels import model_size_b
 from fp8lab.analysis.load import reference_for
-from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
-                                     check_cost_args)
 
 
 def fmt_tokens(n: float) -> str:
@@ -28,20 +27,13 @@ def _where(r: pd.Series) -> str:
     return f"a CPU ({n} process{'es' if n and n > 1 else ''})" if gpu.lower() == "cpu" else f"{scale} of {gpu}"
 
 
-def _speed_sentence(model: str, r: pd.Series, tokens: float, price_per_instance_hour: float,
-                    gpus_per_instance: int) -> str:
-    """The speedup clause for one model's chosen row, with its cost (or why there is none)."""
+def _speed_sentence(model: str, r: pd.Series) -> str:
+    """The speedup clause for one model's chosen row (time and cost: only with an Answer, the plan's estimate)."""
     lay = f" at {r['layout']}" if isinstance(r.get("layout"), str) and r["layout"] != "-" else ""
     s = (f"For {model} on {_where(r)}, {r['fp8_variant']}{lay} (run {r['fp8_run']}) ran at {r['speedup']:.2f}x "
          f"the tokens/s/GPU of {r['baseline_variant']} (run {r['baseline_run']}) "
          f"({r['tps_fp8']:,.0f} vs {r['tps_baseline']:,.0f})")
-    if r["hardware_fp8"]:
-        hours_b = tokens / (r["tps_baseline"] * gpus_per_instance) / 3600.0
-        hours_f = tokens / (r["tps_fp8"] * gpus_per_instance) / 3600.0
-        s += (f"; at ${price_per_instance_hour:,.2f} per {gpus_per_instance}-GPU instance-hour, "
-              f"{fmt_tokens(tokens)} tokens would cost ${hours_f * price_per_instance_hour:,.0f} instead of "
-              f"${hours_b * price_per_instance_hour:,.0f} ({100 * (1 - hours_f / hours_b):.0f}% saved)")
-    else:
+    if not r["hardware_fp8"]:
         s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
               "of FP8 speed or cost")
     return s
@@ -170,30 +162,35 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
     return parts, buckets
 
 
-def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
-            price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
-            gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE, reference: pd.DataFrame | None = None,
-            loss_tolerance_pct: float = 1.0, answer=None) -> str:
-    """A one-paragraph verdict written from the comparison table (never by hand).
+def verdict(comparison: pd.DataFrame, reference: pd.DataFrame | None = None, loss_tolerance_pct: float = 1.0,
+            answer=None) -> str:
+    """A one-paragraph verdict written from the comparison table (never by hand): :func:`verdict_parts`, joined."""
+    per_model, closing = verdict_parts(comparison, reference, loss_tolerance_pct, answer)
+    return " ".join(per_model + closing)
+
+
+def verdict_parts(comparison: pd.DataFrame, reference: pd.DataFrame | None = None, loss_tolerance_pct: float = 1.0,
+                  answer=None) -> tuple[list[str], list[str]]:
+    """The verdict's sentences: (one per model, the rest: the conclusion or why there is none, and the
+    source's figures); a page may set each model apart, the paragraph joins them.
 
     With ``answer`` (an :class:`fp8lab.analysis.Answer`, what every view of the results renders; its
     ``verdict()`` passes itself) each model's sentence states the answer's runs, speedup, loss gap and
-    planned time and cost. Without one, per model it takes the fastest FP8 variant at the smallest
-    scale measured, states its speedup, loss gap (only from runs that saw the same tokens), and the
-    cost saved on ``tokens`` at the measured per-GPU rates; then the source's reported figures,
-    labelled as such. Missing pieces are said, not guessed.
+    planned time and cost: the only costs a verdict quotes (the plan's estimate, one formula). Without
+    one, per model it takes the fastest FP8 variant at the smallest scale measured and states its
+    speedup and loss gap (only from runs that saw the same tokens); then the source's reported
+    figures, labelled as such. Missing pieces are said, not guessed.
     """
-    check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
     if not (isinstance(loss_tolerance_pct, (int, float)) and loss_tolerance_pct >= 0):
         raise ValueError(f"loss_tolerance_pct={loss_tolerance_pct!r}; allowed: a number >= 0 (percent)")
-    parts = []
+    parts: list[str] = []
     comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
     if answer is not None and answer.rows["speedup"].notna().any():
         parts, buckets = _answer_parts(answer, comp, loss_tolerance_pct)
-        parts.append(_in_short(buckets, loss_tolerance_pct))
+        closing = [_in_short(buckets, loss_tolerance_pct)]
     elif not len(comp) or answer is not None:
-        parts.append("There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
-                     "precisions), so this report cannot say from its own numbers whether FP8 pays off.")
+        closing = ["There are no measured BF16/FP8 pairs yet (no runs of the same model and scale in both "
+                   "precisions), so this report cannot say from its own numbers whether FP8 pays off."]
     else:
         buckets: dict[str, list[str]] = {k: [] for k in ("pays", "pays_unknown_loss", "faster_worse", "slower",
                                                           "emulated")}
@@ -204,12 +201,12 @@ def verdict(comparison: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
             r = g.iloc[0]
             valid = g[g["valid"]]
             gap_kind, gap = _loss_gap(valid)
-            s = (_speed_sentence(model, r, tokens, price_per_instance_hour, gpus_per_instance)
+            s = (_speed_sentence(model, r)
                  + _loss_clause(r, valid, gap_kind, gap) + _scale_and_reference_clause(comp, model, r, reference))
             parts.append(s + ".")
             key, name = _bucket(model, r, gap_kind, gap, loss_tolerance_pct)
             buckets[key].append(name)
-        parts.append(_in_short(buckets, loss_tolerance_pct))
+        closing = [_in_short(buckets, loss_tolerance_pct)]
     if reference is not None and len(reference):
-        parts.append(_reference_sentence(reference))
-    return " ".join(parts)
+        closing.append(_reference_sentence(reference))
+    return parts, closing

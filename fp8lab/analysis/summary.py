@@ -1,9 +1,9 @@
 """From the tidy table to numbers: per-run summaries, BF16-vs-FP8 comparisons, time and cost, scaling.
 
 ``summarize_runs`` gives one row per run (steady-state throughput, MFU, memory, loss);
-``compare_precisions`` pairs FP8 with BF16 runs of the same model and scale; ``cost_table`` prices
-a token budget (the default price and budget live here); ``scaling_table`` is per-GPU efficiency
-against the smallest scale.
+``compare_precisions`` pairs FP8 with BF16 runs of the same model and scale; the default price and
+token budget live here (``fp8lab.analysis.answer`` prices a budget, with the plan's estimate);
+``scaling_table`` is per-GPU efficiency against the smallest scale.
 """
 from __future__ import annotations
 
@@ -241,29 +241,6 @@ def check_cost_args(tokens: float, price: float, gpus_per_instance: int) -> None
         raise ValueError(f"price_per_instance_hour={price!r}; allowed: a number >= 0 (USD)")
     if not isinstance(gpus_per_instance, (int, np.integer)) or gpus_per_instance < 1:
         raise ValueError(f"gpus_per_instance={gpus_per_instance!r}; allowed: an integer >= 1")
-
-
-def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
-               price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
-               gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE) -> pd.DataFrame:
-    """Time and cost to train ``tokens`` at each run's steady tokens/s/GPU.
-
-    The cluster is the run's instance count, each with ``gpus_per_instance`` GPUs running at the
-    measured per-GPU rate. Where the run used fewer GPUs than that (e.g. one H200), the figure is a
-    projection (``projected`` = True), assuming the per-GPU rate holds on a full instance.
-    """
-    check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
-    out = summary[["run_id", "model", "precision", "variant", "gpu_name", "instances", "world_size",
-                   "tokens_per_sec_per_gpu"]].copy()
-    inst = out["instances"].fillna(1).clip(lower=1)
-    gpus = inst * gpus_per_instance
-    out["cluster_gpus"] = gpus
-    out["hours"] = tokens / (out["tokens_per_sec_per_gpu"] * gpus) / 3600.0
-    out["cost_usd"] = out["hours"] * inst * price_per_instance_hour
-    out["projected"] = out["world_size"].fillna(1) != gpus
-    out["token_budget"] = float(tokens)
-    out["price_per_instance_hour"] = float(price_per_instance_hour)
-    return out
 
 
 def _setup_label(row: dict) -> str:

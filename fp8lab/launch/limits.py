@@ -18,7 +18,6 @@ line naming the field. The limits are AWS's:
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 from typing import Any
 
@@ -66,12 +65,6 @@ def volume_problem(gb: Any) -> str | None:
     from fp8lab.validate import is_count
 
     return None if is_count(gb) and gb <= MAX_VOLUME_GB else f"an integer in 1..{MAX_VOLUME_GB} (GB; EBS gp2's largest volume)"
-
-
-def price_problem(price: Any) -> str | None:
-    from fp8lab.validate import is_num
-
-    return None if is_num(price) and price > 0 and math.isfinite(price) else "a finite number > 0 (USD per instance-hour)"
 
 
 def runtime_problem(est_seconds: float, amount: int, unit: str, what: str) -> str | None:

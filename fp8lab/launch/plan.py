@@ -109,7 +109,7 @@ def plan_job(spec: JobSpec, price: float, est: Estimate, seconds: float | None =
     if (line := runtime_problem(seconds, amount, unit, where)) is not None:
         raise ValueError(line)  # a job SageMaker would stop before it ends
     if spec.max_run_s is None:
-        spec = dataclasses.replace(spec, max_run_s=_max_run(seconds))
+        spec = spec.with_time_limit(_max_run(seconds))
     hours = seconds / 3600
     return PlannedJob(spec, job_name(spec), hours, hours * spec.world_size, hours * spec.instance_count * price)
 
@@ -142,7 +142,7 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
         for s, sec in zip(specs, seconds):
             key = (s.model, s.instance_count)
             longest[key] = max(longest.get(key, 0.0), sec)
-        specs = [dataclasses.replace(s, max_run_s=_max_run(longest[s.model, s.instance_count])) for s in specs]
+        specs = [s.with_time_limit(_max_run(longest[s.model, s.instance_count])) for s in specs]  # planned once
     jobs = tuple(plan_job(s, price, est, sec) for s, sec in zip(specs, seconds))
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):  # cannot happen with distinct inputs; guard the invariant

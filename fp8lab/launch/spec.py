@@ -12,6 +12,7 @@ job name (``job_name``) and the trainer's command line as SageMaker hyperparamet
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -26,7 +27,6 @@ from fp8lab.launch import limits
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
 from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
 from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
-from fp8lab.recipe import Recipe
 from fp8lab.config import TrainConfig
 from fp8lab.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
 
@@ -90,6 +90,10 @@ def _known_regions(instance_type: str) -> set[str] | None:
     return regions or None
 
 
+def _bad(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"JobSpec.{name}={value!r} is invalid; allowed: {allowed}")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One training job: what to train, on what, for how long, and where results go.
@@ -134,9 +138,7 @@ class JobSpec:
     allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
 
     def __post_init__(self) -> None:
-        def bad(name: str, value: Any, allowed: str) -> ValueError:
-            return ValueError(f"JobSpec.{name}={value!r} is invalid; allowed: {allowed}")
-
+        bad = _bad
         for name in ("tokens", "steps"):  # 1e9 is a count, as on the command line (fp8lab.validate.parse_count)
             object.__setattr__(self, name, whole_number(getattr(self, name)))
 
@@ -149,7 +151,7 @@ class JobSpec:
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
-        from fp8lab.config import option_problem  # trainer options: the trainer's own checks (its schema)
+        from fp8lab.config import option_problem, recipe_problem  # trainer options: the trainer's own checks
 
         for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
             if not one_of(choices)(getattr(self, name)):
@@ -157,13 +159,8 @@ class JobSpec:
         for name in (*LAYOUT_FIELDS, "tokens", "steps", "seed", "lr", "fuse", "compile", "activation_checkpointing"):
             if (allowed := option_problem(name, getattr(self, name))) is not None:
                 raise bad(name, getattr(self, name), allowed)
-        if not isinstance(self.recipe, str) or self.recipe.partition(":")[0] not in RECIPES or self.recipe.startswith("auto:"):
-            raise bad("recipe", self.recipe, ", ".join(RECIPES) + " (optionally kind:key=value,...)")
-        try:
-            if self.recipe != AUTO:
-                Recipe.parse(self.recipe)
-        except ValueError as exc:
-            raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid: {exc}") from None
+        if (why := recipe_problem(self.recipe)) is not None:
+            raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid{why}")
 
     def _check_instance(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The instance type (and whether its GPU can run the precision and recipe) and the instance count."""
@@ -334,6 +331,14 @@ class JobSpec:
         """The fp8lab.plan.RunPlan of this job on its instance: what the trainer will decide there."""
         return self._plan
 
+    def with_time_limit(self, max_run_s: int) -> "JobSpec":
+        """This job with ``max_run_s`` set (checked as the field is) and its plan kept: a time limit is no
+        trainer decision, so nothing is planned again (``dataclasses.replace`` would plan afresh)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "max_run_s", max_run_s)
+        new._check_run_limits(_bad)
+        return new
+
     @property
     def layout(self):
         """The fp8lab.layout.Layout the job runs (memory estimate and reasons included)."""
@@ -422,13 +427,17 @@ JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "c
 
 
 def _planned_options(spec: JobSpec) -> dict[str, Any]:
-    """The job's fields and options with the plan's decisions for "auto": the backend, the recipe and the layout."""
+    """The job's fields and options with the plan's decisions for "auto": the backend, the recipe, the layout
+    and CUDA graphs."""
     plan = spec.plan
     c = plan.config  # the request as planned (a model folder stands in for an s3:// model)
     recipe = c.recipe if c.recipe != AUTO or plan.recipe is None else plan.recipe.kind  # a backend's default is its kind
     layout = {name: getattr(plan.layout, name) for name in LAYOUT_FIELDS}
+    # CUDA graphs "auto" is decided from the memory a machine has: the instance, detecting its own,
+    # could decide otherwise near the limit and refuse the job after it started. It runs the launch's.
+    graphs = {"cuda_graphs": "on" if plan.graphs.active else "off"} if c.cuda_graphs == AUTO else {}
     return {"backend": plan.backend_label, "recipe": recipe, **layout,
-            "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}}}
+            "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs}}
 
 
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:

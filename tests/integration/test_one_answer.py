@@ -128,8 +128,12 @@ def test_readme_and_results_doc_quote_the_answer():
 
 def test_html_report_quotes_the_answer():
     page = report.render_html(analysis.load_runs())
-    text = html.unescape(re.sub(r"<[^>]+>", " ", page.split('class="verdict">')[1].split("</p>")[0]))
-    _check_verdict(text, "HTML report")
+    block = page.split('<div class="verdict">')[1].split("</div>")[0]
+    items = [html.unescape(t) for t in re.findall(r"<li>(.*?)</li>", block)]  # one list item per model
+    closing = [html.unescape(t) for t in re.findall(r"<p>(.*?)</p>", block)]  # the conclusion, the source's figures
+    assert items and all(len(re.findall(r"For [\w.-]+ on ", t)) == 1 and t.startswith("For ") for t in items), items
+    assert closing[0].startswith("In short: ") and " ".join(items + closing) == _answer().verdict()
+    _check_verdict(" ".join(items), "HTML report")
     table = html.unescape(page.split("The answer per model")[1].split("</table>")[0])
     for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
         row = table.split(f"<td>{r['model']}</td>")[1].split("</tr>")[0]
@@ -139,6 +143,14 @@ def test_html_report_quotes_the_answer():
                 continue
             assert f"${r[f'cost_{prec}']:,.0f} ({r[f'hours_{prec}']:,.1f} h)" in row, (r["model"], prec)
         assert f"{r['speedup']:.2f}x" in table
+
+
+def test_markdown_report_quotes_the_answer():
+    """``fp8lab report --markdown`` writes the answer's verdict (its runs, speedups and planned costs)."""
+    md = report.render_markdown(analysis.load_runs())
+    verdict = next(p for p in md.split("\n\n") if p.startswith("For "))
+    _check_verdict(verdict, "fp8lab report --markdown")
+    assert _answer().verdict() in md
 
 
 def test_launch_plan_prints_the_answers_time_and_cost(capsys):

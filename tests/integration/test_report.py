@@ -47,9 +47,12 @@ def test_cli_writes_a_self_contained_report(tmp_path, capsys):
         assert base64.b64decode(v.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     # the numbers in the page are the analysis's numbers, and the reference is labelled
     summary = analysis.summarize_runs(analysis.load_runs(runs), warmup_steps=5)
-    expected = analysis.Answer.of(summary, reference=analysis.load_reference(), tokens=1e9,
-                                  price_per_instance_hour=100.0).verdict()  # the one answer every view renders
-    assert html.escape(expected) in text and "1.25x" in expected
+    answer = analysis.Answer.of(summary, reference=analysis.load_reference(), tokens=1e9, price_per_instance_hour=100.0)
+    per_model, closing = answer.verdict_parts()  # the one answer every view renders, a list item per model
+    block = text.split('<div class="verdict">')[1].split("</div>")[0]
+    assert block == "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in per_model) + "</ul>" + "".join(
+        f"<p>{html.escape(p)}</p>" for p in closing)
+    assert " ".join(per_model + closing) == answer.verdict() and "1.25x" in per_model[0]
     assert "not measured here" in text and "1.13" in str(analysis.load_reference()["speedup"].tolist())
     assert "$100.00 per instance-hour" in text and "1,000,000,000" in text
     assert str(tmp_path) not in text  # no machine paths in the page
@@ -65,7 +68,7 @@ def test_report_with_no_runs_says_so_and_shows_reference(tmp_path):
 
 
 def test_report_bad_source_is_a_clear_error(tmp_path, capsys):
-    assert analysis.report_main([str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 1
+    assert report.main([str(tmp_path / "missing"), "--out", str(tmp_path / "r.html")]) == 1
     assert "missing" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
 

@@ -167,13 +167,18 @@ def test_user_config_feeds_flops_layout_and_counts(tmp_path):
 
 def test_fingerprint_follows_the_config_not_the_path(tmp_path):
     from fp8lab import resume
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+
+    def fingerprint(model):
+        return resume.fingerprint(plan_run(TrainConfig(**RUN, model=model), Machine("cpu", "cpu", 24.0)))
 
     a = save_folder(tmp_path / "a", VARIANTS["gptneo"](), weights=False)
     b = save_folder(tmp_path / "elsewhere" / "b", VARIANTS["gptneo"](), weights=False)
-    fa = resume.fingerprint(TrainConfig(**RUN, model=str(a)), 1, 3, 1)
-    fb = resume.fingerprint(TrainConfig(**RUN, model=str(b)), 1, 3, 1)
+    fa = fingerprint(str(a))
+    fb = fingerprint(str(b))
     assert fa == fb and fa["model"].startswith("config.json sha256 ")
-    assert resume.fingerprint(TrainConfig(**RUN, model="llama-tiny"), 1, 3, 1)["model"] == "llama-tiny"
+    assert fingerprint("llama-tiny")["model"] == "llama-tiny"
 
 
 def test_llama31_rope_scaling_trains_fused(prepared, tmp_path, capture_trained):

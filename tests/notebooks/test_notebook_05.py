@@ -88,11 +88,10 @@ def test_user_run_folders_are_analysed(tmp_path):
     assert vals["n_runs"] == 2 and vals["run_ids"] == ["bf16", "fp8"] and vals["n_step_records"] == 60
     assert vals["speedups"] == {"fp8": pytest.approx(1.25)}
     assert vals["loss_gaps_pct"] == {"fp8": pytest.approx(3.0)}  # FP8 loss is 1.03x BF16's at every step
-    hours_bf16 = 1e9 / (1000.0 * 8) / 3600
-    assert vals["cost_usd"] == {"bf16": pytest.approx(10 * hours_bf16), "fp8": pytest.approx(10 * hours_bf16 / 1.25)}
-    # the answer prices the budget as a plan does: one P5 (8 GPUs at the run's rate, no two-GPU runs
-    # measured here: efficiency 1.0) plus the 600 s start-up
+    # the answer and every run's cost (detail "all") price the budget as a plan does: one P5 (8 GPUs at
+    # the run's rate, no two-GPU runs measured here: efficiency 1.0) plus the 600 s start-up
     hours = {p: (1e9 / (tps * 8) + 600) / 3600 for p, tps in (("bf16", 1000.0), ("fp8", 1250.0))}
+    assert vals["cost_usd"] == {"bf16": pytest.approx(10 * hours["bf16"]), "fp8": pytest.approx(10 * hours["fp8"])}
     got = vals["answer"]["llama-1b"]
     assert got["hours_bf16"] == pytest.approx(hours["bf16"]) and got["cost_fp8"] == pytest.approx(10 * hours["fp8"])
     saved = 100 * (1 - hours["fp8"] / hours["bf16"])

@@ -336,9 +336,16 @@ def test_cost_table_known_numbers(tmp_path):
     s = analysis.summarize_runs(analysis.load_runs(tmp_path))
     tokens = 1000.0 * 8 * 3600  # one hour of 8 GPUs at 1000 tokens/s/GPU
     cost = analysis.cost_table(s, tokens=tokens, price_per_instance_hour=50.0, gpus_per_instance=8).set_index("run_id")
-    assert cost.loc["bf16", "hours"] == pytest.approx(1.0) and cost.loc["bf16", "cost_usd"] == pytest.approx(50.0)
-    assert cost.loc["fp8", "hours"] == pytest.approx(0.8) and cost.loc["fp8", "cost_usd"] == pytest.approx(40.0)
+    # the plan's estimate of a job resting on each run (no two-GPU runs here: efficiency 1.0; H200 -> H100
+    # peak x1.00), plus its 600 s start-up: the formula of the Answer's costs
+    start = 600 / 3600
+    assert cost.loc["bf16", "hours"] == pytest.approx(1.0 + start) and cost.loc["bf16", "cost_usd"] == pytest.approx(50.0 * (1 + start))
+    assert cost.loc["fp8", "hours"] == pytest.approx(0.8 + start) and cost.loc["fp8", "cost_usd"] == pytest.approx(50.0 * (0.8 + start))
     assert cost["projected"].all()  # measured on 1 GPU, priced on 8-GPU instances
+    answer = analysis.Answer.of(s, tokens=tokens, price_per_instance_hour=50.0).rows.iloc[0]
+    assert (answer["hours_bf16"], answer["cost_fp8"]) == pytest.approx((cost.loc["bf16", "hours"], cost.loc["fp8", "cost_usd"]))
+    four = analysis.cost_table(s, tokens=tokens, price_per_instance_hour=50.0, gpus_per_instance=4).set_index("run_id")
+    assert four.loc["bf16", "hours"] == pytest.approx(2.0 + start)  # the plan's formula on 4 GPUs
     for bad in ({"tokens": 0}, {"price_per_instance_hour": -1.0}, {"gpus_per_instance": 0}):
         with pytest.raises(ValueError, match=list(bad)[0]):
             analysis.cost_table(s, **bad)
@@ -410,10 +417,13 @@ def test_verdict_mentions_the_speedup_range_across_scales():
 def test_verdict_is_written_from_the_numbers(tmp_path):
     make_pair(tmp_path, 1000.0, 1250.0)
     c = analysis.compare_precisions(analysis.summarize_runs(analysis.load_runs(tmp_path)))
-    text = analysis.verdict(c, tokens=24e9, price_per_instance_hour=100.0, reference=analysis.load_reference())
-    assert "1.25x" in text and "+3.00%" in text and "20% saved" in text
-    hours_bf16 = 24e9 / (1000.0 * 8) / 3600
-    assert f"${hours_bf16 * 100:,.0f}" in text and f"${hours_bf16 * 0.8 * 100:,.0f}" in text
+    s = analysis.summarize_runs(analysis.load_runs(tmp_path))
+    text = analysis.Answer.of(s, c, analysis.load_reference(), tokens=24e9, price_per_instance_hour=100.0).verdict()
+    # its cost is the plan's: 8 GPUs at the run's rate (no two-GPU runs here: efficiency 1.0) + 600 s start-up
+    hours_bf16, hours_fp8 = ((24e9 / (tps * 8) + 600) / 3600 for tps in (1000.0, 1250.0))
+    assert "1.25x" in text and "+3.00%" in text and f"{100 * (1 - hours_fp8 / hours_bf16):.0f}% saved" in text
+    assert f"${hours_bf16 * 100:,.0f}" in text and f"${hours_fp8 * 100:,.0f}" in text
+    assert "saved" not in analysis.verdict(c) and "$" not in analysis.verdict(c)  # costs: the Answer's only
     assert "more than 1% above" in text  # 3% gap > 1% tolerance
     assert "reported (not measured here) 1.13x" in text and "1.18x" in text
     assert "(the source reported 1.13x at 1B)" in text  # llama-1b is set beside the source's 1B figure
@@ -421,7 +431,7 @@ def test_verdict_is_written_from_the_numbers(tmp_path):
     with pytest.raises(ValueError, match="loss_tolerance_pct"):
         analysis.verdict(c, loss_tolerance_pct=-1)
     with pytest.raises(ValueError, match="price_per_instance_hour"):
-        analysis.verdict(c, price_per_instance_hour=-5.0)
+        analysis.Answer.of(s, price_per_instance_hour=-5.0)
 
 
 def test_emulated_fp8_on_cpu_is_not_a_speed_claim(tmp_path):

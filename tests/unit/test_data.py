@@ -195,3 +195,37 @@ def test_token_ids_past_the_vocabulary_are_refused_before_training(prepared, tmp
     with pytest.raises(ValueError, match=rf"shard 'train_00000.bin' in 'tokens' holds token id {m['vocab_size']}, "
                                          rf"outside the manifest's vocab_size {m['vocab_size']}"):
         data_checks.check_prepared_folder(d)
+    assert data_checks.check_prepared_folder(d, scan_tokens=False) == m  # the scan is a step of its own
+    with pytest.raises(ValueError, match="holds token id"):
+        data_checks.scan_token_ids(str(d))
+
+
+def test_a_job_scans_the_token_ids_once_on_rank_0_and_every_rank_follows(prepared, monkeypatch, tmp_path):
+    """Every rank once read every shard; now rank 0 scans and broadcasts the outcome (fp8lab.trainer.scan_data_once)."""
+    import torch
+
+    from fp8lab import data_checks, trainer
+    from fp8lab import distributed as fdist
+
+    scans, sent = [], []
+    monkeypatch.setattr(data_checks, "check_token_ids", lambda folder, m, option="--data": scans.append(folder))
+
+    def env(rank):
+        return fdist.DistEnv(rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"), initialized_here=False)
+
+    rank0_says = "--data: shard 'train_00000.bin' holds token id 600 (rank 0's scan)"
+    monkeypatch.setattr(fdist, "broadcast_object", lambda obj, e: sent.append(obj) or (obj if e.is_main else rank0_says))
+    with pytest.raises(ValueError, match=r"rank 0's scan"):
+        trainer.scan_data_once(str(prepared), env(1))  # rank 1 reads no shard and refuses as rank 0 did
+    assert scans == [] and sent == [None]
+    trainer.scan_data_once(str(prepared), env(0))
+    assert len(scans) == 1 and sent == [None, None]
+    called = []
+    monkeypatch.setattr(data_checks, "check_prepared_folder", lambda f, o="--data", scan_tokens=True: called.append(scan_tokens))
+    from fp8lab import run_paths
+    from fp8lab.train import TrainConfig
+
+    monkeypatch.chdir(tmp_path)
+    c = TrainConfig(data=str(prepared), checkpoint_every=-1, save_model=False)
+    run_paths.check_run(c, run_paths.resolve_paths(c), str(prepared), scan_tokens=False)
+    assert called == [False]  # what trainer.run asks for: the folder checked, its ids left to rank 0

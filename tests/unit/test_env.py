@@ -40,13 +40,18 @@ def test_cli_unknown_command_lists_commands():
 # ---- backend 'auto' on a GPU machine without Transformer Engine: refused, never emulated -------
 
 def _gpu_without_te(monkeypatch, fp8_problem=None, torchao=None):
+    """A GPU machine as Machine.detect sees it (H100, or a Tesla T4 where ``fp8_problem``), without TE."""
+    import types
+
     import fp8lab.backends as backends
-    import fp8lab.convert as convert
 
     reasons = {"emulated": None, "te": "Transformer Engine is not installed (...)", "torchao": torchao or "not installed"}
-    monkeypatch.setattr(convert, "available_backends", lambda: dict(reasons))
+    monkeypatch.setattr(backends, "available_backends", lambda: dict(reasons))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(backends, "fp8_gpu_problem", lambda: fp8_problem)
+    gpu = ("Tesla T4", 7, 5) if fp8_problem else ("NVIDIA H100 80GB HBM3", 9, 0)
+    props = types.SimpleNamespace(name=gpu[0], major=gpu[1], minor=gpu[2], total_memory=16 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
 
 
 def test_auto_on_an_fp8_gpu_without_te_is_refused_with_the_install_command(monkeypatch):
@@ -65,8 +70,8 @@ def test_auto_names_torchao_when_it_is_the_usable_hardware_backend(monkeypatch):
     from fp8lab.convert import BackendUnavailableError, pick_backend
 
     _gpu_without_te(monkeypatch, torchao=None)
-    import fp8lab.convert as convert
-    monkeypatch.setattr(convert, "available_backends", lambda: {"emulated": None, "te": "no TE", "torchao": None})
+    import fp8lab.backends as backends
+    monkeypatch.setattr(backends, "available_backends", lambda: {"emulated": None, "te": "no TE", "torchao": None})
     with pytest.raises(BackendUnavailableError, match="'torchao' \\(usable here\\) or 'emulated'"):
         pick_backend("auto")
 
@@ -77,6 +82,16 @@ def test_auto_below_cc_8_9_says_emulated_only_by_name(monkeypatch):
     _gpu_without_te(monkeypatch, fp8_problem="GPU Tesla T4 has compute capability 7.5; FP8 needs >= 8.9")
     with pytest.raises(BackendUnavailableError, match="Tesla T4 .*only emulated FP8 runs here: pass backend 'emulated'"):
         pick_backend("auto")
+
+
+def test_pick_backend_follows_the_trainers_auto_rule(monkeypatch):
+    """convert.pick_backend('auto') is fp8lab.plan.auto_fp8_backend on this process's machine, not a copy of it."""
+    import fp8lab.plan as plan
+    from fp8lab.convert import pick_backend
+
+    seen = []
+    monkeypatch.setattr(plan, "auto_fp8_backend", lambda machine: (seen.append(machine) or "torchao", "stand-in"))
+    assert pick_backend("auto") == "torchao" and seen[0].device == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_the_trainer_refuses_auto_fp8_on_a_gpu_without_te_before_any_compute():

@@ -121,3 +121,16 @@ def test_plan_curve_matches_the_plan_and_draws_readably():
     title = stats["title"]
     assert "the only measurement" in title and "per doubling (assumed)" in title
     assert "measured on NVIDIA H200, x1.00 for H100 80GB" in title
+
+
+def test_plan_curve_takes_rate_and_hours_from_the_plan():
+    """A row's rate was once the requested settings' (seq_len None: the measured run's own length) while its
+    hours were the plan's (seq_len auto: 2048): the two disagreed wherever the measured run ran shorter."""
+    curve = estimates.plan_curve(["gptneo-125m", "llama-1b"], ["bf16", "fp8"], [1, 2], 24 * 10**9, backend="auto",
+                                 recipe="auto")
+    est = estimates.MeasuredEstimate()
+    measured = curve[curve["measured"]]
+    assert len(measured) == len(curve) == 8
+    for _, row in measured.iterrows():
+        hours = est.seconds_at(row["tokens"], row["tokens_per_sec_per_gpu"], row["gpus"]) / 3600
+        assert row["hours"] == pytest.approx(hours), (row["model"], row["precision"], row["instances"])

@@ -307,3 +307,39 @@ def test_a_bare_spec_given_to_build_trainer_gets_the_time_limit_a_plan_gives_it(
     source = requests.staged_source({}, str(tmp_path), spec.install_te)
     trainer = L.build_trainer(spec, source, requests._offline_session(spec.region, spec.bucket))
     assert trainer.stopping_condition.max_runtime_in_seconds == planned.max_run_s > 0
+
+
+def test_a_job_runs_its_planned_graphs_decision_and_the_instance_does_not_re_decide_it():
+    """CUDA graphs "auto" is decided from a machine's memory: an instance that detects less than the launch
+    planned for must not decide otherwise (and be refused after it started). The job pins the launch's."""
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+    from fp8lab.train import parse_args
+
+    spec = L.JobSpec(model="llama-1b", precision="fp8", role=ROLE, bucket=BUCKET, steps=10)
+    hp = L.hyperparameters(spec)
+    assert spec.trainer_config().cuda_graphs == "auto" and hp["cuda-graphs"] == "off" == \
+        ("on" if spec.plan.graphs.active else "off")
+    c = parse_args([x for k, v in hp.items() for x in (f"--{k}", str(v))])  # what the instance's trainer reads
+    assert c.cuda_graphs == "off"
+    planned = spec.plan.machine
+    smaller = Machine("cuda", planned.name, planned.memory_gib - 1.0, planned.world_size, te_usable=True, fp8=True)
+    here = plan_run(c, smaller)
+    assert here.graphs.reason == "--cuda-graphs off" and here.differences(spec.plan) == {}
+    # an explicit choice travels as it was; nothing is pinned over it
+    assert L.hyperparameters(dataclasses.replace(spec, options={"cuda_graphs": "off"}))["cuda-graphs"] == "off"
+
+
+def test_plan_sweep_plans_each_job_once(monkeypatch):
+    """Setting the shared time limit once re-planned every job (dataclasses.replace runs __post_init__)."""
+    import fp8lab.plan as fplan
+
+    calls = []
+    real = fplan.plan_run
+    monkeypatch.setattr(fplan, "plan_run", lambda c, m: calls.append(c.model) or real(c, m))
+    plan = L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1, 2], role=ROLE, bucket=BUCKET, tokens=10**9)
+    assert len(calls) == len(plan.jobs) == 4
+    for j in plan.jobs:  # the time limit is set, checked and the plan the same as a fresh one's
+        assert j.spec.max_run_s > 0 and j.spec.plan.decisions() == dataclasses.replace(j.spec).plan.decisions()
+    with pytest.raises(ValueError, match="JobSpec.max_run_s=0 is invalid; allowed: a positive integer or None"):
+        plan.jobs[0].spec.with_time_limit(0)

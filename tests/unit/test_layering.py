@@ -1,12 +1,12 @@
 """fp8lab's layering, read from the source with ``ast`` (nothing is imported):
 
 - no cycle among fp8lab modules in their module-level imports (what runs on ``import``), nor counting
-  the imports inside functions, except the few cycles listed in ``KNOWN_CYCLES`` (each with why it is
-  still there; the list may only shrink);
+  the imports inside functions (``KNOWN_CYCLES`` is empty; an entry would need its reason);
 - no private name (``_x``) of one fp8lab module used by another, whether imported
   (``from fp8lab.m import _x``) or reached as an attribute (``m._x``). Modules of one package
   (``fp8lab.backends.*``) share that package's private pieces;
-- the hardware facts have one home, ``fp8lab.hardware``, and the old names still import.
+- the hardware facts have one home, ``fp8lab.hardware``, and the old names still import;
+- no import a module never uses (``noqa`` marks a re-export).
 """
 from __future__ import annotations
 
@@ -187,17 +187,8 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 # Cycles that remain when imports inside functions count, and why. Nothing may join them and no new
-# one may appear; remove an entry when its cycle is broken.
-KNOWN_CYCLES = {
-    # a named shape or a user's folder: models dispatches to user_model, which builds through models'
-    # config helpers (the model-families work reshapes both)
-    frozenset({"fp8lab.models", "fp8lab.user_model"}),
-    # analysis.report_main forwards old callers to report.main, which builds on analysis and plots
-    frozenset({"fp8lab.analysis", "fp8lab.plots", "fp8lab.report"}),
-    # prepare-data's command (data.main) checks its source with data_checks, which reads data's format;
-    # prepare-data claims its folder through ownership, which knows a token folder by data's manifest
-    frozenset({"fp8lab.data", "fp8lab.data_checks", "fp8lab.ownership"}),
-}
+# one may appear; remove an entry when its cycle is broken. Empty: fp8lab has no import cycle at all.
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def test_no_import_cycle_counting_imports_inside_functions():
@@ -258,10 +249,26 @@ def test_hardware_facts_have_one_home_and_old_names_import(module, names):
         assert getattr(mod, name) is getattr(hardware, home), f"{module}.{name} is not fp8lab.hardware.{home}"
 
 
+@pytest.mark.parametrize("module, home, names", [
+    ("fp8lab.models", "fp8lab.model_config", ["ModelConfig", "MODEL_CONFIGS", "FAMILIES", "config_from_hf",
+                                              "validate_config", "to_hf_config", "init_from_config", "default_dtype"]),
+    ("fp8lab.data", "fp8lab.data_format", ["MANIFEST", "FORMAT", "FORMAT_VERSION", "TEXT_SUFFIXES", "CORPUS_DIR",
+                                           "default_corpus", "text_files", "is_prepared"]),
+])
+def test_names_moved_to_break_a_cycle_still_import_from_where_they_were(module, home, names):
+    import importlib
+
+    mod, src = importlib.import_module(module), importlib.import_module(home)
+    for name in names:
+        assert getattr(mod, name) is getattr(src, name), f"{module}.{name} is not {home}.{name}"
+
+
 @pytest.mark.parametrize("module, absent", [
     ("fp8lab.hardware", {"fp8lab.launch", "fp8lab.train", "fp8lab.metrics", "fp8lab.analysis"}),
     ("fp8lab.analysis", {"fp8lab.launch", "fp8lab.report", "fp8lab.plots"}),
     ("fp8lab.plots", {"fp8lab.report", "fp8lab.launch"}),
+    ("fp8lab.model_config", {"fp8lab.models", "fp8lab.user_model"}),
+    ("fp8lab.data_format", {"fp8lab.data", "fp8lab.data_checks", "fp8lab.ownership"}),
 ])
 def test_a_fresh_import_loads_no_module_above_it(module, absent):
     import subprocess
@@ -272,3 +279,35 @@ def test_a_fresh_import_loads_no_module_above_it(module, absent):
     assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
     assert module in loaded and not loaded & absent, f"importing {module} loaded {sorted(loaded & absent)}"
+
+
+
+def unused_imports(sources: dict[str, str]) -> list[str]:
+    """``module:line name`` for each name an import binds that the module never uses (read with ``ast``: names,
+    annotations, quoted annotations and ``__all__`` count as uses; an import marked ``noqa`` is a re-export)."""
+    import re
+
+    found = []
+    for module, text in sources.items():
+        tree, lines = ast.parse(text), text.splitlines()
+        bound: dict[str, int] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", None) != "__future__":
+                if "noqa" not in "\n".join(lines[node.lineno - 1:node.end_lineno]):
+                    for a in node.names:
+                        bound.setdefault((a.asname or a.name).split(".")[0], node.lineno)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        quoted = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        used |= {w for q in quoted if len(q) < 200 for w in re.findall(r"[A-Za-z_]\w*", q)}  # "TrainConfig", __all__
+        found += [f"{module}:{line} {name}" for name, line in bound.items() if name not in used]
+    return sorted(found)
+
+
+def test_no_unused_imports():
+    assert unused_imports({m: p.read_text(encoding="utf-8") for m, p in MODULES.items()}) == []
+
+
+def test_unused_import_checker_sees_one():
+    src = "from __future__ import annotations\nimport os\nimport re  # noqa: F401\nfrom typing import Any\n\n" \
+          "def f(x: 'Any') -> None:\n    pass\n"
+    assert unused_imports({"m": src}) == ["m:2 os"]

@@ -1,0 +1,48 @@
+"""fp8lab.resume: a checkpoint's fingerprint records what the plan runs (backend, recipe, layout), not "auto"."""
+from __future__ import annotations
+
+import pytest
+
+from fp8lab import resume
+from fp8lab.hardware import Machine
+from fp8lab.plan import plan_run
+from fp8lab.train import TrainConfig
+
+H200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
+# the same GPU where Transformer Engine does not import: "auto" picks another backend there
+H200_NO_TE = Machine("cuda", "NVIDIA H200", 139.8, fp8=True, unusable=(("te", "transformer_engine not installed"),))
+FIXED = dict(model="llama-1b", micro_batch_size=4, grad_accum=2, seq_len=1024)  # the same layout anywhere
+
+
+def test_an_auto_run_and_its_explicit_equivalent_share_a_fingerprint():
+    auto = resume.fingerprint(plan_run(TrainConfig(**FIXED, precision="fp8"), H200))
+    explicit = resume.fingerprint(plan_run(TrainConfig(**FIXED, precision="fp8", backend="te", recipe="delayed"), H200))
+    assert auto == explicit
+    assert (auto["backend"], auto["recipe"]) == ("te", "delayed")
+    assert resume.check(auto, explicit, "step_00000010", 10, allow_new=False) == {}
+
+
+def test_resuming_where_auto_picks_another_backend_is_refused():
+    """A BF16 "auto" run on TE's layers resumed where TE is missing would load into the plain model."""
+    c = TrainConfig(**FIXED, precision="bf16")
+    saved = resume.fingerprint(plan_run(c, H200))
+    here = resume.fingerprint(plan_run(c, H200_NO_TE))
+    assert (saved["backend"], here["backend"]) == ("te", "none")
+    with pytest.raises(ValueError, match=r"different run \(backend: 'te' there, 'none' here\)"):
+        resume.check(saved, here, "step_00000010", 10, allow_new=True)
+
+
+def test_another_recipe_is_another_run_and_bf16_runs_record_none():
+    delayed = resume.fingerprint(plan_run(TrainConfig(**FIXED, precision="fp8"), H200))
+    current = resume.fingerprint(plan_run(TrainConfig(**FIXED, precision="fp8", recipe="current"), H200))
+    assert resume.differences(delayed, current) == {"recipe": ("delayed", "current")}
+    bf16 = resume.fingerprint(plan_run(TrainConfig(**FIXED, precision="bf16", recipe="current"), H200))
+    assert bf16["recipe"] is None  # no FP8 math: the recipe shapes nothing
+
+
+def test_a_checkpoint_that_recorded_the_request_still_resumes():
+    """Checkpoints written before this fingerprint recorded backend/recipe "auto": not compared, as before."""
+    here = resume.fingerprint(plan_run(TrainConfig(**FIXED, precision="fp8"), H200))
+    old = {**here, "backend": "auto", "recipe": "auto"}
+    assert resume.differences(old, here) == {}
+    assert resume.differences({**here, "backend": "emulated"}, here) == {"backend": ("emulated", "te")}
