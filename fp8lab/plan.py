@@ -55,6 +55,8 @@ class RunPlan:
     weight_cache: bool  # TE's FP8 weight cache: weights cast once per step, not per micro-batch
     fused_wgrad: bool  # TE's weight-gradient GEMMs add into main_grad in place
     reasons: dict = field(default_factory=dict)
+    # issue 32: FSDP2 all-gathers the block linears' weights in FP8 (torchao)
+    fp8_all_gather: bool = False
 
     # the layout's values, read where the trainer needs them
     @property
@@ -100,7 +102,8 @@ class RunPlan:
                 **self.layout.options(), "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
-                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype}
+                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
+                "fp8_all_gather": self.fp8_all_gather}  # issue 32
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -267,5 +270,27 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
                                   "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 parameters"),
                "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
+    # issue 32: FP8 all-gather under FSDP2
+    fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, reasons)
+                   master and decision.active, keep, cache, wgrad, reasons, fp8_all_gather=fp8_ag)
+
+
+# issue 32 ---------------------------------------------------------------------------------------
+def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
+    """(FSDP2 all-gathers the block linears' weights in FP8, why); ValueError for ``on`` where it cannot."""
+    from fp8lab.options import FP8_ALL_GATHER_BACKENDS
+
+    if c.fp8_all_gather == "off":
+        return False, "--fp8-all-gather off"
+    why_not = ("needs --precision fp8" if c.precision != "fp8" else
+               "needs --parallel fsdp on several ranks (FSDP2 shards the weights)" if not sharded else
+               None if backend in FP8_ALL_GATHER_BACKENDS else
+               f"needs --backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}: fp8lab wires torchao's float8 FSDP2 all-gather; "
+               f"{backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are not wired)")
+    if why_not is None:
+        return True, ("--fp8-all-gather on" if c.fp8_all_gather == "on" else
+                      "auto: FP8 under FSDP2 on torchao: weights all-gathered in FP8, half the bytes of bf16")
+    if c.fp8_all_gather == "on":
+        raise ValueError(f"--fp8-all-gather on {why_not}; allowed here: auto | off")
+    return False, f"auto: off ({why_not})"

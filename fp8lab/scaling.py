@@ -320,7 +320,7 @@ def _full(source: Any) -> str:
     return str(path if path.is_absolute() else REPO_ROOT / path)
 
 
-FP8_ALL_GATHER_BACKENDS = ("torchao",)  # fp8lab.plan: torchao's float8 FSDP2 all-gather; TE's FP8 parameters are not wired
+from fp8lab.options import FP8_ALL_GATHER_BACKENDS  # noqa: E402 (the trainer's: torchao's float8 FSDP2 all-gather)
 
 
 def instance_table(estimate: Any, model: str, instance_counts: list[int], tokens: float, *,
