@@ -325,17 +325,19 @@ from fp8lab.options import FP8_ALL_GATHER_BACKENDS  # noqa: E402 (the trainer's:
 
 def instance_table(estimate: Any, model: str, instance_counts: list[int], tokens: float, *,
                    instance_type: str = "ml.p5.48xlarge", price_per_hour: float, backend: str = "te",
-                   recipe: str = "delayed", threshold: float = GAIN_THRESHOLD) -> pd.DataFrame:
+                   recipe: str = "delayed", threshold: float = GAIN_THRESHOLD,
+                   runs: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Per instance count: per-GPU rate, hours and cost of BF16, FP8 and FP8 with FP8 all-gather (priced for
     the torchao backend only, where the trainer can run it; on ``backend`` the row says so), FP8's gain,
-    and what would help where the gain falls below ``threshold``. ``estimate``: a MeasuredEstimate."""
+    and what would help where the gain falls below ``threshold``. ``estimate``: a MeasuredEstimate;
+    ``runs``: precision -> the run id to rest on (the Answer's chosen runs) instead of the fastest."""
     rows = []
     gpus = hw.INSTANCES[instance_type].gpus
     for n in instance_counts:
         per = {}
         for mode, prec, ag in (("bf16", "bf16", False), ("fp8", "fp8", False), ("fp8 + fp8 all-gather", "fp8", True)):
             r = estimate.rate(model, prec, instance_type=instance_type, instance_count=n, backend=backend,
-                              recipe=recipe, fp8_all_gather=ag)
+                              recipe=recipe, fp8_all_gather=ag, run_id=(runs or {}).get(prec))
             if r is None:
                 continue
             per[mode] = r["tokens_per_sec_per_gpu"]
