@@ -6,14 +6,18 @@ job's backend and FP8 recipe. What is measured and what is assumed, in order:
 
 1. **Per-GPU rate (measured)**: that run's steady tokens/s/GPU, converted to the job's sequence length
    through the model FLOPs per token (the run's achieved FLOP/s are kept).
-2. **GPU (scaled)**: times the job GPU's dense BF16 peak over the measuring GPU's (H200 -> H100 on P5:
-   both 989 TFLOP/s, so x1.00, but the table says so).
+2. **GPU (projected)**: the run's profile (``<run>.profile.json``, or the nearest of the same model and
+   precision) splits its step: GEMMs scale with the job GPU's FP8/BF16 peak over the measuring GPU's,
+   the memory-bound rest with the HBM bandwidth (H200 -> P5's H100: equal peaks, 4.8 -> 3.35 TB/s, so
+   x0.91-0.95 by the run's kernels; ``fp8lab.scaling.ComputeSplit``). No profile: the BF16 peak ratio.
 3. **One instance, 8 GPUs (measured at 2)**: times the per-GPU efficiency of fp8lab's two-GPU runs
    (torchrun, one machine) against one GPU, the median over the runs of the same precision and layout
    (else of the same precision). Two GPUs are the only measurement past one GPU: applying it to eight
    is an assumption.
-4. **Several instances (assumed)**: times ``internode_efficiency_per_doubling`` for each doubling of the
-   instance count (EFA between nodes; the source saw per-GPU throughput drop slightly with more nodes).
+4. **Several instances (modelled)**: times the scaling model's per-GPU rate on the instances over its
+   rate on one (``fp8lab.scaling``: FSDP2's traffic over EFA against the measured compute, overlap and
+   overhead fitted on the two-GPU runs; ``docs/scaling.md``). ``internode_efficiency_per_doubling``
+   (a number) brings back a flat factor per doubling instead, as an assumption.
 
 Models or GPUs without measurements fall back to :class:`fp8lab.launch.Estimate` (an assumed MFU),
 and the plan table says so per job. ``launch.plan_sweep`` uses :class:`MeasuredEstimate` by default.

@@ -624,7 +624,7 @@ _SCALING_STYLE = {"bf16": ("tab:blue", "-", "o"), "fp8": ("tab:orange", "-", "s"
                   "fp8 + fp8 all-gather": ("tab:red", "--", "^")}
 
 
-def scaling_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
+def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
                    save: str | Path | None = None) -> Figure:
     """Tokens/s/GPU against P5 instances (the source's chart), per model BF16, FP8 and FP8 with FP8
     all-gather as the scaling model predicts them (``fp8lab.scaling.instance_table``, several models
