@@ -19,8 +19,8 @@ A step's time on ``G`` GPUs is modelled as measured compute plus modelled commun
   bytes over the profiles' NCCL kernel time, against NVLink's peak; applied to EFA too), the overlap
   and the per-micro-batch overhead (FSDP2 hooks, copies; a least-squares fit of the exposed time).
 
-Every constant is stated in :data:`CONSTANTS` with its source; ``docs/scaling.md`` says what is
-assumed. Torch-free: the launcher plans with it on any machine.
+Every constant, its source and what is assumed: ``docs/scaling.md`` (the GPU and network figures
+live in :mod:`fp8lab.hardware`). Torch-free: the launcher plans with it on any machine.
 """
 from __future__ import annotations
 
@@ -48,20 +48,6 @@ CALIBRATION_EXCLUDED: dict[str, str] = {
     "llama-1b-te-fp8-delayed-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 repeated it",
     "llama-1b-te-fp8-delayed-2gpu-fsdp": "FSDP2 with fp32 parameters (fp32 all-gathers); no plan runs it",
 }
-
-CONSTANTS: tuple[tuple[str, str, str], ...] = (
-    ("NVLink per GPU and direction", "450 GB/s (H100/H200 SXM)", "NVIDIA data sheet: 900 GB/s bidirectional"),
-    ("EFA per P5 instance", "3,200 Gbps = 400 GB/s, 50 GB/s per GPU", "AWS P5 instance page"),
-    ("HBM bandwidth", "H100 SXM 3.35 TB/s, H200 4.8 TB/s", "NVIDIA data sheets"),
-    ("dense peaks", "BF16 989, FP8 1,979 TFLOP/s (H100 and H200 SXM)", "NVIDIA data sheets"),
-    ("link efficiency", "calibrated", "modelled bytes / NCCL kernel time of the committed two-GPU profiles, "
-     "over NVLink's peak; ASSUMED the same fraction of EFA's peak"),
-    ("overlap, overhead per micro-batch", "calibrated", "least squares over the committed two-GPU runs"),
-    ("reduce-scatter dtype", "fp32", "fp8lab.distributed.wrap (MixedPrecisionPolicy reduce_dtype)"),
-    ("all-gathers per step", "1 with kept weights (grad_accum > 1), else 2 per micro-batch",
-     "fp8lab.distributed (fsdp_keep_weights; FSDP2 re-gathers for backward)"),
-)
-
 
 # --- compute ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
