@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
+from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
@@ -84,6 +84,8 @@ class TrainConfig:
                                         check=step_numbers("comma-separated positive step numbers (testing only)"))
     # --- #34 long sequences: FP8 attention
     fp8_attention: str = option(AUTO, "TE's FP8 dot-product attention (fp8_dpa; fused TE blocks, --precision fp8): auto = on where it was measured to pay (Hopper, head_dim 128, delayed recipe, sequence >= fp8lab.fp8attn.CROSSOVER_SEQ_LEN) | on (refused where it cannot run) | off", choices=FP8_ATTENTION)
+    # issue 32: FP8 all-gather under FSDP2 (a plan decision: fp8lab.plan.fp8_all_gather_decision)
+    fp8_all_gather: str = option(AUTO, "--parallel fsdp with --precision fp8: all-gather the block linears' weights in FP8, half the bytes of bf16 (torchao's float8 FSDP2 all-gather; --backend torchao only): auto (on where it can run) | on | off", choices=FP8_ALL_GATHER)
 
     def __post_init__(self) -> None:
         _validate(self)

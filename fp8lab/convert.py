@@ -85,12 +85,28 @@ def _resolve_recipe(backend, recipe) -> Recipe:
     return backend.default_recipe if recipe is None else Recipe.parse(recipe)
 
 
+def _fp8_all_gather_option(be, fp8_all_gather: bool) -> dict:
+    """Issue 32: the backend keyword of FP8 all-gather, or a clear refusal where the backend has none."""
+    from fp8lab.options import FP8_ALL_GATHER_BACKENDS
+
+    if not isinstance(fp8_all_gather, bool):
+        raise ValueError(f"fp8_all_gather must be True or False, got {fp8_all_gather!r}")
+    if not fp8_all_gather:
+        return {}
+    if be.name not in FP8_ALL_GATHER_BACKENDS:
+        raise ValueError(f"fp8_all_gather=True needs backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}; {be.name!r} has "
+                         "no FP8 all-gather in fp8lab")
+    return {"fp8_all_gather": True}
+
+
 def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | None = None, fuse: bool = True,
-                  module_filter: Callable[[nn.Module, str], bool] | None = None) -> nn.Module:
+                  module_filter: Callable[[nn.Module, str], bool] | None = None, *,
+                  fp8_all_gather: bool = False) -> nn.Module:
     """Convert ``model`` (a class of ``fp8lab.families.SUPPORTED``: Llama, Mistral, Qwen2, GPT-Neo) for FP8 on ``backend``.
 
     Every check (architecture, backend installed, FP8 GPU, recipe supported, GEMM shapes divisible
     by 16) runs before anything is built. See the module docstring for ``fuse`` and ``module_filter``.
+    ``fp8_all_gather`` (issue 32; torchao only): the converted weights all-gather in FP8 under FSDP2.
     """
     arch = _fused.architecture_of(model)
     if not isinstance(fuse, bool):
@@ -101,7 +117,8 @@ def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | 
         raise ValueError(f"model is already converted ({model.fp8lab_conversion.backend}); convert the HF model")
     be = require(backend)
     rec = _resolve_recipe(be, recipe)
-    converted = be.convert(model, rec, fuse=fuse, module_filter=module_filter)
+    extra = _fp8_all_gather_option(be, fp8_all_gather)
+    converted = be.convert(model, rec, fuse=fuse, module_filter=module_filter, **extra)
     fused = isinstance(converted, _fused.FusedCausalLM)
     if fused:
         fp8 = tuple(f"{n}.{p}" for n, b in _fused.decoder_layers(converted) if b.fp8 for p in ("qkv", "proj", "mlp"))

@@ -6,14 +6,18 @@ job's backend and FP8 recipe. What is measured and what is assumed, in order:
 
 1. **Per-GPU rate (measured)**: that run's steady tokens/s/GPU, converted to the job's sequence length
    through the model FLOPs per token (the run's achieved FLOP/s are kept).
-2. **GPU (scaled)**: times the job GPU's dense BF16 peak over the measuring GPU's (H200 -> H100 on P5:
-   both 989 TFLOP/s, so x1.00, but the table says so).
+2. **GPU (projected)**: the run's profile (``<run>.profile.json``, or the nearest of the same model and
+   precision) splits its step: GEMMs scale with the job GPU's FP8/BF16 peak over the measuring GPU's,
+   the memory-bound rest with the HBM bandwidth (H200 -> P5's H100: equal peaks, 4.8 -> 3.35 TB/s, so
+   x0.91-0.95 by the run's kernels; ``fp8lab.scaling.ComputeSplit``). No profile: the BF16 peak ratio.
 3. **One instance, 8 GPUs (measured at 2)**: times the per-GPU efficiency of fp8lab's two-GPU runs
    (torchrun, one machine) against one GPU, the median over the runs of the same precision and layout
    (else of the same precision). Two GPUs are the only measurement past one GPU: applying it to eight
    is an assumption.
-4. **Several instances (assumed)**: times ``internode_efficiency_per_doubling`` for each doubling of the
-   instance count (EFA between nodes; the source saw per-GPU throughput drop slightly with more nodes).
+4. **Several instances (modelled)**: times the scaling model's per-GPU rate on the instances over its
+   rate on one (``fp8lab.scaling``: FSDP2's traffic over EFA against the measured compute, overlap and
+   overhead fitted on the two-GPU runs; ``docs/scaling.md``). ``internode_efficiency_per_doubling``
+   (a number) brings back a flat factor per doubling instead, as an assumption.
 
 Models or GPUs without measurements fall back to :class:`fp8lab.launch.Estimate` (an assumed MFU),
 and the plan table says so per job. ``launch.plan_sweep`` uses :class:`MeasuredEstimate` by default.
@@ -34,7 +38,7 @@ from fp8lab.hardware import INSTANCES, peak_bf16_flops, price_for
 from fp8lab.launch.estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
-                "seq_len", "tokens_per_sec_per_gpu", "peak_tflops"]
+                "seq_len", "tokens_per_sec_per_gpu", "peak_tflops", "micro_batch_size", "grad_accum"]
 
 
 def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
@@ -52,7 +56,8 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
              "run_id": r["run_id"], "source": r["source"], "variant": r["variant"],
              "layout": layout_label(r), "gpu_name": r["gpu_name"], "seq_len": r["seq_len"],
              "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
-             "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12} for _, r in s.iterrows()]
+             "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12,
+             "micro_batch_size": r.get("micro_batch_size"), "grad_accum": r.get("grad_accum")} for _, r in s.iterrows()]
     return pd.DataFrame(rows, columns=RATE_COLUMNS)
 
 
@@ -87,14 +92,14 @@ class MeasuredEstimate(Estimate):
     assumed); :class:`Estimate`'s fields are the fallback for models without measurements."""
 
     results: str | None = None  # result files or folders to measure from; None: the committed data/results/
-    internode_efficiency_per_doubling: float = 0.95  # ASSUMPTION: per-GPU rate kept per doubling of instances
+    internode_efficiency_per_doubling: float | None = None  # None: the scaling model (fp8lab.scaling); a number: that per doubling, assumed
     node_efficiency: float | None = None  # per-GPU rate of a full instance over one GPU; None: the measured two-GPU value
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 < self.internode_efficiency_per_doubling <= 1:
+        if self.internode_efficiency_per_doubling is not None and not 0 < self.internode_efficiency_per_doubling <= 1:
             raise ValueError(f"internode_efficiency_per_doubling={self.internode_efficiency_per_doubling!r}: "
-                             "allowed: a number in (0, 1]")
+                             "allowed: None (the scaling model) or a number in (0, 1]")
         if self.node_efficiency is not None and not 0 < self.node_efficiency <= 1:
             raise ValueError(f"node_efficiency={self.node_efficiency!r}: allowed: None (measured) or a number in (0, 1]")
 
@@ -104,6 +109,7 @@ class MeasuredEstimate(Estimate):
         notebook shows) instead of from result files."""
         est = cls(**fields)
         object.__setattr__(est, "given_tables", _tables(summary))  # not a field: plans print fields
+        object.__setattr__(est, "given_summary", summary)  # the scaling model's profiles and calibration (#32)
         return est
 
     def _measured(self) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -112,9 +118,10 @@ class MeasuredEstimate(Estimate):
     # --- the rate of one job ---------------------------------------------------------------------
     def rate(self, model: str, precision: str, *, instance_type: str = "ml.p5.48xlarge", instance_count: int = 1,
              backend: str = "te", recipe: str = "delayed", seq_len: Any = None,
-             run_id: str | None = None) -> dict[str, Any] | None:
+             run_id: str | None = None, fp8_all_gather: bool = False) -> dict[str, Any] | None:
         """Per-GPU tokens/s for a job and what it rests on; None where nothing was measured.
-        ``run_id``: rest on that run (one of :func:`measurable_runs`) instead of the fastest match."""
+        ``run_id``: rest on that run (one of :func:`measurable_runs`) instead of the fastest match.
+        ``fp8_all_gather``: FSDP2 gathers the block linears' weights in FP8 (the scaling model's traffic)."""
         rates, effs = self._measured()
         info = INSTANCES[instance_type]
         kind = str(recipe).partition(":")[0]
@@ -138,14 +145,28 @@ class MeasuredEstimate(Estimate):
         peak_scale = info.bf16_tflops / r["peak_tflops"]
         node_eff, node_from = self._node_efficiency(effs, r)
         n = max(int(instance_count), 1)
-        inter = self.internode_efficiency_per_doubling ** math.log2(n) if n > 1 else 1.0
-        per_gpu = r["tokens_per_sec_per_gpu"] * seq_scale * peak_scale * (node_eff if info.gpus > 1 else 1.0) * inter
+        model = self._scaling(r, instance_type, n, fp8_all_gather)  # issue 32: GPU projection and nodes
+        inter = (self.internode_efficiency_per_doubling ** math.log2(n) if n > 1 else 1.0) \
+            if self.internode_efficiency_per_doubling is not None else model["model_internode_efficiency"]
+        per_gpu = (r["tokens_per_sec_per_gpu"] * seq_scale * model["gpu_scale"] * (node_eff if info.gpus > 1 else 1.0)
+                   * inter)
         return {"tokens_per_sec_per_gpu": per_gpu, "run_id": r["run_id"], "source": r["source"],
                 "measured_tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"], "variant": r["variant"],
                 "layout": r["layout"], "gpu_name": r["gpu_name"], "seq_scale": seq_scale, "peak_scale": peak_scale,
                 "target_gpu": info.gpu, "node_efficiency": node_eff, "node_efficiency_from": node_from,
                 "internode_efficiency": inter, "instances": n,
-                "exact_match": bool(len(exact))}
+                "exact_match": bool(len(exact)), **model}
+
+    def _scaling(self, run: pd.Series, instance_type: str, instances: int, fp8_all_gather: bool) -> dict[str, Any]:
+        """The scaling model's GPU projection and multi-node factor for a job resting on ``run`` (issue 32)."""
+        from fp8lab import scaling
+
+        given = getattr(self, "given_summary", None)
+        if given is not None and getattr(self, "given_calibration", None) is None:
+            object.__setattr__(self, "given_calibration", scaling.calibrate(given))
+        return scaling.project(run, instance_type, instances, fp8_all_gather=fp8_all_gather,
+                               sources=self._measured()[0]["source"],
+                               calibration=getattr(self, "given_calibration", None), results=self.results)
 
     def _node_efficiency(self, effs: pd.DataFrame, run: pd.Series) -> tuple[float, str]:
         if self.node_efficiency is not None:
@@ -197,10 +218,15 @@ class MeasuredEstimate(Estimate):
         r = self._job_rate(spec)
         return super().basis(spec) if r is None else _basis_text(r)
 
+    def _internode_text(self) -> str:
+        if self.internode_efficiency_per_doubling is not None:
+            return f"{self.internode_efficiency_per_doubling:g} per doubling of instances, assumed"
+        return ("the scaling model's multi-node factor (fp8lab.scaling: measured compute by kernel class, FSDP2 "
+                "traffic over EFA, overlap fitted on the two-GPU runs)")
+
     def describe(self) -> str:
         return (f"estimate: measured tokens/s/GPU per model and precision (column basis: the run, x GPU peak "
-                f"ratio, x the measured two-GPU efficiency for a full instance, x "
-                f"{self.internode_efficiency_per_doubling:g} per doubling of instances, assumed), "
+                f"ratio, x the measured two-GPU efficiency for a full instance, x {self._internode_text()}), "
                 f"+{self.startup_s} s start-up per job; models without measurements: {Estimate.describe(self)}")
 
 
@@ -211,11 +237,28 @@ def _basis_text(r: dict[str, Any]) -> str:
         parts.append(f"nearest variant: {r['variant']}")
     if abs(r["seq_scale"] - 1) > 1e-9:
         parts.append(f"x{r['seq_scale']:.3f} for the job's sequence length")
-    parts.append(f"x{r['peak_scale']:.2f} {r['target_gpu']}/{r['gpu_name'].removeprefix('NVIDIA ')} BF16 peak")
+    parts.append(f"x{r['gpu_scale']:.2f} {r['target_gpu']}/{r['gpu_name'].removeprefix('NVIDIA ')} (kernels of "
+                 f"{r['gpu_split_from']}: GEMMs by FP8/BF16 peak, the rest by HBM bandwidth)")
     parts.append(f"x{r['node_efficiency']:.3f} 8 GPUs/node ({r['node_efficiency_from']}, assumed for 8)")
     if r["instances"] > 1:
-        parts.append(f"x{r['internode_efficiency']:.3f} {r['instances']} nodes (assumed)")
+        parts.append(f"x{r['internode_efficiency']:.3f} {r['instances']} nodes ({_internode_words(r)})")
     return "; ".join(parts)
+
+
+def _gpu_words(r: dict[str, Any], gpu: str) -> str:
+    from fp8lab.hardware import HBM_BANDWIDTH, gpu_spec
+
+    mine, theirs = gpu_spec(HBM_BANDWIDTH, r["gpu_name"]), gpu_spec(HBM_BANDWIDTH, gpu)
+    hbm = f" {mine / 1e12:g} against {theirs / 1e12:g} TB/s" if mine and theirs else ""
+    return (f"measured on {r['gpu_name']}, projected to {gpu} by kernel class (the run's profile: GEMMs by the "
+            f"FP8/BF16 peak ratio, other kernels by the HBM bandwidth ratio{hbm})")
+
+
+def _internode_words(r: dict[str, Any]) -> str:
+    if abs(r["internode_efficiency"] - r["model_internode_efficiency"]) > 1e-12:
+        return "assumed per doubling"
+    ag = ", FP8 all-gather" if r.get("fp8_all_gather") else ""
+    return f"scaling model: FSDP2 over EFA{ag}" + (", communication-bound" if r.get("comm_bound") else "")
 
 
 def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], tokens: int, *,
@@ -251,9 +294,9 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
                 seconds = est.seconds(spec)
                 hours = seconds / 3600
                 if isinstance(est, MeasuredEstimate):
-                    assumption = (f"per-GPU rate: fastest one-GPU run in data/results (x GPU peak ratio) x the two-GPU "
+                    assumption = (f"per-GPU rate: fastest one-GPU run in data/results (x GPU projection by kernel class) x the two-GPU "
                                   f"efficiency measured on one machine (the only measurement past one GPU; assumed for 8); "
-                                  f"more instances: x{est.internode_efficiency_per_doubling:g} per doubling (assumed)")
+                                  f"more instances: x {est._internode_text()}")
                 else:
                     assumption = est.describe()
                 rows.append({"model": model, "precision": prec, "instances": n, "gpus": n * info.gpus,
@@ -262,8 +305,6 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
                              "hours": hours, "cost_usd": hours * n * price, "price_per_hour": price,
                              "measured": r is not None, "run_id": r["run_id"] if r else None,
                              "node_efficiency": r["node_efficiency"] if r else float("nan"),
-                             "gpu_scaling": (f"measured on {r['gpu_name']}, x{r['peak_scale']:.2f} for {info.gpu} "
-                                             f"(dense BF16 peak {info.bf16_tflops:g} against "
-                                             f"{info.bf16_tflops / r['peak_scale']:g} TFLOP/s)") if r else None,
+                             "gpu_scaling": _gpu_words(r, info.gpu) if r else None,
                              "basis": est.basis(spec), "assumption": assumption})
     return pd.DataFrame(rows)

@@ -183,3 +183,37 @@ PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
 
 # The folder SageMaker syncs with a job's checkpoint S3 URI (the trainer's default checkpoint folder there)
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+
+
+# ----------------------------------------------------------------------------------------------
+# For the scaling model (fp8lab.scaling, issue 32): what else a GPU and an instance offer
+# ----------------------------------------------------------------------------------------------
+
+# Dense FP8 tensor-core peaks in FLOP/s (NVIDIA data sheets, without sparsity); matched as PEAK_BF16_DENSE.
+PEAK_FP8_DENSE: tuple[tuple[str, float], ...] = (
+    ("GH200", 1979e12), ("H200", 1979e12), ("H100 PCIe", 1513e12), ("H100 NVL", 1671e12), ("H100", 1979e12),
+    ("H800", 1979e12), ("B200", 4500e12), ("B100", 3500e12), ("L40S", 733e12), ("L4", 242e12),
+)
+# HBM bandwidth in bytes/s (NVIDIA data sheets): what memory-bound kernels (casts, norms, elementwise,
+# the optimizer) scale with.
+HBM_BANDWIDTH: tuple[tuple[str, float], ...] = (
+    ("GH200", 4.8e12), ("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12),
+    ("H800", 3.35e12), ("B200", 8.0e12), ("B100", 8.0e12), ("A100 80GB", 2.0e12), ("A100", 1.555e12),
+    ("L40S", 0.864e12), ("L4", 0.3e12),
+)
+# NVLink bandwidth per GPU and direction in bytes/s: NVIDIA quotes 900 GB/s for H100/H200 SXM (NVLink 4)
+# and 1.8 TB/s for B200 (NVLink 5), both directions together; half of that each way.
+NVLINK_BANDWIDTH: tuple[tuple[str, float], ...] = (("H200", 450e9), ("H100", 450e9), ("B200", 900e9),
+                                                   ("A100", 300e9))
+# EFA network bandwidth per instance in bit/s (AWS instance pages: P5 and P5e/P5en 3,200 Gbps;
+# P4d 400 Gbps; P6-B200 3,200 Gbps).
+EFA_GBPS: dict[str, float] = {"ml.p5.48xlarge": 3200.0, "ml.p5e.48xlarge": 3200.0, "ml.p5en.48xlarge": 3200.0,
+                              "ml.p6-b200.48xlarge": 3200.0, "ml.p4d.24xlarge": 400.0, "ml.p4de.24xlarge": 400.0}
+
+
+def gpu_spec(table: tuple[tuple[str, float], ...], gpu_name: str | None) -> float | None:
+    """A value of one of the tables above for a GPU by (a fragment of) its name; None where unknown."""
+    for key, value in table:
+        if gpu_name and key.lower() in gpu_name.lower():
+            return value
+    return None

@@ -45,6 +45,9 @@ HARDWARE_BACKENDS = tuple(b for b in backend_names() if b != EMULATED)  # FP8 on
 FP8_BACKENDS = (*HARDWARE_BACKENDS, EMULATED)
 BACKENDS = (AUTO, "none", *FP8_BACKENDS)  # auto: picked for the machine; none: the plain HF model
 RECIPE_KINDS = KINDS
+# issue 32: FSDP2 all-gathers the block linears' weights in FP8 (fp8lab.plan.fp8_all_gather_decision)
+FP8_ALL_GATHER = (AUTO, "on", "off")
+FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True)
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
 
 # types of fields whose text form is special (their annotations name them)

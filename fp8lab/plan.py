@@ -58,6 +58,8 @@ class RunPlan:
     reasons: dict = field(default_factory=dict)
     # --- #34 long sequences
     fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.fp8attn); also on ``recipe``
+    # issue 32: FSDP2 all-gathers the block linears' weights in FP8 (torchao)
+    fp8_all_gather: bool = False
 
     # the layout's values, read where the trainer needs them
     @property
@@ -104,7 +106,8 @@ class RunPlan:
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
-                "fp8_attention": self.fp8_attention, "activation_checkpointing": self.layout.activation_checkpointing}
+                "fp8_attention": self.fp8_attention, "activation_checkpointing": self.layout.activation_checkpointing,
+                "fp8_all_gather": self.fp8_all_gather}  # issue 32
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -288,5 +291,27 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     attn, reasons["fp8_attention"] = fp8_attention(c, machine, backend, recipe, lay, mcfg)
     if attn:
         recipe = dataclasses.replace(recipe, fp8_attention=True)
+    # issue 32: FP8 all-gather under FSDP2
+    fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn)
+                   master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag)
+
+
+# issue 32 ---------------------------------------------------------------------------------------
+def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
+    """(FSDP2 all-gathers the block linears' weights in FP8, why); ValueError for ``on`` where it cannot."""
+    from fp8lab.options import FP8_ALL_GATHER_BACKENDS
+
+    if c.fp8_all_gather == "off":
+        return False, "--fp8-all-gather off"
+    why_not = ("needs --precision fp8" if c.precision != "fp8" else
+               "needs --parallel fsdp on several ranks (FSDP2 shards the weights)" if not sharded else
+               None if backend in FP8_ALL_GATHER_BACKENDS else
+               f"needs --backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}: fp8lab wires torchao's float8 FSDP2 all-gather; "
+               f"{backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are not wired)")
+    if why_not is None:
+        return True, ("--fp8-all-gather on" if c.fp8_all_gather == "on" else
+                      "auto: FP8 under FSDP2 on torchao: weights all-gathered in FP8, half the bytes of bf16")
+    if c.fp8_all_gather == "on":
+        raise ValueError(f"--fp8-all-gather on {why_not}; allowed here: auto | off")
+    return False, f"auto: off ({why_not})"

@@ -648,3 +648,53 @@ def long_context_figure(table: pd.DataFrame, save: str | Path | None = None) -> 
     models, gpus = ", ".join(table["model"].dropna().unique()), ", ".join(table["gpu_name"].dropna().unique())
     ax.set_title(f"{title}\n{models} on {gpus}", fontsize=10)
     return _finish(fig, save)
+
+
+# issue 32 ---------------------------------------------------------------------------------------
+_SCALING_STYLE = {"bf16": ("tab:blue", "-", "o"), "fp8": ("tab:orange", "-", "s"),
+                  "fp8 + fp8 all-gather": ("tab:red", "--", "^")}
+
+
+def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
+                   save: str | Path | None = None) -> Figure:
+    """Tokens/s/GPU against P5 instances (the source's chart), per model BF16, FP8 and FP8 with FP8
+    all-gather as the scaling model predicts them (``fp8lab.scaling.instance_table``, several models
+    concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
+    instance count, so they are a level, not points)."""
+    title = "Past one node, modelled: tokens/s per GPU on P5 (fp8lab.scaling; not measured past 2 GPUs)"
+    if not len(table):
+        return _finish(_empty(title, "nothing modelled"), save)
+    fig, axes = _new(ncols=2, width=6.0, height=4.2)
+    rate_ax, gain_ax = axes[0, 0], axes[0, 1]
+    for mi, model in enumerate(_models(table)):
+        mine = table[table["model"] == model]
+        for mode, g in mine.groupby("mode", sort=False):
+            color, style, marker = _SCALING_STYLE.get(mode, ("0.4", ":", "x"))
+            g = g.sort_values("instances")
+            style = style if mi == 0 else ":" if style == "-" else "-."
+            rate_ax.plot(g["instances"], g["tokens_per_sec_per_gpu"], style, marker=marker, color=color, ms=4,
+                         label=f"{model} {mode.upper().replace('ALL-GATHER', 'all-gather')} (modelled)")
+            if mode != "bf16":
+                gain_ax.plot(g["instances"], g["fp8_gain"], style, marker=marker, color=color, ms=4,
+                             label=f"{model} {mode.upper().replace('ALL-GATHER', 'all-gather')} (modelled)")
+        rep = reference_for(reference, model)
+        for _, r in rep.iterrows():
+            gain_ax.axhline(r["speedup"], color="0.3", lw=1, ls=(0, (2, 2)))
+            gain_ax.annotate(f"source, {r['model_size']}: {r['speedup']:.2f}x (reported; instances not stated)",
+                             (0.02, r["speedup"]), xycoords=("axes fraction", "data"), fontsize=8, va="bottom",
+                             color="0.3")
+    counts = sorted(table["instances"].unique())
+    for ax, ylabel in ((rate_ax, "tokens/s per GPU"), (gain_ax, "FP8 / BF16 tokens/s")):
+        ax.set_xlabel(f"{table['gpus'].iloc[0] // table['instances'].iloc[0]}-GPU instances")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(c) for c in counts])
+        ax.grid(alpha=0.3)
+    rate_ax.set_yscale("log")  # models an order of magnitude apart, each line readable
+    rate_ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    rate_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    rate_ax.set_title("per-GPU rate", fontsize=10)
+    gain_ax.set_title("FP8's gain over BF16", fontsize=10)
+    _shared_legend(fig, axes)
+    fig.suptitle(title, fontsize=10)
+    return _finish(fig, save)

@@ -94,6 +94,12 @@ def _long_table(df: pd.DataFrame, first: list[str], rest: list[str], what: str) 
     return out + _details(f"more columns of the {what}", _table(df, rest))
 
 
+def _at_scale(answer) -> pd.DataFrame:
+    from fp8lab.scaling import answer_at_scale
+
+    return answer_at_scale(answer)
+
+
 def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
                 reference: pd.DataFrame | None = None) -> str:
     """The report page for a runs table from :func:`fp8lab.analysis.load_runs`."""
@@ -111,6 +117,8 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         (plots.mfu_figure(shown), "MFU of the best run of each kind per model"),
         (plots.cost_figure(answer.costs()), "time and cost to train the token budget, best BF16 against best FP8"),
         (plots.scaling_figure(scaling), "per-GPU scaling efficiency"),
+        (plots.instances_figure(_at_scale(answer), a.reference),  # issue 32
+         "modelled tokens/s/GPU against P5 instances (fp8lab.scaling; not measured past two GPUs)"),
     ]
     n_runs = summary["run_id"].nunique()
     e = html.escape

@@ -172,7 +172,8 @@ class Trainer:
         self.conversion = None
         if self.backend is not None:
             flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
-            model = convert_model(model, backend=self.backend, recipe=self.recipe, fuse=c.fuse, module_filter=flt)
+            model = convert_model(model, backend=self.backend, recipe=self.recipe, fuse=c.fuse, module_filter=flt,
+                                  fp8_all_gather=self.plan.fp8_all_gather)  # issue 32
             self.conversion = model.fp8lab_conversion
         if self.layout.activation_checkpointing:
             apply_activation_checkpointing(model, self.backend, self._fp8_context)

@@ -88,6 +88,16 @@ class Answer:
                                           "world_size", "tokens_per_sec_per_gpu", "cluster_gpus", "hours",
                                           "cost_usd", "projected", "token_budget", "price_per_instance_hour"])
 
+    def at_scale(self, model: str, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> pd.DataFrame:
+        """Issue 32: the budget on several instances, BF16 / FP8 / FP8 all-gather, resting on this answer's
+        runs (``fp8lab.scaling.instance_table``; its one-instance hours are this answer's)."""
+        from fp8lab.scaling import instance_table
+
+        row = self.rows.set_index("model").loc[model]
+        runs = {p: row[f"{p}_run"] for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}
+        return instance_table(self.estimate, model, list(instance_counts), self.tokens, instance_type=self.instance_type,
+                              price_per_hour=self.price_per_instance_hour, runs=runs)
+
     def numbers(self) -> dict[str, dict[str, float | str | None]]:
         """Per model the numbers every view quotes (for tests and notebook glue): runs, speedup, MFU,
         loss gap, hours and cost."""

@@ -47,10 +47,14 @@ class TorchaoBackend:
             return f"torchao.float8 does not import: {type(exc).__name__}: {exc}"
         return None
 
-    def convert(self, model, recipe, *, fuse, module_filter):
+    def convert(self, model, recipe, *, fuse, module_filter, fp8_all_gather: bool = False):
+        import dataclasses
+
         from torchao.float8 import convert_to_float8_training
 
         config = recipe.to_torchao()  # ValueError for recipes torchao does not implement
+        if fp8_all_gather:  # issue 32: FSDP2 all-gathers these weights in float8 (torchao's fsdp_pre_all_gather)
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
         p = next(model.parameters())
         if p.device.type != "cuda":
             raise ValueError(f"torchao float8 runs on the GPU: move the model first (model.to('cuda')); it is on {p.device}")

@@ -173,4 +173,12 @@ def format_cost_table(plan: SweepPlan) -> str:
                       for j in plan.jobs)
     return (f"{text}\nprice: {plan.price_per_hour} USD per instance-hour ({plan.price_source})\n"
             f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}\n"
-            f"image and Transformer Engine: {'; '.join(plan.te_lines())}")
+            f"image and Transformer Engine: {'; '.join(plan.te_lines())}" + _scaling_section(plan))
+
+
+def _scaling_section(plan: SweepPlan) -> str:
+    """Issue 32: the scaling model's per-instance-count BF16 / FP8 / FP8 all-gather lines (fp8lab.scaling)."""
+    from fp8lab.scaling import plan_lines
+
+    lines = plan_lines(plan)
+    return "\n" + lines if lines else ""
