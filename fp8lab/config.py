@@ -13,6 +13,7 @@ from typing import Any, Callable
 from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
+from fp8lab.fp8stats import DEFAULT_EVERY as DEFAULT_STATS_EVERY
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
 from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
                              STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
@@ -82,6 +83,8 @@ class TrainConfig:
                                   check=step_numbers("comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)"))
     inject_nan_at_steps: Steps = option((), "FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)",
                                         check=step_numbers("comma-separated positive step numbers (testing only)"))
+    # issue 31: FP8 health statistics (fp8lab.fp8stats)
+    fp8_stats_every: int = option(DEFAULT_STATS_EVERY, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off", check=NONNEG_INT)
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -35,7 +35,8 @@ EOS_TOKEN = "<|endoftext|>"  # appended after every document, so windows can spa
 MANIFEST = "manifest.json"
 FORMAT = "fp8lab-tokens"
 FORMAT_VERSION = 1
-TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")  # one document per line: {"text": ...} (source code keeps its blank lines)
+TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz") + JSONL_SUFFIXES
 DEFAULT_VOCAB = 32000  # Llama-2's vocabulary size: the 1B/7B models' embedding tables have 32000 rows
 SHIPPED_VOCABS = (32000, 512)  # 512: the tiny test models' vocabulary (fp8lab.models llama-tiny/gptneo-tiny)
 
@@ -79,9 +80,28 @@ def text_files(source: str | Path | Iterable[str | Path] | None) -> list[Path]:
     return files
 
 
+def _jsonl_documents(path: Path) -> Iterator[str]:
+    """The ``text`` of each line of a JSON-lines file (one whole document per line, e.g. a source file)."""
+    with _open_text(path) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"line {n} of {path.name!r} is not a JSON object with a \"text\" string; "
+                                 "allowed in .jsonl sources: one {\"text\": ...} object per line") from None
+            if isinstance(text, str) and text.strip():
+                yield text
+
+
 def read_documents(files: Iterable[Path]) -> Iterator[str]:
-    """Documents from text files: blocks separated by blank lines (one chapter each in the KJV)."""
+    """Documents from text files: blocks separated by blank lines (one chapter each in the KJV); in
+    ``.jsonl`` files one line each (JSONL_SUFFIXES)."""
     for path in files:
+        if Path(path).name.endswith(JSONL_SUFFIXES):
+            yield from _jsonl_documents(Path(path))
+            continue
         block: list[str] = []
         with _open_text(Path(path)) as fh:
             try:

@@ -55,6 +55,8 @@ class RunPlan:
     weight_cache: bool  # TE's FP8 weight cache: weights cast once per step, not per micro-batch
     fused_wgrad: bool  # TE's weight-gradient GEMMs add into main_grad in place
     reasons: dict = field(default_factory=dict)
+    # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8stats)
+    fp8_stats_every: int = 0
 
     # the layout's values, read where the trainer needs them
     @property
@@ -100,7 +102,8 @@ class RunPlan:
                 **self.layout.options(), "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
-                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype}
+                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
+                "fp8_stats_every": self.fp8_stats_every}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -267,5 +270,20 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
                                   "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 parameters"),
                "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
+    # issue 31: FP8 health statistics
+    stats_every, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, reasons)
+                   master and decision.active, keep, cache, wgrad, reasons, stats_every)
+
+
+# issue 31
+def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool) -> tuple[int, str]:
+    """(every how many steps the FP8 health statistics are sampled, 0 = off; why), decided once here."""
+    if not c.fp8_stats_every:
+        return 0, "--fp8-stats-every 0: off"
+    if c.precision != "fp8" or backend not in ("te", "emulated"):
+        return 0, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
+    if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
+        return 0, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
+                   "--cuda-graphs off to see them")
+    return c.fp8_stats_every, f"every {c.fp8_stats_every} steps, the first micro-batch of the step"

@@ -1,0 +1,109 @@
+"""FP8 health statistics (issue 31) from the emulated backend: what a cast does to a tensor, per layer
+and kind, and the early warning when a layer stays past its threshold."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8lab import formats, fp8stats
+from fp8lab.convert import convert_model
+from fp8lab.models import build_model
+
+
+def test_tensor_stats_counts_underflow_and_saturation_of_a_cast():
+    t = torch.tensor([0.0, 1e-6, 1.0, 2.0, 500.0, -900.0])
+    amax, under, sat, scale = fp8stats.tensor_stats(t, formats.E4M3, 1.0).tolist()
+    assert amax == 900.0 and scale == 1.0
+    assert under == pytest.approx(1 / 6)  # 1e-6 flushes to 0 (the exact 0 is not an underflow)
+    assert sat == pytest.approx(2 / 6)  # 500 and -900 reach E4M3's max, 448
+    q = formats.quantize(t, formats.E4M3, 1.0)
+    assert fp8stats.tensor_stats(t, formats.E4M3, 1.0, q)[1].item() == pytest.approx(1 / 6)  # counted on the cast
+    assert torch.isnan(fp8stats.tensor_stats(t, formats.E4M3, None, q)[2])  # block scales: no per-tensor saturation
+
+
+def _tiny(recipe: str):
+    model = convert_model(build_model("llama-tiny", seed=0), backend="emulated", recipe=recipe)
+    stats = fp8stats.attach(model, "emulated", 1)
+    return model, stats
+
+
+def _step(model, stats, step: int, recipe: str):
+    from fp8lab.backends import get_backend
+    from fp8lab.recipe import Recipe
+
+    x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(step))
+    stats.begin(step)
+    with get_backend("emulated").autocast(Recipe.parse(recipe)):
+        loss = model(x).logits.float().logsumexp(-1).mean()
+    loss.backward()
+    model.zero_grad()
+    return stats.end(step)
+
+
+def test_every_gemm_reports_activation_weight_and_gradient():
+    model, stats = _tiny("delayed")
+    rec = _step(model, stats, 1, "delayed")
+    assert rec["record"] == fp8stats.RECORD and rec["step"] == 1
+    got = {(r["layer"], r["kind"]) for r in rec["layers"]}
+    sites = {r["layer"] for r in rec["layers"]}
+    assert {"blocks.0.qkv", "blocks.0.proj", "blocks.0.mlp.fc1", "blocks.0.mlp.fc2", "blocks.1.mlp.fc2"} <= sites
+    assert got == {(s, k) for s in sites for k in ("activation", "weight", "gradient")}
+    fmt = {r["kind"]: r["format"] for r in rec["layers"]}
+    assert fmt == {"activation": "E4M3", "weight": "E4M3", "gradient": "E5M2"}  # HYBRID
+    assert all(r["amax"] > 0 and r["scale"] == 1.0 for r in rec["layers"])  # delayed scaling's first step: scale 1
+    rec2 = _step(model, stats, 2, "delayed")  # the scale now follows the amax of step 1
+    w1 = {r["layer"]: r for r in rec["layers"] if r["kind"] == "weight"}
+    for r in (r for r in rec2["layers"] if r["kind"] == "weight"):
+        assert r["scale"] == pytest.approx(448.0 / w1[r["layer"]]["amax"], rel=1e-5)
+
+
+def test_nothing_is_recorded_between_sampled_steps():
+    model, _ = _tiny("current")
+    stats = fp8stats.attach(model, "emulated", 5)
+    assert _step(model, stats, 3, "current") is None and not fp8stats.watching()
+    assert len(_step(model, stats, 5, "current")["layers"]) > 0
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_an_injected_weight_outlier_is_seen_and_warned_about(recipe, capsys):
+    model, stats = _tiny(recipe)
+    target = "blocks.1.mlp.fc1"
+    with torch.no_grad():  # one weight 10^5 times its neighbours: the per-tensor scale flushes the rest to 0
+        model.blocks[1].mlp.fc1_weight[0, 0] = 1e4
+    recs = [_step(model, stats, s, recipe) for s in range(1, 5)]
+    hit = [r for r in recs[-1]["layers"] if r["layer"] == target and r["kind"] == "weight"][0]
+    assert hit["amax"] == pytest.approx(1e4) and hit["underflow"] > 0.5  # |w| < 0.022 of N(0, 0.02): ~72%
+    others = [r for r in recs[-1]["layers"] if r["kind"] == "weight" and r["layer"] != target]
+    assert max(r["underflow"] for r in others) < 0.05
+    warned = [w for r in recs for w in r.get("warnings", [])]
+    row = lambda r: [x for x in r["layers"] if x["layer"] == target and x["kind"] == "weight"][0]  # noqa: E731
+    over = [r for r in recs if row(r)["underflow"] >= fp8stats.UNDERFLOW_WARN]  # delayed: from step 2 (step 1's scale is 1)
+    assert len(over) >= fp8stats.WARN_SAMPLES
+    mine = [w for w in warned if f"{target} weight" in w]  # (the outlier also reaches fc2's input: it may warn too)
+    assert len(mine) == 1 and mine[0] in over[fp8stats.WARN_SAMPLES - 1]["warnings"]  # once, at the 3rd sample
+    assert all(w.startswith("FP8 health: blocks.1.") for w in warned)  # block 0 is untouched
+    assert "underflow" in mine[0] and "--recipe current" in mine[0] and "amax_history_len" in mine[0]
+    assert "--bf16-edge-blocks" in mine[0]
+
+
+def test_an_activation_spike_saturates_under_delayed_scaling():
+    model, stats = _tiny("delayed")
+    _step(model, stats, 1, "delayed")
+    with torch.no_grad():  # the input norm's weight scaled up 1000x: the next cast still uses the old scale
+        model.blocks[0].mlp.layer_norm_weight.mul_(1000)
+    rec = _step(model, stats, 2, "delayed")
+    hit = [r for r in rec["layers"] if r["layer"] == "blocks.0.mlp.fc1" and r["kind"] == "activation"][0]
+    assert hit["saturation"] > 0.01
+
+
+def test_watch_needs_consecutive_samples():
+    w = fp8stats.Watch(samples=3)
+    row = lambda v: {"record": "fp8_stats", "step": 0, "layers": [{"layer": "a", "kind": "weight", "format": "E4M3",  # noqa: E731
+                                                                   "saturation": v, "underflow": 0.0}]}
+    seq = [0.5, 0.5, 0.0, 0.5, 0.5, 0.5, 0.5]
+    fired = [bool(w.update({**row(v), "step": i + 1})) for i, v in enumerate(seq)]
+    assert fired == [False, False, False, False, False, True, False]
+
+
+def test_attach_has_nothing_to_watch_without_fp8_layers():
+    assert fp8stats.attach(build_model("llama-tiny", seed=0), None, 10) is None
