@@ -11,8 +11,7 @@ no window is seen twice), validation loss every ``--val-every`` steps on the hel
 Runs go ``--gpus`` at a time (one GPU each). At ``--budget-s`` the runs still going get SIGTERM: the
 trainer writes a checkpoint and exits, and the same command run again (on the same machine) resumes
 them from it. A finished run becomes ``<out>/<run id>.jsonl`` (data/results format; its run record
-names the corpus) plus ``<run id>.fp8_stats.jsonl`` (its FP8 health records); its checkpoints are
-then deleted. Exit 0 when all runs have result files (and ``<out>/parity.json`` holds the gaps), 3
+names the corpus; its FP8 health records follow the summary); its checkpoints are then deleted. Exit 0 when all runs have result files (and ``<out>/parity.json`` holds the gaps), 3
 when some are left for the next command.
 """
 from __future__ import annotations
@@ -88,6 +87,10 @@ def extra_args(args) -> list[str]:
         "--val-batches", str(args.val_batches), "--resume", "True", "--checkpoint-every", "0", "--keep-checkpoints", "1"]
 
 
+def run_id_of(args, name: str) -> str:
+    return variant_command(args.model, RUNS[name][0], [], [], run_args(args, name), Path("."))[0]
+
+
 def flags_of(args, name: str) -> list[str]:
     variant = RUNS[name][0]
     return (CPU_VARIANTS if args.cpu_smoke else LOSS_VARIANTS)[variant]
@@ -115,10 +118,8 @@ def finish_run(args, name: str, work: Path, out: Path, cmd: list[str], t0: float
     corpus = corpus_record(Path(args.data))
     res["run"].update(study=args.study, loss_comparable=True, seed=a.seed, corpus=corpus,
                       epochs=res["summary"]["tokens"] / corpus["train_tokens"])
-    write_result_file(out / f"{run_id}.jsonl", res["run"], res["steps"], res["summary"])
-    stats = fmetrics.read_metrics(out_dir / "metrics.jsonl", fp8stats.RECORD)
-    if stats:
-        (out / f"{run_id}.fp8_stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stats))
+    stats = fmetrics.read_metrics(out_dir / "metrics.jsonl", fp8stats.RECORD)  # the FP8 health records, after the summary
+    write_result_file(out / f"{run_id}.jsonl", res["run"], res["steps"], res["summary"], others=stats)
     shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
     print(f"[parity] {run_id}: done, final val loss {res['summary'].get('val_loss')}", flush=True)
 
@@ -136,10 +137,8 @@ def summarize(args, out: Path) -> dict:
     """Final validation losses, the BF16 mean and seed spread, each FP8 run's gap (issue 31's criterion)."""
     vals = {}
     for name in RUNS:
-        a = run_args(args, name)
-        run_id, _, _ = variant_command(args.model, RUNS[name][0], [], [], a, Path("."))
-        last = json.loads((out / f"{run_id}.jsonl").read_text().splitlines()[-1])
-        vals[name] = last.get("val_loss")
+        lines = [json.loads(x) for x in (out / f"{run_id_of(args, name)}.jsonl").read_text().splitlines()]
+        vals[name] = next(r for r in lines if r["record"] == "summary").get("val_loss")
     bf = [vals["bf16-s1234"], vals["bf16-s4321"]]
     mean, spread = sum(bf) / 2, abs(bf[0] - bf[1])
     band = max(0.005 * mean, spread)
@@ -158,24 +157,29 @@ def main(argv=None) -> int:
     names = [r for r in args.runs.split(",")]
     pending = []
     for name in names:
-        run_id, _, _ = variant_command(args.model, RUNS[name][0], [], [], run_args(args, name), work)
-        if not (out / f"{run_id}.jsonl").exists():
+        if not (out / f"{run_id_of(args, name)}.jsonl").exists():
             pending.append(name)
     gpus = args.gpus or (int(_cuda_count()) or 1)
+    interrupted, failed = [], []
     while pending and time.time() - t_start < args.budget_s - args.min_left_s:
         wave, pending = pending[:gpus], pending[gpus:]
         procs = {n: launch(args, n, work, i if not args.cpu_smoke else None) for i, n in enumerate(wave)}
         left = _wait(procs, t_start + args.budget_s)
         for n, (proc, cmd, t0) in procs.items():
+            run_id = run_id_of(args, n)
             if proc.returncode == 0 and n not in left:
                 finish_run(args, n, work, out, cmd, t0)
+            elif n in left:
+                print(f"[parity] {run_id}: stopped at the budget, checkpoint written: resumes next command", flush=True)
+                interrupted.append(n)
             else:
-                print(f"[parity] {n}: {'interrupted at the budget (resumes next command)' if n in left else f'exit {proc.returncode}'}"
-                      f"; log {work.name}/{variant_command(args.model, RUNS[n][0], [], [], run_args(args, n), work)[0]}.log", flush=True)
-                pending.append(n)
-    if pending:
-        print(f"[parity] {len(pending)} run(s) left: {', '.join(pending)}; run the same command again", flush=True)
-        return 3
+                print(f"[parity] {run_id}: FAILED (exit {proc.returncode}); see {run_id}.log", flush=True)
+                failed.append(n)
+    left_over = interrupted + pending
+    if left_over:
+        print(f"[parity] {len(left_over)} run(s) left: {', '.join(left_over)}; run the same command again", flush=True)
+    if failed or left_over:
+        return 1 if failed else 3
     if set(names) == set(RUNS):
         result = summarize(args, out)
         (out / "parity.json").write_text(json.dumps(result, indent=2) + "\n")

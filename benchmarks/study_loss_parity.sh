@@ -11,7 +11,8 @@
 #   (~5-6 min). On one H200: three or four commands (~20-22 min in all).
 # Resumable: each command trains for at most --budget-s (default 450 s), then SIGTERMs the runs still going (they
 #   checkpoint) and exits 3; the same command again, on the same warm machine, resumes them. Exit 0: all done.
-# Run on the device machine (carry .corpus/linux-6.1.jsonl.xz, 10.0 MiB):
+# Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz, 9.9 MiB; or the text .corpus/linux-6.1.jsonl.xz,
+#   10.0 MiB, tokenized there in ~1 min):
 #   bash benchmarks/gpu.sh bash benchmarks/study_loss_parity.sh
 # Results: $OUT/loss-parity-20m/*.jsonl (for data/results/loss-parity-20m/), *.fp8_stats.jsonl, parity.json, logs.
 # Options after the script name go to benchmarks/study_loss_parity.py (e.g. --runs fp8-delayed --gpus 1).
@@ -21,10 +22,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 PY=${PYTHON:-python3}
 DATA=${DATA:-.corpus/linux-6.1}
-if [ ! -f "$DATA/manifest.json" ]; then
-  [ -f .corpus/linux-6.1.jsonl.xz ] || { echo "no $DATA and no .corpus/linux-6.1.jsonl.xz: carry it (data/README.md)" >&2; exit 2; }
+if [ ! -f "$DATA/manifest.json" ]; then  # the carried tokens (unpacked), else the carried text (tokenized here)
+  if [ -f .corpus/linux-6.1.tokens.tar.xz ]; then mode=--unpack
+  elif [ -f .corpus/linux-6.1.jsonl.xz ]; then mode=--tokens-only
+  else echo "no $DATA, no .corpus/linux-6.1.tokens.tar.xz or .jsonl.xz: carry one (data/README.md)" >&2; exit 2; fi
   t0=$(date +%s)
-  PYTHON=$PY bash data/corpus/build_linux.sh --tokens-only .corpus | tee "$OUT/corpus-build.txt"
+  PYTHON=$PY bash data/corpus/build_linux.sh $mode .corpus | tee "$OUT/corpus-build.txt"
   echo "corpus tokenized in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/corpus-build.txt"
 fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -175,7 +175,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
     """The run record, downsampled steps and summary of a finished run of ``cmd`` (variant_command's)."""
     from fp8lab import metrics as fmetrics
 
-    label = model_label(model)
+    label, nproc = model_label(model), getattr(args, "nproc", 1)
     run_id, out_dir, _ = variant_command(model, variant, flags, extra, args, work)
     shown = " ".join(shlex.quote(c) for c in ["python" if i == 0 else c for i, c in enumerate(cmd)]).replace(str(work), "<work>")
     if label != model:  # a folder: <models>/name, never the machine's path

@@ -4,10 +4,13 @@
 # ({"path", "text"}), xz-compressed; then tokenize it with fp8lab prepare-data (the shipped 32000 tokenizer,
 # which llama-1b trains with) and check the tokens against the committed manifest.
 #
-#   data/corpus/build_linux.sh [OUT]                 # OUT defaults to .corpus (ignored by git)
-#   data/corpus/build_linux.sh --tokens-only [OUT]   # OUT/linux-6.1.jsonl.xz already there (e.g. carried to a GPU)
+#   data/corpus/build_linux.sh [OUT]                 # all of it; OUT defaults to .corpus (ignored by git)
+#   data/corpus/build_linux.sh --tokens-only [OUT]   # from OUT/linux-6.1.jsonl.xz (the text, 10.0 MiB)
+#   data/corpus/build_linux.sh --unpack [OUT]        # from OUT/linux-6.1.tokens.tar.xz (the tokens, 9.9 MiB)
 #
-# Writes OUT/linux-6.1.jsonl.xz (the text) and OUT/linux-6.1/ (manifest.json + train_/val_ token shards).
+# Writes OUT/linux-6.1.jsonl.xz (the text), OUT/linux-6.1/ (manifest.json, tokenizer.json, train_/val_ token
+# shards) and OUT/linux-6.1.tokens.tar.xz (that folder packed: what a GPU command carries). Every mode ends by
+# checking the shards' sha256 and the manifest against data/corpus/linux-6.1.manifest.json.
 # Needs: apt access (or the .deb from snapshot.debian.org), dpkg-deb, tar, xz, python with fp8lab importable.
 set -euo pipefail
 VERSION=6.1.176-1   # Debian bookworm's linux-source-6.1 (pinned; snapshot.debian.org keeps every version)
@@ -17,12 +20,12 @@ XZ_SHA256=b6e85c1ca7e09c69eaef9974f473e2dcf393c2c88fd39a85e81cd2c94dbddd47     #
 TRAIN_SHA256=dfdfb6b6bceef25f2506c6ff1a1499921bc530f4799c098cee941f69813baf50  # the token shards
 VAL_SHA256=36018c67299ce6536df205e5908bf8505b0900ee3ddd00d3c4dc2044ba71761f
 here=$(cd "$(dirname "$0")" && pwd)
-tokens_only=0
-[ "${1:-}" = --tokens-only ] && { tokens_only=1; shift; }
+mode=all
+case "${1:-}" in --tokens-only) mode=tokens; shift ;; --unpack) mode=unpack; shift ;; esac
 out=${1:-.corpus}
 mkdir -p "$out"
 PY=${PYTHON:-python}
-if [ $tokens_only = 0 ]; then
+if [ $mode = all ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   deb=linux-source-6.1_${VERSION}_all.deb
@@ -64,6 +67,10 @@ print(f"{n} documents")
 PY
   xz -9e -T1 -f "$out/linux-6.1.jsonl"
 fi
+if [ $mode = unpack ]; then
+  rm -rf "$out/linux-6.1"
+  tar -xJf "$out/linux-6.1.tokens.tar.xz" -C "$out"
+else
 # the text (robust to the xz version); the .xz itself is what the manifest's source digest names
 text_sha=$("$PY" -c 'import hashlib, lzma, sys; print(hashlib.sha256(lzma.open(sys.argv[1]).read()).hexdigest())' "$out/linux-6.1.jsonl.xz")
 [ "$text_sha" = "$TEXT_SHA256" ] ||
@@ -71,6 +78,7 @@ text_sha=$("$PY" -c 'import hashlib, lzma, sys; print(hashlib.sha256(lzma.open(s
 [ "$(sha256sum "$out/linux-6.1.jsonl.xz" | cut -d' ' -f1)" = "$XZ_SHA256" ] ||
   echo "note: linux-6.1.jsonl.xz is the same text but other xz bytes (another xz version): the manifest's source digest will differ"
 "$PY" -m fp8lab.data "$out/linux-6.1" --source "$out/linux-6.1.jsonl.xz" --vocab-size 32000
+fi
 # the same tokens as committed: the shards' digests, and the manifest's tokenizer digest and counts
 ( cd "$out/linux-6.1" && printf '%s  train_00000.bin\n%s  val_00000.bin\n' "$TRAIN_SHA256" "$VAL_SHA256" | sha256sum -c --quiet )
 "$PY" - "$out/linux-6.1/manifest.json" "$here/linux-6.1.manifest.json" <<'PY'
@@ -82,3 +90,7 @@ if bad:
     sys.exit(f"corpus differs from the committed manifest in: {', '.join(bad)}")
 print("tokens match the committed manifest")
 PY
+if [ $mode = all ]; then  # a reproducible archive: names sorted, no dates or owners
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$out" -cf - linux-6.1 | xz -9 -T1 > "$out/linux-6.1.tokens.tar.xz"
+  ls -l "$out/linux-6.1.jsonl.xz" "$out/linux-6.1.tokens.tar.xz"
+fi
