@@ -265,3 +265,63 @@ class _TEHook:
         if getattr(module, "normalization", "RMSNorm") == "LayerNorm":
             return F.layer_norm(x.float(), (x.shape[-1],), w.float(), module.layer_norm_bias.float(), eps)
         return F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# reading them back
+# ----------------------------------------------------------------------------------------------
+
+def read(path) -> list[dict[str, Any]]:
+    """The fp8_stats records of a trainer folder (its metrics.jsonl) or of a result file."""
+    from pathlib import Path
+
+    from fp8lab import metrics as fmetrics
+
+    p = Path(path)
+    p = p / "metrics.jsonl" if p.is_dir() else p
+    return fmetrics.read_metrics(p, RECORD) if p.is_file() else []
+
+
+def of_sources(sources) -> dict[str, list[dict[str, Any]]]:
+    """run_id -> fp8_stats records, from what ``fp8lab.analysis.load_runs`` reads (trainer folders, result
+    files, folders holding them; None: data/results), named as it names the runs."""
+    import json
+    from pathlib import Path
+
+    from fp8lab.paths import RESULTS_DIR
+
+    items = [RESULTS_DIR] if sources is None else [sources] if isinstance(sources, (str, Path)) else list(sources)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for item in (Path(i) for i in items if isinstance(i, (str, Path))):  # a collect table holds no statistics
+        files = [item / "metrics.jsonl"] if (item / "metrics.jsonl").is_file() else (
+            sorted(item.rglob("*.jsonl")) if item.is_dir() else [item])
+        for f in files:
+            recs = read(f)
+            if not recs:
+                continue
+            if f.name == "metrics.jsonl":
+                out[f.parent.name] = recs
+            else:
+                first = json.loads(f.read_text(encoding="utf-8").split("\n", 1)[0])
+                out[first.get("run_id") or f.stem] = recs
+    return out
+
+
+def of_runs(runs) -> dict[str, list[dict[str, Any]]]:
+    """run_id -> its fp8_stats records, for the runs of a ``fp8lab.analysis.load_runs`` table that have
+    some (found through each run's ``source``, a path relative to the repository or the working folder)."""
+    from pathlib import Path
+
+    from fp8lab.paths import REPO_ROOT
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    if not len(runs) or "source" not in runs:
+        return out
+    for run_id, source in runs[["run_id", "source"]].drop_duplicates().itertuples(index=False):
+        if not isinstance(source, str):
+            continue
+        path = next((b / source for b in (REPO_ROOT, Path.cwd()) if (b / source).exists()), None)
+        recs = read(path) if path is not None else []
+        if recs:
+            out[run_id] = recs
+    return out
