@@ -102,13 +102,13 @@ class RunPlan:
                 **self.layout.options(), "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
-                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
-                "fp8_stats_every": self.fp8_stats_every}
+                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
         m = self.machine
-        return {**self.decisions(), "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
+        return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # issue 31: what ran, not a job's check
+                "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak}
 
     def all_reasons(self) -> dict[str, str]:

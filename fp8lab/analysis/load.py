@@ -30,6 +30,7 @@ META_COLUMNS = [
     "compute_dtype",  # the trainer's non-FP8 math: auto (bf16 on a GPU, fp32 on a CPU), bf16 or fp32
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
+    "seed",  # model init and data order: an FP8 run's loss pairs with the BF16 run of its seed (issue 31's study)
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",

@@ -107,3 +107,42 @@ def test_watch_needs_consecutive_samples():
 
 def test_attach_has_nothing_to_watch_without_fp8_layers():
     assert fp8stats.attach(build_model("llama-tiny", seed=0), None, 10) is None
+
+
+def test_the_plan_decides_the_statistics_once_with_a_reason():
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+    from fp8lab.train import TrainConfig
+
+    h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
+    fp8 = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h200)
+    assert fp8.fp8_stats_every == fp8stats.DEFAULT_EVERY and "every 10 steps" in fp8.all_reasons()["fp8_stats"]
+    assert fp8.record()["fp8_stats_every"] == 10
+    off = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_stats_every=0), h200)
+    assert off.fp8_stats_every == 0 and "off" in off.all_reasons()["fp8_stats"]
+    assert plan_run(TrainConfig(model="llama-1b", precision="bf16"), h200).fp8_stats_every == 0  # no FP8 casts
+    graphed = plan_run(TrainConfig(model="llama-7b", precision="fp8", micro_batch_size=1, cuda_graphs="on"), h200)
+    assert graphed.graphs.active and graphed.fp8_stats_every == 0
+    assert "CUDA graphs" in graphed.all_reasons()["fp8_stats"] and "--cuda-graphs off" in graphed.all_reasons()["fp8_stats"]
+    with pytest.raises(ValueError, match="--fp8-stats-every"):
+        TrainConfig(fp8_stats_every=-1)
+
+
+def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_path):
+    from fp8lab import analysis
+    from fp8lab import metrics as fmetrics
+    from fp8lab.train import TrainConfig, train
+
+    base = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False, progress="off",
+                print_metrics=False, steps=4, precision="fp8", backend="emulated", save_model=False, data=str(prepared),
+                checkpoint_every=-1)
+    on, off = tmp_path / "on", tmp_path / "off"
+    train(TrainConfig(**base, fp8_stats_every=2, output_dir=str(on)))
+    train(TrainConfig(**base, fp8_stats_every=0, output_dir=str(off)))
+    assert [r["step"] for r in fmetrics.read_metrics(on / "metrics.jsonl", fp8stats.RECORD)] == [2, 4]
+    assert fmetrics.read_metrics(off / "metrics.jsonl", fp8stats.RECORD) == []
+    assert [r["step"] for r in fmetrics.read_metrics(on / "metrics.jsonl")] == [1, 2, 3, 4]  # step records only
+    assert [r["loss"] for r in fmetrics.read_metrics(on / "metrics.jsonl")] == \
+        [r["loss"] for r in fmetrics.read_metrics(off / "metrics.jsonl")]  # watching changes nothing
+    assert len(analysis.load_runs(on)) == 4  # one row per step, none for the statistics
+    assert list(fp8stats.of_sources(tmp_path)) == ["on"]
