@@ -251,10 +251,12 @@ class _TEHook:
         """TE's delayed-scaling scale for this operand, else (current scaling) max / amax, as TE computes it."""
         from fp8lab import formats
 
+        rec = module.fp8_meta.get("recipe")
         meta = module.fp8_meta.get(which)
-        if meta is not None and getattr(meta, "scale", None) is not None and meta.scale.numel() > index:
+        delayed = bool(getattr(rec, "delayed", lambda: False)())  # TE's Recipe.delayed(): a scale from the history
+        if delayed and getattr(meta, "scale", None) is not None and meta.scale.numel() > index:
             return meta.scale[index]
-        margin = getattr(module.fp8_meta.get("recipe"), "margin", 0) or 0
+        margin = getattr(rec, "margin", 0) or 0
         return formats.compute_scale(t.detach().abs().amax().float(), fmt, margin)
 
     @staticmethod
