@@ -183,10 +183,8 @@ def warnings_of(recs: Iterable[dict[str, Any]]) -> list[str]:
 def attach(model, backend: str | None, every: int) -> HealthStats | None:
     """A collector for ``model`` converted by ``backend`` (emulated: its quantizers name their GEMM;
     te: hooks on the fused modules), or None when the model has no FP8 GEMM to watch."""
-    if backend == "emulated":
-        from fp8lab.backends.emulated import FP8Gemm
-
-        sites = [(n, m) for n, m in model.named_modules() if isinstance(m, FP8Gemm)]
+    if backend == "emulated":  # its FP8Gemm modules say so (a class flag: no import of the backend here)
+        sites = [(n, m) for n, m in model.named_modules() if getattr(m, "fp8lab_gemm", False)]
         for name, m in sites:
             m.__dict__["_fp8lab_site"] = name  # plain attribute: the quantizers report under this name
             if m.__dict__.get("_fp8lab_q") is not None:

@@ -125,6 +125,8 @@ class FP8Gemm(nn.Module):
     uninterrupted one. They travel as JSON bytes: an opaque value that any checkpoint format keeps.
     """
 
+    fp8lab_gemm = True  # fp8lab.fp8stats names each such module's casts after it
+
     def _quantizers(self, recipe: Recipe) -> TensorQuantizers:
         q = self.__dict__.get("_fp8lab_q")
         if q is None or q.recipe != recipe:
