@@ -14,7 +14,8 @@
 # Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz, 9.9 MiB; or the text .corpus/linux-6.1.jsonl.xz,
 #   10.0 MiB, tokenized there in ~1 min):
 #   bash benchmarks/gpu.sh bash benchmarks/study_loss_parity.sh
-# Results: $OUT/loss-parity-20m/*.jsonl (for data/results/loss-parity-20m/), *.fp8_stats.jsonl, parity.json, logs.
+# Results: $OUT/loss-parity-20m/*.jsonl (for data/results/loss-parity-20m/; FP8 health records inside), parity.json,
+#   the runs' logs; every command copies all results so far. A machine that went cold starts the study afresh.
 # Options after the script name go to benchmarks/study_loss_parity.py (e.g. --runs fp8-delayed --gpus 1).
 # DATA=<prepared folder> skips the corpus build (the CPU test passes a tiny one).
 set -euo pipefail
@@ -32,7 +33,12 @@ if [ ! -f "$DATA/manifest.json" ]; then  # the carried tokens (unpacked), else t
 fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 set +e
-"$PY" benchmarks/study_loss_parity.py --data "$DATA" --out "$OUT/loss-parity-20m" "$@"
+# results and run folders stay in .study/ (ignored by git, kept on a warm machine between commands); each command
+# copies what exists so far to $OUT (a fresh folder per command)
+RES=${RESULTS:-.study/loss-parity-20m/results}
+"$PY" benchmarks/study_loss_parity.py --data "$DATA" --out "$RES" "$@"
 rc=$?
+mkdir -p "$OUT/loss-parity-20m"
+cp "$RES"/* "$OUT/loss-parity-20m/" 2>/dev/null
 cp .study/loss-parity-20m/*.log "$OUT/loss-parity-20m/" 2>/dev/null
 exit $rc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ SMOKE = ["--cpu-smoke", "--model", "llama-tiny", "--tokens", "512", "--warmup-st
 
 
 def _study(prepared, out: Path):
-    env = {**os.environ, "DATA": str(prepared), "OUT": str(out), "PYTHON": sys.executable,
+    env = {**os.environ, "DATA": str(prepared), "OUT": str(out), "PYTHON": sys.executable, "RESULTS": str(out / "results"),
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(["bash", "benchmarks/study_loss_parity.sh", *SMOKE, "--work", str(out / "work")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -60,8 +61,10 @@ def test_the_study_script_runs_four_runs_and_writes_their_results(prepared, tmp_
     assert parity["bf16_mean"] == pytest.approx(sum(bf) / 2) and parity["bf16_spread"] == pytest.approx(abs(bf[0] - bf[1]))
     assert set(parity["fp8"]) == {"fp8-delayed", "fp8-current"}
     assert not list((tmp_path / "work").glob("*/checkpoints/step_*"))  # finished runs' checkpoints are removed
-    again = _study(prepared, tmp_path)  # everything done: nothing starts again
+    shutil.rmtree(res)  # the next command's $OUT is a fresh folder: the kept results say what is done
+    again = _study(prepared, tmp_path)  # everything done: nothing starts again, the results are copied again
     assert again.returncode == 0 and "start" not in again.stdout
+    assert sorted(f.name for f in res.glob("*.jsonl")) == files and (res / "parity.json").is_file()
 
 
 def test_runs_still_going_at_the_budget_get_sigterm():
