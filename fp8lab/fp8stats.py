@@ -20,6 +20,9 @@ Where the numbers come from:
   TE's own debug API (nvdlfw-inspect's LogFp8TensorStats) sees those too, at the price of a
   separate log format and a YAML config; not used here.
 
+Off (decided once by fp8lab.plan, with the reason) for BF16 runs, under CUDA graphs (a replayed graph runs no
+Python hooks) and under ``--compile`` (the hooks' state would recompile the blocks at each sample).
+
 :class:`Watch` turns the records into an early warning: a layer whose saturation or underflow is
 past its threshold for ``WARN_SAMPLES`` samples in a row is named once, with the remedies fp8lab has.
 """

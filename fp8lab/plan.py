@@ -286,4 +286,6 @@ def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: boo
     if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
         return 0, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
                    "--cuda-graphs off to see them")
+    if c.compile:  # compiled blocks guard on the hooks' state: each sample would recompile them
+        return 0, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
     return c.fp8_stats_every, f"every {c.fp8_stats_every} steps, the first micro-batch of the step"

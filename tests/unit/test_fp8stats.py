@@ -124,6 +124,8 @@ def test_the_plan_decides_the_statistics_once_with_a_reason():
     graphed = plan_run(TrainConfig(model="llama-7b", precision="fp8", micro_batch_size=1, cuda_graphs="on"), h200)
     assert graphed.graphs.active and graphed.fp8_stats_every == 0
     assert "CUDA graphs" in graphed.all_reasons()["fp8_stats"] and "--cuda-graphs off" in graphed.all_reasons()["fp8_stats"]
+    compiled = plan_run(TrainConfig(model="llama-1b", precision="fp8", compile=True), h200)
+    assert compiled.fp8_stats_every == 0 and "--compile" in compiled.all_reasons()["fp8_stats"]
     with pytest.raises(ValueError, match="--fp8-stats-every"):
         TrainConfig(fp8_stats_every=-1)
 
