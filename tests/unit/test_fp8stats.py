@@ -148,3 +148,12 @@ def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_p
         [r["loss"] for r in fmetrics.read_metrics(off / "metrics.jsonl")]  # watching changes nothing
     assert len(analysis.load_runs(on)) == 4  # one row per step, none for the statistics
     assert list(fp8stats.of_sources(tmp_path)) == ["on"]
+    from fp8lab import report
+
+    page = report.build_report(tmp_path, tmp_path / "r.html").read_text()
+    section = page[page.index("<h2>FP8 health</h2>"):]
+    section = section[:section.index("<h2>", 5)]
+    assert "<h3>on</h3>" in section and "<h3>off</h3>" not in section and section.count("<img") == 2
+    assert "No early warning in this run." in section
+    empty = report.build_report(off, tmp_path / "r2.html").read_text()
+    assert "No FP8 statistics in these runs" in empty
