@@ -225,10 +225,12 @@ class _TEHook:
             return
         from fp8lab import formats
 
-        fwd, bwd = formats.E4M3, self._grad_format(module)
-        x = self._normalised(module, args[0]) if self.kind != "Linear" else args[0]
         mlp = self.kind == "LayerNormMLP"
         first = f"{self.name}.fc1" if mlp else self.name
+        if (first, "x") in _ACTIVE._seen:  # a later micro-batch of the sampled step: nothing to compute
+            return
+        fwd, bwd = formats.E4M3, self._grad_format(module)
+        x = self._normalised(module, args[0]) if self.kind != "Linear" else args[0]
         observe(first, "x", x, fwd, self._scale(module, "scaling_fwd", self.X, x, fwd))
         w1 = module.fc1_weight if mlp else module.weight
         observe(first, "w", w1, fwd, self._scale(module, "scaling_fwd", self.W, w1, fwd))
