@@ -136,8 +136,8 @@ def model_label(model: str) -> str:
     return Path(model).name if Path(model).is_dir() and not model.startswith("hf:") else model
 
 
-def run_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> dict:
-    """Train ``args.steps`` steps in a fresh process; return the run record, steps and summary."""
+def variant_command(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> tuple[str, Path, list[str]]:
+    """(run id, output folder, trainer command) of one variant: ``args.steps`` steps in a fresh process."""
     nproc = getattr(args, "nproc", 1)
     label = model_label(model)
     run_id = f"{label}-{variant}" + (f"-{nproc}gpu-{args.parallel}" if nproc > 1 else "") + (f"-{args.tag}" if getattr(args, "tag", "") else "")
@@ -152,6 +152,12 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
            "--val-every", "0", "--val-batches", "1", "--resume", "False", "--seed", str(args.seed), *flags, *extra]
     if args.data:
         cmd += ["--data", args.data]
+    return run_id, out_dir, cmd
+
+
+def run_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path) -> dict:
+    """Train ``args.steps`` steps in a fresh process; return the run record, steps and summary."""
+    run_id, out_dir, cmd = variant_command(model, variant, flags, extra, args, work)
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
@@ -161,15 +167,25 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
         (work / f"{run_id}.log").write_text(out + "\n--- stderr ---\n" + err)
         return {"run_id": run_id, "error": f"timed out after {args.timeout} s (--timeout)", "seconds": time.time() - t0}
     (work / f"{run_id}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"run_id": run_id, "error": f"exit {proc.returncode}: {' | '.join(tail)}", "seconds": time.time() - t0}
+    return collect_variant(model, variant, flags, extra, args, work, cmd, t0)
+
+
+def collect_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path, cmd: list[str],
+                    t0: float) -> dict:
+    """The run record, downsampled steps and summary of a finished run of ``cmd`` (variant_command's)."""
+    from fp8lab import metrics as fmetrics
+
+    label, nproc = model_label(model), getattr(args, "nproc", 1)
+    run_id, out_dir, _ = variant_command(model, variant, flags, extra, args, work)
     shown = " ".join(shlex.quote(c) for c in ["python" if i == 0 else c for i, c in enumerate(cmd)]).replace(str(work), "<work>")
     if label != model:  # a folder: <models>/name, never the machine's path
         shown = shown.replace(str(Path(model).parent), "<models>")
     if args.data:  # machine paths stay out of result files
         shown = shown.replace(str(args.data), "<data>")
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"run_id": run_id, "error": f"exit {proc.returncode}: {' | '.join(tail)}", "seconds": time.time() - t0}
-    recs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    recs = fmetrics.read_metrics(out_dir / "metrics.jsonl")  # the step records (not fp8lab.fp8stats')
     cfg = json.loads((out_dir / "config.json").read_text())
     timed = [r for r in recs if r["step"] > args.warmup and r.get("loss") is not None and not r.get("profiled")]
     tps = quantiles([r["tokens_per_sec_per_gpu"] for r in timed])

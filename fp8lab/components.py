@@ -297,6 +297,11 @@ class StepMetrics:
         else:
             print(line, flush=True)
 
+    def write_record(self, rec: dict[str, Any]) -> None:
+        """Another record of this step (e.g. fp8lab.fp8stats'), rank 0; written before the step's own."""
+        if self.log is not None:
+            self.log.write(rec)
+
     def start(self) -> None:
         self._t0 = time.perf_counter()
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fp8lab.data_format import (  # noqa: F401 - the on-disk facts, re-exported where they were
-    CORPUS_DIR, FORMAT, FORMAT_VERSION, MANIFEST, TEXT_SUFFIXES, default_corpus, is_prepared, text_files,
+    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, default_corpus, is_prepared, text_files,
     tokenized_here,
 )
 from fp8lab.paths import DATA_DIR
@@ -49,9 +49,28 @@ def _open_text(path: Path):
     return open(path, encoding="utf-8")
 
 
+def _jsonl_documents(path: Path) -> Iterator[str]:
+    """The ``text`` of each line of a JSON-lines file (one whole document per line, e.g. a source file)."""
+    with _open_text(path) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"line {n} of {path.name!r} is not a JSON object with a \"text\" string; "
+                                 "allowed in .jsonl sources: one {\"text\": ...} object per line") from None
+            if isinstance(text, str) and text.strip():
+                yield text
+
+
 def read_documents(files: Iterable[Path]) -> Iterator[str]:
-    """Documents from text files: blocks separated by blank lines (one chapter each in the KJV)."""
+    """Documents from text files: blocks separated by blank lines (one chapter each in the KJV); in
+    ``.jsonl`` files one line each (JSONL_SUFFIXES)."""
     for path in files:
+        if Path(path).name.endswith(JSONL_SUFFIXES):
+            yield from _jsonl_documents(Path(path))
+            continue
         block: list[str] = []
         with _open_text(Path(path)) as fh:
             try:

@@ -28,6 +28,9 @@ def _open_binary(path: Path):
 def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) -> int:
     """Documents (blank-line separated blocks) in the first ``limit`` bytes; ValueError if not UTF-8 text."""
     who = f"{option}: file {path.name!r}"
+    from fp8lab.data_format import JSONL_SUFFIXES
+
+    jsonl = path.name.endswith(JSONL_SUFFIXES)  # one document per line, blank lines inside it are escaped
     decoder = codecs.getincrementaldecoder("utf-8")()
     docs, in_doc, read, line_no = 0, False, 0, 0
     try:
@@ -47,7 +50,7 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
                     raise ValueError(f"{who} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line_no}); "
                                      "allowed: UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)") from None
                 if text.strip():
-                    docs += not in_doc
+                    docs += jsonl or not in_doc
                     in_doc = True
                 else:
                     in_doc = False

@@ -16,7 +16,8 @@ CORPUS_DIR = DATA_DIR / "corpus"
 MANIFEST = "manifest.json"
 FORMAT = "fp8lab-tokens"
 FORMAT_VERSION = 1
-TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")  # one document per line: {"text": ...} (source code keeps its blank lines)
+TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz") + JSONL_SUFFIXES
 
 
 def default_corpus() -> list[Path]:

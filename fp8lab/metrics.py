@@ -101,14 +101,17 @@ class MetricsLog:
         self._fh.close()
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file (complete lines only)."""
+def read_metrics(path: str | Path, record: str | None = None) -> list[dict[str, Any]]:
+    """The step records of a metrics.jsonl file (complete lines only); ``record="fp8_stats"``: those
+    records instead (lines with a ``"record"`` key are other records: fp8lab.fp8stats)."""
     out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(rec, dict) and rec.get("record") == record:
+            out.append(rec)
     return out
 
 

@@ -60,6 +60,8 @@ class RunPlan:
     fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.fp8attn); also on ``recipe``
     # issue 32: FSDP2 all-gathers the block linears' weights in FP8 (torchao)
     fp8_all_gather: bool = False
+    # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8stats)
+    fp8_stats_every: int = 0
 
     # the layout's values, read where the trainer needs them
     @property
@@ -112,7 +114,8 @@ class RunPlan:
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
         m = self.machine
-        return {**self.decisions(), "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
+        return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # issue 31: what ran, not a job's check
+                "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak}
 
     def all_reasons(self) -> dict[str, str]:
@@ -293,8 +296,11 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
         recipe = dataclasses.replace(recipe, fp8_attention=True)
     # issue 32: FP8 all-gather under FSDP2
     fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
+    # issue 31: FP8 health statistics
+    stats_every, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag)
+                   master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
+                   fp8_stats_every=stats_every)
 
 
 # issue 32 ---------------------------------------------------------------------------------------
@@ -315,3 +321,18 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
     if c.fp8_all_gather == "on":
         raise ValueError(f"--fp8-all-gather on {why_not}; allowed here: auto | off")
     return False, f"auto: off ({why_not})"
+
+
+# issue 31
+def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool) -> tuple[int, str]:
+    """(every how many steps the FP8 health statistics are sampled, 0 = off; why), decided once here."""
+    if not c.fp8_stats_every:
+        return 0, "--fp8-stats-every 0: off"
+    if c.precision != "fp8" or backend not in ("te", "emulated"):
+        return 0, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
+    if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
+        return 0, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
+                   "--cuda-graphs off to see them")
+    if c.compile:  # compiled blocks guard on the hooks' state: each sample would recompile them
+        return 0, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
+    return c.fp8_stats_every, f"every {c.fp8_stats_every} steps, the first micro-batch of the step"

@@ -698,3 +698,41 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
     _shared_legend(fig, axes)
     fig.suptitle(title, fontsize=10)
     return _finish(fig, save)
+
+
+# issue 31: FP8 health (fp8lab.fp8stats)
+HEALTH_METRICS = {"underflow": "values flushed to 0", "saturation": "values clipped at the format's max"}
+HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included) share its colour
+
+
+def fp8_health_figure(table: pd.DataFrame, metric: str = "underflow", title: str = "",
+                      save: str | Path | None = None) -> Figure:
+    """A layer-by-step heatmap per tensor kind (activation, weight, gradient) of ``metric`` (underflow or
+    saturation) from :func:`fp8lab.fp8stats.table`: a row per decoder block (the worst of its GEMMs), a
+    column per sampled step, log colour scale from 1e-6 to 1."""
+    from matplotlib.colors import LogNorm
+
+    if metric not in HEALTH_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(HEALTH_METRICS)}, got {metric!r}")
+    head = f"FP8 {metric}: fraction of {HEALTH_METRICS[metric]}" + (f" - {title}" if title else "")
+    t = table.dropna(subset=[metric]) if len(table) else table
+    if not len(t):
+        return _empty(head, "no FP8 statistics recorded (FP8 runs with --fp8-stats-every > 0)")
+    kinds = [k for k in ("activation", "weight", "gradient") if k in set(t["kind"])]
+    fig, axes = _grid(len(kinds), width=5.2, height=3.6)
+    norm = LogNorm(vmin=HEALTH_FLOOR, vmax=1.0)
+    image = None
+    for ax, kind in zip(axes, kinds):
+        grid = t[t["kind"] == kind].pivot_table(index="block", columns="step", values=metric, aggfunc="max")
+        image = ax.imshow(grid.clip(lower=HEALTH_FLOOR).to_numpy(dtype=float), aspect="auto", norm=norm,
+                          cmap="magma_r", interpolation="nearest")
+        ax.set_title(kind)
+        ax.set_yticks(range(len(grid.index)), [b.replace("block ", "") for b in grid.index], fontsize=7)
+        steps = list(grid.columns)
+        ticks = sorted(set(np.linspace(0, len(steps) - 1, min(6, len(steps))).round().astype(int)))
+        ax.set_xticks(ticks, [str(steps[i]) for i in ticks], fontsize=8)
+        ax.set_xlabel("step")
+        ax.set_ylabel("decoder block")
+    fig.colorbar(image, ax=axes, shrink=0.8, label=f"fraction ({metric})")
+    fig.suptitle(head)
+    return _finish(fig, save)

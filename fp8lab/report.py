@@ -16,7 +16,7 @@ from typing import Iterable
 
 import pandas as pd
 
-from fp8lab import analysis, plots
+from fp8lab import analysis, fp8stats, plots
 from fp8lab.probes import check_writable_file
 from fp8lab.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 
@@ -101,8 +101,9 @@ def _at_scale(answer) -> pd.DataFrame:
 
 
 def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
-                reference: pd.DataFrame | None = None) -> str:
-    """The report page for a runs table from :func:`fp8lab.analysis.load_runs`."""
+                reference: pd.DataFrame | None = None, health: dict | None = None) -> str:
+    """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
+    FP8 statistics (fp8lab.fp8stats.of_sources; default: found through the runs' sources)."""
     a = Analysed.of(runs, config, reference)
     summary, comparison, answer = a.summary, a.comparison, a.answer
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance)
@@ -147,6 +148,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are shown.</p>')
     body.append("<h2>Figures</h2>")
     body += [_img(f, alt) for f, alt in figs]
+    body += _health_section(fp8stats.of_runs(runs) if health is None else health)
     runs_table = summary.assign(layout=[analysis.layout_label(r) for _, r in summary.iterrows()])
     body += [
         "<h2>FP8 vs BF16 per model and scale</h2>",
@@ -251,13 +253,39 @@ def _scaling_markdown(scaling: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+HEALTH_RUNS = 4  # FP8 runs whose health heatmaps the page shows; the rest are named
+
+
+def _health_section(health: dict) -> list[str]:
+    """FP8 health (issue 31): per FP8 run with statistics, the underflow and saturation heatmaps and its warnings."""
+    e = html.escape
+    out = ["<h2>FP8 health</h2>",
+           f'<p class="muted">Every --fp8-stats-every steps, per layer and tensor kind: the fraction of values an FP8 '
+           f"cast flushes to 0 (underflow) or clips at the format's max (saturation), the worst GEMM of each decoder "
+           f"block shown. A warning names a layer past {fp8stats.SATURATION_WARN:.1%} saturation or "
+           f"{fp8stats.UNDERFLOW_WARN:.0%} underflow for {fp8stats.WARN_SAMPLES} samples in a row (fp8lab.fp8stats).</p>"]
+    if not health:
+        return out + ['<p class="muted">No FP8 statistics in these runs (FP8 runs record them unless --fp8-stats-every 0).</p>']
+    for run_id, recs in list(health.items())[:HEALTH_RUNS]:
+        t = fp8stats.table(recs)
+        out.append(f"<h3>{e(run_id)}</h3>")
+        out += [_img(plots.fp8_health_figure(t, m, run_id), f"FP8 {m} per decoder block and step, {run_id}")
+                for m in plots.HEALTH_METRICS]
+        warns = fp8stats.warnings_of(recs)
+        out.append("<ul>" + "".join(f"<li>{e(w)}</li>" for w in warns) + "</ul>" if warns else
+                   '<p class="muted">No early warning in this run.</p>')
+    if len(health) > HEALTH_RUNS:
+        out.append(f'<p class="muted">Also with statistics: {e(", ".join(list(health)[HEALTH_RUNS:]))}.</p>')
+    return out
+
+
 def build_report(sources: object = None, out: str | Path = "report.html",
                  config: ReportConfig = ReportConfig()) -> Path:
     """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``."""
     runs = analysis.load_runs(sources)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(runs, config), encoding="utf-8")
+    out.write_text(render_html(runs, config, health=fp8stats.of_sources(sources)), encoding="utf-8")
     return out
 
 

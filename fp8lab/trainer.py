@@ -243,6 +243,11 @@ class Trainer:
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
                                          {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
                                          self.fingerprint, self.log)
+        # issue 31: FP8 health statistics (rank 0 samples its own micro-batch; fp8lab.fp8stats)
+        from fp8lab import fp8stats
+
+        self.health = (fp8stats.attach(self.inner, self.backend, p.fp8_stats_every)
+                       if p.fp8_stats_every and env.is_main else None)
 
     def _resume(self) -> None:
         """From the newest complete checkpoint, following new settings where allowed (fp8lab.resume)."""
@@ -365,6 +370,8 @@ class Trainer:
 
         env, accum = self.env, self.plan.grad_accum
         lr = self.optimizer.param_groups[0]["lr"]
+        if self.health is not None:
+            self.health.begin(step)
         loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
         for micro in range(accum):
             x, y = (t.to(env.device, non_blocking=True) for t in self.loader.next_batch())
@@ -372,6 +379,8 @@ class Trainer:
                 loss_sum += self._forward_backward(x, y, micro, step).detach()
         if self.weight_cache:
             self.inner.release_weight_cache()
+        if self.health is not None:
+            self._health_record(step)
         grad_norm = self._clip()
         # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
         packed = torch.stack([loss_sum / accum, torch.tensor(float(self.stop.set), device=env.device)])
@@ -386,6 +395,15 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return result
+
+    def _health_record(self, step: int) -> None:
+        """The sampled step's FP8 statistics into metrics.jsonl; its early warnings into the log (issue 31)."""
+        rec = self.health.end(step)
+        if rec is None:
+            return
+        self.metrics.write_record(rec)
+        for line in rec.get("warnings", []):
+            self.metrics.emit(f"fp8lab: {line}")
 
     def _clip(self):
         import torch

@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from fp8lab.fp8stats import RECORD as FP8_STATS_RECORD
 from fp8lab.analysis.labels import layout_label, model_size_b, variant_label
 from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 
@@ -29,6 +30,7 @@ META_COLUMNS = [
     "compute_dtype",  # the trainer's non-FP8 math: auto (bf16 on a GPU, fp32 on a CPU), bf16 or fp32
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
+    "seed",  # model init and data order: an FP8 run's loss pairs with the BF16 run of its seed (issue 31's study)
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
@@ -41,6 +43,7 @@ METRIC_COLUMNS = [
 ]
 COLUMNS = META_COLUMNS + ["record"] + METRIC_COLUMNS
 RECORD_TYPES = ("run", "step", "summary")
+OTHER_RECORDS = (FP8_STATS_RECORD,)  # records beside the steps (fp8lab.fp8stats): not rows of the run table
 
 # Other spellings of the metadata keys, as trainers, launchers and benchmarks write them.
 _ALIASES = {
@@ -211,7 +214,8 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
 RUN_RECORD_REQUIRED = ("model", "precision", "gpu_name", "world_size", "command", "date")
 
 
-def write_result_file(path: str | Path, run: dict, steps: Iterable[dict] = (), summary: dict | None = None) -> Path:
+def write_result_file(path: str | Path, run: dict, steps: Iterable[dict] = (), summary: dict | None = None,
+                      others: Iterable[dict] = ()) -> Path:
     """Write one run as a result file in the format of ``data/results/README.md``.
 
     ``run`` is the provenance (must hold at least ``RUN_RECORD_REQUIRED``); ``steps`` are
@@ -232,6 +236,11 @@ def write_result_file(path: str | Path, run: dict, steps: Iterable[dict] = (), s
     lines += [{"record": "step", **{k: v for k, v in s.items() if k != "record"}} for s in steps]
     if summary:
         lines.append({"record": "summary", **{k: v for k, v in summary.items() if k != "record"}})
+    others = [dict(r) for r in others]
+    bad = [r.get("record") for r in others if r.get("record") not in OTHER_RECORDS]
+    if bad:
+        raise ValueError(f"others: record type(s) {bad[:3]}; allowed: {', '.join(OTHER_RECORDS)}")
+    lines += others
     path.write_text("".join(json.dumps(line, sort_keys=False) + "\n" for line in lines), encoding="utf-8")
     return path
 
@@ -290,7 +299,7 @@ def _load_trainer_dir(folder: Path) -> pd.DataFrame:
     meta["run_id"] = folder.name
     meta.setdefault("study", folder.parent.name or "local")
     meta["source"] = display_path(folder)
-    records = read_jsonl(folder / "metrics.jsonl")
+    records = [(i, r) for i, r in read_jsonl(folder / "metrics.jsonl") if r.get("record") not in OTHER_RECORDS]
     if not records:
         warnings.warn(f"{folder / 'metrics.jsonl'}: no complete records yet; run skipped", RunFileWarning, stacklevel=3)
         return pd.DataFrame()
@@ -318,6 +327,8 @@ def _load_result_file(path: Path) -> pd.DataFrame:
             steps.append((lineno, rec))
         elif kind == "summary":
             summaries.append((lineno, rec))
+        elif kind in OTHER_RECORDS:  # read by their own readers (fp8lab.fp8stats.table)
+            continue
         else:
             raise RunFileError(f"{path}: line {lineno} has record={kind!r}; allowed after line 1: 'step', 'summary'")
     frames = []

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fp8lab import formats
+from fp8lab import formats, fp8stats
 from fp8lab.backends import DEFAULT_RECIPES, _fused, fused_targets, linear_targets, swap_modules
 from fp8lab.recipe import Recipe
 
@@ -53,8 +53,8 @@ def active_recipe() -> Recipe | None:
 class TensorQuantizers:
     """Scaling state of one GEMM: input ``x``, weight ``w``, output gradient ``g``."""
 
-    def __init__(self, recipe: Recipe):
-        self.recipe = recipe
+    def __init__(self, recipe: Recipe, site: str | None = None):
+        self.recipe, self.site = recipe, site  # site: the GEMM's module name, for fp8lab.fp8stats
         self.fmt = {"x": formats.E4M3, "w": formats.E4M3, "g": formats.E5M2 if recipe.format == "hybrid" else formats.E4M3}
         self.delayed = {
             role: formats.DelayedScaling(recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin, fmt)
@@ -62,6 +62,23 @@ class TensorQuantizers:
         } if recipe.kind == "delayed" else {}
 
     def __call__(self, role: str, t: torch.Tensor) -> torch.Tensor:
+        if not fp8stats.watching():
+            return self._quantize(role, t)
+        scale = self._scale(role, t)  # the scale this cast uses (delayed: before the history takes this amax)
+        q = self._quantize(role, t)
+        fp8stats.observe(self.site, role, t, self.fmt[role], scale, q)
+        return q
+
+    def _scale(self, role: str, t: torch.Tensor):
+        """The per-tensor scale of this cast; None for the block recipes (a scale per block)."""
+        r, fmt = self.recipe, self.fmt[role]
+        if r.kind == "delayed":
+            return self.delayed[role].scale
+        if r.kind == "current":
+            return formats.compute_scale(t.detach().abs().amax().float(), fmt, r.margin)
+        return None
+
+    def _quantize(self, role: str, t: torch.Tensor) -> torch.Tensor:
         r, fmt = self.recipe, self.fmt[role]
         if r.kind == "delayed":
             return self.delayed[role].step(t)
@@ -108,10 +125,12 @@ class FP8Gemm(nn.Module):
     uninterrupted one. They travel as JSON bytes: an opaque value that any checkpoint format keeps.
     """
 
+    fp8lab_gemm = True  # fp8lab.fp8stats names each such module's casts after it
+
     def _quantizers(self, recipe: Recipe) -> TensorQuantizers:
         q = self.__dict__.get("_fp8lab_q")
         if q is None or q.recipe != recipe:
-            q = TensorQuantizers(recipe)
+            q = TensorQuantizers(recipe, self.__dict__.get("_fp8lab_site"))
             self.__dict__["_fp8lab_q"] = q  # plain attribute: not a parameter
             pending = self.__dict__.pop("_fp8lab_pending", None)
             if pending and pending.get("recipe") == dataclasses.asdict(recipe):

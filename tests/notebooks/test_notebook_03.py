@@ -35,7 +35,11 @@ def test_defaults_train_bf16_and_fp8_on_the_same_tokens(tmp_path):
     assert recs[0]["precision"] == "fp8" and recs[0]["backend"] == "emulated"
     nb = nbformat.read(str(res[0].output), as_version=4)
     pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert pngs == 1
+    assert pngs == 3  # the pair's figure, and the FP8 run's underflow and saturation heatmaps (issue 31)
+    assert vals["fp8_stats_steps"] == {"fp8 emulated": [10, 20, 30, 40, 50, 60]}  # the default --fp8-stats-every 10
+    health = [r for r in fmetrics.read_metrics(runs / "fp8-emulated" / "metrics.jsonl", "fp8_stats")]
+    assert {row["kind"] for row in health[0]["layers"]} == {"activation", "weight", "gradient"}
+    assert not fmetrics.read_metrics(runs / "fp32" / "metrics.jsonl", "fp8_stats")  # no FP8 casts in the baseline
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     layout_lines = [l for l in text.splitlines() if l.startswith("fp8lab: layout:")]
     assert len(layout_lines) == 1, layout_lines  # the layout both runs share, printed once

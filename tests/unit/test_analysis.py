@@ -484,3 +484,48 @@ def test_graphed_runs_are_labelled_as_such_in_the_runs_table_and_in_the_profiles
     assert "graphs" in labels[on.stem].split() and "graphs" not in labels[off.stem].split()
     profiles = analysis.load_profiles([on.with_name(on.stem + ".profile.json")])
     assert profiles["variant"].iloc[0] == labels[on.stem]
+
+
+def test_an_fp8_run_pairs_with_the_bf16_run_of_its_seed():
+    """Two BF16 seeds (a noise band, issue 31): the FP8 run's loss gap is against the same init and data order."""
+    base = dict(model="m", gpu_name="NVIDIA H200", instances=1, world_size=1, study="s", micro_batch_size=8,
+                grad_accum=1, seq_len=2048, tokens=1e6, loss_comparable=True, smoothed_loss=3.0, final_loss=3.0)
+    base = {**{c: None for c in analysis.load.META_COLUMNS}, "mfu": None, "nonfinite_losses": 0, **base}
+    summary = pd.DataFrame([
+        {**base, "run_id": "b1", "variant": "bf16", "precision": "bf16", "backend": "te", "seed": 1, "tokens_per_sec_per_gpu": 10, "val_loss": 3.0},
+        {**base, "run_id": "b2", "variant": "bf16", "precision": "bf16", "backend": "te", "seed": 2, "tokens_per_sec_per_gpu": 11, "val_loss": 3.3},
+        {**base, "run_id": "f1", "variant": "fp8", "precision": "fp8", "backend": "te", "seed": 1, "tokens_per_sec_per_gpu": 14, "val_loss": 3.03},
+    ])
+    c = analysis.compare_precisions(summary)
+    assert list(c["baseline_run"]) == ["b1"] and c["val_loss_gap_pct"].iloc[0] == pytest.approx(1.0)
+    c2 = analysis.compare_precisions(summary.assign(seed=np.nan))  # no seeds recorded: the fastest, as before
+    assert list(c2["baseline_run"]) == ["b2"]
+
+
+def test_the_headline_loss_gap_comes_from_the_longest_loss_study(tmp_path):
+    """README and notebook 05 quote the loss study with the most tokens: the committed loss-1b until the one-epoch
+    parity study's files exist (issue 31), then that one, with its token count. The longer study here is the
+    loss-1b pair re-labelled (test data: its numbers mean nothing)."""
+    import shutil
+
+    src = RESULTS_DIR / "loss-1b"
+    names = ["llama-1b-te-bf16-w30.jsonl", "llama-1b-te-fp8-delayed-w30.jsonl"]
+    (tmp_path / "loss-1b").mkdir()
+    for n in names:
+        shutil.copy(src / n, tmp_path / "loss-1b" / n)
+    before = analysis.headline_table(analysis.summarize_runs(analysis.load_runs(tmp_path)))
+    row = before.set_index("model").loc["llama-1b"]
+    assert row["loss_study"] == "loss-1b" and row["loss_tokens"] == 4_915_200
+    (tmp_path / "loss-parity-20m").mkdir()
+    for n in names:
+        lines = [json.loads(x) for x in (src / n).read_text().splitlines()]
+        for r in lines:
+            r["study"] = "loss-parity-20m" if r["record"] == "run" else r.get("study")
+            if r["record"] == "run":
+                r["run_id"] = r["run_id"].replace("-w30", "-20m-s1234")
+            if "tokens" in r and r["record"] != "run":
+                r["tokens"] = r["tokens"] * 4  # 19.66M tokens: the longer study
+        (tmp_path / "loss-parity-20m" / n.replace("-w30", "-20m-s1234")).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    after = analysis.headline_table(analysis.summarize_runs(analysis.load_runs(tmp_path)))
+    row = after.set_index("model").loc["llama-1b"]
+    assert row["loss_study"] == "loss-parity-20m" and row["loss_tokens"] == 4 * 4_915_200

@@ -229,3 +229,24 @@ def test_a_job_scans_the_token_ids_once_on_rank_0_and_every_rank_follows(prepare
     c = TrainConfig(data=str(prepared), checkpoint_every=-1, save_model=False)
     run_paths.check_run(c, run_paths.resolve_paths(c), str(prepared), scan_tokens=False)
     assert called == [False]  # what trainer.run asks for: the folder checked, its ids left to rank 0
+
+
+def test_json_lines_sources_hold_one_document_per_line_blank_lines_kept(tmp_path):
+    """Source code keeps its blank lines: a .jsonl(.xz) source is one {"text": ...} document per line (issue 31)."""
+    import json
+    import lzma
+
+    docs = [f"int f{i}(void)\n{{\n\n    return {i};\n}}\n" for i in range(40)]
+    src = tmp_path / "code.jsonl.xz"
+    with lzma.open(src, "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"path": f"f{i}.c", "text": d}) + "\n" for i, d in enumerate(docs))
+    assert list(data.read_documents([src])) == docs
+    from fp8lab import data_checks
+
+    data_checks.check_data_source(str(src))  # 40 documents: enough for the split
+    m = data.prepare_data(str(src), tmp_path / "out", None, vocab_size=512)
+    assert m["documents"] == 40 and m["splits"]["val"]["documents"] == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"body": "b"}\n')
+    with pytest.raises(ValueError, match=r"line 2 of 'bad.jsonl' is not a JSON object with a \"text\" string"):
+        list(data.read_documents([bad]))

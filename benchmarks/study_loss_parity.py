@@ -1,0 +1,216 @@
+"""The one-epoch loss-parity study (issue 31; benchmarks/studies/loss_parity_20m.md), resumable.
+
+Four runs of one model on the same prepared corpus, each >= ``--tokens`` tokens (one epoch or less:
+no window is seen twice), validation loss every ``--val-every`` steps on the held-out split:
+
+    bf16-s1234   BF16 (TE layers, FP8 off), seed 1234: model init and data order
+    bf16-s4321   BF16, seed 4321: another init and another data order (the seed-to-seed noise band)
+    fp8-delayed  FP8 delayed scaling, seed 1234 (the same init and data order as bf16-s1234)
+    fp8-current  FP8 current scaling, seed 1234
+
+Runs go ``--gpus`` at a time (one GPU each). At ``--budget-s`` the runs still going get SIGTERM: the
+trainer writes a checkpoint and exits, and the same command run again (on the same machine) resumes
+them from it. A finished run becomes ``<out>/<run id>.jsonl`` (data/results format; its run record
+names the corpus; its FP8 health records follow the summary); its checkpoints are then deleted. Exit 0 when all runs have result files (and ``<out>/parity.json`` holds the gaps), 3
+when some are left for the next command.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loss_parity import LOSS_VARIANTS  # noqa: E402
+from throughput import REPO, _arg_value, collect_variant, variant_command  # noqa: E402
+
+RUNS = {"bf16-s1234": ("te-bf16", 1234), "bf16-s4321": ("te-bf16", 4321),
+        "fp8-delayed": ("te-fp8-delayed", 1234), "fp8-current": ("te-fp8-current", 1234)}
+CPU_VARIANTS = {"te-bf16": ["--precision", "bf16", "--backend", "emulated"],  # the same script path on a CPU
+                "te-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
+                "te-fp8-current": ["--precision", "fp8", "--backend", "emulated", "--recipe", "current"]}
+GRACE_S = 90  # after SIGTERM: time for the checkpoint (~15 GB for llama-1b with its AdamW state)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="llama-1b")
+    p.add_argument("--data", required=True, help="prepared folder (data/corpus/build_linux.sh makes .corpus/linux-6.1)")
+    p.add_argument("--tokens", type=int, default=20_000_000, help="at least this many training tokens per run")
+    p.add_argument("--common-args", default="--seq-len 2048 --micro-batch-size 16 --grad-accum 1")
+    p.add_argument("--lr", default="3e-4")
+    p.add_argument("--warmup-steps", type=int, default=30)
+    p.add_argument("--val-every", type=int, default=25)
+    p.add_argument("--val-batches", type=int, default=4)
+    p.add_argument("--runs", default=",".join(RUNS), help="comma list of: " + ", ".join(RUNS))
+    p.add_argument("--gpus", type=int, default=0, help="runs at once, one GPU each (0: all visible GPUs, 1 on a CPU)")
+    p.add_argument("--budget-s", type=float, default=450, help="seconds of training this command may start and run; then "
+                   "SIGTERM and up to 90 s for the checkpoints (a 600 s command: set-up, budget, checkpoint)")
+    p.add_argument("--min-left-s", type=float, default=150, help="no new run starts with less of the budget left")
+    p.add_argument("--study", default="loss-parity-20m")
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default=".study/loss-parity-20m", help="run folders and checkpoints (kept between commands)")
+    p.add_argument("--cpu-smoke", action="store_true", help="the emulated backend (tests: a tiny model on a CPU)")
+    args = p.parse_args(argv)
+    bad = [r for r in args.runs.split(",") if r not in RUNS]
+    if bad:
+        p.error(f"--runs: unknown {', '.join(bad)}; allowed: {', '.join(RUNS)}")
+    return args
+
+
+def run_args(args, name: str):
+    """The harness arguments of one run (variant_command reads steps, seed, tag, data from them)."""
+    common = shlex.split(args.common_args)
+    per_step = math.prod(int(_arg_value(common, k)) for k in ("--seq-len", "--micro-batch-size", "--grad-accum"))
+    a = copy.copy(args)
+    a.steps = math.ceil(args.tokens / per_step)
+    a.seed, a.tag = RUNS[name][1], f"20m-s{RUNS[name][1]}"
+    a.warmup = 0  # collect_variant's timing statistics: every step (the loss is what this study is about)
+    a.max_step_records = 400
+    a.note = f"issue 31 loss-parity study, run {name}"
+    return a
+
+
+def extra_args(args) -> list[str]:
+    return shlex.split(args.common_args) + [
+        "--lr", args.lr, "--warmup-steps", str(args.warmup_steps), "--val-every", str(args.val_every),
+        "--val-batches", str(args.val_batches), "--resume", "True", "--checkpoint-every", "0", "--keep-checkpoints", "1"]
+
+
+def run_id_of(args, name: str) -> str:
+    return variant_command(args.model, RUNS[name][0], [], [], run_args(args, name), Path("."))[0]
+
+
+def flags_of(args, name: str) -> list[str]:
+    variant = RUNS[name][0]
+    return (CPU_VARIANTS if args.cpu_smoke else LOSS_VARIANTS)[variant]
+
+
+def corpus_record(data: Path) -> dict:
+    from fp8lab import data as fdata
+
+    m = fdata.read_manifest(data)
+    return {"name": data.name, "identity": fdata.identity(m), "source": m["source"],
+            "train_tokens": m["splits"]["train"]["tokens"], "val_tokens": m["splits"]["val"]["tokens"],
+            "documents": m["documents"], "tokenizer_sha256": m["tokenizer_sha256"]}
+
+
+def finish_run(args, name: str, work: Path, out: Path, cmd: list[str], t0: float) -> None:
+    """The result file of a completed run, its FP8 health records beside it; its checkpoints removed."""
+    from fp8lab import fp8stats
+    from fp8lab import metrics as fmetrics
+    from fp8lab.analysis import write_result_file
+
+    a = run_args(args, name)
+    variant = RUNS[name][0]
+    res = collect_variant(args.model, variant, flags_of(args, name), extra_args(args), a, work, cmd, t0)
+    run_id, out_dir, _ = variant_command(args.model, variant, flags_of(args, name), extra_args(args), a, work)
+    corpus = corpus_record(Path(args.data))
+    res["run"].update(study=args.study, loss_comparable=True, seed=a.seed, corpus=corpus,
+                      epochs=res["summary"]["tokens"] / corpus["train_tokens"])
+    stats = fmetrics.read_metrics(out_dir / "metrics.jsonl", fp8stats.RECORD)  # the FP8 health records, after the summary
+    write_result_file(out / f"{run_id}.jsonl", res["run"], res["steps"], res["summary"], others=stats)
+    shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    print(f"[parity] {run_id}: done, final val loss {res['summary'].get('val_loss')}", flush=True)
+
+
+def launch(args, name: str, work: Path, gpu: int | None):
+    a = run_args(args, name)
+    run_id, out_dir, cmd = variant_command(args.model, RUNS[name][0], flags_of(args, name), extra_args(args), a, work)
+    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
+    log = open(work / f"{run_id}.log", "a")
+    print(f"[parity] {run_id}: start{' on GPU ' + str(gpu) if gpu is not None else ''} ({a.steps} steps)", flush=True)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), cmd, time.time()
+
+
+def summarize(args, out: Path) -> dict:
+    """Final validation losses, the BF16 mean and seed spread, each FP8 run's gap (issue 31's criterion)."""
+    vals = {}
+    for name in RUNS:
+        lines = [json.loads(x) for x in (out / f"{run_id_of(args, name)}.jsonl").read_text().splitlines()]
+        vals[name] = next(r for r in lines if r["record"] == "summary").get("val_loss")
+    bf = [vals["bf16-s1234"], vals["bf16-s4321"]]
+    mean, spread = sum(bf) / 2, abs(bf[0] - bf[1])
+    band = max(0.005 * mean, spread)
+    gaps = {k: {"val_loss": vals[k], "gap": vals[k] - mean, "gap_pct": 100 * (vals[k] / mean - 1),
+                "within": abs(vals[k] - mean) <= band} for k in ("fp8-delayed", "fp8-current")}
+    return {"val_loss": vals, "bf16_mean": mean, "bf16_spread": spread, "band": band, "fp8": gaps}
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    t_start = time.time()
+    out, work = Path(args.out), (REPO / args.work if not Path(args.work).is_absolute() else Path(args.work))
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    args.data = str(Path(args.data).resolve())
+    names = [r for r in args.runs.split(",")]
+    pending = []
+    for name in names:
+        if not (out / f"{run_id_of(args, name)}.jsonl").exists():
+            pending.append(name)
+    gpus = args.gpus or (int(_cuda_count()) or 1)
+    interrupted, failed = [], []
+    while pending and time.time() - t_start < args.budget_s - args.min_left_s:
+        wave, pending = pending[:gpus], pending[gpus:]
+        procs = {n: launch(args, n, work, i if not args.cpu_smoke else None) for i, n in enumerate(wave)}
+        left = _wait(procs, t_start + args.budget_s)
+        for n, (proc, cmd, t0) in procs.items():
+            run_id = run_id_of(args, n)
+            if proc.returncode == 0 and n not in left:
+                finish_run(args, n, work, out, cmd, t0)
+            elif n in left:
+                print(f"[parity] {run_id}: stopped at the budget, checkpoint written: resumes next command", flush=True)
+                interrupted.append(n)
+            else:
+                print(f"[parity] {run_id}: FAILED (exit {proc.returncode}); see {run_id}.log", flush=True)
+                failed.append(n)
+    left_over = interrupted + pending
+    if left_over:
+        print(f"[parity] {len(left_over)} run(s) left: {', '.join(left_over)}; run the same command again", flush=True)
+    if failed or left_over:
+        return 1 if failed else 3
+    if set(names) == set(RUNS):
+        result = summarize(args, out)
+        (out / "parity.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2), flush=True)
+    return 0
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def _wait(procs: dict, deadline: float) -> set:
+    """Wait for the runs; SIGTERM those still going at ``deadline`` (their checkpoint), then wait for them."""
+    while any(p.poll() is None for p, _, _ in procs.values()) and time.time() < deadline:
+        time.sleep(1)
+    left = {n for n, (p, _, _) in procs.items() if p.poll() is None}
+    for n in left:
+        procs[n][0].send_signal(signal.SIGTERM)
+    for n in left:
+        try:
+            procs[n][0].wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            procs[n][0].kill()
+            procs[n][0].wait()
+    return left
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""FP8 health statistics (issue 31) from the emulated backend: what a cast does to a tensor, per layer
+and kind, and the early warning when a layer stays past its threshold."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8lab import formats, fp8stats
+from fp8lab.convert import convert_model
+from fp8lab.models import build_model
+
+
+def test_tensor_stats_counts_underflow_and_saturation_of_a_cast():
+    t = torch.tensor([0.0, 1e-6, 1.0, 2.0, 500.0, -900.0])
+    amax, under, sat, scale = fp8stats.tensor_stats(t, formats.E4M3, 1.0).tolist()
+    assert amax == 900.0 and scale == 1.0
+    assert under == pytest.approx(1 / 6)  # 1e-6 flushes to 0 (the exact 0 is not an underflow)
+    assert sat == pytest.approx(2 / 6)  # 500 and -900 reach E4M3's max, 448
+    q = formats.quantize(t, formats.E4M3, 1.0)
+    assert fp8stats.tensor_stats(t, formats.E4M3, 1.0, q)[1].item() == pytest.approx(1 / 6)  # counted on the cast
+    assert torch.isnan(fp8stats.tensor_stats(t, formats.E4M3, None, q)[2])  # block scales: no per-tensor saturation
+
+
+def _tiny(recipe: str):
+    model = convert_model(build_model("llama-tiny", seed=0), backend="emulated", recipe=recipe)
+    stats = fp8stats.attach(model, "emulated", 1)
+    return model, stats
+
+
+def _step(model, stats, step: int, recipe: str):
+    from fp8lab.backends import get_backend
+    from fp8lab.recipe import Recipe
+
+    x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(step))
+    stats.begin(step)
+    with get_backend("emulated").autocast(Recipe.parse(recipe)):
+        loss = model(x).logits.float().logsumexp(-1).mean()
+    loss.backward()
+    model.zero_grad()
+    return stats.end(step)
+
+
+def test_every_gemm_reports_activation_weight_and_gradient():
+    model, stats = _tiny("delayed")
+    rec = _step(model, stats, 1, "delayed")
+    assert rec["record"] == fp8stats.RECORD and rec["step"] == 1
+    got = {(r["layer"], r["kind"]) for r in rec["layers"]}
+    sites = {r["layer"] for r in rec["layers"]}
+    assert {"blocks.0.qkv", "blocks.0.proj", "blocks.0.mlp.fc1", "blocks.0.mlp.fc2", "blocks.1.mlp.fc2"} <= sites
+    assert got == {(s, k) for s in sites for k in ("activation", "weight", "gradient")}
+    fmt = {r["kind"]: r["format"] for r in rec["layers"]}
+    assert fmt == {"activation": "E4M3", "weight": "E4M3", "gradient": "E5M2"}  # HYBRID
+    assert all(r["amax"] > 0 and r["scale"] == 1.0 for r in rec["layers"])  # delayed scaling's first step: scale 1
+    rec2 = _step(model, stats, 2, "delayed")  # the scale now follows the amax of step 1
+    w1 = {r["layer"]: r for r in rec["layers"] if r["kind"] == "weight"}
+    for r in (r for r in rec2["layers"] if r["kind"] == "weight"):
+        assert r["scale"] == pytest.approx(448.0 / w1[r["layer"]]["amax"], rel=1e-5)
+
+
+def test_nothing_is_recorded_between_sampled_steps():
+    model, _ = _tiny("current")
+    stats = fp8stats.attach(model, "emulated", 5)
+    assert _step(model, stats, 3, "current") is None and not fp8stats.watching()
+    assert len(_step(model, stats, 5, "current")["layers"]) > 0
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_an_injected_weight_outlier_is_seen_and_warned_about(recipe, capsys):
+    model, stats = _tiny(recipe)
+    target = "blocks.1.mlp.fc1"
+    with torch.no_grad():  # one weight 10^5 times its neighbours: the per-tensor scale flushes the rest to 0
+        model.blocks[1].mlp.fc1_weight[0, 0] = 1e4
+    recs = [_step(model, stats, s, recipe) for s in range(1, 5)]
+    hit = [r for r in recs[-1]["layers"] if r["layer"] == target and r["kind"] == "weight"][0]
+    assert hit["amax"] == pytest.approx(1e4) and hit["underflow"] > 0.5  # |w| < 0.022 of N(0, 0.02): ~72%
+    others = [r for r in recs[-1]["layers"] if r["kind"] == "weight" and r["layer"] != target]
+    assert max(r["underflow"] for r in others) < 0.05
+    warned = [w for r in recs for w in r.get("warnings", [])]
+    row = lambda r: [x for x in r["layers"] if x["layer"] == target and x["kind"] == "weight"][0]  # noqa: E731
+    over = [r for r in recs if row(r)["underflow"] >= fp8stats.UNDERFLOW_WARN]  # delayed: from step 2 (step 1's scale is 1)
+    assert len(over) >= fp8stats.WARN_SAMPLES
+    mine = [w for w in warned if f"{target} weight" in w]  # (the outlier also reaches fc2's input: it may warn too)
+    assert len(mine) == 1 and mine[0] in over[fp8stats.WARN_SAMPLES - 1]["warnings"]  # once, at the 3rd sample
+    assert all(w.startswith("FP8 health: blocks.1.") for w in warned)  # block 0 is untouched
+    assert "underflow" in mine[0] and "--recipe current" in mine[0] and "amax_history_len" in mine[0]
+    assert "--bf16-edge-blocks" in mine[0]
+
+
+def test_an_activation_spike_saturates_under_delayed_scaling():
+    model, stats = _tiny("delayed")
+    _step(model, stats, 1, "delayed")
+    with torch.no_grad():  # the input norm's weight scaled up 1000x: the next cast still uses the old scale
+        model.blocks[0].mlp.layer_norm_weight.mul_(1000)
+    rec = _step(model, stats, 2, "delayed")
+    hit = [r for r in rec["layers"] if r["layer"] == "blocks.0.mlp.fc1" and r["kind"] == "activation"][0]
+    assert hit["saturation"] > 0.01
+
+
+def test_watch_needs_consecutive_samples():
+    w = fp8stats.Watch(samples=3)
+    row = lambda v: {"record": "fp8_stats", "step": 0, "layers": [{"layer": "a", "kind": "weight", "format": "E4M3",  # noqa: E731
+                                                                   "saturation": v, "underflow": 0.0}]}
+    seq = [0.5, 0.5, 0.0, 0.5, 0.5, 0.5, 0.5]
+    fired = [bool(w.update({**row(v), "step": i + 1})) for i, v in enumerate(seq)]
+    assert fired == [False, False, False, False, False, True, False]
+
+
+def test_attach_has_nothing_to_watch_without_fp8_layers():
+    assert fp8stats.attach(build_model("llama-tiny", seed=0), None, 10) is None
+
+
+def test_the_plan_decides_the_statistics_once_with_a_reason():
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+    from fp8lab.train import TrainConfig
+
+    h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
+    fp8 = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h200)
+    assert fp8.fp8_stats_every == fp8stats.DEFAULT_EVERY and "every 10 steps" in fp8.all_reasons()["fp8_stats"]
+    assert fp8.record()["fp8_stats_every"] == 10
+    off = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_stats_every=0), h200)
+    assert off.fp8_stats_every == 0 and "off" in off.all_reasons()["fp8_stats"]
+    assert plan_run(TrainConfig(model="llama-1b", precision="bf16"), h200).fp8_stats_every == 0  # no FP8 casts
+    graphed = plan_run(TrainConfig(model="llama-7b", precision="fp8", micro_batch_size=1, cuda_graphs="on"), h200)
+    assert graphed.graphs.active and graphed.fp8_stats_every == 0
+    assert "CUDA graphs" in graphed.all_reasons()["fp8_stats"] and "--cuda-graphs off" in graphed.all_reasons()["fp8_stats"]
+    compiled = plan_run(TrainConfig(model="llama-1b", precision="fp8", compile=True), h200)
+    assert compiled.fp8_stats_every == 0 and "--compile" in compiled.all_reasons()["fp8_stats"]
+    with pytest.raises(ValueError, match="--fp8-stats-every"):
+        TrainConfig(fp8_stats_every=-1)
+
+
+def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_path):
+    from fp8lab import analysis
+    from fp8lab import metrics as fmetrics
+    from fp8lab.train import TrainConfig, train
+
+    base = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False, progress="off",
+                print_metrics=False, steps=4, precision="fp8", backend="emulated", save_model=False, data=str(prepared),
+                checkpoint_every=-1)
+    on, off = tmp_path / "on", tmp_path / "off"
+    train(TrainConfig(**base, fp8_stats_every=2, output_dir=str(on)))
+    train(TrainConfig(**base, fp8_stats_every=0, output_dir=str(off)))
+    assert [r["step"] for r in fmetrics.read_metrics(on / "metrics.jsonl", fp8stats.RECORD)] == [2, 4]
+    assert fmetrics.read_metrics(off / "metrics.jsonl", fp8stats.RECORD) == []
+    assert [r["step"] for r in fmetrics.read_metrics(on / "metrics.jsonl")] == [1, 2, 3, 4]  # step records only
+    assert [r["loss"] for r in fmetrics.read_metrics(on / "metrics.jsonl")] == \
+        [r["loss"] for r in fmetrics.read_metrics(off / "metrics.jsonl")]  # watching changes nothing
+    assert len(analysis.load_runs(on)) == 4  # one row per step, none for the statistics
+    assert list(fp8stats.of_sources(tmp_path)) == ["on"]
+    from fp8lab import report
+
+    page = report.build_report(tmp_path, tmp_path / "r.html").read_text()
+    section = page[page.index("<h2>FP8 health</h2>"):]
+    section = section[:section.index("<h2>", 5)]
+    assert "<h3>on</h3>" in section and "<h3>off</h3>" not in section and section.count("<img") == 2
+    assert "No early warning in this run." in section
+    empty = report.build_report(off, tmp_path / "r2.html").read_text()
+    assert "No FP8 statistics in these runs" in empty
