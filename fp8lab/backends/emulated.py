@@ -122,7 +122,8 @@ class FP8Gemm(nn.Module):
 
     Delayed scaling's amax histories and scales go into the state dict as ``_extra_state`` (as in
     Transformer Engine), so a checkpoint restores them and a resumed run scales exactly as the
-    uninterrupted one. They travel as JSON bytes: an opaque value that any checkpoint format keeps.
+    uninterrupted one. They travel as the bytes of a JSON text in a uint8 tensor (as TE's state does), so
+    DCP stores a tensor, never a pickled Python object, and loading reads it with ``weights_only``.
     """
 
     fp8lab_gemm = True  # fp8lab.fp8stats names each such module's casts after it
@@ -140,14 +141,14 @@ class FP8Gemm(nn.Module):
                     d.scale, d.steps = st["scale"], st["steps"]
         return q
 
-    def get_extra_state(self) -> bytes:
+    def get_extra_state(self) -> torch.Tensor:
         q = self.__dict__.get("_fp8lab_q")
         if q is None or not q.delayed:
-            return b""
+            return torch.empty(0, dtype=torch.uint8)
         state = {"recipe": dataclasses.asdict(q.recipe),
                  "delayed": {role: {"history": list(d._history), "scale": d.scale, "steps": d.steps}
                              for role, d in q.delayed.items()}}
-        return json.dumps(state).encode()
+        return torch.frombuffer(bytearray(json.dumps(state).encode()), dtype=torch.uint8)
 
     def set_extra_state(self, state) -> None:
         if isinstance(state, torch.Tensor):

@@ -187,8 +187,20 @@ def test_fp8_delayed_scaling_state_survives_resume(prepared, tmp_path):
     assert any(k.endswith("_extra_state") for k in keys), "the emulated backend must checkpoint its amax histories"
     shutil.copytree(a, b)
     shutil.rmtree(b / "checkpoints" / "step_00000006")
-    train(TrainConfig(**base, output_dir=str(b)))
-    assert losses(b) == losses(a)
+    s = train(TrainConfig(**base, output_dir=str(b)))
+    assert s["resumed_from_step"] == 3 and losses(b) == losses(a)
+
+
+def test_an_emulated_bf16_run_resumes_from_its_own_checkpoint(prepared, tmp_path):
+    """The emulated backend's modules checkpoint an (empty, for BF16) extra state: it must travel as a tensor,
+    not pickled bytes, or loading with weights_only refused every checkpoint of the run (session 10)."""
+    out = tmp_path / "emu"
+    base = dict(**TINY, backend="emulated", precision="bf16", steps=4, checkpoint_every=2, data=str(prepared),
+                save_model=False)
+    train(TrainConfig(**base, output_dir=str(out)))
+    shutil.rmtree(out / "checkpoints" / "step_00000004")  # as if the run died after step 3
+    s = train(TrainConfig(**base, output_dir=str(out)))
+    assert s["status"] == "completed" and s["resumed_from_step"] == 2
 
 
 def test_sagemaker_entry_point_layout(prepared, tmp_path, monkeypatch):
