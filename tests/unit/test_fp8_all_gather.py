@@ -17,7 +17,14 @@ def _plan(machine=P5, **kw):
     return plan_run(TrainConfig(model="llama-1b", precision="fp8", parallel="fsdp", **kw), machine)
 
 
-def test_auto_is_on_for_fp8_under_fsdp2_on_torchao_and_off_with_the_reason_elsewhere():
+def test_auto_is_on_for_fp8_under_fsdp2_on_torchao_and_off_with_the_reason_elsewhere(monkeypatch):
+    from fp8lab import plan as fplan
+
+    p = _plan(backend="torchao", recipe="current")  # not checked on a GPU yet: auto waits, on runs it
+    assert p.fp8_all_gather is False and "off until its GPU check is committed" in p.reasons["fp8_all_gather"]
+    on = _plan(backend="torchao", recipe="current", fp8_all_gather="on")
+    assert on.fp8_all_gather is True and on.reasons["fp8_all_gather"] == "--fp8-all-gather on"
+    monkeypatch.setattr(fplan, "FP8_ALL_GATHER_CHECKED", True)
     p = _plan(backend="torchao", recipe="current")
     assert p.fp8_all_gather is True and p.decisions()["fp8_all_gather"] is True
     assert "half the bytes" in p.reasons["fp8_all_gather"]
