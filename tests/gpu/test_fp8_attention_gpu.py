@@ -12,18 +12,13 @@ backward). The bounds sit just above the FP8-backward figures."""
 from __future__ import annotations
 
 import pytest
+from gpu_skips import te_or_skip as _te_or_skip
 
 pytestmark = pytest.mark.gpu
 FWD_BOUND, GRAD_BOUND = 0.06, 0.12
 SEQ, BATCH, HEADS, KV_HEADS, HEAD_DIM = 4096, 2, 24, 8, 128
 
 
-def _te_or_skip():
-    from fp8lab.backends import get_backend
-
-    reason = get_backend("te").available()
-    if reason:
-        pytest.skip(f"te backend not usable: {reason}")
 
 
 def _rel(a, b) -> float:

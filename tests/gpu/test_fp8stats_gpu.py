@@ -4,6 +4,7 @@ LayerNormMLP, with TE's own delayed-scaling scale; an injected weight outlier ra
 from __future__ import annotations
 
 import pytest
+from gpu_skips import te_or_skip as _te_or_skip
 import torch
 
 from fp8lab import fp8stats
@@ -15,12 +16,6 @@ TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=8, lr=2e-3, progre
             plot=False, device="cuda", save_model=False, checkpoint_every=-1, cuda_graphs="off")
 
 
-def _te_or_skip():
-    from fp8lab.backends import get_backend
-
-    reason = get_backend("te").available()
-    if reason:
-        pytest.skip(f"te backend not usable: {reason}")
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "current"])

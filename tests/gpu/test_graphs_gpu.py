@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+from gpu_skips import te_or_skip as _te_or_skip
 
 from fp8lab import metrics as fmetrics
 from fp8lab.train import TrainConfig, train
@@ -18,12 +19,6 @@ TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, lr=2e-3, progre
             plot=False, device="cuda", backend="te", param_dtype="bf16", save_model=False, checkpoint_every=-1)
 
 
-def _te_or_skip():
-    from fp8lab.backends import get_backend
-
-    reason = get_backend("te").available()
-    if reason:
-        pytest.skip(f"te backend not usable: {reason}")
 
 
 def _losses(out):

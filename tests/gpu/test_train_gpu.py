@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from gpu_skips import te_or_skip as _te_or_skip
 
 from fp8lab import metrics as fmetrics
 from fp8lab.paths import REPO_ROOT
@@ -18,12 +19,6 @@ TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=8, lr=2e-3, progre
             plot=False, device="cuda")
 
 
-def _te_or_skip():
-    from fp8lab.backends import get_backend
-
-    reason = get_backend("te").available()
-    if reason:
-        pytest.skip(f"te backend not usable: {reason}")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from gpu_skips import te_or_skip as _te_or_skip
 import torch
 
 from fp8lab import data as fdata
@@ -24,12 +25,6 @@ pytestmark = pytest.mark.gpu
 STEPS = 30
 
 
-def _te_or_skip():
-    from fp8lab.backends import get_backend
-
-    reason = get_backend("te").available()
-    if reason:
-        pytest.skip(f"te backend not usable: {reason}")
 
 
 @pytest.fixture(scope="module")
