@@ -35,15 +35,25 @@ def _is_plain_hf(row) -> bool:
     return row.get("backend") == "hf" and not is_true(row.get("compile"))
 
 
+def _same_sequence(g: pd.DataFrame) -> pd.DataFrame:
+    """The runs at one sequence length, so best BF16 and best FP8 compare like with like: the shortest
+    length at which both precisions ran (all of ``g`` where no such length, or no length is recorded)."""
+    if "seq_len" not in g or g["seq_len"].isna().all():
+        return g
+    both = [n for n, x in g.groupby("seq_len") if (x["precision"] == "bf16").any() and x["precision"].map(is_fp8).any()]
+    return g[g["seq_len"] == min(both)] if both else g
+
+
 def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
-    """(model, GPU) groups at their smallest measured scale (one GPU where measured), smallest model first."""
+    """(model, GPU) groups at their smallest measured scale (one GPU where measured) and at one sequence
+    length (:func:`_same_sequence`), smallest model first."""
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
     out = []
     for (model, gpu), g in s.groupby([s["model"].map(group_key), s["gpu_name"].map(group_key)], sort=False):
         inst = g["instances"].fillna(1)
         g = g[inst == inst.min()]
         ws = g["world_size"].fillna(1)
-        out.append(((model, gpu), g[ws == ws.min()]))
+        out.append(((model, gpu), _same_sequence(g[ws == ws.min()])))
     return sorted(out, key=lambda kg: (np.nan_to_num(model_size_b(kg[0][0]), nan=np.inf), str(kg[0][0]), str(kg[0][1])))
 
 

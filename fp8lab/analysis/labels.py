@@ -50,6 +50,8 @@ def variant_label(row: dict) -> str:
         parts.append("compile")
     if is_true(row.get("cuda_graphs")):
         parts.append("graphs")
+    if fp8 and is_true(row.get("fp8_attention")):
+        parts.append("fp8-attention")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     parallel = row.get("parallel")

@@ -32,6 +32,7 @@ META_COLUMNS = [
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
     "seed",  # model init and data order: an FP8 run's loss pairs with the BF16 run of its seed (issue 31's study)
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
+    "fp8_attention",  # TE's FP8 dot-product attention (issue 34)
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]

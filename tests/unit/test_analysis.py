@@ -529,3 +529,14 @@ def test_the_headline_loss_gap_comes_from_the_longest_loss_study(tmp_path):
     after = analysis.headline_table(analysis.summarize_runs(analysis.load_runs(tmp_path)))
     row = after.set_index("model").loc["llama-1b"]
     assert row["loss_study"] == "loss-parity-20m" and row["loss_tokens"] == 4 * 4_915_200
+
+
+def test_the_headline_compares_best_bf16_and_best_fp8_at_one_sequence_length():
+    """The long-context study ran FP8 at 2K-16K and BF16 at 8K and 16K only: its headline row pairs them at
+    8192, the shortest length where both ran (the fastest FP8 at 2048 against BF16 at 8192 read 1.59x)."""
+    from fp8lab import analysis
+
+    head = analysis.headline_table(analysis.summarize_runs(analysis.load_runs()))
+    row = head[head["model"] == "llama-3b-shape"].iloc[0]
+    assert row["bf16_run"].endswith("-s8192") and row["fp8_run"].endswith("-s8192"), (row["bf16_run"], row["fp8_run"])
+    assert row["speedup"] == pytest.approx(29047.97 / 21911.80, rel=1e-3)
