@@ -691,6 +691,7 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
         ax.set_xticks(counts, [str(c) for c in counts])
         ax.grid(alpha=0.3)
     rate_ax.set_yscale("log")  # models an order of magnitude apart, each line readable
+    rate_ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # a label per line
     rate_ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     rate_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     rate_ax.set_title("per-GPU rate", fontsize=10)
