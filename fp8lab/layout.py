@@ -216,7 +216,7 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
     the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x activations + the FP8 weights, against
     the GPU's memory less HEADROOM_GIB (``_graphs_budget``). Measured peaks of reserved memory on the H200
     (``data/results/graphs-h200/*-s8*``): llama-7b 1 x 2048 x 8 graphed 124.7 GiB in FP8 (estimate 124.8)
-    and 113.0 GiB in BF16 (estimate 113.7); Mistral-7B-v0.3 1 x 2048 x 32 in FP8 131.0 GiB (estimate 133.0,
+    and 113.0 GiB in BF16 (estimate 113.7); Mistral-7B-v0.3 1 x 2048 x 32 in FP8 131.0 GiB (estimate 133.5,
     ``benchmarks/logs/families-session10/mistral-7b-v0.3-graphs-calibration.json``); with the plain step (full fp32
     gradients at the step) the llama-7b FP8 run had run out of 139.8 GiB at its first optimizer step.
     The rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 GiB reserved, 82.9)."""
