@@ -28,9 +28,7 @@ def _open_binary(path: Path):
 def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) -> int:
     """Documents (blank-line separated blocks) in the first ``limit`` bytes; ValueError if not UTF-8 text."""
     who = f"{option}: file {path.name!r}"
-    from fp8lab.data_format import JSONL_SUFFIXES
-
-    jsonl = path.name.endswith(JSONL_SUFFIXES)  # one document per line, blank lines inside it are escaped
+    jsonl = path.name.endswith(fformat.JSONL_SUFFIXES)  # one document per line, blank lines inside it are escaped
     decoder = codecs.getincrementaldecoder("utf-8")()
     docs, in_doc, read, line_no = 0, False, 0, 0
     try:

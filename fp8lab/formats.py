@@ -32,7 +32,7 @@ import torch
 __all__ = [
     "FP8Format", "E4M3", "E5M2", "BF16", "FP16", "FORMATS", "get_format", "make_format",
     "Bits", "all_values", "decode", "encode",
-    "quantize", "round_to_format", "compute_scale", "DelayedScaling", "quantize_current",
+    "quantize", "round_to_format", "compute_scale", "DelayedScaling", "current_scale", "quantize_current",
     "quantize_blockwise", "quantize_mxfp8", "expand_block_scales", "ErrorStats", "error_stats",
 ]
 
@@ -451,6 +451,11 @@ class DelayedScaling:
                 f"steps={self.steps}, scale={self.scale:.6g})")
 
 
+def current_scale(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float = 0) -> torch.Tensor:
+    """The scale current scaling gives ``x`` (its own amax, NaN ignored): what :func:`quantize_current` uses."""
+    return compute_scale(_amax(x), fmt, margin)
+
+
 def quantize_current(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float = 0,
                      return_scale: bool = False, method: str = "torch"):
     """Current ("just-in-time") per-tensor scaling: scale from this tensor's own amax.
@@ -460,7 +465,7 @@ def quantize_current(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float
     """
     fmt = get_format(fmt)
     _check_margin(margin)
-    scale = compute_scale(_amax(x), fmt, margin)
+    scale = current_scale(x, fmt, margin)
     xq = quantize(x, fmt, scale, method=method)
     return (xq, scale) if return_scale else xq
 

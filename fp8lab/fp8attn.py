@@ -78,15 +78,11 @@ def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str
     if (gen == "hopper" and hd != 128) or (gen == "blackwell" and (hd > 128 or hd % 16)):
         need = "exactly 128" if gen == "hopper" else "at most 128, a multiple of 16"
         return f"head_dim {hd}: TE's FP8 attention on {gen.title()} needs head_dim {need}"
-    if any(_windows(mcfg)):
+    from fp8lab.models import layer_windows
+
+    if any(layer_windows(mcfg)):
         return "the model has sliding-window (local) attention layers; TE's FP8 attention supports causal masks only"
     return None
-
-
-def _windows(mcfg) -> list:
-    if mcfg.family == "gptneo":
-        return [mcfg.window_size]
-    return list(mcfg.layer_windows or ())
 
 
 def decide(choice: str, *, seq_len: int, **setup: Any) -> tuple[bool, str]:

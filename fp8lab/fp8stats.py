@@ -260,7 +260,7 @@ class _TEHook:
         if delayed and getattr(meta, "scale", None) is not None and meta.scale.numel() > index:
             return meta.scale[index]
         margin = getattr(rec, "margin", 0) or 0
-        return formats.compute_scale(t.detach().abs().amax().float(), fmt, margin)
+        return formats.current_scale(t, fmt, margin)
 
     @staticmethod
     def _normalised(module, x):

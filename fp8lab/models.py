@@ -108,7 +108,7 @@ def _config_of(model_or_config) -> ModelConfig:
     return config_from_hf(getattr(model_or_config, "config", model_or_config))
 
 
-def _layer_windows(cfg: ModelConfig) -> list[int | None]:
+def layer_windows(cfg: ModelConfig) -> list[int | None]:
     """Per layer, the attention window (None: every earlier key)."""
     if cfg.family == "llama":
         return list(cfg.layer_windows or (None,) * cfg.num_layers)
@@ -172,7 +172,7 @@ def model_flops_per_token(model_or_config, seq_len: int) -> float:
     c = _config_of(model_or_config)
     n = count_parameters(c).matmul
     attn = 0
-    for w in _layer_windows(c):
+    for w in layer_windows(c):
         t = min(seq_len, w) if w else seq_len
         attn += 12 * c.num_heads * c.head_dim * t
     return float(6 * n + attn)

@@ -106,7 +106,8 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     FP8 statistics (fp8lab.fp8stats.of_sources; default: found through the runs' sources)."""
     a = Analysed.of(runs, config, reference)
     summary, comparison, answer = a.summary, a.comparison, a.answer
-    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance)
+    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
+                                estimate=answer.estimate)
     scaling = analysis.scaling_table(summary)
     parts = answer.verdict_parts()
     loss_runs, best_summary = analysis.headline_runs(runs, summary, answer.rows)

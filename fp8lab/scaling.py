@@ -320,7 +320,7 @@ def instance_table(estimate: Any, model: str, instance_counts: list[int], tokens
     rows = []
     gpus = hw.INSTANCES[instance_type].gpus
     for n in instance_counts:
-        per = {}
+        per, mine = {}, []
         for mode, prec, ag in (("bf16", "bf16", False), ("fp8", "fp8", False), ("fp8 + fp8 all-gather", "fp8", True)):
             r = estimate.rate(model, prec, instance_type=instance_type, instance_count=n, backend=backend,
                               recipe=recipe, fp8_all_gather=ag, run_id=(runs or {}).get(prec))
@@ -328,16 +328,17 @@ def instance_table(estimate: Any, model: str, instance_counts: list[int], tokens
                 continue
             per[mode] = r["tokens_per_sec_per_gpu"]
             hours = estimate.seconds_at(tokens, r["tokens_per_sec_per_gpu"], gpus * n) / 3600
-            rows.append({"model": model, "instances": n, "gpus": gpus * n, "mode": mode,
+            mine.append({"model": model, "instances": n, "gpus": gpus * n, "mode": mode,
                          "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"], "hours": hours,
                          "cost_usd": hours * n * price_per_hour, "internode_efficiency": r["internode_efficiency"],
                          "comm_bound": r.get("comm_bound", False), "run_id": r["run_id"],
                          "note": "" if not ag or backend in FP8_ALL_GATHER_BACKENDS else
                          f"backend {backend} has no FP8 all-gather in fp8lab: --backend torchao"})
-        for row in rows[-len(per):]:
+        for row in mine:
             row["fp8_gain"] = row["tokens_per_sec_per_gpu"] / per["bf16"] if "bf16" in per else float("nan")
             row["advice"] = advice(model, row["fp8_gain"], fp8_all_gather_possible=row["mode"] == "fp8",
                                    instances=n, threshold=threshold) if row["mode"] != "bf16" else None
+        rows += mine
     return pd.DataFrame(rows)
 
 

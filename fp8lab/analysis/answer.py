@@ -167,16 +167,17 @@ COST_TABLE_COLUMNS = ["run_id", "model", "precision", "variant", "gpu_name", "in
 def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
                gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE,
-               instance_type: str = ANSWER_INSTANCE) -> pd.DataFrame:
+               instance_type: str = ANSWER_INSTANCE, estimate=None) -> pd.DataFrame:
     """Time and cost to train ``tokens`` on one instance resting on each run, as the plan estimates a job
     (the formula of :class:`Answer`'s costs: the run's tokens/s/GPU, the GPU peak ratio, the measured
     two-GPU efficiency, ``gpus_per_instance`` GPUs, plus the start-up). Runs no estimate rests on
     (several GPUs, a CPU, emulated FP8, a model folder) have no time or cost and say why (``cost_note``);
-    ``projected``: the run used fewer GPUs than the instance priced."""
+    ``projected``: the run used fewer GPUs than the instance priced. ``estimate``: the MeasuredEstimate of
+    ``summary`` where the caller has one (an Answer's), so it is not calibrated again."""
     check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
     from fp8lab.estimates import MeasuredEstimate
 
-    est = MeasuredEstimate.of_summary(summary)
+    est = estimate if estimate is not None else MeasuredEstimate.of_summary(summary)
     rows = []
     for _, r in summary.iterrows():
         job, why = _budget(est, r["model"], r["precision"], r["run_id"], tokens, price_per_instance_hour,

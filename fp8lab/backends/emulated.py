@@ -75,7 +75,7 @@ class TensorQuantizers:
         if r.kind == "delayed":
             return self.delayed[role].scale
         if r.kind == "current":
-            return formats.compute_scale(t.detach().abs().amax().float(), fmt, r.margin)
+            return formats.current_scale(t, fmt, r.margin)
         return None
 
     def _quantize(self, role: str, t: torch.Tensor) -> torch.Tensor:
