@@ -36,7 +36,7 @@ set +e
 # results and run folders stay in .study/ (ignored by git, kept on a warm machine between commands); each command
 # copies what exists so far to $OUT (a fresh folder per command)
 RES=${RESULTS:-.study/loss-parity-20m/results}
-"$PY" benchmarks/study_loss_parity.py --data "$DATA" --out "$RES" "$@"
+"$PY" benchmarks/study_loss_parity.py --data "$DATA" --out "$RES" --mirror "$OUT/loss-parity-20m" "$@"
 rc=$?
 mkdir -p "$OUT/loss-parity-20m"
 cp "$RES"/* "$OUT/loss-parity-20m/" 2>/dev/null

@@ -125,6 +125,8 @@ def _harness_command(args) -> str:
         line = line.replace(str(args.out), "<out>")
     if getattr(args, "data", None):
         line = line.replace(str(args.data), "<data>")
+    if getattr(args, "mirror", None):
+        line = line.replace(str(args.mirror), "<mirror>")
     for m in getattr(args, "models", "").split(","):
         if model_label(m.strip()) != m.strip():
             line = line.replace(str(Path(m.strip()).parent), "<models>")

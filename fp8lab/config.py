@@ -13,9 +13,9 @@ from typing import Any, Callable
 from fp8lab.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
-from fp8lab.fp8stats import DEFAULT_EVERY as DEFAULT_STATS_EVERY
+from fp8lab.fp8stats import DEFAULT_EVERY_TEXT as DEFAULT_STATS_TEXT
 from fp8lab.recipe import KINDS, SETTINGS, Recipe
-from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
+from fp8lab.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
                              STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
 CHECKPOINT_EVERY = Check(lambda v: is_count(v, -1), "an integer: N > 0 steps, 0 = only at the end, -1 = never")
@@ -88,7 +88,7 @@ class TrainConfig:
     # issue 32: FP8 all-gather under FSDP2 (a plan decision: fp8lab.plan.fp8_all_gather_decision)
     fp8_all_gather: str = option(AUTO, "--parallel fsdp with --precision fp8: all-gather the block linears' weights in FP8, half the bytes of bf16 (torchao's float8 FSDP2 all-gather; --backend torchao only): auto (on where it can run) | on | off", choices=FP8_ALL_GATHER)
     # issue 31: FP8 health statistics (fp8lab.fp8stats)
-    fp8_stats_every: int = option(DEFAULT_STATS_EVERY, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off", check=NONNEG_INT)
+    fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off; auto: " + DEFAULT_STATS_TEXT, check=AUTO_OR_NONNEG_INT)
 
     def __post_init__(self) -> None:
         _validate(self)

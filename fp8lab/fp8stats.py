@@ -34,7 +34,27 @@ from typing import Any, Iterable
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
 KINDS = {"x": "activation", "w": "weight", "g": "gradient"}
-DEFAULT_EVERY = 10  # one sampled micro-batch in 10 steps: its cost is a few elementwise passes per GEMM operand
+# --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
+# backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s
+# on 1.27 s steps of 4 micro-batches (data/results/fp8stats-overhead/: every 10 steps 2.4% of the mean step
+# time, every 25 steps 1.4%) and +0.30 s (delayed) / +0.42 s (current) on 0.34 s steps of one micro-batch (the
+# sampled steps of data/results/loss-parity-20m/). So auto samples every 25 steps at 4+ micro-batches a step and
+# proportionally less often below (100 at one micro-batch): ~1.2% of step time or less (issue 31's goal: <= 2%).
+# The emulated backend (CPU teaching runs of a few dozen steps, never timed) keeps 10, enough for a heatmap.
+DEFAULT_EVERY = {"te": 25, "emulated": 10}
+TE_MEASURED_ACCUM = 4  # the accumulation DEFAULT_EVERY["te"] was measured at
+
+
+def default_every(backend: str, grad_accum: int) -> int:
+    """``--fp8-stats-every auto``: the sampling interval for ``backend`` at ``grad_accum`` micro-batches a step."""
+    if backend != "te":
+        return DEFAULT_EVERY[backend]
+    return DEFAULT_EVERY["te"] * -(-TE_MEASURED_ACCUM // max(int(grad_accum), 1))
+
+
+DEFAULT_EVERY_TEXT = (f"te every {DEFAULT_EVERY['te']} steps at {TE_MEASURED_ACCUM}+ micro-batches a step, proportionally "
+                      f"less often below (a sample costs about one micro-batch; measured 1.4% of step time), "
+                      f"emulated every {DEFAULT_EVERY['emulated']}")
 SATURATION_WARN = 1e-3  # 0.1% of a tensor's values clipped at the format's max
 UNDERFLOW_WARN = 0.25  # a quarter of the non-zero values flushed to 0
 WARN_SAMPLES = 3  # that many samples in a row before the run warns

@@ -22,11 +22,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fp8lab import graphs
+from fp8lab import fp8stats, graphs
 from fp8lab import layout as flayout
 from fp8lab.backends import DEFAULT_RECIPES
 from fp8lab.hardware import Machine
 from fp8lab.recipe import Recipe
+from fp8lab.validate import AUTO
 
 if TYPE_CHECKING:
     from fp8lab.config import TrainConfig
@@ -297,7 +298,7 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     # issue 32: FP8 all-gather under FSDP2
     fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
     # issue 31: FP8 health statistics
-    stats_every, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active)
+    stats_every, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every)
@@ -333,15 +334,19 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
 
 
 # issue 31
-def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool) -> tuple[int, str]:
+def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool,
+                       grad_accum: int = 1) -> tuple[int, str]:
     """(every how many steps the FP8 health statistics are sampled, 0 = off; why), decided once here."""
     if not c.fp8_stats_every:
         return 0, "--fp8-stats-every 0: off"
-    if c.precision != "fp8" or backend not in ("te", "emulated"):
+    if c.precision != "fp8" or backend not in fp8stats.DEFAULT_EVERY:
         return 0, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
     if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
         return 0, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
                    "--cuda-graphs off to see them")
     if c.compile:  # compiled blocks guard on the hooks' state: each sample would recompile them
         return 0, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
-    return c.fp8_stats_every, f"every {c.fp8_stats_every} steps, the first micro-batch of the step"
+    auto = c.fp8_stats_every == AUTO
+    every = fp8stats.default_every(backend, grad_accum) if auto else c.fp8_stats_every
+    how = (f"auto: {backend} at {grad_accum} micro-batch(es) a step" if auto else "--fp8-stats-every")
+    return every, f"every {every} steps ({how}), the first micro-batch of the step"

@@ -67,6 +67,7 @@ AUTO_BOOL = Check(lambda v: v == AUTO or isinstance(v, bool), "auto | True | Fal
 POSITIVE_INT = Check(is_count, "a positive integer")
 NONNEG_INT = Check(lambda v: is_count(v, 0), "an integer >= 0")
 AUTO_OR_POSITIVE_INT = Check(lambda v: v == AUTO or is_count(v), "auto or a positive integer")
+AUTO_OR_NONNEG_INT = Check(lambda v: v == AUTO or is_count(v, 0), "auto or an integer >= 0")
 NONNEG_NUM = Check(lambda v: is_num(v) and v >= 0, "a number >= 0")
 UNIT_OPEN = Check(lambda v: is_num(v) and 0 < v < 1, "a number in (0, 1)")  # a learning rate
 UNIT_HALF_OPEN = Check(lambda v: is_num(v) and 0 <= v < 1, "a number in [0, 1)")  # an AdamW beta

@@ -51,17 +51,25 @@ def _loss_gap(valid: pd.DataFrame) -> tuple[str | None, float]:
     return gap_kind, gap
 
 
+def _bf16_label(a) -> str:
+    """What a headline's loss gap is relative to: BF16, or the mean of several BF16 seeds and how far apart they were."""
+    n = a.get("loss_bf16_seeds")
+    if pd.notna(n) and n > 1:
+        return f"the mean of {int(n)} BF16 seeds, {a['loss_bf16_spread_pct']:.2f}% apart"
+    return "BF16"
+
+
 def _loss_clause(r: pd.Series, valid: pd.DataFrame, gap_kind: str | None, gap: float) -> str:
     """The loss clause: the gap (from this run or a longer one), or why no gap is given."""
     if gap_kind and valid.iloc[0]["fp8_run"] == r["fp8_run"]:
         return (f"; after the same {fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
-                f"{gap:+.2f}% relative to BF16")
+                f"{gap:+.2f}% relative to {valid.iloc[0].get('baseline_variant', 'BF16')}")
     if gap_kind:  # speed from a throughput run, loss from a longer run of the same model
         v = valid.iloc[0]
         return (f"; in a longer run of the same model ({v['fp8_variant']} against {v['baseline_variant']}, runs "
                 f"{v['fp8_run']} and {v['baseline_run']}, "
                 f"{fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
-                f"{gap:+.2f}% relative to BF16")
+                f"{gap:+.2f}% relative to {'that mean' if 'seeds' in str(v['baseline_variant']) else 'BF16'}")
     if "non-finite loss" in str(r.get("note", "")):
         return "; its loss was non-finite (NaN/Inf, flagged in the runs table), so no loss gap is given"
     if len(valid):
@@ -106,7 +114,7 @@ def _in_short(buckets: dict[str, list[str]], loss_tolerance_pct: float) -> str:
     slower, emulated = buckets["slower"], buckets["emulated"]
     concl = []
     if pays:
-        concl.append(f"FP8 pays off for {', '.join(pays)} (faster, loss within {loss_tolerance_pct:g}% of BF16)")
+        concl.append(f"FP8 pays off for {', '.join(pays)} (faster, loss at most {loss_tolerance_pct:g}% above BF16's)")
     if pays_unknown_loss:
         concl.append(f"FP8 is faster for {', '.join(pays_unknown_loss)}, but these runs do not show its loss")
     if faster_worse:
@@ -152,7 +160,7 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
             s += f"; {a['cost_note']}"
         gap_kind, gap = (a["loss_gap_kind"], a["loss_gap_pct"]) if isinstance(a["loss_study"], str) else (None, np.nan)
         valid = pd.DataFrame([{"fp8_run": a["loss_fp8_run"], "baseline_run": a["loss_baseline_run"],
-                               "fp8_variant": a["loss_fp8_variant"], "baseline_variant": "BF16",
+                               "fp8_variant": a["loss_fp8_variant"], "baseline_variant": _bf16_label(a),
                                "tokens_fp8": a["loss_tokens"], "study": a["loss_study"]}]) if gap_kind else \
             pair[pair["valid"]] if len(pair) else pair
         s += _loss_clause(r, valid, gap_kind, gap) + _scale_and_reference_clause(comp, model, r, answer.reference)

@@ -24,6 +24,7 @@ HEADLINE_COLUMNS = [
     "fp8_run", "fp8_variant", "fp8_layout", "tps_fp8", "mfu_fp8", "hardware_fp8",
     "speedup", "speedup_vs_hf",
     "loss_gap_pct", "loss_gap_kind", "loss_fp8_run", "loss_baseline_run", "loss_fp8_variant", "loss_study", "loss_tokens",
+    "loss_bf16_seeds", "loss_bf16_spread_pct",  # loss_gap_pct is to the BF16 seeds' mean where there are several
     "source_model_size", "source_speedup", "source_loss_gap_pct",
 ]
 BEST_RUN_COLUMNS = ["model", "gpu_name", "world_size", "role", "run_id", "variant", "layout", "precision", "backend",
@@ -112,10 +113,31 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
 
     r = max((r for _, r in c.iterrows()), key=rank)
     val = pd.notna(r["val_loss_gap_pct"])
-    return {"loss_gap_pct": r["val_loss_gap_pct"] if val else r["loss_gap_pct"],
-            "loss_gap_kind": "validation loss" if val else "smoothed training loss",
-            "loss_fp8_run": r["fp8_run"], "loss_baseline_run": r["baseline_run"], "loss_fp8_variant": r["fp8_variant"],
-            "loss_study": r["study"], "loss_tokens": r["tokens_fp8"]}
+    out = {"loss_gap_pct": r["val_loss_gap_pct"] if val else r["loss_gap_pct"],
+           "loss_gap_kind": "validation loss" if val else "smoothed training loss",
+           "loss_fp8_run": r["fp8_run"], "loss_baseline_run": r["baseline_run"], "loss_fp8_variant": r["fp8_variant"],
+           "loss_study": r["study"], "loss_tokens": r["tokens_fp8"], "loss_bf16_seeds": 1, "loss_bf16_spread_pct": np.nan}
+    band = _bf16_band(summary, model, r) if val else None
+    if band:  # several BF16 seeds saw the same tokens: the gap is to their mean, beside their spread (issue 31)
+        mean, spread, n = band
+        out.update(loss_gap_pct=100 * (meta.loc[r["fp8_run"], "val_loss"] / mean - 1), loss_bf16_seeds=n,
+                   loss_bf16_spread_pct=100 * spread / mean)
+    return out
+
+
+def _bf16_band(summary: pd.DataFrame, model: str, pair: pd.Series) -> tuple[float, float, int] | None:
+    """(mean, max - min, count) of the final validation losses of the BF16 runs of ``pair``'s study and model
+    that saw its tokens with different seeds (the seed-to-seed noise band), or None with fewer than two seeds."""
+    need = {"study", "seed", "val_loss", "tokens", "precision"}
+    if not need <= set(summary.columns):
+        return None
+    s = summary.drop_duplicates("run_id")
+    b = s[(s["model"] == model) & (s["study"] == pair["study"]) & (s["precision"] == "bf16")
+          & (s["tokens"] == pair["tokens_fp8"]) & s["val_loss"].notna() & s["seed"].notna()]
+    b = b.drop_duplicates("seed")
+    if len(b) < 2:
+        return None
+    return float(b["val_loss"].mean()), float(b["val_loss"].max() - b["val_loss"].min()), len(b)
 
 
 def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None,

@@ -23,7 +23,8 @@ def test_torchao_fp8_all_gather_on_a_one_rank_fsdp2_mesh():
         pytest.skip(f"torchao backend not usable: {reason}")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
                         str(REPO_ROOT / "benchmarks" / "fp8_all_gather_check.py")], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)})
+                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1",  # keep the parent's path: TE and torchao may live there
+                            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "fp8_all_gather_check: " in out, out[-3000:]
     res = json.loads(out.split("fp8_all_gather_check: ", 1)[1].splitlines()[0])

@@ -502,6 +502,42 @@ def test_an_fp8_run_pairs_with_the_bf16_run_of_its_seed():
     assert list(c2["baseline_run"]) == ["b2"]
 
 
+def test_the_headline_loss_gap_is_to_the_mean_of_the_bf16_seeds_beside_their_spread():
+    """Issue 31: where a loss study has several BF16 seeds, the headline's gap is to their mean, with how far apart
+    they ended; the README's table and notes, and the verdict, say so. One seed: the same-seed pair, as before."""
+    from fp8lab import report
+
+    base = dict(model="m", gpu_name="NVIDIA H200", instances=1, world_size=1, study="s", micro_batch_size=8,
+                grad_accum=1, seq_len=2048, tokens=2e7, loss_comparable=True, smoothed_loss=3.0, final_loss=3.0)
+    base = {**{c: None for c in analysis.load.META_COLUMNS}, "mfu": None, "nonfinite_losses": 0, **base}
+    rows = [
+        {**base, "run_id": "b1", "variant": "bf16", "precision": "bf16", "backend": "te", "seed": 1, "tokens_per_sec_per_gpu": 10, "val_loss": 3.0},
+        {**base, "run_id": "b2", "variant": "bf16", "precision": "bf16", "backend": "te", "seed": 2, "tokens_per_sec_per_gpu": 11, "val_loss": 3.2},
+        {**base, "run_id": "f1", "variant": "fp8", "precision": "fp8", "backend": "te", "recipe": "delayed", "seed": 1,
+         "tokens_per_sec_per_gpu": 14, "val_loss": 2.9},
+    ]
+    row = analysis.headline_table(pd.DataFrame(rows)).iloc[0]
+    assert row["loss_baseline_run"] == "b1"  # the pair is still the same seed
+    assert row["loss_gap_pct"] == pytest.approx(100 * (2.9 / 3.1 - 1))  # but the gap is to the mean of 3.0 and 3.2
+    assert row["loss_bf16_seeds"] == 2 and row["loss_bf16_spread_pct"] == pytest.approx(100 * 0.2 / 3.1)
+    md = report.headline_markdown(pd.DataFrame([{**row.to_dict(), "cost_fp8": np.nan}]))
+    assert "-6.45% (BF16 seeds 6.45% apart)" in md and "against the mean of 2 BF16 seeds after 20M tokens" in md
+    one = analysis.headline_table(pd.DataFrame(rows[:1] + rows[2:])).iloc[0]  # one BF16 seed: the pair's gap
+    assert one["loss_gap_pct"] == pytest.approx(100 * (2.9 / 3.0 - 1)) and one["loss_bf16_seeds"] == 1
+    assert pd.isna(one["loss_bf16_spread_pct"])
+
+
+def test_the_committed_parity_study_is_the_llama_1b_loss_gap_with_its_noise_band():
+    """The README's llama-1b loss cell comes from data/results/loss-parity-20m: 20.02M tokens, FP8 delayed against
+    the mean of the two BF16 seeds, their spread beside it (the figures parity.json holds, written by the study)."""
+    parity = json.loads((RESULTS_DIR / "loss-parity-20m" / "parity.json").read_text())
+    head = analysis.headline_table(analysis.summarize_runs(analysis.load_runs()))
+    row = head.set_index("model").loc["llama-1b"]
+    assert row["loss_study"] == "loss-parity-20m" and row["loss_tokens"] == 20_021_248
+    assert row["loss_gap_pct"] == pytest.approx(parity["fp8"]["fp8-delayed"]["gap_pct"])
+    assert row["loss_bf16_spread_pct"] == pytest.approx(parity["bf16_spread_pct"])
+
+
 def test_the_headline_loss_gap_comes_from_the_longest_loss_study(tmp_path):
     """README and notebook 05 quote the loss study with the most tokens: the committed loss-1b until the one-epoch
     parity study's files exist (issue 31), then that one, with its token count. The longer study here is the

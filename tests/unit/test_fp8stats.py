@@ -116,8 +116,16 @@ def test_the_plan_decides_the_statistics_once_with_a_reason():
 
     h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
     fp8 = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h200)
-    assert fp8.fp8_stats_every == fp8stats.DEFAULT_EVERY and "every 10 steps" in fp8.all_reasons()["fp8_stats"]
-    assert fp8.record()["fp8_stats_every"] == 10
+    assert fp8.fp8_stats_every == fp8stats.DEFAULT_EVERY["te"] == 25  # auto on TE: the measured <= 2% interval
+    assert fp8.layout.grad_accum >= 4 and "every 25 steps (auto: te at" in fp8.all_reasons()["fp8_stats"]
+    one = plan_run(TrainConfig(model="llama-1b", precision="fp8", micro_batch_size=16, grad_accum=1), h200)
+    assert one.fp8_stats_every == 100  # a sample costs ~one micro-batch: 4x rarer at one micro-batch a step
+    assert [fp8stats.default_every("te", a) for a in (1, 2, 3, 4, 8)] == [100, 50, 50, 25, 25]
+    assert fp8.record()["fp8_stats_every"] == 25
+    cpu = plan_run(TrainConfig(model="llama-tiny", precision="fp8"), Machine("cpu", "cpu", 24.0))
+    assert cpu.fp8_stats_every == fp8stats.DEFAULT_EVERY["emulated"] == 10  # emulated: short CPU runs, more columns
+    asked = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_stats_every=7), h200)
+    assert asked.fp8_stats_every == 7 and "--fp8-stats-every" in asked.all_reasons()["fp8_stats"]
     off = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_stats_every=0), h200)
     assert off.fp8_stats_every == 0 and "off" in off.all_reasons()["fp8_stats"]
     assert plan_run(TrainConfig(model="llama-1b", precision="bf16"), h200).fp8_stats_every == 0  # no FP8 casts
