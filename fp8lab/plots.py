@@ -703,6 +703,51 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
 
 # issue 31: FP8 health (fp8lab.fp8stats)
 HEALTH_METRICS = {"underflow": "values flushed to 0", "saturation": "values clipped at the format's max"}
+def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """Validation loss of a loss study with several BF16 seeds (``analysis.parity_curves``), and below it each run's
+    gap to the BF16 seeds' mean in percent, inside the grey band it is read against (issue 31). One study: the
+    first (model, study) of ``curves``."""
+    title = "Validation loss against BF16's seed-to-seed noise"
+    if not len(curves):
+        return _finish(_empty(title, "no loss study with two or more BF16 seeds\n(benchmarks/study_loss_parity.sh)"), save)
+    model, study = curves.iloc[0][["model", "study"]]
+    g = curves[(curves["model"] == model) & (curves["study"] == study)]
+    fig, axes = _new(nrows=2, width=6.5, height=3.2, sharex=True)
+    top, bottom = axes[0, 0], axes[1, 0]
+    blues, oranges = matplotlib.colormaps["Blues"], matplotlib.colormaps["Oranges"]
+    runs = g.drop_duplicates("run_id")
+    n_bf16 = sum(not is_fp8(p) for p in runs["precision"])
+    i_bf16 = i_fp8 = 0
+    for _, r in runs.iterrows():
+        c = g[g["run_id"] == r["run_id"]].sort_values("step")
+        x = c["tokens"] / 1e6
+        if is_fp8(r["precision"]):
+            color, style = oranges(0.55 + 0.35 * i_fp8 / max(len(runs) - n_bf16 - 1, 1)), "-"
+            label = f"FP8 {r['recipe'] or ''} (seed {int(r['seed'])})".replace("  ", " ")
+            i_fp8 += 1
+        else:
+            color, style = blues(0.5 + 0.4 * i_bf16 / max(n_bf16 - 1, 1)), "--"
+            label = f"BF16 seed {int(r['seed'])}"
+            i_bf16 += 1
+        top.plot(x, c["val_loss"], style, color=color, label=label, lw=1.6)
+        bottom.plot(x, c["gap_pct"], style, color=color, lw=1.6)
+    band = g.drop_duplicates("step").sort_values("step")
+    bx = band["tokens"] / 1e6
+    bottom.fill_between(bx, -band["band_pct"], band["band_pct"], color="0.85", label="band: max(0.5%, BF16 seeds' spread)")
+    bottom.axhline(0, color="0.4", lw=0.8)
+    top.set_ylabel("validation loss")
+    top.set_title(f"{model}, study {study}: {int(band['bf16_seeds'].iloc[0])} BF16 seeds")
+    top.legend(fontsize=8)
+    bottom.set_ylabel("% against the BF16 mean")
+    bottom.set_xlabel("training tokens (millions)")
+    bottom.legend(fontsize=8, loc="lower left")
+    last = band["step"].max()
+    lo = g[g["step"] == last]["gap_pct"].min()
+    bottom.set_ylim(min(-3 * band["band_pct"].iloc[-1], lo - 0.5), 3 * band["band_pct"].iloc[-1] + 0.5)
+    fig.suptitle(title)
+    return _finish(fig, save)
+
+
 HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included) share its colour
 
 

@@ -116,6 +116,8 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         (plots.throughput_figure(shown), "tokens/s/GPU: the best run of each kind per model"),
         (plots.speedup_figure(comparison, reference=a.reference), "FP8 speedup per model, with the source's reported values"),
         (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
+        (plots.parity_figure(analysis.parity_curves(loss_runs)),  # issue 31
+         "validation loss against the BF16 seeds' mean and the band of their spread"),
         (plots.mfu_figure(shown), "MFU of the best run of each kind per model"),
         (plots.cost_figure(answer.costs()), "time and cost to train the token budget, best BF16 against best FP8"),
         (plots.scaling_figure(scaling), "per-GPU scaling efficiency"),

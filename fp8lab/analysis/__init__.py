@@ -16,6 +16,7 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.analysis
     labels      what a run is called (variant, layout, model size) and missing-aware predicates
     summary     per-run summaries, BF16-vs-FP8 comparisons, the default budget and price, scaling
     headline    the headline view per model (best runs, speedups, the loss study's gap)
+    parity      loss parity against BF16's seed-to-seed noise: per validation step, the gap to the seeds' mean
     conclusion  the verdict: a paragraph written from the comparison (``verdict``)
     answer      the one answer every view renders (``Answer``): chosen runs, speedup, MFU, loss gap,
                 and the planned time and cost of a token budget; every run's (``cost_table``), the same way
@@ -36,6 +37,7 @@ from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PE
                                      check_cost_args, compare_precisions, scaling_axis, scaling_table,
                                      smooth, summarize_runs)
 from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
+from fp8lab.analysis.parity import parity_curves  # noqa: F401
 from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer, cost_table  # noqa: F401
 from fp8lab.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 

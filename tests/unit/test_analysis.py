@@ -576,3 +576,23 @@ def test_the_headline_compares_best_bf16_and_best_fp8_at_one_sequence_length():
     row = head[head["model"] == "llama-3b-shape"].iloc[0]
     assert row["bf16_run"].endswith("-s8192") and row["fp8_run"].endswith("-s8192"), (row["bf16_run"], row["fp8_run"])
     assert row["speedup"] == pytest.approx(29047.97 / 21911.80, rel=1e-3)
+
+
+def test_parity_curves_read_each_step_against_the_bf16_seeds_mean_and_band():
+    """Issue 31's band per validation step: max(0.5%, the BF16 seeds' spread), each run's gap to their mean; a study
+    with one BF16 seed has no band and gives no rows."""
+    def run(run_id, precision, seed, losses, study="s"):
+        return [{"record": "step", "run_id": run_id, "model": "m", "study": study, "precision": precision,
+                 "recipe": "delayed" if precision == "fp8" else None, "variant": precision, "seed": seed,
+                 "loss_comparable": True, "step": st, "tokens": 1000 * st, "val_loss": v}
+                for st, v in zip((10, 20), losses)]
+    runs = pd.DataFrame(run("b1", "bf16", 1, [4.0, 3.0]) + run("b2", "bf16", 2, [4.1, 3.1]) + run("f1", "fp8", 1, [4.0, 2.9])
+                        + run("lone", "bf16", 1, [4.0, 3.0], study="t") + run("lf", "fp8", 1, [4.0, 3.0], study="t"))
+    c = analysis.parity_curves(runs)
+    assert set(c["study"]) == {"s"} and len(c) == 6  # study t has one BF16 seed
+    end = c[c["step"] == 20].set_index("run_id")
+    assert end.loc["f1", "gap_pct"] == pytest.approx(100 * (2.9 / 3.05 - 1))
+    assert end.loc["f1", "band_pct"] == pytest.approx(100 * 0.1 / 3.05) and end.loc["f1", "bf16_seeds"] == 2
+    tight = runs.assign(val_loss=[v if r != "b2" else v - 0.099 for r, v in zip(runs["run_id"], runs["val_loss"])])
+    assert analysis.parity_curves(tight)["band_pct"].min() == pytest.approx(0.5)  # never narrower than 0.5%
+    assert analysis.parity_curves(runs[runs["study"] == "t"]).empty

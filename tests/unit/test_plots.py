@@ -8,6 +8,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from fp8lab import analysis, plots
+from fp8lab.paths import RESULTS_DIR
 from fake_runs import make_pair, make_trainer_run, run_meta, step_records
 
 
@@ -202,3 +203,18 @@ def test_bad_scale_axis_is_rejected(tables):
     _, summary, _ = tables
     with pytest.raises(ValueError, match="by='gpus'"):
         plots.throughput_figure(summary, by="gpus")
+
+
+def test_the_parity_figure_draws_each_run_and_the_band_from_the_committed_study():
+    """Notebook 05 and the report: the committed loss-parity study's four runs (two BF16 seeds dashed, two FP8
+    solid) over validation loss and their gap to the BF16 mean, inside the band; nothing committed: a note."""
+    from fp8lab import analysis, plots
+
+    curves = analysis.parity_curves(analysis.load_runs(RESULTS_DIR / "loss-parity-20m"))
+    fig = plots.parity_figure(curves)
+    top, bottom = fig.axes[:2]
+    assert len(top.get_lines()) == 4 and {t.get_text() for t in top.get_legend().get_texts()} == {
+        "BF16 seed 1234", "BF16 seed 4321", "FP8 delayed (seed 1234)", "FP8 current (seed 1234)"}
+    assert len(bottom.collections) == 1  # the band
+    empty = plots.parity_figure(analysis.parity_curves(pd.DataFrame()))
+    assert "two or more BF16 seeds" in empty.axes[0].texts[0].get_text()
