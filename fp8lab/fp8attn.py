@@ -130,7 +130,9 @@ ROLES = {"default-bf16": "bf16", "default-fp8-noattn": "fp8", "default-fp8-attn"
 
 def _read(path: Path) -> dict:
     """One result file (data/results/README.md): its run record, summary and step records."""
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    from fp8lab.analysis.load import read_jsonl  # the package pulls pandas: not on fp8lab.options' import
+
+    lines = [r for _, r in read_jsonl(path)]
     one = {r["record"]: r for r in lines if r.get("record") in ("run", "summary")}
     return {"run": one["run"], "summary": one.get("summary", {}), "steps": [r for r in lines if r.get("record") == "step"]}
 
