@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -63,7 +64,7 @@ GPUS: tuple[GPU, ...] = (
 )
 
 
-def _column(fact: str) -> tuple[tuple[str, float], ...]:
+def _column(fact: str) -> tuple[tuple[str, Any], ...]:
     """(name fragment, value) of the GPUs that have ``fact``, in match order: the table :func:`gpu_spec` reads."""
     return tuple((g.fragment, getattr(g, fact)) for g in GPUS if getattr(g, fact) is not None)
 
@@ -77,7 +78,7 @@ NVLINK_BANDWIDTH = _column("nvlink")
 GPU_GENERATION = _column("generation")
 
 
-def gpu_spec(table: tuple[tuple[str, object], ...], gpu_name: str | None):
+def gpu_spec(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
     """A value of one of the columns above for a GPU by (a fragment of) its name; None where unknown."""
     for key, value in table:
         if gpu_name and key.lower() in gpu_name.lower():
