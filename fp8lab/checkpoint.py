@@ -194,18 +194,22 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def _reader(path: Path):
-    """DCP's file reader with the metadata read by :class:`_MetadataUnpickler`."""
+    """DCP's file reader with the metadata read by :class:`_MetadataUnpickler`, once: every ``dcp.load`` through
+    this reader gets that one object (DCP's load only reads it), so the file is parsed once per :func:`load`."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeReader(dcp.FileSystemReader):
+        _parsed = None
+
         def read_metadata(self, *args: Any, **kwargs: Any):
-            with open(Path(self.path) / METADATA, "rb") as fh:
-                metadata = _MetadataUnpickler(fh).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
+            if self._parsed is None:
+                with open(Path(self.path) / METADATA, "rb") as fh:
+                    self._parsed = _MetadataUnpickler(fh).load()
+                if getattr(self._parsed, "storage_meta", None) is None:
+                    self._parsed.storage_meta = StorageMeta()
+            self._parsed.storage_meta.load_id = self.load_id
+            return self._parsed
 
     return SafeReader(str(path))
 
@@ -251,12 +255,13 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
 
     path = Path(path)
     verify(path)
-    metadata = _reader(path).read_metadata()  # through fp8lab's unpickler, before DCP reads it
-    extra = _extra_states(path, metadata, model, get_model_state_dict(model), env)  # checked before anything changes
+    reader = _reader(path)
+    reader.read_metadata()  # through fp8lab's unpickler, before DCP reads it
+    extra = _extra_states(path, reader, model, get_model_state_dict(model), env)  # checked before anything changes
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
     state = {"model": {k: v for k, v in model_sd.items() if k not in extra}, "optim": optim_sd}
     with _quiet_single_process(env):  # the masters and AdamW states are filled in place
-        dcp.load(state, storage_reader=_reader(path), planner=_planner())
+        dcp.load(state, storage_reader=reader, planner=_planner())
     state["model"].update(extra)
     with _te_pickled_state_allowed():
         if _is_master(optimizer):
@@ -271,7 +276,7 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
         return torch.load(mine, map_location="cpu", weights_only=True)
 
 
-def _extra_states(path: Path, metadata: Any, model: nn.Module, model_sd: dict[str, Any],
+def _extra_states(path: Path, reader: Any, model: nn.Module, model_sd: dict[str, Any],
                   env: fdist.DistEnv) -> dict[str, Any]:
     """The model's tensor ``_extra_state`` entries read from checkpoint ``path``, Transformer Engine's
     decoded and pickled again by fp8lab (fp8lab.te_state); RefusedState naming the file if one is not
@@ -287,9 +292,10 @@ def _extra_states(path: Path, metadata: Any, model: nn.Module, model_sd: dict[st
     keys = [k for k, v in model_sd.items() if k.endswith("_extra_state") and isinstance(v, torch.Tensor)]
     if not keys:
         return {}
+    metadata = reader.read_metadata()
     wanted = {"model": {k: _like_saved(model_sd[k], metadata.state_dict_metadata.get(f"model.{k}")) for k in keys}}
     with _quiet_single_process(env):
-        dcp.load(wanted, storage_reader=_reader(path), planner=_planner())
+        dcp.load(wanted, storage_reader=reader, planner=_planner())
     modules = te_state.owners(model)
     out = dict(wanted["model"])
     for key, value in out.items():

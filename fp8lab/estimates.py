@@ -142,7 +142,6 @@ class MeasuredEstimate(Estimate):
 
         job_seq = seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else int(r["seq_len"])
         seq_scale = model_flops_per_token(model, int(r["seq_len"])) / model_flops_per_token(model, job_seq)
-        peak_scale = info.bf16_tflops / r["peak_tflops"]
         node_eff, node_from = self._node_efficiency(effs, r)
         n = max(int(instance_count), 1)
         model = self._scaling(r, instance_type, n, fp8_all_gather)  # issue 32: GPU projection and nodes
@@ -152,7 +151,7 @@ class MeasuredEstimate(Estimate):
                    * inter)
         return {"tokens_per_sec_per_gpu": per_gpu, "run_id": r["run_id"], "source": r["source"],
                 "measured_tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"], "variant": r["variant"],
-                "layout": r["layout"], "gpu_name": r["gpu_name"], "seq_scale": seq_scale, "peak_scale": peak_scale,
+                "layout": r["layout"], "gpu_name": r["gpu_name"], "seq_scale": seq_scale,
                 "target_gpu": info.gpu, "node_efficiency": node_eff, "node_efficiency_from": node_from,
                 "internode_efficiency": inter, "instances": n,
                 "exact_match": bool(len(exact)), **model}

@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fp8lab.hardware import GPU_GENERATION, gpu_spec
 from fp8lab.validate import AUTO
 
 CHOICES = (AUTO, "on", "off")
@@ -46,16 +47,13 @@ LOSS_RESULT = STUDY_RESULT.with_name("loss.json")
 BWD_ENV = "NVTE_FP8_DPA_BWD"
 FP8_DPA_BWD = "1"  # TE's own default: FP8 backward too (the speed the issue measured); the study checks the loss
 
-# GPU generations by a fragment of the GPU's name (as torch or fp8lab.hardware names it), specific first
-_GENERATIONS = (("GH200", "hopper"), ("H100", "hopper"), ("H200", "hopper"), ("H800", "hopper"), ("H20", "hopper"),
-                ("GB200", "blackwell"), ("B200", "blackwell"), ("B100", "blackwell"), ("B300", "blackwell"))
 MEASURED = ("hopper",)  # where the crossover was measured: auto turns FP8 attention on only there
 _RECIPES = {"hopper": ("delayed",), "blackwell": ("delayed", "current", "mxfp8")}
 
 
 def generation(gpu_name: str) -> str | None:
     """'hopper' | 'blackwell' | None (a GPU without TE's FP8 fused attention, or not known here)."""
-    return next((g for key, g in _GENERATIONS if key.lower() in gpu_name.lower()), None)
+    return gpu_spec(GPU_GENERATION, gpu_name)
 
 
 def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str | None, mcfg, gpu: bool,
@@ -132,7 +130,9 @@ ROLES = {"default-bf16": "bf16", "default-fp8-noattn": "fp8", "default-fp8-attn"
 
 def _read(path: Path) -> dict:
     """One result file (data/results/README.md): its run record, summary and step records."""
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    from fp8lab.analysis.load import read_jsonl  # the package pulls pandas: not on fp8lab.options' import
+
+    lines = [r for _, r in read_jsonl(path)]
     one = {r["record"]: r for r in lines if r.get("record") in ("run", "summary")}
     return {"run": one["run"], "summary": one.get("summary", {}), "steps": [r for r in lines if r.get("record") == "step"]}
 

@@ -1,4 +1,5 @@
-"""Facts about the machines fp8lab plans for, in one place: GPU memory and dense BF16 peaks,
+"""Facts about the machines fp8lab plans for, in one place: the GPUs (one table, :data:`GPUS`: memory,
+dense BF16/FP8 peaks, HBM and NVLink bandwidth, generation, looked up by name with :func:`gpu_spec`),
 SageMaker instance types and their assumed prices, the placeholders of a dry run and the folder
 SageMaker syncs checkpoints from. Other modules read these facts from here (``fp8lab.launch``,
 ``fp8lab.train`` and ``fp8lab.metrics`` re-export their old names); this module imports nothing of
@@ -14,52 +15,85 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
-# GiB as torch reports them, by a name fragment of the GPU; matched in order (specific first).
-GPU_MEMORY_GIB: tuple[tuple[str, float], ...] = (
-    ("H200", 139.8),
-    ("H100 80GB", 79.2),
-    ("H100", 79.2),  # SXM5 80 GB, the GPU of SageMaker P5
-    ("B200", 178.4),
-    ("A100 80GB", 79.2),
-    ("A100 40GB", 39.4),
-    ("A100", 39.4),
+
+@dataclass(frozen=True)
+class GPU:
+    """What fp8lab knows of one GPU model, from NVIDIA's data sheets; None where this table does not say.
+
+    ``fragment`` is matched against a GPU's name (as ``torch.cuda.get_device_name()`` or ``INSTANCES`` write
+    it). Peaks are dense (no 2:4 sparsity) tensor-core FLOP/s; ``memory_gib`` is what torch reports (see the
+    module's docstring); ``hbm``: HBM bandwidth in bytes/s, what memory-bound kernels (casts, norms,
+    elementwise, the optimizer) scale with; ``nvlink``: NVLink bytes/s per GPU and direction (NVIDIA quotes
+    900 GB/s for H100/H200 SXM, NVLink 4, and 1.8 TB/s for B200, NVLink 5, both directions together; half of
+    that each way); ``generation``: hopper | blackwell, where TE's FP8 fused attention runs (fp8lab.fp8attn).
+    """
+
+    fragment: str
+    generation: str | None = None
+    memory_gib: float | None = None
+    bf16: float | None = None
+    fp8: float | None = None
+    hbm: float | None = None
+    nvlink: float | None = None
+
+
+# Matched in order, specific names first ("GB200" before "B200", "H200" before "H20", "L40S" before "L4"); a
+# fact a row leaves None comes from the next matching row that has it (an "H100 PCIe" has the "H100" memory).
+GPUS: tuple[GPU, ...] = (
+    GPU("GH200", "hopper", bf16=989e12, fp8=1979e12, hbm=4.8e12),
+    # H200 SXM (NVL, at a lower clock, is close; use --peak-tflops to set it)
+    GPU("H200", "hopper", 139.8, bf16=989e12, fp8=1979e12, hbm=4.8e12, nvlink=450e9),
+    GPU("H100 80GB", memory_gib=79.2),
+    GPU("H100 PCIe", bf16=756e12, fp8=1513e12, hbm=2.0e12),
+    GPU("H100 NVL", bf16=835e12, fp8=1671e12, hbm=3.9e12),
+    # H100 SXM5 80 GB ("NVIDIA H100 80GB HBM3"), the GPU of SageMaker P5
+    GPU("H100", "hopper", 79.2, bf16=989e12, fp8=1979e12, hbm=3.35e12, nvlink=450e9),
+    GPU("H800", "hopper", bf16=989e12, fp8=1979e12, hbm=3.35e12),
+    GPU("H20", "hopper"),
+    GPU("GB200", "blackwell"),
+    GPU("B200", "blackwell", 178.4, bf16=2250e12, fp8=4500e12, hbm=8.0e12, nvlink=900e9),
+    GPU("B100", "blackwell", bf16=1750e12, fp8=3500e12, hbm=8.0e12),
+    GPU("B300", "blackwell"),
+    GPU("A100 80GB", memory_gib=79.2, hbm=2.0e12),
+    GPU("A100 40GB", memory_gib=39.4),
+    GPU("A100", memory_gib=39.4, bf16=312e12, hbm=1.555e12, nvlink=300e9),
+    GPU("L40S", bf16=362e12, fp8=733e12, hbm=0.864e12),
+    GPU("L4", bf16=121e12, fp8=242e12, hbm=0.3e12),
 )
 
-# Dense (no 2:4 sparsity) BF16 tensor-core peaks in FLOP/s, from NVIDIA's data sheets.
-# Matched in order against torch.cuda.get_device_name(): specific names before general ones.
-PEAK_BF16_DENSE: tuple[tuple[str, float], ...] = (
-    ("GH200", 989e12),
-    ("H200", 989e12),  # H200 SXM (and NVL at a lower clock is close; use --peak-tflops to set it)
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # H100 SXM5 ("NVIDIA H100 80GB HBM3"), the GPU of SageMaker P5
-    ("H800", 989e12),
-    ("B200", 2250e12),
-    ("B100", 1750e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-)
+
+def _column(fact: str) -> tuple[tuple[str, Any], ...]:
+    """(name fragment, value) of the GPUs that have ``fact``, in match order: the table :func:`gpu_spec` reads."""
+    return tuple((g.fragment, getattr(g, fact)) for g in GPUS if getattr(g, fact) is not None)
+
+
+# One column of GPUS each, under their old names
+GPU_MEMORY_GIB = _column("memory_gib")
+PEAK_BF16_DENSE = _column("bf16")
+PEAK_FP8_DENSE = _column("fp8")
+HBM_BANDWIDTH = _column("hbm")
+NVLINK_BANDWIDTH = _column("nvlink")
+GPU_GENERATION = _column("generation")
+
+
+def gpu_spec(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
+    """A value of one of the columns above for a GPU by (a fragment of) its name; None where unknown."""
+    for key, value in table:
+        if gpu_name and key.lower() in gpu_name.lower():
+            return value
+    return None
 
 
 def peak_bf16_flops(gpu_name: str | None) -> float | None:
     """Dense BF16 peak FLOP/s of a GPU by name; None for CPUs and GPUs not in the table."""
-    if not gpu_name or gpu_name == "cpu":
-        return None
-    for key, peak in PEAK_BF16_DENSE:
-        if key.lower() in gpu_name.lower():
-            return peak
-    return None
+    return gpu_spec(PEAK_BF16_DENSE, gpu_name)
 
 
 def gpu_memory_gib(gpu_name: str) -> float | None:
     """Memory of a GPU by (a fragment of) its name, or None when the table does not know it."""
-    for key, gib in GPU_MEMORY_GIB:
-        if key.lower() in gpu_name.lower():
-            return gib
-    return None
+    return gpu_spec(GPU_MEMORY_GIB, gpu_name)
 
 
 def cpu_memory_gib() -> float:
@@ -189,31 +223,8 @@ SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 # For the scaling model (fp8lab.scaling, issue 32): what else a GPU and an instance offer
 # ----------------------------------------------------------------------------------------------
 
-# Dense FP8 tensor-core peaks in FLOP/s (NVIDIA data sheets, without sparsity); matched as PEAK_BF16_DENSE.
-PEAK_FP8_DENSE: tuple[tuple[str, float], ...] = (
-    ("GH200", 1979e12), ("H200", 1979e12), ("H100 PCIe", 1513e12), ("H100 NVL", 1671e12), ("H100", 1979e12),
-    ("H800", 1979e12), ("B200", 4500e12), ("B100", 3500e12), ("L40S", 733e12), ("L4", 242e12),
-)
-# HBM bandwidth in bytes/s (NVIDIA data sheets): what memory-bound kernels (casts, norms, elementwise,
-# the optimizer) scale with.
-HBM_BANDWIDTH: tuple[tuple[str, float], ...] = (
-    ("GH200", 4.8e12), ("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12),
-    ("H800", 3.35e12), ("B200", 8.0e12), ("B100", 8.0e12), ("A100 80GB", 2.0e12), ("A100", 1.555e12),
-    ("L40S", 0.864e12), ("L4", 0.3e12),
-)
-# NVLink bandwidth per GPU and direction in bytes/s: NVIDIA quotes 900 GB/s for H100/H200 SXM (NVLink 4)
-# and 1.8 TB/s for B200 (NVLink 5), both directions together; half of that each way.
-NVLINK_BANDWIDTH: tuple[tuple[str, float], ...] = (("H200", 450e9), ("H100", 450e9), ("B200", 900e9),
-                                                   ("A100", 300e9))
 # EFA network bandwidth per instance in bit/s (AWS instance pages: P5 and P5e/P5en 3,200 Gbps;
 # P4d 400 Gbps; P6-B200 3,200 Gbps).
 EFA_GBPS: dict[str, float] = {"ml.p5.48xlarge": 3200.0, "ml.p5e.48xlarge": 3200.0, "ml.p5en.48xlarge": 3200.0,
                               "ml.p6-b200.48xlarge": 3200.0, "ml.p4d.24xlarge": 400.0, "ml.p4de.24xlarge": 400.0}
 
-
-def gpu_spec(table: tuple[tuple[str, float], ...], gpu_name: str | None) -> float | None:
-    """A value of one of the tables above for a GPU by (a fragment of) its name; None where unknown."""
-    for key, value in table:
-        if gpu_name and key.lower() in gpu_name.lower():
-            return value
-    return None

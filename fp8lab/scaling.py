@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fp8lab import hardware as hw
+from fp8lab.options import FP8_ALL_GATHER_BACKENDS  # the trainer's: torchao's float8 FSDP2 all-gather
 
 # kernel categories of fp8lab.profiling, by what they scale with on another GPU
 FP8_GEMM = ("fp8 gemm",)
@@ -112,10 +113,14 @@ def _profiles_of(sources: tuple[str, ...]) -> pd.DataFrame:
     return load_profiles(files) if files else load_profiles([])
 
 
+def _profiles_beside(sources: Any) -> pd.DataFrame:
+    """The profiles beside result files ``sources`` (paths; NaNs skipped), cached by their sorted full paths."""
+    return _profiles_of(tuple(sorted({_full(s) for s in pd.Series(sources, dtype=object).dropna()})))
+
+
 def profiles_of(summary: pd.DataFrame) -> pd.DataFrame:
     """The profiles beside the result files of a per-run summary (``<run>.profile.json``)."""
-    srcs = tuple(sorted({_full(s) for s in summary.get("source", pd.Series(dtype=str)).dropna()}))
-    return _profiles_of(srcs)
+    return _profiles_beside(summary.get("source", ()))
 
 
 # --- communication -----------------------------------------------------------------------------
@@ -260,13 +265,6 @@ def efficiency(run: Mapping[str, Any], instances: int, *, instance_type: str = "
             "comm_bound": comm > cal.overlap * compute}
 
 
-def internode_factor(run: Mapping[str, Any], instances: int, **kw: Any) -> float:
-    """The model's per-GPU rate on ``instances`` instances over its rate on one (8 GPUs, NVLink)."""
-    if instances <= 1:
-        return 1.0
-    return efficiency(run, instances, **kw)["efficiency"] / efficiency(run, 1, **kw)["efficiency"]
-
-
 def advice(model: str, gain: float, *, fp8_all_gather_possible: bool, instances: int,
            threshold: float = GAIN_THRESHOLD) -> str | None:
     """What the plan says where FP8's modelled gain over BF16 at this scale falls below ``threshold``."""
@@ -288,7 +286,7 @@ def project(run: Mapping[str, Any], instance_type: str, instances: int, *, fp8_a
     (the step's kernels projected to the instance's GPU) and ``model_internode_efficiency`` (``instances``
     over one), with the parts of the modelled step. ``sources``: the result files whose profiles count."""
     cal = calibration if calibration is not None and len(calibration.runs) else committed_calibration(results)
-    split = compute_split(run, _profiles_of(tuple(sorted({_full(s) for s in pd.Series(sources).dropna()}))))
+    split = compute_split(run, _profiles_beside(sources))
     info = hw.INSTANCES[instance_type]
     scale = 1 / split.time_scale(str(run.get("gpu_name")), info.gpu)
     one = efficiency(run, 1, instance_type=instance_type, fp8_all_gather=fp8_all_gather, calibration=cal, split=split)
@@ -304,9 +302,6 @@ def _full(source: Any) -> str:
 
     path = Path(str(source))
     return str(path if path.is_absolute() else REPO_ROOT / path)
-
-
-from fp8lab.options import FP8_ALL_GATHER_BACKENDS  # noqa: E402 (the trainer's: torchao's float8 FSDP2 all-gather)
 
 
 def instance_table(estimate: Any, model: str, instance_counts: list[int], tokens: float, *,

@@ -57,6 +57,24 @@ def test_a_fresh_model_resumes_extra_state_of_another_size(tmp_path, monkeypatch
     assert fresh.env_at_load == "1" and os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE") == before
 
 
+def test_a_load_parses_the_checkpoint_metadata_once(tmp_path, monkeypatch):
+    """The check before anything changes, the extra states' read and the main read share one parsed metadata."""
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), initialized_here=False)
+    trained = SizedState()
+    opt = torch.optim.AdamW(trained.parameters())
+    trained(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    fckpt.save(tmp_path, 1, trained, opt, {"step": 1}, env)
+    parsed = []
+    real = fckpt._MetadataUnpickler.load
+    monkeypatch.setattr(fckpt._MetadataUnpickler, "load", lambda self: parsed.append(1) or real(self))
+    fresh = SizedState()
+    fresh_opt = torch.optim.AdamW(fresh.parameters())
+    assert fckpt.load(fckpt.step_dir(tmp_path, 1), fresh, fresh_opt, env)["step"] == 1
+    assert len(parsed) == 1 and fresh.history == trained.history
+    torch.testing.assert_close(fresh.weight, trained.weight, atol=0, rtol=0)
+
+
 def test_train_state_is_one_entry_and_reads_checkpoints_written_before_it():
     """fp8lab.components.TrainState: step, tokens, counters and RNG; older checkpoints kept them at the top level."""
     from fp8lab.components import TrainState, as_current_layout

@@ -262,3 +262,14 @@ def test_a_p5_job_plans_long_sequences_and_refuses_fp8_attention_it_cannot_run()
         L.JobSpec(model="llama-1b", seq_len=8192, options={"fp8_attention": "on"}, **base)
     with pytest.raises(ValueError, match=r"--fp8-attention='sometimes' is invalid; allowed: auto \| on \| off"):
         L.JobSpec(model="llama-1b", options={"fp8_attention": "sometimes"}, **base)
+
+
+def test_the_study_reader_names_a_corrupt_result_file_and_line(tmp_path):
+    from fp8lab.analysis import RunFileError
+
+    _write_study(tmp_path, {2048: FIXTURE_TPS[2048]})
+    bad = sorted(tmp_path.glob("*.jsonl"))[0]
+    lines = bad.read_text().splitlines()
+    bad.write_text("\n".join([lines[0], "{not json"] + lines[1:]) + "\n")
+    with pytest.raises(RunFileError, match=rf"{bad.name}: line 2 is not valid JSON"):
+        fp8attn.study_runs(tmp_path)
