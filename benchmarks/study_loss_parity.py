@@ -148,7 +148,9 @@ def summarize(args, out: Path) -> dict:
         vals[name] = next(r for r in lines if r["record"] == "summary").get("val_loss")
     bf = [vals["bf16-s1234"], vals["bf16-s4321"]]
     mean, spread = sum(bf) / 2, abs(bf[0] - bf[1])
-    band = max(0.005 * mean, spread)
+    from fp8lab.analysis.parity import MIN_BAND_PCT
+
+    band = max(MIN_BAND_PCT / 100 * mean, spread)
     gaps = {k: {"val_loss": vals[k], "gap": vals[k] - mean, "gap_pct": 100 * (vals[k] / mean - 1),
                 "within": abs(vals[k] - mean) <= band,  # issue 31's criterion, two-sided
                 "not_above_band": vals[k] <= mean + band,  # supplementary: FP8 no worse than BF16's noise allows

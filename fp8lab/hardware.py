@@ -57,9 +57,11 @@ GPUS: tuple[GPU, ...] = (
     GPU("B100", "blackwell", bf16=1750e12, fp8=3500e12, hbm=8.0e12),
     GPU("B300", "blackwell"),
     GPU("A100 80GB", memory_gib=79.2, hbm=2.0e12),
+    GPU("A100-SXM4-80GB", memory_gib=79.2, hbm=2.0e12),  # torch's name for the SXM part: no "A100 80GB" in it
     GPU("A100 40GB", memory_gib=39.4),
     GPU("A100", memory_gib=39.4, bf16=312e12, hbm=1.555e12, nvlink=300e9),
     GPU("L40S", bf16=362e12, fp8=733e12, hbm=0.864e12),
+    GPU("L40", bf16=181e12, fp8=362e12, hbm=0.864e12),  # before "L4", which it contains
     GPU("L4", bf16=121e12, fp8=242e12, hbm=0.3e12),
 )
 

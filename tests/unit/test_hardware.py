@@ -2,8 +2,9 @@
 
 Pinned from the code before the facts moved into one table (hB's review mend), so that move changed no answer.
 Names are as torch.cuda.get_device_name() reports them, or as fp8lab.hardware.INSTANCES writes them. Some answers
-are the tables' fallbacks rather than data-sheet facts (a GH200's memory is the H200's, an "A100-SXM4-80GB"
-matches no "A100 80GB" fragment, an L40 matches "L4"): pinned as they are, since a refactor changes no result.
+are the tables' fallbacks rather than data-sheet facts (a GH200's memory is the H200's): pinned as they are. Two
+fallbacks were wrong and are mended after the move: torch's "NVIDIA A100-SXM4-80GB" got the 40 GB part's memory
+and bandwidth, and an L40 matched "L4" (121 TFLOP/s instead of its 181).
 """
 import pytest
 
@@ -23,12 +24,12 @@ PINNED = {
     "NVIDIA GB200": ("blackwell", 178.4, 2250e12, 4500e12, 8.0e12, 900e9),
     "NVIDIA B100": ("blackwell", None, 1750e12, 3500e12, 8.0e12, None),
     "NVIDIA B300": ("blackwell", None, None, None, None, None),
-    "NVIDIA A100-SXM4-80GB": (None, 39.4, 312e12, None, 1.555e12, 300e9),
+    "NVIDIA A100-SXM4-80GB": (None, 79.2, 312e12, None, 2.0e12, 300e9),
     "NVIDIA A100-SXM4-40GB": (None, 39.4, 312e12, None, 1.555e12, 300e9),
     "NVIDIA A100 80GB PCIe": (None, 79.2, 312e12, None, 2.0e12, 300e9),
     "NVIDIA L40S": (None, None, 362e12, 733e12, 0.864e12, None),
     "NVIDIA L4": (None, None, 121e12, 242e12, 0.3e12, None),
-    "NVIDIA L40": (None, None, 121e12, 242e12, 0.3e12, None),
+    "NVIDIA L40": (None, None, 181e12, 362e12, 0.864e12, None),
     "Tesla T4": (None, None, None, None, None, None),
     "H100 80GB": ("hopper", 79.2, 989e12, 1979e12, 3.35e12, 450e9),
     "H200 141GB": ("hopper", 139.8, 989e12, 1979e12, 4.8e12, 450e9),
