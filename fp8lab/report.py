@@ -375,8 +375,6 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     notes = []
     for _, r in headline.iterrows():
         gap = "-" if pd.isna(r["loss_gap_pct"]) else f"{r['loss_gap_pct']:+.2f}%"
-        if pd.notna(r.get("loss_bf16_spread_pct")):
-            gap += f" (BF16 seeds {r['loss_bf16_spread_pct']:.2f}% apart)"
         src = "-" if pd.isna(r["source_speedup"]) else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% loss"
         speed = "-" if pd.isna(r["speedup"]) else f"**{r['speedup']:.2f}x**"
         gpus = "" if r["world_size"] == 1 else f" ({int(r['world_size'])} GPUs)"
@@ -388,7 +386,8 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
         if isinstance(r["hf_run"], str):
             parts.insert(0, f"plain `{r['hf_variant']}` {r['hf_layout']}")
         if isinstance(r["loss_study"], str):
-            vs = (f"the mean of {int(r['loss_bf16_seeds'])} BF16 seeds" if r.get("loss_bf16_seeds", 1) > 1 else "BF16")
+            vs = (f"the mean of {int(r['loss_bf16_seeds'])} BF16 seeds ({r['loss_bf16_spread_pct']:.2f}% apart)"
+                  if r.get("loss_bf16_seeds", 1) > 1 else "BF16")
             parts.append(f"loss: {r['loss_gap_kind']}, `{r['loss_fp8_variant']}` against {vs} after "
                          f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
         notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")

@@ -20,9 +20,9 @@ def parity_curves(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     val = runs[(runs["record"] == "step") & runs["val_loss"].notna()]
     if "loss_comparable" in val:
-        val = val[[not is_false(v) for v in val["loss_comparable"]]]
+        val = val[~val["loss_comparable"].map(is_false).astype(bool)]
     out = []
-    for (model, study), g in val.groupby(["model", "study"], sort=False):
+    for (model, study), g in val.groupby(["model", "study"], sort=False, dropna=False):  # a user's runs: no study
         bf16 = g[~g["precision"].map(is_fp8).astype(bool) & g["seed"].notna()]
         if bf16["seed"].nunique() < 2:
             continue

@@ -42,7 +42,7 @@ def test_cli_writes_a_self_contained_report(tmp_path, capsys):
     assert all(v.startswith("data:image/png;base64,") for _, _, v in refs.urls), refs.urls
     assert "link" not in refs.tags and "script" not in refs.tags and "@import" not in text
     imgs = [v for t, n, v in refs.urls if t == "img"]
-    assert len(imgs) == 7  # issue 32: + tokens/s/GPU against P5 instances
+    assert len(imgs) == 8  # issue 32: + tokens/s/GPU against P5 instances; issue 31: + loss against the BF16 seeds
     for v in imgs:  # each is a real PNG
         assert base64.b64decode(v.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     # the numbers in the page are the analysis's numbers, and the reference is labelled
@@ -64,7 +64,7 @@ def test_report_with_no_runs_says_so_and_shows_reference(tmp_path):
     out = report.build_report([empty], tmp_path / "r.html")
     text = out.read_text()
     assert "no measured runs yet" in text.lower() and "not measured here" in text
-    assert len([1 for t, _, _ in _parse(text).urls if t == "img"]) == 7
+    assert len([1 for t, _, _ in _parse(text).urls if t == "img"]) == 8  # + the parity figure's note (issue 31)
 
 
 def test_report_bad_source_is_a_clear_error(tmp_path, capsys):

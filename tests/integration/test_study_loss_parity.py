@@ -81,3 +81,21 @@ def test_each_run_trains_at_least_the_tokens_asked_for():
     assert a.seed == 4321 and study_loss_parity.run_args(args, "fp8-current").seed == 1234
     with pytest.raises(SystemExit):
         study_loss_parity.parse(["--data", "d", "--out", "o", "--runs", "fp8-block"])
+    follow = study_loss_parity.parse(["--data", "d", "--out", "o", "--runs", "bf16-s2025,fp8-delayed-s4321"])
+    assert study_loss_parity.run_args(follow, "fp8-delayed-s4321").seed == 4321  # the second same-seed pair
+    assert study_loss_parity.run_id_of(follow, "fp8-delayed-s4321") == "llama-1b-te-fp8-delayed-20m-s4321"
+
+
+def test_the_summary_takes_every_bf16_seed_and_pairs_each_fp8_run_with_its_own_seed(tmp_path):
+    """parity.json over the study's four runs and a follow-up (benchmarks/studies/loss_parity_20m.md): the band
+    from every BF16 seed (max - min), each FP8 run's gap to their mean and to the BF16 run of its seed."""
+    args = study_loss_parity.parse(["--data", "d", "--out", str(tmp_path)])
+    losses = {"bf16-s1234": 3.0, "bf16-s4321": 3.1, "bf16-s2025": 3.3, "fp8-delayed": 2.9, "fp8-current": 3.05,
+              "fp8-delayed-s4321": 3.2}
+    for name, v in losses.items():
+        (tmp_path / f"{study_loss_parity.run_id_of(args, name)}.jsonl").write_text(
+            json.dumps({"record": "run"}) + "\n" + json.dumps({"record": "summary", "val_loss": v}) + "\n")
+    r = study_loss_parity.summarize(args, tmp_path)
+    assert r["bf16_seeds"] == 3 and r["bf16_mean"] == pytest.approx(3.1 + 1 / 30) and r["band"] == pytest.approx(0.3)
+    assert r["fp8"]["fp8-delayed-s4321"]["gap_to_same_seed_pct"] == pytest.approx(100 * (3.2 / 3.1 - 1))
+    assert r["fp8"]["fp8-delayed"]["within"] and r["fp8"]["fp8-current"]["within"]

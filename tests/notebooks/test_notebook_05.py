@@ -47,7 +47,7 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
     assert vals["headline"] == {m: {"best_bf16": b, "best_fp8": f, "speedup": pytest.approx(s)} for m, b, f, s in
                                 zip(headline["model"], headline["bf16_run"], headline["fp8_run"], headline["speedup"])}
     figures = _figures(res[0].output)
-    assert len(figures) == 3  # headline, loss study, time and cost of best BF16 vs best FP8
+    assert len(figures) == 4  # headline, loss study, loss against the BF16 seeds (issue 31), time and cost
     for stats, png in figures:  # readable at a glance: measured on the figures the notebook drew
         width, height = struct.unpack(">II", png[16:24])
         assert (width, height) == (stats["width_px"], stats["height_px"]), stats
@@ -62,7 +62,7 @@ def test_detail_all_shows_every_run(tmp_path):
     vals = read_glued(res[0].output)
     assert vals["detail"] == "all" and vals["n_runs"] == analysis.load_runs()["run_id"].nunique()
     # headline, loss, cost, throughput, speedup, MFU, scaling, profile, long sequences (#34): drawn even with no runs
-    assert _images(res[0].output) == 9
+    assert _images(res[0].output) == 10  # issue 31: + loss against the BF16 seeds
 
 
 def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):

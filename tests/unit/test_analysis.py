@@ -521,7 +521,7 @@ def test_the_headline_loss_gap_is_to_the_mean_of_the_bf16_seeds_beside_their_spr
     assert row["loss_gap_pct"] == pytest.approx(100 * (2.9 / 3.1 - 1))  # but the gap is to the mean of 3.0 and 3.2
     assert row["loss_bf16_seeds"] == 2 and row["loss_bf16_spread_pct"] == pytest.approx(100 * 0.2 / 3.1)
     md = report.headline_markdown(pd.DataFrame([{**row.to_dict(), "cost_fp8": np.nan}]))
-    assert "-6.45% (BF16 seeds 6.45% apart)" in md and "against the mean of 2 BF16 seeds after 20M tokens" in md
+    assert "| -6.45% |" in md and "against the mean of 2 BF16 seeds (6.45% apart) after 20M tokens" in md
     one = analysis.headline_table(pd.DataFrame(rows[:1] + rows[2:])).iloc[0]  # one BF16 seed: the pair's gap
     assert one["loss_gap_pct"] == pytest.approx(100 * (2.9 / 3.0 - 1)) and one["loss_bf16_seeds"] == 1
     assert pd.isna(one["loss_bf16_spread_pct"])
@@ -596,3 +596,4 @@ def test_parity_curves_read_each_step_against_the_bf16_seeds_mean_and_band():
     tight = runs.assign(val_loss=[v if r != "b2" else v - 0.099 for r, v in zip(runs["run_id"], runs["val_loss"])])
     assert analysis.parity_curves(tight)["band_pct"].min() == pytest.approx(0.5)  # never narrower than 0.5%
     assert analysis.parity_curves(runs[runs["study"] == "t"]).empty
+    assert analysis.parity_curves(runs.assign(val_loss=np.nan)).empty  # no validation loss (a user's short runs)
