@@ -344,8 +344,12 @@ def test_a_job_runs_its_planned_activation_checkpointing_and_the_instance_does_n
     assert long.layout.activation_checkpointing is True and "activation_checkpointing" in long.layout.reasons
     hp = L.hyperparameters(long)
     assert hp["activation-checkpointing"] is True
-    c = parse_args([x for k, v in hp.items() for x in (f"--{k}", str(v))])  # what the instance's trainer reads
-    assert c.activation_checkpointing is True
+    # what the instance's trainer reads: each value as the SDK serialises it, to --key value as its driver does
+    import sagemaker.train.container_drivers.common.utils as drv
+    from sagemaker.train.utils import safe_serialize
+
+    c = parse_args(drv.hyperparameters_to_cli_args({k: safe_serialize(v) for k, v in hp.items()}))
+    assert c.activation_checkpointing is True and c.micro_batch_size == long.layout.micro_batch_size
     planned = long.plan.machine
     for memory in (planned.memory_gib, planned.memory_gib - 1.0):  # the instance detects what it has
         here = plan_run(c, Machine("cuda", planned.name, memory, planned.world_size, te_usable=True, fp8=True))
