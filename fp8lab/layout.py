@@ -16,7 +16,8 @@ The policy, on a GPU:
   both precisions get the *same* layout) fits the GPU's memory less a head-room;
 * gradient accumulation: ``TOKENS_PER_GPU_STEP`` tokens per GPU per optimizer step, with at most
   ``MAX_GLOBAL_TOKENS_PER_STEP`` over all GPUs and at most ``MAX_GRAD_ACCUM`` micro-batches;
-* FSDP2 keeps the weights gathered for the whole step when they fit (``--fsdp-keep-weights``).
+* FSDP2 keeps the weights gathered for the whole step when they fit (``--fsdp-keep-weights``);
+* activation checkpointing off, unless no micro-batch fits without it (``--activation-checkpointing``, #34).
 
 On a CPU the small, quick defaults stay (fp32 parameters, sequence 256, micro-batch 4, no
 accumulation). A layout whose estimate exceeds the device's memory is refused with the estimate,
@@ -69,7 +70,8 @@ FP32_FACTOR = 2.0  # activations in fp32 (CPU runs, --compute-dtype fp32)
 
 # options whose "auto" the resolver decides (TrainConfig field names)
 INT_FIELDS = ("seq_len", "micro_batch_size", "grad_accum")  # integers or "auto"
-AUTO_FIELDS = ("param_dtype", *INT_FIELDS, "fsdp_keep_weights")
+AUTO_FIELDS = ("param_dtype", *INT_FIELDS, "fsdp_keep_weights",
+               "activation_checkpointing")  # #34: a layout decision like the others (Layout.options, JobSpec pins it)
 
 
 @dataclass(frozen=True)

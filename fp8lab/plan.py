@@ -7,7 +7,7 @@ the plan holds what runs:
 
 * the backend and its FP8 recipe (:func:`select_backend`: ``--backend auto`` picks one here);
 * the batch layout (``fp8lab.layout.resolve``: parameters' dtype, sequence, micro-batch,
-  accumulation, FSDP2 kept weights) with its memory estimate;
+  accumulation, FSDP2 kept weights, activation checkpointing) with its memory estimate;
 * the length of the run: optimizer steps and warm-up (:func:`schedule`);
 * CUDA graphs (``fp8lab.graphs.decide``), TE's FP8 weight cache, fused weight-gradient
   accumulation, fp32 master weights and their streamed step, the compute dtype.
@@ -109,8 +109,7 @@ class RunPlan:
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
-                "fp8_attention": self.fp8_attention, "activation_checkpointing": self.layout.activation_checkpointing,
-                "fp8_all_gather": self.fp8_all_gather}  # issue 32
+                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}  # issue 32
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""

@@ -278,11 +278,13 @@ class Trainer:
                                  "memory_estimate_peak_gib": lay.memory.peak, "memory_gib": self.machine.memory_gib},
                       **fmetrics.provenance(i.gpu_name, self.world, self.argv)}
         shared = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")
-        cfg_record.update(fpaths.shareable_run_record(effective, type(c)().as_dict(), self.argv,
+        # the Python API's equivalent command keeps --activation-checkpointing as asked (auto, the default, left
+        # out), as it read before the option became a layout decision; the flat key is what ran
+        as_typed = {**effective, "activation_checkpointing": c.activation_checkpointing}
+        cfg_record.update(fpaths.shareable_run_record(as_typed, type(c)().as_dict(), self.argv,
                                                       self.paths.output_dir, shared))
-        # #34: as they ran (the plan's values for "auto"), beside the command (which keeps what was asked)
-        cfg_record.update({"fp8_attention": "on" if self.plan.fp8_attention else "off",
-                           "activation_checkpointing": lay.activation_checkpointing})
+        # #34: as it ran (the plan's value for "auto"), beside the command (which keeps what was asked)
+        cfg_record["fp8_attention"] = "on" if self.plan.fp8_attention else "off"
         cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
         cfg_record["plan"] = self.plan.record()
         if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.fp8attn)

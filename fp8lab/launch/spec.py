@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from fp8lab.launch import limits
 from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
-from fp8lab.layout import AUTO_FIELDS, INT_FIELDS
+from fp8lab.layout import AUTO_FIELDS
 from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
 from fp8lab.config import TrainConfig
 from fp8lab.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
@@ -156,7 +156,7 @@ class JobSpec:
         for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
             if not one_of(choices)(getattr(self, name)):
                 raise bad(name, getattr(self, name), ", ".join(choices))
-        for name in (*LAYOUT_FIELDS, "tokens", "steps", "seed", "lr", "fuse", "compile", "activation_checkpointing"):
+        for name in (*LAYOUT_FIELDS, "tokens", "steps", "seed", "lr", "fuse", "compile"):
             if (allowed := option_problem(name, getattr(self, name))) is not None:
                 raise bad(name, getattr(self, name), allowed)
         if (why := recipe_problem(self.recipe)) is not None:
@@ -415,11 +415,11 @@ def _local_model(spec: JobSpec) -> Iterator[str]:
         yield str(folder)
 
 
-LAYOUT_FIELDS = INT_FIELDS  # JobSpec fields the layout resolver decides (spec.plan.layout)
-LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in INT_FIELDS)  # and trainer options it decides (passed as options)
 # JobSpec fields that are trainer options of the same name, passed as they are (hyperparameters())
 SPEC_OPTIONS = ("model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len", "lr", "seed",
                 "fuse", "compile", "parallel", "activation_checkpointing")
+LAYOUT_FIELDS = tuple(f for f in AUTO_FIELDS if f in SPEC_OPTIONS)  # JobSpec fields the layout resolver decides (spec.plan.layout)
+LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in SPEC_OPTIONS)  # and trainer options it decides (passed as options)
 # trainer options a job does not take from JobSpec.options: those fields, the run length and checkpoints (also
 # JobSpec fields), SageMaker's folders and channels, the log style, test hooks
 JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "checkpoint_every", "data", "output_dir",
@@ -428,10 +428,12 @@ JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "c
 
 def _planned_options(spec: JobSpec) -> dict[str, Any]:
     """The job's fields and options with the plan's decisions for "auto": the backend, the recipe, the layout
-    and CUDA graphs."""
+    (activation checkpointing included) and CUDA graphs."""
     plan = spec.plan
     c = plan.config  # the request as planned (a model folder stands in for an s3:// model)
     recipe = c.recipe if c.recipe != AUTO or plan.recipe is None else plan.recipe.kind  # a backend's default is its kind
+    # the layout's "auto" (micro-batch, activation checkpointing, ...) is decided from the memory a machine has
+    # too: the job carries the launch's values, explicit, so the instance re-plans nothing of it
     layout = {name: getattr(plan.layout, name) for name in LAYOUT_FIELDS}
     # CUDA graphs "auto" is decided from the memory a machine has: the instance, detecting its own,
     # could decide otherwise near the limit and refuse the job after it started. It runs the launch's.

@@ -330,6 +330,44 @@ def test_a_job_runs_its_planned_graphs_decision_and_the_instance_does_not_re_dec
     assert L.hyperparameters(dataclasses.replace(spec, options={"cuda_graphs": "off"}))["cuda-graphs"] == "off"
 
 
+def test_a_job_runs_its_planned_activation_checkpointing_and_the_instance_does_not_re_decide_it():
+    """#34/#26: activation checkpointing "auto" is a layout decision from a machine's memory. A job planned with
+    it on (llama-7b at 16K on P5: no micro-batch fits without) carries an explicit True: with "auto" beside its
+    pinned micro-batch the instance resolved it off and refused the job after it started."""
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+    from fp8lab.trainer import check_same_plan
+    from fp8lab.train import parse_args
+
+    long = L.JobSpec(model="llama-7b", precision="fp8", seq_len=16384, role=ROLE, bucket=BUCKET, steps=10)
+    assert long.trainer_config().activation_checkpointing == "auto" and long.activation_checkpointing == "auto"
+    assert long.layout.activation_checkpointing is True and "activation_checkpointing" in long.layout.reasons
+    hp = L.hyperparameters(long)
+    assert hp["activation-checkpointing"] is True
+    # what the instance's trainer reads: each value as the SDK serialises it, to --key value as its driver does
+    import sagemaker.train.container_drivers.common.utils as drv
+    from sagemaker.train.utils import safe_serialize
+
+    c = parse_args(drv.hyperparameters_to_cli_args({k: safe_serialize(v) for k, v in hp.items()}))
+    assert c.activation_checkpointing is True and c.micro_batch_size == long.layout.micro_batch_size
+    planned = long.plan.machine
+    for memory in (planned.memory_gib, planned.memory_gib - 1.0):  # the instance detects what it has
+        here = plan_run(c, Machine("cuda", planned.name, memory, planned.world_size, te_usable=True, fp8=True))
+        assert here.layout.activation_checkpointing is True and here.differences(long.plan) == {}
+        check_same_plan(here, long.plan.decisions())  # what sm_entry checks on the instance: no refusal
+    assert long.identity()["activation_checkpointing"] is True  # what runs names the job
+    # where nothing needs it the job pins it off; an explicit choice travels as it was
+    short = spec(steps=10, tokens=None)
+    assert short.layout.activation_checkpointing is False and L.hyperparameters(short)["activation-checkpointing"] is False
+    forced = dataclasses.replace(short, activation_checkpointing=True)
+    assert forced.layout.activation_checkpointing is True and L.hyperparameters(forced)["activation-checkpointing"] is True
+    assert "activation_checkpointing" not in forced.layout.reasons
+    with pytest.raises(ValueError, match=r"trainer would refuse this job: --micro-batch-size auto: .*even at micro-batch 1"):
+        dataclasses.replace(long, activation_checkpointing=False)
+    with pytest.raises(ValueError, match=r"JobSpec.activation_checkpointing='sometimes' is invalid"):
+        dataclasses.replace(short, activation_checkpointing="sometimes")
+
+
 def test_plan_sweep_plans_each_job_once(monkeypatch):
     """Setting the shared time limit once re-planned every job (dataclasses.replace runs __post_init__)."""
     import fp8lab.plan as fplan

@@ -2,6 +2,7 @@
 the trainer's --dry-run and refusals, and SageMaker jobs the trainer accepts by construction."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -108,13 +109,44 @@ def test_bf16_and_fp8_get_the_same_layout():
 def test_cpu_keeps_the_small_quick_defaults():
     lay = fl.resolve(TrainConfig(model="llama-tiny"), CPU, None)
     assert lay.options() == {"param_dtype": "fp32", "seq_len": 256, "micro_batch_size": 4, "grad_accum": 1,
-                             "fsdp_keep_weights": False}
+                             "fsdp_keep_weights": False, "activation_checkpointing": False}
 
 
 def test_explicit_values_win():
     lay = _resolve(H200, micro_batch_size=8, grad_accum=2, seq_len=1024, param_dtype="fp32")
     assert (lay.micro_batch_size, lay.grad_accum, lay.seq_len, lay.param_dtype) == (8, 2, 1024, "fp32")
     assert "micro_batch_size" not in lay.reasons and "grad_accum" not in lay.reasons
+
+
+def test_activation_checkpointing_is_a_layout_decision_made_once_with_the_others():
+    """#34/#26: its "auto" is resolved with the layout (AUTO_FIELDS), so the plan's decisions, config.json's
+    flat keys and a JobSpec's pinned options all carry it from one place; an explicit value always wins."""
+    assert "activation_checkpointing" in fl.AUTO_FIELDS
+    c = TrainConfig(model="llama-7b", precision="fp8", backend="te", seq_len=8192)  # fits an H200 only recomputing
+    plan = plan_run(c, H200)
+    assert plan.layout.options()["activation_checkpointing"] is True is plan.decisions()["activation_checkpointing"]
+    assert "fits NVIDIA H200 only recomputing each block" in plan.layout.reasons["activation_checkpointing"]
+    assert "activation checkpointing" in plan.layout.header() and "| auto: " in plan.layout.header()
+    # near the memory limit "auto" decides by the memory a machine has: llama-7b at 4096 just fits micro-batch 1
+    # without recomputing (130 GiB); 3 GiB less and the resolver recomputes instead. The layout's values, passed
+    # explicitly (as a JobSpec pins them), plan the same on the smaller machine
+    near = TrainConfig(model="llama-7b", precision="fp8", backend="te", seq_len=4096)
+    big = plan_run(near, H200)
+    assert (big.layout.micro_batch_size, big.layout.activation_checkpointing) == (1, False)
+    smaller = Machine("cuda", "NVIDIA H200", 136.5, te_usable=True, fp8=True)
+    assert plan_run(near, smaller).differences(big)["activation_checkpointing"] == (False, True)
+    for planned, request in ((big, near), (plan, c)):
+        pinned = plan_run(dataclasses.replace(request, **planned.layout.options()), smaller)
+        assert pinned.differences(planned) == {}
+        assert pinned.layout.activation_checkpointing is planned.layout.activation_checkpointing
+    # explicit values are never overridden, and are their own reason
+    on = _resolve(H200, activation_checkpointing=True)  # llama-1b fits without: auto would leave it off
+    assert on.activation_checkpointing is True and "activation_checkpointing" not in on.reasons
+    assert _resolve(H200).activation_checkpointing is False
+    assert _resolve(H200, activation_checkpointing=True, micro_batch_size=2).activation_checkpointing is True
+    assert _resolve(H200, activation_checkpointing=False, micro_batch_size=2).activation_checkpointing is False
+    with pytest.raises(ValueError, match="does not fit NVIDIA H200 .* even at micro-batch 1 x 8192: "):
+        plan_run(dataclasses.replace(c, activation_checkpointing=False), H200)
 
 
 def test_global_batch_is_capped_over_many_gpus():
