@@ -1,6 +1,8 @@
-"""What the FP8 health statistics cost (issue 31): the mean step time of each ``...-stats<K>`` result file
-against the ``...-stats0`` one (statistics off), over the timed steps after ``--skip`` (a median would hide
-the sampled steps' cost). Writes the comparison as JSON.
+"""What the FP8 health statistics cost (issue 31), two ways. ``overhead_pct``: the mean step time of each
+``...-stats<K>`` result file against the ``...-stats0`` one (statistics off), over the timed steps after
+``--skip`` (a median would hide the sampled steps' cost); runs of different lengths also differ by any drift of
+the step time. ``sample_cost_s``: within one run, the mean sampled step minus the median unsampled one, and
+``overhead_from_sample_cost_pct`` that cost spread over K steps (drift-free). Writes the comparison as JSON.
 
     python benchmarks/fp8stats_overhead.py RESULTS_DIR OUT.json [--skip 10]
 """
@@ -23,9 +25,15 @@ def arm(path: Path, skip: int) -> dict:
     k = int(re.search(r"stats(\d+)$", path.stem).group(1))
     times = {r["step"]: r["step_time_s"] for r in recs if r.get("record") == "step" and r["step"] > skip
              and r.get("step_time_s")}
-    return {"run": path.stem, "every": k, "command": run.get("command"), "date": run.get("date"), "timed_steps": len(times),
-            "steps": [min(times), max(times)], "sampled_steps": sum(1 for s in times if k and s % k == 0),
-            "mean_step_time_s": statistics.mean(times.values()), "median_step_time_s": statistics.median(times.values())}
+    sampled = [t for s, t in times.items() if k and s % k == 0]
+    plain = [t for s, t in times.items() if not (k and s % k == 0)]
+    out = {"run": path.stem, "every": k, "command": run.get("command"), "date": run.get("date"), "timed_steps": len(times),
+           "steps": [min(times), max(times)], "sampled_steps": len(sampled),
+           "mean_step_time_s": statistics.mean(times.values()), "median_step_time_s": statistics.median(times.values())}
+    if sampled:  # within the run: what one sample adds to its step, and so what sampling every k steps costs
+        cost = statistics.mean(sampled) - statistics.median(plain)
+        out.update(sample_cost_s=cost, overhead_from_sample_cost_pct=100 * cost / (k * statistics.median(plain)))
+    return out
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FP8 health statistics: what they cost (issue 31). llama-1b in its default layout (16 x 2048 x 4 on an H200, FP8
-# delayed scaling, bf16 parameters), 60 steps each with --fp8-stats-every 0, 10 and 25 (KS), the same tokens.
+# delayed scaling, bf16 parameters), 60 steps each with --fp8-stats-every 0, 10 and 25 (KS): the same data, seed and steps.
 #   Goal: <= 2% of step time at the default K. Measured as the MEAN step time of steps 11-60 (a median would hide
 #   the sampled steps' cost): benchmarks/fp8stats_overhead.py. Session 11's committed runs
 #   (data/results/fp8stats-overhead/) were 0 and 10 at STEPS=40, then 25 at 60 steps in the next command.

@@ -155,7 +155,9 @@ def summarize(args, out: Path) -> dict:
         f = out / f"{run_id_of(args, name)}.jsonl"
         if f.exists():
             lines = [json.loads(x) for x in f.read_text().splitlines()]
-            vals[name] = next(r for r in lines if r["record"] == "summary").get("val_loss")
+            v = next(r for r in lines if r["record"] == "summary").get("val_loss")
+            if v is not None and v == v:  # a run without a final validation loss has no place in the comparison
+                vals[name] = v
     bf = {k: v for k, v in vals.items() if ALL_RUNS[k][0] == "te-bf16"}
     mean, spread = sum(bf.values()) / len(bf), max(bf.values()) - min(bf.values())
     band = max(MIN_BAND_PCT / 100 * mean, spread)

@@ -334,7 +334,7 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
 
 # issue 31
 def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool,
-                       grad_accum: int = 1) -> tuple[int, str]:
+                       grad_accum: int) -> tuple[int, str]:
     """(every how many steps the FP8 health statistics are sampled, 0 = off; why), decided once here."""
     if not c.fp8_stats_every:
         return 0, "--fp8-stats-every 0: off"

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
+from fp8lab.analysis import group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
+from fp8lab.analysis.parity import MIN_BAND_PCT
 
 NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
@@ -701,8 +702,7 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
     return _finish(fig, save)
 
 
-# issue 31: FP8 health (fp8lab.fp8stats)
-HEALTH_METRICS = {"underflow": "values flushed to 0", "saturation": "values clipped at the format's max"}
+# issue 31: loss parity against the BF16 seeds (fp8lab.analysis.parity) ------------------------------------------
 def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Validation loss of a loss study with several BF16 seeds (``analysis.parity_curves``), and below it each run's
     gap to the BF16 seeds' mean in percent, inside the grey band it is read against (issue 31). One study: the
@@ -711,7 +711,7 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
     if not len(curves):
         return _finish(_empty(title, "no loss study with two or more BF16 seeds\n(benchmarks/study_loss_parity.sh)"), save)
     model, study = curves.iloc[0][["model", "study"]]
-    g = curves[(curves["model"] == model) & (curves["study"] == study)]
+    g = curves[(curves["model"] == model) & (curves["study"].map(group_key) == group_key(study))]
     fig, axes = _new(nrows=2, width=6.5, height=3.2, sharex=True)
     top, bottom = axes[0, 0], axes[1, 0]
     blues, oranges = matplotlib.colormaps["Blues"], matplotlib.colormaps["Oranges"]
@@ -723,7 +723,8 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
         x = c["tokens"] / 1e6
         if is_fp8(r["precision"]):
             color, style = oranges(0.55 + 0.35 * i_fp8 / max(len(runs) - n_bf16 - 1, 1)), "-"
-            label = f"FP8 {r['recipe'] or ''} (seed {int(r['seed'])})".replace("  ", " ")
+            recipe = f" {r['recipe']}" if isinstance(r["recipe"], str) else ""
+            label = f"FP8{recipe}" + (f" (seed {int(r['seed'])})" if pd.notna(r["seed"]) else "")
             i_fp8 += 1
         else:
             color, style = blues(0.5 + 0.4 * i_bf16 / max(n_bf16 - 1, 1)), "--"
@@ -733,21 +734,24 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
         bottom.plot(x, c["gap_pct"], style, color=color, lw=1.6)
     band = g.drop_duplicates("step").sort_values("step")
     bx = band["tokens"] / 1e6
-    bottom.fill_between(bx, -band["band_pct"], band["band_pct"], color="0.85", label="band: max(0.5%, BF16 seeds' spread)")
+    bottom.fill_between(bx, -band["band_pct"], band["band_pct"], color="0.85",
+                        label=f"band: max({MIN_BAND_PCT:g}%, BF16 seeds' spread)")
     bottom.axhline(0, color="0.4", lw=0.8)
     top.set_ylabel("validation loss")
-    top.set_title(f"{model}, study {study}: {int(band['bf16_seeds'].iloc[0])} BF16 seeds")
+    where = f", study {study}" if isinstance(study, str) else ""
+    top.set_title(f"{model}{where}: {int(band['bf16_seeds'].iloc[0])} BF16 seeds")
     top.legend(fontsize=8)
     bottom.set_ylabel("% against the BF16 mean")
     bottom.set_xlabel("training tokens (millions)")
     bottom.legend(fontsize=8, loc="lower left")
-    last = band["step"].max()
-    lo = g[g["step"] == last]["gap_pct"].min()
-    bottom.set_ylim(min(-3 * band["band_pct"].iloc[-1], lo - 0.5), 3 * band["band_pct"].iloc[-1] + 0.5)
+    b_end = band["band_pct"].iloc[-1]  # the end's band, three times over, and every run's whole curve in view
+    bottom.set_ylim(min(-3 * b_end, g["gap_pct"].min() - 0.5), max(3 * b_end, g["gap_pct"].max()) + 0.5)
     fig.suptitle(title)
     return _finish(fig, save)
 
 
+# issue 31: FP8 health (fp8lab.fp8stats)
+HEALTH_METRICS = {"underflow": "values flushed to 0", "saturation": "values clipped at the format's max"}
 HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included) share its colour
 
 

@@ -285,6 +285,7 @@ class Trainer:
                                                       self.paths.output_dir, shared))
         # #34: as it ran (the plan's value for "auto"), beside the command (which keeps what was asked)
         cfg_record["fp8_attention"] = "on" if self.plan.fp8_attention else "off"
+        cfg_record["fp8_stats_every"] = self.plan.fp8_stats_every  # #31: the interval that ran (0: off)
         cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
         cfg_record["plan"] = self.plan.record()
         if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.fp8attn)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from fp8lab.analysis.labels import model_size_b
 from fp8lab.analysis.load import reference_for
+from fp8lab.analysis.parity import MIN_BAND_PCT
 
 
 def fmt_tokens(n: float) -> str:
@@ -60,16 +61,26 @@ def _bf16_label(a) -> str:
 
 
 def _loss_clause(r: pd.Series, valid: pd.DataFrame, gap_kind: str | None, gap: float) -> str:
-    """The loss clause: the gap (from this run or a longer one), or why no gap is given."""
+    """The loss clause: the gap (from this run or a longer one), or why no gap is given. Against several BF16 seeds
+    (issue 31) it names them and says whether the gap is inside the band of their spread."""
+    if gap_kind:
+        v = valid.iloc[0]
+        n = v.get("bf16_seeds", 1)
+        several = pd.notna(n) and n > 1
+        vs = v["baseline_variant"] if several else "BF16"
+        band = ""
+        if several and pd.notna(v.get("in_band")):
+            where = "inside" if v["in_band"] else ("outside (below)" if gap < 0 else "outside (above)")
+            band = f", {where} the band of max({MIN_BAND_PCT:g}%, the seeds' spread)"
     if gap_kind and valid.iloc[0]["fp8_run"] == r["fp8_run"]:
         return (f"; after the same {fmt_tokens(valid.iloc[0]['tokens_fp8'])} tokens its {gap_kind} was "
-                f"{gap:+.2f}% relative to {valid.iloc[0].get('baseline_variant', 'BF16')}")
+                f"{gap:+.2f}% relative to {vs}{band}")
     if gap_kind:  # speed from a throughput run, loss from a longer run of the same model
-        v = valid.iloc[0]
-        return (f"; in a longer run of the same model ({v['fp8_variant']} against {v['baseline_variant']}, runs "
-                f"{v['fp8_run']} and {v['baseline_run']}, "
+        runs = f"the BF16 seeds {v['baseline_run']}" if several else v["baseline_run"]
+        return (f"; in a longer run of the same model ({v['fp8_variant']} against "
+                f"{vs if several else v['baseline_variant']}, runs {v['fp8_run']} and {runs}, "
                 f"{fmt_tokens(v['tokens_fp8'])} tokens each, study {v['study']}) the FP8 {gap_kind} was "
-                f"{gap:+.2f}% relative to {'that mean' if 'seeds' in str(v['baseline_variant']) else 'BF16'}")
+                f"{gap:+.2f}% relative to {'that mean' if several else 'BF16'}{band}")
     if "non-finite loss" in str(r.get("note", "")):
         return "; its loss was non-finite (NaN/Inf, flagged in the runs table), so no loss gap is given"
     if len(valid):
@@ -159,8 +170,11 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
         else:
             s += f"; {a['cost_note']}"
         gap_kind, gap = (a["loss_gap_kind"], a["loss_gap_pct"]) if isinstance(a["loss_study"], str) else (None, np.nan)
-        valid = pd.DataFrame([{"fp8_run": a["loss_fp8_run"], "baseline_run": a["loss_baseline_run"],
+        several = pd.notna(a.get("loss_bf16_seeds")) and a.get("loss_bf16_seeds") > 1
+        valid = pd.DataFrame([{"fp8_run": a["loss_fp8_run"],
+                               "baseline_run": a["loss_bf16_runs"] if several else a["loss_baseline_run"],
                                "fp8_variant": a["loss_fp8_variant"], "baseline_variant": _bf16_label(a),
+                               "bf16_seeds": a.get("loss_bf16_seeds"), "in_band": a.get("loss_in_band"),
                                "tokens_fp8": a["loss_tokens"], "study": a["loss_study"]}]) if gap_kind else \
             pair[pair["valid"]] if len(pair) else pair
         s += _loss_clause(r, valid, gap_kind, gap) + _scale_and_reference_clause(comp, model, r, answer.reference)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fp8lab.analysis import parity
 from fp8lab.analysis.labels import group_key, is_fp8, is_hardware_fp8, is_true, layout_label, model_size_b
 from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.summary import compare_precisions
@@ -24,7 +25,9 @@ HEADLINE_COLUMNS = [
     "fp8_run", "fp8_variant", "fp8_layout", "tps_fp8", "mfu_fp8", "hardware_fp8",
     "speedup", "speedup_vs_hf",
     "loss_gap_pct", "loss_gap_kind", "loss_fp8_run", "loss_baseline_run", "loss_fp8_variant", "loss_study", "loss_tokens",
-    "loss_bf16_seeds", "loss_bf16_spread_pct",  # loss_gap_pct is to the BF16 seeds' mean where there are several
+    # issue 31: where a loss study has several BF16 seeds, loss_gap_pct is to their mean; how far apart they ended,
+    # which runs they are, and whether the gap is inside the band max(0.5%, that spread)
+    "loss_bf16_seeds", "loss_bf16_spread_pct", "loss_bf16_runs", "loss_in_band",
     "source_model_size", "source_speedup", "source_loss_gap_pct",
 ]
 BEST_RUN_COLUMNS = ["model", "gpu_name", "world_size", "role", "run_id", "variant", "layout", "precision", "backend",
@@ -116,28 +119,17 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
     out = {"loss_gap_pct": r["val_loss_gap_pct"] if val else r["loss_gap_pct"],
            "loss_gap_kind": "validation loss" if val else "smoothed training loss",
            "loss_fp8_run": r["fp8_run"], "loss_baseline_run": r["baseline_run"], "loss_fp8_variant": r["fp8_variant"],
-           "loss_study": r["study"], "loss_tokens": r["tokens_fp8"], "loss_bf16_seeds": 1, "loss_bf16_spread_pct": np.nan}
-    band = _bf16_band(summary, model, r) if val else None
-    if band:  # several BF16 seeds saw the same tokens: the gap is to their mean, beside their spread (issue 31)
-        mean, spread, n = band
-        out.update(loss_gap_pct=100 * (meta.loc[r["fp8_run"], "val_loss"] / mean - 1), loss_bf16_seeds=n,
-                   loss_bf16_spread_pct=100 * spread / mean)
+           "loss_study": r["study"], "loss_tokens": r["tokens_fp8"], "loss_bf16_seeds": 1, "loss_bf16_spread_pct": np.nan,
+           "loss_bf16_runs": r["baseline_run"], "loss_in_band": np.nan}
+    seeds = parity.bf16_seeds(summary, r["baseline_run"]) if val else summary.iloc[0:0]
+    fp8_val = meta.loc[r["fp8_run"], "val_loss"] if val and r["fp8_run"] in meta.index else None
+    if len(seeds) >= 2 and pd.notna(fp8_val):  # several BF16 seeds saw the same tokens: the gap is to their mean
+        mean = float(seeds["val_loss"].mean())
+        out.update(loss_gap_pct=100 * (fp8_val / mean - 1), loss_bf16_seeds=len(seeds),
+                   loss_bf16_spread_pct=100 * float(seeds["val_loss"].max() - seeds["val_loss"].min()) / mean,
+                   loss_bf16_runs=", ".join(map(str, seeds["run_id"])),
+                   loss_in_band=abs(100 * (fp8_val / mean - 1)) <= parity.band_pct(seeds["val_loss"]))
     return out
-
-
-def _bf16_band(summary: pd.DataFrame, model: str, pair: pd.Series) -> tuple[float, float, int] | None:
-    """(mean, max - min, count) of the final validation losses of the BF16 runs of ``pair``'s study and model
-    that saw its tokens with different seeds (the seed-to-seed noise band), or None with fewer than two seeds."""
-    need = {"study", "seed", "val_loss", "tokens", "precision"}
-    if not need <= set(summary.columns):
-        return None
-    s = summary.drop_duplicates("run_id")
-    b = s[(s["model"] == model) & (s["study"] == pair["study"]) & (s["precision"] == "bf16")
-          & (s["tokens"] == pair["tokens_fp8"]) & s["val_loss"].notna() & s["seed"].notna()]
-    b = b.drop_duplicates("seed")
-    if len(b) < 2:
-        return None
-    return float(b["val_loss"].mean()), float(b["val_loss"].max() - b["val_loss"].min()), len(b)
 
 
 def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None,
