@@ -522,6 +522,14 @@ def test_the_headline_loss_gap_is_to_the_mean_of_the_bf16_seeds_beside_their_spr
     assert row["loss_bf16_seeds"] == 2 and row["loss_bf16_spread_pct"] == pytest.approx(100 * 0.2 / 3.1)
     md = report.headline_markdown(pd.DataFrame([{**row.to_dict(), "cost_fp8": np.nan}]))
     assert "| -6.45% |" in md and "against the mean of 2 BF16 seeds (6.45% apart) after 20M tokens" in md
+    assert row["loss_bf16_runs"] == "b1, b2" and row["loss_in_band"]  # |-6.45%| <= max(0.5%, the 6.45% spread)
+    others = [{**rows[1], "run_id": "h100", "gpu_name": "NVIDIA H100 80GB HBM3", "seed": 3, "val_loss": 4.0},
+              {**rows[1], "run_id": "short", "seq_len": 512, "seed": 4, "val_loss": 4.0},
+              {**rows[1], "run_id": "nan", "nonfinite_losses": 3, "seed": 5, "val_loss": 4.0},
+              {**rows[1], "run_id": "fast", "loss_comparable": False, "seed": 6, "val_loss": 4.0}]
+    head = analysis.headline_table(pd.DataFrame(rows + others))
+    mixed = head[head["gpu_name"] == head.loc[head["fp8_run"] == "f1", "gpu_name"].iloc[0]].iloc[0]
+    assert mixed["loss_bf16_seeds"] == 2 and mixed["loss_gap_pct"] == pytest.approx(row["loss_gap_pct"])  # not seeds
     one = analysis.headline_table(pd.DataFrame(rows[:1] + rows[2:])).iloc[0]  # one BF16 seed: the pair's gap
     assert one["loss_gap_pct"] == pytest.approx(100 * (2.9 / 3.0 - 1)) and one["loss_bf16_seeds"] == 1
     assert pd.isna(one["loss_bf16_spread_pct"])
