@@ -148,7 +148,7 @@ def launch(args, name: str, work: Path, gpu: int | None):
 def summarize(args, out: Path) -> dict:
     """Final validation losses of every run with a result file, the BF16 mean and seed spread (max - min over the
     BF16 seeds), each FP8 run's gap to that mean against issue 31's band, and to the BF16 run of its own seed."""
-    from fp8lab.analysis.parity import MIN_BAND_PCT
+    from fp8lab.analysis.parity import against_seeds
 
     vals = {}
     for name in ALL_RUNS:
@@ -159,14 +159,18 @@ def summarize(args, out: Path) -> dict:
             if v is not None and v == v:  # a run without a final validation loss has no place in the comparison
                 vals[name] = v
     bf = {k: v for k, v in vals.items() if ALL_RUNS[k][0] == "te-bf16"}
-    mean, spread = sum(bf.values()) / len(bf), max(bf.values()) - min(bf.values())
-    band = max(MIN_BAND_PCT / 100 * mean, spread)
     twin = {ALL_RUNS[k][1]: v for k, v in bf.items()}  # seed -> the BF16 run of that seed
-    gaps = {k: {"val_loss": v, "gap": v - mean, "gap_pct": 100 * (v / mean - 1),
-                "within": abs(v - mean) <= band,  # issue 31's criterion, two-sided
-                "not_above_band": v <= mean + band,  # supplementary: FP8 no worse than BF16's noise allows
-                "gap_to_same_seed_pct": (100 * (v / twin[ALL_RUNS[k][1]] - 1) if ALL_RUNS[k][1] in twin else None)}
-            for k, v in vals.items() if k not in bf}
+    gaps = {}
+    for k, v in vals.items():
+        if k in bf:
+            continue
+        g = against_seeds(list(bf.values()), v)
+        gaps[k] = {"val_loss": v, "gap": g["gap"], "gap_pct": g["gap_pct"],
+                   "within": g["in_band"],  # issue 31's criterion, two-sided
+                   "not_above_band": v <= g["mean"] + g["band"],  # supplementary: FP8 no worse than BF16's noise allows
+                   "gap_to_same_seed_pct": (100 * (v / twin[ALL_RUNS[k][1]] - 1) if ALL_RUNS[k][1] in twin else None)}
+    g = against_seeds(list(bf.values()), next(iter(bf.values())))
+    mean, spread, band = g["mean"], g["spread"], g["band"]
     return {"criterion": "|FP8 - BF16 mean| <= max(0.5% of the mean, max - min of the BF16 seeds), final validation loss",
             "val_loss": vals, "bf16_seeds": len(bf), "bf16_mean": mean, "bf16_spread": spread,
             "bf16_spread_pct": 100 * spread / mean, "band": band, "band_pct": 100 * band / mean, "fp8": gaps}

@@ -386,7 +386,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
         if isinstance(r["hf_run"], str):
             parts.insert(0, f"plain `{r['hf_variant']}` {r['hf_layout']}")
         if isinstance(r["loss_study"], str):
-            vs = (f"the mean of {int(r['loss_bf16_seeds'])} BF16 seeds ({r['loss_bf16_spread_pct']:.2f}% apart)"
+            vs = (analysis.parity.seeds_label(r["loss_bf16_seeds"], r["loss_bf16_spread_pct"])
                   if r.get("loss_bf16_seeds", 1) > 1 else "BF16")
             parts.append(f"loss: {r['loss_gap_kind']}, `{r['loss_fp8_variant']}` against {vs} after "
                          f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")

@@ -9,7 +9,7 @@ import pandas as pd
 
 from fp8lab.analysis.labels import model_size_b
 from fp8lab.analysis.load import reference_for
-from fp8lab.analysis.parity import MIN_BAND_PCT
+from fp8lab.analysis.parity import MIN_BAND_PCT, seeds_label
 
 
 def fmt_tokens(n: float) -> str:
@@ -55,9 +55,7 @@ def _loss_gap(valid: pd.DataFrame) -> tuple[str | None, float]:
 def _bf16_label(a) -> str:
     """What a headline's loss gap is relative to: BF16, or the mean of several BF16 seeds and how far apart they were."""
     n = a.get("loss_bf16_seeds")
-    if pd.notna(n) and n > 1:
-        return f"the mean of {int(n)} BF16 seeds, {a['loss_bf16_spread_pct']:.2f}% apart"
-    return "BF16"
+    return seeds_label(n, a["loss_bf16_spread_pct"]) if pd.notna(n) and n > 1 else "BF16"
 
 
 def _loss_clause(r: pd.Series, valid: pd.DataFrame, gap_kind: str | None, gap: float) -> str:

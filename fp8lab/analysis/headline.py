@@ -124,11 +124,9 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
     seeds = parity.bf16_seeds(summary, r["baseline_run"]) if val else summary.iloc[0:0]
     fp8_val = meta.loc[r["fp8_run"], "val_loss"] if val and r["fp8_run"] in meta.index else None
     if len(seeds) >= 2 and pd.notna(fp8_val):  # several BF16 seeds saw the same tokens: the gap is to their mean
-        mean = float(seeds["val_loss"].mean())
-        out.update(loss_gap_pct=100 * (fp8_val / mean - 1), loss_bf16_seeds=len(seeds),
-                   loss_bf16_spread_pct=100 * float(seeds["val_loss"].max() - seeds["val_loss"].min()) / mean,
-                   loss_bf16_runs=", ".join(map(str, seeds["run_id"])),
-                   loss_in_band=abs(100 * (fp8_val / mean - 1)) <= parity.band_pct(seeds["val_loss"]))
+        band = parity.against_seeds(seeds["val_loss"], fp8_val)
+        out.update(loss_gap_pct=band["gap_pct"], loss_bf16_seeds=len(seeds), loss_bf16_spread_pct=band["spread_pct"],
+                   loss_bf16_runs=", ".join(map(str, seeds["run_id"])), loss_in_band=band["in_band"])
     return out
 
 

@@ -22,6 +22,22 @@ def band_pct(values) -> float:
     return max(MIN_BAND_PCT, 100 * (s.max() - s.min()) / s.mean())
 
 
+def against_seeds(bf16_losses, loss: float) -> dict[str, float | bool]:
+    """``loss`` read against BF16 seeds' final losses: their mean, spread (max - min) and band, in loss units and
+    percent of the mean, the gap to the mean and whether it is inside the band (issue 31's criterion)."""
+    s = pd.Series(bf16_losses, dtype=float)
+    mean, spread = float(s.mean()), float(s.max() - s.min())
+    band = float(band_pct(s))
+    gap = float(100 * (loss / mean - 1))
+    return {"mean": mean, "spread": spread, "spread_pct": 100 * spread / mean, "band": band / 100 * mean,
+            "band_pct": band, "gap": float(loss - mean), "gap_pct": gap, "in_band": bool(abs(gap) <= band)}
+
+
+def seeds_label(n: int, spread_pct: float) -> str:
+    """How every view names what a gap against several BF16 seeds is relative to."""
+    return f"the mean of {int(n)} BF16 seeds ({spread_pct:.2f}% apart)"
+
+
 def _same_set_up(frame: pd.DataFrame, like: pd.Series) -> pd.Series:
     """Rows of ``frame`` (summary or runs rows) on the set-up of ``like`` (SET_UP_KEYS, missing-aware)."""
     keep = pd.Series(True, index=frame.index)
