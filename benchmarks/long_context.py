@@ -7,8 +7,12 @@
 (attention off) and FP8 + FP8 attention, the FP8/BF16 ratios, and the measured crossover: the shortest
 length from which FP8 attention is faster than FP8 without it at that length and every longer one
 (``fp8lab.fp8attn.CROSSOVER_SEQ_LEN`` is set to it; ``tests/unit/test_long_context.py`` holds the two equal).
-``loss``: the mean loss of the last ``LAST`` steps of the same-seed runs without / with FP8 attention (and with
-``NVTE_FP8_DPA_BWD=0``), relative to FP8 without (the issue's bound: 0.5%). Both files say how they were made.
+``loss``: the loss of the same-seed runs without / with FP8 attention (and with ``NVTE_FP8_DPA_BWD=0``), relative to
+FP8 without: the final validation loss where the runs measured one, else the mean training loss of the last ``LAST``
+steps; the longest set of loss runs (``LOSS_SETS``) is the check, a shorter one is kept under ``earlier``. Its
+``within_bound`` is the issue's criterion (0.5%); ``seed_noise`` is FP8 without FP8 attention at a second seed,
+and ``holds`` (|gap| <= max(0.5%, seed noise)) is what ``--fp8-attention auto`` reads. Both files say how they
+were made.
 """
 from __future__ import annotations
 
@@ -54,16 +58,72 @@ def _tail_loss(rec: dict) -> float:
     return sum(losses[-LAST:]) / len(losses[-LAST:])
 
 
+def _final_loss(rec: dict) -> tuple[float, str]:
+    """(the run's loss to compare, what it is): the final validation loss where the run measured one (the held-out
+    split), else the mean training loss of its last LAST steps."""
+    val = rec["summary"].get("val_loss")
+    if val is not None:
+        return float(val), "final validation loss (held-out split)"
+    return _tail_loss(rec), f"mean training loss of the last {LAST} steps"
+
+
+# the loss runs, longest first: the first set present is the check; an earlier, shorter set is kept beside it
+LOSS_SETS = ("loss160", "loss")
+BOUND = 0.005  # the issue's bound: FP8 attention's loss within 0.5% of FP8 without it
+
+
+def _loss_runs(folder: Path, tag: str) -> dict[str, dict]:
+    """role -> result file of one loss set: same seed without / with FP8 attention (``<tag>``), with
+    NVTE_FP8_DPA_BWD=0 (``<tag>-bwd0``), and FP8 without it at another seed (``<tag>-seed``: the seed noise)."""
+    runs = {}
+    for suffix, key in (("", "{}"), ("-bwd0", "{}_bwd0"), ("-seed", "{}_seed")):
+        for role, r in next(iter(study_runs(folder, tag + suffix).values()), {}).items():
+            runs[key.format(role)] = r
+    return runs
+
+
+def _compare(runs: dict[str, dict], tag: str) -> dict:
+    from fp8lab.fp8attn import FP8_DPA_BWD
+
+    base, metric = _final_loss(runs["fp8"])
+    rows = {k: {"loss": _final_loss(r)[0], "relative_to_fp8": _final_loss(r)[0] / base - 1,
+                "nvte_fp8_dpa_bwd": r["run"].get("nvte_fp8_dpa_bwd"), "seed": _seed(r), "steps": _steps(r)}
+            for k, r in runs.items()}
+    noise = abs(rows["fp8_seed"]["relative_to_fp8"]) if "fp8_seed" in rows else None
+    band = max(BOUND, noise or 0.0)
+    gap = rows.get("fp8_attn", {}).get("relative_to_fp8")
+    return {"runs_tag": tag, "metric": metric, "last_steps": LAST, "bound": BOUND,
+            "chosen_nvte_fp8_dpa_bwd": FP8_DPA_BWD, "fp8_attention_gap": gap,
+            # the issue's criterion: |gap| <= 0.5% (for FP8 attention with the chosen backward)
+            "within_bound": gap is not None and abs(gap) <= BOUND,
+            "seed_noise": noise, "band": band,
+            "within_seed_noise": None if noise is None or gap is None else abs(gap) <= noise,
+            # what --fp8-attention auto reads (fp8lab.fp8attn.loss_checked): |gap| <= max(bound, seed noise), the
+            # band rule of the BF16 seeds in the loss-parity study (fp8lab.analysis.parity.band_pct)
+            "holds": gap is not None and abs(gap) <= band,
+            "runs_by_role": rows}
+
+
+def _seed(rec: dict) -> int | None:
+    import re
+
+    m = re.search(r"--seed (\d+)(?!.*--seed )", rec["run"].get("command", ""))
+    return int(m.group(1)) if m else None
+
+
+def _steps(rec: dict) -> int | None:
+    steps = [s["step"] for s in rec["steps"] if s.get("step") is not None]
+    return max(steps) if steps else None
+
+
 def loss(folder: Path, argv: list[str]) -> dict:
-    runs = {**{f"{role}": r for role, r in next(iter(study_runs(folder, "loss").values()), {}).items()},
-            **{f"{role}_bwd0": r for role, r in next(iter(study_runs(folder, "loss-bwd0").values()), {}).items()}}
-    if "fp8" not in runs:
-        raise SystemExit(f"no loss runs (variant default-fp8-noattn-loss-s<N>) in {folder}")
-    base = _tail_loss(runs["fp8"])
-    rows = {k: {"mean_loss_last_steps": _tail_loss(r), "relative_to_fp8": _tail_loss(r) / base - 1,
-                "nvte_fp8_dpa_bwd": r["run"].get("nvte_fp8_dpa_bwd")} for k, r in runs.items()}
-    return {"last_steps": LAST, "bound": 0.005, "within_bound": all(abs(v["relative_to_fp8"]) <= 0.005 for v in rows.values()),
-            "runs_by_role": rows, **_provenance(list(runs.values()), argv)}
+    sets = {tag: runs for tag in LOSS_SETS if "fp8" in (runs := _loss_runs(folder, tag))}
+    if not sets:
+        raise SystemExit(f"no loss runs (variant default-fp8-noattn-{'|'.join(LOSS_SETS)}-s<N>) in {folder}")
+    (tag, runs), *earlier = sets.items()
+    out = _compare(runs, tag)
+    out["earlier"] = [_compare(r, t) for t, r in earlier]
+    return {**out, **_provenance([r for rs in sets.values() for r in rs.values()], argv)}
 
 
 def main(argv: list[str]) -> int:

@@ -18,8 +18,10 @@ A combination that cannot run is a ValueError naming the option, before anything
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fp8lab import fp8stats, graphs
@@ -304,9 +306,17 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
 
 
 # issue 32 ---------------------------------------------------------------------------------------
-# torchao's float8 FSDP2 all-gather is wired (fp8lab.convert) but has not run on a GPU yet: ``auto`` leaves it off
-# until the H200 check of its gathered bytes, dtype and loss is committed; ``on`` runs it.
-FP8_ALL_GATHER_CHECKED = False
+# torchao's float8 FSDP2 all-gather (fp8lab.convert): ``auto`` turns it on only once the GPU check of its gathered
+# bytes, dtype and loss is committed and holds (benchmarks/fp8_all_gather_check.py on an H200, its ``check.json``);
+# ``on`` runs it regardless.
+FP8_ALL_GATHER_CHECK = Path(__file__).resolve().parent.parent / "data" / "results" / "fp8-all-gather-h200" / "check.json"
+
+
+def _all_gather_checked(path: Path = FP8_ALL_GATHER_CHECK) -> bool:
+    return path.exists() and json.loads(path.read_text())["passed"] is True
+
+
+FP8_ALL_GATHER_CHECKED = _all_gather_checked()
 
 
 def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
@@ -326,7 +336,8 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
         if not FP8_ALL_GATHER_CHECKED:
             return False, ("auto: off until its GPU check is committed (tests/gpu/test_fp8_all_gather_gpu.py, issue 32); "
                            "--fp8-all-gather on all-gathers the weights in FP8, half the bytes of bf16")
-        return True, "auto: FP8 under FSDP2 on torchao: weights all-gathered in FP8, half the bytes of bf16"
+        return True, ("auto: FP8 under FSDP2 on torchao: weights all-gathered in FP8, half the bytes of bf16 "
+                      f"(checked on a GPU: {FP8_ALL_GATHER_CHECK.parent.name})")
     if c.fp8_all_gather == "on":
         raise ValueError(f"--fp8-all-gather on {why_not}; allowed here: auto | off")
     return False, f"auto: off ({why_not})"

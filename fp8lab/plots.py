@@ -624,30 +624,41 @@ LONG_CONTEXT_ROLES = {"fp8": ("FP8 GEMMs, BF16 attention", ""), "fp8_attn": ("FP
 
 
 def long_context_figure(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """FP8/BF16 tokens/s against the sequence length, FP8 attention off and on: two bars per length (#34),
-    from ``fp8lab.fp8attn.speedup_table`` (the long-context study's committed result files)."""
+    """FP8/BF16 tokens/s against the sequence length, FP8 attention off and on: two bars per length (#34), one
+    panel per model, from ``fp8lab.fp8attn.speedup_table`` (the long-context study's committed result files)."""
     title = "FP8 speed-up over BF16 against the sequence length"
     if not len(table):
         return _finish(_empty(title, "no long-context study committed yet\n(data/results/long-context-h200/: "
                                      "benchmarks/study_long_context.sh)"), save)
-    seqs = sorted(table["seq_len"].unique())
-    fig, axes = _new(width=6.0, height=4.0)
-    ax = axes[0, 0]
-    width = 0.38
-    for i, (role, (label, hatch)) in enumerate(LONG_CONTEXT_ROLES.items()):
-        g = table[table["role"] == role].set_index("seq_len").reindex(seqs)
-        xs = np.arange(len(seqs)) + (i - 0.5) * width
-        color = matplotlib.colormaps["Oranges"](0.5 + 0.3 * i)
-        bars = ax.bar(xs, g["speedup"], width, label=label, color=color, hatch=hatch, edgecolor="0.3")
-        ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.2f}x" for v in g["speedup"]], fontsize=8, padding=2)
-    ax.axhline(1.0, ls="--", color="0.4", lw=1)
-    ax.set_xticks(range(len(seqs)), [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in seqs])
-    ax.set_xlabel("sequence length (tokens)")
-    ax.set_ylabel("tokens/s relative to BF16 at that length")
-    ax.set_ylim(0, float(table["speedup"].max()) * 1.18)
-    ax.legend(loc="lower right", fontsize=8)
-    models, gpus = ", ".join(table["model"].dropna().unique()), ", ".join(table["gpu_name"].dropna().unique())
-    ax.set_title(f"{title}\n{models} on {gpus}", fontsize=10)
+    models = list(dict.fromkeys(table["model"].fillna("?")))
+    fig, axes = _new(ncols=len(models), width=6.0 if len(models) == 1 else 4.6, height=4.0)
+    top = float(table["speedup"].max()) * 1.3  # room for the legend above the bars
+    for mi, model in enumerate(models):
+        mine = table[table["model"].fillna("?") == model]
+        seqs = sorted(mine["seq_len"].unique())
+        ax = axes[0, mi]
+        width = 0.38
+        for i, (role, (label, hatch)) in enumerate(LONG_CONTEXT_ROLES.items()):
+            g = mine[mine["role"] == role].set_index("seq_len").reindex(seqs)
+            xs = np.arange(len(seqs)) + (i - 0.5) * width
+            color = matplotlib.colormaps["Oranges"](0.5 + 0.3 * i)
+            bars = ax.bar(xs, g["speedup"], width, label=label, color=color, hatch=hatch, edgecolor="0.3")
+            ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.2f}x" for v in g["speedup"]], fontsize=8, padding=2)
+        ax.axhline(1.0, ls="--", color="0.4", lw=1)
+        ax.set_xticks(range(len(seqs)), [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in seqs])
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylim(0, top)
+        gpus = ", ".join(mine["gpu_name"].dropna().unique())
+        accum = sorted({int(a) for a in mine.get("grad_accum", pd.Series(dtype=float)).dropna()})
+        accum = f", accumulation {'/'.join(map(str, accum))}" if accum else ""
+        ax.set_title(f"{model} on {gpus}{accum}", fontsize=10)
+        if mi == 0:
+            ax.set_ylabel("tokens/s relative to BF16 at that length")
+            ax.legend(loc="upper left", fontsize=8)
+    if len(models) == 1:
+        axes[0, 0].set_title(f"{title}\n{axes[0, 0].get_title()}", fontsize=10)
+    else:
+        fig.suptitle(title, fontsize=11)
     return _finish(fig, save)
 
 

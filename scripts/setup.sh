@@ -90,6 +90,10 @@ if [ -z "$GPU" ]; then  # ------------------------------------------------------
   fi
   say "installing fp8lab and its requirements"
   "${PIP[@]}" install "${INDEX[@]}" "${EXTRAS_ARGS[@]}" 2>&1 | quiet
+  # torchao (a few MB, no dependencies) on CPUs too: its float8 FSDP2 all-gather runs on gloo ranks through torch's
+  # CPU _scaled_mm, so the tests check fp8lab's wiring of it here; fp8lab's torchao backend still needs a GPU to train
+  say "installing torchao $(pin torchao) (its FSDP2 float8 all-gather is tested on CPU; training with it needs a GPU)"
+  "${PIP[@]}" install "${INDEX[@]}" --no-deps "torchao==$(pin torchao)" 2>&1 | quiet
 else  # ----------------------------------------------------------------------------------- GPU
   GPU_NAME=${GPU%,*}; CC=${GPU##*, }
   FP8=$(awk -v c="$CC" 'BEGIN { print (c == "unknown" || c + 0 >= 8.9) ? 1 : 0 }')

@@ -48,24 +48,36 @@ class TorchaoBackend:
         return None
 
     def convert(self, model, recipe, *, fuse, module_filter, fp8_all_gather: bool = False):
-        import dataclasses
-
-        from torchao.float8 import convert_to_float8_training
-
-        config = recipe.to_torchao()  # ValueError for recipes torchao does not implement
-        if fp8_all_gather:  # issue 32: FSDP2 all-gathers these weights in float8 (torchao's fsdp_pre_all_gather)
-            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+        recipe.to_torchao()  # a recipe torchao does not implement is refused first (ValueError)
         p = next(model.parameters())
         if p.device.type != "cuda":
             raise ValueError(f"torchao float8 runs on the GPU: move the model first (model.to('cuda')); it is on {p.device}")
-        targets = {n for n, _ in linear_targets(model, module_filter)}
-        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in targets, config=config)
+        targets = to_float8_training(model, recipe, module_filter, fp8_all_gather)
         self._converted.update(model.get_submodule(n) for n in targets)
         model.__dict__["_fp8lab_swapped"] = tuple(sorted(targets))
         return model
 
     def autocast(self, recipe: Recipe, enabled: bool = True):
         return _nothing() if enabled else _plain_linears(list(self._converted))
+
+
+def to_float8_training(model: nn.Module, recipe: Recipe, module_filter, fp8_all_gather: bool = False) -> set[str]:
+    """Swap ``model``'s target linears for torchao's Float8Linear in place; returns their names. With
+    ``fp8_all_gather`` FSDP2 all-gathers those weights in float8 (torchao's ``fsdp_pre_all_gather``), issue 32.
+
+    The conversion itself, with no device check: :meth:`TorchaoBackend.convert` refuses a model off the GPU (FP8
+    GEMMs are for speed), while the CPU test of the FSDP2 all-gather wiring (two gloo ranks,
+    ``benchmarks/fp8_all_gather_check.py --device cpu``) calls this directly: torch's CPU ``_scaled_mm`` runs it."""
+    import dataclasses
+
+    from torchao.float8 import convert_to_float8_training
+
+    config = recipe.to_torchao()  # ValueError for recipes torchao does not implement
+    if fp8_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    targets = {n for n, _ in linear_targets(model, module_filter)}
+    convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in targets, config=config)
+    return targets
 
 
 @contextmanager

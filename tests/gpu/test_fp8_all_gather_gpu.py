@@ -34,3 +34,4 @@ def test_torchao_fp8_all_gather_on_a_one_rank_fsdp2_mesh():
     assert any("Float8" in t for t in fp8["weight_types"]), fp8  # the gathered weights arrive as FP8
     assert 0 < fp8["gathered_bytes"] < 0.75 * bf16["gathered_bytes"], res  # the linears' bytes halve
     assert fp8["loss"] == pytest.approx(bf16["loss"], rel=2e-2)  # the same tensorwise casts, before or after the gather
+    assert res["problems"] == []  # the check's own rule (what check.json's "passed" records) agrees

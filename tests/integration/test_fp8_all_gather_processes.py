@@ -1,13 +1,18 @@
 """--fp8-all-gather under two gloo ranks (issue 32): the plan decides it once per run, records why in
 config.json, and refuses ``on`` with the reason and the allowed values before any step where the
-backend has no FP8 all-gather (the CPU's emulated FP8 here; TE on a GPU)."""
+backend has no FP8 all-gather (the CPU's emulated FP8 here; TE on a GPU); and torchao's float8 all-gather
+itself, as fp8lab converts for it, gathers FP8 weights under FSDP2 across two gloo ranks (torch's CPU
+``_scaled_mm`` runs torchao's float8 GEMMs: slow, but the same wiring the GPU runs)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 
+from fp8lab.paths import REPO_ROOT
 from test_train_processes import ENV, common, run, torchrun
 
 pytestmark = pytest.mark.slow
@@ -27,3 +32,23 @@ def test_fp8_all_gather_is_a_plan_decision_under_fsdp2(prepared, tmp_path):
     assert p.returncode != 0
     assert "--fp8-all-gather on needs --backend torchao" in p.stderr and "allowed here: auto | off" in p.stderr
     assert not (on / "metrics.jsonl").exists()  # refused before any step
+
+
+def test_torchao_fp8_all_gather_across_two_gloo_ranks_gathers_fp8_weights():
+    pytest.importorskip("torchao.float8", reason="needs torchao (bash scripts/setup.sh installs it)")
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    from fp8_all_gather_check import problems
+
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(REPO_ROOT / "benchmarks" / "fp8_all_gather_check.py"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=240,
+                       env={**ENV, "OMP_NUM_THREADS": "1",
+                            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), ENV.get("PYTHONPATH")]))})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "fp8_all_gather_check: " in out, out[-3000:]
+    res = json.loads(out.split("fp8_all_gather_check: ", 1)[1].splitlines()[0])
+    assert res["world"] == 2 and res["problems"] == problems(res) == []
+    fp8, bf16 = res["fp8_all_gather"], res["bf16_all_gather"]
+    assert fp8["gathered_dtypes"] == ["torch.bfloat16", "torch.float8_e4m3fn"]  # FP8 linears; norms stay bf16
+    assert bf16["gathered_dtypes"] == ["torch.bfloat16"] and any("Float8" in t for t in fp8["weight_types"])
+    assert 0 < fp8["gathered_bytes"] < 0.75 * bf16["gathered_bytes"]

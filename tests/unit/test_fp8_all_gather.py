@@ -20,7 +20,8 @@ def _plan(machine=P5, **kw):
 def test_auto_is_on_for_fp8_under_fsdp2_on_torchao_and_off_with_the_reason_elsewhere(monkeypatch):
     from fp8lab import plan as fplan
 
-    p = _plan(backend="torchao", recipe="current")  # not checked on a GPU yet: auto waits, on runs it
+    monkeypatch.setattr(fplan, "FP8_ALL_GATHER_CHECKED", False)
+    p = _plan(backend="torchao", recipe="current")  # before the GPU check is committed: auto waits, on runs it
     assert p.fp8_all_gather is False and "off until its GPU check is committed" in p.reasons["fp8_all_gather"]
     on = _plan(backend="torchao", recipe="current", fp8_all_gather="on")
     assert on.fp8_all_gather is True and on.reasons["fp8_all_gather"] == "--fp8-all-gather on"
@@ -54,3 +55,26 @@ def test_convert_model_refuses_fp8_all_gather_without_torchao():
     with pytest.raises(ValueError, match="fp8_all_gather must be True or False"):
         convert_model(build_model("llama-tiny"), backend="emulated", fp8_all_gather="on")
     assert convert_model(build_model("llama-tiny"), backend="emulated").fp8lab_conversion.backend == "emulated"
+
+
+def test_the_committed_gpu_check_holds_and_is_what_auto_reads():
+    import json
+
+    from fp8lab import plan as fplan
+
+    check = json.loads(fplan.FP8_ALL_GATHER_CHECK.read_text())
+    assert check["gpu"].startswith("NVIDIA") and check["result"]["world"] >= 1 and check["command"]
+    fp8, bf16 = check["result"]["fp8_all_gather"], check["result"]["bf16_all_gather"]
+    assert "torch.float8_e4m3fn" in fp8["gathered_dtypes"] and fp8["gathered_bytes"] < 0.75 * bf16["gathered_bytes"]
+    assert check["passed"] is True and check["problems"] == [] and fplan.FP8_ALL_GATHER_CHECKED is True
+    p = _plan(backend="torchao", recipe="current")  # so auto is on for FP8 under FSDP2 on torchao, and says why
+    assert p.fp8_all_gather is True and "checked on a GPU: fp8-all-gather-h200" in p.reasons["fp8_all_gather"]
+
+
+def test_a_failed_or_missing_gpu_check_leaves_auto_off(tmp_path):
+    from fp8lab import plan as fplan
+
+    assert fplan._all_gather_checked(tmp_path / "none.json") is False
+    failed = tmp_path / "check.json"
+    failed.write_text('{"passed": false, "problems": ["the same loss within 2%"]}')
+    assert fplan._all_gather_checked(failed) is False

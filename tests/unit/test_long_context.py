@@ -167,8 +167,11 @@ def test_the_layout_on_an_h100(seq):
     if seq < 16384:
         p = _plan(H100, model_overrides=SHAPE_3B, seq_len=seq)
         assert p.layout.memory.peak <= H100.memory_gib - 5
-        # below the measured crossover (8192), or past it before the loss check is committed: off, saying why
-        assert not p.fp8_attention and p.reasons["fp8_attention"].startswith(f"auto: off at sequence {seq}")
+        # below the measured crossover (8192): off, saying why; from it on, on once the committed loss check holds
+        if seq < fp8attn.CROSSOVER_SEQ_LEN or not fp8attn.loss_checked():
+            assert not p.fp8_attention and p.reasons["fp8_attention"].startswith(f"auto: off at sequence {seq}")
+        else:
+            assert p.fp8_attention and p.reasons["fp8_attention"].startswith(f"auto: on at sequence {seq}")
         assert p.layout.activation_checkpointing == (seq == 8192)
     else:  # 16K x 128K-vocabulary logits (~30 GiB) stay whatever the blocks recompute
         with pytest.raises(ValueError, match=r"even at micro-batch 1 x 16384 with activation checkpointing"):
@@ -181,16 +184,17 @@ def test_the_layout_on_an_h100(seq):
 FIXTURE_TPS = {2048: (100.0, 140.0, 135.0), 4096: (90.0, 126.0, 130.5), 8192: (80.0, 104.0, 118.4), 16384: (60.0, 81.0, 88.2)}
 
 
-def _write_study(folder, tps=FIXTURE_TPS, tag="3b"):
+def _write_study(folder, tps=FIXTURE_TPS, tag="3b", model="llama-1b", val_loss=None):
     from fp8lab.analysis import write_result_file
 
     for seq, values in tps.items():
         for variant, t in zip(fp8attn.ROLES, values):
-            run = {"run_id": f"llama-1b-{variant}-{tag}-s{seq}", "variant": f"{variant}-{tag}-s{seq}", "model": "llama-1b",
+            run = {"run_id": f"{model}-{variant}-{tag}-s{seq}", "variant": f"{variant}-{tag}-s{seq}", "model": model,
                    "precision": "bf16" if variant.endswith("bf16") else "fp8", "gpu_name": "NVIDIA H200",
                    "world_size": 1, "command": "fixture", "date": "2026-12-01T00:00:00Z", "versions": {}}
             steps = [{"step": i, "loss": 5.0 - 0.01 * i + (0.001 if variant == "default-fp8-attn" else 0.0)} for i in range(1, 41)]
-            write_result_file(folder / f"{run['run_id']}.jsonl", run, steps, {"tokens_per_sec_per_gpu": t})
+            summary = {"tokens_per_sec_per_gpu": t, **({"val_loss": val_loss[variant]} if val_loss else {})}
+            write_result_file(folder / f"{run['run_id']}.jsonl", run, steps, summary)
 
 
 def test_the_long_context_figure_draws_one_bar_per_length_and_fp8_role(tmp_path):
@@ -275,3 +279,57 @@ def test_the_study_reader_names_a_corrupt_result_file_and_line(tmp_path):
     bad.write_text("\n".join([lines[0], "{not json"] + lines[1:]) + "\n")
     with pytest.raises(RunFileError, match=rf"{bad.name}: line 2 is not valid JSON"):
         fp8attn.study_runs(tmp_path)
+
+
+def test_the_committed_loss_check_is_what_auto_reads():
+    """The study's loss check (benchmarks/long_context.py loss): the chosen backward's gap, the seed noise, and
+    whether it holds, as --fp8-attention auto reads it."""
+    import json
+
+    check = json.loads(fp8attn.LOSS_RESULT.read_text())
+    assert check["chosen_nvte_fp8_dpa_bwd"] == fp8attn.FP8_DPA_BWD and check["runs_tag"] == "loss160"
+    gap, noise = check["fp8_attention_gap"], check["seed_noise"]
+    assert gap == check["runs_by_role"]["fp8_attn"]["relative_to_fp8"] and noise > 0
+    assert check["within_bound"] is (abs(gap) <= 0.005) and check["holds"] is (abs(gap) <= max(0.005, noise))
+    assert fp8attn.loss_checked() is check["holds"]
+    assert {r["steps"] for r in check["runs_by_role"].values()} == {160}
+    assert check["runs_by_role"]["fp8_seed"]["seed"] != check["runs_by_role"]["fp8"]["seed"]
+
+
+def test_a_loss_check_that_fails_its_band_leaves_auto_off(tmp_path):
+    f = tmp_path / "loss.json"
+    f.write_text('{"within_bound": false, "holds": false, "bound": 0.005}')
+    assert fp8attn.loss_checked(f) is False
+    f.write_text('{"within_bound": false, "holds": true, "bound": 0.005}')
+    assert fp8attn.loss_checked(f) is True
+
+
+def test_the_figure_has_one_panel_per_model(tmp_path):
+    from fp8lab import plots
+
+    _write_study(tmp_path)
+    _write_study(tmp_path, {8192: (50.0, 70.0, 75.0)}, tag="7b", model="llama-7b")
+    table = fp8attn.speedup_table(tmp_path)
+    assert list(dict.fromkeys(table["model"])) == ["llama-1b", "llama-7b"]
+    fig = plots.long_context_figure(table)
+    assert len(fig.axes) == 2 and fig.axes[1].get_title().startswith("llama-7b on NVIDIA H200")
+    assert sorted(round(b.get_height(), 3) for b in fig.axes[1].patches) == [1.4, 1.5]
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()] == ["8K"]
+
+
+def test_the_loss_summary_reads_validation_loss_and_the_seed_noise(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("long_context", "benchmarks/long_context.py")
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    val = {"default-bf16": 4.5, "default-fp8-noattn": 4.0, "default-fp8-attn": 4.04}  # FP8 attention +1.0%
+    _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss160", val_loss=val)
+    out = lc.loss(tmp_path, ["loss", "x"])
+    assert out["runs_tag"] == "loss160" and out["metric"].startswith("final validation loss")
+    assert out["fp8_attention_gap"] == pytest.approx(0.01) and out["seed_noise"] is None
+    assert out["within_bound"] is False and out["holds"] is False  # no seed noise measured: the 0.5% bound alone
+    _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss160-seed",
+                 val_loss={**val, "default-fp8-noattn": 3.92})  # the other seed: 2% apart
+    out = lc.loss(tmp_path, ["loss", "x"])
+    assert out["seed_noise"] == pytest.approx(0.02) and out["within_bound"] is False and out["holds"] is True
