@@ -141,6 +141,8 @@ def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None
     rows = []
     for (model, gpu), g in best.groupby([best["model"], best["gpu_name"].map(group_key)], sort=False):
         pick = {r["role"]: r for _, r in g.iterrows()}
+        if "best FP8" in pick and "best BF16" not in pick:
+            continue  # FP8 runs with no BF16 run to compare against (a loss check's model): nothing to head
         row = {"model": model, "gpu_name": gpu, "world_size": g["world_size"].iloc[0]}
         for prefix, role in (("hf", "plain HF BF16"), ("bf16", "best BF16"), ("fp8", "best FP8")):
             r = pick.get(role)
