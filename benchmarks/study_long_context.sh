@@ -22,6 +22,8 @@
 #   D  accuracy: tests/gpu/test_fp8_attention_gpu.py (3B-shape attention, forward and gradients); the short loss run,
 #      3B shape at 4096, 40 steps (same seed, data and init), fp8 without / with FP8 attention (NVTE_FP8_DPA_BWD=1,
 #      TE's default) / with NVTE_FP8_DPA_BWD=0 (FP8 forward, BF16 backward)                           ~6-7 min
+#   L  the loss check loss.json reads (session 12): 3B widths at 8 layers, 4096, 160 steps, final validation loss;
+#      fp8 without / with FP8 attention (NVTE_FP8_DPA_BWD=1, =0) at one seed, fp8 without at a second (seed noise) ~6-7 min
 #   Each part summarises what its machine holds; once A-D are committed to data/results/long-context-h200/, run
 #   (no GPU): python3 benchmarks/long_context.py crossover data/results/long-context-h200 (-> crossover.json: the
 #   measured crossover, per-length speed-ups) and ... loss data/results/long-context-h200 (-> loss.json); then set
