@@ -17,6 +17,7 @@ were made.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -74,10 +75,15 @@ BOUND = 0.005  # the issue's bound: FP8 attention's loss within 0.5% of FP8 with
 
 def _loss_runs(folder: Path, tag: str) -> dict[str, dict]:
     """role -> result file of one loss set: same seed without / with FP8 attention (``<tag>``), with
-    NVTE_FP8_DPA_BWD=0 (``<tag>-bwd0``), and FP8 without it at another seed (``<tag>-seed``: the seed noise)."""
+    NVTE_FP8_DPA_BWD=0 (``<tag>-bwd0``), and FP8 without it at another seed (``<tag>-seed``: the seed noise), all
+    at one sequence length (the shortest the set's base runs have)."""
+    base = study_runs(folder, tag)
+    if not base:
+        return {}
+    seq = min(base)
     runs = {}
     for suffix, key in (("", "{}"), ("-bwd0", "{}_bwd0"), ("-seed", "{}_seed")):
-        for role, r in next(iter(study_runs(folder, tag + suffix).values()), {}).items():
+        for role, r in (base if not suffix else study_runs(folder, tag + suffix)).get(seq, {}).items():
             runs[key.format(role)] = r
     return runs
 
@@ -85,8 +91,15 @@ def _loss_runs(folder: Path, tag: str) -> dict[str, dict]:
 def _compare(runs: dict[str, dict], tag: str) -> dict:
     from fp8lab.fp8attn import FP8_DPA_BWD
 
-    base, metric = _final_loss(runs["fp8"])
-    rows = {k: {"loss": _final_loss(r)[0], "relative_to_fp8": _final_loss(r)[0] / base - 1,
+    measured = {k: _final_loss(r) for k, r in runs.items()}
+    metrics = {m for _, m in measured.values()}
+    if len(metrics) > 1:  # a validation loss against a training-loss mean would compare unlike things
+        raise SystemExit(f"the {tag} runs measured different losses ({' / '.join(sorted(metrics))}): rerun them alike")
+    bad = [k for k, (v, _) in measured.items() if not math.isfinite(v) or (k == "fp8" and v <= 0)]
+    if bad:
+        raise SystemExit(f"the {tag} runs {', '.join(bad)} have no finite loss to compare: {measured}")
+    base, metric = measured["fp8"]
+    rows = {k: {"loss": measured[k][0], "relative_to_fp8": measured[k][0] / base - 1,
                 "nvte_fp8_dpa_bwd": r["run"].get("nvte_fp8_dpa_bwd"), "seed": _seed(r), "steps": _steps(r)}
             for k, r in runs.items()}
     noise = abs(rows["fp8_seed"]["relative_to_fp8"]) if "fp8_seed" in rows else None

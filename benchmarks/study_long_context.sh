@@ -28,12 +28,12 @@
 #   (no GPU): python3 benchmarks/long_context.py crossover data/results/long-context-h200 (-> crossover.json: the
 #   measured crossover, per-length speed-ups) and ... loss data/results/long-context-h200 (-> loss.json); then set
 #   fp8lab.fp8attn.CROSSOVER_SEQ_LEN to crossover.json's value (tests/unit/test_long_context.py checks it).
-# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_long_context.sh A|B|C|D [lengths]
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_long_context.sh A|B|C|D|L|S [lengths]
 #   (e.g. `... A 2048` then `... A 4096` where one part would run past a 10-minute command limit)
 # Results: $OUT/<part>-results.tar.gz holds long-context-h200/*.jsonl (for data/results/long-context-h200/); logs beside.
 set -uo pipefail
-PART=${1:?part A, B, C or D}
-SEQS=${2:-}  # A or B: these lengths only (e.g. "2048"), to split a part that would run past a command's limit
+PART=${1:?part A, B, C, D, L or S}
+SEQS=${2:-}  # A, B or C: these lengths only (e.g. "2048"), to split a part that would run past a command's limit
 OUT=${OUT:-/tmp/out}
 RES=/tmp/long-context-h200
 mkdir -p "$RES"

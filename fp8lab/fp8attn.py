@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab.hardware import GPU_GENERATION, gpu_spec
+from fp8lab.paths import REPO_ROOT
 from fp8lab.validate import AUTO
 
 CHOICES = (AUTO, "on", "off")
@@ -40,7 +41,7 @@ CHOICES = (AUTO, "on", "off")
 # steps): FP8 attention over FP8 with BF16 attention 0.97x at 2048, 0.98x at 4096, 1.04x at 8192, 1.08x at
 # 16384, so it pays from 8192 on. STUDY_RESULT holds it; tests/unit/test_long_context.py ties this to it.
 CROSSOVER_SEQ_LEN = 8192
-STUDY_RESULT = Path(__file__).resolve().parent.parent / "data" / "results" / "long-context-h200" / "crossover.json"
+STUDY_RESULT = REPO_ROOT / "data" / "results" / "long-context-h200" / "crossover.json"
 # ``auto`` also waits for the loss check (the study's part L: the final validation loss of the same short run with
 # and without FP8 attention, its ``holds``): faster attention is no default until its loss is shown to hold.
 LOSS_RESULT = STUDY_RESULT.with_name("loss.json")
@@ -106,7 +107,7 @@ def decide(choice: str, *, seq_len: int, **setup: Any) -> tuple[bool, str]:
     if loss is not True:
         return False, (f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on "
                        f"({_source()}), but " + ("its loss check is not committed yet" if loss is None else
-                                                 "its committed loss check is outside the bound")
+                                                 "its committed loss check is outside the bound (max(0.5%, the seed noise))")
                        + " (pass --fp8-attention on to use it)")
     return True, f"auto: on at sequence {seq_len} >= {CROSSOVER_SEQ_LEN}, head_dim 128 ({_source()}; loss checked)"
 
@@ -116,10 +117,11 @@ def loss_checked(path: Path | None = None) -> bool | None:
     within max(0.5%, the seed noise), ``benchmarks/long_context.py loss``), or, in a file without it, the 0.5%
     bound alone (``within_bound``)."""
     path = LOSS_RESULT if path is None else path
-    if not path.exists():
+    try:
+        check = json.loads(path.read_text())
+    except (OSError, ValueError):  # missing or unreadable: as if not committed
         return None
-    check = json.loads(path.read_text())
-    return bool(check.get("holds", check["within_bound"]))
+    return bool(check["holds"] if "holds" in check else check.get("within_bound", False))
 
 
 def _source() -> str:

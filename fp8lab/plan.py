@@ -28,6 +28,7 @@ from fp8lab import fp8stats, graphs
 from fp8lab import layout as flayout
 from fp8lab.backends import DEFAULT_RECIPES
 from fp8lab.hardware import Machine
+from fp8lab.paths import REPO_ROOT
 from fp8lab.recipe import Recipe
 from fp8lab.validate import AUTO
 
@@ -309,14 +310,26 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
 # torchao's float8 FSDP2 all-gather (fp8lab.convert): ``auto`` turns it on only once the GPU check of its gathered
 # bytes, dtype and loss is committed and holds (benchmarks/fp8_all_gather_check.py on an H200, its ``check.json``);
 # ``on`` runs it regardless.
-FP8_ALL_GATHER_CHECK = Path(__file__).resolve().parent.parent / "data" / "results" / "fp8-all-gather-h200" / "check.json"
+FP8_ALL_GATHER_CHECK = REPO_ROOT / "data" / "results" / "fp8-all-gather-h200" / "check.json"
 
 
 def _all_gather_checked(path: Path = FP8_ALL_GATHER_CHECK) -> bool:
-    return path.exists() and json.loads(path.read_text())["passed"] is True
+    """Whether the committed GPU check holds (its ``passed``); False where it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text()).get("passed") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 FP8_ALL_GATHER_CHECKED = _all_gather_checked()
+
+
+def decision_results() -> tuple[Path, ...]:
+    """The committed result files ``auto`` decisions read (this check, FP8 attention's crossover and loss check):
+    a SageMaker job's code channel carries them (``fp8lab.launch.stage_source``), so the job decides as its plan did."""
+    from fp8lab import fp8attn
+
+    return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT)
 
 
 def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:

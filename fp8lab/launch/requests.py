@@ -47,12 +47,14 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
 
 
 def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None) -> Path:
-    """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, requirements.txt.
+    """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, the result files
+    the plan's ``auto`` decisions read (``fp8lab.plan.decision_results``), requirements.txt.
 
     In the job ``fp8lab.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
     without a ``data_s3_uri`` the trainer reads the shipped corpus, as on a laptop.
     """
-    from fp8lab.paths import DATA_DIR
+    from fp8lab.paths import DATA_DIR, REPO_ROOT
+    from fp8lab.plan import decision_results
 
     pkg = Path(__file__).resolve().parents[1]  # the fp8lab package
     dest = Path(dest)
@@ -63,6 +65,10 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
         shutil.copytree(DATA_DIR / "corpus", dest / "data" / "corpus", dirs_exist_ok=True)
     for tok in sorted(DATA_DIR.glob("tokenizer*.json")):
         shutil.copy2(tok, dest / "data" / tok.name)
+    for result in decision_results():  # the committed checks auto decisions read: the job decides as its plan did
+        if result.exists():
+            (dest / result.relative_to(REPO_ROOT)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(result, dest / result.relative_to(REPO_ROOT))
     reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version)
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest

@@ -535,6 +535,21 @@ def test_the_headline_loss_gap_is_to_the_mean_of_the_bf16_seeds_beside_their_spr
     assert pd.isna(one["loss_bf16_spread_pct"])
 
 
+def test_the_headline_leaves_out_a_model_with_fp8_runs_and_no_bf16_run():
+    """FP8 against BF16 per model: a model that only ran in FP8 (a loss check's shape) has nothing to head."""
+    base = dict(gpu_name="NVIDIA H200", instances=1, world_size=1, study="s", micro_batch_size=8, grad_accum=1,
+                seq_len=2048, tokens=2e7, loss_comparable=False, smoothed_loss=3.0, final_loss=3.0, val_loss=None)
+    base = {**{c: None for c in analysis.load.META_COLUMNS}, "mfu": None, "nonfinite_losses": 0, **base}
+    rows = [{**base, "model": "m", "run_id": "b", "variant": "bf16", "precision": "bf16", "backend": "te", "tokens_per_sec_per_gpu": 10},
+            {**base, "model": "m", "run_id": "f", "variant": "fp8", "precision": "fp8", "backend": "te", "recipe": "delayed",
+             "tokens_per_sec_per_gpu": 14},
+            {**base, "model": "only-fp8", "run_id": "o", "variant": "fp8", "precision": "fp8", "backend": "te",
+             "recipe": "delayed", "tokens_per_sec_per_gpu": 20}]
+    head = analysis.headline_table(pd.DataFrame(rows))
+    assert list(head["model"]) == ["m"] and head["speedup"].iloc[0] == pytest.approx(1.4)
+    assert "only-fp8" in set(analysis.best_runs(pd.DataFrame(rows))["model"])  # still a measured run, not a headline row
+
+
 def test_the_committed_parity_study_is_the_llama_1b_loss_gap_with_its_noise_band():
     """The README's llama-1b loss cell comes from data/results/loss-parity-20m: 20.02M tokens, FP8 delayed against
     the mean of the two BF16 seeds, their spread beside it (the figures parity.json holds, written by the study)."""

@@ -57,3 +57,30 @@ def test_an_unknown_image_installs_the_pinned_te():
     spec = _spec(framework_version="2.99")
     assert image.image_te("2.99") is None and image.installs_te(spec)
     assert "does not know" in image.te_in_job(spec)
+
+
+def test_the_staged_code_carries_the_results_auto_decisions_read(tmp_path):
+    """A job re-plans on its instance: the committed checks behind --fp8-all-gather and --fp8-attention auto travel
+    with the code, so the job decides as `fp8lab launch plan` did, whatever the instance's data/ holds."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from fp8lab.paths import REPO_ROOT
+    from fp8lab.plan import decision_results
+
+    staged = L.stage_source(tmp_path / "code")
+    for result in decision_results():
+        copy = staged / result.relative_to(REPO_ROOT)
+        assert copy.read_bytes() == result.read_bytes()
+    probe = ("import json; from fp8lab import plan, fp8attn; print(json.dumps([plan.FP8_ALL_GATHER_CHECKED, "
+             "fp8attn.loss_checked(), fp8attn.study_crossover(), str(fp8attn.LOSS_RESULT)]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FP8LAB_DATA_DIR")}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=staged, env={**env, "PYTHONPATH": str(staged)},
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    from fp8lab import fp8attn, plan
+
+    checked, loss, crossover, where = json.loads(out.strip().splitlines()[-1])
+    assert where.startswith(str(staged))  # the staged package, not this checkout
+    assert [checked, loss, crossover] == [plan.FP8_ALL_GATHER_CHECKED, fp8attn.loss_checked(), fp8attn.study_crossover()]

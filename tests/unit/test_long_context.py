@@ -6,6 +6,7 @@ import pytest
 from fp8lab import fp8attn
 from fp8lab.config import TrainConfig
 from fp8lab.hardware import Machine
+from fp8lab.paths import REPO_ROOT
 from fp8lab.plan import plan_run
 from fp8lab.recipe import Recipe
 
@@ -167,11 +168,10 @@ def test_the_layout_on_an_h100(seq):
     if seq < 16384:
         p = _plan(H100, model_overrides=SHAPE_3B, seq_len=seq)
         assert p.layout.memory.peak <= H100.memory_gib - 5
-        # below the measured crossover (8192): off, saying why; from it on, on once the committed loss check holds
-        if seq < fp8attn.CROSSOVER_SEQ_LEN or not fp8attn.loss_checked():
-            assert not p.fp8_attention and p.reasons["fp8_attention"].startswith(f"auto: off at sequence {seq}")
-        else:
-            assert p.fp8_attention and p.reasons["fp8_attention"].startswith(f"auto: on at sequence {seq}")
+        # below the measured crossover (8192): off, saying why; from it on, on (the committed loss check holds:
+        # test_the_committed_loss_check_is_what_auto_reads)
+        state = "on" if seq >= fp8attn.CROSSOVER_SEQ_LEN else "off"
+        assert p.fp8_attention is (state == "on") and p.reasons["fp8_attention"].startswith(f"auto: {state} at sequence {seq}")
         assert p.layout.activation_checkpointing == (seq == 8192)
     else:  # 16K x 128K-vocabulary logits (~30 GiB) stay whatever the blocks recompute
         with pytest.raises(ValueError, match=r"even at micro-batch 1 x 16384 with activation checkpointing"):
@@ -224,7 +224,7 @@ def test_without_the_study_the_figure_says_so(tmp_path):
 def test_the_study_summaries_find_the_crossover_and_the_loss_gap(tmp_path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("long_context", "benchmarks/long_context.py")
+    spec = importlib.util.spec_from_file_location("long_context", REPO_ROOT / "benchmarks" / "long_context.py")
     lc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lc)
     _write_study(tmp_path)
@@ -320,7 +320,7 @@ def test_the_figure_has_one_panel_per_model(tmp_path):
 def test_the_loss_summary_reads_validation_loss_and_the_seed_noise(tmp_path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("long_context", "benchmarks/long_context.py")
+    spec = importlib.util.spec_from_file_location("long_context", REPO_ROOT / "benchmarks" / "long_context.py")
     lc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lc)
     val = {"default-bf16": 4.5, "default-fp8-noattn": 4.0, "default-fp8-attn": 4.04}  # FP8 attention +1.0%
@@ -333,3 +333,21 @@ def test_the_loss_summary_reads_validation_loss_and_the_seed_noise(tmp_path):
                  val_loss={**val, "default-fp8-noattn": 3.92})  # the other seed: 2% apart
     out = lc.loss(tmp_path, ["loss", "x"])
     assert out["seed_noise"] == pytest.approx(0.02) and out["within_bound"] is False and out["holds"] is True
+
+
+def test_the_loss_summary_refuses_unlike_or_non_finite_losses(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("long_context", REPO_ROOT / "benchmarks" / "long_context.py")
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss160", val_loss={"default-bf16": 4.5, "default-fp8-noattn": 4.0,
+                                                                            "default-fp8-attn": float("nan")})
+    with pytest.raises(SystemExit, match="fp8_attn have no finite loss"):
+        lc.loss(tmp_path, ["loss", "x"])
+    _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss160")  # now without validation losses ...
+    _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss160-seed", val_loss={"default-bf16": 4.5,
+                                                                                 "default-fp8-noattn": 4.0,
+                                                                                 "default-fp8-attn": 4.0})
+    with pytest.raises(SystemExit, match="measured different losses"):  # ... beside a seed run with one
+        lc.loss(tmp_path, ["loss", "x"])
