@@ -88,17 +88,17 @@ if [ -z "$GPU" ]; then  # ------------------------------------------------------
     # never let the requirements below pull a multi-GB CUDA torch because this step failed
     "$VENV/bin/python" -c "import torch" || { echo "[setup] torch did not install" >&2; exit 1; }
   fi
-  say "installing fp8lab and its requirements"
-  "${PIP[@]}" install "${INDEX[@]}" "${EXTRAS_ARGS[@]}" 2>&1 | quiet
   # torchao for one CPU test only: its float8 FSDP2 all-gather on two gloo ranks (through torch's CPU _scaled_mm),
   # as fp8lab wires it. Kept off the venv's path: on a CPU torchao's compiled kernels do not load (it says so on
   # import) and fp8lab's torchao backend needs a GPU to train anyway. Best effort: without it that test skips.
   TAO="$VENV/cpu-tests/torchao"
   if [ ! -d "$TAO/torchao" ]; then
-    say "torchao $(pin torchao) for the CPU test of its FSDP2 float8 all-gather (.venv/cpu-tests, off the venv's path)"
+    say "torchao $(pin torchao) for the CPU test of its FSDP2 float8 all-gather (in the venv's cpu-tests/, off its path)"
     "${PIP[@]}" install "${INDEX[@]}" --no-deps --target "$TAO" "torchao==$(pin torchao)" 2>&1 | quiet \
       || say "torchao could not be installed: the CPU test of its all-gather will skip"
   fi
+  say "installing fp8lab and its requirements"
+  "${PIP[@]}" install "${INDEX[@]}" "${EXTRAS_ARGS[@]}" 2>&1 | quiet
 else  # ----------------------------------------------------------------------------------- GPU
   GPU_NAME=${GPU%,*}; CC=${GPU##*, }
   FP8=$(awk -v c="$CC" 'BEGIN { print (c == "unknown" || c + 0 >= 8.9) ? 1 : 0 }')

@@ -195,3 +195,12 @@ def test_readme_setup_and_env_give_the_same_install_command_and_pins():
     assert INSTALL_COMMAND in install_hint() and pins()["transformer-engine"] in install_hint()
     for name in ("torch", "transformer-engine", "torchao"):  # the README states the pinned versions
         assert pins()[name] in readme
+
+
+def test_no_gpu_puts_torchao_off_the_venv_s_path_for_the_cpu_all_gather_test(tmp_path):
+    rc, out, calls = _setup(tmp_path, None, "3.11 2.13.0+cpu -")
+    assert rc == 0, out
+    tao = [c for c in _pip_installs(calls) if any(a.startswith("torchao==") for a in c)]
+    assert len(tao) == 1 and "--no-deps" in tao[0] and f"torchao=={pins()['torchao']}" in tao[0]
+    assert tao[0][tao[0].index("--target") + 1] == str(tmp_path / "venv" / "cpu-tests" / "torchao")
+    assert "for the CPU test of its FSDP2 float8 all-gather" in out
