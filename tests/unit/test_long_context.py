@@ -197,6 +197,16 @@ def _write_study(folder, tps=FIXTURE_TPS, tag="3b", model="llama-1b", val_loss=N
             write_result_file(folder / f"{run['run_id']}.jsonl", run, steps, summary)
 
 
+def _long_context_script():
+    """benchmarks/long_context.py as a module (the study's summaries: crossover, loss)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("long_context", REPO_ROOT / "benchmarks" / "long_context.py")
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    return lc
+
+
 def test_the_long_context_figure_draws_one_bar_per_length_and_fp8_role(tmp_path):
     from fp8lab import plots
 
@@ -222,11 +232,7 @@ def test_without_the_study_the_figure_says_so(tmp_path):
 
 
 def test_the_study_summaries_find_the_crossover_and_the_loss_gap(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("long_context", REPO_ROOT / "benchmarks" / "long_context.py")
-    lc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lc)
+    lc = _long_context_script()
     _write_study(tmp_path)
     assert lc.crossover(tmp_path, ["crossover", "x"])["crossover_seq_len"] == 4096  # 130.5 > 126 from 4K on
     _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss")
@@ -318,11 +324,7 @@ def test_the_figure_has_one_panel_per_model(tmp_path):
 
 
 def test_the_loss_summary_reads_validation_loss_and_the_seed_noise(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("long_context", REPO_ROOT / "benchmarks" / "long_context.py")
-    lc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lc)
+    lc = _long_context_script()
     val = {"default-bf16": 4.5, "default-fp8-noattn": 4.0, "default-fp8-attn": 4.04}  # FP8 attention +1.0%
     _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss160", val_loss=val)
     out = lc.loss(tmp_path, ["loss", "x"])
@@ -336,11 +338,7 @@ def test_the_loss_summary_reads_validation_loss_and_the_seed_noise(tmp_path):
 
 
 def test_the_loss_summary_refuses_unlike_or_non_finite_losses(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("long_context", REPO_ROOT / "benchmarks" / "long_context.py")
-    lc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lc)
+    lc = _long_context_script()
     _write_study(tmp_path, {4096: (0.0, 1.0, 1.0)}, tag="loss160", val_loss={"default-bf16": 4.5, "default-fp8-noattn": 4.0,
                                                                             "default-fp8-attn": float("nan")})
     with pytest.raises(SystemExit, match="fp8_attn have no finite loss"):
