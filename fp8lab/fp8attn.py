@@ -22,7 +22,7 @@ is built, where it cannot run; ``off`` never uses it.
 TE's ``NVTE_FP8_DPA_BWD`` (default 1) chooses the backward: 1 = FP8 attention forward and backward,
 0 = FP8 forward, BF16 backward. fp8lab sets 1 explicitly (:data:`FP8_DPA_BWD`, where the environment does not
 set it) so a run records what ran. The study compared both (``benchmarks/study_long_context.sh`` L, 160 steps,
-``loss.json``): 0 has the smaller gradient error at one step, yet its run became unstable after ~100 steps
+``loss.json``'s ``earlier``): 0 has the smaller gradient error at one step, yet its run became unstable after ~100 steps
 (gradient norms up to ~4e4, loss rising again); 1 trained like FP8 with BF16 attention.
 """
 from __future__ import annotations
@@ -42,8 +42,8 @@ CHOICES = (AUTO, "on", "off")
 # 16384, so it pays from 8192 on. STUDY_RESULT holds it; tests/unit/test_long_context.py ties this to it.
 CROSSOVER_SEQ_LEN = 8192
 STUDY_RESULT = REPO_ROOT / "data" / "results" / "long-context-h200" / "crossover.json"
-# ``auto`` also waits for the loss check (the study's part L: the final validation loss of the same short run with
-# and without FP8 attention, its ``holds``): faster attention is no default until its loss is shown to hold.
+# ``auto`` also waits for the loss check (the study's part E: the final validation loss of the same short run with
+# and without FP8 attention at two seeds, its ``holds``): faster attention is no default until its loss is shown to hold.
 LOSS_RESULT = STUDY_RESULT.with_name("loss.json")
 
 BWD_ENV = "NVTE_FP8_DPA_BWD"
