@@ -52,6 +52,8 @@ def variant_label(row: dict) -> str:
         parts.append("graphs")
     if fp8 and is_true(row.get("fp8_attention")):
         parts.append("fp8-attention")
+        if str(row.get("nvte_fp8_dpa_bwd")) == "0":  # NVTE_FP8_DPA_BWD=0: its backward in BF16
+            parts.append("bf16-attention-backward")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     parallel = row.get("parallel")

@@ -33,6 +33,7 @@ META_COLUMNS = [
     "seed",  # model init and data order: an FP8 run's loss pairs with the BF16 run of its seed (issue 31's study)
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
     "fp8_attention",  # TE's FP8 dot-product attention (issue 34)
+    "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]

@@ -375,6 +375,10 @@ def test_scaling_efficiency(tmp_path):
       "fsdp_keep_weights": True}, "fp8 te delayed fused"),
     ({"precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": True, "parallel": "fsdp", "world_size": 2,
       "fsdp_keep_weights": True}, "fp8 te delayed fused fsdp keep-weights"),
+    ({"precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": True, "fp8_attention": True,
+      "nvte_fp8_dpa_bwd": "1"}, "fp8 te delayed fused fp8-attention"),
+    ({"precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": True, "fp8_attention": True,
+      "nvte_fp8_dpa_bwd": "0"}, "fp8 te delayed fused fp8-attention bf16-attention-backward"),
 ])
 def test_variant_label_names_what_ran(row, label):
     assert analysis.variant_label(row) == label
