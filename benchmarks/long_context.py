@@ -12,8 +12,8 @@ FP8 without: the final validation loss where the runs measured one, else the mea
 steps; the longest set of loss runs (``LOSS_SETS``) is the check, a shorter one is kept under ``earlier``. Its
 ``fp8_attention_gap`` is FP8 attention's gap against FP8 without it at the same seed, the mean of the same-seed pairs
 where the second seed has both runs (``gap_by_pair``: each pair). ``within_bound`` is the issue's criterion (0.5%) on
-that gap; ``seed_noise`` is FP8 without FP8 attention at the second seed against the first, and ``holds`` (|gap| <= max(0.5%, seed noise)) is what ``--fp8-attention auto`` reads. Both files say how they
-were made.
+that gap; ``seed_noise`` is FP8 without FP8 attention at the second seed against the first, and ``holds``
+(|gap| <= max(0.5%, seed noise)) is what ``--fp8-attention auto`` reads. Both files say how they were made.
 """
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ OUT=${OUT:-/tmp/out}
 RES=/tmp/long-context-h200
 mkdir -p "$RES"
 SHAPE_3B="--model-override hidden_size=3072,intermediate_size=8192,num_layers=28,num_heads=24,num_kv_heads=8,vocab_size=128256,tie_embeddings=True,rope_theta=500000.0"
+SHAPE_L="${SHAPE_3B/num_layers=28/num_layers=8}"  # parts L and E: the same widths at 8 layers
 VARIANTS=default-bf16,default-fp8-noattn,default-fp8-attn
 ACCUM=${ACCUM---grad-accum 1}  # part C: the plain layout (ACCUM='': accumulation as the resolver picks it)
 bench() {  # bench <seq> <tag prefix> <steps> <warm-up> <model> <extra trainer args...>
@@ -71,14 +72,12 @@ L) # the loss check at more steps (session 12; D's 40 steps from random weights 
    # fast): 3B widths at 8 layers, 4096, 160 steps (20 untimed), validation loss at the end on the held-out split;
    # same seed: fp8 / fp8 + FP8 attention (NVTE_FP8_DPA_BWD=1, TE's default) / =0; and fp8 at seed 4321: the seed
    # noise the gaps are read against                                                                   ~6-7 min
-   SHAPE_L="${SHAPE_3B/num_layers=28/num_layers=8}"
    VARIANTS=default-fp8-noattn,default-fp8-attn bench 4096 loss160 160 20 llama-1b "$SHAPE_L"; pack
    VARIANTS=default-fp8-attn NVTE_FP8_DPA_BWD=0 bench 4096 loss160-bwd0 160 20 llama-1b "$SHAPE_L"; pack
    VARIANTS=default-fp8-noattn bench 4096 loss160-seed 160 20 llama-1b "$SHAPE_L" --seed 4321; pack ;;
 E) SEED=${SEQS:-1234}; DATA=.corpus/linux-6.1; RUN_TIMEOUT=290
    [ -f $DATA/manifest.json ] || PYTHON=python3 bash data/corpus/build_linux.sh --unpack .corpus | tee "$OUT/E-corpus.txt"
    tag=loss450; [ "$SEED" = 1234 ] || tag=loss450-seed  # long_context.py loss: <tag> and <tag>-seed, paired by seed
-   SHAPE_L="${SHAPE_3B/num_layers=28/num_layers=8}"
    VARIANTS=default-fp8-noattn,default-fp8-attn bench 4096 $tag 450 20 llama-1b "$SHAPE_L" --seed $SEED \
      --warmup-steps 50 --val-batches 8; pack ;;
 S) # session 10's one call (~16 min of device time left): the targets' lengths first, then the crossover's
