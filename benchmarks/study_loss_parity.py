@@ -90,8 +90,9 @@ def run_args(args, name: str):
 
 def extra_args(args) -> list[str]:
     # FP8 health every 10 steps, as session 11's committed runs sampled (the default then; now auto picks 100 at one
-    # micro-batch a step). Before the common arguments, so a --fp8-stats-every there wins.
-    return ["--fp8-stats-every", "10"] + shlex.split(args.common_args) + [
+    # micro-batch a step), read by fp8lab's hooks as then (auto would now pick TE's debug API where it is installed).
+    # Before the common arguments, so a --fp8-stats-every or --fp8-stats-source there wins.
+    return ["--fp8-stats-every", "10", "--fp8-stats-source", "fp8lab"] + shlex.split(args.common_args) + [
         "--lr", args.lr, "--warmup-steps", str(args.warmup_steps), "--val-every", str(args.val_every),
         "--val-batches", str(args.val_batches), "--resume", "True", "--checkpoint-every", "0", "--keep-checkpoints", "1"]
 
@@ -105,15 +106,6 @@ def flags_of(args, name: str) -> list[str]:
     return (CPU_VARIANTS if args.cpu_smoke else LOSS_VARIANTS)[variant]
 
 
-def corpus_record(data: Path) -> dict:
-    from fp8lab import data as fdata
-
-    m = fdata.read_manifest(data)
-    return {"name": data.name, "identity": fdata.identity(m), "source": m["source"],
-            "train_tokens": m["splits"]["train"]["tokens"], "val_tokens": m["splits"]["val"]["tokens"],
-            "documents": m["documents"], "tokenizer_sha256": m["tokenizer_sha256"]}
-
-
 def finish_run(args, name: str, work: Path, out: Path, cmd: list[str], t0: float) -> None:
     """The result file of a completed run, its FP8 health records beside it; its checkpoints removed."""
     from fp8lab import fp8stats
@@ -124,7 +116,7 @@ def finish_run(args, name: str, work: Path, out: Path, cmd: list[str], t0: float
     variant = ALL_RUNS[name][0]
     res = collect_variant(args.model, variant, flags_of(args, name), extra_args(args), a, work, cmd, t0)
     run_id, out_dir, _ = variant_command(args.model, variant, flags_of(args, name), extra_args(args), a, work)
-    corpus = corpus_record(Path(args.data))
+    corpus = res["run"]["corpus"]  # throughput.collect_variant's, from --data's manifest
     res["run"].update(study=args.study, loss_comparable=True, seed=a.seed, corpus=corpus,
                       epochs=res["summary"]["tokens"] / corpus["train_tokens"])
     stats = fmetrics.read_metrics(out_dir / "metrics.jsonl", fp8stats.RECORD)  # the FP8 health records, after the summary
