@@ -49,10 +49,11 @@ SHAPE_L="${SHAPE_3B/num_layers=28/num_layers=8}"  # parts L and E: the same widt
 VARIANTS=default-bf16,default-fp8-noattn,default-fp8-attn
 ACCUM=${ACCUM---grad-accum 1}  # part C: the plain layout (ACCUM='': accumulation as the resolver picks it)
 bench() {  # bench <seq> <tag prefix> <steps> <warm-up> <model> <extra trainer args...>
-  local seq=$1 tag=$2 steps=$3 warm=$4 model=$5; shift 5
+  local seq=$1 tag=$2 steps=$3 warm=$4 model=$5 label=; shift 5
+  case "$*" in *"$SHAPE_L"*) label=llama-3b-shape-8l ;; *"$SHAPE_3B"*) label=llama-3b-shape ;; esac  # the records' model
   python3 benchmarks/throughput.py --study long-context-h200 --out $RES --work /tmp/bench --timeout ${RUN_TIMEOUT:-300} \
     ${DATA:+--data $DATA} --models "$model" --variants "${VARIANTS}" --steps "$steps" --warmup "$warm" --tag "$tag-s$seq" \
-    --common-args "--seq-len $seq $ACCUM $*"
+    ${label:+--model-label $label} --common-args "--seq-len $seq $ACCUM $*"
 }
 partial() {  # this part's summary, beside the results (never as the folder's crossover.json / loss.json: see above)
   python3 benchmarks/long_context.py "$1" $RES | tee "$OUT/$PART-$1.txt"; mv "$RES/$1.json" "$OUT/$PART-$1-partial.json" 2>/dev/null; }

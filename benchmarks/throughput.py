@@ -213,6 +213,8 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "fp8_attention": (cfg.get("plan") or {}).get("fp8_attention"),
         "fp8_attention_reason": ((cfg.get("plan") or {}).get("reasons") or {}).get("fp8_attention"),
         "nvte_fp8_dpa_bwd": (cfg.get("plan") or {}).get("NVTE_FP8_DPA_BWD"),
+        # issue 31: the FP8 health statistics as they ran (0: off) and who read them (te-debug | fp8lab)
+        "fp8_stats_every": cfg.get("fp8_stats_every"), "fp8_stats_source": cfg.get("fp8_stats_source"),
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,
         "loss_comparable": False,  # tens of steps: too short to compare losses (benchmarks/loss_parity.py runs those)
@@ -234,6 +236,14 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "versions": versions(), "command": shown, "harness": _harness_command(args),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    overrides = cfg.get("model_overrides") or {}
+    if overrides:  # --model-override: another shape than the named model's; named for what it is
+        run.update(model=getattr(args, "model_label", "") or f"{label}-override", base_model=label, model_overrides=overrides)
+    if args.data and (Path(args.data) / "manifest.json").is_file():  # the corpus it read, and how much of it
+        from fp8lab.data import corpus_record
+
+        run["corpus"] = corpus_record(args.data)
+        run["epochs"] = recs[-1]["tokens"] / run["corpus"]["train_tokens"]
     if getattr(args, "note", ""):
         run["note"] = args.note
     summary = {
@@ -257,7 +267,8 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
     vals = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
     if vals:
         summary["val_loss"] = vals[-1]
-    out = {"run_id": run_id, "run": run, "steps": steps, "summary": summary, "seconds": time.time() - t0}
+    out = {"run_id": run_id, "run": run, "steps": steps, "summary": summary, "seconds": time.time() - t0,
+           "fp8_stats": fmetrics.read_metrics(out_dir / "metrics.jsonl", "fp8_stats")}  # FP8 health, after the summary
     if (out_dir / "profile.json").exists():  # --profile-steps: where the time went (those steps are not timed)
         out["profile"] = json.loads((out_dir / "profile.json").read_text())
     return out
@@ -291,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--nproc", type=int, default=1, help="GPUs per run (torchrun when > 1)")
     p.add_argument("--parallel", default="fsdp", choices=["ddp", "fsdp"], help="how runs with --nproc > 1 split the model")
+    p.add_argument("--model-label", default="", help="the model's name in the run records of --model-override runs "
+                   "(e.g. llama-3b-shape); base_model and model_overrides say what it was built from (default: <model>-override)")
     p.add_argument("--note", default="", help="free text kept in each run record (e.g. what else ran on the machine)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny CPU check of this script (emulated FP8; no speed claim)")
     args = p.parse_args(argv)
@@ -319,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench] {res['run_id']}: FAILED ({res['seconds']:.0f}s) {res['error']}", flush=True)
                 rows.append((res["run_id"], None, None, None))
                 continue
-            path = write_result_file(out / f"{res['run_id']}.jsonl", res["run"], res["steps"], res["summary"])
+            path = write_result_file(out / f"{res['run_id']}.jsonl", res["run"], res["steps"], res["summary"],
+                                     others=res["fp8_stats"])
             if "profile" in res:  # beside the result file, with the run's provenance
                 (out / f"{res['run_id']}.profile.json").write_text(
                     json.dumps({"run": res["run"], "profile": res["profile"]}, indent=1) + "\n")

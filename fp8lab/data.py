@@ -266,6 +266,15 @@ def identity(manifest: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def corpus_record(data_dir: str | Path) -> dict[str, Any]:
+    """What a result file says about the prepared corpus a run read: its name, identity, source, token counts
+    (train, val), documents and tokenizer."""
+    m = read_manifest(data_dir)
+    return {"name": Path(data_dir).name, "identity": identity(m), "source": m["source"],
+            "train_tokens": m["splits"]["train"]["tokens"], "val_tokens": m["splits"]["val"]["tokens"],
+            "documents": m["documents"], "tokenizer_sha256": m["tokenizer_sha256"]}
+
+
 def _fresh_writers(out: Path, dtype: np.dtype, shard_tokens: int) -> dict[str, _ShardWriter]:
     """Claim ``out`` (refused when it holds files fp8lab did not write: fp8lab.ownership), remove an
     earlier preparation's own files, and make a shard writer for each split."""
