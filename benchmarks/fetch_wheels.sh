@@ -39,6 +39,9 @@ TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
   --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 "papermill>=2.6" nbformat ipykernel ipywidgets "setuptools>=68" wheel \
   2>&1 | grep -v "^WARNING: Location" || true
+# TE's debug API (--fp8-stats-source te-debug): pure Python; its torch and pyyaml come with the image
+"$PY" -m pip download -q --disable-pip-version-check -d "$TMP" --no-deps "nvdlfw-inspect==$(sed -n 's/^nvdlfw-inspect==//p' fp8lab/constraints-gpu.txt)" \
+  2>&1 | grep -v "^WARNING: Location" || true
 mkdir -p "$D"
 for whl in "$TMP"/*.whl; do
   name=$(basename "$whl" | cut -d- -f1 | tr '[:upper:]_.' '[:lower:]--')

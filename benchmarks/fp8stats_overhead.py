@@ -1,10 +1,15 @@
 """What the FP8 health statistics cost (issue 31), two ways. ``overhead_pct``: the mean step time of each
-``...-stats<K>`` result file against the ``...-stats0`` one (statistics off), over the timed steps after
+``...-stats<K>`` (or ``...-stats<K>-<source>``: ``--fp8-stats-source``) result file against the ``...-stats0`` one (statistics off), over the timed steps after
 ``--skip`` (a median would hide the sampled steps' cost); runs of different lengths also differ by any drift of
 the step time. ``sample_cost_s``: within one run, the mean sampled step minus the median unsampled one, and
 ``overhead_from_sample_cost_pct`` that cost spread over K steps (drift-free). Writes the comparison as JSON.
 
-    python benchmarks/fp8stats_overhead.py RESULTS_DIR OUT.json [--skip 10]
+    python benchmarks/fp8stats_overhead.py RESULTS_DIR OUT.json [--skip 10] [--check CHECK.json]
+
+``--check``: the GPU check that lets ``--fp8-stats-source auto`` pick TE's debug API (fp8lab.fp8stats.TE_DEBUG_CHECK),
+from the ``te-debug`` run: ``passed`` when every sampled step wrote a record read by TE's debug API with an
+activation, a weight and a gradient row for each GEMM, and one sample, spread over the interval ``auto`` would use
+at that run's accumulation, costs at most fp8lab.fp8stats.COST_GOAL_PCT of the step time.
 """
 from __future__ import annotations
 
@@ -22,18 +27,54 @@ from fp8lab.analysis.load import read_jsonl  # noqa: E402
 def arm(path: Path, skip: int) -> dict:
     recs = [r for _, r in read_jsonl(path)]
     run = next(r for r in recs if r.get("record") == "run")
-    k = int(re.search(r"stats(\d+)$", path.stem).group(1))
+    m = re.search(r"stats(\d+)(?:-([a-z0-9-]+))?$", path.stem)
+    k = int(m.group(1))
     times = {r["step"]: r["step_time_s"] for r in recs if r.get("record") == "step" and r["step"] > skip
              and r.get("step_time_s")}
+    stats = [r for r in recs if r.get("record") == "fp8_stats"]
     sampled = [t for s, t in times.items() if k and s % k == 0]
     plain = [t for s, t in times.items() if not (k and s % k == 0)]
-    out = {"run": path.stem, "every": k, "command": run.get("command"), "date": run.get("date"), "timed_steps": len(times),
+    out = {"run": path.stem, "every": k, "source": m.group(2) or (run.get("fp8_stats_source") if k else None), "command": run.get("command"), "date": run.get("date"), "timed_steps": len(times),
            "steps": [min(times), max(times)], "sampled_steps": len(sampled),
            "mean_step_time_s": statistics.mean(times.values()), "median_step_time_s": statistics.median(times.values())}
+    out.update(grad_accum=run.get("grad_accum"), stats_steps=[r["step"] for r in stats],
+               stats_sources=sorted({r.get("source") or "fp8lab" for r in stats}),
+               stats_rows={k_: n for k_, n in _row_kinds(stats).items()} if stats else {})
     if sampled:  # within the run: what one sample adds to its step, and so what sampling every k steps costs
         cost = statistics.mean(sampled) - statistics.median(plain)
         out.update(sample_cost_s=cost, overhead_from_sample_cost_pct=100 * cost / (k * statistics.median(plain)))
     return out
+
+
+def _row_kinds(stats: list[dict]) -> dict[str, int]:
+    """Tensor kind -> how many GEMMs the last record has a row for."""
+    kinds: dict[str, int] = {}
+    for row in stats[-1]["layers"]:
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    return kinds
+
+
+def te_debug_check(arms: list[dict], steps: int) -> dict:
+    """The check of TE's debug API as --fp8-stats-source auto would run it (see the module's docstring)."""
+    from fp8lab import fp8stats
+
+    r = next((a for a in arms if a.get("source") == fp8stats.TE_DEBUG), None)
+    if r is None:
+        return {"passed": False, "problems": ["no --fp8-stats-source te-debug run"]}
+    problems = []
+    want = [s for s in range(r["every"], steps + 1, r["every"])]
+    if r["stats_steps"] != want or r["stats_sources"] != [fp8stats.TE_DEBUG]:
+        problems.append(f"records at steps {r['stats_steps']} from {r['stats_sources']}, expected steps {want} from te-debug")
+    rows = r["stats_rows"]
+    if len(set(rows.values())) != 1 or set(rows) != set(fp8stats.KINDS.values()):
+        problems.append(f"rows per kind {rows}: expected an activation, a weight and a gradient row for each GEMM")
+    every = fp8stats.default_every("te", r["grad_accum"] or 1, fp8stats.TE_DEBUG)
+    cost = 100 * r["sample_cost_s"] / (every * r["median_step_time_s"]) if "sample_cost_s" in r else None
+    if cost is None or cost > fp8stats.COST_GOAL_PCT:
+        problems.append(f"cost at the default interval ({every} steps) {cost}% > {fp8stats.COST_GOAL_PCT}%")
+    return {"passed": not problems, "problems": problems, "run": r["run"], "command": r["command"], "date": r["date"],
+            "default_every": every, "sample_cost_s": r.get("sample_cost_s"), "cost_at_default_pct": cost,
+            "goal_pct": fp8stats.COST_GOAL_PCT, "rows_per_kind": rows}
 
 
 def main(argv=None) -> int:
@@ -41,12 +82,16 @@ def main(argv=None) -> int:
     p.add_argument("results")
     p.add_argument("out")
     p.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the means")
+    p.add_argument("--check", help="also write the GPU check of TE's debug API here (see above)")
     a = p.parse_args(argv)
-    arms = sorted((arm(f, a.skip) for f in Path(a.results).glob("*-stats*.jsonl")), key=lambda r: r["every"])
-    off = next(r for r in arms if r["every"] == 0)
-    result = {"off": off, "on": [{**r, "overhead_pct": 100 * (r["mean_step_time_s"] / off["mean_step_time_s"] - 1)}
-                                 for r in arms if r["every"]]}
+    arms = sorted((arm(f, a.skip) for f in Path(a.results).glob("*-stats*.jsonl")), key=lambda r: (r["every"], r["source"] or ""))
+    off = next((r for r in arms if r["every"] == 0), None)  # without an off run: the within-run cost only
+    result = {"off": off, "on": [{**r, **({"overhead_pct": 100 * (r["mean_step_time_s"] / off["mean_step_time_s"] - 1)}
+                                          if off else {})} for r in arms if r["every"]]}
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    if a.check:
+        steps = max(r["steps"][1] for r in arms)
+        Path(a.check).write_text(json.dumps(te_debug_check(arms, steps), indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

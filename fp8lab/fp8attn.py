@@ -116,10 +116,10 @@ def loss_checked(path: Path | None = None) -> bool | None:
     """Whether the committed loss check holds, or None before it is committed: its ``holds`` (FP8 attention's gap
     within max(0.5%, the seed noise), ``benchmarks/long_context.py loss``), or, in a file without it, the 0.5%
     bound alone (``within_bound``)."""
-    path = LOSS_RESULT if path is None else path
-    try:
-        check = json.loads(path.read_text())
-    except (OSError, ValueError):  # missing or unreadable: as if not committed
+    from fp8lab.paths import read_check
+
+    check = read_check(LOSS_RESULT if path is None else path)
+    if check is None:  # missing or unreadable: as if not committed
         return None
     return bool(check["holds"] if "holds" in check else check.get("within_bound", False))
 

@@ -17,8 +17,10 @@ Where the numbers come from:
   before its GEMM), the weights and the output gradient; the scale is TE's ``fp8_meta`` one under
   delayed scaling and ``max / amax`` under current scaling. Inside LayerNormMLP only fc1's input
   and fc2's output gradient are visible (fc2's input and fc1's gradient stay inside TE's kernel).
-  TE's own debug API (nvdlfw-inspect's LogFp8TensorStats) sees those too, at the price of a
-  separate log format and a YAML config; not used here.
+  That is ``--fp8-stats-source fp8lab``.
+* ``--fp8-stats-source te-debug`` (auto's choice on TE where nvdlfw-inspect is installed, one process): TE's own
+  debug API (LogFp8TensorStats, LogTensorStats) sees every GEMM of the fused modules, fc2's input and fc1's
+  gradient included, summed over the sampled step's micro-batches (fp8lab.te_debug).
 
 Off (decided once by fp8lab.plan, with the reason) for BF16 runs, under CUDA graphs (a replayed graph runs no
 Python hooks) and under ``--compile`` (the hooks' state would recompile the blocks at each sample).
@@ -33,6 +35,33 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
+# --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.fp8_stats_decision). te-debug: TE's
+# own debug API (nvdlfw-inspect; fp8lab.te_debug), every GEMM of the fused layers, all micro-batches of
+# the sampled step; fp8lab: this module's hooks on TE's modules (the emulated backend: always its own quantizers)
+TE_DEBUG, OWN = "te-debug", "fp8lab"
+SOURCES = ("auto", TE_DEBUG, OWN)
+COST_GOAL_PCT = 2.0  # issue 31: what the statistics may cost at the default interval, in % of the mean step time
+
+
+def _te_debug_check_path():
+    from fp8lab.paths import RESULTS_DIR
+
+    return RESULTS_DIR / "fp8stats-sources" / "check.json"
+
+
+# auto picks TE's debug API only once its GPU check is committed and passed (benchmarks/fp8stats_overhead.py --check:
+# on an H200, llama-1b FP8 at the default layout, every sampled step recorded, and its cost at the default interval
+# <= COST_GOAL_PCT); before that --fp8-stats-source te-debug runs it on request
+TE_DEBUG_CHECK = _te_debug_check_path()
+
+
+def te_debug_checked(path=None) -> bool:
+    from fp8lab.paths import read_check
+
+    return (read_check(TE_DEBUG_CHECK if path is None else path) or {}).get("passed") is True
+
+
+TE_DEBUG_CHECKED = te_debug_checked()
 KINDS = {"x": "activation", "w": "weight", "g": "gradient"}
 # --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
 # backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s
@@ -46,8 +75,9 @@ DEFAULT_EVERY = {"te": 25, "emulated": 10}
 TE_MEASURED_ACCUM = 4  # the accumulation DEFAULT_EVERY["te"] was measured at
 
 
-def default_every(backend: str, grad_accum: int) -> int:
-    """``--fp8-stats-every auto``: the sampling interval for ``backend`` at ``grad_accum`` micro-batches a step."""
+def default_every(backend: str, grad_accum: int, source: str | None = None) -> int:
+    """``--fp8-stats-every auto``: the sampling interval for ``backend`` at ``grad_accum`` micro-batches a step
+    (``source``: who reads the casts, fp8lab.plan's decision)."""
     if backend != "te":
         return DEFAULT_EVERY[backend]
     return DEFAULT_EVERY["te"] * -(-TE_MEASURED_ACCUM // max(int(grad_accum), 1))
@@ -194,6 +224,13 @@ def table(recs: Iterable[dict[str, Any]]):
     rows = [{"step": r["step"], **row, "block": block_of(row["layer"])} for r in records(recs) for row in r["layers"]]
     cols = ["step", "layer", "kind", "format", "amax", "scale", "underflow", "saturation", "block"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def source_text(recs: Iterable[dict[str, Any]]) -> str:
+    """Who read a run's casts, in words (records of ``--fp8-stats-source te-debug`` say so; older ones do not)."""
+    if any(r.get("source") == TE_DEBUG for r in records(recs)):
+        return "read by Transformer Engine's debug API (nvdlfw-inspect): every GEMM, all micro-batches of each sampled step"
+    return "read by fp8lab (the emulator's quantizers, or hooks on TE's modules: the first micro-batch of each sampled step)"
 
 
 def warnings_of(recs: Iterable[dict[str, Any]]) -> list[str]:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Union
 
 from fp8lab.backends import backend_names
 from fp8lab.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
+from fp8lab.fp8stats import SOURCES as FP8_STATS_SOURCE_CHOICES
 from fp8lab.graphs import CHOICES as GRAPH_CHOICES
 from fp8lab.recipe import KINDS
 from fp8lab.validate import AUTO, Check, one_of
@@ -48,6 +49,7 @@ RECIPE_KINDS = KINDS
 # issue 32: FSDP2 all-gathers the block linears' weights in FP8 (fp8lab.plan.fp8_all_gather_decision)
 FP8_ALL_GATHER = (AUTO, "on", "off")
 FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES  # auto | te-debug | fp8lab, declared where they are read (fp8lab.fp8stats, issue 31)
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
 
 # types of fields whose text form is special (their annotations name them)

@@ -13,6 +13,18 @@ DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
 RESULTS_DIR = DATA_DIR / "results"
 
 
+def read_check(path: str | Path) -> dict | None:
+    """A committed GPU check's JSON object (the result files ``auto`` decisions read: fp8lab.plan, fp8lab.fp8attn),
+    or None where it is missing, unreadable or not an object: as if not committed."""
+    import json
+
+    try:
+        check = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return check if isinstance(check, dict) else None
+
+
 def is_inside(path: str | Path, root: str | Path) -> bool:
     """True when ``path``, symlinks followed, lies in ``root`` (a manifest's shard, a model's tokenizer)."""
     try:

@@ -18,7 +18,6 @@ A combination that cannot run is a ValueError naming the option, before anything
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from fp8lab import fp8stats, graphs
 from fp8lab import layout as flayout
 from fp8lab.backends import DEFAULT_RECIPES
 from fp8lab.hardware import Machine
-from fp8lab.paths import REPO_ROOT
+from fp8lab.paths import REPO_ROOT, read_check
 from fp8lab.recipe import Recipe
 from fp8lab.validate import AUTO
 
@@ -66,6 +65,7 @@ class RunPlan:
     fp8_all_gather: bool = False
     # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8stats)
     fp8_stats_every: int = 0
+    fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8stats.TE_DEBUG or OWN (None: off)
 
     # the layout's values, read where the trainer needs them
     @property
@@ -118,6 +118,7 @@ class RunPlan:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
         m = self.machine
         return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # issue 31: what ran, not a job's check
+                "fp8_stats_source": self.fp8_stats_source,
                 "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak}
 
@@ -300,10 +301,11 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     # issue 32: FP8 all-gather under FSDP2
     fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
     # issue 31: FP8 health statistics
-    stats_every, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum)
+    stats_every, stats_source, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum,
+                                                                         machine.world_size)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
-                   fp8_stats_every=stats_every)
+                   fp8_stats_every=stats_every, fp8_stats_source=stats_source)
 
 
 # issue 32 ---------------------------------------------------------------------------------------
@@ -315,10 +317,7 @@ FP8_ALL_GATHER_CHECK = REPO_ROOT / "data" / "results" / "fp8-all-gather-h200" / 
 
 def _all_gather_checked(path: Path = FP8_ALL_GATHER_CHECK) -> bool:
     """Whether the committed GPU check holds (its ``passed``); False where it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text()).get("passed") is True
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (read_check(path) or {}).get("passed") is True
 
 
 FP8_ALL_GATHER_CHECKED = _all_gather_checked()
@@ -329,7 +328,7 @@ def decision_results() -> tuple[Path, ...]:
     a SageMaker job's code channel carries them (``fp8lab.launch.stage_source``), so the job decides as its plan did."""
     from fp8lab import fp8attn
 
-    return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT)
+    return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT, fp8stats.TE_DEBUG_CHECK)
 
 
 def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
@@ -358,18 +357,49 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
 
 # issue 31
 def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool,
-                       grad_accum: int) -> tuple[int, str]:
-    """(every how many steps the FP8 health statistics are sampled, 0 = off; why), decided once here."""
+                       grad_accum: int, world_size: int = 1) -> tuple[int, str | None, str]:
+    """(every how many steps the FP8 health statistics are sampled, 0 = off; who reads them, None when off; why),
+    decided once here."""
+    source, why_source = fp8_stats_source(c, backend, world_size)
     if not c.fp8_stats_every:
-        return 0, "--fp8-stats-every 0: off"
+        return 0, None, "--fp8-stats-every 0: off"
     if c.precision != "fp8" or backend not in fp8stats.DEFAULT_EVERY:
-        return 0, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
+        return 0, None, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
     if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
-        return 0, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
-                   "--cuda-graphs off to see them")
+        return 0, None, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
+                         "--cuda-graphs off to see them")
     if c.compile:  # compiled blocks guard on the hooks' state: each sample would recompile them
-        return 0, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
+        return 0, None, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
     auto = c.fp8_stats_every == AUTO
-    every = fp8stats.default_every(backend, grad_accum) if auto else c.fp8_stats_every
+    every = fp8stats.default_every(backend, grad_accum, source) if auto else c.fp8_stats_every
     how = (f"auto: {backend} at {grad_accum} micro-batch(es) a step" if auto else "--fp8-stats-every")
-    return every, f"every {every} steps ({how}), the first micro-batch of the step"
+    return every, source, f"every {every} steps ({how}); {why_source}"
+
+
+def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> tuple[str | None, str]:
+    """--fp8-stats-source: who reads the FP8 casts (fp8lab.fp8stats.SOURCES), and why; a request that cannot be
+    met is refused here, naming the option and what is allowed."""
+    from fp8lab.te_debug import unavailable
+
+    asked = c.fp8_stats_source
+    if backend != "te":
+        if asked == fp8stats.TE_DEBUG and c.precision == "fp8" and c.fp8_stats_every:
+            raise ValueError(f"--fp8-stats-source te-debug reads Transformer Engine's debug API: it needs --backend te "
+                             f"(this run: {backend or 'none'}); allowed here: auto | {fp8stats.OWN}")
+        return (fp8stats.OWN if backend else None), f"{backend or 'no'} backend: fp8lab reads its casts"
+    why_not = ("several processes (TE's debug statistics are gathered per process group; fp8lab samples rank 0)"
+               if world_size > 1 else unavailable())
+    if asked == AUTO and not why_not and not fp8stats.TE_DEBUG_CHECKED:
+        why_not = (f"TE's debug API is installed but its GPU check ({fp8stats.TE_DEBUG_CHECK.parent.name}/check.json: "
+                   f"every step recorded, cost <= {fp8stats.COST_GOAL_PCT:g}%) is not committed yet; "
+                   "--fp8-stats-source te-debug runs it")
+    if asked == fp8stats.TE_DEBUG:
+        if why_not and c.precision == "fp8" and c.fp8_stats_every:
+            raise ValueError(f"--fp8-stats-source te-debug cannot run here: {why_not}; allowed here: auto | {fp8stats.OWN}")
+        return fp8stats.TE_DEBUG, ("--fp8-stats-source te-debug: TE's debug API (nvdlfw-inspect) reads every GEMM, "
+                                   "summed over the step's micro-batches")
+    if asked == fp8stats.OWN or why_not:
+        return fp8stats.OWN, ((f"auto: fp8lab's hooks ({why_not})" if asked == AUTO else "--fp8-stats-source fp8lab")
+                              + ": the first micro-batch of the step; fc2's input and fc1's gradient stay inside TE")
+    return fp8stats.TE_DEBUG, ("auto: TE's debug API (nvdlfw-inspect is installed, one process) reads every GEMM, "
+                               "summed over the step's micro-batches")

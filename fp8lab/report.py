@@ -272,6 +272,7 @@ def _health_section(health: dict) -> list[str]:
     for run_id, recs in list(health.items())[:HEALTH_RUNS]:
         t = fp8stats.table(recs)
         out.append(f"<h3>{e(run_id)}</h3>")
+        out.append(f'<p class="muted">{e(fp8stats.source_text(recs).capitalize())}.</p>')
         out += [_img(plots.fp8_health_figure(t, m, run_id), f"FP8 {m} per decoder block and step, {run_id}")
                 for m in plots.HEALTH_METRICS]
         warns = fp8stats.warnings_of(recs)

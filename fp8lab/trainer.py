@@ -73,6 +73,7 @@ class Trainer:
         self.mcfg = get_config(self.c.model, **self.c.shape_overrides)
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
         self.lock = None  # the output folder's run lock (fp8lab.runlock), rank 0, from _prepare_data to close()
+        self.te_debug = None  # issue 31: TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
 
     # ------------------------------------------------------------------------------------ set-up
 
@@ -170,6 +171,7 @@ class Trainer:
         torch.manual_seed(c.seed)
         model = build_model(c.model, device=env.device, seed=c.seed, **c.shape_overrides)
         self.conversion = None
+        self._start_te_debug()
         if self.backend is not None:
             flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
             model = convert_model(model, backend=self.backend, recipe=self.recipe, fuse=c.fuse, module_filter=flt,
@@ -187,6 +189,18 @@ class Trainer:
         self.keep_weights = bool(self.plan.keep_weights and fdist.keep_gathered_weights(self.model))
         # TE's FP8 weight cache (fp8lab.layout.weight_cache: the plan's rule, the memory estimate's too)
         self.weight_cache = bool(self.plan.weight_cache and getattr(model, "supports_weight_cache", False))
+
+    def _start_te_debug(self) -> None:
+        """Issue 31: TE's debug API, where the plan chose it to read the FP8 casts: it must be on before the first
+        TE module is built, so before the conversion (fp8lab.te_debug)."""
+        from fp8lab import fp8stats
+
+        p = self.plan
+        if p.fp8_stats_every and p.fp8_stats_source == fp8stats.TE_DEBUG and self.env.is_main:
+            from fp8lab import te_debug
+
+            self.te_debug = te_debug.start(p.fp8_stats_every, self.recipe, self.paths.output_dir / te_debug.LOG_DIR)
+            self.log(f"fp8lab: FP8 health statistics: {p.reasons['fp8_stats']}")
 
     def _make_master_weights(self, model) -> None:
         """bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype."""
@@ -246,8 +260,13 @@ class Trainer:
         # issue 31: FP8 health statistics (rank 0 samples its own micro-batch; fp8lab.fp8stats)
         from fp8lab import fp8stats
 
-        self.health = (fp8stats.attach(self.inner, self.backend, p.fp8_stats_every)
-                       if p.fp8_stats_every and env.is_main else None)
+        if self.te_debug is not None:
+            from fp8lab import te_debug
+
+            self.health = te_debug.attach(self.inner, self.te_debug)
+        else:
+            self.health = (fp8stats.attach(self.inner, self.backend, p.fp8_stats_every)
+                           if p.fp8_stats_every and env.is_main else None)
 
     def _resume(self) -> None:
         """From the newest complete checkpoint, following new settings where allowed (fp8lab.resume)."""
@@ -286,6 +305,7 @@ class Trainer:
         # #34: as it ran (the plan's value for "auto"), beside the command (which keeps what was asked)
         cfg_record["fp8_attention"] = "on" if self.plan.fp8_attention else "off"
         cfg_record["fp8_stats_every"] = self.plan.fp8_stats_every  # #31: the interval that ran (0: off)
+        cfg_record["fp8_stats_source"] = self.plan.fp8_stats_source  # #31: who read the casts (None: off)
         cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
         cfg_record["plan"] = self.plan.record()
         if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.fp8attn)
@@ -548,7 +568,10 @@ class Trainer:
                 f"{shown(self.paths.checkpoint_dir)!r}: re-run the same command to export them")
 
     def close(self) -> None:
-        """Release the output folder's lock (idempotent)."""
+        """Release the output folder's lock and TE's debug API session (idempotent)."""
+        if self.te_debug is not None:
+            self.te_debug.close()
+            self.te_debug = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None

@@ -167,6 +167,10 @@ else  # ------------------------------------------------------------------------
       "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" --no-build-isolation -v \
       "transformer_engine[pytorch,core_cu$CU]==$TE_PIN" "torchao==$(pin torchao)"
   fi
+  if [ "$FP8" = 1 ]; then  # TE's debug API, which reads the FP8 health statistics (--fp8-stats-source auto: te-debug)
+    "${PIP[@]}" install "${INDEX[@]}" --no-deps "nvdlfw-inspect==$(pin nvdlfw-inspect)" 2>&1 | quiet \
+      || say "nvdlfw-inspect could not be installed: FP8 health statistics are read by fp8lab's hooks instead"
+  fi
 fi
 "$VENV/bin/python" -c "import fp8lab, torch, transformers, papermill" \
   || { echo "[setup] install failed: fp8lab or a dependency does not import" >&2; exit 1; }

@@ -110,6 +110,8 @@ def test_h100_without_toolkit_builds_the_pinned_te_with_pips_nvcc(tmp_path):
     assert build[build.index("-c") + 1] == "fp8lab/constraints-gpu.txt"
     assert f"transformer_engine[pytorch,core_cu13]=={p['transformer-engine']}" in build
     assert f"torchao=={p['torchao']}" in build
+    # TE's debug API, which reads the FP8 health statistics (--fp8-stats-source auto: te-debug), pinned
+    assert [c for c in _pip_installs(calls) if f"nvdlfw-inspect=={p['nvdlfw-inspect']}" in c], out
     fp8lab_install = next(c for c in _pip_installs(calls) if "-e" in c)
     assert "fp8lab/constraints-gpu.txt" in fp8lab_install  # fp8lab's own deps under the same pins
     assert ["-m", "fp8lab", "env", "--check"] in calls  # ends by checking TE and FP8
@@ -120,6 +122,7 @@ def test_a100_gets_emulated_only_by_name_and_no_te(tmp_path):
     rc, out, calls = _setup(tmp_path, "A100", "3.12 2.11.0+cu128 12.8")
     assert rc == 0, out
     assert not _te_builds(calls) and not [c for c in calls if c and c[0] == "install_te"]
+    assert not [c for c in _pip_installs(calls) if any(a.startswith("nvdlfw-inspect") for a in c)]  # no TE to debug
     assert "NVIDIA A100-SXM4-80GB has compute capability 8.0 < 8.9" in out
     assert "emulated" in out and "--backend emulated" in out
 

@@ -163,5 +163,95 @@ def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_p
     section = section[:section.index("<h2>", 5)]
     assert "<h3>on</h3>" in section and "<h3>off</h3>" not in section and section.count("<img") == 2
     assert "No early warning in this run." in section
+    assert "Read by fp8lab (the emulator&#x27;s quantizers" in section  # who read the casts (te-debug: TE's debug API)
+    assert "debug API" in fp8stats.source_text([{"record": fp8stats.RECORD, "step": 1, "layers": [], "source": "te-debug"}])
     empty = report.build_report(off, tmp_path / "r2.html").read_text()
     assert "No FP8 statistics in these runs" in empty
+
+
+# --- --fp8-stats-source: TE's own debug API (fp8lab.te_debug); its GPU part: tests/gpu/test_fp8stats_gpu.py
+
+def test_te_debug_config_asks_for_what_the_records_hold():
+    from fp8lab import te_debug
+
+    cfg = te_debug.config(25, delayed=True)["fp8lab_health"]
+    te = cfg["transformer_engine"]
+    assert cfg["enabled"] and cfg["layers"] == {"layer_name_regex_pattern": ".*"}
+    assert te["LogFp8TensorStats"]["stats"] == ["underflows%", "scale_inv_min", "overflows%"]
+    assert te["LogTensorStats"]["stats"] == ["cur_amax"]
+    assert {f["freq"] for f in te.values()} == {25} and all(f["tensors"] == ["activation", "weight", "gradient"] for f in te.values())
+    # current scaling cannot clip, and TE refuses overflows% for it: not asked
+    assert "overflows%" not in te_debug.config(10, delayed=False)["fp8lab_health"]["transformer_engine"]["LogFp8TensorStats"]["stats"]
+    assert -1 % 2 and te_debug.NEVER == -1  # between steps the debug API sits on an iteration no interval >= 2 samples
+
+
+def test_te_debug_scalars_become_fp8stats_rows():
+    from fp8lab import te_debug
+
+    assert te_debug.parse_name("blocks.0.mlp.fc1_gradient_underflows%") == ("blocks.0.mlp.fc1", "g", "underflows%")
+    assert te_debug.parse_name("blocks.1.qkv_activation_cur_amax") == ("blocks.1.qkv", "x", "cur_amax")
+    assert te_debug.parse_name("blocks.1.qkv_output_max") is None  # not a tensor fp8lab asks about
+    logged = [("blocks.0.qkv_activation_underflows%", torch.tensor(2.5), 10),
+              ("blocks.0.qkv_activation_scale_inv_min", torch.tensor(0.5), 10),
+              ("blocks.0.qkv_activation_overflows%", torch.tensor(0.05), 10),
+              ("blocks.0.qkv_activation_cur_amax", torch.tensor(224.0), 10),
+              ("blocks.0.qkv_gradient_underflows%", 40.0, 10),
+              ("blocks.0.qkv_gradient_scale_inv_min", torch.tensor(0.0), 10),  # no per-tensor scale
+              ("blocks.0.qkv_gradient_cur_amax", torch.tensor(1e-3), 10),
+              ("blocks.0.qkv_weight_cur_amax", torch.tensor(9.0), 9)]  # another iteration: left out
+    rows = te_debug.rows(logged, 10, {"x": "E4M3", "w": "E4M3", "g": "E5M2"})
+    assert rows == [
+        {"layer": "blocks.0.qkv", "kind": "activation", "format": "E4M3", "amax": 224.0, "scale": 2.0,
+         "underflow": pytest.approx(0.025), "saturation": pytest.approx(0.0005)},
+        {"layer": "blocks.0.qkv", "kind": "gradient", "format": "E5M2", "amax": pytest.approx(1e-3), "scale": None,
+         "underflow": 0.4, "saturation": None}]
+    assert te_debug.rows(logged, 11, {}) == []
+    warn = fp8stats.Watch(samples=1).update({"record": fp8stats.RECORD, "step": 10, "layers": rows})
+    assert len(warn) == 1 and "blocks.0.qkv gradient (E5M2)" in warn[0] and "underflow" in warn[0]
+
+
+def test_the_plan_picks_who_reads_the_casts(monkeypatch):
+    from fp8lab import te_debug
+    from fp8lab.hardware import Machine
+    from fp8lab.plan import plan_run
+    from fp8lab.train import TrainConfig
+
+    h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
+    fp8 = dict(model="llama-1b", precision="fp8")
+    monkeypatch.setattr(te_debug, "unavailable", lambda: "nvdlfw-inspect is not installed")
+    without = plan_run(TrainConfig(**fp8), h200)
+    assert without.fp8_stats_source == fp8stats.OWN and "nvdlfw-inspect is not installed" in without.all_reasons()["fp8_stats"]
+    with pytest.raises(ValueError, match="--fp8-stats-source te-debug cannot run here: nvdlfw-inspect.*auto | fp8lab"):
+        plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200)
+    monkeypatch.setattr(te_debug, "unavailable", lambda: None)
+    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", False)  # installed, its GPU check not committed: asked for only
+    unchecked = plan_run(TrainConfig(**fp8), h200)
+    assert unchecked.fp8_stats_source == fp8stats.OWN and "GPU check" in unchecked.all_reasons()["fp8_stats"]
+    assert plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200).fp8_stats_source == fp8stats.TE_DEBUG
+    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", True)
+    auto = plan_run(TrainConfig(**fp8), h200)
+    assert auto.fp8_stats_source == fp8stats.TE_DEBUG and "TE's debug API" in auto.all_reasons()["fp8_stats"]
+    assert auto.record()["fp8_stats_source"] == "te-debug" and "fp8_stats_source" not in auto.decisions()  # not a job's check
+    asked = plan_run(TrainConfig(**fp8, fp8_stats_source="fp8lab"), h200)
+    assert asked.fp8_stats_source == fp8stats.OWN and "--fp8-stats-source fp8lab" in asked.all_reasons()["fp8_stats"]
+    two = plan_run(TrainConfig(**fp8), Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True, world_size=2))
+    assert two.fp8_stats_source == fp8stats.OWN and "several processes" in two.all_reasons()["fp8_stats"]
+    assert plan_run(TrainConfig(**fp8, fp8_stats_every=0), h200).fp8_stats_source is None
+    cpu = Machine("cpu", "cpu", 24.0)
+    assert plan_run(TrainConfig(model="llama-tiny", precision="fp8"), cpu).fp8_stats_source == fp8stats.OWN  # emulated
+    with pytest.raises(ValueError, match="--fp8-stats-source te-debug .* needs --backend te .*allowed here: auto | fp8lab"):
+        plan_run(TrainConfig(model="llama-tiny", precision="fp8", fp8_stats_source="te-debug"), cpu)
+    with pytest.raises(ValueError, match="--fp8-stats-source"):
+        TrainConfig(fp8_stats_source="tensorboard")
+
+
+def test_te_debug_check_reads_the_committed_result(tmp_path):
+    assert fp8stats.te_debug_checked(tmp_path / "missing.json") is False
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert fp8stats.te_debug_checked(tmp_path / "bad.json") is False
+    (tmp_path / "no.json").write_text('{"passed": false}')
+    (tmp_path / "yes.json").write_text('{"passed": true}')
+    assert [fp8stats.te_debug_checked(tmp_path / f) for f in ("no.json", "yes.json")] == [False, True]
+    from fp8lab.plan import decision_results
+
+    assert fp8stats.TE_DEBUG_CHECK in decision_results()  # a SageMaker job carries it and decides as its plan did

@@ -71,16 +71,17 @@ def test_the_staged_code_carries_the_results_auto_decisions_read(tmp_path):
     from fp8lab.plan import decision_results
 
     staged = L.stage_source(tmp_path / "code")
-    for result in decision_results():
+    for result in decision_results():  # a check not committed yet (e.g. TE's debug API's) is not there either
         copy = staged / result.relative_to(REPO_ROOT)
-        assert copy.read_bytes() == result.read_bytes()
-    probe = ("import json; from fp8lab import plan, fp8attn; print(json.dumps([plan.FP8_ALL_GATHER_CHECKED, "
-             "fp8attn.loss_checked(), fp8attn.study_crossover(), str(fp8attn.LOSS_RESULT)]))")
+        assert copy.read_bytes() == result.read_bytes() if result.exists() else not copy.exists()
+    probe = ("import json; from fp8lab import plan, fp8attn, fp8stats; print(json.dumps([plan.FP8_ALL_GATHER_CHECKED, "
+             "fp8attn.loss_checked(), fp8attn.study_crossover(), fp8stats.TE_DEBUG_CHECKED, str(fp8attn.LOSS_RESULT)]))")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FP8LAB_DATA_DIR")}
     out = subprocess.run([sys.executable, "-c", probe], cwd=staged, env={**env, "PYTHONPATH": str(staged)},
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    from fp8lab import fp8attn, plan
+    from fp8lab import fp8attn, fp8stats, plan
 
-    checked, loss, crossover, where = json.loads(out.strip().splitlines()[-1])
+    checked, loss, crossover, te_debug, where = json.loads(out.strip().splitlines()[-1])
     assert where.startswith(str(staged))  # the staged package, not this checkout
-    assert [checked, loss, crossover] == [plan.FP8_ALL_GATHER_CHECKED, fp8attn.loss_checked(), fp8attn.study_crossover()]
+    assert [checked, loss, crossover, te_debug] == [plan.FP8_ALL_GATHER_CHECKED, fp8attn.loss_checked(),
+                                                    fp8attn.study_crossover(), fp8stats.TE_DEBUG_CHECKED]
