@@ -725,22 +725,22 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
     g = curves[(curves["model"] == model) & (curves["study"].map(group_key) == group_key(study))]
     fig, axes = _new(nrows=2, width=6.5, height=3.2, sharex=True)
     top, bottom = axes[0, 0], axes[1, 0]
-    blues, oranges = matplotlib.colormaps["Blues"], matplotlib.colormaps["Oranges"]
+    oranges = matplotlib.colormaps["Oranges"]
     runs = g.drop_duplicates("run_id")
-    n_bf16 = sum(not is_fp8(p) for p in runs["precision"])
-    i_bf16 = i_fp8 = 0
-    for _, r in runs.iterrows():
+    # the BF16 seeds as one band (their range) around their mean, so that the FP8 runs stay readable lines
+    bf16 = g[~g["precision"].map(is_fp8)].pivot_table(index="step", columns="run_id", values="val_loss", aggfunc="last")
+    at = g.drop_duplicates("step").set_index("step").loc[bf16.index, "tokens"] / 1e6
+    top.fill_between(at, bf16.min(axis=1), bf16.max(axis=1), color=_SCALING_STYLE["bf16"][0], alpha=0.25, lw=0,
+                     label=f"BF16: range of {bf16.shape[1]} seeds")
+    top.plot(at, bf16.mean(axis=1), "--", color=_SCALING_STYLE["bf16"][0], lw=1.6, label="BF16: their mean")
+    fp8 = runs[runs["precision"].map(is_fp8)]
+    for i, (_, r) in enumerate(fp8.iterrows()):
         c = g[g["run_id"] == r["run_id"]].sort_values("step")
         x = c["tokens"] / 1e6
-        if is_fp8(r["precision"]):
-            color, style = oranges(0.55 + 0.35 * i_fp8 / max(len(runs) - n_bf16 - 1, 1)), "-"
-            recipe = f" {r['recipe']}" if isinstance(r["recipe"], str) else ""
-            label = f"FP8{recipe}" + (f" (seed {int(r['seed'])})" if pd.notna(r["seed"]) else "")
-            i_fp8 += 1
-        else:
-            color, style = blues(0.5 + 0.4 * i_bf16 / max(n_bf16 - 1, 1)), "--"
-            label = f"BF16 seed {int(r['seed'])}"
-            i_bf16 += 1
+        color = oranges(0.5 + 0.4 * i / max(len(fp8) - 1, 1))
+        recipe = f" {r['recipe']}" if isinstance(r["recipe"], str) else ""
+        label = f"FP8{recipe}" + (f" (seed {int(r['seed'])})" if pd.notna(r["seed"]) else "")
+        style = "-" if r["recipe"] in (None, "delayed") or not isinstance(r["recipe"], str) else "-."  # a recipe a style
         top.plot(x, c["val_loss"], style, color=color, label=label, lw=1.6)
         bottom.plot(x, c["gap_pct"], style, color=color, lw=1.6)
     band = g.drop_duplicates("step").sort_values("step")

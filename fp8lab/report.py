@@ -389,7 +389,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
         if isinstance(r["loss_study"], str):
             vs = (analysis.parity.seeds_label(r["loss_bf16_seeds"], r["loss_bf16_spread_pct"])
                   if r.get("loss_bf16_seeds", 1) > 1 else "BF16")
-            parts.append(f"loss: {r['loss_gap_kind']}, `{r['loss_fp8_variant']}` against {vs} after "
+            parts.append(f"loss: {r['loss_gap_kind']}, {analysis.parity.fp8_label(r['loss_fp8_variant'], r.get('loss_fp8_seeds'))} against {vs} after "
                          f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
         notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")
     if not len(headline):

@@ -169,9 +169,13 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
             s += f"; {a['cost_note']}"
         gap_kind, gap = (a["loss_gap_kind"], a["loss_gap_pct"]) if isinstance(a["loss_study"], str) else (None, np.nan)
         several = pd.notna(a.get("loss_bf16_seeds")) and a.get("loss_bf16_seeds") > 1
-        valid = pd.DataFrame([{"fp8_run": a["loss_fp8_run"],
+        fp8_seeds = a.get("loss_fp8_seeds")
+        fp8_several = several and pd.notna(fp8_seeds) and fp8_seeds > 1  # the mean of this FP8 set-up's seeds
+        valid = pd.DataFrame([{"fp8_run": a["loss_fp8_runs"] if fp8_several else a["loss_fp8_run"],
                                "baseline_run": a["loss_bf16_runs"] if several else a["loss_baseline_run"],
-                               "fp8_variant": a["loss_fp8_variant"], "baseline_variant": _bf16_label(a),
+                               "fp8_variant": a["loss_fp8_variant"] + (f" (the mean of {int(fp8_seeds)} seeds)"
+                                                                       if fp8_several else ""),
+                               "baseline_variant": _bf16_label(a),
                                "bf16_seeds": a.get("loss_bf16_seeds"), "in_band": a.get("loss_in_band"),
                                "tokens_fp8": a["loss_tokens"], "study": a["loss_study"]}]) if gap_kind else \
             pair[pair["valid"]] if len(pair) else pair

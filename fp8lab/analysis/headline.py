@@ -28,6 +28,8 @@ HEADLINE_COLUMNS = [
     # issue 31: where a loss study has several BF16 seeds, loss_gap_pct is to their mean; how far apart they ended,
     # which runs they are, and whether the gap is inside the band max(0.5%, that spread)
     "loss_bf16_seeds", "loss_bf16_spread_pct", "loss_bf16_runs", "loss_in_band",
+    # and where that FP8 set-up has several seeds too, the gap is of their mean (which runs, how many)
+    "loss_fp8_seeds", "loss_fp8_runs",
     "source_model_size", "source_speedup", "source_loss_gap_pct",
 ]
 BEST_RUN_COLUMNS = ["model", "gpu_name", "world_size", "role", "run_id", "variant", "layout", "precision", "backend",
@@ -120,10 +122,14 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
            "loss_gap_kind": "validation loss" if val else "smoothed training loss",
            "loss_fp8_run": r["fp8_run"], "loss_baseline_run": r["baseline_run"], "loss_fp8_variant": r["fp8_variant"],
            "loss_study": r["study"], "loss_tokens": r["tokens_fp8"], "loss_bf16_seeds": 1, "loss_bf16_spread_pct": np.nan,
-           "loss_bf16_runs": r["baseline_run"], "loss_in_band": np.nan}
+           "loss_bf16_runs": r["baseline_run"], "loss_in_band": np.nan, "loss_fp8_seeds": 1, "loss_fp8_runs": r["fp8_run"]}
     seeds = parity.bf16_seeds(summary, r["baseline_run"]) if val else summary.iloc[0:0]
     fp8_val = meta.loc[r["fp8_run"], "val_loss"] if val and r["fp8_run"] in meta.index else None
     if len(seeds) >= 2 and pd.notna(fp8_val):  # several BF16 seeds saw the same tokens: the gap is to their mean
+        fp8 = parity.seeds_of(summary, r["fp8_run"])
+        if len(fp8) >= 2:  # and several seeds of this FP8 set-up: their mean, not whichever run ranked first
+            fp8_val = float(fp8["val_loss"].mean())
+            out.update(loss_fp8_seeds=len(fp8), loss_fp8_runs=", ".join(map(str, fp8["run_id"])))
         band = parity.against_seeds(seeds["val_loss"], fp8_val)
         out.update(loss_gap_pct=band["gap_pct"], loss_bf16_seeds=len(seeds), loss_bf16_spread_pct=band["spread_pct"],
                    loss_bf16_runs=", ".join(map(str, seeds["run_id"])), loss_in_band=band["in_band"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp8lab.analysis.labels import group_key, is_false
+from fp8lab.analysis.labels import group_key, is_false, variant_label
 from fp8lab.analysis.summary import LAYOUT_KEYS, SCALE_KEYS
 
 MIN_BAND_PCT = 0.5  # issue 31: the band is never narrower than this, whatever the seeds' spread
@@ -50,18 +50,32 @@ def _same_set_up(frame: pd.DataFrame, like: pd.Series) -> pd.Series:
 def bf16_seeds(summary: pd.DataFrame, baseline_run: str) -> pd.DataFrame:
     """Summary rows of the BF16 runs that differ from ``baseline_run`` (a BF16 run) only in seed, it included: one
     per seed, each with a final validation loss, the same tokens, loss comparable and finite."""
+    return seeds_of(summary, baseline_run)
+
+
+def seeds_of(summary: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    """Summary rows of the runs that differ from ``run_id`` only in seed, it included (:func:`bf16_seeds`; for an
+    FP8 run also the same set-up of precision, backend and recipe: the same ``variant_label``): one per seed, each
+    with a final validation loss, the same tokens, loss comparable and finite."""
     need = {"run_id", "precision", "seed", "val_loss", "tokens"}
     s = summary.drop_duplicates("run_id") if len(summary) else summary
-    if not need <= set(s.columns) or baseline_run not in set(s["run_id"]):
+    if not need <= set(s.columns) or run_id not in set(s["run_id"]):
         return s.iloc[0:0]
-    base = s[s["run_id"] == baseline_run].iloc[0]
-    b = s[_same_set_up(s, base) & (s["precision"] == "bf16") & (s["tokens"] == base["tokens"])
+    base = s[s["run_id"] == run_id].iloc[0]
+    b = s[_same_set_up(s, base) & (s["precision"] == base["precision"]) & (s["tokens"] == base["tokens"])
           & s["val_loss"].notna() & s["seed"].notna()]
+    if base["precision"] != "bf16":  # FP8: the same recipe and settings, not another recipe's runs
+        b = b[b.apply(lambda r: variant_label(r.to_dict()), axis=1) == variant_label(base.to_dict())]
     if "loss_comparable" in b:
         b = b[~b["loss_comparable"].map(is_false).astype(bool)]
     if "nonfinite_losses" in b:
         b = b[b["nonfinite_losses"].fillna(0) == 0]
     return b.drop_duplicates("seed")
+
+
+def fp8_label(variant: str, n) -> str:
+    """An FP8 set-up as the loss views name it: its variant, and the mean of its seeds where there are several."""
+    return f"`{variant}`" + (f" (the mean of {int(n)} seeds)" if pd.notna(n) and n > 1 else "")
 
 
 def parity_curves(runs: pd.DataFrame) -> pd.DataFrame:

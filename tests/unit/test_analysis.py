@@ -539,6 +539,35 @@ def test_the_headline_loss_gap_is_to_the_mean_of_the_bf16_seeds_beside_their_spr
     assert pd.isna(one["loss_bf16_spread_pct"])
 
 
+def test_the_headline_loss_gap_is_of_the_mean_of_the_fp8_seeds_of_its_set_up():
+    """Session 14: where the FP8 set-up of the headline's loss has several seeds too, the gap is of their mean, not of
+    whichever run ranked first (the newest); another recipe's run is not one of its seeds."""
+    from fp8lab import report
+
+    base = dict(model="m", gpu_name="NVIDIA H200", instances=1, world_size=1, study="s", micro_batch_size=8,
+                grad_accum=1, seq_len=2048, tokens=2e7, loss_comparable=True, smoothed_loss=3.0, final_loss=3.0)
+    base = {**{c: None for c in analysis.load.META_COLUMNS}, "mfu": None, "nonfinite_losses": 0, **base}
+    bf16 = dict(variant="bf16", precision="bf16", backend="te", tokens_per_sec_per_gpu=10)
+    fp8 = dict(variant="fp8", precision="fp8", backend="te", recipe="delayed", tokens_per_sec_per_gpu=14)
+    rows = [{**base, **bf16, "run_id": "b1", "seed": 1, "val_loss": 3.0},
+            {**base, **bf16, "run_id": "b2", "seed": 2, "val_loss": 3.2},
+            {**base, **fp8, "run_id": "f1", "seed": 1, "val_loss": 2.9, "date": "2026-01-01T00:00:00Z"},
+            {**base, **fp8, "run_id": "f2", "seed": 2, "val_loss": 3.3, "date": "2026-02-01T00:00:00Z"},
+            {**base, **fp8, "run_id": "c1", "recipe": "current", "seed": 1, "val_loss": 1.0, "date": "2025-01-01T00:00:00Z"}]
+    row = analysis.headline_table(pd.DataFrame(rows)).iloc[0]
+    assert row["loss_fp8_seeds"] == 2 and row["loss_fp8_runs"] == "f1, f2"  # c1 (current scaling) is not a seed
+    assert row["loss_gap_pct"] == pytest.approx(100 * (3.1 / 3.1 - 1))  # the mean of 2.9 and 3.3 against 3.1
+    md = report.headline_markdown(pd.DataFrame([{**row.to_dict(), "cost_fp8": np.nan}]))
+    assert "(the mean of 2 seeds) against the mean of 2 BF16 seeds" in md
+    summary = pd.DataFrame(rows)
+    text = analysis.Answer.of(summary, analysis.compare_precisions(summary), None, tokens=24e9,
+                              price_per_instance_hour=100.0).verdict()
+    assert "(fp8 (the mean of 2 seeds) against the mean of 2 BF16 seeds" in text, text
+    assert "runs f1, f2 and the BF16 seeds b1, b2" in text
+    alone = analysis.headline_table(pd.DataFrame(rows[:3] + rows[4:])).iloc[0]  # one FP8 seed: that run, as before
+    assert alone["loss_fp8_seeds"] == 1 and alone["loss_gap_pct"] == pytest.approx(100 * (2.9 / 3.1 - 1))
+
+
 def test_the_headline_leaves_out_a_model_with_fp8_runs_and_no_bf16_run():
     """FP8 against BF16 per model: a model that only ran in FP8 (a loss check's shape) has nothing to head."""
     base = dict(gpu_name="NVIDIA H200", instances=1, world_size=1, study="s", micro_batch_size=8, grad_accum=1,
@@ -555,13 +584,16 @@ def test_the_headline_leaves_out_a_model_with_fp8_runs_and_no_bf16_run():
 
 
 def test_the_committed_parity_study_is_the_llama_1b_loss_gap_with_its_noise_band():
-    """The README's llama-1b loss cell comes from data/results/loss-parity-20m: 20.02M tokens, FP8 delayed against
-    the mean of the two BF16 seeds, their spread beside it (the figures parity.json holds, written by the study)."""
+    """The README's llama-1b loss cell comes from data/results/loss-parity-20m: 20.02M tokens, FP8 delayed (the mean
+    of its seeds) against the mean of the BF16 seeds, their spread beside it (the figures parity.json holds, written by
+    the study)."""
     parity = json.loads((RESULTS_DIR / "loss-parity-20m" / "parity.json").read_text())
     head = analysis.headline_table(analysis.summarize_runs(analysis.load_runs()))
     row = head.set_index("model").loc["llama-1b"]
     assert row["loss_study"] == "loss-parity-20m" and row["loss_tokens"] == 20_021_248
-    assert row["loss_gap_pct"] == pytest.approx(parity["fp8"]["fp8-delayed"]["gap_pct"])
+    delayed = parity["fp8_by_recipe"]["te-fp8-delayed"]  # FP8 delayed: the mean of its seeds, as the headline's
+    assert row["loss_fp8_seeds"] == delayed["seeds"] == 2
+    assert row["loss_gap_pct"] == pytest.approx(delayed["gap_pct"])
     assert row["loss_bf16_spread_pct"] == pytest.approx(parity["bf16_spread_pct"])
 
 

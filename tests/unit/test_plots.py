@@ -206,15 +206,20 @@ def test_bad_scale_axis_is_rejected(tables):
 
 
 def test_the_parity_figure_draws_each_run_and_the_band_from_the_committed_study():
-    """Notebook 05 and the report: the committed loss-parity study's four runs (two BF16 seeds dashed, two FP8
-    solid) over validation loss and their gap to the BF16 mean, inside the band; nothing committed: a note."""
+    """Notebook 05 and the report: the committed loss-parity study's BF16 seeds as one shaded range around their
+    dashed mean (four seeds would be four more lines), each FP8 run a solid line over validation loss, and their gap
+    to the BF16 mean inside the band; nothing committed: a note."""
     from fp8lab import analysis, plots
 
     curves = analysis.parity_curves(analysis.load_runs(RESULTS_DIR / "loss-parity-20m"))
     fig = plots.parity_figure(curves)
     top, bottom = fig.axes[:2]
     assert len(top.get_lines()) == 4 and {t.get_text() for t in top.get_legend().get_texts()} == {
-        "BF16 seed 1234", "BF16 seed 4321", "FP8 delayed (seed 1234)", "FP8 current (seed 1234)"}
+        "BF16: range of 4 seeds", "BF16: their mean", "FP8 delayed (seed 1234)", "FP8 delayed (seed 4321)",
+        "FP8 current (seed 1234)"}
+    bf16 = curves[curves["precision"] == "bf16"].pivot_table(index="step", columns="run_id", values="val_loss")
+    assert top.get_lines()[0].get_ydata()[-1] == pytest.approx(bf16.mean(axis=1).iloc[-1])  # the mean, dashed
+    assert len(top.collections) == 1 and len(bottom.get_lines()) == 3 + 1  # the range; 3 FP8 gaps and the zero line
     assert len(bottom.collections) == 1  # the band
     empty = plots.parity_figure(analysis.parity_curves(pd.DataFrame()))
     assert "two or more BF16 seeds" in empty.axes[0].texts[0].get_text()
