@@ -14,8 +14,9 @@
 # Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz, 9.9 MiB; or the text .corpus/linux-6.1.jsonl.xz,
 #   10.0 MiB, tokenized there in ~1 min):
 #   bash benchmarks/gpu.sh bash benchmarks/study_loss_parity.sh
-# Results: $OUT/loss-parity-20m/*.jsonl (for data/results/loss-parity-20m/; FP8 health records inside), parity.json,
-#   the runs' logs; every command copies all results so far. A machine that went cold starts the study afresh.
+# Results: $OUT/loss-parity-20m/*.jsonl (for data/results/loss-parity-20m/; FP8 health records inside: the runs this
+#   command finished), parity.json; $OUT/loss-parity-20m-all.tar.gz: all results so far and the runs' logs. A machine
+#   that went cold starts the study afresh.
 # Options after the script name go to benchmarks/study_loss_parity.py (e.g. --runs fp8-delayed --gpus 1).
 # DATA=<prepared folder> skips the corpus build (the CPU test passes a tiny one).
 set -euo pipefail
@@ -38,7 +39,11 @@ set +e
 RES=${RESULTS:-.study/loss-parity-20m/results}
 "$PY" benchmarks/study_loss_parity.py --data "$DATA" --out "$RES" --mirror "$OUT/loss-parity-20m" "$@"
 rc=$?
+# $OUT/loss-parity-20m/: the result files of the runs this command finished (--mirror, as each finished) and
+# parity.json; every result so far and the runs' logs in one archive beside it (the device tool returns at most 8
+# files: session 14 lost a result file to that when every file was copied loose)
 mkdir -p "$OUT/loss-parity-20m"
-cp "$RES"/* "$OUT/loss-parity-20m/" 2>/dev/null
-cp .study/loss-parity-20m/*.log "$OUT/loss-parity-20m/" 2>/dev/null
+cp "$RES/parity.json" "$OUT/loss-parity-20m/" 2>/dev/null
+S=$(mktemp -d); cp "$RES"/* "$S/" 2>/dev/null; cp .study/loss-parity-20m/*.log "$S/" 2>/dev/null
+tar -czf "$OUT/loss-parity-20m-all.tar.gz" -C "$S" . && rm -rf "$S"
 exit $rc
