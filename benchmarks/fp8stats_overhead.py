@@ -68,7 +68,7 @@ def te_debug_check(arms: list[dict], steps: int) -> dict:
     rows = r["stats_rows"]
     if len(set(rows.values())) != 1 or set(rows) != set(fp8stats.KINDS.values()):
         problems.append(f"rows per kind {rows}: expected an activation, a weight and a gradient row for each GEMM")
-    every = fp8stats.default_every("te", r["grad_accum"] or 1, fp8stats.TE_DEBUG)
+    every = fp8stats.default_every("te", r["grad_accum"] or 1)
     cost = 100 * r["sample_cost_s"] / (every * r["median_step_time_s"]) if "sample_cost_s" in r else None
     if cost is None or cost > fp8stats.COST_GOAL_PCT:
         problems.append(f"cost at the default interval ({every} steps) {cost}% > {fp8stats.COST_GOAL_PCT}%")

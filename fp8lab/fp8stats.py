@@ -18,7 +18,8 @@ Where the numbers come from:
   delayed scaling and ``max / amax`` under current scaling. Inside LayerNormMLP only fc1's input
   and fc2's output gradient are visible (fc2's input and fc1's gradient stay inside TE's kernel).
   That is ``--fp8-stats-source fp8lab``.
-* ``--fp8-stats-source te-debug`` (auto's choice on TE where nvdlfw-inspect is installed, one process): TE's own
+* ``--fp8-stats-source te-debug`` (auto's choice on TE, one process, once nvdlfw-inspect is installed and the GPU
+  check ``TE_DEBUG_CHECK`` is committed): TE's own
   debug API (LogFp8TensorStats, LogTensorStats) sees every GEMM of the fused modules, fc2's input and fc1's
   gradient included, summed over the sampled step's micro-batches (fp8lab.te_debug).
 
@@ -75,9 +76,9 @@ DEFAULT_EVERY = {"te": 25, "emulated": 10}
 TE_MEASURED_ACCUM = 4  # the accumulation DEFAULT_EVERY["te"] was measured at
 
 
-def default_every(backend: str, grad_accum: int, source: str | None = None) -> int:
-    """``--fp8-stats-every auto``: the sampling interval for ``backend`` at ``grad_accum`` micro-batches a step
-    (``source``: who reads the casts, fp8lab.plan's decision)."""
+def default_every(backend: str, grad_accum: int) -> int:
+    """``--fp8-stats-every auto``: the sampling interval for ``backend`` at ``grad_accum`` micro-batches a step (the
+    same for both TE sources: TE's debug API's own cost at it is what its GPU check measures)."""
     if backend != "te":
         return DEFAULT_EVERY[backend]
     return DEFAULT_EVERY["te"] * -(-TE_MEASURED_ACCUM // max(int(grad_accum), 1))

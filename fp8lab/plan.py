@@ -371,7 +371,7 @@ def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: boo
     if c.compile:  # compiled blocks guard on the hooks' state: each sample would recompile them
         return 0, None, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
     auto = c.fp8_stats_every == AUTO
-    every = fp8stats.default_every(backend, grad_accum, source) if auto else c.fp8_stats_every
+    every = fp8stats.default_every(backend, grad_accum) if auto else c.fp8_stats_every
     how = (f"auto: {backend} at {grad_accum} micro-batch(es) a step" if auto else "--fp8-stats-every")
     return every, source, f"every {every} steps ({how}); {why_source}"
 

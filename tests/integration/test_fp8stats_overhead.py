@@ -41,7 +41,7 @@ def _arm(**kw):
 
 
 def test_the_te_debug_check_passes_only_on_complete_records_within_the_cost_goal():
-    every = fp8stats.default_every("te", 4, fp8stats.TE_DEBUG)
+    every = fp8stats.default_every("te", 4)
     ok = fo.te_debug_check([_arm()], 30)
     assert ok["passed"] and ok["problems"] == [] and ok["default_every"] == every
     assert ok["cost_at_default_pct"] == pytest.approx(100 * 0.3 / (every * 1.27))
