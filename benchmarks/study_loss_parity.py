@@ -141,14 +141,14 @@ def summarize(args, out: Path) -> dict:
     """Final validation losses of every run with a result file, the BF16 mean and seed spread (max - min over the
     BF16 seeds), each FP8 run's gap to that mean against issue 31's band, and to the BF16 run of its own seed; and
     per FP8 set-up the mean of its seeds against the same band (``fp8_by_recipe``)."""
+    from fp8lab.analysis.load import read_jsonl
     from fp8lab.analysis.parity import against_seeds
 
     vals = {}
     for name in ALL_RUNS:
         f = out / f"{run_id_of(args, name)}.jsonl"
-        if f.exists():
-            lines = [json.loads(x) for x in f.read_text().splitlines()]
-            v = next(r for r in lines if r["record"] == "summary").get("val_loss")
+        if f.exists():  # data/results' reader: a corrupt line is an error naming the file, not a silent skip
+            v = next(r for _, r in read_jsonl(f) if r.get("record") == "summary").get("val_loss")
             if v is not None and v == v:  # a run without a final validation loss has no place in the comparison
                 vals[name] = v
     bf = {k: v for k, v in vals.items() if ALL_RUNS[k][0] == "te-bf16"}
