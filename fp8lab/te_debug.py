@@ -96,9 +96,11 @@ def make_collector():
     return Collected()
 
 
-def rows(values: list[tuple[str, Any, int]], step: int, formats: dict[str, str]) -> list[dict[str, Any]]:
+def rows(values: list[tuple[str, Any, int]], step: int, formats: dict[str, str],
+         per_tensor: bool = True) -> list[dict[str, Any]]:
     """fp8stats' layer rows from the scalars logged for ``step`` (one host copy of all of them). ``formats``:
-    role -> FP8 format name (the recipe's). Percentages become fractions, ``scale_inv_min`` the scale."""
+    role -> FP8 format name (the recipe's). Percentages become fractions, ``scale_inv_min`` the scale; with block
+    scales (``per_tensor`` False: one scale per block) there is no one scale to show, as the hooks show none."""
     import torch
 
     picked = [(parse_name(n), v) for n, v, it in values if it == step]
@@ -115,7 +117,7 @@ def rows(values: list[tuple[str, Any, int]], step: int, formats: dict[str, str])
         inv = s.get("scale_inv_min")
         sat = s.get("overflows%")
         out.append({"layer": layer, "kind": fp8stats.KINDS[role], "format": formats[role], "amax": s.get("cur_amax"),
-                    "scale": (1.0 / inv) if inv else None, "underflow": s.get("underflows%", 0.0) / 100,
+                    "scale": (1.0 / inv) if inv and per_tensor else None, "underflow": s.get("underflows%", 0.0) / 100,
                     "saturation": sat / 100 if sat is not None else None})
     order = {r: i for i, r in enumerate(fp8stats.KINDS.values())}
     return sorted(out, key=lambda r: (r["layer"], order[r["kind"]]))
@@ -188,7 +190,8 @@ class DebugHealth(fp8stats.HealthStats):
         debug_api.step()  # TE reduces its buffers and logs them to the collector
         debug_api.initialize_training_step(NEVER)
         self._sampled = None
-        layers = rows(self.session.collector.take(), step, self.formats)
+        layers = rows(self.session.collector.take(), step, self.formats,
+                      per_tensor=self.session.recipe.kind in ("delayed", "current"))
         if not layers:
             return None
         rec = {"record": fp8stats.RECORD, "step": step, "layers": layers, "source": "te-debug"}

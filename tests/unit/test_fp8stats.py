@@ -206,6 +206,8 @@ def test_te_debug_scalars_become_fp8stats_rows():
         {"layer": "blocks.0.qkv", "kind": "gradient", "format": "E5M2", "amax": pytest.approx(1e-3), "scale": None,
          "underflow": 0.4, "saturation": None}]
     assert te_debug.rows(logged, 11, {}) == []
+    blocks = te_debug.rows(logged, 10, {"x": "E4M3", "w": "E4M3", "g": "E4M3"}, per_tensor=False)
+    assert [r["scale"] for r in blocks] == [None, None]  # block scales: no one scale per tensor
     warn = fp8stats.Watch(samples=1).update({"record": fp8stats.RECORD, "step": 10, "layers": rows})
     assert len(warn) == 1 and "blocks.0.qkv gradient (E5M2)" in warn[0] and "underflow" in warn[0]
 
