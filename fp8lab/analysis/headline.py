@@ -172,10 +172,16 @@ def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None
 
 
 def headline_runs(runs: pd.DataFrame, summary: pd.DataFrame, headline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The runs behind a headline: (loss runs: every run of each model's loss study, for the loss figure;
-    best: the summary rows of each model's best BF16 and best FP8 run, for time and cost)."""
+    """The runs behind a headline: (loss runs: the runs of each model's loss study that its loss gap reads, the BF16
+    seeds and the FP8 seeds of its set-up, for the loss figures; best: the summary rows of each model's best BF16
+    and best FP8 run, for time and cost). ``detail="all"`` views draw every run."""
     loss_keys = {(m, s) for m, s in zip(headline["model"], headline["loss_study"]) if isinstance(s, str)}
-    loss = runs[[(m, s) in loss_keys for m, s in zip(runs["model"], runs["study"])]] if len(runs) else runs
+    quoted = set()  # run ids, from the comma-separated columns the headline writes
+    for col in ("loss_baseline_run", "loss_bf16_runs", "loss_fp8_run", "loss_fp8_runs"):
+        if col in headline:
+            quoted |= {r for v in headline[col].dropna() for r in str(v).split(", ")}
+    loss = runs[[(m, s) in loss_keys and r in quoted for m, s, r in zip(runs["model"], runs["study"], runs["run_id"])]] \
+        if len(runs) else runs
     ids = set(headline["bf16_run"].dropna()) | set(headline["fp8_run"].dropna())
     return loss, summary[summary["run_id"].isin(ids)]
 
