@@ -35,6 +35,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from fp8lab.paths import RESULTS_DIR, read_check
+
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
 # --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.fp8_stats_decision). te-debug: TE's
 # own debug API (nvdlfw-inspect; fp8lab.te_debug), every GEMM of the fused layers, all micro-batches of
@@ -44,21 +46,13 @@ SOURCES = ("auto", TE_DEBUG, OWN)
 COST_GOAL_PCT = 2.0  # issue 31: what the statistics may cost at the default interval, in % of the mean step time
 
 
-def _te_debug_check_path():
-    from fp8lab.paths import RESULTS_DIR
-
-    return RESULTS_DIR / "fp8stats-sources" / "check.json"
-
-
 # auto picks TE's debug API only once its GPU check is committed and passed (benchmarks/fp8stats_overhead.py --check:
 # on an H200, llama-1b FP8 at the default layout, every sampled step recorded, and its cost at the default interval
 # <= COST_GOAL_PCT); before that --fp8-stats-source te-debug runs it on request
-TE_DEBUG_CHECK = _te_debug_check_path()
+TE_DEBUG_CHECK = RESULTS_DIR / "fp8stats-sources" / "check.json"
 
 
 def te_debug_checked(path=None) -> bool:
-    from fp8lab.paths import read_check
-
     return (read_check(TE_DEBUG_CHECK if path is None else path) or {}).get("passed") is True
 
 
@@ -165,7 +159,10 @@ class HealthStats:
         finite = lambda v: None if v != v else v  # noqa: E731 (NaN: not applicable)
         layers = [{"layer": site, "kind": kind, "format": fmt, "amax": v[0], "scale": finite(v[3]), "underflow": v[1],
                    "saturation": finite(v[2])} for (site, kind, fmt, _), v in zip(self._rows, values)]
-        rec = {"record": RECORD, "step": step, "layers": layers}
+        return self.with_warnings({"record": RECORD, "step": step, "layers": layers})
+
+    def with_warnings(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """``rec`` with the early warnings it raises (``rec["warnings"]``, where there are any)."""
         warnings = self.watch.update(rec)
         if warnings:
             rec["warnings"] = warnings

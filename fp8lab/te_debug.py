@@ -18,7 +18,7 @@ the early warning read them unchanged.
 
 Order matters: :func:`start` must run before the first TE module is built (TE reads whether the debug API is
 on when a module is constructed), which is why the trainer calls it before converting the model, and the plan
-(fp8lab.plan.fp8_stats_decision) checks only that the packages are installed, without importing them.
+(fp8lab.plan.fp8_stats_source) checks only that the packages are installed, without importing them.
 One process per debug session: the plan picks this source for single-process runs only.
 """
 from __future__ import annotations
@@ -194,11 +194,7 @@ class DebugHealth(fp8stats.HealthStats):
                       per_tensor=self.session.recipe.kind in ("delayed", "current"))
         if not layers:
             return None
-        rec = {"record": fp8stats.RECORD, "step": step, "layers": layers, "source": "te-debug"}
-        warnings = self.watch.update(rec)
-        if warnings:
-            rec["warnings"] = warnings
-        return rec
+        return self.with_warnings({"record": fp8stats.RECORD, "step": step, "layers": layers, "source": fp8stats.TE_DEBUG})
 
 
 def attach(model, session: Session) -> DebugHealth | None:
