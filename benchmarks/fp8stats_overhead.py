@@ -37,7 +37,8 @@ def arm(path: Path, skip: int) -> dict:
     out = {"run": path.stem, "every": k, "source": m.group(2) or (run.get("fp8_stats_source") if k else None), "command": run.get("command"), "date": run.get("date"), "timed_steps": len(times),
            "steps": [min(times), max(times)], "sampled_steps": len(sampled),
            "mean_step_time_s": statistics.mean(times.values()), "median_step_time_s": statistics.median(times.values())}
-    out.update(grad_accum=run.get("grad_accum"), stats_steps=[r["step"] for r in stats],
+    out.update(versions={k_: (run.get("versions") or {}).get(k_) for k_ in ("transformer_engine", "nvdlfw_inspect")},
+               grad_accum=run.get("grad_accum"), stats_steps=[r["step"] for r in stats],
                stats_sources=sorted({r.get("source") or "fp8lab" for r in stats}),
                stats_rows={k_: n for k_, n in _row_kinds(stats).items()} if stats else {})
     if sampled:  # within the run: what one sample adds to its step, and so what sampling every k steps costs
@@ -74,7 +75,9 @@ def te_debug_check(arms: list[dict], steps: int) -> dict:
         problems.append(f"cost at the default interval ({every} steps) {cost}% > {fp8stats.COST_GOAL_PCT}%")
     return {"passed": not problems, "problems": problems, "run": r["run"], "command": r["command"], "date": r["date"],
             "default_every": every, "sample_cost_s": r.get("sample_cost_s"), "cost_at_default_pct": cost,
-            "goal_pct": fp8stats.COST_GOAL_PCT, "rows_per_kind": rows}
+            "goal_pct": fp8stats.COST_GOAL_PCT, "rows_per_kind": rows,
+            # auto trusts the check on the Transformer Engine it ran on only (fp8lab.te_debug.untested_te)
+            **{k: (r.get("versions") or {}).get(k) for k in ("transformer_engine", "nvdlfw_inspect")}}
 
 
 def main(argv=None) -> int:

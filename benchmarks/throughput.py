@@ -95,6 +95,9 @@ def versions() -> dict:
             out[key] = __import__(mod).__version__
         except Exception:
             out[key] = None
+    from fp8lab.pins import installed
+
+    out["nvdlfw_inspect"] = installed("nvdlfw-inspect")  # TE's debug API (--fp8-stats-source te-debug)
     try:
         import torch
 

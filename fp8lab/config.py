@@ -90,7 +90,7 @@ class TrainConfig:
     fp8_all_gather: str = option(AUTO, "--parallel fsdp with --precision fp8: all-gather the block linears' weights in FP8, half the bytes of bf16 (torchao's float8 FSDP2 all-gather; --backend torchao only): auto (on where it can run) | on | off", choices=FP8_ALL_GATHER)
     # issue 31: FP8 health statistics (fp8lab.fp8stats)
     fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off; auto: " + DEFAULT_STATS_TEXT, check=AUTO_OR_NONNEG_INT)
-    fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: auto (te-debug where nvdlfw-inspect is installed and one process trains, else fp8lab) | te-debug (Transformer Engine's own debug API: every GEMM of the fused layers, the sampled step's micro-batches summed) | fp8lab (fp8lab's hooks on TE's modules: the first micro-batch; fc2's input and fc1's gradient not seen). The emulated backend always reports from its own quantizers", choices=FP8_STATS_SOURCES)
+    fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: auto (te-debug where nvdlfw-inspect is installed, one process trains and TE's debug API passed its committed GPU check on this TE release, else fp8lab) | te-debug (Transformer Engine's own debug API: every GEMM of the fused layers, the sampled step's micro-batches summed) | fp8lab (fp8lab's hooks on TE's modules: the first micro-batch; fc2's input and fc1's gradient not seen). The emulated backend always reports from its own quantizers", choices=FP8_STATS_SOURCES)
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -36,6 +36,9 @@ class EnvReport:
     backends: dict[str, str | None] = field(default_factory=dict)
     auto_backend: str | None = None  # what backend 'auto' runs FP8 with here; None: refused (auto_refusal says why)
     auto_refusal: str | None = None
+    # who reads the FP8 casts of a one-process FP8 run of backend 'auto' here (--fp8-stats-source auto), and why
+    fp8_stats_source: str | None = None
+    fp8_stats_reason: str | None = None
 
     def usable_backends(self) -> list[str]:
         return [name for name, why in self.backends.items() if why is None]
@@ -60,6 +63,8 @@ class EnvReport:
         for name, why in self.backends.items():
             lines.append(f"  {name:<10} {'usable' if why is None else 'not usable: ' + why}")
         lines.append(f"backend 'auto'       {self.auto_backend or 'refused: ' + str(self.auto_refusal)}")
+        if self.fp8_stats_source or self.fp8_stats_reason:
+            lines.append(f"FP8 health read by   {self.fp8_stats_source or 'nobody'} ({self.fp8_stats_reason})")
         if self.auto_backend != "te":
             lines.append(f"Transformer Engine   {install_hint()}")
         return "\n".join(lines)
@@ -125,12 +130,14 @@ def report() -> EnvReport:
         backends = {"emulated": None if torch_version else "needs torch",
                     "te": f"fp8lab.convert failed to import: {exc}", "torchao": f"fp8lab.convert failed to import: {exc}"}
         auto, refusal = None, f"fp8lab.convert failed to import: {exc}"
+    stats_source, stats_reason = _fp8_stats_choice(auto)
     return EnvReport(
         python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
         torch=torch_version, cuda=cuda, gpu_count=count, gpu_name=gpu_name, compute_capability=cc,
         fp8_tensor_cores=fp8, fp8_reason=fp8_reason, transformer_engine=te_version,
         transformer_engine_error=te_error, torchao=ao_version, torchao_error=ao_error,
         transformers=hf_version, backends=backends, auto_backend=auto, auto_refusal=refusal,
+        fp8_stats_source=stats_source, fp8_stats_reason=stats_reason,
     )
 
 
@@ -142,6 +149,20 @@ def _auto_choice() -> tuple[str | None, str | None]:
         return pick_backend("auto"), None
     except BackendUnavailableError as exc:
         return None, str(exc)
+
+
+def _fp8_stats_choice(backend: str | None) -> tuple[str | None, str | None]:
+    """(source, why) that the plan's one rule (fp8lab.plan.fp8_stats_source) picks for a one-process FP8 run on
+    ``backend`` with every option at its default; (None, why) when that cannot be said."""
+    if backend is None:
+        return None, "no FP8 backend 'auto' runs here"
+    try:
+        from fp8lab.config import TrainConfig
+        from fp8lab.plan import fp8_stats_source
+
+        return fp8_stats_source(TrainConfig(precision="fp8"), backend, 1)
+    except Exception as exc:  # never crash the report
+        return None, f"could not be decided: {type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:

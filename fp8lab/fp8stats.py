@@ -57,6 +57,8 @@ def te_debug_checked(path=None) -> bool:
 
 
 TE_DEBUG_CHECKED = te_debug_checked()
+# the Transformer Engine the check ran on: auto trusts it on that TE (major.minor) only (fp8lab.te_debug.untested_te)
+TE_DEBUG_CHECKED_TE = (read_check(TE_DEBUG_CHECK) or {}).get("transformer_engine")
 KINDS = {"x": "activation", "w": "weight", "g": "gradient"}
 # --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
 # backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab.hardware import PEAK_BF16_DENSE, peak_bf16_flops  # noqa: F401 (re-exported: their old home)
+from fp8lab.pins import installed, installed_te
 
 STEP_KEYS = (
     "step", "tokens", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_sec", "tokens_per_sec_per_gpu",
@@ -115,22 +116,10 @@ def read_metrics(path: str | Path, record: str | None = None) -> list[dict[str, 
     return out
 
 
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for name in (dist, dist.replace("-", "_")):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return None
-
-
 def provenance(gpu_name: str, world_size: int, argv: list[str] | None) -> dict[str, Any]:
     """What ran where: versions, device, world size and the command (no host names or paths)."""
     import torch
 
-    te = _version("transformer-engine") or _version("transformer-engine-torch")
     return {
         "gpu_name": gpu_name,
         "world_size": world_size,
@@ -138,9 +127,10 @@ def provenance(gpu_name: str, world_size: int, argv: list[str] | None) -> dict[s
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "transformers": _version("transformers"),
-        "transformer_engine": te,
-        "torchao": _version("torchao"),
-        "fp8lab": _version("fp8lab"),
+        "transformers": installed("transformers"),
+        "transformer_engine": installed_te(),
+        "nvdlfw_inspect": installed("nvdlfw-inspect"),
+        "torchao": installed("torchao"),
+        "fp8lab": installed("fp8lab"),
         "command": "fp8lab train " + " ".join(argv) if argv is not None else " ".join(sys.argv),
     }

@@ -38,6 +38,23 @@ def install_hint() -> str:
             f"fp8lab/constraints-gpu.txt)")
 
 
+def installed(dist: str) -> str | None:
+    """The installed version of a distribution (``transformer-engine`` or its ``_`` spelling), without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in (dist, dist.replace("-", "_")):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def installed_te() -> str | None:
+    """Transformer Engine's installed version (the metapackage, or its PyTorch part where only that is installed)."""
+    return installed("transformer-engine") or installed("transformer-engine-torch")
+
+
 def te_supported(version: str | None) -> bool:
     """Whether a Transformer Engine version (e.g. '2.8.0', '2.20.2') has what fp8lab calls."""
     nums = re.findall(r"\d+", version or "")

@@ -379,7 +379,7 @@ def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: boo
 def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> tuple[str | None, str]:
     """--fp8-stats-source: who reads the FP8 casts (fp8lab.fp8stats.SOURCES), and why; a request that cannot be
     met is refused here, naming the option and what is allowed."""
-    from fp8lab.te_debug import unavailable
+    from fp8lab.te_debug import unavailable, untested_te
 
     asked = c.fp8_stats_source
     if backend != "te":
@@ -393,6 +393,8 @@ def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> 
         why_not = (f"TE's debug API is installed but its GPU check ({fp8stats.TE_DEBUG_CHECK.parent.name}/check.json: "
                    f"every step recorded, cost <= {fp8stats.COST_GOAL_PCT:g}%) is not committed yet; "
                    "--fp8-stats-source te-debug runs it")
+    elif asked == AUTO and not why_not:
+        why_not = untested_te(fp8stats.TE_DEBUG_CHECKED_TE)
     if asked == fp8stats.TE_DEBUG:
         if why_not and c.precision == "fp8" and c.fp8_stats_every:
             raise ValueError(f"--fp8-stats-source te-debug cannot run here: {why_not}; allowed here: auto | {fp8stats.OWN}")

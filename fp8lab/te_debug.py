@@ -52,6 +52,20 @@ def unavailable() -> str | None:
     return None
 
 
+def untested_te(checked: str | None) -> str | None:
+    """None when the installed Transformer Engine is the release (major.minor) that the committed GPU check ran on
+    (``checked``: fp8lab.fp8stats.TE_DEBUG_CHECKED_TE), else why auto does not rely on the check here: TE's debug
+    features and their statistics' names change between releases."""
+    from fp8lab.pins import installed_te
+
+    here = installed_te()
+    release = lambda v: ".".join(re.findall(r"\d+", v or "")[:2])  # noqa: E731
+    if checked and here and release(here) == release(checked):
+        return None
+    return (f"TE's debug API was checked on Transformer Engine {checked or 'of an unrecorded version'}, "
+            f"this machine has {here or 'an unknown version'}")
+
+
 def config(every: int, delayed: bool) -> dict[str, Any]:
     """The debug API's config (the YAML's content, as a dict): the two statistics features on every TE GEMM module
     (fp8lab names them after their module paths in :func:`attach`; LayerNormMLP's GEMMs are ``<name>.fc1`` and

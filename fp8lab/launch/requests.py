@@ -19,12 +19,14 @@ from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
 from fp8lab.plan import PLANNED_ENV
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
+from fp8lab.pins import requirement
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine, pinned by fp8lab/constraints-gpu.txt, where the job
 # installs it (fp8lab.launch.image.installs_te: asked for, or the image's TE is too old or unknown),
-# because it compiles against the image's CUDA (minutes).
-JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm")
+# because it compiles against the image's CUDA (minutes). nvdlfw-inspect (pure Python, pinned there too) is
+# TE's debug API: --fp8-stats-source auto reads a TE job's FP8 health through it, as on a set-up GPU machine.
+JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm", requirement("nvdlfw-inspect"))
 
 
 # ----------------------------------------------------------------------------------------------

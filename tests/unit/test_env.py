@@ -137,3 +137,23 @@ def test_env_check_on_this_cpu_machine_passes():
     out = subprocess.run([sys.executable, "-m", "fp8lab", "env", "--check"], capture_output=True, text=True)
     if not torch.cuda.is_available():
         assert out.returncode == 0 and "no CUDA GPU" in out.stdout
+
+
+def test_env_says_who_reads_the_fp8_casts_by_the_plans_rule(monkeypatch):
+    from fp8lab import fp8stats, te_debug
+
+    rep = env.report()
+    if rep.auto_backend == "emulated":  # this CPU machine: the emulator's own quantizers
+        assert rep.fp8_stats_source == fp8stats.OWN and "emulated backend" in rep.fp8_stats_reason
+        assert "FP8 health read by   fp8lab (emulated backend" in str(rep)
+    monkeypatch.setattr(te_debug, "unavailable", lambda: None)
+    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", True)
+    monkeypatch.setattr(te_debug, "untested_te", lambda checked: None)  # the TE release the check ran on
+    assert env._fp8_stats_choice("te")[0] == fp8stats.TE_DEBUG
+    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", False)  # installed, but its GPU check not committed
+    source, why = env._fp8_stats_choice("te")
+    assert source == fp8stats.OWN and "check.json" in why
+    monkeypatch.setattr(te_debug, "unavailable", lambda: "nvdlfw-inspect is not installed (pip install nvdlfw-inspect)")
+    source, why = env._fp8_stats_choice("te")
+    assert source == fp8stats.OWN and "nvdlfw-inspect is not installed" in why
+    assert env._fp8_stats_choice(None) == (None, "no FP8 backend 'auto' runs here")

@@ -213,7 +213,7 @@ def test_te_debug_scalars_become_fp8stats_rows():
 
 
 def test_the_plan_picks_who_reads_the_casts(monkeypatch):
-    from fp8lab import te_debug
+    from fp8lab import pins, te_debug
     from fp8lab.hardware import Machine
     from fp8lab.plan import plan_run
     from fp8lab.train import TrainConfig
@@ -231,6 +231,12 @@ def test_the_plan_picks_who_reads_the_casts(monkeypatch):
     assert unchecked.fp8_stats_source == fp8stats.OWN and "GPU check" in unchecked.all_reasons()["fp8_stats"]
     assert plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200).fp8_stats_source == fp8stats.TE_DEBUG
     monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", True)
+    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED_TE", "2.20.2")
+    monkeypatch.setattr(pins, "installed_te", lambda: "2.8.0+abc")  # checked on another TE release: not trusted
+    other = plan_run(TrainConfig(**fp8), h200)
+    assert other.fp8_stats_source == fp8stats.OWN and "checked on Transformer Engine 2.20.2, this machine has 2.8.0+abc" in \
+        other.all_reasons()["fp8_stats"]
+    monkeypatch.setattr(pins, "installed_te", lambda: "2.20.1")  # the same release (major.minor)
     auto = plan_run(TrainConfig(**fp8), h200)
     assert auto.fp8_stats_source == fp8stats.TE_DEBUG and "TE's debug API" in auto.all_reasons()["fp8_stats"]
     assert auto.record()["fp8_stats_source"] == "te-debug" and "fp8_stats_source" not in auto.decisions()  # not a job's check

@@ -42,6 +42,8 @@ def test_the_default_image_s_te_is_too_old_so_the_job_installs_the_pinned_one(tm
     assert image.job_requirements(True, "2.8") == [f"transformer-engine[pytorch,core_cu12]=={pins()['transformer-engine']}"]
     assert image.job_requirements(True, "2.99") == [f"transformer-engine[pytorch]=={pins()['transformer-engine']}"]
     assert (staged / "fp8lab" / "constraints-gpu.txt").is_file()  # the pins travel with the package
+    # TE's debug API, pinned like TE: --fp8-stats-source auto can read the job's FP8 health through it
+    assert f"nvdlfw-inspect=={pins()['nvdlfw-inspect']}" in (staged / "requirements.txt").read_text().splitlines()
 
 
 def test_an_image_with_a_supported_te_installs_nothing(monkeypatch, tmp_path):
