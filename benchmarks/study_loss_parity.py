@@ -37,9 +37,12 @@ from throughput import REPO, _arg_value, collect_variant, variant_command  # noq
 RUNS = {"bf16-s1234": ("te-bf16", 1234), "bf16-s4321": ("te-bf16", 4321),
         "fp8-delayed": ("te-fp8-delayed", 1234), "fp8-current": ("te-fp8-current", 1234)}
 # The follow-up the first results asked for (benchmarks/studies/loss_parity_20m.md): two more BF16 seeds (a band
-# from four) and FP8 delayed at the second seed (a second same-seed pair). --runs names them; the default is RUNS.
+# from four) and FP8 delayed at the second seed (a second same-seed pair); then (session 15) FP8 current at the
+# second seed and FP8 delayed at a third, so that each recipe's mean is of more than one run. --runs names them;
+# the default is RUNS.
 FOLLOW_UP = {"bf16-s2025": ("te-bf16", 2025), "bf16-s7777": ("te-bf16", 7777),
-             "fp8-delayed-s4321": ("te-fp8-delayed", 4321)}
+             "fp8-delayed-s4321": ("te-fp8-delayed", 4321), "fp8-current-s4321": ("te-fp8-current", 4321),
+             "fp8-delayed-s2025": ("te-fp8-delayed", 2025)}
 ALL_RUNS = {**RUNS, **FOLLOW_UP}
 CPU_VARIANTS = {"te-bf16": ["--precision", "bf16", "--backend", "emulated"],  # the same script path on a CPU
                 "te-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
