@@ -123,6 +123,12 @@ def tensor_stats(t, fmt, scale, quantized=None):
                         torch.as_tensor(scale, dtype=torch.float32, device=a.device).reshape(()) if scale is not None else nan])
 
 
+def row(layer: str, kind: str, fmt: str, amax, scale, underflow, saturation) -> dict[str, Any]:
+    """One GEMM operand's line of an ``fp8_stats`` record, whichever source read it (None: not applicable)."""
+    return {"layer": layer, "kind": kind, "format": fmt, "amax": amax, "scale": scale, "underflow": underflow,
+            "saturation": saturation}
+
+
 class HealthStats:
     """Collects one record every ``every`` steps; the backends report casts through :func:`observe`."""
 
@@ -159,8 +165,8 @@ class HealthStats:
 
         values = torch.stack([r[3] for r in self._rows]).cpu().tolist()
         finite = lambda v: None if v != v else v  # noqa: E731 (NaN: not applicable)
-        layers = [{"layer": site, "kind": kind, "format": fmt, "amax": v[0], "scale": finite(v[3]), "underflow": v[1],
-                   "saturation": finite(v[2])} for (site, kind, fmt, _), v in zip(self._rows, values)]
+        layers = [row(site, kind, fmt, amax=v[0], scale=finite(v[3]), underflow=v[1], saturation=finite(v[2]))
+                  for (site, kind, fmt, _), v in zip(self._rows, values)]
         return self.with_warnings({"record": RECORD, "step": step, "layers": layers})
 
     def with_warnings(self, rec: dict[str, Any]) -> dict[str, Any]:

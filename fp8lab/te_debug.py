@@ -130,9 +130,9 @@ def rows(values: list[tuple[str, Any, int]], step: int, formats: dict[str, str],
     for (layer, role), s in by_site.items():
         inv = s.get("scale_inv_min")
         sat = s.get("overflows%")
-        out.append({"layer": layer, "kind": fp8stats.KINDS[role], "format": formats[role], "amax": s.get("cur_amax"),
-                    "scale": (1.0 / inv) if inv and per_tensor else None, "underflow": s.get("underflows%", 0.0) / 100,
-                    "saturation": sat / 100 if sat is not None else None})
+        out.append(fp8stats.row(layer, fp8stats.KINDS[role], formats[role], amax=s.get("cur_amax"),
+                                scale=(1.0 / inv) if inv and per_tensor else None,
+                                underflow=s.get("underflows%", 0.0) / 100, saturation=sat / 100 if sat is not None else None))
     order = {r: i for i, r in enumerate(fp8stats.KINDS.values())}
     return sorted(out, key=lambda r: (r["layer"], order[r["kind"]]))
 
