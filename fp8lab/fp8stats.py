@@ -18,10 +18,10 @@ Where the numbers come from:
   delayed scaling and ``max / amax`` under current scaling. Inside LayerNormMLP only fc1's input
   and fc2's output gradient are visible (fc2's input and fc1's gradient stay inside TE's kernel).
   That is ``--fp8-stats-source fp8lab``.
-* ``--fp8-stats-source te-debug`` (auto's choice on TE, one process, once nvdlfw-inspect is installed and the GPU
-  check ``TE_DEBUG_CHECK`` is committed): TE's own
-  debug API (LogFp8TensorStats, LogTensorStats) sees every GEMM of the fused modules, fc2's input and fc1's
-  gradient included, summed over the sampled step's micro-batches (fp8lab.te_debug).
+* ``--fp8-stats-source te-debug`` (auto's choice on TE, one process, only where nvdlfw-inspect is installed and the
+  committed GPU check ``TE_DEBUG_CHECK`` passed; on TE 2.20.2 it failed on cost, 18.7 s a sample at llama-1b):
+  TE's own debug API (LogFp8TensorStats, LogTensorStats) sees every GEMM of the fused modules, fc2's input and
+  fc1's gradient included, summed over the sampled step's micro-batches (fp8lab.te_debug).
 
 Off (decided once by fp8lab.plan, with the reason) for BF16 runs, under CUDA graphs (a replayed graph runs no
 Python hooks) and under ``--compile`` (the hooks' state would recompile the blocks at each sample).
@@ -48,7 +48,8 @@ COST_GOAL_PCT = 2.0  # issue 31: what the statistics may cost at the default int
 
 # auto picks TE's debug API only once its GPU check is committed and passed (benchmarks/fp8stats_overhead.py --check:
 # on an H200, llama-1b FP8 at the default layout, every sampled step recorded, and its cost at the default interval
-# <= COST_GOAL_PCT); before that --fp8-stats-source te-debug runs it on request
+# <= COST_GOAL_PCT); otherwise --fp8-stats-source te-debug runs it on request. The committed check (H200, TE 2.20.2)
+# recorded every GEMM but failed on cost: a sample added 18.7 s to a 1.28 s step (the hooks: 0.29 s)
 TE_DEBUG_CHECK = RESULTS_DIR / "fp8stats-sources" / "check.json"
 
 
@@ -57,6 +58,8 @@ def te_debug_checked(path=None) -> bool:
 
 
 TE_DEBUG_CHECKED = te_debug_checked()
+# why a committed check did not pass (its "problems"); empty when it passed or none is committed
+TE_DEBUG_CHECK_PROBLEMS = [str(p) for p in (read_check(TE_DEBUG_CHECK) or {}).get("problems") or []]
 # the Transformer Engine the check ran on: auto trusts it on that TE (major.minor) only (fp8lab.te_debug.untested_te)
 TE_DEBUG_CHECKED_TE = (read_check(TE_DEBUG_CHECK) or {}).get("transformer_engine")
 KINDS = {"x": "activation", "w": "weight", "g": "gradient"}

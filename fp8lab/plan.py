@@ -390,9 +390,11 @@ def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> 
     why_not = ("several processes (TE's debug statistics are gathered per process group; fp8lab samples rank 0)"
                if world_size > 1 else unavailable())
     if asked == AUTO and not why_not and not fp8stats.TE_DEBUG_CHECKED:
-        why_not = (f"TE's debug API is installed but its GPU check ({fp8stats.TE_DEBUG_CHECK.parent.name}/check.json: "
-                   f"every step recorded, cost <= {fp8stats.COST_GOAL_PCT:g}%) is not committed yet; "
-                   "--fp8-stats-source te-debug runs it")
+        check = f"{fp8stats.TE_DEBUG_CHECK.parent.name}/check.json"
+        why_not = ((f"TE's debug API failed its GPU check ({check}: {'; '.join(fp8stats.TE_DEBUG_CHECK_PROBLEMS)})"
+                    if fp8stats.TE_DEBUG_CHECK_PROBLEMS else
+                    f"TE's debug API is installed but its GPU check ({check}: every step recorded, cost <= "
+                    f"{fp8stats.COST_GOAL_PCT:g}%) is not committed yet") + "; --fp8-stats-source te-debug runs it")
     elif asked == AUTO and not why_not:
         why_not = untested_te(fp8stats.TE_DEBUG_CHECKED_TE)
     if asked == fp8stats.TE_DEBUG:

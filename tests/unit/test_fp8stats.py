@@ -2,6 +2,8 @@
 and kind, and the early warning when a layer stays past its threshold."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -227,8 +229,15 @@ def test_the_plan_picks_who_reads_the_casts(monkeypatch):
         plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200)
     monkeypatch.setattr(te_debug, "unavailable", lambda: None)
     monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", False)  # installed, its GPU check not committed: asked for only
+    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECK_PROBLEMS", [])
     unchecked = plan_run(TrainConfig(**fp8), h200)
     assert unchecked.fp8_stats_source == fp8stats.OWN and "GPU check" in unchecked.all_reasons()["fp8_stats"]
+    assert "not committed yet" in unchecked.all_reasons()["fp8_stats"]
+    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECK_PROBLEMS", ["cost at the default interval (25 steps): 58.7% > 2%"])
+    failed = plan_run(TrainConfig(**fp8), h200)  # committed, and failed: the reason says why
+    assert failed.fp8_stats_source == fp8stats.OWN
+    assert "failed its GPU check (fp8stats-sources/check.json: cost at the default interval (25 steps): 58.7% > 2%)" \
+        in failed.all_reasons()["fp8_stats"]
     assert plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200).fp8_stats_source == fp8stats.TE_DEBUG
     monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", True)
     monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED_TE", "2.20.2")
@@ -260,6 +269,10 @@ def test_te_debug_check_reads_the_committed_result(tmp_path):
     (tmp_path / "no.json").write_text('{"passed": false}')
     (tmp_path / "yes.json").write_text('{"passed": true}')
     assert [fp8stats.te_debug_checked(tmp_path / f) for f in ("no.json", "yes.json")] == [False, True]
+    committed = json.loads(fp8stats.TE_DEBUG_CHECK.read_text()) if fp8stats.TE_DEBUG_CHECK.exists() else {}
+    assert fp8stats.TE_DEBUG_CHECKED is (committed.get("passed") is True)  # what auto reads is the committed file
+    assert fp8stats.TE_DEBUG_CHECK_PROBLEMS == committed.get("problems", [])
+    assert bool(fp8stats.TE_DEBUG_CHECK_PROBLEMS) is (not fp8stats.TE_DEBUG_CHECKED and bool(committed))
     from fp8lab.plan import decision_results
 
     assert fp8stats.TE_DEBUG_CHECK in decision_results()  # a SageMaker job carries it and decides as its plan did
