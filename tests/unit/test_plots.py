@@ -214,12 +214,12 @@ def test_the_parity_figure_draws_each_run_and_the_band_from_the_committed_study(
     curves = analysis.parity_curves(analysis.load_runs(RESULTS_DIR / "loss-parity-20m"))
     fig = plots.parity_figure(curves)
     top, bottom = fig.axes[:2]
-    assert len(top.get_lines()) == 4 and {t.get_text() for t in top.get_legend().get_texts()} == {
+    assert len(top.get_lines()) == 6 and {t.get_text() for t in top.get_legend().get_texts()} == {
         "BF16: range of 4 seeds", "BF16: their mean", "FP8 delayed (seed 1234)", "FP8 delayed (seed 4321)",
-        "FP8 current (seed 1234)"}
+        "FP8 delayed (seed 2025)", "FP8 current (seed 1234)", "FP8 current (seed 4321)"}
     bf16 = curves[curves["precision"] == "bf16"].pivot_table(index="step", columns="run_id", values="val_loss")
     assert top.get_lines()[0].get_ydata()[-1] == pytest.approx(bf16.mean(axis=1).iloc[-1])  # the mean, dashed
-    assert len(top.collections) == 1 and len(bottom.get_lines()) == 3 + 1  # the range; 3 FP8 gaps and the zero line
+    assert len(top.collections) == 1 and len(bottom.get_lines()) == 5 + 1  # the range; 5 FP8 gaps and the zero line
     assert len(bottom.collections) == 1  # the band
     empty = plots.parity_figure(analysis.parity_curves(pd.DataFrame()))
     assert "two or more BF16 seeds" in empty.axes[0].texts[0].get_text()
