@@ -123,6 +123,22 @@ def _run_labels(frame: pd.DataFrame) -> dict[str, str]:
     return {rid: f"{lab} [{rid}]" if counts[lab] > 1 else lab for rid, lab in label.items()}
 
 
+def _seed_groups(frame: pd.DataFrame, label: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(run -> its group, group -> its legend entry): runs whose label differs only by the run id that
+    :func:`_run_labels` appends to runs alike are one group, named with how many seeds (or runs) it holds."""
+    group = {rid: re.sub(r" \[[^\]]*\]$", "", lab) for rid, lab in label.items()}
+    seeds = dict(frame.drop_duplicates("run_id")[["run_id", "seed"]].values) if "seed" in frame else {}
+    entry = {}
+    for name in dict.fromkeys(group.values()):
+        members = [rid for rid, g in group.items() if g == name]
+        if len(members) == 1:
+            entry[name] = label[members[0]]
+            continue
+        known = {seeds.get(rid) for rid in members if pd.notna(seeds.get(rid))}
+        entry[name] = f"{name} ({len(members)} {'seeds' if len(known) == len(members) else 'runs'})"
+    return group, entry
+
+
 def _ordered_variants(frame: pd.DataFrame) -> list[str]:
     v = frame[["variant", "precision"]].drop_duplicates("variant")
     return sorted(v["variant"], key=lambda x: (is_fp8(dict(v.values).get(x)), x))
@@ -272,9 +288,13 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
         g = steps[steps["model"] == model]
         x_col = "tokens" if g["tokens"].notna().all() else "step"
         label = _run_labels(g)
-        prec = {label[k]: p for k, p in g.drop_duplicates("run_id")[["run_id", "precision"]].values}
-        colors = _variant_colors(sorted(prec, key=lambda v: (is_fp8(prec[v]), v)), prec)
-        curves = {}
+        # runs alike but for their seed (a loss study's seeds) share a colour and one legend entry, so that the
+        # legend lists kinds of run, not every seed; notebook 05's parity figure tells the seeds apart
+        group, entry = _seed_groups(g, label)
+        prec = {group[k]: p for k, p in g.drop_duplicates("run_id")[["run_id", "precision"]].values}
+        by_group = _variant_colors(sorted(prec, key=lambda v: (is_fp8(prec[v]), v)), prec)
+        colors = {label[k]: by_group[group[k]] for k in label}
+        curves, shown = {}, set()
         for run_id, r in g.groupby("run_id", sort=True):
             r = r.sort_values("step")
             sm = smooth(r["loss"], smoothing, smoothing_span).to_numpy()
@@ -282,8 +302,10 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             c = colors[label[run_id]]
             top.plot(x, r["loss"], color=c, alpha=0.25, lw=0.8)
             base = not is_fp8(r["precision"].iloc[0])  # BF16 on top, dashed: the FP8 curves it tracks never hide it
+            first = group[run_id] not in shown
+            shown.add(group[run_id])
             top.plot(x, sm, color=c, lw=2.0 if base else 1.6, ls="--" if base else "-", zorder=4 if base else 3,
-                     label=label[run_id], gid=f"smoothed:{run_id}")
+                     label=entry[group[run_id]] if first else "_nolegend_", gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
         top.set_title(str(model))
         top.set_ylabel("loss")
@@ -303,21 +325,26 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
 
 
 def _gap_panel(bottom, g: pd.DataFrame, curves: dict, colors: dict, label: dict, x_col: str) -> None:
-    """Each FP8 run's smoothed loss against the BF16 run of its study (else the first BF16 run), in percent."""
+    """Each FP8 run's smoothed loss against the BF16 run of its study and seed (else of its study, else the first
+    BF16 run), in percent."""
     study = dict(g[["run_id", "study"]].drop_duplicates("run_id").values) if "study" in g else {}
+    seed = dict(g[["run_id", "seed"]].drop_duplicates("run_id").values) if "seed" in g else {}
     base = [k for k, v in curves.items() if not v[0]]
     for run_id, (fp8, x, sm) in curves.items():
         if not fp8 or not base:
             continue
-        # the BF16 run of the same study (same data, order and hyperparameters), else the first BF16 run
-        base_id = ([k for k in base if study.get(k) == study.get(run_id)] or base)[0]
+        # the BF16 run of the same study (same data, order and hyperparameters) and seed (the same initial weights
+        # and data order: a study with several seeds), else of the same study, else the first BF16 run
+        same_study = [k for k in base if study.get(k) == study.get(run_id)]
+        twin = [k for k in same_study if pd.notna(seed.get(run_id)) and seed.get(k) == seed.get(run_id)]
+        base_id = (twin or same_study or base)[0]
         _, bx, bsm = curves[base_id]
         inside = (x >= bx.min()) & (x <= bx.max())
         gap = 100 * (sm[inside] - np.interp(x[inside], bx, bsm)) / np.interp(x[inside], bx, bsm)
         bottom.plot(x[inside], gap, color=colors[label[run_id]], label=f"{label[run_id]} vs {label[base_id]}",
                     gid=f"gap:{run_id}")
     bottom.axhline(0, color="0.3", lw=0.8, ls="--")
-    bottom.set_ylabel("FP8 - BF16 of its study\n(% of BF16)", fontsize=9)
+    bottom.set_ylabel("FP8 - BF16 of its study\nand seed (% of BF16)", fontsize=9)
     bottom.set_xlabel(x_col)
     if not bottom.lines[:-1]:  # this model has only one precision (another model has both)
         bottom.text(0.5, 0.5, "needs a BF16 and an FP8 run", ha="center", transform=bottom.transAxes, color="0.4")

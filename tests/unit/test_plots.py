@@ -115,6 +115,25 @@ def test_loss_leaves_out_throughput_runs_and_compares_within_a_study(tmp_path):
                                                                  "bf16 te (loss-b)", "fp8 te delayed fused (loss-b)"}
 
 
+def test_loss_figure_names_each_kind_of_run_once_and_gaps_each_fp8_seed_against_its_bf16_twin(tmp_path):
+    """A loss study with seeds (issue 31's): the legend lists kinds of run with their seed count, not one entry per
+    seed (the parity figure tells seeds apart), and each FP8 run's gap is to the BF16 run of its own seed (the same
+    initial weights and data order), not to the first BF16 run."""
+    for seed, bf_scale, fp_scale in ((1, 1.0, 1.01), (2, 1.1, 1.1 * 1.03), (3, 0.9, 0.9 * 0.98)):
+        for prec, scale in (("bf16", bf_scale), ("fp8", fp_scale)):
+            analysis.write_result_file(tmp_path / f"{prec}-s{seed}.jsonl",
+                                       run_meta("llama-1b", prec, run_id=f"{prec}-s{seed}", study="parity", variant=prec,
+                                                seed=seed), step_records(20, 1000.0, prec, loss_scale=scale))
+    fig = plots.loss_figure(analysis.load_runs(tmp_path), smoothing="none")
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["bf16 te (3 seeds)", "fp8 te delayed fused (3 seeds)"]
+    assert len({l.get_color() for l in top.lines if l.get_gid()}) == 2  # one colour per kind of run
+    gaps = {l.get_gid(): l.get_ydata() for l in bottom.lines if l.get_gid()}
+    assert gaps["gap:fp8-s1"] == pytest.approx(np.full(20, 1.0))
+    assert gaps["gap:fp8-s2"] == pytest.approx(np.full(20, 3.0))  # against bf16-s2, not bf16-s1 (+12.3%)
+    assert gaps["gap:fp8-s3"] == pytest.approx(np.full(20, -2.0))
+
+
 def test_mfu_bars_are_percent(tables):
     _, summary, _ = tables
     ax = plots.mfu_figure(summary).axes[0]
