@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 
 from fp8lab.analysis import group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
 from fp8lab.analysis.parity import MIN_BAND_PCT
+from fp8lab.analysis.summary import same_seed
 
 NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
@@ -111,32 +112,34 @@ def _variant_colors(variants: list[str], precisions: dict[str, str]) -> dict[str
     return colors
 
 
-def _run_labels(frame: pd.DataFrame) -> dict[str, str]:
-    """A short legend label per run: its variant, with its study where runs of several studies share
-    a panel, and its run id only where that still leaves two runs alike."""
+def _kind_labels(frame: pd.DataFrame) -> dict[str, str]:
+    """The kind of each run, as a legend names it: its variant, with its study where runs of several studies
+    share a panel (runs alike, e.g. a study's seeds, share a kind)."""
     meta = frame.drop_duplicates("run_id").set_index("run_id")
     studies = meta["study"] if "study" in meta else pd.Series(index=meta.index, dtype=object)
     several = studies.dropna().nunique() > 1
-    label = {rid: f"{m['variant']} ({studies[rid]})" if several and isinstance(studies[rid], str) else str(m["variant"])
-             for rid, m in meta.iterrows()}
+    return {rid: f"{m['variant']} ({studies[rid]})" if several and isinstance(studies[rid], str) else str(m["variant"])
+            for rid, m in meta.iterrows()}
+
+
+def _run_labels(frame: pd.DataFrame) -> dict[str, str]:
+    """A short legend label per run: its kind (:func:`_kind_labels`), and its run id only where that still
+    leaves two runs alike."""
+    label = _kind_labels(frame)
     counts = pd.Series(list(label.values())).value_counts()
     return {rid: f"{lab} [{rid}]" if counts[lab] > 1 else lab for rid, lab in label.items()}
 
 
-def _seed_groups(frame: pd.DataFrame, label: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(run -> its group, group -> its legend entry): runs whose label differs only by the run id that
-    :func:`_run_labels` appends to runs alike are one group, named with how many seeds (or runs) it holds."""
-    group = {rid: re.sub(r" \[[^\]]*\]$", "", lab) for rid, lab in label.items()}
+def _kind_entries(frame: pd.DataFrame, kind: dict[str, str]) -> dict[str, str]:
+    """Kind -> its legend entry: the kind, and how many seeds (or runs) it holds where it holds several."""
     seeds = dict(frame.drop_duplicates("run_id")[["run_id", "seed"]].values) if "seed" in frame else {}
     entry = {}
-    for name in dict.fromkeys(group.values()):
-        members = [rid for rid, g in group.items() if g == name]
-        if len(members) == 1:
-            entry[name] = label[members[0]]
-            continue
+    for name in dict.fromkeys(kind.values()):
+        members = [rid for rid, k in kind.items() if k == name]
         known = {seeds.get(rid) for rid in members if pd.notna(seeds.get(rid))}
-        entry[name] = f"{name} ({len(members)} {'seeds' if len(known) == len(members) else 'runs'})"
-    return group, entry
+        entry[name] = name if len(members) == 1 else \
+            f"{name} ({len(members)} {'seeds' if len(known) == len(members) else 'runs'})"
+    return entry
 
 
 def _ordered_variants(frame: pd.DataFrame) -> list[str]:
@@ -290,7 +293,8 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
         label = _run_labels(g)
         # runs alike but for their seed (a loss study's seeds) share a colour and one legend entry, so that the
         # legend lists kinds of run, not every seed; notebook 05's parity figure tells the seeds apart
-        group, entry = _seed_groups(g, label)
+        group = _kind_labels(g)
+        entry = _kind_entries(g, group)
         prec = {group[k]: p for k, p in g.drop_duplicates("run_id")[["run_id", "precision"]].values}
         by_group = _variant_colors(sorted(prec, key=lambda v: (is_fp8(prec[v]), v)), prec)
         colors = {label[k]: by_group[group[k]] for k in label}
@@ -328,15 +332,16 @@ def _gap_panel(bottom, g: pd.DataFrame, curves: dict, colors: dict, label: dict,
     """Each FP8 run's smoothed loss against the BF16 run of its study and seed (else of its study, else the first
     BF16 run), in percent."""
     study = dict(g[["run_id", "study"]].drop_duplicates("run_id").values) if "study" in g else {}
-    seed = dict(g[["run_id", "seed"]].drop_duplicates("run_id").values) if "seed" in g else {}
+    meta = g.drop_duplicates("run_id").set_index("run_id", drop=False)
     base = [k for k, v in curves.items() if not v[0]]
     for run_id, (fp8, x, sm) in curves.items():
         if not fp8 or not base:
             continue
-        # the BF16 run of the same study (same data, order and hyperparameters) and seed (the same initial weights
-        # and data order: a study with several seeds), else of the same study, else the first BF16 run
+        # the BF16 run of the same study (same data, order and hyperparameters) and seed (analysis' pairing rule:
+        # the same initial weights and data order, where the study has several seeds), else of the same study,
+        # else the first BF16 run
         same_study = [k for k in base if study.get(k) == study.get(run_id)]
-        twin = [k for k in same_study if pd.notna(seed.get(run_id)) and seed.get(k) == seed.get(run_id)]
+        twin = list(same_seed(meta.loc[same_study], meta["seed"].get(run_id) if "seed" in meta else None)["run_id"])
         base_id = (twin or same_study or base)[0]
         _, bx, bsm = curves[base_id]
         inside = (x >= bx.min()) & (x <= bx.max())

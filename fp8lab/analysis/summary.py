@@ -162,12 +162,18 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
     return pd.DataFrame(rows, columns=cols)
 
 
+def same_seed(bf16: pd.DataFrame, seed) -> pd.DataFrame:
+    """The BF16 runs among ``bf16`` with ``seed`` (the same initial weights and data order as the FP8 run of that
+    seed), where they are a noise band (two or more seeds); none where the seed is unknown or there is one seed."""
+    if "seed" not in bf16 or pd.isna(seed) or bf16["seed"].nunique() < 2:
+        return bf16.iloc[0:0]
+    return bf16[bf16["seed"] == seed]
+
+
 def _same_seed(bf16: pd.DataFrame, fp8_run: pd.Series, fastest: pd.Series) -> pd.Series:
     """The BF16 baseline of an FP8 run: where several BF16 runs of one set-up differ in seed (a noise band),
-    the one with the FP8 run's seed (the same init and data order); else the fastest."""
-    if "seed" not in bf16 or pd.isna(fp8_run.get("seed")) or bf16["seed"].nunique() < 2:
-        return fastest
-    same = bf16[bf16["seed"] == fp8_run["seed"]]
+    the one with the FP8 run's seed (:func:`same_seed`); else the fastest."""
+    same = same_seed(bf16, fp8_run.get("seed"))
     return same.loc[same["tokens_per_sec_per_gpu"].idxmax()] if len(same) else fastest
 
 
