@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Create .venv and install fp8lab with everything the notebooks and tests need: one command for a
-# CPU machine and an NVIDIA GPU machine. Idempotent: a second run only checks what is installed.
+# CPU machine and an NVIDIA GPU machine. Idempotent: a run that finds the venv as the last complete
+# set-up left it (its stamp: the digests of the pin files and fp8lab's version) says so and stops in
+# seconds; `rm .venv/.fp8lab-setup` forces a full run.
 #
-#  - no NVIDIA GPU: the CPU build of torch first (never a multi-GB CUDA build), then fp8lab.
+#  - no NVIDIA GPU: the CPU build of torch first (never a multi-GB CUDA build), then fp8lab, both with
+#    requirements-cpu.lock as pip constraints (every package pinned: pip never backtracks; regenerate it
+#    with scripts/lock.sh); ends with `pip check`.
 #  - NVIDIA GPU: the tested torch + Transformer Engine (TE) + torchao of fp8lab/constraints-gpu.txt
 #    (the one place the GPU stack is pinned). TE's PyTorch part compiles here (several minutes),
 #    with CUDA's compiler and headers from pip's NVIDIA packages when the machine has no toolkit.
@@ -13,7 +17,8 @@
 # Environment (all optional):
 #   PYTHON             interpreter the venv is made from (python3)
 #   FP8LAB_VENV        the venv (.venv)
-#   FP8LAB_TORCH_SPEC  the torch to install instead of the CPU build / the pinned one
+#   FP8LAB_TORCH_SPEC  the torch to install instead of the CPU build / the pinned one (CPU: resolved
+#                      without the lock, whose pins are for its own torch)
 #   FP8LAB_EXTRAS      fp8lab's pip extras (default: requirements.txt + dev,aws,notebooks)
 #   FP8LAB_WHEELS      offline: a folder of wheels; every pip call uses --no-index --find-links it
 #   FP8LAB_TE_KIT      a prebuilt TE kit (its install_te.sh and payload/; default .gpu/te-h200 where
@@ -24,9 +29,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${FP8LAB_VENV:-.venv}
 PINS=fp8lab/constraints-gpu.txt
+LOCK=requirements-cpu.lock
 KIT=${FP8LAB_TE_KIT:-.gpu/te-h200}
 LOG_DIR=${TMPDIR:-/tmp}
 pin() { sed -n "s/^$1==\([^ #]*\).*/\1/p" "$PINS"; }
+lock_field() { sed -n "s/^# $1: //p" "$LOCK"; }  # the lock's header: cpu-torch, python
 say() { echo "[setup] $*"; }
 # pip's notes about this machine's local package mirrors are noise; errors still show (and the
 # import check below fails the set-up if anything is missing)
@@ -68,6 +75,21 @@ print(f"{sys.version_info[0]}.{sys.version_info[1]} {v} {c}")'
 # $1 torch version, $2 its CUDA version: a CUDA build of the pinned torch release (major.minor)
 torch_fits() { [ "$2" != "-" ] && [ "$(echo "${1%%+*}" | cut -d. -f1-2)" = "$(pin torch | cut -d. -f1-2)" ]; }
 
+# The stamp of a complete set-up: what it installed from (the pin files' digests, fp8lab's version, the
+# options, this checkout) and, last, what it reported. A run that computes the same key has nothing to do.
+STAMP="$VENV/.fp8lab-setup"
+stamp_key() {
+  local version; version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' fp8lab/__init__.py)
+  echo "fp8lab $version; $(cat "$LOCK" "$PINS" pyproject.toml requirements.txt | sha256sum | cut -c1-16);" \
+       "gpu ${GPU:-none}; torch ${FP8LAB_TORCH_SPEC:-default}; extras ${FP8LAB_EXTRAS-default}; wheels ${FP8LAB_WHEELS:-index};" \
+       "python $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo none); $(pwd -P)"
+}
+kernel_registered() {  # the kernel in the venv and in the user's Jupyter folder (Linux or macOS)
+  [ -f "$VENV/share/jupyter/kernels/fp8lab/kernel.json" ] && \
+  { [ -f "${JUPYTER_DATA_DIR:-$HOME/.local/share/jupyter}/kernels/fp8lab/kernel.json" ] || \
+    [ -f "$HOME/Library/Jupyter/kernels/fp8lab/kernel.json" ]; }
+}
+
 GPU=""
 if [ "${FP8LAB_CPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
   GPU=$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
@@ -77,14 +99,31 @@ if [ "${FP8LAB_CPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
   fi
 fi
 
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(head -1 "$STAMP")" = "$(stamp_key)" ] && kernel_registered; then
+  say "$VENV is up to date: set up from these pin files, fp8lab version and options ($STAMP; remove it to redo)"
+  say "ready: $(sed -n 2p "$STAMP")"
+  exit 0
+fi
+rm -f "$STAMP"
+
 if [ -z "$GPU" ]; then  # ---------------------------------------------------------------- CPU
   if [ ! -x "$VENV/bin/python" ]; then
     say "creating $VENV with $($PY --version)"
     "$PY" -m venv "$VENV"
   fi
+  # the lock pins every package but torch, for Python >= its floor and its own CPU torch
+  CONSTRAIN=(-c "$LOCK")
+  PYV=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  FLOOR=$(lock_field python); FLOOR=${FLOOR#>=}
+  if [ -n "${FP8LAB_TORCH_SPEC:-}" ]; then
+    CONSTRAIN=(); say "FP8LAB_TORCH_SPEC=$FP8LAB_TORCH_SPEC: resolving fp8lab's requirements for it, without $LOCK (slower)"
+  elif [ "$(printf '%s\n' "$FLOOR" "$PYV" | sort -V | head -1)" != "$FLOOR" ]; then
+    CONSTRAIN=(); say "Python $PYV is older than $LOCK's $FLOOR: resolving fp8lab's requirements without it (slower)"
+  fi
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    say "no GPU: installing the CPU build of torch (${FP8LAB_TORCH_SPEC:-torch==2.13.0})"
-    "${PIP[@]}" install "${INDEX[@]}" "${FP8LAB_TORCH_SPEC:-torch==2.13.0}" 2>&1 | quiet
+    TORCH_SPEC=${FP8LAB_TORCH_SPEC:-$(lock_field cpu-torch)}
+    long_step "no GPU: installing the CPU build of torch ($TORCH_SPEC)" \
+      "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" "$TORCH_SPEC"
     # never let the requirements below pull a multi-GB CUDA torch because this step failed
     "$VENV/bin/python" -c "import torch" || { echo "[setup] torch did not install" >&2; exit 1; }
   fi
@@ -97,8 +136,9 @@ if [ -z "$GPU" ]; then  # ------------------------------------------------------
     "${PIP[@]}" install "${INDEX[@]}" --no-deps --target "$TAO" "torchao==$(pin torchao)" 2>&1 | quiet \
       || say "torchao could not be installed: the CPU test of its all-gather will skip"
   fi
-  say "installing fp8lab and its requirements"
-  "${PIP[@]}" install "${INDEX[@]}" "${EXTRAS_ARGS[@]}" 2>&1 | quiet
+  long_step "installing fp8lab and its requirements${CONSTRAIN:+ (pinned by $LOCK)}" \
+    "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" "${EXTRAS_ARGS[@]}"
+  "${PIPV[@]}" check | quiet || { echo "[setup] pip check: the venv's packages conflict (above)" >&2; exit 1; }
 else  # ----------------------------------------------------------------------------------- GPU
   GPU_NAME=${GPU%,*}; CC=${GPU##*, }
   FP8=$(awk -v c="$CC" 'BEGIN { print (c == "unknown" || c + 0 >= 8.9) ? 1 : 0 }')
@@ -194,4 +234,6 @@ for where in --sys-prefix --user; do
 done
 say "Jupyter kernel 'fp8lab' registered: in JupyterLab or SageMaker Studio pick 'fp8lab (Python 3)'"
 if [ -n "$GPU" ]; then "$VENV/bin/python" -m fp8lab env --check; fi
-say "ready: $("$VENV/bin/python" -c 'import torch, fp8lab; print("fp8lab", fp8lab.__version__, "torch", torch.__version__)')"
+READY=$("$VENV/bin/python" -c 'import torch, fp8lab; print("fp8lab", fp8lab.__version__, "torch", torch.__version__)')
+printf '%s\n%s\n' "$(stamp_key)" "$READY" >"$STAMP"
+say "ready: $READY"

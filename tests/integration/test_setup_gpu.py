@@ -34,6 +34,7 @@ case "$1" in
   -c)
     case "$2" in
       *fp8lab-probe*) cat "$STATE/probe" ;;
+      *'version_info[:2]'*) cut -d' ' -f1 "$STATE/probe" ;;
       *transformer_engine*) [ -f "$STATE/te" ] && cat "$STATE/te" || exit 1 ;;
       *sysconfig*) echo "$STATE/site" ;;
       *getsitepackages*) echo "$STATE/system-site" ;;
