@@ -42,8 +42,23 @@ INDEX=()
 if [ -n "${FP8LAB_WHEELS:-}" ]; then INDEX=(--no-index --find-links "$FP8LAB_WHEELS"); fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 PIPV=("$VENV/bin/python" -m pip --disable-pip-version-check)  # long steps: pip's own lines show progress
+# CPU installs: no byte-compiling of every installed module (minutes for ~250 packages on 2 cores);
+# Python compiles what is imported, once, on first import
 EXTRAS_ARGS=(-r requirements.txt -e ".[dev,aws,notebooks]")
 if [ -n "${FP8LAB_EXTRAS+set}" ]; then EXTRAS_ARGS=(-e ".${FP8LAB_EXTRAS:+[$FP8LAB_EXTRAS]}"); fi
+
+# The log's last line, printable ASCII only (pip's progress bars are not); pip's long silent phase, the
+# unpacking of every collected package, by its count
+step_status() {
+  local last n
+  last=$(tail -c 2000 "$1" | tr '\r' '\n' | LC_ALL=C tr -cd '\11\12\40-\176' | grep -v '^\s*$\| eta ' | tail -1 || true)
+  if grep -q '^Installing collected packages:' "$1" && ! grep -q '^Successfully installed' "$1"; then
+    n=$(sed -n 's/^Installing collected packages: //p' "$1" | tr ',' '\n' | grep -c . || true)
+    echo "unpacking $n packages into the venv (pip says nothing until all are in)"
+  else
+    echo "${last:0:120}"
+  fi
+}
 
 # A long step: its output goes to a log, a line every 20 s says it is still going (elapsed time
 # and the log's last line); on failure the log's tail is shown.
@@ -56,7 +71,7 @@ long_step() {
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     if (( (SECONDS - t0) % 20 == 0 && SECONDS - t0 >= 20 )); then
-      say "  ... $((SECONDS - t0)) s: $(tail -c 300 "$log" | tr '\r' '\n' | grep -v '^\s*$' | tail -1 | cut -c1-120)"
+      say "  ... $((SECONDS - t0)) s: $(step_status "$log")"
     fi
   done
   if ! wait "$pid"; then tail -40 "$log" >&2; say "FAILED: $label" >&2; exit 1; fi
@@ -123,9 +138,9 @@ if [ -z "$GPU" ]; then  # ------------------------------------------------------
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     TORCH_SPEC=${FP8LAB_TORCH_SPEC:-$(lock_field cpu-torch)}
     long_step "no GPU: installing the CPU build of torch ($TORCH_SPEC)" \
-      "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" "$TORCH_SPEC"
+      "${PIPV[@]}" install --no-compile "${INDEX[@]}" "${CONSTRAIN[@]}" "$TORCH_SPEC"
     # never let the requirements below pull a multi-GB CUDA torch because this step failed
-    "$VENV/bin/python" -c "import torch" || { echo "[setup] torch did not install" >&2; exit 1; }
+    "$VENV/bin/python" -W ignore -c "import torch" || { echo "[setup] torch did not install" >&2; exit 1; }
   fi
   # torchao for one CPU test only: its float8 FSDP2 all-gather on two gloo ranks (through torch's CPU _scaled_mm),
   # as fp8lab wires it. Kept off the venv's path: on a CPU torchao's compiled kernels do not load (it says so on
@@ -137,7 +152,7 @@ if [ -z "$GPU" ]; then  # ------------------------------------------------------
       || say "torchao could not be installed: the CPU test of its all-gather will skip"
   fi
   long_step "installing fp8lab and its requirements${CONSTRAIN:+ (pinned by $LOCK)}" \
-    "${PIPV[@]}" install "${INDEX[@]}" "${CONSTRAIN[@]}" "${EXTRAS_ARGS[@]}"
+    "${PIPV[@]}" install --no-compile "${INDEX[@]}" "${CONSTRAIN[@]}" "${EXTRAS_ARGS[@]}"
   "${PIPV[@]}" check | quiet || { echo "[setup] pip check: the venv's packages conflict (above)" >&2; exit 1; }
 else  # ----------------------------------------------------------------------------------- GPU
   GPU_NAME=${GPU%,*}; CC=${GPU##*, }

@@ -28,6 +28,9 @@ case "$1" in
   --version) echo "Python 3.12.3" ;;
   -m)
     if [ "$2" = venv ]; then d="${@: -1}"; mkdir -p "$d/bin"; cp "$0" "$d/bin/python"; : >"$d/bin/activate"; fi
+    if [ "$2" = ipykernel ]; then  # where ipykernel puts the kernel: in the venv, in the user's folder
+      [ "$4" = --sys-prefix ] && k="$(dirname "$0")/../share/jupyter/kernels/fp8lab" || k="$HOME/.local/share/jupyter/kernels/fp8lab"
+      mkdir -p "$k"; : >"$k/kernel.json"; fi
     if [ "$2" = pip ] && [[ " $* " == *" torch=="* ]] && [ -f "$STATE/probe_after" ]; then cp "$STATE/probe_after" "$STATE/probe"; fi
     if [ "$2" = pip ] && [[ "$*" == *nvidia-cuda-nvcc* ]]; then mkdir -p "$STATE/site/nvidia/cuda_nvcc/bin"; : >"$STATE/site/nvidia/cuda_nvcc/bin/nvcc"; chmod +x "$STATE/site/nvidia/cuda_nvcc/bin/nvcc"; fi
     exit 0 ;;
@@ -40,6 +43,7 @@ case "$1" in
       *getsitepackages*) echo "$STATE/system-site" ;;
       *nvidia.cudnn*) exit 1 ;;
       *'print("fp8lab"'*) echo "fp8lab 0.1.0 torch stub" ;;
+      *'import torch'*) [ "$(cut -d' ' -f2 "$STATE/probe")" != - ] || exit 1 ;;  # torch imports where the probe has one
     esac ;;
 esac
 exit 0
@@ -174,6 +178,38 @@ def test_no_gpu_takes_the_cpu_branch_unchanged(tmp_path):
     assert installs and all("fp8lab/constraints-gpu.txt" not in c for c in installs)
     assert ["-r", "requirements.txt"] == installs[-1][installs[-1].index("-r"):installs[-1].index("-r") + 2]
     assert not _te_builds(calls) and ["-m", "fp8lab", "env", "--check"] not in calls
+
+
+def test_no_gpu_installs_torch_and_fp8lab_under_the_lock_then_checks(tmp_path):
+    rc, out, calls = _setup(tmp_path, None, "3.11 - -", venv=False, probe_after="3.11 2.13.0+cpu -")
+    assert rc == 0, out
+    lock = (REPO_ROOT / "requirements-cpu.lock").read_text()
+    cpu_torch = next(l.split(": ")[1] for l in lock.splitlines() if l.startswith("# cpu-torch: "))
+    installs = [c for c in _pip_installs(calls) if "--target" not in c]  # torchao's off-path copy aside
+    assert [c[-1] for c in installs[:1]] == [cpu_torch]  # the lock's CPU torch, first
+    for c in installs:  # torch and fp8lab both under the lock's pins, without byte-compiling ~250 packages
+        assert c[c.index("-c") + 1] == "requirements-cpu.lock" and "--no-compile" in c, c
+    assert ["-m", "pip", "--disable-pip-version-check", "check"] in calls
+    assert "pinned by requirements-cpu.lock" in out
+
+
+def test_a_second_run_finds_the_stamp_and_installs_nothing(tmp_path):
+    rc, out, calls = _setup(tmp_path, None, "3.11 2.13.0+cpu -")
+    assert rc == 0 and _pip_installs(calls), out
+    stamp = (tmp_path / "venv" / ".fp8lab-setup").read_text().splitlines()
+    assert stamp[0].startswith("fp8lab ") and stamp[1] == "fp8lab 0.1.0 torch stub"
+    (tmp_path / "state" / "calls").unlink()
+    rc, out, calls = _setup(tmp_path, None, "3.11 2.13.0+cpu -", venv=False)
+    assert rc == 0, out
+    assert "is up to date" in out and "ready: fp8lab 0.1.0 torch stub" in out
+    assert not _pip_installs(calls) and not [c for c in calls if c[:2] == ["-m", "ipykernel"]]
+    # another torch (or a changed lock, pyproject, fp8lab version) is another key: a full run
+    rc, out, calls = _setup(tmp_path, None, "3.11 2.13.0+cpu -", venv=False,
+                            extra_env={"FP8LAB_TORCH_SPEC": "torch==2.12.0"})
+    assert rc == 0 and "is up to date" not in out, out
+    fp8lab_install = next(c for c in _pip_installs(calls) if "-e" in c)
+    assert "-c" not in fp8lab_install  # the lock's pins are for its own torch: resolved afresh
+    assert "without requirements-cpu.lock" in out
 
 
 def test_the_kernel_fp8lab_is_registered_for_the_venv_and_for_studio(tmp_path):
