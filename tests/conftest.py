@@ -1,6 +1,7 @@
 """Shared test set-up: the ``gpu`` marker skips, with a reason, where no CUDA GPU exists; the
-``browser`` marker skips where no Chromium (and its driver) or no Selenium is installed; the
-``prepared`` fixture is the shipped corpus tokenized once per test module."""
+``browser`` marker skips where no Chromium (and its driver) or no Selenium is installed; the ``slow``
+marker (the second tier, which .ci/run runs after the README's ``-m "not slow"``) is set here for the
+tests of ``SLOW``; the ``prepared`` fixture is the shipped corpus tokenized once per test module."""
 from __future__ import annotations
 
 import importlib.util
@@ -51,7 +52,175 @@ def _browser_reason() -> str | None:
     return None
 
 
+# The slow tier, declared once: the tests that took longer than SLOW_AFTER_S seconds each (set-up, call and
+# teardown) in one `pytest --durations=0` run of the whole suite on the 2-core CPU machine, while other jobs
+# shared it (load average 5-14 on 2 cores: every figure inflated), plus every test of a file given as ALL.
+# By test file and test name (a parametrized test by name, all its cases, when any case took longer), so
+# moving a file to another folder keeps its tier. The run was cut off before it reached every file: the
+# files and tests not measured then are in the slow tier whole, as the comments say, until a run measures
+# them. A test marked `slow` in its own file stays slow as well. tests/unit/test_tiers.py checks the names.
+SLOW_AFTER_S = 5
+ALL = "*"
+SLOW: dict[str, str | set[str]] = {
+    "test_analysis.py": {
+        "test_committed_result_files_load_and_carry_provenance",
+        "test_cost_table_known_numbers",
+        "test_the_committed_parity_study_is_the_llama_1b_loss_gap_with_its_noise_band",
+        "test_the_headline_compares_best_bf16_and_best_fp8_at_one_sequence_length",
+    },
+    "test_bad_inputs.py": {
+        "test_a_torn_metrics_line_is_reported_on_resume",
+        "test_an_absolute_model_path_stays_out_of_the_step_records_and_the_report",
+        "test_checkpoint_folder_turning_read_only_mid_run_stops_cleanly",
+        "test_executed_notebook_records_no_absolute_paths",
+        "test_launch_cli_and_api_accept_and_refuse_the_same_values",
+        "test_launch_plan_refuses",
+        "test_no_loadable_checkpoint_is_a_clear_error_not_a_fresh_start",
+        "test_notebook_parameters_refused_before_anything_runs",
+        "test_report_flags_nonfinite_losses_and_never_swaps_the_metric",
+        "test_resume_with_new_settings_follows_the_new_schedule",
+        "test_resume_with_other_settings_is_refused_with_every_difference",
+        "test_shared_files_hold_no_absolute_paths",
+        "test_train_refuses_a_bad_model_folder_before_anything_runs",
+        "test_train_refuses_before_writing_anything",
+        "test_truncated_distcp_of_the_newest_checkpoint_falls_back_to_the_older_one",
+    },
+    "test_benchmarks.py": {
+        "test_loss_parity_records_the_remedy_of_each_run",
+        "test_throughput_leaves_profiled_steps_out_and_keeps_the_profile",
+        "test_throughput_names_a_model_folder_by_its_name_and_config_hash",
+    },
+    "test_browser.py": ALL,  # drives Chromium (never measured here: no Chromium)
+    "test_data.py": {
+        "test_prepare_writes_manifest_and_memmap_shards",
+        "test_tokenizer_retraining_reproduces_shipped_file",
+    },
+    "test_docs.py": {
+        "test_committed_headline_png_is_the_generated_figure_and_readable",
+        "test_committed_results_block_and_results_doc_are_current",
+        "test_readme_leads_with_the_answer",
+        # not measured before the cut-off:
+        "test_render_docs_needs_the_markers",
+    },
+    "test_env.py": {
+        "test_cli_json_and_text",
+        "test_env_check_on_this_cpu_machine_passes",
+    },
+    "test_estimates.py": {
+        "test_default_plan_rests_on_the_fastest_committed_one_gpu_run_of_each_model_and_precision",
+        "test_node_efficiency_is_the_measured_two_gpu_median_of_the_same_layout",
+        "test_plan_curve_matches_the_plan_and_draws_readably",
+    },
+    "test_families.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_fp8_all_gather_processes.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_fp8stats.py": {
+        "test_a_run_writes_the_records_and_the_step_readers_skip_them",
+        "test_an_injected_weight_outlier_is_seen_and_warned_about",
+    },
+    "test_fp8stats_overhead.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_graphs.py": {
+        "test_trainer_records_why_graphs_are_off",
+        "test_trainer_refuses_cuda_graphs_on_a_cpu_before_anything_is_written",
+    },
+    "test_import_warnings.py": {
+        "test_only_the_known_harmless_import_warnings_are_filtered",
+    },
+    "test_launch.py": {
+        "test_a_bare_spec_given_to_build_trainer_gets_the_time_limit_a_plan_gives_it",
+        "test_dry_run_never_prints_an_account_id_in_the_bucket_name",
+        "test_plan_costs_add_up_and_follow_the_price",
+        "test_plan_names_are_deterministic_unique_and_valid",
+        "test_warm_pool_request_and_cli_dry_run",
+    },
+    "test_launch_image.py": {
+        "test_an_image_with_a_supported_te_installs_nothing",
+        "test_the_default_image_s_te_is_too_old_so_the_job_installs_the_pinned_one",
+    },
+    "test_launch_job.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_launch_moto.py": {
+        "test_real_train_path_sends_a_valid_complete_request",
+        "test_relaunch_skips_existing_jobs_and_restarts_failed_ones",
+        # not measured before the cut-off:
+        "test_real_launch_refuses_placeholders",
+        "test_wait_backs_off_on_throttling",
+        "test_wait_and_collect_for_an_unknown_job_are_one_line",
+        "test_failed_job_reason_surfaces",
+        "test_collect_reads_output_tar_and_falls_back_to_cloudwatch_logs",
+        "test_dry_run_opens_no_connection",
+        "test_torchrun_command_on_each_node_of_a_two_node_job",
+        "test_a_model_folder_reaches_the_job_as_the_model_channel",
+    },
+    "test_launch_notebook.py": {
+        "test_notebook_04_custom_sweep",
+        "test_notebook_04_defaults_plan_the_blog_sweep_without_aws",
+        "test_notebook_04_real_launch_against_moto_and_idempotent_rerun",
+    },
+    "test_layering.py": {
+        "test_a_fresh_import_loads_no_module_above_it",
+        "test_analysis_report_plots_are_layered",
+        "test_no_import_cycle_at_module_level",
+        "test_no_import_cycle_counting_imports_inside_functions",
+        "test_no_private_names_across_modules",
+        "test_no_unused_imports",
+    },
+    "test_long_context.py": {
+        "test_a_run_past_max_seq_len_says_so_and_records_its_decisions",
+    },
+    "test_notebook_01.py": {
+        "test_default_run_values",
+        "test_other_run_differs_as_expected",
+        # not measured before the cut-off:
+        "test_explorer_widget_shows_the_numbers_of_each_setting",
+        "test_capture_tensors_on_a_real_llama",
+        "test_viz_bad_arguments",
+        "test_bad_parameter_is_rejected_before_running",
+        "test_committed_notebook_is_thin_and_clean",
+    },
+    "test_notebook_02.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_notebook_03.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_notebook_05.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_notebooks_runner.py": {
+        "test_cli_rejects_unknown_parameter",
+        "test_failure_names_notebook_cell_and_error",
+        "test_keep_going_reports_each_notebook",
+        "test_run_injects_parameters_and_reads_glued_values",
+        "test_the_kernel_talks_over_private_local_sockets_without_a_warning",
+    },
+    "test_nothing_lost.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_one_answer.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_plan.py": {
+        "test_planning_a_job_imports_no_torch",
+    },
+    "test_plots.py": {
+        "test_every_figure_renders_on_empty_tables_and_saves_png_and_svg",
+        "test_profiles_of_real_runs_become_stacked_bars_with_the_wall_time",
+        "test_the_parity_figure_draws_each_run_and_the_band_from_the_committed_study",
+    },
+    "test_report.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_scaling.py": {
+        "test_the_answer_at_scale_rests_on_its_runs",
+        "test_the_model_reproduces_the_committed_two_gpu_runs_within_5_percent",
+    },
+    "test_setup_gpu.py": {
+        "test_h100_without_toolkit_builds_the_pinned_te_with_pips_nvcc",
+    },
+    "test_study_loss_parity.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_train.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_train_master_weights.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_train_processes.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_user_model.py": ALL,  # not measured before the cut-off: all of it, until measured
+}
+
+
+def _slow(item) -> bool:
+    names = SLOW.get(item.path.name)
+    return names == ALL or bool(names) and (item.originalname in names or item.name in names)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _slow(item):
+            item.add_marker(pytest.mark.slow)
     reasons = {"gpu": _gpu_reason(), "browser": _browser_reason()}
     for marker, reason in reasons.items():
         if reason is None:

@@ -46,7 +46,7 @@ def test_readme_leads_with_the_answer():
     assert len(lines) < 150
     first_screen = "\n".join(lines[:40])
     assert "bash scripts/setup.sh && .venv/bin/fp8lab notebooks run" in first_screen
-    assert "bash scripts/setup.sh && .venv/bin/python -m pytest" in first_screen
+    assert 'bash scripts/setup.sh && .venv/bin/python -m pytest -m "not slow"' in first_screen
     assert f"]({report.HEADLINE_PNG})" in first_screen
     block = text.split(report.README_BEGIN)[1].split(report.README_END)[0]
     rows = [l for l in block.splitlines() if l.startswith("| ") and not l.startswith("| model ")]
