@@ -193,8 +193,11 @@ class _ShardWriter:
         self.documents = 0
 
     def _open(self) -> None:
+        from fp8lab import ownership
+
         name = f"{self.split}_{len(self.shards):05d}.bin"
-        self._fh = open(self.out_dir / name, "wb")
+        self._fh = ownership.new_file(self.out_dir / name)  # O_EXCL: never over a file, never through a link
+        ownership.record(self.out_dir, name, pending=True)
         self.shards.append({"file": name, "tokens": 0})
         self._n = 0
 
@@ -314,9 +317,11 @@ def _write_documents(docs: Iterable[str], tok: Any, eos: int, writers: dict[str,
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """Write ``manifest.json`` into ``out`` atomically (a temporary file, then a rename)."""
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    tmp.replace(out / MANIFEST)
+    from fp8lab import ownership
+
+    ownership.write_file(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    shards = [sh["file"] for sp in manifest["splits"].values() for sh in sp["shards"]]
+    ownership.record(out, MANIFEST, manifest["tokenizer"], *shards)  # fp8lab's files, with their digests
 
 
 def prepare_data(
@@ -351,7 +356,9 @@ def prepare_data(
     index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
     if writers["val"].tokens == 0 or writers["train"].tokens == 0:
         raise ValueError(f"source has too few documents ({index}) for a train/val split with val_fraction={val_fraction}")
-    tok.save(str(out / "tokenizer.json"))
+    from fp8lab import ownership
+
+    ownership.write_file(out / "tokenizer.json", tok.to_str())
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

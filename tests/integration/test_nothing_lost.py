@@ -300,19 +300,26 @@ def test_ctrl_c_writes_a_checkpoint_and_a_summary(prepared, tmp_path):
     assert (out / "checkpoints" / f"step_{step:08d}" / fckpt.MANIFEST).is_file()
 
 
-def test_a_summary_that_cannot_be_written_is_exit_4_and_the_old_one_stays_whole(prepared, tmp_path, capsys):
-    if not Path("/dev/full").exists():
-        pytest.skip("no /dev/full to stand for a full disk")
+def test_a_summary_that_cannot_be_written_is_exit_4_and_the_old_one_stays_whole(prepared, tmp_path, monkeypatch, capsys):
+    from fp8lab import ownership
+
     out = tmp_path / "run"
     base = argv("--save-model", "False", "--data", str(prepared), "--output-dir", str(out))
     assert ftrain.main(base + ["--steps", "2"]) == 0
     old = (out / "summary.json").read_bytes()
-    (out / "summary.json.tmp").symlink_to("/dev/full")  # the next write of the summary meets a full disk
+    real = ownership.write_file
+
+    def full_disk(path, data):  # the next write of the summary meets a full disk (a real one: the ulimit test below)
+        if Path(path).name == "summary.json":
+            raise OSError(28, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(ownership, "write_file", full_disk)
     capsys.readouterr()
     assert ftrain.main(base + ["--steps", "3", "--resume-with-new-settings"]) == ftrain.EXIT_CHECKPOINT_FAILED
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("fp8lab: writing summary.json in 'run' failed (OSError: [Errno 28] No space left on device")
-    assert (out / "summary.json").read_bytes() == old and not (out / "summary.json.tmp").exists()
+    assert (out / "summary.json").read_bytes() == old and not list(out.glob(ownership.TMP_PREFIX + "*"))
     assert [r["step"] for r in fmetrics.read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
 
 
