@@ -44,6 +44,9 @@ def text_files(source: str | Path | Iterable[str | Path] | None) -> list[Path]:
             files.extend(found)
         elif p.is_file():
             files.append(p)
+        elif p.exists():  # a FIFO, device or socket: never opened (a FIFO would block)
+            raise ValueError(f"source {str(item)!r} is not a regular file (a FIFO, device or socket); allowed: text "
+                             "files or folders")
         else:
             raise ValueError(f"source {str(item)!r} is not an existing file or folder "
                              "(for a Hugging Face dataset write hf:<name>)")
