@@ -47,8 +47,8 @@ from fp8lab import ownership
 
 _NAME = re.compile(r"^step_(\d{8})$")
 TRAINER_FILE = "trainer_rank{rank}.pt"
-MANIFEST = "fp8lab-checkpoint.json"
-METADATA = ".metadata"
+MANIFEST = ownership.CHECKPOINT_MANIFEST
+METADATA = ownership.CHECKPOINT_METADATA
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -117,7 +117,7 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     if env.is_main:
-        root.mkdir(parents=True, exist_ok=True)  # unmarked: its step folders with fp8lab's manifest are fp8lab's (fp8lab.ownership)
+        root.mkdir(parents=True, exist_ok=True)  # unmarked: step folders with fp8lab's manifest are its (fp8lab.ownership)
         if tmp.exists() or tmp.is_symlink():
             _remove_own(tmp)
     fdist.barrier(env)

@@ -28,8 +28,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fp8lab.data_format import (  # noqa: F401 - the on-disk facts, re-exported where they were
-    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus, is_prepared, text_files,
-    tokenized_here,
+    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus, is_prepared,
+    text_files, tokenized_here,
 )
 from fp8lab import data_checks
 from fp8lab.validate import Check, is_count
@@ -244,7 +244,8 @@ def _sha256(path: Path) -> str:
 
 # a shard holds at least this many tokens (one file per token would be a file system's worst case), and a
 # vocabulary spans the 256 bytes plus the end-of-text token, at most what uint32 ids and a trained BPE reach
-SHARD_TOKENS = Check(lambda v: is_count(v, 1000) and v <= 1 << 40, "an integer from 1000 to 2**40 (tokens per shard file)")
+SHARD_TOKENS = Check(lambda v: is_count(v, 1000) and v <= 1 << 40,
+                     "an integer from 1000 to 2**40 (tokens per shard file)")
 VOCAB_SIZE = Check(lambda v: is_count(v, 257) and v <= 1 << 22, "an integer from 257 to 4194304 (2**22)")
 
 

@@ -49,7 +49,8 @@ def document_text(obj, name: str, line_no: int) -> str:
                          "{\"text\": ...} object per line")
     text = obj["text"]
     if not isinstance(text, str):
-        kind = {bool: "true/false", int: "a number", float: "a number", list: "a list", dict: "an object"}.get(type(text), "null")
+        kind = {bool: "true/false", int: "a number", float: "a number", list: "a list",
+                dict: "an object"}.get(type(text), "null")
         raise ValueError(f"{where}: field \"text\" is {kind}, not a string; allowed: a string")
     try:
         text.encode("utf-8")

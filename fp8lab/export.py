@@ -53,7 +53,7 @@ def save_hf_model(model, inner, conversion, c, model_dir: Path, data_dir: Path, 
     from transformers.utils import logging as hf_logging
 
     hf = build_model(c.model, device="meta", **c.shape_overrides)  # a user's folder: its own config
-    ownership.refuse_foreign("--model-dir", model_dir, "model")  # checked at the start too; nothing of the user's replaced
+    ownership.refuse_foreign("--model-dir", model_dir, "model")  # as at the start: nothing of the user's is replaced
     # written whole into a fresh folder fp8lab creates, then moved in file by file
     stage = Path(tempfile.mkdtemp(dir=ownership.claim(model_dir, "model"), prefix=ownership.TMP_PREFIX))
     bar_was_on = hf_logging.is_progress_bar_enabled()

@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,9 +49,11 @@ APPEND = ("metrics.jsonl",)  # append-only: the marker's digest covers the file'
 SUBFOLDERS = {"run": ("checkpoints", "model", "data")}  # fp8lab's by name, each checked as its own kind when used
 _STEP = re.compile(r"step_\d{8}")
 _STEP_TMP = re.compile(r"step_\d{8}\.tmp")
+CHECKPOINT_MANIFEST = "fp8lab-checkpoint.json"  # fp8lab.checkpoint's manifest in each checkpoint folder
+CHECKPOINT_METADATA = ".metadata"  # DCP's metadata file
 # what fp8lab.checkpoint (and DCP's file-system writer) put into a checkpoint folder
-_CHECKPOINT_FILES = re.compile(r"(__\d+_\d+\.distcp|\.metadata|trainer_rank\d+\.pt|fp8lab-checkpoint\.json|"
-                               + re.escape(TMP_PREFIX) + r".*)")
+_CHECKPOINT_FILES = re.compile(r"(__\d+_\d+\.distcp|trainer_rank\d+\.pt|" + re.escape(CHECKPOINT_METADATA) + "|"
+                               + re.escape(CHECKPOINT_MANIFEST) + "|" + re.escape(TMP_PREFIX) + r".*)")
 KINDS = ("run", "tokens", "checkpoints", "model")
 # the checkout's own parts (when fp8lab runs from a clone): never a place for run outputs
 CHECKOUT_PARTS = ("fp8lab", "data", "tests", "notebooks", "docs", "benchmarks", "scripts", ".git", ".venv")
@@ -180,15 +181,13 @@ def own_checkpoint(path: Path) -> bool:
     """``path`` is a checkpoint folder fp8lab wrote, holding only the files a checkpoint has: a
     ``step_NNNNNNNN`` with fp8lab's manifest, an unfinished ``step_NNNNNNNN.tmp``, or a node's share of a
     checkpoint on a disk rank 0 does not write (shards, no metadata)."""
-    from fp8lab import checkpoint as fckpt
-
     if path.is_symlink() or not path.is_dir() or not (_STEP.fullmatch(path.name) or _STEP_TMP.fullmatch(path.name)):
         return False
     if not _checkpoint_shaped(path):
         return False
-    if _STEP_TMP.fullmatch(path.name) or not (path / fckpt.METADATA).exists():
+    if _STEP_TMP.fullmatch(path.name) or not (path / CHECKPOINT_METADATA).exists():
         return True
-    m = _json_file(path / fckpt.MANIFEST)
+    m = _json_file(path / CHECKPOINT_MANIFEST)
     return m.get("written_by") == "fp8lab"  # its digests are checked when it loads (fp8lab.checkpoint.verify)
 
 
