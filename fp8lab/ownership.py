@@ -3,7 +3,7 @@
 Each folder fp8lab writes into is one of four kinds, each with the names fp8lab puts there:
 
 * ``run`` (``--output-dir``): config.json, metrics.jsonl, summary.json, loss.png, profile.json, the
-  run lock, and the default ``checkpoints/``, ``model/`` and ``data/`` folders;
+  run lock, and the default ``checkpoints/``, ``model/`` and ``data/`` folders (and ``te-debug/``);
 * ``tokens`` (the token cache ``<output-dir>/data``, ``fp8lab prepare-data OUT_DIR``): manifest.json,
   tokenizer.json, ``train_NNNNN.bin`` / ``val_NNNNN.bin``;
 * ``checkpoints`` (``--checkpoint-dir``): ``step_NNNNNNNN/`` folders;
@@ -46,7 +46,9 @@ MARKER = ".fp8lab-owner.json"
 LOCK = ".fp8lab-lock"  # fp8lab.runlock
 TMP_PREFIX = ".fp8lab-tmp-"  # fp8lab's own temporary files (fresh names, O_EXCL): never read, a crash's leftover ignored
 APPEND = ("metrics.jsonl",)  # append-only: the marker's digest covers the file's first bytes
-SUBFOLDERS = {"run": ("checkpoints", "model", "data")}  # fp8lab's by name, each checked as its own kind when used
+TE_DEBUG_DIR = "te-debug"  # in a run folder: nvdlfw-inspect's own log (fp8lab.te_debug)
+# a run folder's sub-folders: fp8lab's by name, each checked as its own kind when used
+SUBFOLDERS = {"run": ("checkpoints", "model", "data", TE_DEBUG_DIR)}
 _STEP = re.compile(r"step_\d{8}")
 _STEP_TMP = re.compile(r"step_\d{8}\.tmp")
 CHECKPOINT_MANIFEST = "fp8lab-checkpoint.json"  # fp8lab.checkpoint's manifest in each checkpoint folder
