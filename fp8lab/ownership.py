@@ -54,8 +54,8 @@ _STEP_TMP = re.compile(r"step_\d{8}\.tmp")
 CHECKPOINT_MANIFEST = "fp8lab-checkpoint.json"  # fp8lab.checkpoint's manifest in each checkpoint folder
 CHECKPOINT_METADATA = ".metadata"  # DCP's metadata file
 # what fp8lab.checkpoint (and DCP's file-system writer) put into a checkpoint folder
-_CHECKPOINT_FILES = re.compile(r"(__\d+_\d+\.distcp|trainer_rank\d+\.pt|" + re.escape(CHECKPOINT_METADATA) + "|"
-                               + re.escape(CHECKPOINT_MANIFEST) + "|" + re.escape(TMP_PREFIX) + r".*)")
+_CHECKPOINT_FILES = re.compile(r"(__\d+_\d+\.distcp|trainer_rank\d+\.pt|(__\d+)?" + re.escape(CHECKPOINT_METADATA)
+                               + r"(\.tmp)?|" + re.escape(CHECKPOINT_MANIFEST) + "|" + re.escape(TMP_PREFIX) + r".*)")
 KINDS = ("run", "tokens", "checkpoints", "model")
 # the checkout's own parts (when fp8lab runs from a clone): never a place for run outputs
 CHECKOUT_PARTS = ("fp8lab", "data", "tests", "notebooks", "docs", "benchmarks", "scripts", ".git", ".venv")
