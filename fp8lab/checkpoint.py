@@ -43,11 +43,12 @@ import torch
 from torch import nn
 
 from fp8lab import distributed as fdist
+from fp8lab import ownership
 
 _NAME = re.compile(r"^step_(\d{8})$")
 TRAINER_FILE = "trainer_rank{rank}.pt"
-MANIFEST = "fp8lab-checkpoint.json"
-METADATA = ".metadata"
+MANIFEST = ownership.CHECKPOINT_MANIFEST
+METADATA = ownership.CHECKPOINT_METADATA
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -116,9 +117,9 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     if env.is_main:
-        root.mkdir(parents=True, exist_ok=True)  # unmarked: its step_NNNNNNNN folders are fp8lab's (fp8lab.ownership)
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        root.mkdir(parents=True, exist_ok=True)  # unmarked: step folders with fp8lab's manifest are its (fp8lab.ownership)
+        if tmp.exists() or tmp.is_symlink():
+            _remove_own(tmp)
     fdist.barrier(env)
     tmp.mkdir(parents=True, exist_ok=True)  # each node's local disk needs the folder (multi-node jobs)
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
@@ -137,7 +138,9 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     fdist.barrier(env)
     if env.is_main or env.local_rank == 0:
         # by folder name: on a node that does not share rank 0's disk the folders hold shards but no .metadata
-        named = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name))), reverse=True)
+        # only folders fp8lab wrote (its manifest inside): a user's own step_NNNNNNNN folder is never deleted
+        named = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name))
+                        and ownership.own_checkpoint(p)), reverse=True)
         for _, old in named[keep:]:
             shutil.rmtree(old, ignore_errors=True)
     return final
@@ -155,9 +158,7 @@ def _sha256(path: Path) -> str:
 
 def _write_manifest(folder: Path, step: int) -> None:
     manifest = {"written_by": "fp8lab", "step": step, "sha256": {METADATA: _sha256(folder / METADATA)}}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+    ownership.write_file(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
 def verify(path: str | Path) -> None:
@@ -243,9 +244,16 @@ def _weights_only_trainer_state() -> Iterator[None]:
 
 
 def _promote(tmp: Path, final: Path) -> None:
-    if final.exists():  # re-saving the same step after a resume
-        shutil.rmtree(final)
+    if final.exists() or final.is_symlink():  # re-saving the same step after a resume
+        _remove_own(final)
     tmp.rename(final)
+
+
+def _remove_own(path: Path) -> None:
+    """Delete a checkpoint folder fp8lab wrote; OSError (the save fails, nothing deleted) for any other."""
+    if not ownership.own_checkpoint(path):
+        raise FileExistsError(17, f"{path.name} exists and is not a checkpoint fp8lab wrote; it is kept")
+    shutil.rmtree(path)
 
 
 def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: fdist.DistEnv) -> dict[str, Any]:
@@ -358,6 +366,7 @@ def remove_partial(root: str | Path) -> list[Path]:
     removed = []
     if root.is_dir():
         for p in root.glob("step_*.tmp"):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+            if ownership.own_checkpoint(p):  # only what a checkpoint write leaves
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
     return removed

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import sys
 import threading
@@ -30,6 +29,7 @@ from typing import Any, Callable
 
 from fp8lab import checkpoint as fckpt
 from fp8lab import metrics as fmetrics
+from fp8lab import ownership
 from fp8lab import paths as fpaths
 from fp8lab import resume as fresume
 
@@ -91,7 +91,8 @@ class Checkpointer:
         trainer_state.update(fingerprint=self.fingerprint, config=self.c.as_dict())
         try:
             fckpt.save(self.root, step, self.model, self.optimizer, trainer_state, self.env, keep=self.keep)
-        except (OSError, CheckpointException) as exc:  # e.g. the folder became read-only: stop, keep metrics + summary
+        except (OSError, RuntimeError, CheckpointException) as exc:  # e.g. read-only folder, full disk (torch.save's
+            # RuntimeError): stop, keep metrics + summary
             return fresume.failure_reason(exc)
         return None
 
@@ -377,15 +378,10 @@ class StepMetrics:
         """summary.json, atomically (a temporary file, then a rename), and loss.png; None, or why
         summary.json could not be written (the one before, if any, stays whole)."""
         path = self.output_dir / "summary.json"
-        tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
-            os.replace(tmp, path)
+            ownership.write_file(path, json.dumps(summary, indent=2) + "\n")
+            ownership.record(self.output_dir, path.name, "metrics.jsonl")
         except OSError as exc:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             return (f"fp8lab: writing summary.json in {self.output_dir.name!r} failed ({fresume.failure_reason(exc)}); "
                     f"metrics.jsonl and the checkpoints are kept: free space and re-run the same command")
         if plot:
@@ -396,6 +392,7 @@ class StepMetrics:
 def plot_loss(output_dir: Path) -> None:
     """loss.png of this run (fp8lab.plots); a plotting problem never fails a finished run."""
     try:
+        import io
         import warnings
 
         import matplotlib
@@ -407,7 +404,10 @@ def plot_loss(output_dir: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fig = loss_figure(load_runs([output_dir]), smoothing_span=10)
-            fig.savefig(output_dir / "loss.png", dpi=100)
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=100)
+        ownership.write_file(output_dir / "loss.png", png.getvalue())
+        ownership.record(output_dir, "loss.png")
     except Exception as exc:  # noqa: BLE001
         print(f"fp8lab: loss.png not written ({type(exc).__name__}: {exc})", file=sys.stderr)
 

@@ -28,9 +28,11 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fp8lab.data_format import (  # noqa: F401 - the on-disk facts, re-exported where they were
-    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, default_corpus, is_prepared, text_files,
-    tokenized_here,
+    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus, is_prepared,
+    text_files, tokenized_here,
 )
+from fp8lab import data_checks
+from fp8lab.validate import Check, is_count
 from fp8lab.paths import DATA_DIR
 from fp8lab.probes import check_member
 
@@ -51,41 +53,50 @@ def _open_text(path: Path):
 
 def _jsonl_documents(path: Path) -> Iterator[str]:
     """The ``text`` of each line of a JSON-lines file (one whole document per line, e.g. a source file)."""
+    who = f"file {path.name!r}"
     with _open_text(path) as fh:
-        for n, line in enumerate(fh, 1):
+        for n, line in enumerate(data_checks.bounded_lines(fh, who), 1):
             if not line.strip():
                 continue
             try:
-                text = json.loads(line)["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"line {n} of {path.name!r} is not a JSON object with a \"text\" string; "
-                                 "allowed in .jsonl sources: one {\"text\": ...} object per line") from None
-            if isinstance(text, str) and text.strip():
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                obj = None
+            text = data_checks.document_text(obj, path.name, n)
+            if text.strip():
                 yield text
 
 
 def read_documents(files: Iterable[Path]) -> Iterator[str]:
     """Documents from text files: blocks separated by blank lines (one chapter each in the KJV); in
-    ``.jsonl`` files one line each (JSONL_SUFFIXES)."""
+    ``.jsonl`` files one line each (JSONL_SUFFIXES). A damaged archive, a line or word past the bounds
+    of fp8lab.data_checks, or a decode error is a ValueError naming the file."""
     for path in files:
-        if Path(path).name.endswith(JSONL_SUFFIXES):
-            yield from _jsonl_documents(Path(path))
-            continue
-        block: list[str] = []
-        with _open_text(Path(path)) as fh:
-            try:
-                for line in fh:
-                    line = line.rstrip("\n")
-                    if line.strip():
-                        block.append(line)
-                    elif block:
-                        yield "\n".join(block)
-                        block = []
-            except UnicodeDecodeError as exc:  # name the file, not only the codec
-                raise ValueError(f"text file {Path(path).name!r} is not UTF-8 ({exc.reason} at byte {exc.start} of a "
-                                 "read block); allowed: UTF-8 text") from None
-        if block:
-            yield "\n".join(block)
+        try:
+            yield from _file_documents(Path(path))
+        except data_checks.ARCHIVE_ERRORS as exc:
+            raise ValueError(f"file {Path(path).name!r} is not a readable {Path(path).suffix} archive ({exc}); allowed: "
+                             "text files, optionally compressed with xz or gzip") from None
+        except UnicodeDecodeError as exc:  # name the file, not only the codec
+            raise ValueError(f"text file {Path(path).name!r} is not UTF-8 ({exc.reason} at byte {exc.start} of a "
+                             "read block); allowed: UTF-8 text") from None
+
+
+def _file_documents(path: Path) -> Iterator[str]:
+    if path.name.endswith(JSONL_SUFFIXES):
+        yield from _jsonl_documents(path)
+        return
+    block: list[str] = []
+    with _open_text(path) as fh:
+        for line in data_checks.bounded_lines(fh, f"file {path.name!r}"):
+            line = line.rstrip("\n")
+            if line.strip():
+                block.append(line)
+            elif block:
+                yield "\n".join(block)
+                block = []
+    if block:
+        yield "\n".join(block)
 
 
 def _is_hf(source: Any) -> bool:
@@ -173,13 +184,17 @@ def load_tokenizer(tokenizer: Any = None, vocab_size: int = DEFAULT_VOCAB):
         p = p / "tokenizer.json"
     if not p.is_file():
         raise ValueError(f"tokenizer {str(tokenizer)!r} is not a tokenizer.json file or a folder holding one")
+    why = data_checks.tokenizer_problem(p)
+    if why:
+        raise ValueError(f"--tokenizer={str(tokenizer)!r} does not load as a tokenizer ({why}); allowed: a "
+                         "tokenizer.json written by the tokenizers library (e.g. fp8lab.data.train_tokenizer)")
     return Tokenizer.from_file(str(p))
 
 
 # ----------------------------------------------------------------------------- preparing shards
 
 def _dtype_for(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+    return np.dtype(TOKEN_DTYPES[0] if vocab_size <= 2**16 else TOKEN_DTYPES[1])
 
 
 class _ShardWriter:
@@ -193,8 +208,11 @@ class _ShardWriter:
         self.documents = 0
 
     def _open(self) -> None:
+        from fp8lab import ownership
+
         name = f"{self.split}_{len(self.shards):05d}.bin"
-        self._fh = open(self.out_dir / name, "wb")
+        self._fh = ownership.new_file(self.out_dir / name)  # O_EXCL: never over a file, never through a link
+        ownership.record(self.out_dir, name, pending=True)
         self.shards.append({"file": name, "tokens": 0})
         self._n = 0
 
@@ -224,12 +242,24 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# a shard holds at least this many tokens (one file per token would be a file system's worst case), and a
+# vocabulary spans the 256 bytes plus the end-of-text token, at most what uint32 ids and a trained BPE reach
+SHARD_TOKENS = Check(lambda v: is_count(v, 1000) and v <= 1 << 40,
+                     "an integer from 1000 to 2**40 (tokens per shard file)")
+VOCAB_SIZE = Check(lambda v: is_count(v, 257) and v <= 1 << 22, "an integer from 257 to 4194304 (2**22)")
+
+
 def _check_prepare_args(val_fraction: Any, shard_tokens: Any) -> None:
     """Reject a ``val_fraction`` outside (0, 0.5) or a ``shard_tokens`` that is not a positive integer."""
     if not isinstance(val_fraction, (int, float)) or isinstance(val_fraction, bool) or not 0 < val_fraction < 0.5:
         raise ValueError(f"val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
-    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
+    if not SHARD_TOKENS(shard_tokens):
+        raise ValueError(f"--shard-tokens={shard_tokens!r} is invalid; allowed: {SHARD_TOKENS.allowed}")
+
+
+def _check_vocab_size(vocab_size: Any) -> None:
+    if not VOCAB_SIZE(vocab_size):
+        raise ValueError(f"--vocab-size={vocab_size!r} is invalid; allowed: {VOCAB_SIZE.allowed}")
 
 
 def source_digest(files: Iterable[Path]) -> str:
@@ -314,9 +344,11 @@ def _write_documents(docs: Iterable[str], tok: Any, eos: int, writers: dict[str,
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """Write ``manifest.json`` into ``out`` atomically (a temporary file, then a rename)."""
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    tmp.replace(out / MANIFEST)
+    from fp8lab import ownership
+
+    ownership.write_file(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    shards = [sh["file"] for sp in manifest["splits"].values() for sh in sp["shards"]]
+    ownership.record(out, MANIFEST, manifest["tokenizer"], *shards)  # fp8lab's files, with their digests
 
 
 def prepare_data(
@@ -339,6 +371,8 @@ def prepare_data(
     the whole corpus. Ids are stored as uint16 when the vocabulary fits, else uint32.
     """
     _check_prepare_args(val_fraction, shard_tokens)
+    if tokenizer is None:
+        _check_vocab_size(vocab_size)
     docs, source_desc = _source_documents(source, hf_split, text_field)
     tok = load_tokenizer(tokenizer, vocab_size)
     eos = tok.token_to_id(EOS_TOKEN)
@@ -351,7 +385,9 @@ def prepare_data(
     index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
     if writers["val"].tokens == 0 or writers["train"].tokens == 0:
         raise ValueError(f"source has too few documents ({index}) for a train/val split with val_fraction={val_fraction}")
-    tok.save(str(out / "tokenizer.json"))
+    from fp8lab import ownership
+
+    ownership.write_file(out / "tokenizer.json", tok.to_str())
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -532,22 +568,27 @@ def describe(data_dir: str | Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m fp8lab.data OUT_DIR [--source ...]``: prepare a token folder (e.g. a SageMaker channel)."""
-    import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m fp8lab.data", description="Tokenize text into fp8lab token shards.")
+    from fp8lab.validate import OneLineParser, parse_count
+
+    p = OneLineParser(prog="fp8lab prepare-data", description="Tokenize text into fp8lab token shards.")
     p.add_argument("out_dir", help="folder to write manifest.json, tokenizer.json and the shards into")
-    p.add_argument("--source", nargs="*", default=None,
+    p.add_argument("--source", nargs="+", default=None,
                    help="text files/folders, or hf:<dataset> (default: the shipped KJV corpus)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one for --vocab-size)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="which shipped tokenizer (32000 or 512)")
+    p.add_argument("--vocab-size", type=parse_count, default=DEFAULT_VOCAB,
+                   help="which shipped tokenizer (32000 or 512; another size is trained on the shipped corpus)")
     p.add_argument("--val-fraction", type=float, default=0.05)
-    p.add_argument("--shard-tokens", type=int, default=1 << 26)
+    p.add_argument("--shard-tokens", type=parse_count, default=1 << 26, help="tokens per shard file (at least 1000)")
     args = p.parse_args(argv)
     source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
     try:
         from fp8lab import data_checks, ownership, probes
 
+        _check_prepare_args(args.val_fraction, args.shard_tokens)
+        if args.tokenizer is None:
+            _check_vocab_size(args.vocab_size)
         probes.check_writable_dir("OUT_DIR", args.out_dir)
         ownership.refuse_foreign("OUT_DIR", args.out_dir, "tokens")
         data_checks.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)

@@ -7,6 +7,7 @@ import codecs
 import gzip
 import json
 import lzma
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,61 @@ from fp8lab.probes import check_member
 from fp8lab.validate import is_count
 
 SCAN_BYTES = 64 << 20  # text read per --data file up front; a decode error past this is caught while tokenizing
+# bounds on one line and one "word" (a run without whitespace: one piece for the BPE tokenizer, whose time grows
+# faster than its length): checked in the scan and again while tokenizing, so memory and time stay bounded
+MAX_LINE_BYTES = 64 << 20
+MAX_WORD_CHARS = 1 << 20
+ARCHIVE_ERRORS = (lzma.LZMAError, gzip.BadGzipFile, zlib.error, EOFError)  # a damaged .xz / .gz, as its reader raises it
+
+
+def bounded_lines(fh, who: str):
+    """The lines of ``fh`` (bytes or text), each read with a size limit; ValueError naming ``who`` and the
+    line when a line or a word in it is longer than the bounds."""
+    n = 0
+    while True:
+        line = fh.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise ValueError(f"{who}: line {n} is longer than {MAX_LINE_BYTES >> 20} MiB; allowed: lines (documents) "
+                             f"of at most {MAX_LINE_BYTES >> 20} MiB")
+        if len(line) > MAX_WORD_CHARS and max(map(len, line.split()), default=0) > MAX_WORD_CHARS:
+            raise ValueError(f"{who}: line {n} holds a word (a run without spaces) longer than {MAX_WORD_CHARS:,} "
+                             "characters; allowed: text whose words are shorter (split or drop that data)")
+        yield line
+
+
+def document_text(obj, name: str, line_no: int) -> str:
+    """The ``text`` of one .jsonl line's object (file ``name``): a string of valid Unicode (no lone surrogates)."""
+    where = f"line {line_no} of {name!r}"
+    if not isinstance(obj, dict) or "text" not in obj:
+        raise ValueError(f"{where} is not a JSON object with a \"text\" string; allowed in .jsonl sources: one "
+                         "{\"text\": ...} object per line")
+    text = obj["text"]
+    if not isinstance(text, str):
+        kind = {bool: "true/false", int: "a number", float: "a number", list: "a list",
+                dict: "an object"}.get(type(text), "null")
+        raise ValueError(f"{where}: field \"text\" is {kind}, not a string; allowed: a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where}: field \"text\" holds a lone surrogate (\\u{ord(text[exc.start]):04x} at character "
+                         f"{exc.start}); allowed: valid Unicode text") from None
+    return text
+
+
+def tokenizer_problem(path: Path) -> str | None:
+    """Why ``path`` does not load as a ``tokenizers`` tokenizer.json (the error's kind), or None."""
+    from tokenizers import Tokenizer
+
+    if not path.is_file():
+        return "not a regular file"
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception
+        return type(exc).__name__
+    return None
 
 
 def _open_binary(path: Path):
@@ -37,7 +93,7 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
             if b"\x00" in head:
                 raise ValueError(f"{who} is binary (NUL bytes near its start), not text; allowed: UTF-8 text "
                                  "files (.txt, .md, optionally .xz/.gz) or a prepared folder")
-            for raw in fh:
+            for raw in bounded_lines(fh, who):
                 line_no += 1
                 if b"\x00" in raw:
                     raise ValueError(f"{who} is binary (NUL bytes on line {line_no}), not text; "
@@ -60,7 +116,7 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
             except UnicodeDecodeError:
                 raise ValueError(f"{who} is not UTF-8 text (it ends inside a multi-byte character); "
                                  "allowed: UTF-8 text") from None
-    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+    except ARCHIVE_ERRORS as exc:
         raise ValueError(f"{who} is not a readable {path.suffix} archive ({exc}); "
                          "allowed: text files, optionally compressed with xz or gzip") from None
     except OSError as exc:
@@ -75,7 +131,15 @@ def check_data_source(value: str | list | None, option: str = "--data", val_frac
     """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
     ``hf:`` pass (checked when loaded). ``scan_tokens``: also read a prepared folder's every token id
     (:func:`check_token_ids`; a training job does that once, on rank 0: :func:`scan_token_ids`)."""
-    if value is None or (isinstance(value, str) and value.startswith("hf:")):
+    if isinstance(value, str) and value.startswith("hf:"):
+        import importlib.util
+
+        if importlib.util.find_spec("datasets") is None:
+            raise ValueError(f"{option}={value!r} is a Hugging Face dataset, which needs the 'datasets' package (not "
+                             "installed: pip install datasets) and the network; allowed: local text files or a "
+                             "prepared folder")
+        return
+    if value is None:
         return
     if isinstance(value, (str, Path)) and fformat.is_prepared(value):
         check_prepared_folder(Path(value), option, scan_tokens)
@@ -84,6 +148,12 @@ def check_data_source(value: str | list | None, option: str = "--data", val_frac
         files = fformat.text_files(value)
     except ValueError as exc:
         raise ValueError(f"{option}={value if isinstance(value, list) else str(value)!r}: {exc}") from None
+    seen: set[Path] = set()
+    for f in files:
+        if f.resolve() in seen:
+            raise ValueError(f"{option}: file {f.name!r} is given twice (its documents would be trained on twice); "
+                             "allowed: each file once")
+        seen.add(f.resolve())
     docs = sum(scan_text_file(f, option) for f in files)
     need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fp8lab.data.prepare_data)
     if docs < need:
@@ -108,6 +178,9 @@ def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: boo
         got = (m.get("format"), m.get("version")) if isinstance(m, dict) else type(m).__name__
         raise ValueError(f"{who} is not an {fformat.FORMAT} v{fformat.FORMAT_VERSION} manifest (found {got}); "
                          "allowed: a folder written by fp8lab prepare-data")
+    if m.get("dtype") not in fformat.TOKEN_DTYPES:
+        raise ValueError(f"{who} has dtype={m.get('dtype')!r}; allowed: {' | '.join(fformat.TOKEN_DTYPES)} (what fp8lab "
+                         "prepare-data writes; re-create the folder with it)")
     try:
         itemsize = __import__("numpy").dtype(m["dtype"]).itemsize
         shards = [(s["file"], int(s["tokens"])) for split in ("train", "val") for s in m["splits"][split]["shards"]]
@@ -123,6 +196,10 @@ def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: boo
                              f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
     if not (folder / tokenizer).is_file():
         raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
+    why = tokenizer_problem(folder / tokenizer)
+    if why:
+        raise ValueError(f"{option}: {tokenizer!r} in {folder.name!r} does not load as a tokenizer ({why}); allowed: a "
+                         "folder written by fp8lab prepare-data (re-create it)")
     if scan_tokens:
         check_token_ids(folder, m, option)
     return m

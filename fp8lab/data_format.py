@@ -16,6 +16,7 @@ CORPUS_DIR = DATA_DIR / "corpus"
 MANIFEST = "manifest.json"
 FORMAT = "fp8lab-tokens"
 FORMAT_VERSION = 1
+TOKEN_DTYPES = ("uint16", "uint32")  # a shard's token ids: uint16 when the vocabulary fits, else uint32 (never signed)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")  # one document per line: {"text": ...} (source code keeps its blank lines)
 TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz") + JSONL_SUFFIXES
 
@@ -43,6 +44,9 @@ def text_files(source: str | Path | Iterable[str | Path] | None) -> list[Path]:
             files.extend(found)
         elif p.is_file():
             files.append(p)
+        elif p.exists():  # a FIFO, device or socket: never opened (a FIFO would block)
+            raise ValueError(f"source {str(item)!r} is not a regular file (a FIFO, device or socket); allowed: text "
+                             "files or folders")
         else:
             raise ValueError(f"source {str(item)!r} is not an existing file or folder "
                              "(for a Hugging Face dataset write hf:<name>)")

@@ -3,9 +3,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from fp8lab import data as fdata
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed write raises besides OSError: safetensors' own error (a full disk, a file-size limit)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - safetensors is a dependency of transformers
+        return ()
+    return (SafetensorError,)
+
+
+WRITE_ERRORS = _write_errors()
 
 
 def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
@@ -40,8 +53,9 @@ def save_hf_model(model, inner, conversion, c, model_dir: Path, data_dir: Path, 
     from transformers.utils import logging as hf_logging
 
     hf = build_model(c.model, device="meta", **c.shape_overrides)  # a user's folder: its own config
-    stage = ownership.claim(model_dir, "model") / ".export.tmp"  # written whole, then moved in file by file
-    shutil.rmtree(stage, ignore_errors=True)
+    ownership.refuse_foreign("--model-dir", model_dir, "model")  # as at the start: nothing of the user's is replaced
+    # written whole into a fresh folder fp8lab creates, then moved in file by file
+    stage = Path(tempfile.mkdtemp(dir=ownership.claim(model_dir, "model"), prefix=ownership.TMP_PREFIX))
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
     try:
@@ -50,8 +64,11 @@ def save_hf_model(model, inner, conversion, c, model_dir: Path, data_dir: Path, 
         if not user_model.copy_tokenizer(c.model, stage):
             tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
             tok.save_pretrained(str(stage))
-        for f in sorted(stage.iterdir()):
-            os.replace(f, model_dir / f.name)
+        names = sorted(f.name for f in stage.iterdir())
+        ownership.refuse_foreign("--model-dir", model_dir, "model")
+        for name in names:
+            os.replace(stage / name, model_dir / name)
+        ownership.record(model_dir, *names)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if bar_was_on:

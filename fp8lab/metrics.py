@@ -14,8 +14,10 @@ null in the file and 0 in the log line.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import platform
 import sys
 from pathlib import Path
@@ -88,15 +90,30 @@ class MetricsLog:
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= resume_step:
                     kept.append(line)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-        tmp.replace(self.path)
+        from fp8lab import ownership
+
+        head = "".join(k + "\n" for k in kept).encode("utf-8")
+        ownership.write_file(self.path, head)  # a fresh file, renamed in: never written through a link
         self.kept = len(kept)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        self._fh = os.fdopen(fd, "a", encoding="utf-8")
+        # the run folder's marker (fp8lab.ownership) names the file with the digest of its first bytes
+        self._marked = ownership.marker_kind(self.path.parent) is not None
+        self._record(head)
+
+    def _record(self, head: bytes) -> None:
+        if self._marked:
+            from fp8lab import ownership
+
+            ownership.record(self.path.parent, self.path.name, digest=(len(head), hashlib.sha256(head).hexdigest()))
+        self._recorded = len(head)
 
     def write(self, rec: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(rec, allow_nan=False) + "\n")
+        line = json.dumps(rec, allow_nan=False) + "\n"
+        self._fh.write(line)
         self._fh.flush()
+        if self._recorded == 0:  # its first record: the marker's digest covers it from now on
+            self._record(line.encode("utf-8"))
 
     def close(self) -> None:
         self._fh.close()

@@ -22,14 +22,33 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from pathlib import Path
 
 from fp8lab.paths import is_inside
-from fp8lab.validate import BOOL, POSITIVE_INT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_num, optional
+from fp8lab.validate import BOOL, POSITIVE_INT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_num, one_of, optional
 
 # ------------------------------------------------------------------------------------ config.json
 
 _POSITIVE_NUM = Check(lambda v: is_num(v) and v > 0, "a number > 0")
+_UNIT_RANGE = Check(lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1]")  # transformers' own bound
+
+
+def _finite_tree(v) -> bool:
+    """Numbers (at any depth of lists and objects) are finite and no bools stand in for them."""
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, dict):
+        return all(_finite_tree(x) for x in v.values())
+    if isinstance(v, list):
+        return all(_finite_tree(x) for x in v)
+    return True
+
+
+_ROPE = Check(lambda v: v is None or (isinstance(v, dict) and _finite_tree(v)),
+              "null or an object of finite numbers (transformers then checks its fields)")
+_ATTN = ("eager", "sdpa")  # what the converted layers run on; flash_attention_2 needs a package fp8lab does not use
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _TOKEN_ID = Check(lambda v: v is None or is_count(v, 0) or (isinstance(v, list) and all(is_count(x, 0) for x in v)),
                   "null, an integer >= 0 or a list of them")
 
@@ -48,7 +67,13 @@ CONFIG_FIELDS: dict[str, Check] = {
     **{f: optional(POSITIVE_INT) for f in ("intermediate_size", "num_key_value_heads", "head_dim", "window_size",
                                            "sliding_window", "max_window_layers")},
     **{f: UNIT_OPEN for f in ("rms_norm_eps", "layer_norm_epsilon")},
-    **{f: _POSITIVE_NUM for f in ("rope_theta", "initializer_range")},
+    **{f: _POSITIVE_NUM for f in ("rope_theta",)},
+    **{f: _UNIT_RANGE for f in ("initializer_range",)},
+    **{f: _ROPE for f in ("rope_scaling", "rope_parameters")},
+    **{f: optional(one_of(_ATTN)) for f in ("attn_implementation", "_attn_implementation")},
+    **{f: optional(one_of(_DTYPES)) for f in ("torch_dtype", "dtype")},
+    "quantization_config": Check(lambda v: v is None, "absent (fp8lab trains float weights; quantized checkpoints "
+                                                      "are not supported)"),
     **{f: UNIT_HALF_OPEN for f in ("attention_dropout", "embed_dropout", "resid_dropout", "hidden_dropout")},
     **{f: BOOL for f in ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_cache", "use_sliding_window")},
     **{f: _TOKEN_ID for f in ("bos_token_id", "eos_token_id", "pad_token_id")},
@@ -61,7 +86,15 @@ def check_config_fields(d: dict, where: str = "config.json") -> None:
     checks = {**CONFIG_FIELDS, **{f: _activations() for f in ACTIVATION_FIELDS if f in d}}
     for name, check in checks.items():
         if name in d and not check(d[name]):
-            raise ValueError(f"--model: {where} field {name}={d[name]!r} is invalid; allowed: {check.allowed}")
+            shown = repr(d[name]) if not isinstance(d[name], (dict, list)) else f"a {type(d[name]).__name__}"
+            raise ValueError(f"--model: {where} field {name}={shown} is invalid; allowed: {check.allowed}")
+    vocab = d.get("vocab_size")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        ids = d.get(name)
+        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        if is_count(vocab) and any(i >= vocab for i in ids):
+            raise ValueError(f"--model: {where} field {name}={d[name]!r} is outside the vocabulary (vocab_size "
+                             f"{vocab}); allowed: ids 0..{vocab - 1}")
 
 
 # ------------------------------------------------------------------------------------ weights
@@ -72,8 +105,9 @@ INDEX = "model.safetensors.index.json"
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files ``from_pretrained`` reads: those the index lists, else every *.safetensors."""
     index = folder / INDEX
-    if not index.is_file():
+    if not index.exists():
         return sorted(folder.glob("*.safetensors"))
+    _regular(index)
     try:
         names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -85,15 +119,54 @@ def weight_files(folder: Path) -> list[Path]:
     return [folder / n for n in names]
 
 
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the float dtypes a model's weights may have
+
+
 def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from the header; every tensor a float dtype."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as fh:  # the header only: no tensor is read
-            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+            shapes, dtypes = {}, {}
+            for k in fh.keys():
+                sl = fh.get_slice(k)
+                shapes[k], dtypes[k] = tuple(sl.get_shape()), sl.get_dtype()
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for every kind of damage
         raise ValueError(f"--model: weights file {path.name!r} is not a readable safetensors file "
                          f"({type(exc).__name__}); allowed: files written by save_pretrained / safetensors") from None
+    for k, dt in dtypes.items():
+        if dt not in FLOAT_DTYPES:
+            raise ValueError(f"--model: weights tensor {k!r} in {path.name!r} has dtype {dt}; allowed: "
+                             f"{' | '.join(FLOAT_DTYPES)} (a model's float weights)")
+    return shapes
+
+
+def _check_finite(path: Path) -> None:
+    """Every weight is a finite number (one tensor at a time; NaN or Inf would train NaN losses)."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        for k in fh.keys():
+            t = fh.get_tensor(k)
+            if t.numel() and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise ValueError(f"--model: weights tensor {k!r} in {path.name!r} holds {bad} NaN or Inf value(s); "
+                                 "allowed: finite weights")
+
+
+def _regular(path: Path) -> None:
+    """A weights file is a regular file (a FIFO or device would block or never end), never opened otherwise."""
+    import stat as _stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ValueError(f"--model: weights file {path.name!r} cannot be read ({exc.strerror})") from None
+    if not _stat.S_ISREG(mode):
+        raise ValueError(f"--model: weights file {path.name!r} is not a regular file (a FIFO, device or socket); "
+                         "allowed: files written by save_pretrained")
 
 
 def _expected_shapes(hf_cfg) -> tuple[dict[str, tuple[int, ...]], str, set[str]]:
@@ -111,10 +184,16 @@ def _expected_shapes(hf_cfg) -> tuple[dict[str, tuple[int, ...]], str, set[str]]
 def check_weights(folder: Path, hf_cfg) -> None:
     """The folder's safetensors hold every tensor of the model ``hf_cfg`` describes, shaped as it says."""
     files = weight_files(folder)
+    pickled = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
+    if pickled and not files:
+        raise ValueError(f"--model: weights file {pickled[0]!r} is a pickle (PyTorch .bin), which fp8lab never loads "
+                         "(unpickling can run code); allowed: *.safetensors weights (save_pretrained writes them; "
+                         "convert with model.save_pretrained(dir, safe_serialization=True))")
     if not files:
         return
     found: dict[str, tuple[int, ...]] = {}
     for f in files:
+        _regular(f)
         found.update(_header_shapes(f))
     want, prefix, tied = _expected_shapes(hf_cfg)
     # a base-model checkpoint (LlamaModel) names its tensors without the causal-LM wrapper's prefix
@@ -129,6 +208,8 @@ def check_weights(folder: Path, hf_cfg) -> None:
         if named[key][1] != shape:
             raise ValueError(f"--model: weights tensor {named[key][0]!r} has shape {list(named[key][1])} but config.json "
                              f"gives {list(shape)}; allowed: weights saved from a model with this config.json")
+    for f in files:
+        _check_finite(f)
 
 
 # ------------------------------------------------------------------------------------ tokenizer files
@@ -154,14 +235,24 @@ def check_tokenizer_files(folder: Path, root: Path, names: tuple[str, ...]) -> N
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"--model: tokenizer file {name!r} cannot be read ({type(exc).__name__})") from None
         if name == "tokenizer.json":
-            from tokenizers import Tokenizer
+            from fp8lab.data_checks import tokenizer_problem
 
-            try:
-                Tokenizer.from_file(str(p))
-            except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception
-                raise ValueError(f"--model: tokenizer file 'tokenizer.json' does not load as a tokenizer "
-                                 f"({type(exc).__name__}); allowed: a tokenizer.json written by the tokenizers "
-                                 "library, or remove it") from None
+            why = tokenizer_problem(p)
+            if why:
+                raise ValueError(f"--model: tokenizer file 'tokenizer.json' does not load as a tokenizer ({why}); "
+                                 "allowed: a tokenizer.json written by the tokenizers library, or remove it")
+        if name == "merges.txt" and not _merges_ok(p):
+            raise ValueError("--model: tokenizer file 'merges.txt' is not a BPE merges list (UTF-8 lines of two "
+                             "space-separated pieces); allowed: the file save_pretrained writes, or remove it")
+
+
+def _merges_ok(path: Path) -> bool:
+    """merges.txt as tokenizers writes it: UTF-8 text, a '#version' line at most, then 'a b' pairs."""
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return all(len(line.split(" ")) == 2 for line in lines if line and not line.startswith("#version"))
 
 
 # ------------------------------------------------------------------------------------ identity

@@ -114,5 +114,9 @@ def start(device):
 def write(prof, wall_s: list[float], unprofiled_s: list[float], output_dir: Path) -> str:
     """Summarise a stopped profiler into ``output_dir/profile.json``; return the log lines."""
     summary = summarize(prof, len(wall_s), wall_s, unprofiled_s)
-    (Path(output_dir) / "profile.json").write_text(json.dumps(summary, indent=1) + "\n")
+    from fp8lab import ownership
+
+    ownership.write_file(Path(output_dir) / "profile.json", json.dumps(summary, indent=1) + "\n")
+    if ownership.marker_kind(Path(output_dir)) is not None:
+        ownership.record(output_dir, "profile.json")
     return format_summary(summary)

@@ -16,7 +16,8 @@ from typing import Iterable
 
 import pandas as pd
 
-from fp8lab import analysis, fp8stats, plots
+from fp8lab import analysis, fp8stats, ownership, plots
+from fp8lab.paths import RESULTS_DIR
 from fp8lab.probes import check_writable_file
 from fp8lab.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 
@@ -283,13 +284,31 @@ def _health_section(health: dict) -> list[str]:
     return out
 
 
+# what the loader reads in a folder of runs (fp8lab.analysis.load): a file of these is never written over
+_READ_SUFFIXES = (".jsonl", ".csv", ".json")
+
+
+def refuse_input(option: str, value: str | Path, sources: Iterable[str | Path]) -> None:
+    """ValueError naming ``option`` when the file it writes is one of the run files it reads: a source
+    itself, or a file the loader reads inside a source folder."""
+    out = Path(value).resolve()
+    for src in sources:
+        src = Path(src).resolve()
+        if out == src or (src.is_dir() and src in out.parents and out.name.endswith(_READ_SUFFIXES)):
+            raise ValueError(f"{option}={str(value)!r} is one of the run files the report reads; fp8lab never writes "
+                             f"over its inputs; allowed: a file outside them, e.g. report.html")
+
+
 def build_report(sources: object = None, out: str | Path = "report.html",
                  config: ReportConfig = ReportConfig()) -> Path:
     """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``."""
+    given = ([sources] if isinstance(sources, (str, Path, pd.DataFrame)) else list(sources) if sources is not None
+             else [RESULTS_DIR])
+    refuse_input("out", out, [s for s in given if isinstance(s, (str, Path))])
     runs = analysis.load_runs(sources)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(runs, config, health=fp8stats.of_sources(sources)), encoding="utf-8")
+    ownership.write_file(out, render_html(runs, config, health=fp8stats.of_sources(sources)))
     return out
 
 
@@ -317,6 +336,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         for option, value in (("--out", args.out), ("--markdown", args.markdown)):
             if value is not None:
                 check_writable_file(option, value)
+                if not args.docs:
+                    refuse_input(option, value, args.runs or [RESULTS_DIR])
     except ValueError as exc:
         print(f"fp8lab report: error: {exc}", file=sys.stderr)
         return 2
@@ -336,8 +357,7 @@ def main(argv: Iterable[str] | None = None) -> int:
                                  "folders, result files, or folders holding them")
         out = build_report(args.runs or None, args.out, config)
         if args.markdown:
-            Path(args.markdown).write_text(render_markdown(analysis.load_runs(args.runs or None), config),
-                                           encoding="utf-8")
+            ownership.write_file(args.markdown, render_markdown(analysis.load_runs(args.runs or None), config))
     except (ValueError, FileNotFoundError) as exc:
         print(f"fp8lab report: error: {exc}", file=sys.stderr)
         return 1

@@ -4,7 +4,9 @@
 holder (pid, host) into it. The kernel drops a flock when its process ends, kill -9 included, so a
 lock left by a dead run is stale by construction and the next run simply takes it; while its
 holder lives, a second run on the folder is refused with one line saying who holds it. At release
-the holder's line is cleared (the empty file stays: fp8lab.ownership counts it as fp8lab's).
+the holder's line is cleared (the empty file stays: fp8lab.ownership counts it as fp8lab's). The lock
+file is opened without following a link (``O_NOFOLLOW``) and used only when it is a regular file with
+no other name (no hard link): a planted link or FIFO is refused, never written through.
 
 Under torchrun rank 0 takes it (one lock per job, whatever the ranks); a SageMaker job has its own
 folders. A file system without flock (some network mounts) runs unlocked, with a note.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 from pathlib import Path
 
 from fp8lab.ownership import LOCK
@@ -47,7 +50,7 @@ def acquire(option: str, folder: str | Path) -> RunLock:
         import fcntl
     except ImportError:  # not POSIX
         return RunLock(None)
-    fh = open(Path(folder) / LOCK, "a+")
+    fh = _open(option, folder)
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -65,6 +68,26 @@ def acquire(option: str, folder: str | Path) -> RunLock:
     fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
     fh.flush()
     return RunLock(fh)
+
+
+def _open(option: str, folder: str | Path):
+    """The lock file, opened read-write without following a link; ValueError when it is no plain file."""
+    path = Path(folder) / LOCK
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        fd, why = -1, exc.strerror or type(exc).__name__
+    if fd >= 0:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "r+")
+        os.close(fd)
+        why = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a hard link to another file"
+    raise ValueError(f"{option}={str(folder)!r} holds a {LOCK} that fp8lab cannot use as its run lock ({why}; a "
+                     f"symlink, FIFO or link is never written through); allowed: a folder where {LOCK} is fp8lab's "
+                     f"own (remove that entry) or a new folder")
 
 
 def _holder(text: str) -> str:

@@ -28,14 +28,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fp8lab import fp8stats
+from fp8lab import fp8stats, ownership
 
 PACKAGE = "nvdlfw-inspect"  # pip name (fp8lab/constraints-gpu.txt pins it); imported as nvdlfw_inspect
 TENSORS = {"activation": "x", "weight": "w", "gradient": "g"}  # TE's tensor names -> fp8lab's roles (fp8stats.KINDS)
 FP8_STATS = ("underflows%", "scale_inv_min")
 DELAYED_ONLY = ("overflows%",)  # TE computes overflows only where the scale comes from a history
 AMAX_STATS = ("cur_amax",)
-LOG_DIR = "te-debug"  # in the run's output folder: nvdlfw-inspect's own log (which layers, which features)
+LOG_DIR = ownership.TE_DEBUG_DIR  # in the run's output folder: nvdlfw-inspect's own log (which layers, which features)
 NEVER = -1  # the debug API's iteration between steps: not a multiple of any interval >= 2 (validation stays out)
 _NAME = re.compile(r"^(?P<layer>.+)_(?P<tensor>" + "|".join(TENSORS) + r")_(?P<stat>[a-z_%]+)$")
 

@@ -93,6 +93,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
     kwargs = {name: from_text(fields[name], raw) for name, raw in args.items() if raw is not None}
     config = TrainConfig(**kwargs)
     fvalidate.check_cli_recipe(config, "recipe" in kwargs)
+    fvalidate.check_cli_fp8_stats(config, "fp8_stats_every" in kwargs)
     return config
 
 
@@ -101,7 +102,15 @@ def _sagemaker_argv() -> list[str]:
     raw = os.environ.get("SM_HPS")
     if not raw:
         return []
-    return [w for k, v in json.loads(raw).items() if not k.startswith("sagemaker_") for w in (f"--{k}", to_text(v))]
+    try:
+        hps = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"SM_HPS (the job's hyperparameters) is not valid JSON ({getattr(exc, 'msg', exc)}); allowed: "
+                         "a JSON object of option -> value, as SageMaker sets it") from None
+    if not isinstance(hps, dict):
+        raise ValueError(f"SM_HPS (the job's hyperparameters) is a JSON {type(hps).__name__}; allowed: a JSON object "
+                         "of option -> value, as SageMaker sets it")
+    return [w for k, v in hps.items() if not str(k).startswith("sagemaker_") for w in (f"--{k}", to_text(v))]
 
 
 
@@ -138,9 +147,9 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
     if any(a in ("-h", "--help") for a in argv):
         build_parser().print_help()
         return 0
-    if not argv and os.environ.get("SM_HPS"):
-        argv = _sagemaker_argv()
     try:
+        if not argv and os.environ.get("SM_HPS"):
+            argv = _sagemaker_argv()
         config = parse_args(argv)
     except ValueError as exc:
         print(f"fp8lab train: error: {exc}", file=sys.stderr)

@@ -312,7 +312,8 @@ class Trainer:
             from fp8lab.fp8attn import BWD_ENV
 
             cfg_record["plan"][BWD_ENV] = os.environ.get(BWD_ENV)
-        (self.paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
+        ownership.write_file(self.paths.output_dir / "config.json", json.dumps(cfg_record, indent=2, default=str) + "\n")
+        ownership.record(self.paths.output_dir, "config.json")
         self._log_start()
 
     def _resolved(self) -> dict[str, Any]:
@@ -553,7 +554,7 @@ class Trainer:
         try:
             fexport.save_hf_model(self.model, self.inner, self.conversion, self.c, self.paths.model_dir, self.data_dir,
                                   env, master=self.master)
-        except OSError as exc:  # e.g. disk full: the staged files are removed, nothing half-written stays
+        except (OSError, ValueError, *fexport.WRITE_ERRORS) as exc:  # e.g. disk full: the staged files are removed
             why = fresume.failure_reason(exc)
         why = fdist.broadcast_object(why, env)
         if why is None:

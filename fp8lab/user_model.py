@@ -38,6 +38,7 @@ else the data tokenizer; the run's ``config.json`` lists them under ``model_sour
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -148,13 +149,52 @@ def check_config_dict(d: dict, where: str = "config.json"):
 
     body = {k: v for k, v in d.items() if k != "model_type"}
     try:
-        hf = AutoConfig.for_model(mt, **body)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ValueError(f"--model: {where} is not a valid {mt} config ({exc})") from None
+        with _transformers_complaints() as complaints:
+            hf = AutoConfig.for_model(mt, **body)
+    except Exception as exc:  # noqa: BLE001 - TypeError, KeyError, huggingface_hub's StrictDataclass*ValidationError
+        said = " ".join(str(exc).split())[:300]
+        raise ValueError(f"--model: {where} is not a valid {mt} config ({type(exc).__name__}: {said}); allowed: "
+                         "the values transformers accepts") from None
+    if complaints:
+        raise ValueError(f"--model: {where} is not a valid {mt} config (transformers: {complaints[0][:300]}); "
+                         "allowed: the values transformers accepts")
     if families.SUPPORTED[mt].layout == "llama" and rope.rope_type(hf) not in rope.known_types():
         raise ValueError(f"--model: {where}: {rope.rope_problem(hf)}")
     validate_config(config_from_hf(hf), f"--model ({where})")
     return hf
+
+
+@contextlib.contextmanager
+def _transformers_complaints():
+    """The warnings transformers logs while it validates a config that say a value is invalid ("... must
+    be ...": RoPE factors, orders, lengths); collected, so fp8lab refuses what transformers only logs."""
+    import logging
+
+    log = logging.getLogger("transformers.modeling_rope_utils")
+    found: list[str] = []
+    others: list[logging.LogRecord] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if record.levelno >= logging.WARNING and (" must " in msg or "Missing validation function" in msg):
+                found.append(" ".join(msg.split()))
+            else:
+                others.append(record)
+
+    handler, level, propagate = _Collect(), log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False  # a refusal is one line, not the log's lines as well
+    try:
+        yield found
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+        if not found:  # a config that passes: transformers' other notes reach its log as before
+            for record in others:
+                log.handle(record)
 
 
 @functools.lru_cache(maxsize=32)

@@ -142,6 +142,14 @@ def check_cli_recipe(c, recipe_given: bool) -> None:
                          "(te | torchao | emulated: BF16 on the converted layers that recipe picks)")
 
 
+def check_cli_fp8_stats(c, given: bool) -> None:
+    """``fp8lab train --precision bf16 --fp8-stats-every K`` (K > 0): a BF16 run has no FP8 casts, so the
+    statistics would be silently off (0, the off switch, and auto are accepted)."""
+    if given and c.precision != "fp8" and is_count(c.fp8_stats_every):
+        raise ValueError(f"--fp8-stats-every={c.fp8_stats_every} has no effect with --precision {c.precision} (no FP8 "
+                         "casts to watch); allowed: leave it out, 0, or --precision fp8")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse with one line on a bad option, ``<prog>: error: <message> (see --help)``, and exit code 2."""
 

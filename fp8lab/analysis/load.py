@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -184,13 +186,66 @@ def display_path(path: Path) -> str:
     return "/".join(path.parts[-2:])
 
 
+def _read_regular(path: Path) -> str:
+    """The text of a regular file; RunFileError for a FIFO, device or socket (never opened: a FIFO would block)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise RunFileError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RunFileError(f"{path}: not a regular file (a FIFO, device or socket); allowed: result files and "
+                           "trainer output folders")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunFileError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+# Fields of run, step and summary records with what they may hold (None/null: not logged). Checked per
+# file as it is read, so no table, figure or report divides by a zero, an Infinity or a 1e30.
+_SIZE_LIMITS = {"world_size": 10**6, "instances": 10**5, "micro_batch_size": 10**7, "grad_accum": 10**7,
+                "seq_len": 10**8, "step": 10**12, "tokens": 10**18}
+_POSITIVE_RATES = ("step_time_s", "tokens_per_sec", "tokens_per_sec_per_gpu")
+_NONNEG_NUMBERS = ("mfu", "lr", "max_mem_gib")
+
+
+def _field_problem(name: str, v: object) -> str | None:
+    """What is allowed for field ``name`` when ``v`` is not, else None."""
+    if v is None or isinstance(v, str) and name not in _SIZE_LIMITS:
+        return None
+    num = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if name in _SIZE_LIMITS:
+        low = 0 if name == "tokens" else 1
+        top = _SIZE_LIMITS[name]
+        if not (num and math.isfinite(v) and float(v).is_integer() and low <= v <= top):
+            return f"an integer from {low} to {top:.0e}"
+    elif name in _POSITIVE_RATES:
+        if not (num and math.isfinite(v) and v > 0):
+            return "a finite number > 0, or null"
+    elif name in _NONNEG_NUMBERS:
+        if not (num and math.isfinite(v) and v >= 0):
+            return "a finite number >= 0, or null"
+    return None
+
+
+def check_record_fields(path: Path, lineno: int | str, rec: dict) -> None:
+    """RunFileError naming the file, line and field when a record's size or rate field is out of range."""
+    for name in (*_SIZE_LIMITS, *_POSITIVE_RATES, *_NONNEG_NUMBERS):
+        if name in rec:
+            why = _field_problem(name, rec[name])
+            if why:
+                v = rec[name]
+                shown = repr(v) if isinstance(v, (int, float, bool, type(None))) else type(v).__name__
+                raise RunFileError(f"{path}: line {lineno}: field {name}={shown} is invalid; allowed: {why}")
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, object) for each record; a truncated last line is dropped with a warning.
 
     A corrupt line anywhere else raises :class:`RunFileError` naming the file and line.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = _read_regular(path)
     lines = text.split("\n")
     records = []
     for i, line in enumerate(lines, start=1):
@@ -295,13 +350,18 @@ def _load_trainer_dir(folder: Path) -> pd.DataFrame:
     cfg = folder / "config.json"
     if cfg.exists():
         try:
-            meta = _meta(json.loads(cfg.read_text(encoding="utf-8")))
+            meta = _meta(json.loads(_read_regular(cfg)))
         except json.JSONDecodeError as exc:
             raise RunFileError(f"{cfg}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
+        except AttributeError:  # not a JSON object
+            raise RunFileError(f"{cfg}: not a JSON object") from None
+        check_record_fields(cfg, "-", meta)
     meta["run_id"] = folder.name
     meta.setdefault("study", folder.parent.name or "local")
     meta["source"] = display_path(folder)
     records = [(i, r) for i, r in read_jsonl(folder / "metrics.jsonl") if r.get("record") not in OTHER_RECORDS]
+    for lineno, rec in records:
+        check_record_fields(folder / "metrics.jsonl", lineno, rec)
     if not records:
         warnings.warn(f"{folder / 'metrics.jsonl'}: no complete records yet; run skipped", RunFileWarning, stacklevel=3)
         return pd.DataFrame()
@@ -319,6 +379,9 @@ def _load_result_file(path: Path) -> pd.DataFrame:
             f"{path}: line {first_line} must be the run record {{\"record\": \"run\", ...}}; "
             f"found record={first.get('record')!r} (see data/results/README.md)")
     meta = _meta({k: v for k, v in first.items() if k != "record"})
+    check_record_fields(path, first_line, meta)
+    for lineno, rec in records[1:]:
+        check_record_fields(path, lineno, rec)
     meta.setdefault("run_id", path.stem)
     meta.setdefault("study", path.parent.name)
     meta["source"] = display_path(path)

@@ -675,3 +675,278 @@ def test_shared_files_hold_no_absolute_paths(prepared, tmp_path):
     assert command.startswith("fp8lab train --steps 1 --micro-batch-size 2 --grad-accum 1 --seq-len 32 --data <abs>/")
     assert "--output-dir . " in command and "via the Python API" in command
     assert str(tmp_path) not in command and sys.executable not in command
+
+
+# ------------------------------------------------------------------------------ the third probe (issue 50)
+
+def _prepared_copy(prepared: Path, dest: Path, edit) -> Path:
+    shutil.copytree(prepared, dest)
+    edit(dest)
+    return dest
+
+
+def _manifest_dtype(dtype: str):
+    def edit(d: Path) -> None:
+        m = json.loads((d / "manifest.json").read_text())
+        m["dtype"] = dtype
+        (d / "manifest.json").write_text(json.dumps(m))
+    return edit
+
+
+def _jsonl(name: str, lines: list[str]):
+    def make(w: Path) -> None:
+        (w / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8", errors="surrogatepass")
+    return make
+
+
+def _long_word(w: Path) -> None:  # one "word" past fp8lab.data_checks.MAX_WORD_CHARS, in an otherwise fine file
+    from fp8lab.data_checks import MAX_WORD_CHARS
+
+    docs = [f"Paragraph {i} of plain text." for i in range(30)] + ["x" * (MAX_WORD_CHARS + 10)]
+    (w / "longword.txt").write_text("\n\n".join(docs) + "\n")
+
+
+def _long_line_gz(w: Path) -> None:  # a small archive that unpacks to one line past MAX_LINE_BYTES
+    import gzip
+
+    from fp8lab.data_checks import MAX_LINE_BYTES
+
+    with gzip.open(w / "bomb.jsonl.gz", "wb", compresslevel=1) as fh:
+        fh.write(b'{"text": "' + b"a b " * (MAX_LINE_BYTES // 4 + 16) + b'"}\n')
+
+
+def _corrupt_gz(w: Path) -> None:
+    import gzip
+
+    raw = gzip.compress(b'{"text": "hello there"}\n' * 2000)
+    (w / "corrupt.jsonl.gz").write_bytes(raw[:30] + b"x" * 60 + raw[90:])
+
+
+def _fifo(w: Path) -> None:
+    os.mkfifo(w / "fifo.txt")
+
+
+DATA_BAD = [  # (make the input in the working folder, --data value, phrase); fp8lab train exits 2, nothing written
+    (lambda w: None, "float16", "manifest.json in 'float16' has dtype='float16'; allowed: uint16 | uint32"),
+    (lambda w: None, "int16", "manifest.json in 'int16' has dtype='int16'; allowed: uint16 | uint32"),
+    (lambda w: None, "badtok", "'tokenizer.json' in 'badtok' does not load as a tokenizer"),
+    (_jsonl("numbers.jsonl", ['{"text": 5}'] * 30), "numbers.jsonl", "line 1 of 'numbers.jsonl': field \"text\" is a number"),
+    (_jsonl("surrogate.jsonl", ['{"text": "fine"}'] * 29 + ['{"text": "lone \\ud800 here"}']), "surrogate.jsonl",
+     "line 30 of 'surrogate.jsonl': field \"text\" holds a lone surrogate (\\ud800"),
+    (_corrupt_gz, "corrupt.jsonl.gz", "file 'corrupt.jsonl.gz' is not a readable .gz archive"),
+    (_long_word, "longword.txt", "line 61 holds a word (a run without spaces) longer than 1,048,576 characters"),
+    (_long_line_gz, "bomb.jsonl.gz", "file 'bomb.jsonl.gz': line 1 is longer than 64 MiB"),
+    (_fifo, "fifo.txt", "source 'fifo.txt' is not a regular file (a FIFO, device or socket)"),
+]
+
+
+@pytest.fixture
+def bad_prepared(workdir, prepared):
+    _prepared_copy(prepared, workdir / "float16", _manifest_dtype("float16"))
+    _prepared_copy(prepared, workdir / "int16", _manifest_dtype("int16"))
+    _prepared_copy(prepared, workdir / "badtok", lambda d: (d / "tokenizer.json").write_text('{"version": "1.0", "model": 5}'))
+    return workdir
+
+
+@pytest.mark.parametrize("make,data,phrase", DATA_BAD, ids=[d for _, d, _ in DATA_BAD])
+def test_train_refuses_bad_data_with_one_line(bad_prepared, make, data, phrase, capsys):
+    make(bad_prepared)
+    before = _snapshot(bad_prepared)
+    code = ftrain.main(["--model", "llama-tiny", "--steps", "1", "--seq-len", "32", "--progress", "off",
+                        "--save-model", "False", "--output-dir", "r", "--data", data])
+    err = capsys.readouterr().err.strip()
+    assert code == ftrain.EXIT_BAD_OPTIONS, err
+    assert err.startswith("fp8lab train: error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert phrase in err, err
+    assert _snapshot(bad_prepared) == before
+
+
+def test_data_from_the_hub_without_datasets_is_one_line(workdir, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is not None:
+        pytest.skip("the datasets package is installed here")
+    code = ftrain.main(["--model", "llama-tiny", "--steps", "1", "--progress", "off", "--output-dir", "r",
+                        "--data", "hf:wikitext"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "needs the 'datasets' package" in err, err
+    assert not (workdir / "r").exists()
+
+
+PREPARE_BAD_3 = [  # fp8lab prepare-data: (argv, phrase); exit code 2, one line, nothing written
+    (["out", "--vocab-size", "1e20"], "--vocab-size=100000000000000000000 is invalid; allowed: an integer from 257"),
+    (["out", "--vocab-size", "100"], "--vocab-size=100 is invalid"),
+    (["out", "--tokenizer", "latin1.txt"], "--tokenizer='latin1.txt' does not load as a tokenizer"),
+    (["out", "--shard-tokens", "1"], "--shard-tokens=1 is invalid; allowed: an integer from 1000"),
+    (["out", "--source"], "argument --source: expected at least one argument"),
+    (["out", "--source", "mixed/a_good.txt", "mixed/a_good.txt"], "--source: file 'a_good.txt' is given twice"),
+    (["out", "--source", "mixed", "mixed/a_good.txt"], "--source: file 'a_good.txt' is given twice"),
+]
+
+
+@pytest.mark.parametrize("argv,phrase", PREPARE_BAD_3, ids=[" ".join(a) for a, _ in PREPARE_BAD_3])
+def test_prepare_data_options_are_refused_in_one_line(workdir, argv, phrase, capsys):
+    before = _snapshot(workdir)
+    try:
+        code = fdata.main(argv)
+    except SystemExit as exc:  # argparse's own refusals (OneLineParser: one line, exit 2)
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fp8lab prepare-data: error: ") and len(err.splitlines()) == 1 and phrase in err, err
+    assert _snapshot(workdir) == before
+
+
+def _nan_weights(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.layers.0.mlp.up_proj.weight"][3, 5] = float("nan")
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _inf_weights(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    sd["lm_head.weight"].fill_(float("inf"))
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _int_weights(d: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.norm.weight"] = sd["model.norm.weight"].to(torch.int32)
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _pickled_bin(d: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+
+
+def _fifo_weights(d: Path) -> None:
+    (d / "model.safetensors").unlink()
+    os.mkfifo(d / "model.safetensors")
+
+
+def _rope(value):
+    return _config_field("rope_scaling", value)
+
+
+MODEL_BAD_3 = [  # (edit of the good Llama folder, phrase); exit 2 before any compute, one line
+    (_rope("linear"), "config.json field rope_scaling='linear' is invalid"),
+    (_rope([1, 2]), "config.json field rope_scaling=a list is invalid"),
+    (_rope({"rope_type": None, "factor": 2.0}), "is not a valid llama config (transformers: Missing validation function"),
+    (_rope({"rope_type": "linear", "factor": "big"}), "factor field must be a float or int >= 1, got big"),
+    (_rope({"rope_type": "linear", "factor": {}}), "factor field must be a float or int >= 1, got {}"),
+    (_rope({"rope_type": "linear", "factor": 0}), "factor field must be a float or int >= 1, got 0"),
+    (_rope({"rope_type": "dynamic", "factor": -2}), "factor field must be a float or int >= 1, got -2"),
+    (_rope({"rope_type": "linear", "factor": math.nan}), "config.json field rope_scaling=a dict is invalid; allowed: null or an object of finite numbers"),
+    (_rope({"rope_type": "yarn", "factor": 2.0, "attention_factor": -1.0, "original_max_position_embeddings": 128}),
+     "attention_factor field must be a float greater than 0"),
+    (_rope({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 128}), "high_freq_factor field must be greater than low_freq_factor"),
+    (_rope({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0], "original_max_position_embeddings": 128}),
+     "short_factor field must have length 8, got 1"),
+    (_config_field("head_dim", 7), "RoPE requires an even rotary dimension"),
+    (_config_field("initializer_range", 1e30), "config.json field initializer_range=1e+30 is invalid; allowed: a number in [0, 1]"),
+    (_config_field("attn_implementation", "flash_attention_2"), "field attn_implementation='flash_attention_2' is invalid; allowed: eager | sdpa"),
+    (_config_field("torch_dtype", "int8"), "field torch_dtype='int8' is invalid; allowed: float32 | float16 | bfloat16"),
+    (_config_field("torch_dtype", {"x": 1}), "field torch_dtype=a dict is invalid"),
+    (_config_field("quantization_config", {"quant_method": "bitsandbytes", "load_in_8bit": True}),
+     "field quantization_config=a dict is invalid; allowed: absent"),
+    (_config_field("eos_token_id", 9999), "field eos_token_id=9999 is outside the vocabulary (vocab_size 512)"),
+    (_nan_weights, "weights tensor 'model.layers.0.mlp.up_proj.weight' in 'model.safetensors' holds 1 NaN or Inf value(s)"),
+    (_inf_weights, "weights tensor 'lm_head.weight' in 'model.safetensors' holds 32768 NaN or Inf value(s)"),
+    (_int_weights, "weights tensor 'model.norm.weight' in 'model.safetensors' has dtype I32; allowed: F16 | BF16"),
+    (_pickled_bin, "weights file 'pytorch_model.bin' is a pickle (PyTorch .bin), which fp8lab never loads"),
+    (_fifo_weights, "weights file 'model.safetensors' is not a regular file (a FIFO"),
+    (lambda d: (d / "merges.txt").write_bytes(bytes(range(256)) * 4), "tokenizer file 'merges.txt' is not a BPE merges list"),
+]
+
+
+@pytest.mark.parametrize("edit,phrase", MODEL_BAD_3, ids=[p[:60] for _, p in MODEL_BAD_3])
+def test_train_refuses_what_transformers_calls_invalid(workdir, model_folder, edit, phrase, capsys):
+    test_train_refuses_a_bad_model_folder_before_anything_runs(workdir, model_folder, edit, phrase, capsys)
+
+
+CONFIG_ONLY_BAD = [  # (config.json of a folder without weights, phrase)
+    ({"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 4, "layer_types": ["full_attention"]},
+     "`num_hidden_layers` (2) must be equal to the number of `layer_types` (1)"),
+    ({"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 4, "layer_types": ["full_attention", "weird"]},
+     "The `layer_types` entries must be in"),
+    ({"model_type": "gpt_neo", "vocab_size": 512, "hidden_size": 64, "num_layers": 3, "num_heads": 4,
+      "attention_types": [[["global", "local"], 2]]}, "It is required that `len(config.attention_layers)` == `config.num_layers`"),
+]
+
+
+@pytest.mark.parametrize("cfg,phrase", CONFIG_ONLY_BAD, ids=[p[:40] for _, p in CONFIG_ONLY_BAD])
+def test_train_refuses_a_config_transformers_refuses(workdir, cfg, phrase, capsys):
+    bad = workdir.parent / "cfg-model"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(cfg))
+    before = _snapshot(workdir)
+    code = ftrain.main(["--model", str(bad), "--steps", "1", "--seq-len", "32", "--progress", "off", "--output-dir", "r"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("fp8lab train: error: --model: config.json is not a valid "), err
+    assert len(err.splitlines()) == 1 and phrase in err and "Traceback" not in err, err
+    assert _snapshot(workdir) == before
+
+
+def test_bf16_with_fp8_statistics_and_sm_hps_that_is_no_json_are_one_line(workdir, monkeypatch, capsys):
+    code = ftrain.main(["--model", "llama-tiny", "--steps", "1", "--output-dir", "r", "--precision", "bf16",
+                        "--fp8-stats-every", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--fp8-stats-every=1 has no effect with --precision bf16" in err
+    for raw, phrase in (("not json", "SM_HPS (the job's hyperparameters) is not valid JSON"),
+                        ("[1, 2]", "SM_HPS (the job's hyperparameters) is a JSON list")):
+        monkeypatch.setenv("SM_HPS", raw)
+        assert ftrain.main([]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("fp8lab train: error: ") and len(err.splitlines()) == 1 and phrase in err, err
+    assert not (workdir / "r").exists()
+
+
+def _result_with(**fields):
+    def make(root: Path) -> None:
+        from fake_runs import run_meta, step_records
+
+        steps = step_records(5, 1000.0, "fp8")
+        run = run_meta("llama-1b", "fp8")
+        for k, v in fields.items():
+            (steps[2] if k in steps[2] else run)[k] = v
+        (root / "res").mkdir(exist_ok=True)
+        lines = [{"record": "run", **run}] + [{"record": "step", **s} for s in steps]
+        (root / "res" / "x.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return make
+
+
+RESULTS_BAD = [  # (make a bad results folder "res", phrase); fp8lab report exits 1, one line naming file and field
+    (_result_with(tokens_per_sec_per_gpu=math.inf), "line 4: field tokens_per_sec_per_gpu=inf is invalid; allowed: a finite number > 0"),
+    (_result_with(step_time_s=0), "line 4: field step_time_s=0 is invalid; allowed: a finite number > 0"),
+    (_result_with(world_size=1e30), "field world_size=1e+30 is invalid; allowed: an integer from 1 to"),
+    (_result_with(micro_batch_size=0), "line 1: field micro_batch_size=0 is invalid"),
+    (_result_with(seq_len=-4), "line 1: field seq_len=-4 is invalid"),
+    (_result_with(mfu=-0.5), "line 4: field mfu=-0.5 is invalid; allowed: a finite number >= 0"),
+    (lambda root: ((root / "res").mkdir(), os.mkfifo(root / "res" / "x.jsonl")), "x.jsonl: not a regular file (a FIFO"),
+]
+
+
+@pytest.mark.parametrize("make,phrase", RESULTS_BAD, ids=[p[:40] for _, p in RESULTS_BAD])
+def test_report_refuses_result_files_with_impossible_fields(report_dir, make, phrase, capsys):
+    make(report_dir)
+    before = _snapshot(report_dir)
+    code = report.main(["res", "--out", "r.html"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("fp8lab report: error: ") and len(err.splitlines()) == 1, err
+    assert phrase in err and "Traceback" not in err, err
+    assert _snapshot(report_dir) == before

@@ -300,19 +300,26 @@ def test_ctrl_c_writes_a_checkpoint_and_a_summary(prepared, tmp_path):
     assert (out / "checkpoints" / f"step_{step:08d}" / fckpt.MANIFEST).is_file()
 
 
-def test_a_summary_that_cannot_be_written_is_exit_4_and_the_old_one_stays_whole(prepared, tmp_path, capsys):
-    if not Path("/dev/full").exists():
-        pytest.skip("no /dev/full to stand for a full disk")
+def test_a_summary_that_cannot_be_written_is_exit_4_and_the_old_one_stays_whole(prepared, tmp_path, monkeypatch, capsys):
+    from fp8lab import ownership
+
     out = tmp_path / "run"
     base = argv("--save-model", "False", "--data", str(prepared), "--output-dir", str(out))
     assert ftrain.main(base + ["--steps", "2"]) == 0
     old = (out / "summary.json").read_bytes()
-    (out / "summary.json.tmp").symlink_to("/dev/full")  # the next write of the summary meets a full disk
+    real = ownership.write_file
+
+    def full_disk(path, data):  # the next write of the summary meets a full disk (a real one: the ulimit test below)
+        if Path(path).name == "summary.json":
+            raise OSError(28, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(ownership, "write_file", full_disk)
     capsys.readouterr()
     assert ftrain.main(base + ["--steps", "3", "--resume-with-new-settings"]) == ftrain.EXIT_CHECKPOINT_FAILED
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("fp8lab: writing summary.json in 'run' failed (OSError: [Errno 28] No space left on device")
-    assert (out / "summary.json").read_bytes() == old and not (out / "summary.json.tmp").exists()
+    assert (out / "summary.json").read_bytes() == old and not list(out.glob(ownership.TMP_PREFIX + "*"))
     assert [r["step"] for r in fmetrics.read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
 
 
@@ -351,3 +358,182 @@ def test_a_finished_run_re_run_keeps_its_summary(prepared, tmp_path, capsys):
     assert ftrain.main(args) == 0
     assert "is complete (step 2 of 2)" in capsys.readouterr().out
     assert tree(out) == before  # summary.json, config.json, metrics.jsonl, checkpoints: as they were
+
+
+# ------------------------------------------------------------------------------ 7. links, lookalikes, a full disk (issue 50)
+
+def _victim(tmp_path: Path, name: str = "victim.txt") -> Path:
+    v = tmp_path / name
+    v.write_text("years of work\n")
+    return v
+
+
+@pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo"])
+def test_a_planted_run_lock_is_never_written_through(prepared, tmp_path, plant, capsys):
+    from fp8lab import runlock
+
+    out = tmp_path / "o"
+    out.mkdir()
+    victim = _victim(tmp_path)
+    lock = out / ".fp8lab-lock"
+    {"symlink": lambda: lock.symlink_to(Path("..") / victim.name), "hardlink": lambda: os.link(victim, lock),
+     "fifo": lambda: os.mkfifo(lock)}[plant]()
+    before = tree(tmp_path)
+    err = refused(argv("--steps", "2", "--data", str(prepared), "--output-dir", str(out)), capsys)
+    assert "holds files fp8lab did not write (.fp8lab-lock)" in err
+    with pytest.raises(ValueError, match="holds a .fp8lab-lock that fp8lab cannot use as its run lock"):
+        runlock.acquire("--output-dir", out)  # the lock itself, called directly, refuses too (and never blocks)
+    assert tree(tmp_path) == before and victim.read_text() == "years of work\n"
+
+
+@pytest.mark.parametrize("name", [".fp8lab-owner.json.tmp", "summary.json.tmp", "metrics.jsonl.tmp", "config.json.tmp"])
+def test_a_planted_temporary_file_link_is_never_written_through(prepared, tmp_path, name, capsys):
+    from fp8lab import ownership
+
+    victim = _victim(tmp_path)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / name).symlink_to(Path("..") / victim.name)
+    err = refused(argv("--steps", "2", "--data", str(prepared), "--output-dir", str(out)), capsys)
+    assert f"holds files fp8lab did not write ({name})" in err  # a *.tmp name is not fp8lab's for its name
+    ownership.claim(out, "run")  # marking the folder writes a fresh temporary file, never the planted link
+    ownership.write_file(out / "summary.json", "{}\n")
+    assert victim.read_text() == "years of work\n" and (out / name).is_symlink()
+    assert ownership.marker_kind(out) == "run" and not list(out.glob(ownership.TMP_PREFIX + "*"))
+
+
+def test_checkpoint_rotation_never_deletes_the_users_step_folders(prepared, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    for step in (1, 2):
+        (ck / f"step_{step:08d}").mkdir(parents=True)
+        (ck / f"step_{step:08d}" / "notes.txt").write_text(f"my own step {step}\n")
+    before = tree(ck)
+    base = ("--steps", "4", "--checkpoint-every", "1", "--save-model", "False", "--data", str(prepared))
+    err = refused(argv(*base, "--output-dir", str(tmp_path / "o"), "--checkpoint-dir", str(ck)), capsys)
+    assert "--checkpoint-dir=" in err and "holds files fp8lab did not write (step_00000001, step_00000002)" in err
+    assert tree(ck) == before
+    # a user's DCP checkpoints of these names (no fp8lab manifest): never replaced, never rotated away
+    import shutil
+
+    shutil.rmtree(ck / "step_00000002")
+    mine = ck / "step_00000001"
+    (mine / "notes.txt").unlink()
+    (mine / ".metadata").write_bytes(b"their metadata")
+    (mine / "__0_0.distcp").write_bytes(b"their shards")
+    before = tree(ck)
+    code = ftrain.main(argv(*base, "--output-dir", str(tmp_path / "o"), "--checkpoint-dir", str(ck)))
+    assert code == ftrain.EXIT_CHECKPOINT_FAILED  # its own step 1 would replace theirs: the save stops, theirs kept
+    assert "step_00000001 exists and is not a checkpoint fp8lab wrote; it is kept" in capsys.readouterr().err
+    assert {k: v for k, v in tree(ck).items() if k.startswith("step_00000001/")} == before
+    mine.rename(ck / "step_00000009")
+    before = {k: v for k, v in tree(ck).items() if k.startswith("step_00000009/")}
+    assert ftrain.main(argv(*base, "--output-dir", str(tmp_path / "o2"), "--checkpoint-dir", str(ck))) == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["step_00000003", "step_00000004", "step_00000009"]
+    assert {k: v for k, v in tree(ck).items() if k.startswith("step_00000009/")} == before
+
+
+def test_the_export_never_replaces_model_files_fp8lab_did_not_write(prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = argv("--steps", "2", "--checkpoint-every", "-1", "--resume", "False", "--data", str(prepared), "--output-dir", str(out))
+    assert ftrain.main(base + ["--save-model", "False"]) == 0  # an fp8lab run folder, no export yet
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text('{"mine": true}\n')
+    (out / "model" / "model.safetensors").write_bytes(b"my weights")
+    before = tree(tmp_path)
+    err = refused(base + ["--save-model", "True"], capsys)
+    assert "--model-dir=" in err and "holds files fp8lab did not write (config.json, model.safetensors)" in err
+    assert tree(tmp_path) == before
+    # a file fp8lab exported, then edited by the user: no longer fp8lab's bytes, so never replaced either
+    (out / "model" / "config.json").unlink()
+    (out / "model" / "model.safetensors").unlink()
+    assert ftrain.main(base + ["--save-model", "True"]) == 0
+    (out / "model" / "generation_config.json").write_text('{"edited": "by hand"}\n')
+    err = refused(base + ["--save-model", "True", "--steps", "3"], capsys)
+    assert "holds files fp8lab did not write (generation_config.json)" in err
+    assert (out / "model" / "generation_config.json").read_text() == '{"edited": "by hand"}\n'
+
+
+def test_a_lookalike_run_folder_keeps_the_users_metrics(prepared, tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"command": "fp8lab train --steps 9"}))  # says fp8lab, is not
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0, "mine": true}\n')
+    before = tree(tmp_path)
+    err = refused(argv("--steps", "2", "--data", str(prepared), "--output-dir", str(out)), capsys)
+    assert "holds files fp8lab did not write (config.json, metrics.jsonl)" in err
+    assert tree(tmp_path) == before
+    # a hand-made marker does not make the user's files fp8lab's either
+    (out / ".fp8lab-owner.json").write_text(json.dumps({"written_by": "fp8lab", "kind": "run"}))
+    before = tree(tmp_path)
+    err = refused(argv("--steps", "2", "--data", str(prepared), "--output-dir", str(out)), capsys)
+    assert "holds files fp8lab did not write (config.json, metrics.jsonl)" in err and tree(tmp_path) == before
+
+
+def test_prepare_data_never_replaces_files_under_a_hand_made_tokens_marker(tmp_path, capsys):
+    out = tmp_path / "tokens"
+    out.mkdir()
+    (out / ".fp8lab-owner.json").write_text(json.dumps({"written_by": "fp8lab", "kind": "tokens"}))
+    (out / "train_00000.bin").write_bytes(b"my measurements")
+    (out / "manifest.json").write_text(json.dumps({"format": "fp8lab-tokens", "version": 1, "mine": True}))
+    before = tree(tmp_path)
+    assert fdata.main([str(out), "--source", str(corpus(tmp_path / "src" / "a.txt", 1)), "--vocab-size", "512"]) == 2
+    err = capsys.readouterr().err
+    assert "OUT_DIR=" in err and "holds files fp8lab did not write (manifest.json, train_00000.bin)" in err
+    assert {k: v for k, v in tree(tmp_path).items() if k.startswith("tokens/")} == \
+        {k: v for k, v in before.items() if k.startswith("tokens/")}
+
+
+@pytest.mark.parametrize("target", ["res/x/a.jsonl", "res/x", "res/x/b.csv"])
+def test_report_never_writes_over_one_of_its_inputs(tmp_path, monkeypatch, target, capsys):
+    from fp8lab import report
+
+    from fake_runs import bench  # a result file as the benchmarks write one
+
+    monkeypatch.chdir(tmp_path)
+    bench(tmp_path / "res" / "x", "a", 1000.0, 1, "2026-12-01T00:00:00Z")
+    before = tree(tmp_path)
+    code = report.main(["res/x", "--out", target])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert (f"--out={target!r} is one of the run files the report reads" in err
+            or f"--out={target!r} is a folder" in err), err
+    assert tree(tmp_path) == before
+    assert report.main(["res/x", "--markdown", "res/x/a.jsonl", "--out", "r.html"]) == 2
+    assert "--markdown='res/x/a.jsonl' is one of the run files" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="out='res/x/a.jsonl' is one of the run files"):
+        report.build_report("res/x/a.jsonl", "res/x/a.jsonl")
+    assert tree(tmp_path) == before
+
+
+def test_a_full_disk_at_the_export_is_exit_4_with_safetensors_error_and_a_summary(prepared, tmp_path):
+    """A real file-size limit (``ulimit -f``): safetensors' own error is caught like an OSError."""
+    import resource
+
+    out = tmp_path / "run"
+    limit = 2 << 20  # bytes per file: the run's small files fit, a 512-wide 8-layer model's weights do not
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    cmd = [sys.executable, "-m", "fp8lab.train", *argv("--steps", "2", "--checkpoint-every", "-1",
+           "--model-override", "hidden_size=512", "--model-override", "num_layers=8", "--data", str(prepared),
+           "--output-dir", str(out))]
+    proc = subprocess.run(cmd, env={**ENV, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True, text=True, timeout=600,
+                          preexec_fn=small_files)
+    assert proc.returncode == ftrain.EXIT_CHECKPOINT_FAILED, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fp8lab: exporting the model to --model-dir") and "(SafetensorError: " in last, last
+    assert "File too large" in last  # safetensors' own words
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "export_failed" and summary["message"] == last and summary["steps"] == 2
+    assert [p.name for p in (out / "model").iterdir()] == [".fp8lab-owner.json"]  # nothing half-written
+    assert not list(out.rglob(".fp8lab-tmp-*"))
+
+
+def test_a_relative_output_dir_is_echoed_as_given(prepared, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("rel").mkdir()
+    Path("rel/notes.txt").write_text("mine\n")
+    err = refused(argv("--steps", "2", "--data", str(prepared), "--output-dir", "rel"), capsys)
+    assert "--output-dir='rel' holds files fp8lab did not write (notes.txt)" in err and str(tmp_path) not in err
