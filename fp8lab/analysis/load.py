@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.fp8stats import RECORD as FP8_STATS_RECORD
-from fp8lab.analysis.labels import layout_label, model_size_b, variant_label
+from fp8lab.analysis.labels import VARIANT_KEYS, layout_label, model_size_b, variant_label
 from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 
 # Run metadata carried on every row of the tidy table.
@@ -356,11 +356,8 @@ def _load_result_file(path: Path) -> pd.DataFrame:
         frames.append(_step_frame(path, steps, meta))
     if summaries:
         rows = [{k: v for k, v in rec.items() if k != "record" and not isinstance(v, (dict, list))} for _, rec in summaries]
-        s = pd.DataFrame([rows[-1]])  # the last summary wins (a rerun may append a newer one)
-        for k, v in meta.items():
-            if k in META_COLUMNS:
-                s[k] = v
-        s["record"] = "summary"
+        # the last summary wins (a rerun may append a newer one); the run record's metadata over it, in one step
+        s = pd.DataFrame([{**rows[-1], **{k: v for k, v in meta.items() if k in META_COLUMNS}, "record": "summary"}])
         frames.append(s)
     if not frames:
         warnings.warn(f"{path}: run record only, no step or summary records; skipped", RunFileWarning, stacklevel=3)
@@ -408,8 +405,22 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
         # a validation record may come as its own line for the same step: merge, first non-null wins
         merged = steps.groupby(["run_id", "step"], sort=False, as_index=False).first()
         df = pd.concat([merged, df[df["record"] != "step"]], ignore_index=True, sort=False)
-    df["variant"] = [variant_label(r) for r in df.to_dict("records")]
+    df["variant"] = _variants(df)
     return df.sort_values(["run_id", "record", "step"], na_position="last", kind="stable")
+
+
+def _variants(df: pd.DataFrame) -> list[str]:
+    """:func:`variant_label` of each row, computed once per distinct set of the values it reads
+    (:data:`VARIANT_KEYS`; a run's steps share them), not once per step."""
+    keys = [k for k in VARIANT_KEYS if k in df]
+    seen: dict = {}
+    out = []
+    for values in df[keys].itertuples(index=False, name=None):
+        key = tuple((type(v), None if isinstance(v, float) and v != v else v) for v in values)
+        if key not in seen:
+            seen[key] = variant_label(dict(zip(keys, values)))
+        out.append(seen[key])
+    return out
 
 
 def _unique_run_ids(df: pd.DataFrame) -> pd.Series:
