@@ -10,7 +10,6 @@ import functools
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Iterator
 
 @functools.lru_cache(maxsize=None)
