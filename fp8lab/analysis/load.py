@@ -20,6 +20,7 @@ import pandas as pd
 from fp8lab.fp8stats import RECORD as FP8_STATS_RECORD
 from fp8lab.analysis.labels import VARIANT_KEYS, layout_label, model_size_b, variant_label
 from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
+from fp8lab.progress import progress
 
 # Run metadata carried on every row of the tidy table.
 META_COLUMNS = [
@@ -119,11 +120,11 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
     files = [f for f in sorted(path.rglob("*.jsonl"))
              if not any(part.startswith(".") for part in f.relative_to(path).parts)]
     trainer_dirs = {f.parent for f in files if f.name == "metrics.jsonl"}
-    frames = [_load_trainer_dir(d) for d in sorted(trainer_dirs)]
     # any other .jsonl is a result file, unless it lives inside a trainer output folder
-    frames += [_load_result_file(f) for f in files
-               if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
-    return frames
+    results = [f for f in files if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
+    return [_load_trainer_dir(s) if s in trainer_dirs else _load_result_file(s)
+            for s in progress(sorted(trainer_dirs) + results, f"reading runs in {path.name or path}",
+                              total=len(trainer_dirs) + len(results), unit="run")]
 
 
 def load_profiles(sources: object = None) -> pd.DataFrame:
