@@ -225,7 +225,9 @@ def show_progress(choice: str, is_main: bool) -> bool:
         return False
     if choice == "on":
         return True
-    return sys.stderr.isatty() or "ipykernel" in sys.modules
+    from fp8lab.progress import watched  # one rule for every bar
+
+    return watched()
 
 
 def max_reserved_gib(device) -> float | None:

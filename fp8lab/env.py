@@ -93,6 +93,16 @@ def _version(module: str) -> tuple[str | None, str | None]:
     return str(getattr(mod, "__version__", "unknown")), None
 
 
+def _installed_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` from its metadata, without importing it; None: not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def report() -> EnvReport:
     """Probe torch, the GPU, Transformer Engine and torchao; never raises."""
     torch_version, _ = _version("torch")
@@ -119,7 +129,7 @@ def report() -> EnvReport:
     if te_version == "unknown":
         te_version, _ = _version("transformer_engine")
     ao_version, ao_error = _version("torchao") if torch_version else (None, "needs torch")
-    hf_version, _ = _version("transformers")
+    hf_version = _installed_version("transformers")  # only reported: not imported (it takes about a second)
     backends: dict[str, str | None]
     try:
         from fp8lab.convert import available_backends

@@ -83,7 +83,10 @@ def _tables(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 @functools.lru_cache(maxsize=8)
 def _measurements(results: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return _tables(summarize_runs(load_runs(results)))
+    from fp8lab.analysis.index import committed_summary, is_committed_results
+
+    summary = committed_summary() if is_committed_results(results) else None  # the index: no result file read
+    return _tables(summarize_runs(load_runs(results)) if summary is None else summary)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,14 @@ class MeasuredEstimate(Estimate):
         """Per-GPU tokens/s for a job and what it rests on; None where nothing was measured.
         ``run_id``: rest on that run (one of :func:`measurable_runs`) instead of the fastest match.
         ``fp8_all_gather``: FSDP2 gathers the block linears' weights in FP8 (the scaling model's traffic)."""
+        key = (model, precision, instance_type, instance_count, backend, recipe, seq_len, run_id, fp8_all_gather)
+        memo = self.__dict__.setdefault("_rates", {})  # a plan asks for each job's rate several times
+        if key not in memo:
+            memo[key] = self._rate(*key)
+        return None if memo[key] is None else dict(memo[key])
+
+    def _rate(self, model: str, precision: str, instance_type: str, instance_count: int, backend: str, recipe: str,
+              seq_len: Any, run_id: str | None, fp8_all_gather: bool) -> dict[str, Any] | None:
         rates, effs = self._measured()
         info = INSTANCES[instance_type]
         kind = str(recipe).partition(":")[0]

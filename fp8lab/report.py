@@ -61,8 +61,13 @@ def _table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
                                              formatters={c: _fmt for c in d.columns}, border=0) + "</div>")
 
 
+_DRAWN: list = []  # the progress counter of the page being drawn (fp8lab.progress.Counter), if any
+
+
 def _img(fig, alt: str) -> str:
     data = base64.b64encode(plots.to_png(fig)).decode("ascii")
+    for counter in _DRAWN:
+        counter.tick()
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
@@ -102,10 +107,24 @@ def _at_scale(answer) -> pd.DataFrame:
 
 
 def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
-                reference: pd.DataFrame | None = None, health: dict | None = None) -> str:
+                reference: pd.DataFrame | None = None, health: dict | None = None,
+                summary: pd.DataFrame | None = None) -> str:
     """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
-    FP8 statistics (fp8lab.fp8stats.of_sources; default: found through the runs' sources)."""
-    a = Analysed.of(runs, config, reference)
+    FP8 statistics (fp8lab.fp8stats.of_sources; default: found through the runs' sources); ``summary``: the
+    runs' per-run summary at ``config``'s settings, if already made (e.g. the results index's)."""
+    from fp8lab.progress import Counter
+
+    with Counter("drawing the report", unit="figure") as counter:
+        _DRAWN.append(counter)
+        try:
+            return _render_html(runs, config, reference, health, summary)
+        finally:
+            _DRAWN.remove(counter)
+
+
+def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFrame | None, health: dict | None,
+                 summary: pd.DataFrame | None) -> str:
+    a = Analysed.of(runs, config, reference, summary)
     summary, comparison, answer = a.summary, a.comparison, a.answer
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
                                 estimate=answer.estimate)
@@ -300,15 +319,20 @@ def refuse_input(option: str, value: str | Path, sources: Iterable[str | Path]) 
 
 
 def build_report(sources: object = None, out: str | Path = "report.html",
-                 config: ReportConfig = ReportConfig()) -> Path:
-    """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``."""
+                 config: ReportConfig = ReportConfig(), runs: pd.DataFrame | None = None) -> Path:
+    """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``; ``runs``:
+    their table, if already read. The committed results' summary comes from the results index."""
+    from fp8lab.analysis.index import committed_summary, is_committed_results
+
     given = ([sources] if isinstance(sources, (str, Path, pd.DataFrame)) else list(sources) if sources is not None
              else [RESULTS_DIR])
     refuse_input("out", out, [s for s in given if isinstance(s, (str, Path))])
-    runs = analysis.load_runs(sources)
+    runs = analysis.load_runs(sources) if runs is None else runs
+    summary = committed_summary(config.warmup_steps, config.smoothing, config.smoothing_span) \
+        if is_committed_results(sources) else None
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ownership.write_file(out, render_html(runs, config, health=fp8stats.of_sources(sources)))
+    ownership.write_file(out, render_html(runs, config, health=fp8stats.of_sources(sources), summary=summary))
     return out
 
 
@@ -350,12 +374,15 @@ def main(argv: Iterable[str] | None = None) -> int:
         print("wrote " + ", ".join(analysis.display_path(w) for w in written))
         return 0
     try:
+        loaded = None
         for src in args.runs:  # a source given explicitly must hold runs (no-argument: the committed results)
-            if not len(analysis.load_runs(src)):
+            loaded = analysis.load_runs(src)
+            if not len(loaded):
                 raise ValueError(f"RUNS: {analysis.display_path(Path(src))!r} holds no runs (no metrics.jsonl with "
                                  "complete records, result .jsonl file or collect .csv); allowed: trainer output "
                                  "folders, result files, or folders holding them")
-        out = build_report(args.runs or None, args.out, config)
+        # one source: the table just read is the report's (several: read together, run ids made unique across them)
+        out = build_report(args.runs or None, args.out, config, runs=loaded if len(args.runs) == 1 else None)
         if args.markdown:
             ownership.write_file(args.markdown, render_markdown(analysis.load_runs(args.runs or None), config))
     except (ValueError, FileNotFoundError) as exc:
@@ -488,9 +515,12 @@ class Analysed:
         return self.answer.rows
 
     @classmethod
-    def of(cls, runs: pd.DataFrame, config: "ReportConfig", reference: pd.DataFrame | None = None) -> "Analysed":
+    def of(cls, runs: pd.DataFrame, config: "ReportConfig", reference: pd.DataFrame | None = None,
+           summary: pd.DataFrame | None = None) -> "Analysed":
+        """``summary``: the runs' per-run summary at ``config``'s settings, if already made."""
         reference = analysis.load_reference() if reference is None else reference
-        summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
+        if summary is None:
+            summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
         comparison = analysis.compare_precisions(summary)
         answer = analysis.Answer.of(summary, comparison, reference, config.tokens, config.price_per_instance_hour)
         return cls(reference, summary, comparison, answer)
@@ -542,12 +572,17 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
 
 def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), readme: str | None = None) -> dict:
     """{'README.md': the README with its results block regenerated (``readme``: its current text),
-    'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/)."""
+    'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/); for the
+    committed results also 'data/results-index.json', the index planning reads (:mod:`fp8lab.analysis.index`)."""
+    from fp8lab.analysis.index import INDEX_DOC, is_committed_results, render_index
+
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
     summary, headline = a.summary, a.headline
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
            HEADLINE_PNG: plots.headline_figure(analysis.best_runs(summary), a.reference)}
+    if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), from the same read
+        out[INDEX_DOC] = render_index(runs=runs)
     if readme is not None:
         if README_BEGIN not in readme or README_END not in readme:
             raise ValueError(f"README.md: the results block markers are missing; add the two lines\n{README_BEGIN}\n{README_END}")

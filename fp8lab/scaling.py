@@ -106,7 +106,14 @@ def _tokens_of(layout: str) -> float:
 
 @functools.lru_cache(maxsize=8)
 def _profiles_of(sources: tuple[str, ...]) -> pd.DataFrame:
+    from fp8lab.analysis.index import committed_index
     from fp8lab.analysis.load import load_profiles
+    from fp8lab.paths import RESULTS_DIR, is_inside
+
+    if sources and all(s.endswith(".jsonl") and is_inside(s, RESULTS_DIR) for s in sources):
+        idx = committed_index()  # committed result files: their profiles from the index (None: stale)
+        if idx is not None:
+            return idx.profiles_beside(list(sources))
 
     files = [str(Path(s).with_suffix("")) + ".profile.json" for s in sources if str(s).endswith(".jsonl")]
     files = [f for f in files if Path(f).exists()] or [s for s in sources if Path(s).is_dir()]
@@ -115,7 +122,12 @@ def _profiles_of(sources: tuple[str, ...]) -> pd.DataFrame:
 
 def _profiles_beside(sources: Any) -> pd.DataFrame:
     """The profiles beside result files ``sources`` (paths; NaNs skipped), cached by their sorted full paths."""
-    return _profiles_of(tuple(sorted({_full(s) for s in pd.Series(sources, dtype=object).dropna()})))
+    return _profiles_of(_full_paths(tuple(str(s) for s in pd.Series(sources, dtype=object).dropna())))
+
+
+@functools.lru_cache(maxsize=8)
+def _full_paths(sources: tuple[str, ...]) -> tuple[str, ...]:  # once per set of sources (each rate asks again)
+    return tuple(sorted({_full(s) for s in sources}))
 
 
 def profiles_of(summary: pd.DataFrame) -> pd.DataFrame:
@@ -232,13 +244,20 @@ def calibrate(summary: pd.DataFrame, profiles: pd.DataFrame | None = None) -> Ca
     return Calibration(cal.link_efficiency, cal.overlap, cal.overhead_ms, runs)
 
 
-@functools.lru_cache(maxsize=4)
 def committed_calibration(results: str | None = None) -> Calibration:
-    """:func:`calibrate` on the committed results (or ``results``)."""
+    """:func:`calibrate` on the committed results (or ``results``); the committed ones from the results
+    index (``fp8lab.analysis.index``), read once per process."""
+    return _calibration(results)
+
+
+@functools.lru_cache(maxsize=4)
+def _calibration(results: str | None) -> Calibration:  # one cache key for committed_calibration() and (None)
+    from fp8lab.analysis.index import committed_summary, is_committed_results
     from fp8lab.analysis.load import load_runs
     from fp8lab.analysis.summary import summarize_runs
 
-    return calibrate(summarize_runs(load_runs(results)))
+    summary = committed_summary() if is_committed_results(results) else None
+    return calibrate(summarize_runs(load_runs(results)) if summary is None else summary)
 
 
 # --- projection ---------------------------------------------------------------------------------

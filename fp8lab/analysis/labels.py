@@ -26,6 +26,12 @@ def math_dtype(row: dict) -> object:
     return precision
 
 
+# the keys variant_label reads (math_dtype's included): rows alike in these have one label
+VARIANT_KEYS = ("precision", "compute_dtype", "gpu_name", "backend", "recipe", "fuse", "recipe_spec", "bf16_edge_blocks",
+                "activation_checkpointing", "compile", "cuda_graphs", "fp8_attention", "nvte_fp8_dpa_bwd", "param_dtype",
+                "parallel", "world_size", "fsdp_keep_weights")
+
+
 def variant_label(row: dict) -> str:
     """Short name of what ran: precision, backend, recipe, fused or not (e.g. 'fp8 te delayed fused';
     'fp32 hf' for a "bf16" run that computed in fp32 on a CPU: :func:`math_dtype`)."""

@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.fp8stats import RECORD as FP8_STATS_RECORD
-from fp8lab.analysis.labels import layout_label, model_size_b, variant_label
+from fp8lab.analysis.labels import VARIANT_KEYS, layout_label, model_size_b, variant_label
 from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
+from fp8lab.progress import progress
 
 # Run metadata carried on every row of the tidy table.
 META_COLUMNS = [
@@ -121,11 +122,11 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
     files = [f for f in sorted(path.rglob("*.jsonl"))
              if not any(part.startswith(".") for part in f.relative_to(path).parts)]
     trainer_dirs = {f.parent for f in files if f.name == "metrics.jsonl"}
-    frames = [_load_trainer_dir(d) for d in sorted(trainer_dirs)]
     # any other .jsonl is a result file, unless it lives inside a trainer output folder
-    frames += [_load_result_file(f) for f in files
-               if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
-    return frames
+    results = [f for f in files if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
+    return [_load_trainer_dir(s) if s in trainer_dirs else _load_result_file(s)
+            for s in progress(sorted(trainer_dirs) + results, f"reading runs in {path.name or path}",
+                              total=len(trainer_dirs) + len(results), unit="run")]
 
 
 def load_profiles(sources: object = None) -> pd.DataFrame:
@@ -334,11 +335,29 @@ def _step_frame(path: Path, records: list[tuple[int, dict]], meta: dict) -> pd.D
     df = df.drop(columns=[c for c in ("record",) if c in df])
     # a NaN/Infinity written in the file (not a missing value): flagged, so it is never taken for "not logged"
     df["loss_nonfinite"] = [_nonfinite(rec.get("loss")) or _nonfinite(rec.get("val_loss")) for _, rec in records]
+    new = {}
     for k, v in meta.items():  # per-step values say what ran; the config fills what they leave out
         if k in META_COLUMNS:
-            df[k] = df[k].where(df[k].notna(), v) if k in df else v
+            if k in df:
+                df[k] = df[k].where(df[k].notna(), v)
+            else:
+                new[k] = v
+    df = _with_columns(df, new)  # added at once: a column at a time is most of the reading time (issue 47)
     df["record"] = "step"
     return df
+
+
+def _with_columns(df: pd.DataFrame, values: dict) -> pd.DataFrame:
+    """``df`` with the columns ``values`` (name -> one value for every row) appended in their order, as
+    ``df[name] = value`` one by one would (the same dtypes), in one step."""
+    if not values:
+        return df
+    if not len(df) or not df.index.is_unique:  # the plain way where a frame-wide step would differ
+        for k, v in values.items():
+            df[k] = v
+        return df
+    added = pd.DataFrame({k: [v] * len(df) for k, v in values.items()}, index=df.index, columns=list(values))
+    return pd.concat([df, added], axis=1)
 
 
 def _nonfinite(v: object) -> bool:
@@ -401,11 +420,8 @@ def _load_result_file(path: Path) -> pd.DataFrame:
         frames.append(_step_frame(path, steps, meta))
     if summaries:
         rows = [{k: v for k, v in rec.items() if k != "record" and not isinstance(v, (dict, list))} for _, rec in summaries]
-        s = pd.DataFrame([rows[-1]])  # the last summary wins (a rerun may append a newer one)
-        for k, v in meta.items():
-            if k in META_COLUMNS:
-                s[k] = v
-        s["record"] = "summary"
+        # the last summary wins (a rerun may append a newer one); the run record's metadata over it, in one step
+        s = pd.DataFrame([{**rows[-1], **{k: v for k, v in meta.items() if k in META_COLUMNS}, "record": "summary"}])
         frames.append(s)
     if not frames:
         warnings.warn(f"{path}: run record only, no step or summary records; skipped", RunFileWarning, stacklevel=3)
@@ -440,9 +456,7 @@ def _from_collect_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def _finish(df: pd.DataFrame) -> pd.DataFrame:
     """Normalise values, merge records of the same step, and name each run's variant."""
-    for c in COLUMNS:
-        if c not in df:
-            df[c] = np.nan
+    df = _with_columns(df, {c: np.nan for c in COLUMNS if c not in df})
     if "instances" in df:
         df["instances"] = df["instances"].fillna(1)
     for c in ("precision", "backend", "recipe"):
@@ -455,8 +469,22 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
         # a validation record may come as its own line for the same step: merge, first non-null wins
         merged = steps.groupby(["run_id", "step"], sort=False, as_index=False).first()
         df = pd.concat([merged, df[df["record"] != "step"]], ignore_index=True, sort=False)
-    df["variant"] = [variant_label(r) for r in df.to_dict("records")]
+    df["variant"] = _variants(df)
     return df.sort_values(["run_id", "record", "step"], na_position="last", kind="stable")
+
+
+def _variants(df: pd.DataFrame) -> list[str]:
+    """:func:`variant_label` of each row, computed once per distinct set of the values it reads
+    (:data:`VARIANT_KEYS`; a run's steps share them), not once per step."""
+    keys = [k for k in VARIANT_KEYS if k in df]
+    seen: dict = {}
+    out = []
+    for values in df[keys].itertuples(index=False, name=None):
+        key = tuple((type(v), None if isinstance(v, float) and v != v else v) for v in values)
+        if key not in seen:
+            seen[key] = variant_label(dict(zip(keys, values)))
+        out.append(seen[key])
+    return out
 
 
 def _unique_run_ids(df: pd.DataFrame) -> pd.Series:

@@ -15,6 +15,7 @@ import pandas as pd
 from fp8lab.analysis.labels import group_key, is_false, is_fp8, is_hardware_fp8, layout_label, model_size_b, variant_label
 from fp8lab.analysis.load import META_COLUMNS
 from fp8lab.hardware import DEFAULT_PRICES_USD_PER_HOUR, INSTANCES
+from fp8lab.progress import progress
 
 SMOOTHING_METHODS = ("ema", "window", "none")
 # The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.
@@ -153,8 +154,9 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
     if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r}; allowed: an integer >= 0")
     _check_smoothing(smoothing, smoothing_span)
+    groups = runs.groupby("run_id", sort=False)
     rows = [_summarize_run(run_id, g, warmup_steps, smoothing, smoothing_span)
-            for run_id, g in runs.groupby("run_id", sort=False)]
+            for run_id, g in progress(groups, "summarising runs", total=groups.ngroups, unit="run")]
     cols = (["run_id"] + [c for c in META_COLUMNS if c != "run_id"] +
             ["n_steps", "steady_steps", "tokens", "tokens_per_sec_per_gpu", "tps_p25", "tps_p75", "tps_iqr",
              "tps_spread_pct", "mfu", "step_time_s", "max_mem_gib", "final_loss", "smoothed_loss", "val_loss",

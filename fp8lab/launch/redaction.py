@@ -10,15 +10,16 @@ import functools
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Iterator
 
 @functools.lru_cache(maxsize=None)
 def _public_registry_accounts() -> frozenset[str]:
     """Account ids of AWS's public Deep Learning Container registries (part of every image URI)."""
-    import sagemaker.core.image_uris as iu
+    from fp8lab.launch.spec import sdk_config_file  # the SDK's file, without importing the SDK
 
-    path = Path(iu.__file__).parent / "image_uri_config" / "pytorch.json"
+    path = sdk_config_file("pytorch.json")
+    if path is None:
+        raise FileNotFoundError("the SageMaker SDK's image_uri_config/pytorch.json is missing: reinstall sagemaker")
     data = json.loads(path.read_text())
     out: set[str] = set()
     for scope in data.values():

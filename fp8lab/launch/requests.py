@@ -209,14 +209,20 @@ def submit(trainer, spec: JobSpec) -> None:
 
 def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> list[dict[str, Any]]:
     """The exact CreateTrainingJob request of each job, built by ModelTrainer.train() with no AWS call."""
+    from fp8lab.progress import progress
+
     plan = as_plan(spec_or_plan)
     out = []
     with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs():
         staged: dict[tuple, Path] = {}
-        for job in plan.jobs:
+        sessions: dict[tuple, Any] = {}  # one offline session per region and bucket (making one takes seconds)
+        for job in progress(plan.jobs, "building requests (dry run)", total=len(plan.jobs), unit="job"):
             spec = job.spec
+            where = (spec.region, spec.bucket)
+            if where not in sessions:
+                sessions[where] = _offline_session(*where)
             trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version),
-                                    _offline_session(spec.region, spec.bucket))
+                                    sessions[where])
             try:
                 submit(trainer, spec)
             except _Captured as cap:

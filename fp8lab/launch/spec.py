@@ -72,12 +72,25 @@ def _sagemaker_regions() -> tuple[str, ...]:
     return tuple(botocore.session.get_session().get_available_regions("sagemaker"))
 
 
+def sdk_config_file(name: str) -> Path | None:
+    """A data file the SageMaker SDK ships (``sagemaker/core/image_uri_config/<name>``), found without
+    importing the SDK (importing it takes seconds; only building or sending a request needs it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sagemaker")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "core" / "image_uri_config" / name
+        if path.exists():
+            return path
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _instance_region_table() -> dict[str, frozenset[str]]:
     """The SDK's own table of GPU instance types per region (instance_gpu_info.json)."""
-    import sagemaker.core.image_uris as iu
-
-    path = Path(iu.__file__).parent / "image_uri_config" / "instance_gpu_info.json"
+    path = sdk_config_file("instance_gpu_info.json")
+    if path is None:
+        return {}
     try:
         return {r: frozenset(types) for r, types in json.loads(path.read_text()).items()}
     except OSError:

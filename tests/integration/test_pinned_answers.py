@@ -1,0 +1,70 @@
+"""Every answer unchanged (issue 47): the numbers `fp8lab launch plan`, the scaling model's calibration and the
+`Answer` gave before the results index changed how the committed runs are read, pinned in
+``pinned_answers.json`` (written by the code of that time, reading every result file), compared
+exactly. A deliberate change of an answer (new runs, a new rule) rewrites that file in the same commit,
+and says why; a speed-up never does. E.g. llama-7b, 24B tokens on one P5: $7,391 (BF16) -> $5,252 (FP8)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from fp8lab import analysis
+from fp8lab.launch.cli import main as launch_main
+from fp8lab.scaling import committed_calibration
+
+PINNED = json.loads((Path(__file__).with_name("pinned_answers.json")).read_text(encoding="utf-8"))
+_CACHE: dict = {}
+
+
+def _answer() -> analysis.Answer:
+    if not _CACHE:
+        summary = analysis.summarize_runs(analysis.load_runs())
+        _CACHE["a"] = analysis.Answer.of(summary, reference=analysis.load_reference())
+    return _CACHE["a"]
+
+
+def _same(got, want, where):
+    if isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-12, abs=0), where
+    else:
+        assert got == want, where
+
+
+def test_the_example_of_the_issue():
+    n = PINNED["numbers"]["llama-7b"]
+    assert (round(n["cost_bf16"]), round(n["cost_fp8"])) == (7391, 5252)
+    got = _answer().numbers()["llama-7b"]
+    assert (round(got["cost_bf16"]), round(got["cost_fp8"])) == (7391, 5252)
+
+
+def test_answer_numbers_unchanged():
+    got = _answer().numbers()
+    assert sorted(got) == sorted(PINNED["numbers"])
+    for model, want in PINNED["numbers"].items():
+        assert sorted(got[model]) == sorted(want), model
+        for key, value in want.items():
+            _same(got[model][key], value, (model, key))
+
+
+def test_verdict_unchanged():
+    assert _answer().verdict() == PINNED["verdict"]
+
+
+def test_calibration_unchanged():
+    cal, want = committed_calibration(), PINNED["calibration"]
+    for key in ("link_efficiency", "overlap", "overhead_ms"):
+        _same(getattr(cal, key), want[key], key)
+    assert cal.describe() == want["describe"]
+
+
+@pytest.mark.parametrize("name", sorted(PINNED["plans"]))
+def test_launch_plan_unchanged(name):
+    plan = PINNED["plans"][name]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert launch_main(plan["argv"]) == 0
+    assert buf.getvalue() == plan["stdout"]
