@@ -257,7 +257,7 @@ def plot_tensor_histograms(captured: Captured, fmt: FP8Format | str = E4M3, max_
     """log2|x| of weights, activations and gradients against the window ``fmt`` covers unscaled."""
     plt = _plt()
     fmt = F.get_format(fmt)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharey=False)
     for ax, kind in zip(axes, ("weights", "activations", "gradients")):
         x = captured.flat(kind, max_elements)
         la = _log2_abs(x)
@@ -346,7 +346,7 @@ def plot_scaling_comparison(df, title: str = ""):
     """Per recipe: SNR, the bulk's mean relative error (if measured) and the share of values lost."""
     plt = _plt()
     bulk = "bulk_mean_rel_error" in df
-    fig, axes = plt.subplots(1, 3 if bulk else 2, figsize=(15 if bulk else 12, 3.8), sharey=True)
+    fig, axes = plt.subplots(1, 3 if bulk else 2, figsize=(13 if bulk else 11, 4.6), sharey=True)
     names = list(df.index)
     y = list(range(len(names)))
     axes[0].barh(y, df["snr_db"].clip(upper=60), color="C0")
@@ -405,7 +405,7 @@ def simulate_spike(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float =
 def plot_spike(df, spike_step: int | None = None, title: str = ""):
     """Scale, clipped share and SNR per step, one line per amax algorithm."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), sharex=True)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharex=True)
     for (algo, d), c in zip(df.groupby("algo", sort=False), ("C0", "C1", "C2", "C3")):
         axes[0].plot(d["step"], d["scale"], color=c, label=algo, drawstyle="steps-post")
         axes[1].plot(d["step"], 100 * d["clipped_frac"], color=c, marker=".", label=algo)
@@ -440,7 +440,7 @@ def explorer_figure(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float 
     d = df[df["algo"] == "max"].set_index("step")
     after = spike_step + 1 if spike_step + 1 < steps else spike_step
     scale = float(d.loc[after, "scale"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 3.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.4))
     la = _log2_abs(x.float() * scale)
     _shade_format(a, fmt)
     a.hist(la.numpy(), bins=100, color="k", alpha=0.75)

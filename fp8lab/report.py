@@ -100,19 +100,16 @@ def _at_scale(answer) -> pd.DataFrame:
     return answer_at_scale(answer)
 
 
-def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
-                reference: pd.DataFrame | None = None, health: dict | None = None) -> str:
-    """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
-    FP8 statistics (fp8lab.fp8stats.of_sources; default: found through the runs' sources)."""
-    a = Analysed.of(runs, config, reference)
+def report_figures(runs: pd.DataFrame, config: "ReportConfig" = None, analysed: "Analysed | None" = None) -> list:
+    """The report's figures for a runs table, each with its alt text: [(Figure, alt), ...] (the FP8 health
+    heatmaps aside). The figure check of the tests draws these."""
+    config = config or ReportConfig()
+    a = analysed or Analysed.of(runs, config)
     summary, comparison, answer = a.summary, a.comparison, a.answer
-    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
-                                estimate=answer.estimate)
     scaling = analysis.scaling_table(summary)
-    parts = answer.verdict_parts()
-    loss_runs, best_summary = analysis.headline_runs(runs, summary, answer.rows)
+    loss_runs, _ = analysis.headline_runs(runs, summary, answer.rows)
     shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
-    figs = [
+    return [
         (plots.throughput_figure(shown), "tokens/s/GPU: the best run of each kind per model"),
         (plots.speedup_figure(comparison, reference=a.reference), "FP8 speedup per model, with the source's reported values"),
         (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
@@ -124,6 +121,19 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
         (plots.instances_figure(_at_scale(answer), a.reference),  # issue 32
          "modelled tokens/s/GPU against P5 instances (fp8lab.scaling; not measured past two GPUs)"),
     ]
+
+
+def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
+                reference: pd.DataFrame | None = None, health: dict | None = None) -> str:
+    """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
+    FP8 statistics (fp8lab.fp8stats.of_sources; default: found through the runs' sources)."""
+    a = Analysed.of(runs, config, reference)
+    summary, comparison, answer = a.summary, a.comparison, a.answer
+    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
+                                estimate=answer.estimate)
+    scaling = analysis.scaling_table(summary)
+    parts = answer.verdict_parts()
+    figs = report_figures(runs, config, a)
     n_runs = summary["run_id"].nunique()
     e = html.escape
     r = answer.rows
