@@ -7,6 +7,7 @@ renders and says so, so notebooks and reports work before any GPU result exists.
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -46,15 +47,34 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
     return buf.getvalue()
 
 
-def show(fig: Figure) -> None:
-    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included).
+def figure_name(fig: Figure) -> str:
+    """A file name for ``fig``: its title (else its first panel's), lower case, words joined by '-'."""
+    title = fig.get_suptitle() or next((ax.get_title() for ax in fig.axes if ax.get_title()), "") or "figure"
+    words = re.findall(r"[a-z0-9]+", title.split("\n")[0].lower())
+    return "-".join(words)[:60].strip("-") or "figure"
 
-    The output's metadata carries :func:`figure_stats` (bars per panel, legend entries, pixels), so a
-    test of the executed notebook can check that each figure stays readable."""
+
+def show(fig: Figure, name: str | None = None, folder: str | Path = ".") -> None:
+    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included), and write the same
+    PNG to ``folder``/``name``.png (a notebook's working folder: ``outputs/<notebook>/`` under ``fp8lab notebooks
+    run``; ``name`` defaults to :func:`figure_name`). A pyplot figure is closed, so that the notebook's inline
+    backend does not draw it a second time.
+
+    The output's metadata carries :func:`figure_stats` (bars per panel, legend entries, pixels) and the
+    readability problems :func:`fp8lab.figure_checks.figure_problems` finds, so a test of the executed notebook can
+    check that each figure stays readable."""
     from IPython.display import Image, display
 
+    from fp8lab.figure_checks import figure_problems
+
     png = to_png(fig)
-    display(Image(data=png, format="png"), metadata={"fp8lab": figure_stats(fig, png=png)})
+    path = Path(folder) / f"{name or figure_name(fig)}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
+    meta = {**figure_stats(fig, png=png), "problems": figure_problems(fig), "file": path.name}
+    display(Image(data=png, format="png"), metadata={"fp8lab": meta})
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close(fig)
 
 
 def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, np.ndarray]:
@@ -394,20 +414,25 @@ def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
     s = s.loc[s.groupby(["model", "_kind"])["mfu"].idxmax()]
     models = _models(s)
     rows = max(min(MAX_BARS, int(s["model"].value_counts().max())), 1)
-    fig, axes = _grid(len(models), width=5.0, height=0.35 * rows + 1.3)
+    small = len(models) > 2 * MAX_COLS  # many models: three panels a row, thinner bars, so the figure fits a screen
+    fig, axes = _grid(len(models), width=4.6 if small else 5.0, height=(0.2 if small else 0.35) * rows + 1.1,
+                      max_cols=MAX_COLS_SMALL if small else MAX_COLS)
     colors = _variant_colors(sorted(s["_kind"].unique()), dict(s[["_kind", "precision"]].values))
     for ax, model in zip(axes, models):
         g = s[s["model"] == model].sort_values(["precision", "_kind"]).head(MAX_BARS)
         ax.barh(range(len(g)), 100 * g["mfu"], color=[colors[k] for k in g["_kind"]])
         for y, v in enumerate(100 * g["mfu"]):
             ax.annotate(f"{v:.1f}%", (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-        ax.set_yticks(range(len(g)), list(g["_kind"]), fontsize=8)
+        ax.set_yticks(range(len(g)), list(g["_kind"]), fontsize=7 if small else 8)
         ax.set_ylim(rows - 0.5, -0.5)
         ax.set_xlim(0, 100 * float(s["mfu"].max()) * 1.2)
         ax.set_xlabel("MFU (% of dense BF16 peak)")
         ax.set_title(str(model), fontsize=10)
     fig.suptitle(title)
     return _finish(fig, save)
+
+
+MAX_PROFILE_CATEGORIES = 7  # kernel categories a profile figure names (the rest: "other"), + the wall-time tick
 
 
 def profile_figure(profiles: pd.DataFrame, include_flagged: bool = False, save: str | Path | None = None) -> Figure:
@@ -424,7 +449,16 @@ def profile_figure(profiles: pd.DataFrame, include_flagged: bool = False, save: 
         return _finish(_empty(title, "no profiles (run with --profile-steps)"), save)
     runs = (p.drop_duplicates("run_id").assign(_size=lambda d: d["model"].map(model_size_b))
             .sort_values(["_size", "model", "layout", "precision", "variant"]))
+    if len(runs) > MAX_BARS:  # a screen's worth: the table below the figure lists every profile
+        title += f" ({MAX_BARS} of {len(runs)} profiled runs)"
+        runs = runs.head(MAX_BARS)
+    p = p[p["run_id"].isin(runs["run_id"])]
     cats = list(p.groupby("category")["ms"].sum().sort_values(ascending=False).index)
+    if len(cats) > MAX_PROFILE_CATEGORIES:  # the legend stays short: the smallest categories as one
+        keep = cats[:MAX_PROFILE_CATEGORIES - 1]
+        p = p.assign(category=p["category"].where(p["category"].isin(keep), "other"))
+        p = p.groupby(["run_id", "category"], as_index=False)["ms"].sum()
+        cats = keep + ["other"]
     cmap = matplotlib.colormaps["tab10"]
     fig, axes = _new(width=9, height=0.5 * len(runs) + 3.0)
     ax = axes[0, 0]
@@ -630,7 +664,7 @@ def _is_histogram(bars: "matplotlib.container.BarContainer") -> bool:
 
 
 def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
-    """What a reader faces in a figure: bars per panel (a histogram's bins aside), legend entries, and its size in pixels at ``dpi``
+    """What a reader faces in a figure: bars per panel (a stacked bar once, a histogram's bins not), legend entries, and its size in pixels at ``dpi``
     (as :func:`to_png` renders it, or of ``png``, the figure already rendered at ``dpi``). Tests read
     these from executed notebooks."""
     import struct
@@ -640,8 +674,13 @@ def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
     bars = []
     for ax in fig.axes:
         if ax.get_visible():
-            bars.append(sum(len(c.patches) for c in ax.containers
-                            if isinstance(c, matplotlib.container.BarContainer) and not _is_histogram(c)))
+            slots = set()  # a stacked bar's segments share their slot: one bar
+            for c in ax.containers:
+                if isinstance(c, matplotlib.container.BarContainer) and not _is_histogram(c):
+                    horizontal = getattr(c, "orientation", "vertical") == "horizontal"
+                    slots.update((horizontal, round(r.get_y() if horizontal else r.get_x(), 6),
+                                  round(r.get_height() if horizontal else r.get_width(), 6)) for r in c.patches)
+            bars.append(len(slots))
     legend = sum(len(leg.get_texts()) for leg in fig.legends)
     legend += sum(len(ax.get_legend().get_texts()) for ax in fig.axes if ax.get_legend() is not None)
     return {"bars_per_panel": bars, "legend_entries": legend, "width_px": int(width), "height_px": int(height),

@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from fp8lab import analysis
+from figure_outputs import assert_figures_readable_and_saved
 from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
 from fake_runs import make_pair
 
@@ -53,6 +54,8 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
         assert (width, height) == (stats["width_px"], stats["height_px"]), stats
         assert width <= 1600 and height <= 900, stats
         assert max(stats["bars_per_panel"], default=0) <= 12 and stats["legend_entries"] <= 8, stats
+    assert assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem) == [
+        "headline.png", "loss.png", "parity.png", "cost.png"]
     text = res[0].output.read_text()
     assert "set detail = 'all'" in text
 
@@ -63,6 +66,7 @@ def test_detail_all_shows_every_run(tmp_path):
     assert vals["detail"] == "all" and vals["n_runs"] == analysis.load_runs()["run_id"].nunique()
     # headline, loss, cost, throughput, speedup, MFU, scaling, profile, long sequences (#34): drawn even with no runs
     assert _images(res[0].output) == 10  # issue 31: + loss against the BF16 seeds
+    assert len(assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem)) == 10
 
 
 def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):
