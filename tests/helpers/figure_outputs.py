@@ -26,3 +26,18 @@ def assert_figures_readable_and_saved(executed: Path, folder: Path) -> list[str]
         names.append(meta["file"])
     assert len(set(names)) == len(names), f"two figures written to one file: {names}"
     return names
+
+
+def longest_cell_output(executed: Path) -> int:
+    """The most lines one code cell shows as text: its printed lines plus each result's plain-text form."""
+    nb = nbformat.read(str(executed), as_version=4)
+    most = 0
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        n = 0
+        for o in c.outputs:
+            text = o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
+            n += len(text.rstrip("\n").splitlines()) if "image/png" not in o.get("data", {}) else 0
+        most = max(most, n)
+    return most

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from figure_outputs import longest_cell_output
+from fp8lab.cell_text import MAX_CELL_LINES
+
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
 from fp8lab.launch.redaction import _public_registry_accounts  # noqa: E402
@@ -34,10 +37,15 @@ def _check(vals, plan, executed: Path):
     assert vals["total_gpu_hours"] == pytest.approx(plan.total_gpu_hours, abs=1e-3)
     assert vals["plan_names"] == plan.names
     assert [TS.sub("", n) for n in vals["job_names"]] == plan.names
+    requests = (executed.with_suffix("") / "requests.txt").read_text()  # the requests: a file, a line in the cell
+    assert requests.count("CreateTrainingJob request for") == 1  # show_requests=1; the rest as differences
+    assert requests.count("as the first request except") == len(plan.jobs) - 1
     text = executed.read_text()
-    assert text.count("CreateTrainingJob request for") == 1  # show_requests=1; the rest as differences
-    assert text.count("as the first request except") == len(plan.jobs) - 1
+    assert f"{len(plan.jobs)} CreateTrainingJob requests (dry run: not sent): requests.txt" in text
+    assert "CreateTrainingJob request for" not in text and longest_cell_output(executed) <= MAX_CELL_LINES
     menv.assert_clean(ALLOWED, text)
+    menv.assert_clean(ALLOWED, requests)
+    text += requests
     # printed requests carry no account id, not even the placeholder's
     assert "arn:aws:iam::<account-id>:role/fp8lab-sagemaker-execution-role" in text
     # the plan rests on measurements where they exist, and says which; the chart agrees with the plan
@@ -95,7 +103,7 @@ def test_notebook_04_custom_sweep(tmp_path):
                         price_per_hour=98.32, region="us-west-2", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET)
     _check(vals, plan, res[0].output)
     assert vals["n_jobs"] == 8 and vals["price_per_hour"] == 98.32
-    assert "us-west-2.amazonaws.com/pytorch-training" in res[0].output.read_text()
+    assert "us-west-2.amazonaws.com/pytorch-training" in (res[0].output.with_suffix("") / "requests.txt").read_text()
 
 
 endpoint, aws = menv.endpoint, menv.aws  # fixtures: moto's server and a clean account
@@ -111,7 +119,7 @@ def test_notebook_04_real_launch_against_moto_and_idempotent_rerun(aws, tmp_path
     params = {"models": ["llama-1b"], "precisions": ["bf16", "fp8"], "instance_counts": [1], "tokens": 10**8,
               "role": menv.ROLE, "bucket": menv.BUCKET, "dry_run": False}
     res1 = run(["04"], params, output_dir=tmp_path / "a", progress=False)[0]
-    menv.assert_clean(ALLOWED - {"111122223333"}, _outputs(res1.output))
+    menv.assert_clean(ALLOWED - {"111122223333"}, _outputs(res1.output), (tmp_path / "a" / "04_launch_p5_sweep" / "requests.txt").read_text())
     first = read_glued(res1.output)
     assert first["dry_run"] is False and len(first["job_names"]) == 2 and first["n_metric_rows"] == 0
     sm = boto.client("sagemaker")

@@ -8,7 +8,10 @@ import nbformat
 import pytest
 
 from fp8lab import analysis
-from figure_outputs import assert_figures_readable_and_saved
+import pandas as pd
+
+from figure_outputs import assert_figures_readable_and_saved, longest_cell_output
+from fp8lab.cell_text import MAX_CELL_LINES
 from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
 from fake_runs import make_pair
 
@@ -58,6 +61,14 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
         "headline.png", "loss.png", "parity.png", "cost.png"]
     text = res[0].output.read_text()
     assert "set detail = 'all'" in text
+    # a person reads each cell in seconds: the full verdict and headline go to files, bullets and a short table stay
+    assert longest_cell_output(res[0].output) <= MAX_CELL_LINES
+    assert (tmp_path / NB.stem / "verdict.txt").read_text() == vals["verdict"] + "\n"
+    assert len(pd.read_csv(tmp_path / NB.stem / "headline.csv")) == len(headline)
+    if vals["n_runs"]:
+        for model, speedup in zip(headline["model"], headline["speedup"]):  # one bullet per model, with its number
+            if speedup == speedup:
+                assert f"**{model}**: FP8 **{speedup:.2f}x**" in text
 
 
 def test_detail_all_shows_every_run(tmp_path):
