@@ -5,11 +5,10 @@ from __future__ import annotations
 import struct
 
 import nbformat
+import pandas as pd
 import pytest
 
 from fp8lab import analysis
-import pandas as pd
-
 from figure_outputs import assert_figures_readable_and_saved, longest_cell_output
 from fp8lab.cell_text import MAX_CELL_LINES
 from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
