@@ -407,21 +407,27 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
-def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float) -> str:
+def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = ()) -> str:
+    """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
+    each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss)."""
+    table = headline_markdown(headline, tokens).split("\n\n")[0]
+    loss = ("; ".join(same_loss) + ".") if same_loss else "no loss study with a BF16 and an FP8 run yet."
     return "\n".join([
         README_BEGIN,
         f"![FP8 against BF16 per model]({HEADLINE_PNG})",
         "",
-        f"Tokens/s/GPU from {n_runs} measured runs on {gpus}: each model's plain `transformers` BF16 run, "
-        "the fastest BF16 and the fastest FP8 run fp8lab measured at the smallest scale measured (one GPU unless the row says otherwise; full training steps), MFU over the "
-        "dense BF16 peak for both, the FP8 loss gap of the loss study (the same tokens, validation loss), "
-        f"the time and cost of {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` "
-        "estimates them from these runs, and the figure reported by the source (H100, P5: not measured here), "
-        f"{analysis.source_link()}.",
+        f"- **Speed**: tokens/s/GPU of {n_runs} measured runs on {gpus}, one GPU unless a row says otherwise: each "
+        "model's plain `transformers` BF16 run and the fastest BF16 and FP8 runs fp8lab measured; MFU over the dense "
+        "BF16 peak for both.",
+        "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
+        f"- **Time to the same loss**: {loss}",
+        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` estimates "
+        "them, projected to its 8 H100s: a little less than the H200 speed-up (the H100's kernel mix, 8-GPU "
+        f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
         "",
-        headline_markdown(headline, tokens).rstrip("\n"),
+        table,
         "",
-        f"Every run, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
+        f"Runs, layouts, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
         README_END,
     ])
 
@@ -544,7 +550,13 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
         head, rest = readme.split(README_BEGIN, 1)
         tail = rest.split(README_END, 1)[1]
-        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens) + tail
+        from fp8lab.analysis.time_to_loss import sentence, time_to_loss
+
+        loss_runs, _ = analysis.headline_runs(runs, summary, headline)
+        same = [f"{r['model']}: {sentence(r, analysis.fmt_tokens(config.tokens))}"
+                for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
+        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
+                                                same) + tail
     return out
 
 

@@ -254,10 +254,13 @@ def _seed_clause(a: pd.Series, curves: pd.DataFrame | None) -> str:
     return s
 
 
-def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_pct: float = 1.0) -> list[str]:
+def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_pct: float = 1.0,
+                    same_loss: pd.DataFrame | None = None) -> list[str]:
     """The verdict a person reads in seconds: one Markdown bullet per model with its numbers (speed-up, loss gap,
     time and cost of the token budget, and why that cost differs from the speed-up), then the conclusion.
-    ``curves``: :func:`fp8lab.analysis.parity_curves` of the loss study, to give a seed mean its spread."""
+    ``curves``: :func:`fp8lab.analysis.parity_curves` of the loss study, to give a seed mean its spread;
+    ``same_loss``: :func:`fp8lab.analysis.time_to_loss.time_to_loss`, FP8's time to BF16's final validation loss."""
+    same = same_loss.set_index("model") if same_loss is not None and len(same_loss) else None
     rows = answer.rows[answer.rows["speedup"].notna()]
     if not len(rows):
         return ["- There are no measured BF16/FP8 pairs yet, so these results cannot say whether FP8 pays off."]
@@ -273,6 +276,10 @@ def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_p
             s += f"; validation loss **{gap:+.2f}%** ({mean}{vs}{_seed_clause(a, curves)})"
         else:
             s += "; loss not compared in a loss study"
+        if same is not None and a["model"] in same.index:
+            t = same.loc[a["model"]]
+            s += ("; FP8 did not reach BF16's final validation loss in the study" if pd.isna(t["fp8_tokens"]) else
+                  f"; to BF16's final validation loss **{t['time_ratio']:.2f}x** BF16's time ({t['token_ratio']:.2f}x the tokens)")
         if a["hardware_fp8"] and pd.notna(a["cost_fp8"]):
             ratio = a["hours_bf16"] / a["hours_fp8"]
             s += (f"; {fmt_tokens(answer.tokens)} tokens on one {answer.instance_type}: {a['hours_fp8']:,.1f} h "

@@ -68,6 +68,12 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
         for model, speedup in zip(headline["model"], headline["speedup"]):  # one bullet per model, with its number
             if speedup == speedup:
                 assert f"**{model}**: FP8 **{speedup:.2f}x**" in text
+        from fp8lab.analysis.time_to_loss import time_to_loss
+
+        loss_runs, _ = analysis.headline_runs(committed, summary, answer.rows)
+        for _, t in time_to_loss(answer, loss_runs).iterrows():  # tokens/s and loss together, per loss study
+            assert (f"**{t['time_ratio']:.2f}x** BF16's time" if t["fp8_tokens"] == t["fp8_tokens"]
+                    else "FP8 did not reach BF16's final validation loss") in text
 
 
 def test_detail_all_shows_every_run(tmp_path):
