@@ -68,7 +68,11 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
         for model, speedup in zip(headline["model"], headline["speedup"]):  # one bullet per model, with its number
             if speedup == speedup:
                 assert f"**{model}**: FP8 **{speedup:.2f}x**" in text
+        from fp8lab.analysis.memory_lesson import peak_memory
         from fp8lab.analysis.time_to_loss import time_to_loss
+
+        memory = peak_memory(answer, summary)  # the memory lesson: measured peaks, from the committed files
+        assert len(memory) and all(f"{v:.1f}" in text for v in memory["fp8_gib"])
 
         loss_runs, _ = analysis.headline_runs(committed, summary, answer.rows)
         for _, t in time_to_loss(answer, loss_runs).iterrows():  # tokens/s and loss together, per loss study

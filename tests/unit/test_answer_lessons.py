@@ -1,4 +1,4 @@
-"""fp8lab.analysis.time_to_loss: FP8's tokens and time to BF16's final validation loss, from real result files."""
+"""fp8lab.analysis.time_to_loss and memory_lesson: time to the same loss and peak memory, from real result files."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,3 +38,21 @@ def test_time_to_loss_counts_tokens_and_speed_together(tmp_path):
     assert t["speedup"] == pytest.approx(answer.rows.set_index("model").loc["llama-1b", "speedup"])
     assert t["time_ratio"] == pytest.approx(t["token_ratio"] / t["speedup"]) and t["time_ratio"] < 1
     assert "BF16's time at" in sentence(t, "24B")
+
+
+def test_peak_memory_is_each_best_runs_own_and_the_cache_is_the_memory_models(tmp_path):
+    """The memory lesson's table: the peak memory the best BF16 and FP8 run reported, and the FP8 weight cache as 2
+    bytes per decoder-block weight (fp8lab.layout's rule)."""
+    from fp8lab.analysis.memory_lesson import peak_memory, weight_cache_gib
+    from fp8lab.models import block_matmul_params, get_config
+
+    for prec, tps, mem in (("bf16", 1000.0, 40.0), ("fp8", 1300.0, 44.5)):
+        recs = [{**r, "max_mem_gib": mem} for r in step_records(20, tps, prec, model="llama-7b")]
+        analysis.write_result_file(tmp_path / f"{prec}.jsonl", run_meta("llama-7b", prec, run_id=prec, variant=prec), recs)
+    summary = analysis.summarize_runs(analysis.load_runs(tmp_path), warmup_steps=2)
+    t = peak_memory(analysis.Answer.of(summary), summary).set_index("model").loc["llama-7b"]
+    assert (t["bf16_gib"], t["fp8_gib"]) == (40.0, 44.5) and t["fp8_minus_bf16_gib"] == pytest.approx(4.5)
+    mcfg = get_config("llama-7b")
+    assert t["fp8_weight_cache_gib"] == weight_cache_gib("llama-7b") == pytest.approx(
+        2 * mcfg.num_layers * block_matmul_params(mcfg) / 2**30)
+    assert np.isnan(weight_cache_gib("no-such-model"))
