@@ -87,6 +87,7 @@ def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8
 MAX_BARS = 12  # bars or rows a panel shows at most; tables carry the rest
 MAX_COLS = 2  # panels side by side at most, so a figure stays within a screen's width
 MAX_COLS_SMALL = 3  # ... for small panels (a handful of bars each), so that ten models stay within a screen's height
+MAX_LEGEND_KINDS = 8  # kinds of run one loss panel's legend names at most
 MAX_HEADLINE_PANELS = 4  # the headline figure's models (2 x 2): more would not fit a screen's height
 _HATCHES = ["", "//", "..", "xx", "\\\\", "++"]  # a second cue beside colour, one per bar kind
 
@@ -330,6 +331,13 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
     for col, model in enumerate(models):
         top = axes[0, col]
         g = steps[steps["model"] == model]
+        panel_title = str(model)
+        if len(set(_kind_labels(g).values())) > MAX_LEGEND_KINDS and "study" in g and g["study"].notna().any():
+            # more kinds of run than a legend can name: the study that trained longest (the others: a studies filter)
+            longest = g.groupby("study")["tokens"].max().idxmax()
+            n_studies = g["study"].nunique()
+            g = g[g["study"] == longest]
+            panel_title = f"{model}: study {longest} (1 of {n_studies}; filter by study for the others)"
         x_col = "tokens" if g["tokens"].notna().all() else "step"
         label = _run_labels(g)
         # runs alike but for their seed (a loss study's seeds) share a colour and one legend entry, so that the
@@ -352,7 +360,7 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             top.plot(x, sm, color=c, lw=2.0 if base else 1.6, ls="--" if base else "-", zorder=4 if base else 3,
                      label=entry[group[run_id]] if first else "_nolegend_", gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
-        top.set_title(str(model))
+        top.set_title(panel_title, fontsize=10 if panel_title != str(model) else None)
         top.set_ylabel("loss")
         # losses fall from the top left, so the legend sits top right; long labels (recipe settings)
         # wrap, so it stays narrow there. The gap lines below share these colours
