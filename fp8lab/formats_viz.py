@@ -107,24 +107,34 @@ def plot_value_grid(formats: Sequence[FP8Format] = (E4M3, E5M2)):
     return fig
 
 
+_FMT_STYLES = {"E4M3": "-", "E5M2": "--", "FP16": "-.", "BF16": ":"}
+
+
 def plot_relative_error(formats: Sequence[FP8Format] = (E4M3, E5M2, FP16, BF16), lo: float = 2.0**-30,
-                        hi: float = 2.0**20, n: int = 4000):
-    """|round(x) - x| / |x| across 50 binades: flat sawtooth in range, 100% below it, growing above max."""
+                        hi: float = 2.0**20, n: int = 40000, bins_per_binade: int = 1):
+    """The worst |round(x) - x| / |x| in each binade across 50 binades, one line per format: flat at
+    2^-(m+1) inside the range, 100% below it, growing above max. (The error itself is a sawtooth under
+    this line; its envelope is what tells the formats apart.)"""
     plt = _plt()
     x = torch.logspace(math.log10(lo), math.log10(hi), n, dtype=torch.float32)
+    bins = torch.floor(torch.log2(x) * bins_per_binade)
     fig, ax = plt.subplots(figsize=(11, 4.5))
     for f in formats:
         q = F.quantize(x, f)
         rel = ((q - x).abs() / x).clamp(min=2.0**-30)
-        ax.plot(x.numpy(), rel.numpy(), lw=0.9, color=_FMT_COLORS.get(f.name), label=f.name)
-        ax.axhline(2.0 ** -(f.mantissa_bits + 1), color=_FMT_COLORS.get(f.name), ls=":", lw=0.8)
+        worst = torch.zeros_like(rel).scatter_reduce(0, (bins - bins.min()).long(), rel, "amax", include_self=False)
+        edges = torch.unique(bins)[:-1]  # the last bin holds a part of a binade only
+        env = worst[: len(edges)]
+        color = _FMT_COLORS.get(f.name)
+        ax.step((2.0 ** (edges / bins_per_binade)).numpy(), env.numpy(), where="post", lw=1.8, color=color,
+                ls=_FMT_STYLES.get(f.name, "-"), label=f"{f.name} (in range: 2^-{f.mantissa_bits + 1})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
-    ax.set_ylim(2.0**-12, 2.0**3)
+    ax.set_ylim(2.0**-13, 2.0**2)
     ax.set_xlabel("|x| (no scaling)")
-    ax.set_ylabel("relative rounding error")
-    ax.set_title("Relative error: 2^-(m+1) at worst inside the range (dotted), 100% on underflow, unbounded past max")
-    ax.legend(loc="upper right")
+    ax.set_ylabel("worst relative rounding error\n(per binade)")
+    ax.set_title("Relative error: 2^-(m+1) at worst inside the range, 100% on underflow, growing past max")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -257,7 +267,7 @@ def plot_tensor_histograms(captured: Captured, fmt: FP8Format | str = E4M3, max_
     """log2|x| of weights, activations and gradients against the window ``fmt`` covers unscaled."""
     plt = _plt()
     fmt = F.get_format(fmt)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharey=False)
     for ax, kind in zip(axes, ("weights", "activations", "gradients")):
         x = captured.flat(kind, max_elements)
         la = _log2_abs(x)
@@ -346,7 +356,7 @@ def plot_scaling_comparison(df, title: str = ""):
     """Per recipe: SNR, the bulk's mean relative error (if measured) and the share of values lost."""
     plt = _plt()
     bulk = "bulk_mean_rel_error" in df
-    fig, axes = plt.subplots(1, 3 if bulk else 2, figsize=(15 if bulk else 12, 3.8), sharey=True)
+    fig, axes = plt.subplots(1, 3 if bulk else 2, figsize=(13 if bulk else 11, 4.6), sharey=True)
     names = list(df.index)
     y = list(range(len(names)))
     axes[0].barh(y, df["snr_db"].clip(upper=60), color="C0")
@@ -405,7 +415,7 @@ def simulate_spike(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float =
 def plot_spike(df, spike_step: int | None = None, title: str = ""):
     """Scale, clipped share and SNR per step, one line per amax algorithm."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), sharex=True)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4), sharex=True)
     for (algo, d), c in zip(df.groupby("algo", sort=False), ("C0", "C1", "C2", "C3")):
         axes[0].plot(d["step"], d["scale"], color=c, label=algo, drawstyle="steps-post")
         axes[1].plot(d["step"], 100 * d["clipped_frac"], color=c, marker=".", label=algo)
@@ -440,7 +450,7 @@ def explorer_figure(x: torch.Tensor, fmt: FP8Format | str = E4M3, margin: float 
     d = df[df["algo"] == "max"].set_index("step")
     after = spike_step + 1 if spike_step + 1 < steps else spike_step
     scale = float(d.loc[after, "scale"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 3.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.4))
     la = _log2_abs(x.float() * scale)
     _shade_format(a, fmt)
     a.hist(la.numpy(), bins=100, color="k", alpha=0.75)

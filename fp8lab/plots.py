@@ -7,6 +7,7 @@ renders and says so, so notebooks and reports work before any GPU result exists.
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -46,15 +47,34 @@ def to_png(fig: Figure, dpi: int = 110) -> bytes:
     return buf.getvalue()
 
 
-def show(fig: Figure) -> None:
-    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included).
+def figure_name(fig: Figure) -> str:
+    """A file name for ``fig``: its title (else its first panel's), lower case, words joined by '-'."""
+    title = fig.get_suptitle() or next((ax.get_title() for ax in fig.axes if ax.get_title()), "") or "figure"
+    words = re.findall(r"[a-z0-9]+", title.split("\n")[0].lower())
+    return "-".join(words)[:60].strip("-") or "figure"
 
-    The output's metadata carries :func:`figure_stats` (bars per panel, legend entries, pixels), so a
-    test of the executed notebook can check that each figure stays readable."""
+
+def show(fig: Figure, name: str | None = None, folder: str | Path = ".") -> None:
+    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included), and write the same
+    PNG to ``folder``/``name``.png (a notebook's working folder: ``outputs/<notebook>/`` under ``fp8lab notebooks
+    run``; ``name`` defaults to :func:`figure_name`). A pyplot figure is closed, so that the notebook's inline
+    backend does not draw it a second time.
+
+    The output's metadata carries :func:`figure_stats` (bars per panel, legend entries, pixels) and the
+    readability problems :func:`fp8lab.figure_checks.figure_problems` finds, so a test of the executed notebook can
+    check that each figure stays readable."""
     from IPython.display import Image, display
 
+    from fp8lab.figure_checks import figure_problems
+
     png = to_png(fig)
-    display(Image(data=png, format="png"), metadata={"fp8lab": figure_stats(fig, png=png)})
+    path = Path(folder) / f"{name or figure_name(fig)}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
+    meta = {**figure_stats(fig, png=png), "problems": figure_problems(fig), "file": path.name}
+    display(Image(data=png, format="png"), metadata={"fp8lab": meta})
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close(fig)
 
 
 def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, np.ndarray]:
@@ -66,13 +86,15 @@ def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8
 
 MAX_BARS = 12  # bars or rows a panel shows at most; tables carry the rest
 MAX_COLS = 2  # panels side by side at most, so a figure stays within a screen's width
+MAX_COLS_SMALL = 3  # ... for small panels (a handful of bars each), so that ten models stay within a screen's height
+MAX_LEGEND_KINDS = 8  # kinds of run one loss panel's legend names at most
 MAX_HEADLINE_PANELS = 4  # the headline figure's models (2 x 2): more would not fit a screen's height
 _HATCHES = ["", "//", "..", "xx", "\\\\", "++"]  # a second cue beside colour, one per bar kind
 
 
-def _grid(n: int, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, list]:
-    """``n`` panels in rows of at most ``MAX_COLS``; the unused cells hidden."""
-    ncols = max(1, min(MAX_COLS, n))
+def _grid(n: int, width: float = 5.0, height: float = 3.8, max_cols: int = MAX_COLS, **kw) -> tuple[Figure, list]:
+    """``n`` panels in rows of at most ``max_cols``; the unused cells hidden."""
+    ncols = max(1, min(max_cols, n))
     fig, axes = _new(ncols=ncols, nrows=-(-max(n, 1) // ncols), width=width, height=height, **kw)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
@@ -173,7 +195,9 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
     s = s.assign(variant=s["variant"].map(variant_kind), _scale=s[by].fillna(1))
     s = s.loc[s.groupby(["model", "variant", "_scale"])["tokens_per_sec_per_gpu"].idxmax()]
     models = _models(s)
-    fig, axes = _grid(len(models))
+    small = len(models) > 2 * MAX_COLS
+    fig, axes = _grid(len(models), width=4.2 if small else 5.0, height=2.8 if small else 3.8,
+                      max_cols=MAX_COLS_SMALL if small else MAX_COLS)
     colors = _variant_colors(_ordered_variants(s), dict(s[["variant", "precision"]].values))
     for ax, model in zip(axes, models):
         g = s[s["model"] == model]
@@ -192,7 +216,7 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
         ax.set_xticks(np.arange(len(scales)), [f"{v:g}" for v in scales])
         ax.set_xlabel(_SCALE_LABEL[by])
         ax.set_ylabel("tokens/s/GPU")
-        ax.set_title(str(model))
+        ax.set_title(str(model), fontsize=10 if small else None)
     _shared_legend(fig, np.array(axes))
     fig.suptitle(title)
     return _finish(fig, save)
@@ -208,11 +232,20 @@ def _shared_legend(fig: Figure, axes: np.ndarray) -> None:
         fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(4, len(seen)), fontsize=8)
 
 
+def _tick_name(name: str, width: int = 11) -> str:
+    """A model name on two lines where it is long (at its first '-' past the start), so neighbours never collide."""
+    if len(name) <= width or "-" not in name[1:]:
+        return name
+    head, tail = name.split("-", 1)
+    return f"{head}-\n{tail}"
+
+
 def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = None,
                    save: str | Path | None = None) -> Figure:
     """FP8 speedup over BF16 per model size (smallest measured scale), one bar per kind of FP8 run
     (backend and recipe; the best pair of that kind), with the source's reported values as labelled
-    reference markers. The axis starts at 0: a ratio's bar is read against 1.0."""
+    reference markers. The axis starts at 0: a ratio's bar is read against 1.0. Where one bar per model and
+    kind would pass ``MAX_BARS``, each model shows its best kind's bar (its colour names the kind)."""
     title = "FP8 speedup over BF16 (tokens/s/GPU), the best pair of each kind"
     comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
     has_ref = reference is not None and len(reference)
@@ -222,8 +255,12 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
         comp = comp.assign(fp8_variant=comp["fp8_variant"].map(variant_kind))
         comp = comp[comp["world_size"].fillna(1) == comp.groupby("model")["world_size"].transform(
             lambda w: w.fillna(1).min()).fillna(1)]
+        comp = comp.loc[comp.groupby(["model", "fp8_variant"])["speedup"].idxmax()]
+        if len(comp) > MAX_BARS:
+            comp = comp.loc[comp.groupby("model")["speedup"].idxmax()]
+            title = "FP8 speedup over BF16 (tokens/s/GPU), each model's best FP8 pair"
     categories = _models(comp) if len(comp) else []
-    fig, axes = _new(width=8.0, height=4.0)
+    fig, axes = _new(width=max(8.0, 1.0 * len(categories) + 1.5), height=4.2)
     ax = axes[0, 0]
     ref_pos = {}
     if has_ref:
@@ -237,14 +274,18 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
     if len(comp):
         variants = sorted(comp["fp8_variant"].unique())
         colors = _variant_colors(variants, {v: "fp8" for v in variants})
-        width = 0.8 / len(variants)
+        per_model = int(comp.groupby("model").size().max())  # bars side by side per model
+        width = 0.8 / per_model
+        slot = {m: 0 for m in categories}
         for i, var in enumerate(variants):
             xs, ys = [], []
             for m in _models(comp):
                 g = comp[(comp["model"] == m) & (comp["fp8_variant"] == var)]
                 if len(g):
-                    xs.append(categories.index(m) + (i - (len(variants) - 1) / 2) * width)
+                    n = int((comp["model"] == m).sum())
+                    xs.append(categories.index(m) + (slot[m] - (n - 1) / 2) * width)
                     ys.append(g["speedup"].max())
+                    slot[m] += 1
             ax.bar(xs, ys, width, label=f"measured: {var}", color=colors[var], hatch=_HATCHES[i % len(_HATCHES)],
                    edgecolor="white")
             for x, y in zip(xs, ys):
@@ -259,6 +300,7 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
                   linestyles=":", lw=1.5, zorder=4)
     ax.axhline(1.0, color="0.3", lw=0.8, ls="--", zorder=1)
     ax.set_xticks(range(len(categories)), categories)
+    ax.set_xticklabels([_tick_name(c) for c in categories], fontsize=8)
     ax.set_xlim(-0.6, len(categories) - 0.4)
     ax.set_ylabel("speedup (FP8 / BF16)")
     values = [1.0, *(comp["speedup"] if len(comp) else []), *(reference["speedup"] if has_ref else [])]
@@ -289,6 +331,13 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
     for col, model in enumerate(models):
         top = axes[0, col]
         g = steps[steps["model"] == model]
+        panel_title = str(model)
+        if len(set(_kind_labels(g).values())) > MAX_LEGEND_KINDS and "study" in g and g["study"].notna().any():
+            # more kinds of run than a legend can name: the study that trained longest (the others: a studies filter)
+            longest = g.groupby("study")["tokens"].max().idxmax()
+            n_studies = g["study"].nunique()
+            g = g[g["study"] == longest]
+            panel_title = f"{model}: study {longest} (1 of {n_studies}; filter by study for the others)"
         x_col = "tokens" if g["tokens"].notna().all() else "step"
         label = _run_labels(g)
         # runs alike but for their seed (a loss study's seeds) share a colour and one legend entry, so that the
@@ -311,7 +360,7 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             top.plot(x, sm, color=c, lw=2.0 if base else 1.6, ls="--" if base else "-", zorder=4 if base else 3,
                      label=entry[group[run_id]] if first else "_nolegend_", gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
-        top.set_title(str(model))
+        top.set_title(panel_title, fontsize=10 if panel_title != str(model) else None)
         top.set_ylabel("loss")
         # losses fall from the top left, so the legend sits top right; long labels (recipe settings)
         # wrap, so it stays narrow there. The gap lines below share these colours
@@ -323,14 +372,16 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             top.text(0.02, 0.03, "FP8 gap: needs a BF16 and an FP8 run", transform=top.transAxes, fontsize=8,
                      color="0.4")
             continue
-        _gap_panel(axes[1, col], g, curves, colors, label, x_col)
+        _gap_panel(axes[1, col], g, curves, colors, label, x_col, group)
     fig.suptitle(title)
     return _finish(fig, save)
 
 
-def _gap_panel(bottom, g: pd.DataFrame, curves: dict, colors: dict, label: dict, x_col: str) -> None:
+def _gap_panel(bottom, g: pd.DataFrame, curves: dict, colors: dict, label: dict, x_col: str,
+               kind: dict | None = None) -> None:
     """Each FP8 run's smoothed loss against the BF16 run of its study and seed (else of its study, else the first
-    BF16 run), in percent."""
+    BF16 run), in percent. Runs of one ``kind`` (a study's seeds) share a colour and one label."""
+    named: set[str] = set()
     study = dict(g[["run_id", "study"]].drop_duplicates("run_id").values) if "study" in g else {}
     meta = g.drop_duplicates("run_id").set_index("run_id", drop=False)
     base = [k for k, v in curves.items() if not v[0]]
@@ -346,8 +397,10 @@ def _gap_panel(bottom, g: pd.DataFrame, curves: dict, colors: dict, label: dict,
         _, bx, bsm = curves[base_id]
         inside = (x >= bx.min()) & (x <= bx.max())
         gap = 100 * (sm[inside] - np.interp(x[inside], bx, bsm)) / np.interp(x[inside], bx, bsm)
-        bottom.plot(x[inside], gap, color=colors[label[run_id]], label=f"{label[run_id]} vs {label[base_id]}",
-                    gid=f"gap:{run_id}")
+        k = (kind or label)[run_id]
+        bottom.plot(x[inside], gap, color=colors[label[run_id]], gid=f"gap:{run_id}",
+                    label="_nolegend_" if k in named else f"{k} vs its BF16 twin")
+        named.add(k)
     bottom.axhline(0, color="0.3", lw=0.8, ls="--")
     bottom.set_ylabel("FP8 - BF16 of its study\nand seed (% of BF16)", fontsize=9)
     bottom.set_xlabel(x_col)
@@ -369,20 +422,25 @@ def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
     s = s.loc[s.groupby(["model", "_kind"])["mfu"].idxmax()]
     models = _models(s)
     rows = max(min(MAX_BARS, int(s["model"].value_counts().max())), 1)
-    fig, axes = _grid(len(models), width=5.0, height=0.35 * rows + 1.3)
+    small = len(models) > 2 * MAX_COLS  # many models: three panels a row, thinner bars, so the figure fits a screen
+    fig, axes = _grid(len(models), width=4.6 if small else 5.0, height=(0.2 if small else 0.35) * rows + 1.1,
+                      max_cols=MAX_COLS_SMALL if small else MAX_COLS)
     colors = _variant_colors(sorted(s["_kind"].unique()), dict(s[["_kind", "precision"]].values))
     for ax, model in zip(axes, models):
         g = s[s["model"] == model].sort_values(["precision", "_kind"]).head(MAX_BARS)
         ax.barh(range(len(g)), 100 * g["mfu"], color=[colors[k] for k in g["_kind"]])
         for y, v in enumerate(100 * g["mfu"]):
             ax.annotate(f"{v:.1f}%", (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-        ax.set_yticks(range(len(g)), list(g["_kind"]), fontsize=8)
+        ax.set_yticks(range(len(g)), list(g["_kind"]), fontsize=7 if small else 8)
         ax.set_ylim(rows - 0.5, -0.5)
         ax.set_xlim(0, 100 * float(s["mfu"].max()) * 1.2)
         ax.set_xlabel("MFU (% of dense BF16 peak)")
         ax.set_title(str(model), fontsize=10)
     fig.suptitle(title)
     return _finish(fig, save)
+
+
+MAX_PROFILE_CATEGORIES = 7  # kernel categories a profile figure names (the rest: "other"), + the wall-time tick
 
 
 def profile_figure(profiles: pd.DataFrame, include_flagged: bool = False, save: str | Path | None = None) -> Figure:
@@ -399,7 +457,16 @@ def profile_figure(profiles: pd.DataFrame, include_flagged: bool = False, save: 
         return _finish(_empty(title, "no profiles (run with --profile-steps)"), save)
     runs = (p.drop_duplicates("run_id").assign(_size=lambda d: d["model"].map(model_size_b))
             .sort_values(["_size", "model", "layout", "precision", "variant"]))
+    if len(runs) > MAX_BARS:  # a screen's worth: the table below the figure lists every profile
+        title += f" ({MAX_BARS} of {len(runs)} profiled runs)"
+        runs = runs.head(MAX_BARS)
+    p = p[p["run_id"].isin(runs["run_id"])]
     cats = list(p.groupby("category")["ms"].sum().sort_values(ascending=False).index)
+    if len(cats) > MAX_PROFILE_CATEGORIES:  # the legend stays short: the smallest categories as one
+        keep = cats[:MAX_PROFILE_CATEGORIES - 1]
+        p = p.assign(category=p["category"].where(p["category"].isin(keep), "other"))
+        p = p.groupby(["run_id", "category"], as_index=False)["ms"].sum()
+        cats = keep + ["other"]
     cmap = matplotlib.colormaps["tab10"]
     fig, axes = _new(width=9, height=0.5 * len(runs) + 3.0)
     ax = axes[0, 0]
@@ -594,8 +661,18 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     return _finish(fig, save)
 
 
+def _is_histogram(bars: "matplotlib.container.BarContainer") -> bool:
+    """A histogram's bars (``ax.hist``) touch one another: a distribution, read as one shape, not bar by bar."""
+    p = bars.patches
+    if len(p) < 2:
+        return False
+    x0 = np.array([r.get_x() for r in p])
+    x1 = x0 + np.array([r.get_width() for r in p])
+    return bool(np.allclose(x1[:-1], x0[1:], rtol=1e-6, atol=1e-12 * max(1.0, float(np.abs(x1).max()))))
+
+
 def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
-    """What a reader faces in a figure: bars per panel, legend entries, and its size in pixels at ``dpi``
+    """What a reader faces in a figure: bars per panel (a stacked bar once, a histogram's bins not), legend entries, and its size in pixels at ``dpi``
     (as :func:`to_png` renders it, or of ``png``, the figure already rendered at ``dpi``). Tests read
     these from executed notebooks."""
     import struct
@@ -605,7 +682,13 @@ def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
     bars = []
     for ax in fig.axes:
         if ax.get_visible():
-            bars.append(sum(len(c.patches) for c in ax.containers if isinstance(c, matplotlib.container.BarContainer)))
+            slots = set()  # a stacked bar's segments share their slot: one bar
+            for c in ax.containers:
+                if isinstance(c, matplotlib.container.BarContainer) and not _is_histogram(c):
+                    horizontal = getattr(c, "orientation", "vertical") == "horizontal"
+                    slots.update((horizontal, round(r.get_y() if horizontal else r.get_x(), 6),
+                                  round(r.get_height() if horizontal else r.get_width(), 6)) for r in c.patches)
+            bars.append(len(slots))
     legend = sum(len(leg.get_texts()) for leg in fig.legends)
     legend += sum(len(ax.get_legend().get_texts()) for ax in fig.axes if ax.get_legend() is not None)
     return {"bars_per_panel": bars, "legend_entries": legend, "width_px": int(width), "height_px": int(height),
@@ -620,14 +703,14 @@ def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
     if not len(curve):
         return _finish(_empty(title, "nothing planned"), save)
     tokens, itype = curve["tokens"].iloc[0], curve["instance_type"].iloc[0]
-    fig, axes = _new(ncols=2, width=6.0, height=4.2)
+    fig, axes = _new(ncols=2, width=6.0, height=4.6)
     models = _models(curve)
     styles = ["-", "--", ":", "-."]
     for mi, model in enumerate(models):
         for prec, g in curve[curve["model"] == model].groupby("precision", sort=True):
             g = g.sort_values("instances")
             color = matplotlib.colormaps["Oranges" if is_fp8(prec) else "Blues"](0.55 + 0.4 * mi / max(len(models) - 1, 1))
-            kind = (f"measured, {g['node_efficiency'].iloc[0]:.0%} at 8 GPUs" if g["measured"].all()
+            kind = (f"{g['node_efficiency'].iloc[0]:.0%} at 8 GPUs" if g["measured"].all()
                     else "assumed MFU, no measurement")
             for ax, col in ((axes[0, 0], "hours"), (axes[0, 1], "cost_usd")):
                 ax.plot(g["instances"], g[col], styles[mi % 4], marker="o", ms=3, color=color,
@@ -646,9 +729,9 @@ def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
     _shared_legend(fig, axes)
     import textwrap
 
-    notes = [textwrap.fill(n, 140) for n in dict.fromkeys([*curve["assumption"].dropna(),
+    notes = [textwrap.fill(n, 150) for n in dict.fromkeys([*curve["assumption"].dropna(),
                                                             *curve.get("gpu_scaling", pd.Series(dtype=object)).dropna()])]
-    fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens)\n" + "\n".join(notes), fontsize=9)
+    fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens), projected from measured runs\n" + "\n".join(notes), fontsize=8)
     return _finish(fig, save)
 
 
@@ -699,28 +782,43 @@ _SCALING_STYLE = {"bf16": ("tab:blue", "-", "o"), "fp8": ("tab:orange", "-", "s"
                   "fp8 + fp8 all-gather": ("tab:red", "--", "^")}
 
 
+def _coincide(a: pd.Series, b: pd.Series, rel: float = 0.005) -> bool:
+    """Two series (indexed alike) within ``rel`` of each other everywhere: drawn apart, one would hide the other."""
+    a, b = a.align(b, join="inner")
+    return bool(len(a)) and bool(((a - b).abs() <= rel * b.abs()).all())
+
+
+_MODEL_STYLE = [("-", "o"), ("--", "s"), ("-.", "D"), (":", "v")]  # a model's line style and marker, per model
+
+
 def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
                    save: str | Path | None = None) -> Figure:
     """Tokens/s/GPU against P5 instances (the source's chart), per model BF16, FP8 and FP8 with FP8
-    all-gather as the scaling model predicts them (``fp8lab.scaling.instance_table``, several models
-    concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
-    instance count, so they are a level, not points)."""
-    title = "Past one node, modelled: tokens/s per GPU on P5 (fp8lab.scaling; not measured past 2 GPUs)"
+    all-gather as the scaling model projects them from measured runs (``fp8lab.scaling.instance_table``, several
+    models concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
+    instance count, so they are a level, not points). A precision's colour, a model's line style and marker;
+    FP8 all-gather is drawn only where it differs from plain FP8 by more than 0.5% (else FP8's label says so)."""
+    title = "Past one node, projected (fp8lab.scaling) from measured runs: tokens/s per GPU on P5; not measured past 2 GPUs"
     if not len(table):
-        return _finish(_empty(title, "nothing modelled"), save)
+        return _finish(_empty(title, "nothing projected"), save)
     fig, axes = _new(ncols=2, width=6.0, height=4.2)
     rate_ax, gain_ax = axes[0, 0], axes[0, 1]
     for mi, model in enumerate(_models(table)):
         mine = table[table["model"] == model]
-        for mode, g in mine.groupby("mode", sort=False):
-            color, style, marker = _SCALING_STYLE.get(mode, ("0.4", ":", "x"))
-            g = g.sort_values("instances")
-            style = style if mi == 0 else ":" if style == "-" else "-."
-            rate_ax.plot(g["instances"], g["tokens_per_sec_per_gpu"], style, marker=marker, color=color, ms=4,
-                         label=f"{model} {mode.upper().replace('ALL-GATHER', 'all-gather')} (modelled)")
+        style, marker = _MODEL_STYLE[mi % len(_MODEL_STYLE)]
+        by_mode = {mode: g.sort_values("instances").set_index("instances") for mode, g in mine.groupby("mode", sort=False)}
+        same = "fp8" in by_mode and "fp8 + fp8 all-gather" in by_mode and \
+            _coincide(by_mode["fp8 + fp8 all-gather"]["tokens_per_sec_per_gpu"], by_mode["fp8"]["tokens_per_sec_per_gpu"])
+        for mode, g in by_mode.items():
+            if same and mode == "fp8 + fp8 all-gather":
+                continue
+            color = _SCALING_STYLE.get(mode, ("0.4", ":", "x"))[0]
+            name = mode.upper().replace("ALL-GATHER", "all-gather")
+            label = f"{model} {name}" + (" (FP8 all-gather the same)" if same and mode == "fp8" else "")
+            kw = dict(ls=style, marker=marker, color=color, ms=4, mfc="none" if mi else color)
+            rate_ax.plot(g.index, g["tokens_per_sec_per_gpu"], label=label, **kw)
             if mode != "bf16":
-                gain_ax.plot(g["instances"], g["fp8_gain"], style, marker=marker, color=color, ms=4,
-                             label=f"{model} {mode.upper().replace('ALL-GATHER', 'all-gather')} (modelled)")
+                gain_ax.plot(g.index, g["fp8_gain"], label=label, **kw)
         rep = reference_for(reference, model)
         for _, r in rep.iterrows():
             gain_ax.axhline(r["speedup"], color="0.3", lw=1, ls=(0, (2, 2)))
@@ -728,7 +826,7 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
                              (0.02, r["speedup"]), xycoords=("axes fraction", "data"), fontsize=8, va="bottom",
                              color="0.3")
     counts = sorted(table["instances"].unique())
-    for ax, ylabel in ((rate_ax, "tokens/s per GPU"), (gain_ax, "FP8 / BF16 tokens/s")):
+    for ax, ylabel in ((rate_ax, "tokens/s per GPU (projected)"), (gain_ax, "FP8 / BF16 tokens/s (projected)")):
         ax.set_xlabel(f"{table['gpus'].iloc[0] // table['instances'].iloc[0]}-GPU instances")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2)

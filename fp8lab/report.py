@@ -122,17 +122,16 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
             _DRAWN.remove(counter)
 
 
-def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFrame | None, health: dict | None,
-                 summary: pd.DataFrame | None) -> str:
-    a = Analysed.of(runs, config, reference, summary)
+def report_figures(runs: pd.DataFrame, config: "ReportConfig" = None, analysed: "Analysed | None" = None) -> list:
+    """The report's figures for a runs table, each with its alt text: [(Figure, alt), ...] (the FP8 health
+    heatmaps aside). The figure check of the tests draws these."""
+    config = config or ReportConfig()
+    a = analysed or Analysed.of(runs, config)
     summary, comparison, answer = a.summary, a.comparison, a.answer
-    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
-                                estimate=answer.estimate)
     scaling = analysis.scaling_table(summary)
-    parts = answer.verdict_parts()
-    loss_runs, best_summary = analysis.headline_runs(runs, summary, answer.rows)
+    loss_runs, _ = analysis.headline_runs(runs, summary, answer.rows)
     shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
-    figs = [
+    return [
         (plots.throughput_figure(shown), "tokens/s/GPU: the best run of each kind per model"),
         (plots.speedup_figure(comparison, reference=a.reference), "FP8 speedup per model, with the source's reported values"),
         (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
@@ -144,6 +143,17 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         (plots.instances_figure(_at_scale(answer), a.reference),  # issue 32
          "modelled tokens/s/GPU against P5 instances (fp8lab.scaling; not measured past two GPUs)"),
     ]
+
+
+def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFrame | None, health: dict | None,
+                 summary: pd.DataFrame | None) -> str:
+    a = Analysed.of(runs, config, reference, summary)
+    summary, comparison, answer = a.summary, a.comparison, a.answer
+    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
+                                estimate=answer.estimate)
+    scaling = analysis.scaling_table(summary)
+    parts = answer.verdict_parts()
+    figs = report_figures(runs, config, a)
     n_runs = summary["run_id"].nunique()
     e = html.escape
     r = answer.rows
@@ -444,21 +454,27 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
-def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float) -> str:
+def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = ()) -> str:
+    """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
+    each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss)."""
+    table = headline_markdown(headline, tokens).split("\n\n")[0]
+    loss = ("; ".join(same_loss) + ".") if same_loss else "no loss study with a BF16 and an FP8 run yet."
     return "\n".join([
         README_BEGIN,
         f"![FP8 against BF16 per model]({HEADLINE_PNG})",
         "",
-        f"Tokens/s/GPU from {n_runs} measured runs on {gpus}: each model's plain `transformers` BF16 run, "
-        "the fastest BF16 and the fastest FP8 run fp8lab measured at the smallest scale measured (one GPU unless the row says otherwise; full training steps), MFU over the "
-        "dense BF16 peak for both, the FP8 loss gap of the loss study (the same tokens, validation loss), "
-        f"the time and cost of {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` "
-        "estimates them from these runs, and the figure reported by the source (H100, P5: not measured here), "
-        f"{analysis.source_link()}.",
+        f"- **Speed**: tokens/s/GPU of {n_runs} measured runs on {gpus}, one GPU unless a row says otherwise: each "
+        "model's plain `transformers` BF16 run and the fastest BF16 and FP8 runs fp8lab measured; MFU over the dense "
+        "BF16 peak for both.",
+        "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
+        f"- **Time to the same loss**: {loss}",
+        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` estimates "
+        "them, projected to its 8 H100s: a little less than the H200 speed-up (the H100's kernel mix, 8-GPU "
+        f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
         "",
-        headline_markdown(headline, tokens).rstrip("\n"),
+        table,
         "",
-        f"Every run, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
+        f"Runs, layouts, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
         README_END,
     ])
 
@@ -589,7 +605,13 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
         head, rest = readme.split(README_BEGIN, 1)
         tail = rest.split(README_END, 1)[1]
-        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens) + tail
+        from fp8lab.analysis.time_to_loss import sentence, time_to_loss
+
+        loss_runs, _ = analysis.headline_runs(runs, summary, headline)
+        same = [f"{r['model']}: {sentence(r, analysis.fmt_tokens(config.tokens))}"
+                for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
+        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
+                                                same) + tail
     return out
 
 

@@ -139,6 +139,16 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
         fdist.teardown(env)
 
 
+def where_it_writes(config) -> str:
+    """The line ``fp8lab train`` starts with: the folders it writes and what goes in them."""
+    from fp8lab.run_paths import resolve_paths
+
+    p = resolve_paths(config)
+    model = f", the model in {p.model_dir}/" if config.save_model else ""
+    return (f"fp8lab train: writes to {p.output_dir}/ (metrics.jsonl, config.json, summary.json, loss.png), "
+            f"checkpoints to {p.checkpoint_dir}/{model}")
+
+
 def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None) -> int:
     """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop.
 
@@ -154,6 +164,8 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
     except ValueError as exc:
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
+    if not config.dry_run and os.environ.get("RANK", "0") == "0":
+        print(where_it_writes(config), flush=True)
     try:
         summary = train(config, argv=argv, planned=planned)
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training

@@ -343,9 +343,11 @@ class Trainer:
         c, i, log = self.c, self.info, self.log
         layers = (f" via {i.backend} ({self.recipe.describe()})" if self.fp8_on and self.backend
                   else (f" on {i.backend} layers, FP8 off" if self.backend else ""))
-        # --precision bf16 whose non-FP8 math runs in fp32 (a CPU on auto, or --compute-dtype fp32) says so
-        math = f" (math in {self.compute_dtype})" if self.compute_dtype != "bf16" and c.precision == "bf16" else ""
-        log(f"fp8lab: {self.model_name} ({count_parameters(self.mcfg).total / 1e6:.1f}M params) | {c.precision}{math}{layers}"
+        # --precision bf16 whose math runs in fp32 (a CPU on auto, or --compute-dtype fp32) is named by what it computes
+        # in, as everywhere else (analysis.labels.math_dtype: "fp32 hf" in tables, "fp32" in notebook 03)
+        shown = (f"{self.compute_dtype} (asked as bf16)" if self.compute_dtype != "bf16" and c.precision == "bf16"
+                 else c.precision)
+        log(f"fp8lab: {self.model_name} ({count_parameters(self.mcfg).total / 1e6:.1f}M params) | {shown}{layers}"
             f" | {self.world} x {i.gpu_name} | {c.parallel if self.world > 1 else 'single process'} | "
             f"{self.total_steps} steps x {self.tokens_per_step} tokens")
         log(f"fp8lab: {fdata.describe(self.data_dir)}")

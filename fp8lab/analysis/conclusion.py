@@ -234,3 +234,62 @@ def verdict_parts(comparison: pd.DataFrame, reference: pd.DataFrame | None = Non
     if reference is not None and len(reference):
         closing.append(_reference_sentence(reference))
     return parts, closing
+
+
+# issue 49: the verdict as a handful of bullets, one per model, each with its number ---------------------------------
+def _seed_clause(a: pd.Series, curves: pd.DataFrame | None) -> str:
+    """A loss gap that is a mean of seeds: how many, how far apart, and which seed lies outside the band."""
+    fp8_runs = [r.strip() for r in str(a.get("loss_fp8_runs") or "").split(",") if r.strip()]
+    if curves is None or not len(curves) or len(fp8_runs) < 2:
+        return ""
+    last = curves[curves["run_id"].isin(fp8_runs)].sort_values("step").groupby("run_id").last()
+    if not len(last):
+        return ""
+    gaps = last["gap_pct"]
+    out = last[gaps.abs() > last["band_pct"]]
+    s = f"; its seeds {gaps.min():+.2f}% to {gaps.max():+.2f}%"
+    for rid, r in out.iterrows():
+        seed = f"seed {int(r['seed'])}" if "seed" in r and pd.notna(r["seed"]) else rid
+        s += f", {seed} outside the ±{r['band_pct']:.2f}% band of BF16's seed noise"
+    return s
+
+
+def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_pct: float = 1.0,
+                    same_loss: pd.DataFrame | None = None) -> list[str]:
+    """The verdict a person reads in seconds: one Markdown bullet per model with its numbers (speed-up, loss gap,
+    time and cost of the token budget, and why that cost differs from the speed-up), then the conclusion.
+    ``curves``: :func:`fp8lab.analysis.parity_curves` of the loss study, to give a seed mean its spread;
+    ``same_loss``: :func:`fp8lab.analysis.time_to_loss.time_to_loss`, FP8's time to BF16's final validation loss."""
+    same = same_loss.set_index("model") if same_loss is not None and len(same_loss) else None
+    rows = answer.rows[answer.rows["speedup"].notna()]
+    if not len(rows):
+        return ["- There are no measured BF16/FP8 pairs yet, so these results cannot say whether FP8 pays off."]
+    out, buckets = [], {k: [] for k in ("pays", "pays_unknown_loss", "faster_worse", "slower", "emulated")}
+    for _, a in rows.iterrows():
+        where = "a CPU, emulated: not a speed claim" if not a["hardware_fp8"] else f"{a['gpu_name']}"
+        s = f"- **{a['model']}**: FP8 **{a['speedup']:.2f}x** BF16's tokens/s/GPU ({where})"
+        gap = a["loss_gap_pct"] if isinstance(a["loss_study"], str) else np.nan
+        if pd.notna(gap):
+            seeds, fp8_n = a.get("loss_bf16_seeds"), a.get("loss_fp8_seeds")
+            vs = f"the mean of {int(seeds)} BF16 seeds" if pd.notna(seeds) and seeds > 1 else "BF16"
+            mean = f"the mean of {int(fp8_n)} FP8 seeds against " if pd.notna(fp8_n) and fp8_n > 1 else "against "
+            s += f"; validation loss **{gap:+.2f}%** ({mean}{vs}{_seed_clause(a, curves)})"
+        else:
+            s += "; loss not compared in a loss study"
+        if same is not None and a["model"] in same.index:
+            t = same.loc[a["model"]]
+            s += ("; FP8 did not reach BF16's final validation loss in the study" if pd.isna(t["fp8_tokens"]) else
+                  f"; to BF16's final validation loss **{t['time_ratio']:.2f}x** BF16's time ({t['token_ratio']:.2f}x the tokens)")
+        if a["hardware_fp8"] and pd.notna(a["cost_fp8"]):
+            ratio = a["hours_bf16"] / a["hours_fp8"]
+            s += (f"; {fmt_tokens(answer.tokens)} tokens on one {answer.instance_type}: {a['hours_fp8']:,.1f} h "
+                  f"${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h ${a['cost_bf16']:,.0f} "
+                  f"({ratio:.2f}x sooner: projected to 8 H100s, not the one H200 measured)")
+        out.append(s)
+        r = pd.Series({"hardware_fp8": bool(a["hardware_fp8"]), "speedup": a["speedup"]})
+        key, name = _bucket(a["model"], r, "loss" if pd.notna(gap) else None, gap, loss_tolerance_pct)
+        buckets[key].append(name)
+    out.append("- " + _in_short(buckets, loss_tolerance_pct))
+    if answer.reference is not None and len(answer.reference):
+        out.append("- " + _reference_sentence(answer.reference))
+    return out

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from figure_outputs import longest_cell_output
+from fp8lab.cell_text import MAX_CELL_LINES
+
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
 from fp8lab.launch.redaction import _public_registry_accounts  # noqa: E402
@@ -34,10 +37,15 @@ def _check(vals, plan, executed: Path):
     assert vals["total_gpu_hours"] == pytest.approx(plan.total_gpu_hours, abs=1e-3)
     assert vals["plan_names"] == plan.names
     assert [TS.sub("", n) for n in vals["job_names"]] == plan.names
+    requests = (executed.with_suffix("") / "requests.txt").read_text()  # the requests: a file, a line in the cell
+    assert requests.count("CreateTrainingJob request for") == 1  # show_requests=1; the rest as differences
+    assert requests.count("as the first request except") == len(plan.jobs) - 1
     text = executed.read_text()
-    assert text.count("CreateTrainingJob request for") == 1  # show_requests=1; the rest as differences
-    assert text.count("as the first request except") == len(plan.jobs) - 1
+    assert f"{len(plan.jobs)} CreateTrainingJob requests (dry run: not sent): requests.txt" in text
+    assert "CreateTrainingJob request for" not in text and longest_cell_output(executed) <= MAX_CELL_LINES
     menv.assert_clean(ALLOWED, text)
+    menv.assert_clean(ALLOWED, requests)
+    text += requests
     # printed requests carry no account id, not even the placeholder's
     assert "arn:aws:iam::<account-id>:role/fp8lab-sagemaker-execution-role" in text
     # the plan rests on measurements where they exist, and says which; the chart agrees with the plan
@@ -72,10 +80,14 @@ def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
     nb = json.loads(res[0].output.read_text())
     figs = [o["metadata"]["fp8lab"] for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(figs) == 2 and figs[0]["legend_entries"] == 4 and figs[0]["width_px"] <= 1600
-    title = figs[0]["title"].replace("\n", " ")  # wrapped at 140 characters
+    title = figs[0]["title"].replace("\n", " ")  # wrapped
     assert "the only measurement" in title and "assumed for 8" in title and "scaling model's multi-node factor" in title
     # issue 32: the source's chart, tokens/s/GPU against instances, from the scaling model; a handful of lines
-    assert figs[1]["title"].startswith("Past one node, modelled") and figs[1]["legend_entries"] == 6
+    # projections labelled as such; FP8 with FP8 all-gather coincides with FP8 here, so it is drawn once (issue 49)
+    assert figs[1]["title"].startswith("Past one node, projected") and figs[1]["legend_entries"] == 4
+    from figure_outputs import assert_figures_readable_and_saved
+
+    assert assert_figures_readable_and_saved(res[0].output, res[0].output.with_suffix("")) == ["plan.png", "past_one_node.png"]
     at = {(r["model"], r["instances"], r["mode"]): r for r in vals["at_scale"]}
     assert {n for _, n, _ in at} == {1, 2, 4, 8, 16} and {m for *_, m in at} == {"bf16", "fp8", "fp8 + fp8 all-gather"}
     for j in plan.jobs:  # the scaling table's BF16/FP8 rows are the plan's own hours
@@ -91,7 +103,7 @@ def test_notebook_04_custom_sweep(tmp_path):
                         price_per_hour=98.32, region="us-west-2", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET)
     _check(vals, plan, res[0].output)
     assert vals["n_jobs"] == 8 and vals["price_per_hour"] == 98.32
-    assert "us-west-2.amazonaws.com/pytorch-training" in res[0].output.read_text()
+    assert "us-west-2.amazonaws.com/pytorch-training" in (res[0].output.with_suffix("") / "requests.txt").read_text()
 
 
 endpoint, aws = menv.endpoint, menv.aws  # fixtures: moto's server and a clean account
@@ -107,7 +119,7 @@ def test_notebook_04_real_launch_against_moto_and_idempotent_rerun(aws, tmp_path
     params = {"models": ["llama-1b"], "precisions": ["bf16", "fp8"], "instance_counts": [1], "tokens": 10**8,
               "role": menv.ROLE, "bucket": menv.BUCKET, "dry_run": False}
     res1 = run(["04"], params, output_dir=tmp_path / "a", progress=False)[0]
-    menv.assert_clean(ALLOWED - {"111122223333"}, _outputs(res1.output))
+    menv.assert_clean(ALLOWED - {"111122223333"}, _outputs(res1.output), (tmp_path / "a" / "04_launch_p5_sweep" / "requests.txt").read_text())
     first = read_glued(res1.output)
     assert first["dry_run"] is False and len(first["job_names"]) == 2 and first["n_metric_rows"] == 0
     sm = boto.client("sagemaker")

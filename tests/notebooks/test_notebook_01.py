@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fp8lab import formats_viz as V
+from figure_outputs import assert_figures_readable_and_saved
 from fp8lab.notebooks import NOTEBOOK_DIR, read_glued, run
 
 # same model, tokens and seed; only the format and the margin change
@@ -36,6 +37,7 @@ def _png_count(path) -> int:
 
 def test_default_run_values(default_run):
     path, g = default_run
+    assert len(assert_figures_readable_and_saved(path, path.with_suffix(""))) == _png_count(path)
     assert g["e4m3_max"] == 448.0 and g["e5m2_max"] == 57344.0
     assert g["n_values_e4m3"] == 253 and g["n_values_e5m2"] == 247
     # real gradients of a random-init Llama mostly vanish in E4M3 without a scale; current scaling saves them

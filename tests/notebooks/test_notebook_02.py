@@ -5,6 +5,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
+from figure_outputs import assert_figures_readable_and_saved
 from fp8lab.notebooks import NotebookError, read_glued, run
 
 
@@ -36,6 +37,7 @@ def test_notebook_02_defaults(tmp_path):
     assert len(errs) == vals["num_layers"] and all(0 < e < 0.2 for e in errs)
     assert 1e-3 < vals["fp8_on_logits_rel_diff"] < 0.2
     assert _has_png(out) and (tmp_path / "02_convert_to_te" / "fp8_error_per_layer.png").exists()
+    assert "fp8_error_per_layer.png" in assert_figures_readable_and_saved(out, tmp_path / "02_convert_to_te")
 
 
 def test_notebook_02_gptneo_swapped_current_scaling(tmp_path):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import struct
 
 import nbformat
+import pandas as pd
 import pytest
 
 from fp8lab import analysis
+from figure_outputs import assert_figures_readable_and_saved, longest_cell_output
+from fp8lab.cell_text import MAX_CELL_LINES
 from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
 from fake_runs import make_pair
 
@@ -53,8 +56,28 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
         assert (width, height) == (stats["width_px"], stats["height_px"]), stats
         assert width <= 1600 and height <= 900, stats
         assert max(stats["bars_per_panel"], default=0) <= 12 and stats["legend_entries"] <= 8, stats
+    assert assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem) == [
+        "headline.png", "loss.png", "parity.png", "cost.png"]
     text = res[0].output.read_text()
     assert "set detail = 'all'" in text
+    # a person reads each cell in seconds: the full verdict and headline go to files, bullets and a short table stay
+    assert longest_cell_output(res[0].output) <= MAX_CELL_LINES
+    assert (tmp_path / NB.stem / "verdict.txt").read_text() == vals["verdict"] + "\n"
+    assert len(pd.read_csv(tmp_path / NB.stem / "headline.csv")) == len(headline)
+    if vals["n_runs"]:
+        for model, speedup in zip(headline["model"], headline["speedup"]):  # one bullet per model, with its number
+            if speedup == speedup:
+                assert f"**{model}**: FP8 **{speedup:.2f}x**" in text
+        from fp8lab.analysis.memory_lesson import peak_memory
+        from fp8lab.analysis.time_to_loss import time_to_loss
+
+        memory = peak_memory(answer, summary)  # the memory lesson: measured peaks, from the committed files
+        assert len(memory) and all(f"{v:.1f}" in text for v in memory["fp8_gib"])
+
+        loss_runs, _ = analysis.headline_runs(committed, summary, answer.rows)
+        for _, t in time_to_loss(answer, loss_runs).iterrows():  # tokens/s and loss together, per loss study
+            assert (f"**{t['time_ratio']:.2f}x** BF16's time" if t["fp8_tokens"] == t["fp8_tokens"]
+                    else "FP8 did not reach BF16's final validation loss") in text
 
 
 def test_detail_all_shows_every_run(tmp_path):
@@ -63,6 +86,7 @@ def test_detail_all_shows_every_run(tmp_path):
     assert vals["detail"] == "all" and vals["n_runs"] == analysis.load_runs()["run_id"].nunique()
     # headline, loss, cost, throughput, speedup, MFU, scaling, profile, long sequences (#34): drawn even with no runs
     assert _images(res[0].output) == 10  # issue 31: + loss against the BF16 seeds
+    assert len(assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem)) == 10
 
 
 def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):

@@ -123,7 +123,7 @@ def test_plan_curve_matches_the_plan_and_draws_readably():
     fig = plots.plan_figure(curve)
     stats = plots.figure_stats(fig)
     assert stats["legend_entries"] == 4 and stats["width_px"] <= 1600 and stats["height_px"] <= 900
-    title = stats["title"].replace("\n", " ")  # wrapped at 140 characters
+    title = stats["title"].replace("\n", " ")  # wrapped
     assert "the only measurement" in title and "the scaling model's multi-node factor" in title
     assert "measured on NVIDIA H200, projected to H100 80GB by kernel class" in title and "4.8 against 3.35 TB/s" in title
 

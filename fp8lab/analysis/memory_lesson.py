@@ -1,0 +1,38 @@
+"""The memory lesson (issue 49): FP8 does not halve training memory. Per model, the peak memory the best BF16 and
+the best FP8 run reported (the committed result files), and the FP8 weight cache that fp8lab.layout's memory model
+charges to FP8: TE keeps an FP8 copy of every decoder-block weight and its transpose (2 bytes per weight) across
+the micro-batches of a step, on top of the bf16 weights, fp32 master weights and AdamW moments (16 bytes per
+parameter in either precision). FP8's activations are smaller, so a small model saves a little; at 7B the cache
+outweighs that, and FP8 uses more."""
+from __future__ import annotations
+
+import pandas as pd
+
+GIB = 2.0**30
+
+
+def weight_cache_gib(model: str) -> float:
+    """TE's FP8 weight cache of ``model``: 2 bytes per decoder-block weight (nan for a model fp8lab cannot size)."""
+    from fp8lab.models import block_matmul_params, get_config
+
+    try:
+        mcfg = get_config(model)
+    except Exception:  # a model folder that is gone, or a label that is no model name
+        return float("nan")
+    return 2 * mcfg.num_layers * block_matmul_params(mcfg) / GIB
+
+
+def peak_memory(answer, summary: pd.DataFrame) -> pd.DataFrame:
+    """Per model of ``answer``: the peak memory (GiB) its best BF16 and best FP8 run reported, FP8's difference in
+    GiB and percent, and the FP8 weight cache the memory model charges (:func:`weight_cache_gib`)."""
+    mem = summary.drop_duplicates("run_id").set_index("run_id")["max_mem_gib"]
+    rows = []
+    for _, a in answer.rows.iterrows():
+        bf16, fp8 = mem.get(a["bf16_run"]), mem.get(a["fp8_run"])
+        if pd.isna(bf16) or pd.isna(fp8):
+            continue
+        rows.append({"model": a["model"], "bf16_gib": bf16, "fp8_gib": fp8, "fp8_minus_bf16_gib": fp8 - bf16,
+                     "fp8_vs_bf16_pct": 100 * (fp8 / bf16 - 1), "fp8_weight_cache_gib": weight_cache_gib(a["model"]),
+                     "bf16_layout": a["bf16_layout"], "fp8_layout": a["fp8_layout"]})
+    return pd.DataFrame(rows, columns=["model", "bf16_gib", "fp8_gib", "fp8_minus_bf16_gib", "fp8_vs_bf16_pct",
+                                       "fp8_weight_cache_gib", "bf16_layout", "fp8_layout"])
