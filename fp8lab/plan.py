@@ -10,7 +10,8 @@ the plan holds what runs:
   accumulation, FSDP2 kept weights, activation checkpointing) with its memory estimate;
 * the length of the run: optimizer steps and warm-up (:func:`schedule`);
 * CUDA graphs (``fp8lab.graphs.decide``), TE's FP8 weight cache, fused weight-gradient
-  accumulation, fp32 master weights and their streamed step, the compute dtype.
+  accumulation, fp32 master weights and their streamed step, the compute dtype;
+* the fused linear cross-entropy (``fp8lab.fused_loss.decide``, by vocabulary x tokens per micro-batch).
 
 A combination that cannot run is a ValueError naming the option, before anything is built.
 ``Trainer(plan, env)`` (fp8lab.trainer) builds what the plan says.
@@ -66,6 +67,8 @@ class RunPlan:
     # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8stats)
     fp8_stats_every: int = 0
     fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8stats.TE_DEBUG or OWN (None: off)
+    # issue 51: the LM head's loss chunked over tokens (fp8lab.fused_loss)
+    fused_loss: bool = False
 
     # the layout's values, read where the trainer needs them
     @property
@@ -112,7 +115,8 @@ class RunPlan:
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
-                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}  # issue 32
+                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather,  # issue 32
+                "fused_loss": self.fused_loss}  # issue 51
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -303,9 +307,11 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     # issue 31: FP8 health statistics
     stats_every, stats_source, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum,
                                                                          machine.world_size)
+    # issue 51: the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
+    fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
-                   fp8_stats_every=stats_every, fp8_stats_source=stats_source)
+                   fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused)
 
 
 # issue 32 ---------------------------------------------------------------------------------------
