@@ -103,7 +103,54 @@ def _add_weight_grad(acc, g_t, hc) -> None:
         acc.add_(g_t @ hc)
 
 
-def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, ignore_index: int):
+def _chunk_math_eager(logits, t, v, scale):
+    """(sum of the chunk's losses in fp32, d(mean loss)/d(logits) in the logits' dtype): in place on one fp32 copy."""
+    import torch
+
+    lf = logits.float()  # the plain path's logits.float() for these tokens
+    safe = torch.where(v, t, torch.zeros_like(t))
+    lse = torch.logsumexp(lf, dim=-1)
+    picked = lf.gather(1, safe[:, None]).squeeze(1)
+    loss = torch.where(v, lse - picked, torch.zeros_like(lse)).sum()
+    # (softmax - onehot) / count, zero for ignored tokens
+    lf.sub_(lse[:, None]).exp_()
+    rows = torch.arange(lf.shape[0], device=lf.device)
+    lf[rows, safe] -= v.to(lf.dtype)
+    lf.mul_((v.to(torch.float32) * scale)[:, None])
+    return loss, lf.to(logits.dtype)
+
+
+def _chunk_math(logits, t, v, scale):
+    """The same as :func:`_chunk_math_eager`, written without in-place ops for torch.compile: one kernel reads the
+    chunk's logits and writes their gradient (no fp32 copy of the chunk in memory)."""
+    import torch
+
+    lf = logits.float()
+    safe = torch.where(v, t, torch.zeros_like(t))
+    lse = torch.logsumexp(lf, dim=-1)
+    picked = lf.gather(1, safe[:, None]).squeeze(1)
+    loss = torch.where(v, lse - picked, torch.zeros_like(lse)).sum()
+    onehot = (torch.arange(lf.shape[1], device=lf.device)[None, :] == safe[:, None]).to(torch.float32)
+    g = (torch.exp(lf - lse[:, None]) - onehot) * (v.to(torch.float32) * scale)[:, None]
+    return loss, g.to(logits.dtype)
+
+
+_COMPILED: dict = {}  # device type -> the compiled chunk math, or None where compiling failed (eager from then on)
+COMPILE_ON = ("cuda",)  # devices whose chunk math is compiled (Inductor's Triton kernels); CPUs run it eagerly
+
+
+def _math_for(device_type: str, compiled: bool | None):
+    if compiled is False or (compiled is None and device_type not in COMPILE_ON):
+        return _chunk_math_eager
+    if device_type not in _COMPILED:
+        import torch
+
+        _COMPILED[device_type] = torch.compile(_chunk_math, dynamic=False)
+    return _COMPILED[device_type] or _chunk_math_eager
+
+
+def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, ignore_index: int,
+                       compiled: bool | None = None):
     """(mean loss as fp32, grad of h2 or None, grad of weight or None), chunk by chunk (see the module doc)."""
     import torch
 
@@ -116,23 +163,31 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
     grad_h = torch.empty((n, h2.shape[1]), device=h2.device, dtype=dtype) if need_grad else None
     one_chunk = n <= chunk
     grad_w = None if not need_grad or one_chunk else torch.zeros(weight.shape, device=h2.device, dtype=torch.float32)
+    math = _math_for(h2.device.type, compiled)
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         hc = h2[s:e].to(dtype)
-        logits = (hc @ w.t()).float()  # (c, V): the plain path's logits.float() for these tokens
+        logits = hc @ w.t()  # (c, V) in the compute dtype: the plain path's head GEMM for these tokens
         t, v = tgt[s:e], valid[s:e]
-        safe = torch.where(v, t, torch.zeros_like(t))
-        lse = torch.logsumexp(logits, dim=-1)
-        picked = logits.gather(1, safe[:, None]).squeeze(1)
-        loss += torch.where(v, lse - picked, torch.zeros_like(lse)).sum()
         if not need_grad:
+            lf = logits.float()
+            safe = torch.where(v, t, torch.zeros_like(t))
+            picked = lf.gather(1, safe[:, None]).squeeze(1)
+            loss += torch.where(v, torch.logsumexp(lf, dim=-1) - picked, torch.zeros_like(picked)).sum()
             continue
-        # d(mean loss)/d(logits) = (softmax - onehot) / count, zero for ignored tokens; in place on the fp32 logits
-        logits.sub_(lse[:, None]).exp_()
-        rows = torch.arange(e - s, device=h2.device)
-        logits[rows, safe] -= v.to(logits.dtype)
-        logits.mul_((v.to(torch.float32) * scale)[:, None])
-        g = logits.to(dtype)
+        try:
+            part, g = math(logits, t, v, scale)
+        except Exception as exc:  # noqa: BLE001 - a compiler problem must not stop training: eager from now on
+            if math is _chunk_math_eager:
+                raise
+            import warnings
+
+            warnings.warn(f"fp8lab.fused_loss: torch.compile of the chunk math failed ({type(exc).__name__}: "
+                          f"{str(exc)[:200]}); running it eagerly")
+            _COMPILED[h2.device.type] = None
+            math = _chunk_math_eager
+            part, g = math(logits, t, v, scale)
+        loss += part
         del logits
         grad_h[s:e] = g @ w
         if one_chunk:
@@ -150,7 +205,8 @@ class LinearCrossEntropy:
     _fn = None
 
     @classmethod
-    def apply(cls, h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX):
+    def apply(cls, h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
+              compiled: bool | None = None):
         if cls._fn is None:
             cls._fn = _make_function()
         import torch
@@ -161,7 +217,7 @@ class LinearCrossEntropy:
         if tgt.shape[0] != h2.shape[0]:
             raise ValueError(f"fused loss: {tgt.shape[0]} targets for {h2.shape[0]} hidden states")
         chunk = chunk or chunk_tokens(weight.shape[0], h2.shape[0])
-        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk), int(ignore_index))
+        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk), int(ignore_index), compiled)
 
 
 def _make_function():
@@ -169,9 +225,10 @@ def _make_function():
 
     class _LinearCrossEntropyFn(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index):
+        def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, compiled):
             with torch.autocast(h2.device.type, enabled=False):
-                loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, chunk, ignore_index)
+                loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, chunk, ignore_index,
+                                                          compiled)
             ctx.grads = (grad_h, grad_w)
             ctx.dtypes = (h2.dtype, weight.dtype)
             return loss
@@ -185,14 +242,16 @@ def _make_function():
             # times the incoming gradient (the trainer's 1/accumulation: a power of two, exact in bf16); no sync
             gh = grad_h.to(ctx.dtypes[0]).mul_(grad_out.to(ctx.dtypes[0]))
             gw = grad_w.to(ctx.dtypes[1]).mul_(grad_out.to(ctx.dtypes[1]))
-            return gh, gw, None, None, None, None, None
+            return gh, gw, None, None, None, None, None, None
 
     return _LinearCrossEntropyFn
 
 
-def linear_cross_entropy(h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX):
-    """Mean cross-entropy of ``h @ weight.T`` against ``targets`` without the full logits (see the module doc)."""
-    return LinearCrossEntropy.apply(h, weight, targets, chunk, ignore_index)
+def linear_cross_entropy(h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
+                         compiled: bool | None = None):
+    """Mean cross-entropy of ``h @ weight.T`` against ``targets`` without the full logits (see the module doc).
+    ``compiled``: the per-chunk loss and gradient as one torch.compile'd kernel (None: on CUDA, eager elsewhere)."""
+    return LinearCrossEntropy.apply(h, weight, targets, chunk, ignore_index, compiled)
 
 
 # ------------------------------------------------------------------------------------------ the model's head

@@ -122,3 +122,18 @@ def test_loss_bytes_is_far_below_the_full_logits():
     v, h, n = 128_256, 2048, 32_768
     assert fused_loss.chunk_tokens(v, n) * v * 4 <= fused_loss.CHUNK_LOGIT_BYTES
     assert fused_loss.loss_bytes(vocab=v, hidden=h, tokens_per_micro_batch=n) < 0.2 * 16 * v * n
+
+
+def test_the_compiled_form_of_the_chunk_math_is_the_same_function():
+    """``_chunk_math`` (what torch.compile gets on CUDA) against the in-place eager form, uncompiled here."""
+    from fp8lab.fused_loss import _chunk_math, _chunk_math_eager
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(13, 41, generator=g)
+    t = torch.randint(0, 41, (13,), generator=g)
+    v = torch.ones(13, dtype=torch.bool)
+    v[4] = False
+    scale = torch.tensor(1.0 / 12)
+    (la, ga), (lb, gb) = _chunk_math(logits, t, v, scale), _chunk_math_eager(logits.clone(), t, v, scale)
+    assert torch.allclose(la, lb, rtol=1e-6) and torch.allclose(ga, gb, atol=1e-7)
+    assert float(ga[4].abs().max()) == 0.0
