@@ -7,8 +7,8 @@
 #   >= 10 GiB (102.8 GiB in families-h200); llama-1b (auto: off) unchanged.
 # Parts (on a warm machine): A the plain commands for Llama-3.2-1B and Qwen2.5-1.5B (4 runs, ~5 min); B the loss
 #   alone, plain against fp8lab's chunks, liger-kernel and cut-cross-entropy (~2-3 min); T the GPU tests of the fused
-#   loss (~1 min); C llama-1b's plain commands (auto: off) and Llama-3.2-1B BF16 with --fused-loss off, the same
-#   session's control (~3-4 min); D llama-1b with --fused-loss on (where the rule's threshold lies; ~2 min).
+#   loss (~1 min); C llama-1b's plain commands (auto: on from part B's measurement) and the same with --fused-loss off,
+#   the same session's control (~3-4 min); D Llama-3.2-1B BF16 with --fused-loss off (the peak memory control, ~1 min).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fused_loss.sh A B T  (or C D)
 # Results: $OUT/results.tar.gz holds fused-loss-h200/ (for data/results/fused-loss-h200/) and the logs.
 set -uo pipefail
@@ -25,7 +25,7 @@ for part in "$@"; do
   case $part in
   A)
     python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b | tee -a $RES/folders.txt
-    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag fused --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
   B)
     python3 benchmarks/fused_loss_bench.py --out $RES/fused-loss-h200/loss-bench.json 2>&1 | tee $RES/logs/loss-bench.log
@@ -36,12 +36,12 @@ for part in "$@"; do
     echo "pytest exit $?"; tail -3 $RES/logs/gpu-tests.log
     ;;
   C)
-    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --models llama-1b
-    [ -d $MODELS/llama-3.2-1b ] || python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b | tee -a $RES/folders.txt
-    "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off --models $MODELS/llama-3.2-1b
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag fused --models llama-1b
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '--fused-loss off' --tag fused-off --models llama-1b
     ;;
   D)
-    "${H[@]}" --variants default-bf16,default-fp8 --common-args '--fused-loss on' --tag fused-on --models llama-1b
+    [ -d $MODELS/llama-3.2-1b ] || python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b | tee -a $RES/folders.txt
+    "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off --models $MODELS/llama-3.2-1b
     ;;
   *) echo "part must be A, B, T, C or D" >&2 ;;
   esac

@@ -31,20 +31,27 @@ from fp8lab.validate import AUTO
 CHOICES = (AUTO, "on", "off")
 IGNORE_INDEX = -100  # targets equal to it add nothing to the loss or the mean's count (HF's convention)
 
-# Tokens per chunk: the chunk's fp32 logits stay near CHUNK_LOGIT_BYTES (a power of two of tokens,
-# at least MIN_CHUNK_TOKENS). Measured on one H200 (benchmarks/fused_loss_bench.py,
-# data/results/fused-loss-h200/): see benchmarks/studies/fused_loss.md.
-CHUNK_LOGIT_BYTES = 2 * 2**30
+# Tokens per chunk: the chunk's fp32 logits near CHUNK_LOGIT_BYTES (a power of two of tokens, at least
+# MIN_CHUNK_TOKENS): 8,192 tokens at 128K-152K vocabularies, the whole 32,768-token micro-batch at 32K.
+# Measured on one H200 (benchmarks/fused_loss_bench.py, data/results/fused-loss-h200/loss-bench.json, head and
+# loss alone at 32,768 tokens, forward + backward): 8,192-token chunks 91.8 ms (Llama-3.2-1B) and 84.5 ms
+# (Qwen2.5-1.5B), 2,048-token chunks 102.6 and 95.3 ms; the plain loss 128.4 and 127.0 ms.
+CHUNK_LOGIT_BYTES = 5 * 2**30
 MIN_CHUNK_TOKENS = 1024
 
-# --fused-loss auto: on where vocabulary x tokens per micro-batch reaches this (the logits' elements).
-# Measured on one H200 (benchmarks/studies/fused_loss.md): the chunked loss is faster than the plain
-# one from Llama-3.2-1B's 128,256 x 32,768 (4.2e9) up, and saves memory everywhere; below, at llama-1b's
-# 32,000 x 32,768 (1.0e9), the plain loss is kept (its measured defaults stay as they are).
-AUTO_MIN_LOGITS = 2**31
-# bytes per token of the plain path's logits the layout resolver drops when the fused loss runs, and what
-# the fused loss keeps instead (fp8lab.layout.LOGIT_BYTES has the plain path's per-token bytes)
-CHUNK_BYTES_PER_LOGIT = 10.0  # one chunk: fp32 logits (4), the softmax in place, its bf16 gradient (2), temporaries
+# --fused-loss auto: on a GPU where vocabulary x tokens per micro-batch reaches this (the logits' elements).
+# The same benchmark: the chunked loss was faster than the plain one at every size measured, from the
+# smallest, llama-1b's 32,000 x 8,192 (2.6e8 logits: 5.3 against 7.5 ms), to Qwen2.5-1.5B's 151,936 x 32,768;
+# whole training steps agree (benchmarks/studies/fused_loss.md). Below the smallest size measured (e.g.
+# llama-7b's 2 x 2048 micro-batch) the plain loss is kept.
+AUTO_MIN_LOGITS = 32_000 * 8192
+# what the layout resolver counts for the fused loss instead of the plain path's logits (fp8lab.layout.LOGIT_BYTES
+# per token and vocabulary entry): per logit of one chunk, and per weight of the head. Fitted to the peaks of the
+# study's runs (data/results/fused-loss-h200; its first runs with 4,096- and 2,048-token chunks, in
+# benchmarks/logs/fused-loss-session/call1-chunk2gib, peaked ~6 bytes per chunk logit lower); 9.0 puts the
+# estimates of its 128K+-vocabulary runs 1-6% above their measured peaks, llama-1b's 7-8%
+CHUNK_BYTES_PER_LOGIT = 9.0  # one chunk: its bf16 logits, their gradient and the compiled kernel's buffers
+WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
 
 
 def chunk_tokens(vocab: int, n_tokens: int) -> int:
@@ -71,12 +78,12 @@ def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool) -
         return False, "auto: off on a CPU (its micro-batches' logits are small; --fused-loss on runs it there too)"
     if logits >= AUTO_MIN_LOGITS:
         return True, f"auto: {size} >= {AUTO_MIN_LOGITS:.3g}, where the chunked loss was measured faster"
-    return False, f"auto: {size} < {AUTO_MIN_LOGITS:.3g}: the plain loss (measured as fast there)"
+    return False, f"auto: {size} < {AUTO_MIN_LOGITS:.3g} (the smallest size measured to pay): the plain loss"
 
 
 def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int) -> float:
     """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum)."""
-    return CHUNK_BYTES_PER_LOGIT * vocab * chunk_tokens(vocab, tokens_per_micro_batch) + 4.0 * vocab * hidden
+    return CHUNK_BYTES_PER_LOGIT * vocab * chunk_tokens(vocab, tokens_per_micro_batch) + WEIGHT_GRAD_BYTES * vocab * hidden
 
 
 # ------------------------------------------------------------------------------------------ the function

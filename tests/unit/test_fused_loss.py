@@ -109,8 +109,9 @@ def test_install_refuses_a_head_with_bias():
 def test_decide_rule():
     on, why = fused_loss.decide("auto", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True)
     assert on and "auto" in why
-    off, why = fused_loss.decide("auto", vocab=32_000, tokens_per_micro_batch=32_768, gpu=True)
-    assert not off and "plain loss" in why
+    assert fused_loss.decide("auto", vocab=32_000, tokens_per_micro_batch=32_768, gpu=True)[0]  # llama-1b, measured
+    off, why = fused_loss.decide("auto", vocab=32_000, tokens_per_micro_batch=4096, gpu=True)  # llama-7b's 2 x 2048
+    assert not off and "the plain loss" in why
     assert not fused_loss.decide("auto", vocab=151_936, tokens_per_micro_batch=32_768, gpu=False)[0]
     assert fused_loss.decide("on", vocab=100, tokens_per_micro_batch=4, gpu=False)[0]
     assert not fused_loss.decide("off", vocab=151_936, tokens_per_micro_batch=32_768, gpu=True)[0]
