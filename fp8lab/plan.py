@@ -115,14 +115,16 @@ class RunPlan:
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
-                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather,  # issue 32
-                "fused_loss": self.fused_loss}  # issue 51
+                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}  # issue 32
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
         m = self.machine
         return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # issue 31: what ran, not a job's check
                 "fp8_stats_source": self.fp8_stats_source,
+                # issue 51: what ran; not among decisions() (a job's FP8LAB_PLANNED has 512 characters), since a job
+                # passes the launch's value as --fused-loss on|off (fp8lab.launch.spec) and re-plans nothing of it
+                "fused_loss": self.fused_loss,
                 "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak}
 
