@@ -138,3 +138,17 @@ def test_the_compiled_form_of_the_chunk_math_is_the_same_function():
     (la, ga), (lb, gb) = _chunk_math(logits, t, v, scale), _chunk_math_eager(logits.clone(), t, v, scale)
     assert torch.allclose(la, lb, rtol=1e-6) and torch.allclose(ga, gb, atol=1e-7)
     assert float(ga[4].abs().max()) == 0.0
+
+
+def test_a_sagemaker_job_carries_the_plans_fused_loss_and_takes_an_explicit_one():
+    """JobSpec: ``auto`` becomes the launch plan's on/off (the instance re-plans nothing of it); ``off`` passes as given."""
+    from fp8lab import launch as L
+
+    base = dict(precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9)
+    spec = L.JobSpec(model="llama-1b", **base)  # P5: 8 x H100, micro-batch x 2048 x 32,000 logits >= the threshold
+    assert spec.plan.fused_loss is True
+    assert L.hyperparameters(spec)["fused-loss"] == "on"
+    off = L.JobSpec(model="llama-1b", options={"fused_loss": "off"}, **base)
+    assert off.plan.fused_loss is False and L.hyperparameters(off)["fused-loss"] == "off"
+    with pytest.raises(ValueError, match="fused"):
+        L.JobSpec(model="llama-1b", options={"fused_loss": "maybe"}, **base)
