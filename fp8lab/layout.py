@@ -42,6 +42,8 @@ scores, and the logits are O(seq x vocab). So long sequences (4K-16K, issue 34) 
 length at the same tokens per micro-batch; where even micro-batch 1 does not fit, ``--activation-checkpointing
 auto`` keeps only each block's input (2 bytes x hidden per token and layer) plus one block's activations,
 for both precisions of a pair alike; the logits stay (a 128K vocabulary at 16K tokens: ~30 GiB).
+With the fused loss (``--fused-loss``, fp8lab.fused_loss; issue 51) the ``b * V`` term per token is replaced by
+one chunk's logits and the fp32 weight-gradient sum (``fp8lab.fused_loss.loss_bytes``), for both precisions alike.
 """
 from __future__ import annotations
 
@@ -115,8 +117,10 @@ def _block_linear_params(mcfg) -> int:
 def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int, param_dtype: str = "bf16",
                     backend: str | None = "te", fuse: bool = True, world_size: int = 1, parallel: str = "ddp",
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
-                    fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB) -> MemoryEstimate:
-    """Peak memory of one rank for this layout (see the module docstring for the model)."""
+                    fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
+                    fused_loss: bool = False) -> MemoryEstimate:
+    """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
+    LM head's loss chunked (fp8lab.fused_loss), so a chunk's logits instead of the micro-batch's."""
     from fp8lab.models import count_parameters
 
     n = count_parameters(mcfg).total
@@ -137,10 +141,15 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     layers = mcfg.num_layers * per_layer
     if activation_checkpointing:  # block inputs kept, one block recomputed at a time
         layers = mcfg.num_layers * 2 * mcfg.hidden_size + per_layer
-    per_token = layers + LOGIT_BYTES[kind] * mcfg.vocab_size
+    per_token = layers + (0.0 if fused_loss else LOGIT_BYTES[kind] * mcfg.vocab_size)
     if fp32_activations:
         per_token *= FP32_FACTOR
     acts = per_token * micro_batch_size * seq_len
+    if fused_loss:  # issue 51: one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
+        from fp8lab.fused_loss import loss_bytes
+
+        acts += loss_bytes(vocab=mcfg.vocab_size, hidden=mcfg.hidden_size,
+                           tokens_per_micro_batch=micro_batch_size * seq_len) * (FP32_FACTOR if fp32_activations else 1.0)
     return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib)
 
 
@@ -248,9 +257,18 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
     return True, f"FP8 weights cast once per step, reused by {grad_accum - 1} more micro-batches"
 
 
+def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tuple[bool, str]:
+    """(the fused loss runs, why) at this micro-batch (fp8lab.fused_loss.decide: the plan's rule, the estimate's too)."""
+    from fp8lab.fused_loss import decide
+
+    return decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch, gpu=machine.gpu)
+
+
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
                   keep: bool, both_precisions: bool, activation_checkpointing: bool = False) -> MemoryEstimate:
-    """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both)."""
+    """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both;
+    the fused loss, decided by vocabulary and tokens alone, is the same for both)."""
+    fused = fused_loss_for(c, machine, mcfg, mb * seq)[0]
     precisions = ("bf16", "fp8") if (both_precisions and backend == "te") else (c.precision,)
     sharded = c.parallel == "fsdp" and machine.world_size > 1
     ests = [estimate_memory(mcfg, precision=p, micro_batch_size=mb, seq_len=seq, param_dtype=param_dtype,
@@ -260,7 +278,7 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                                                       precision=p)[0],
                             activation_checkpointing=activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
-                            workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0) for p in precisions]
+                            workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 

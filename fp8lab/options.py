@@ -27,6 +27,7 @@ from typing import Any, Callable, Union
 from fp8lab.backends import backend_names
 from fp8lab.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
 from fp8lab.fp8stats import SOURCES as FP8_STATS_SOURCE_CHOICES
+from fp8lab.fused_loss import CHOICES as FUSED_LOSS_CHOICES
 from fp8lab.graphs import CHOICES as GRAPH_CHOICES
 from fp8lab.recipe import KINDS
 from fp8lab.validate import AUTO, Check, one_of
@@ -51,6 +52,7 @@ FP8_ALL_GATHER = (AUTO, "on", "off")
 FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True)
 FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES  # auto | te-debug | fp8lab, declared where they are read (fp8lab.fp8stats, issue 31)
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
+FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.fused_loss, issue 51)
 
 # types of fields whose text form is special (their annotations name them)
 AutoInt = Union[int, str]  # an integer, or "auto" (the layout resolver picks it)

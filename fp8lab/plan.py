@@ -10,7 +10,8 @@ the plan holds what runs:
   accumulation, FSDP2 kept weights, activation checkpointing) with its memory estimate;
 * the length of the run: optimizer steps and warm-up (:func:`schedule`);
 * CUDA graphs (``fp8lab.graphs.decide``), TE's FP8 weight cache, fused weight-gradient
-  accumulation, fp32 master weights and their streamed step, the compute dtype.
+  accumulation, fp32 master weights and their streamed step, the compute dtype;
+* the fused linear cross-entropy (``fp8lab.fused_loss.decide``, by vocabulary x tokens per micro-batch).
 
 A combination that cannot run is a ValueError naming the option, before anything is built.
 ``Trainer(plan, env)`` (fp8lab.trainer) builds what the plan says.
@@ -66,6 +67,8 @@ class RunPlan:
     # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8stats)
     fp8_stats_every: int = 0
     fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8stats.TE_DEBUG or OWN (None: off)
+    # issue 51: the LM head's loss chunked over tokens (fp8lab.fused_loss)
+    fused_loss: bool = False
 
     # the layout's values, read where the trainer needs them
     @property
@@ -119,6 +122,9 @@ class RunPlan:
         m = self.machine
         return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # issue 31: what ran, not a job's check
                 "fp8_stats_source": self.fp8_stats_source,
+                # issue 51: what ran; not among decisions() (a job's FP8LAB_PLANNED has 512 characters), since a job
+                # passes the launch's value as --fused-loss on|off (fp8lab.launch.spec) and re-plans nothing of it
+                "fused_loss": self.fused_loss,
                 "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak}
 
@@ -303,9 +309,11 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     # issue 31: FP8 health statistics
     stats_every, stats_source, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum,
                                                                          machine.world_size)
+    # issue 51: the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
+    fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
-                   fp8_stats_every=stats_every, fp8_stats_source=stats_source)
+                   fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused)
 
 
 # issue 32 ---------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from fp8lab import checkpoint as fckpt
 from fp8lab import data as fdata
 from fp8lab import distributed as fdist
 from fp8lab import export as fexport
+from fp8lab import fused_loss
 from fp8lab import metrics as fmetrics
 from fp8lab import optim as foptim
 from fp8lab import ownership
@@ -114,6 +115,8 @@ class Trainer:
             self.log(f"fp8lab: FP8 attention on: {reasons['fp8_attention']}{bwd}")
         elif self.fp8_on and (self.machine.gpu or self.c.fp8_attention != "auto"):
             self.log(f"fp8lab: FP8 attention off: {reasons['fp8_attention']}")
+        if self.plan.fused_loss or self.machine.gpu or self.c.fused_loss != "auto":  # issue 51 (a CPU's auto: nothing to say)
+            self.log(f"fp8lab: fused loss {'on' if self.plan.fused_loss else 'off'}: {reasons['fused_loss']}")
 
     @property
     def model_name(self) -> str:
@@ -181,6 +184,8 @@ class Trainer:
             apply_activation_checkpointing(model, self.backend, self._fp8_context)
         if c.compile:
             _compile_blocks(model)
+        if self.plan.fused_loss:  # issue 51: the LM head computes the loss chunk by chunk (fp8lab.fused_loss)
+            fused_loss.install(model)
         self.inner = model
         self.master, self.fused_wgrad = None, []
         if self.plan.master_weights:
@@ -306,6 +311,7 @@ class Trainer:
         cfg_record["fp8_attention"] = "on" if self.plan.fp8_attention else "off"
         cfg_record["fp8_stats_every"] = self.plan.fp8_stats_every  # #31: the interval that ran (0: off)
         cfg_record["fp8_stats_source"] = self.plan.fp8_stats_source  # #31: who read the casts (None: off)
+        cfg_record["fused_loss"] = "on" if self.plan.fused_loss else "off"  # issue 51: as it ran (the plan's value for auto)
         cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
         cfg_record["plan"] = self.plan.record()
         if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.fp8attn)
@@ -366,25 +372,32 @@ class Trainer:
         """The backend's FP8 region (FP8 off for BF16 runs on converted layers), from the plan's objects."""
         return self.fp8_backend.autocast(self.recipe, self.fp8_on) if self.fp8_backend else nullcontext()
 
-    def _forward(self, x, is_first_microbatch: bool | None = None):
-        """The model's forward (logits), in the compute dtype's autocast and the backend's FP8 region:
-        the one place the model is called (training and validation)."""
+    def _forward(self, x, is_first_microbatch: bool | None = None, targets=None):
+        """The model's forward (logits; with ``targets`` under ``--fused-loss``, the mean loss), in the compute
+        dtype's autocast and the backend's FP8 region: the one place the model is called (training and validation)."""
         import torch
 
         amp = torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.compute_dtype == "bf16")
-        with amp, self._fp8_context():
+        with amp, self._fp8_context(), fused_loss.targets(self.inner, targets):
             kw = {} if is_first_microbatch is None else {"is_first_microbatch": is_first_microbatch}
             return self.model(x, **kw).logits
 
     @staticmethod
-    def _loss(logits, y):
+    def _plain_loss(logits, y):
         import torch.nn.functional as F
 
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
 
+    def _loss(self, x, y, is_first_microbatch: bool | None = None):
+        """Mean loss of one micro-batch: the LM head's chunked loss under ``--fused-loss`` (fp8lab.fused_loss:
+        the full logits never exist), else the cross-entropy of the model's fp32 logits."""
+        if self.plan.fused_loss:
+            return self._forward(x, is_first_microbatch, targets=y)
+        return self._plain_loss(self._forward(x, is_first_microbatch), y)
+
     def _forward_backward(self, x, y, micro: int, step: int):
         """Loss of one micro-batch, its gradient accumulated; TE's weight cache filled on the first."""
-        loss = self._loss(self._forward(x, micro == 0 if self.weight_cache else None), y)
+        loss = self._loss(x, y, micro == 0 if self.weight_cache else None)
         if step in self.c.inject_nan_at_steps and self.env.is_main and micro == 0:
             loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step
         (loss / self.plan.grad_accum).backward()
@@ -453,7 +466,7 @@ class Trainer:
         with torch.no_grad():
             for _ in range(c.val_batches * p.grad_accum):
                 x, y = (t.to(env.device) for t in vl.next_batch())
-                total += self._loss(self._forward(x), y).double()
+                total += self._loss(x, y).double()
         self.model.train()
         if self.keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
             fdist.reshard(self.model)

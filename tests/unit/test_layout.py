@@ -70,7 +70,8 @@ def test_memory_model_is_close_to_each_measured_peak(name, run, peak):
         seq_len=run["seq_len"], param_dtype=run.get("param_dtype") or "fp32", backend="te", fuse=True,
         world_size=run["world_size"], parallel=run.get("parallel") or "ddp", keep_weights="keep" in name,
         weight_cache=bool(run.get("fp8_weight_cache")) and run["grad_accum"] > 1,
-        activation_checkpointing=bool(run.get("activation_checkpointing")))
+        activation_checkpointing=bool(run.get("activation_checkpointing")),
+        fused_loss=run.get("fused_loss") is True)  # issue 51: the chunked loss where the run had it
     if run["model"] in FOLDER_MODELS:
         # the models people bring (families study), not among the runs the model was fitted to: never
         # below the measured peak (a layout it picks fits), at most 20% above (128K-vocab logits: ~15%)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Study: the fused linear cross-entropy (issue 51, benchmarks/studies/fused_loss.md).
+#   Question: does chunking the LM head and its loss over tokens (fp8lab.fused_loss, --fused-loss auto) make the
+#   128K+-vocabulary models faster and smaller with the plain commands, and which implementation should fp8lab use?
+#   Prediction (the issue's targets): Llama-3.2-1B and Qwen2.5-1.5B >= 8% more tokens/s in BF16 and FP8 than the
+#   families study (66,592 / 84,618 and 52,768 / 65,865), FP8/BF16 >= 1.30x; Llama-3.2-1B's peak at 16 x 2048 down
+#   >= 10 GiB (102.8 GiB in families-h200); llama-1b (auto: off) unchanged.
+# Parts (on a warm machine): A the plain commands for Llama-3.2-1B and Qwen2.5-1.5B (4 runs, ~5 min); B the loss
+#   alone, plain against fp8lab's chunks, liger-kernel and cut-cross-entropy (~2-3 min); T the GPU tests of the fused
+#   loss (~1 min); C llama-1b's plain commands (auto: on from part B's measurement) and the same with --fused-loss off,
+#   the same session's control (~3-4 min); D Llama-3.2-1B BF16 with --fused-loss off (the peak memory control, ~1 min).
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fused_loss.sh A B T  (or C D)
+# Results: $OUT/results.tar.gz holds fused-loss-h200/ (for data/results/fused-loss-h200/) and the logs.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+RES=/tmp/res
+MODELS=/tmp/family-models
+mkdir -p $RES/fused-loss-h200 $RES/logs
+H=(python3 benchmarks/throughput.py --study fused-loss-h200 --out $RES/fused-loss-h200 --work /tmp/bench --timeout 300
+   --steps 8 --warmup 3)
+pack() { cp /tmp/bench/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
+for part in "$@"; do
+  t0=$(date +%s)
+  case $part in
+  A)
+    python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b | tee -a $RES/folders.txt
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag fused --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    ;;
+  B)
+    python3 benchmarks/fused_loss_bench.py --out $RES/fused-loss-h200/loss-bench.json 2>&1 | tee $RES/logs/loss-bench.log
+    ;;
+  T)
+    FP8LAB_GPU_RESULTS=$RES/gpu-results timeout 300 python3 -m pytest tests/gpu/test_fused_loss_gpu.py -m gpu -q -rfEs \
+      --tb=short -p no:cacheprovider > $RES/logs/gpu-tests.log 2>&1
+    echo "pytest exit $?"; tail -3 $RES/logs/gpu-tests.log
+    ;;
+  C)
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag fused --models llama-1b
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '--fused-loss off' --tag fused-off --models llama-1b
+    ;;
+  D)
+    [ -d $MODELS/llama-3.2-1b ] || python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b | tee -a $RES/folders.txt
+    "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off --models $MODELS/llama-3.2-1b
+    ;;
+  *) echo "part must be A, B, T, C or D" >&2 ;;
+  esac
+  echo "part $part: $(( $(date +%s) - t0 )) s"
+  pack
+done

@@ -1,0 +1,343 @@
+"""Fused linear cross-entropy (``--fused-loss``, issue 51): the LM head and the loss without the full logits.
+
+The plain loss multiplies the last hidden states by the head (``tokens x vocab`` logits), casts them
+to fp32 and takes the cross-entropy; autograd keeps the logits, their fp32 copy and the gradient of
+each. At a 128K vocabulary and 16 x 2048 tokens that is 16.8 GB per fp32 copy. Here the tokens are
+taken a chunk at a time: the chunk's logits (the head GEMM in the compute dtype, then fp32), their
+log-sum-exp, the loss, and at once the gradient of the chunk's logits (softmax minus the one-hot
+target, over the mean's count), which gives the chunk's gradient of the hidden states and its share of
+the head's weight gradient. Nothing of the size ``tokens x vocab`` outlives a chunk; the backward only
+scales the two stored gradients by the incoming one. The GEMMs are the same three as the plain path's
+(head forward, grad of the hidden states, grad of the weight), so no compute is added.
+
+:class:`LinearCrossEntropy` is the autograd function; :func:`install` makes a model's LM head (a bias-free
+``nn.Linear``, tied to the embedding or not) compute the loss in the model's own forward while
+:func:`targets` is set, so DDP and FSDP2 see the head used as before and state dicts are unchanged.
+:func:`decide` is ``--fused-loss auto|on|off``, the plan's decision (fp8lab.plan), and
+:func:`loss_bytes` the memory the layout resolver (fp8lab.layout) counts for it.
+
+Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
+under autocast), cast to fp32 before the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. The
+weight gradient is summed over chunks in fp32. ``tests/unit/test_fused_loss.py`` checks it against the
+plain path in fp32 on the CPU; ``benchmarks/fused_loss_bench.py`` in BF16 on the GPU.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from fp8lab.validate import AUTO
+
+CHOICES = (AUTO, "on", "off")
+IGNORE_INDEX = -100  # targets equal to it add nothing to the loss or the mean's count (HF's convention)
+
+# Tokens per chunk: the chunk's fp32 logits near CHUNK_LOGIT_BYTES (a power of two of tokens, at least
+# MIN_CHUNK_TOKENS): 8,192 tokens at 128K-152K vocabularies, the whole 32,768-token micro-batch at 32K.
+# Measured on one H200 (benchmarks/fused_loss_bench.py, data/results/fused-loss-h200/loss-bench.json, head and
+# loss alone at 32,768 tokens, forward + backward): 8,192-token chunks 91.8 ms (Llama-3.2-1B) and 84.5 ms
+# (Qwen2.5-1.5B), 2,048-token chunks 102.6 and 95.3 ms; the plain loss 128.4 and 127.0 ms.
+CHUNK_LOGIT_BYTES = 5 * 2**30
+MIN_CHUNK_TOKENS = 1024
+
+# --fused-loss auto: on a GPU where vocabulary x tokens per micro-batch reaches this (the logits' elements).
+# The same benchmark: the chunked loss was faster than the plain one at every size measured, from the
+# smallest, llama-1b's 32,000 x 8,192 (2.6e8 logits: 5.3 against 7.5 ms), to Qwen2.5-1.5B's 151,936 x 32,768;
+# whole training steps agree (benchmarks/studies/fused_loss.md). Below the smallest size measured (e.g.
+# llama-7b's 2 x 2048 micro-batch) the plain loss is kept.
+AUTO_MIN_LOGITS = 32_000 * 8192
+# what the layout resolver counts for the fused loss instead of the plain path's logits (fp8lab.layout.LOGIT_BYTES
+# per token and vocabulary entry): per logit of one chunk, and per weight of the head. Fitted to the peaks of the
+# study's runs (data/results/fused-loss-h200; its first runs with 4,096- and 2,048-token chunks, in
+# benchmarks/logs/fused-loss-session/call1-chunk2gib, peaked ~6 bytes per chunk logit lower); 9.0 puts the
+# estimates of its 128K+-vocabulary runs 1-6% above their measured peaks, llama-1b's 7-8%
+CHUNK_BYTES_PER_LOGIT = 9.0  # one chunk: its bf16 logits, their gradient and the compiled kernel's buffers
+WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
+
+
+def chunk_tokens(vocab: int, n_tokens: int) -> int:
+    """Tokens per chunk for this vocabulary: the chunk's fp32 logits near CHUNK_LOGIT_BYTES, at most all of them."""
+    c = MIN_CHUNK_TOKENS
+    while c * 2 * vocab * 4 <= CHUNK_LOGIT_BYTES:
+        c *= 2
+    return max(1, min(c, n_tokens))
+
+
+def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool) -> tuple[bool, str]:
+    """(the fused loss runs, why) for ``--fused-loss choice``. It is pure PyTorch: it runs on any device and
+    backend (TE, torchao, the emulator, the plain model), so ``on`` is never refused; ``auto`` follows the
+    measured rule (AUTO_MIN_LOGITS) on a GPU and stays off on a CPU (its logits are small there)."""
+    if choice not in CHOICES:
+        raise ValueError(f"--fused-loss={choice!r} is invalid; allowed: " + " | ".join(CHOICES))
+    logits = vocab * tokens_per_micro_batch
+    size = f"vocabulary {vocab:,} x {tokens_per_micro_batch:,} tokens per micro-batch = {logits:.3g} logits"
+    if choice == "on":
+        return True, f"--fused-loss on: {size}, chunked (the full logits never exist)"
+    if choice == "off":
+        return False, "--fused-loss off: the plain loss over the full fp32 logits"
+    if not gpu:
+        return False, "auto: off on a CPU (its micro-batches' logits are small; --fused-loss on runs it there too)"
+    if logits >= AUTO_MIN_LOGITS:
+        return True, f"auto: {size} >= {AUTO_MIN_LOGITS:.3g}, where the chunked loss was measured faster"
+    return False, f"auto: {size} < {AUTO_MIN_LOGITS:.3g} (the smallest size measured to pay): the plain loss"
+
+
+def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int) -> float:
+    """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum)."""
+    return CHUNK_BYTES_PER_LOGIT * vocab * chunk_tokens(vocab, tokens_per_micro_batch) + WEIGHT_GRAD_BYTES * vocab * hidden
+
+
+# ------------------------------------------------------------------------------------------ the function
+
+def _compute_dtype(h, weight):
+    import torch
+
+    dev = h.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return torch.promote_types(h.dtype, weight.dtype)
+
+
+def _add_weight_grad(acc, g_t, hc) -> None:
+    """acc (fp32) += g_t @ hc, with an fp32 result where the device's GEMM offers one (CUDA: ``out_dtype``)."""
+    import torch
+
+    if g_t.dtype == torch.float32:
+        acc.addmm_(g_t, hc)
+        return
+    try:
+        acc.add_(torch.mm(g_t, hc, out_dtype=torch.float32))
+    except (RuntimeError, TypeError, NotImplementedError):  # no fp32-output GEMM for this dtype/device
+        acc.add_(g_t @ hc)
+
+
+def _chunk_math_eager(logits, t, v, scale):
+    """(sum of the chunk's losses in fp32, d(mean loss)/d(logits) in the logits' dtype): in place on one fp32 copy."""
+    import torch
+
+    lf = logits.float()  # the plain path's logits.float() for these tokens
+    safe = torch.where(v, t, torch.zeros_like(t))
+    lse = torch.logsumexp(lf, dim=-1)
+    picked = lf.gather(1, safe[:, None]).squeeze(1)
+    loss = torch.where(v, lse - picked, torch.zeros_like(lse)).sum()
+    # (softmax - onehot) / count, zero for ignored tokens
+    lf.sub_(lse[:, None]).exp_()
+    rows = torch.arange(lf.shape[0], device=lf.device)
+    lf[rows, safe] -= v.to(lf.dtype)
+    lf.mul_((v.to(torch.float32) * scale)[:, None])
+    return loss, lf.to(logits.dtype)
+
+
+def _chunk_math(logits, t, v, scale):
+    """The same as :func:`_chunk_math_eager`, written without in-place ops for torch.compile: one kernel reads the
+    chunk's logits and writes their gradient (no fp32 copy of the chunk in memory)."""
+    import torch
+
+    lf = logits.float()
+    safe = torch.where(v, t, torch.zeros_like(t))
+    lse = torch.logsumexp(lf, dim=-1)
+    picked = lf.gather(1, safe[:, None]).squeeze(1)
+    loss = torch.where(v, lse - picked, torch.zeros_like(lse)).sum()
+    onehot = (torch.arange(lf.shape[1], device=lf.device)[None, :] == safe[:, None]).to(torch.float32)
+    g = (torch.exp(lf - lse[:, None]) - onehot) * (v.to(torch.float32) * scale)[:, None]
+    return loss, g.to(logits.dtype)
+
+
+_COMPILED: dict = {}  # device type -> the compiled chunk math, or None where compiling failed (eager from then on)
+COMPILE_ON = ("cuda",)  # devices whose chunk math is compiled (Inductor's Triton kernels); CPUs run it eagerly
+
+
+def _math_for(device_type: str, compiled: bool | None):
+    if compiled is False or (compiled is None and device_type not in COMPILE_ON):
+        return _chunk_math_eager
+    if device_type not in _COMPILED:
+        import torch
+
+        _COMPILED[device_type] = torch.compile(_chunk_math, dynamic=False)
+    return _COMPILED[device_type] or _chunk_math_eager
+
+
+def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, ignore_index: int,
+                       compiled: bool | None = None):
+    """(mean loss as fp32, grad of h2 or None, grad of weight or None), chunk by chunk (see the module doc)."""
+    import torch
+
+    n = h2.shape[0]
+    w = weight.to(dtype)
+    valid = tgt != ignore_index
+    count = valid.sum()
+    scale = 1.0 / count.clamp(min=1).to(torch.float32)
+    loss = torch.zeros((), device=h2.device, dtype=torch.float32)
+    grad_h = torch.empty((n, h2.shape[1]), device=h2.device, dtype=dtype) if need_grad else None
+    one_chunk = n <= chunk
+    grad_w = None if not need_grad or one_chunk else torch.zeros(weight.shape, device=h2.device, dtype=torch.float32)
+    math = _math_for(h2.device.type, compiled)
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        hc = h2[s:e].to(dtype)
+        logits = hc @ w.t()  # (c, V) in the compute dtype: the plain path's head GEMM for these tokens
+        t, v = tgt[s:e], valid[s:e]
+        if not need_grad:
+            lf = logits.float()
+            safe = torch.where(v, t, torch.zeros_like(t))
+            picked = lf.gather(1, safe[:, None]).squeeze(1)
+            loss += torch.where(v, torch.logsumexp(lf, dim=-1) - picked, torch.zeros_like(picked)).sum()
+            continue
+        try:
+            part, g = math(logits, t, v, scale)
+        except Exception as exc:  # noqa: BLE001 - a compiler problem must not stop training: eager from now on
+            if math is _chunk_math_eager:
+                raise
+            import warnings
+
+            warnings.warn(f"fp8lab.fused_loss: torch.compile of the chunk math failed ({type(exc).__name__}: "
+                          f"{str(exc)[:200]}); running it eagerly")
+            _COMPILED[h2.device.type] = None
+            math = _chunk_math_eager
+            part, g = math(logits, t, v, scale)
+        loss += part
+        del logits
+        grad_h[s:e] = g @ w
+        if one_chunk:
+            grad_w = g.t() @ hc
+        else:
+            _add_weight_grad(grad_w, g.t(), hc)
+    return loss * scale, grad_h, grad_w
+
+
+class LinearCrossEntropy:
+    """``apply(h, weight, targets, chunk, ignore_index)``: mean cross-entropy of ``h @ weight.T`` against
+    ``targets`` (ignored: ``ignore_index``), in chunks of ``chunk`` tokens; ``h`` is (..., hidden), ``targets``
+    its leading shape. An ``autograd.Function`` (built on first use: no torch import at module load)."""
+
+    _fn = None
+
+    @classmethod
+    def apply(cls, h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
+              compiled: bool | None = None):
+        if cls._fn is None:
+            cls._fn = _make_function()
+        import torch
+
+        dtype = _compute_dtype(h, weight)
+        need = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+        h2, tgt = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+        if tgt.shape[0] != h2.shape[0]:
+            raise ValueError(f"fused loss: {tgt.shape[0]} targets for {h2.shape[0]} hidden states")
+        chunk = chunk or chunk_tokens(weight.shape[0], h2.shape[0])
+        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk), int(ignore_index), compiled)
+
+
+def _make_function():
+    import torch
+
+    class _LinearCrossEntropyFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, compiled):
+            with torch.autocast(h2.device.type, enabled=False):
+                loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, chunk, ignore_index,
+                                                          compiled)
+            ctx.grads = (grad_h, grad_w)
+            ctx.dtypes = (h2.dtype, weight.dtype)
+            return loss
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            grad_h, grad_w = ctx.grads
+            ctx.grads = None
+            if grad_h is None:
+                raise RuntimeError("fused loss: backward of a forward run without gradients (torch.no_grad)")
+            # times the incoming gradient (the trainer's 1/accumulation: a power of two, exact in bf16); no sync
+            gh = grad_h.to(ctx.dtypes[0]).mul_(grad_out.to(ctx.dtypes[0]))
+            gw = grad_w.to(ctx.dtypes[1]).mul_(grad_out.to(ctx.dtypes[1]))
+            return gh, gw, None, None, None, None, None, None
+
+    return _LinearCrossEntropyFn
+
+
+def linear_cross_entropy(h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
+                         compiled: bool | None = None):
+    """Mean cross-entropy of ``h @ weight.T`` against ``targets`` without the full logits (see the module doc).
+    ``compiled``: the per-chunk loss and gradient as one torch.compile'd kernel (None: on CUDA, eager elsewhere)."""
+    return LinearCrossEntropy.apply(h, weight, targets, chunk, ignore_index, compiled)
+
+
+# ------------------------------------------------------------------------------------------ the model's head
+
+_TARGETS = "_fp8lab_fused_targets"
+
+
+def head_of(model) -> Any:
+    """The model's LM head (``lm_head``: HF causal LMs and fp8lab's fused models), or None."""
+    return getattr(model, "lm_head", None)
+
+
+def head_problem(head) -> str | None:
+    """Why this head cannot compute the fused loss (None: it can): it must be a bias-free ``nn.Linear``."""
+    import torch.nn as nn
+
+    if not isinstance(head, nn.Linear):
+        return f"the LM head is a {type(head).__name__}, not a torch.nn.Linear"
+    if head.bias is not None:
+        return "the LM head has a bias"
+    return None
+
+
+def install(model) -> None:
+    """Make ``model``'s LM head return the fused loss while :func:`targets` is set (plain logits otherwise).
+
+    The head keeps its parameters, its name in the state dict and its tie to the embedding; only its
+    class becomes :class:`FusedLossHead` (an ``nn.Linear``). ValueError where the head cannot (head_problem)."""
+    head = head_of(model)
+    problem = "the model has no lm_head" if head is None else head_problem(head)
+    if problem:
+        raise ValueError(f"--fused-loss: {problem}; allowed: --fused-loss off")
+    head.__class__ = _head_class()
+
+
+def installed(model) -> bool:
+    head = head_of(model)
+    return head is not None and type(head).__name__ == "FusedLossHead"
+
+
+@contextmanager
+def targets(model, y) -> Iterator[None]:
+    """While open, ``model``'s installed head returns the mean loss against ``y`` instead of the logits
+    (``y`` None: nothing changes)."""
+    head = head_of(model) if y is not None else None
+    if head is None:
+        yield
+        return
+    head.__dict__[_TARGETS] = y
+    try:
+        yield
+    finally:
+        head.__dict__.pop(_TARGETS, None)
+
+
+_HEAD_CLASS = None
+
+
+def _head_class():
+    global _HEAD_CLASS
+    if _HEAD_CLASS is None:
+        import torch.nn as nn
+
+        class FusedLossHead(nn.Linear):
+            """An LM head that, while fp8lab.fused_loss.targets is set, returns the mean loss (a scalar) in
+            place of the logits; a plain ``nn.Linear`` otherwise."""
+
+            def forward(self, x):
+                y = self.__dict__.get(_TARGETS)
+                if y is None:
+                    return super().forward(x)
+                return linear_cross_entropy(x, self.weight, y)
+
+        FusedLossHead.__module__, FusedLossHead.__qualname__ = __name__, "FusedLossHead"  # picklable by name
+        _HEAD_CLASS = FusedLossHead
+    return _HEAD_CLASS
+
+
+def __getattr__(name: str):  # fp8lab.fused_loss.FusedLossHead, built on first use (no torch import at load)
+    if name == "FusedLossHead":
+        return _head_class()
+    raise AttributeError(name)
