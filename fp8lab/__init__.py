@@ -12,7 +12,7 @@ __all__ = ["autocast", "convert_model", "Recipe", "available_backends", "__versi
 
 def __getattr__(name):  # PEP 562: resolve the conversion API on first use
     if name in ("autocast", "convert_model", "Recipe", "available_backends"):
-        from fp8lab import convert
+        from fp8lab.fp8 import convert
 
         return getattr(convert, name)
     raise AttributeError(f"module 'fp8lab' has no attribute {name!r}")

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 def error_per_layer_figure(on, off, title: str, recipe_kind: str) -> Figure:
     """Relative difference of each block's output: FP8 on against HF, and with FP8 off the conversion against HF
-    and both models against an fp32 forward; ``on``/``off`` are :func:`fp8lab.convert.check_equivalence` results
+    and both models against an fp32 forward; ``on``/``off`` are :func:`fp8lab.fp8.convert.check_equivalence` results
     (``per_layer=True, fp32_reference=True``)."""
     series = [(f"FP8 on ({recipe_kind}), vs HF", [d.rel_diff for d in on.per_layer], ("o", "-")),
               ("FP8 off, vs HF", [d.rel_diff for d in off.per_layer], ("s", "--")),

@@ -3,7 +3,7 @@
 :func:`figure_problems` draws a figure and returns one line per broken rule (an empty list: readable):
 
 - screen-shaped: at most ``MAX_SIDE_PX`` pixels a side and an aspect of at most ``MAX_ASPECT`` : 1, as
-  :func:`fp8lab.plots.to_png` renders it;
+  :func:`fp8lab.views.plots.to_png` renders it;
 - at most ``MAX_LEGEND_ENTRIES`` legend entries in the whole figure and ``MAX_BARS`` bars a panel;
 - no two text artists (tick labels, value labels, titles, legend texts) whose bounding boxes overlap;
 - no two series drawn identically: two lines of one panel with the same colour, line style and marker
@@ -119,7 +119,7 @@ def identical_series(fig: Figure) -> list[str]:
 
 def figure_problems(fig: Figure, dpi: int = 110) -> list[str]:
     """One line per readability rule ``fig`` breaks (the module's docstring lists them); [] when none."""
-    from fp8lab.plots import figure_stats
+    from fp8lab.views.plots import figure_stats
 
     stats = figure_stats(fig, dpi=dpi)
     problems = []

@@ -13,8 +13,8 @@ scales the two stored gradients by the incoming one. The GEMMs are the same thre
 :class:`LinearCrossEntropy` is the autograd function; :func:`install` makes a model's LM head (a bias-free
 ``nn.Linear``, tied to the embedding or not) compute the loss in the model's own forward while
 :func:`targets` is set, so DDP and FSDP2 see the head used as before and state dicts are unchanged.
-:func:`decide` is ``--fused-loss auto|on|off``, the plan's decision (fp8lab.plan), and
-:func:`loss_bytes` the memory the layout resolver (fp8lab.layout) counts for it.
+:func:`decide` is ``--fused-loss auto|on|off``, the plan's decision (fp8lab.plan.runplan), and
+:func:`loss_bytes` the memory the layout resolver (fp8lab.plan.layout) counts for it.
 
 Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
 under autocast), cast to fp32 before the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. The
@@ -26,7 +26,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from fp8lab.validate import AUTO
+from fp8lab.core.validate import AUTO
 
 CHOICES = (AUTO, "on", "off")
 IGNORE_INDEX = -100  # targets equal to it add nothing to the loss or the mean's count (HF's convention)
@@ -45,7 +45,7 @@ MIN_CHUNK_TOKENS = 1024
 # whole training steps agree (benchmarks/studies/fused_loss.md). Below the smallest size measured (e.g.
 # llama-7b's 2 x 2048 micro-batch) the plain loss is kept.
 AUTO_MIN_LOGITS = 32_000 * 8192
-# what the layout resolver counts for the fused loss instead of the plain path's logits (fp8lab.layout.LOGIT_BYTES
+# what the layout resolver counts for the fused loss instead of the plain path's logits (fp8lab.plan.layout.LOGIT_BYTES
 # per token and vocabulary entry): per logit of one chunk, and per weight of the head. Fitted to the peaks of the
 # study's runs (data/results/fused-loss-h200; its first runs with 4,096- and 2,048-token chunks, in
 # benchmarks/logs/fused-loss-session/call1-chunk2gib, peaked ~6 bytes per chunk logit lower); 9.0 puts the

@@ -1,8 +1,8 @@
 """The index of the committed measurements: ``data/results-index.json``, one small file beside
 ``data/results/``, so that planning and the answer read the results once, not every step of every run.
 
-It holds what ``fp8lab launch plan``, the estimates (:mod:`fp8lab.estimates`), the scaling model's
-calibration (:func:`fp8lab.scaling.committed_calibration`), the :class:`~fp8lab.analysis.Answer`,
+It holds what ``fp8lab launch plan``, the estimates (:mod:`fp8lab.analysis.estimates`), the scaling model's
+calibration (:func:`fp8lab.analysis.scaling.committed_calibration`), the :class:`~fp8lab.analysis.Answer`,
 notebooks 04/05 and the report need from the committed runs: the per-run summary
 (:func:`summarize_runs` at its defaults), the step profiles (:func:`load_profiles`) and the line saying
 what was loaded (:func:`describe`). ``fp8lab report --docs`` writes it (:func:`render_index`) from the
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp8lab.paths import DATA_DIR, RESULTS_DIR
+from fp8lab.core.paths import DATA_DIR, RESULTS_DIR
 
 INDEX_PATH = DATA_DIR / "results-index.json"
 INDEX_DOC = "data/results-index.json"  # where `fp8lab report --docs` writes it, in the checkout it writes into

@@ -1,5 +1,5 @@
 """The memory lesson (issue 49): FP8 does not halve training memory. Per model, the peak memory the best BF16 and
-the best FP8 run reported (the committed result files), and the FP8 weight cache that fp8lab.layout's memory model
+the best FP8 run reported (the committed result files), and the FP8 weight cache that fp8lab.plan.layout's memory model
 charges to FP8: TE keeps an FP8 copy of every decoder-block weight and its transpose (2 bytes per weight) across
 the micro-batches of a step, on top of the bf16 weights, fp32 master weights and AdamW moments (16 bytes per
 parameter in either precision). FP8's activations are smaller, so a small model saves a little; at 7B the cache
@@ -13,7 +13,7 @@ GIB = 2.0**30
 
 def weight_cache_gib(model: str) -> float:
     """TE's FP8 weight cache of ``model``: 2 bytes per decoder-block weight (nan for a model fp8lab cannot size)."""
-    from fp8lab.models import block_matmul_params, get_config
+    from fp8lab.model.models import block_matmul_params, get_config
 
     try:
         mcfg = get_config(model)

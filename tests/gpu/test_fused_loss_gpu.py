@@ -11,8 +11,8 @@ import json
 import pytest
 from gpu_skips import te_or_skip as _te_or_skip
 
-from fp8lab import metrics as fmetrics
-from fp8lab.train import TrainConfig, train
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train.entry import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
 

@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fp8lab import data as fdata
+from fp8lab.data import tokens as fdata
 from fp8lab import launch as L
-from fp8lab import metrics as fmetrics
-from fp8lab import notebooks, report
-from fp8lab import train as ftrain
-from fp8lab.train import TrainConfig, train
+from fp8lab.records import metrics as fmetrics
+from fp8lab import notebooks
+from fp8lab.views import report
+from fp8lab.train import entry as ftrain
+from fp8lab.train.entry import TrainConfig, train
 
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False,
             progress="off", print_metrics=False, save_model=False)
@@ -53,7 +54,7 @@ def _make_readonly(path: Path) -> bool:
 
 
 def _readonly(path: Path) -> bool:
-    from fp8lab.probes import _probe
+    from fp8lab.core.probes import _probe
 
     return _probe(path) is not None
 
@@ -699,8 +700,8 @@ def _jsonl(name: str, lines: list[str]):
     return make
 
 
-def _long_word(w: Path) -> None:  # one "word" past fp8lab.data_checks.MAX_WORD_CHARS, in an otherwise fine file
-    from fp8lab.data_checks import MAX_WORD_CHARS
+def _long_word(w: Path) -> None:  # one "word" past fp8lab.data.checks.MAX_WORD_CHARS, in an otherwise fine file
+    from fp8lab.data.checks import MAX_WORD_CHARS
 
     docs = [f"Paragraph {i} of plain text." for i in range(30)] + ["x" * (MAX_WORD_CHARS + 10)]
     (w / "longword.txt").write_text("\n\n".join(docs) + "\n")
@@ -709,7 +710,7 @@ def _long_word(w: Path) -> None:  # one "word" past fp8lab.data_checks.MAX_WORD_
 def _long_line_gz(w: Path) -> None:  # a small archive that unpacks to one line past MAX_LINE_BYTES
     import gzip
 
-    from fp8lab.data_checks import MAX_LINE_BYTES
+    from fp8lab.data.checks import MAX_LINE_BYTES
 
     with gzip.open(w / "bomb.jsonl.gz", "wb", compresslevel=1) as fh:
         fh.write(b'{"text": "' + b"a b " * (MAX_LINE_BYTES // 4 + 16) + b'"}\n')

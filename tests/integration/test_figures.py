@@ -1,7 +1,7 @@
 """The figure check (issue 49): every figure the report and the notebooks draw, drawn here from the committed
 results and the notebooks' own calls, breaks none of fp8lab.figure_checks' rules; and each rule catches the
 figure it is written against. (The executed notebooks' figures are checked again in tests/notebooks/, from the
-metadata fp8lab.plots.show records.)"""
+metadata fp8lab.views.plots.show records.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +10,11 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from fp8lab import analysis, estimates, launch, plots, report, scaling, trainpair
-from fp8lab import formats as F
-from fp8lab import formats_viz as V
+from fp8lab import analysis, launch, trainpair
+from fp8lab.analysis import estimates, scaling
+from fp8lab.views import plots, report
+from fp8lab.fp8 import formats as F
+from fp8lab.views import formats as V
 from fp8lab.figure_checks import MAX_SIDE_PX, figure_problems
 
 

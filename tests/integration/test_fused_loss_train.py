@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fp8lab import metrics as fmetrics
-from fp8lab.train import TrainConfig, train
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train.entry import TrainConfig, train
 
 TINY = dict(seq_len=32, micro_batch_size=2, grad_accum=2, compute_dtype="fp32", plot=False, progress="off",
             print_metrics=False, steps=3, val_every=3, val_batches=1, checkpoint_every=-1)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab import checkpoint as fckpt
-from fp8lab import data as fdata
-from fp8lab import metrics as fmetrics
-from fp8lab import train as ftrain
-from fp8lab.paths import REPO_ROOT
-from fp8lab.train import TrainConfig, train
+from fp8lab.train import checkpoint as fckpt
+from fp8lab.data import tokens as fdata
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train import entry as ftrain
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.train.entry import TrainConfig, train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False, progress="off",
@@ -301,7 +301,7 @@ def test_ctrl_c_writes_a_checkpoint_and_a_summary(prepared, tmp_path):
 
 
 def test_a_summary_that_cannot_be_written_is_exit_4_and_the_old_one_stays_whole(prepared, tmp_path, monkeypatch, capsys):
-    from fp8lab import ownership
+    from fp8lab.records import ownership
 
     out = tmp_path / "run"
     base = argv("--save-model", "False", "--data", str(prepared), "--output-dir", str(out))
@@ -370,7 +370,7 @@ def _victim(tmp_path: Path, name: str = "victim.txt") -> Path:
 
 @pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo"])
 def test_a_planted_run_lock_is_never_written_through(prepared, tmp_path, plant, capsys):
-    from fp8lab import runlock
+    from fp8lab.records import runlock
 
     out = tmp_path / "o"
     out.mkdir()
@@ -388,7 +388,7 @@ def test_a_planted_run_lock_is_never_written_through(prepared, tmp_path, plant, 
 
 @pytest.mark.parametrize("name", [".fp8lab-owner.json.tmp", "summary.json.tmp", "metrics.jsonl.tmp", "config.json.tmp"])
 def test_a_planted_temporary_file_link_is_never_written_through(prepared, tmp_path, name, capsys):
-    from fp8lab import ownership
+    from fp8lab.records import ownership
 
     victim = _victim(tmp_path)
     out = tmp_path / "o"
@@ -485,7 +485,7 @@ def test_prepare_data_never_replaces_files_under_a_hand_made_tokens_marker(tmp_p
 
 @pytest.mark.parametrize("target", ["res/x/a.jsonl", "res/x", "res/x/b.csv"])
 def test_report_never_writes_over_one_of_its_inputs(tmp_path, monkeypatch, target, capsys):
-    from fp8lab import report
+    from fp8lab.views import report
 
     from fake_runs import bench  # a result file as the benchmarks write one
 

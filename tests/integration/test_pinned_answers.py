@@ -14,7 +14,7 @@ import pytest
 
 from fp8lab import analysis
 from fp8lab.launch.cli import main as launch_main
-from fp8lab.scaling import committed_calibration
+from fp8lab.analysis.scaling import committed_calibration
 
 PINNED = json.loads((Path(__file__).with_name("pinned_answers.json")).read_text(encoding="utf-8"))
 _CACHE: dict = {}

@@ -11,9 +11,10 @@ import shutil
 import pandas as pd
 import pytest
 
-from fp8lab import analysis, estimates, scaling
+from fp8lab import analysis
+from fp8lab.analysis import estimates, scaling
 from fp8lab.analysis import index
-from fp8lab.paths import RESULTS_DIR
+from fp8lab.core.paths import RESULTS_DIR
 
 _CACHE: dict = {}
 
@@ -64,7 +65,7 @@ def test_a_plan_reads_no_result_file_while_the_index_is_fresh(monkeypatch):
     for name in ("load_runs", "load_profiles", "_load_result_file"):
         monkeypatch.setattr(load, name, refuse)
     monkeypatch.setattr(estimates, "load_runs", refuse)
-    from fp8lab.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
+    from fp8lab.core.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 
     plan = plan_sweep(["llama-7b"], ["bf16", "fp8"], [1, 2], tokens=24 * 10**9, role=PLACEHOLDER_ROLE,
                       bucket=PLACEHOLDER_BUCKET)

@@ -42,9 +42,9 @@ def test_time_to_loss_counts_tokens_and_speed_together(tmp_path):
 
 def test_peak_memory_is_each_best_runs_own_and_the_cache_is_the_memory_models(tmp_path):
     """The memory lesson's table: the peak memory the best BF16 and FP8 run reported, and the FP8 weight cache as 2
-    bytes per decoder-block weight (fp8lab.layout's rule)."""
+    bytes per decoder-block weight (fp8lab.plan.layout's rule)."""
     from fp8lab.analysis.memory_lesson import peak_memory, weight_cache_gib
-    from fp8lab.models import block_matmul_params, get_config
+    from fp8lab.model.models import block_matmul_params, get_config
 
     for prec, tps, mem in (("bf16", 1000.0, 40.0), ("fp8", 1300.0, 44.5)):
         recs = [{**r, "max_mem_gib": mem} for r in step_records(20, tps, prec, model="llama-7b")]

@@ -15,8 +15,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from fp8lab.paths import REPO_ROOT
-from fp8lab.pins import pins
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.core.pins import pins
 
 SETUP = REPO_ROOT / "scripts" / "setup.sh"
 LOCK = REPO_ROOT / re.search(r"^LOCK=(\S+)$", SETUP.read_text(), re.M).group(1)

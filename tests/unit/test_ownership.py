@@ -1,4 +1,4 @@
-"""fp8lab.ownership's file rules (issue 50): new files never through a link, a file is fp8lab's only with
+"""fp8lab.records.ownership's file rules (issue 50): new files never through a link, a file is fp8lab's only with
 the bytes its marker names, an append-only log by its first bytes, nothing else deleted."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fp8lab import ownership
+from fp8lab.records import ownership
 
 
 def test_write_file_replaces_a_link_and_never_writes_through_it(tmp_path):

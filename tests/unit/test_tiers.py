@@ -7,7 +7,7 @@ import ast
 import re
 
 import conftest  # tests/conftest.py: pytest put its folder on sys.path
-from fp8lab.paths import REPO_ROOT
+from fp8lab.core.paths import REPO_ROOT
 
 TESTS = REPO_ROOT / "tests"
 
