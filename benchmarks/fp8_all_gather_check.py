@@ -6,7 +6,7 @@
 llama-tiny converted to torchao's Float8Linear with and without the float8 all-gather (on the GPU through
 ``fp8lab.convert_model(..., backend="torchao", fp8_all_gather=...)``, as ``--fp8-all-gather`` wires it; on a CPU,
 where that backend refuses to run, through the same conversion without its device check,
-``fp8lab.backends.torchao.to_float8_training``), each decoder block and the root sharded with ``fully_shard``
+``fp8lab.fp8.backends.torchao.to_float8_training``), each decoder block and the root sharded with ``fully_shard``
 (bf16 ``MixedPrecisionPolicy``, as the trainer's ``--param-dtype bf16``), one forward and backward of the same batch
 under bf16 autocast. Records the dtype and bytes of each all-gather input FSDP2 builds: what the collective
 sends (FSDP2's private ``_get_param_all_gather_inputs`` on several ranks; on one rank FSDP2 skips the collective
@@ -49,11 +49,11 @@ def one(fp8_all_gather: bool, tokens: torch.Tensor, device: str) -> dict:
     from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
     from torchao.float8.float8_linear import Float8Linear
 
-    from fp8lab import distributed as fdist
-    from fp8lab.backends.torchao import to_float8_training
-    from fp8lab.convert import convert_model
-    from fp8lab.models import build_model
-    from fp8lab.recipe import Recipe
+    from fp8lab.train import distributed as fdist
+    from fp8lab.fp8.backends.torchao import to_float8_training
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.fp8.recipe import Recipe
 
     model = build_model("llama-tiny", device=device, seed=0)
     if device == "cuda":

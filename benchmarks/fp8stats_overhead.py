@@ -6,10 +6,10 @@ the step time. ``sample_cost_s``: within one run, the mean sampled step minus th
 
     python benchmarks/fp8stats_overhead.py RESULTS_DIR OUT.json [--skip 10] [--check CHECK.json]
 
-``--check``: the GPU check that lets ``--fp8-stats-source auto`` pick TE's debug API (fp8lab.fp8stats.TE_DEBUG_CHECK),
+``--check``: the GPU check that lets ``--fp8-stats-source auto`` pick TE's debug API (fp8lab.fp8.stats.TE_DEBUG_CHECK),
 from the ``te-debug`` run: ``passed`` when every sampled step wrote a record read by TE's debug API with an
 activation, a weight and a gradient row for each GEMM, and one sample, spread over the interval ``auto`` would use
-at that run's accumulation, costs at most fp8lab.fp8stats.COST_GOAL_PCT of the step time.
+at that run's accumulation, costs at most fp8lab.fp8.stats.COST_GOAL_PCT of the step time.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _row_kinds(stats: list[dict]) -> dict[str, int]:
 
 def te_debug_check(arms: list[dict], steps: int) -> dict:
     """The check of TE's debug API as --fp8-stats-source auto would run it (see the module's docstring)."""
-    from fp8lab import fp8stats
+    from fp8lab.fp8 import stats as fp8stats
 
     r = next((a for a in arms if a.get("source") == fp8stats.TE_DEBUG), None)
     if r is None:
@@ -79,7 +79,7 @@ def te_debug_check(arms: list[dict], steps: int) -> dict:
     return {"passed": not problems, "problems": problems, "run": r["run"], "command": r["command"], "date": r["date"],
             "default_every": every, "sample_cost_s": r.get("sample_cost_s"), "cost_at_default_pct": cost,
             "goal_pct": fp8stats.COST_GOAL_PCT, "rows_per_kind": rows,
-            # auto trusts the check on the Transformer Engine it ran on only (fp8lab.te_debug.untested_te)
+            # auto trusts the check on the Transformer Engine it ran on only (fp8lab.fp8.te_debug.untested_te)
             **{k: (r.get("versions") or {}).get(k) for k in ("transformer_engine", "nvdlfw_inspect")}}
 
 

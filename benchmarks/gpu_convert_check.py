@@ -6,7 +6,7 @@ Run on an FP8 GPU with Transformer Engine installed, e.g.:
         --out convert_speed.json
 
 Prints one table per model and writes all rows (with GPU name and versions) as JSON. Timings are
-medians of CUDA-event measurements (``fp8lab.convert.time_forward_backward``) and cover the model
+medians of CUDA-event measurements (``fp8lab.fp8.convert.time_forward_backward``) and cover the model
 alone: no optimizer, no data loading.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from fp8lab.convert import available_backends, check_equivalence, compare_speed, convert_model
-    from fp8lab.models import build_model
+    from fp8lab.fp8.convert import available_backends, check_equivalence, compare_speed, convert_model
+    from fp8lab.model.models import build_model
 
     reason = available_backends()["te"]
     if reason is not None:

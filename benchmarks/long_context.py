@@ -6,7 +6,7 @@
 ``crossover``: per sequence length of the 3B-shape runs (run ids ``*-3b-s<N>``), tokens/s/GPU of BF16, FP8
 (attention off) and FP8 + FP8 attention, the FP8/BF16 ratios, and the measured crossover: the shortest
 length from which FP8 attention is faster than FP8 without it at that length and every longer one
-(``fp8lab.fp8attn.CROSSOVER_SEQ_LEN`` is set to it; ``tests/unit/test_long_context.py`` holds the two equal).
+(``fp8lab.plan.fp8attn.CROSSOVER_SEQ_LEN`` is set to it; ``tests/unit/test_long_context.py`` holds the two equal).
 ``loss``: the loss of the same-seed runs without / with FP8 attention (and with ``NVTE_FP8_DPA_BWD=0``), relative to
 FP8 without: the final validation loss where the runs measured one, else the mean training loss of the last ``LAST``
 steps; the longest set of loss runs (``LOSS_SETS``) is the check, a shorter one is kept under ``earlier``. Its
@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fp8lab.fp8attn import study_runs  # noqa: E402  (the same reader as the notebook's figure)
+from fp8lab.plan.fp8attn import study_runs  # noqa: E402  (the same reader as the notebook's figure)
 
 LAST = 10  # steps averaged for the loss comparison
 
@@ -90,7 +90,7 @@ def _loss_runs(folder: Path, tag: str) -> dict[str, dict]:
 
 
 def _compare(runs: dict[str, dict], tag: str) -> dict:
-    from fp8lab.fp8attn import FP8_DPA_BWD
+    from fp8lab.plan.fp8attn import FP8_DPA_BWD
 
     measured = {k: _final_loss(r) for k, r in runs.items()}
     metrics = {m for _, m in measured.values()}
@@ -117,7 +117,7 @@ def _compare(runs: dict[str, dict], tag: str) -> dict:
             "within_bound": gap is not None and abs(gap) <= BOUND,
             "seed_noise": noise, "band": band,
             "within_seed_noise": None if noise is None or gap is None else abs(gap) <= noise,
-            # what --fp8-attention auto reads (fp8lab.fp8attn.loss_checked): |gap| <= max(bound, seed noise), the
+            # what --fp8-attention auto reads (fp8lab.plan.fp8attn.loss_checked): |gap| <= max(bound, seed noise), the
             # band rule of the BF16 seeds in the loss-parity study (fp8lab.analysis.parity.band_pct)
             "holds": gap is not None and abs(gap) <= band,
             "runs_by_role": rows}

@@ -18,18 +18,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fp8lab.profiling import device_times, categorize  # noqa: E402  (the trainer's --profile-steps uses the same categories)
+from fp8lab.train.profiling import device_times, categorize  # noqa: E402  (the trainer's --profile-steps uses the same categories)
 
 
 def profile(model_name: str, variant: str, mb: int, seq: int, steps: int, overrides: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from fp8lab.convert import autocast, convert_model
-    from fp8lab.models import build_model
-    from fp8lab.recipe import Recipe
-    from fp8lab.optim import make_optimizer
-    from fp8lab.train import TrainConfig
+    from fp8lab.fp8.convert import autocast, convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.fp8.recipe import Recipe
+    from fp8lab.train.optim import make_optimizer
+    from fp8lab.train.entry import TrainConfig
 
     precision, backend, recipe = {"hf-bf16": ("bf16", None, None), "te-bf16": ("bf16", "te", "delayed"),
                                   "te-fp8-delayed": ("fp8", "te", "delayed"), "te-fp8-current": ("fp8", "te", "current"),

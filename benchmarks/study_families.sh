@@ -45,13 +45,13 @@ D)  # fallback for B if the full Mistral-7B runs out of memory (its estimate, 13
   "${H[@]}" --models $MODELS/mistral-7b-v0.3-16l --steps 6 --warmup 2; pack
   ;;
 E)  # calibration, not a speed claim: Mistral-7B-v0.3 FP8 with its blocks captured (--cuda-graphs on), the graphs'
-    # memory margin (fp8lab.layout.GRAPH_HOLD_FACTOR) set to 1.0 for this measurement only, so the plan admits it;
+    # memory margin (fp8lab.plan.layout.GRAPH_HOLD_FACTOR) set to 1.0 for this measurement only, so the plan admits it;
     # its peak reserved memory re-fits that margin. Then the same run eager (12 steps) for the noise of part B.
   folders mistral-7b-v0.3
-  python3 -c "from fp8lab.data import prepare_data; prepare_data(None, '/tmp/bench/data-32k', None, vocab_size=32000)"
+  python3 -c "from fp8lab.data.tokens import prepare_data; prepare_data(None, '/tmp/bench/data-32k', None, vocab_size=32000)"
   for g in on off; do
     d=/tmp/bench/mistral-7b-v0.3-fp8-graphs-$g-s12
-    python3 -c "import sys, fp8lab.layout as L; L.GRAPH_HOLD_FACTOR = 1.0; from fp8lab.train import main; sys.exit(main(sys.argv[1:]))" \
+    python3 -c "import sys, fp8lab.plan.layout as L; L.GRAPH_HOLD_FACTOR = 1.0; from fp8lab.train.entry import main; sys.exit(main(sys.argv[1:]))" \
       --model $MODELS/mistral-7b-v0.3 --precision fp8 --cuda-graphs $g --steps 12 --warmup-steps 5 --output-dir $d \
       --checkpoint-every -1 --save-model False --plot False --progress off --val-every 0 --val-batches 1 --resume False \
       --seed 1234 --data /tmp/bench/data-32k > $OUT/E-graphs-$g.log 2>&1

@@ -2,21 +2,21 @@
 # Study: long sequences, 2K-16K tokens, with and without TE's FP8 attention (issue 34).
 #   Question: with the plain commands `fp8lab train --precision bf16|fp8 [--fp8-attention on|off] --seq-len N`,
 #   what FP8/BF16 ratio does a head_dim-128 model get at 2K-16K, and from which sequence length does FP8
-#   attention (TE's fp8_dpa, cuDNN fused attention) pay? That length is fp8lab.fp8attn.CROSSOVER_SEQ_LEN.
+#   attention (TE's fp8_dpa, cuDNN fused attention) pay? That length is fp8lab.plan.fp8attn.CROSSOVER_SEQ_LEN.
 #   Prediction (the issue's targets): the 3B shape at 8192 FP8/BF16 >= 1.45x with FP8 attention; 16K >= 1.40x;
 #   the loss with FP8 attention within 0.5% of FP8 without it over the same short run.
 #   Model: a Llama-3.2-3B shape from scratch (hidden 3072, 28 layers, 24 heads / 8 KV heads, head_dim 128,
 #   128,256 vocabulary, tied, plain RoPE theta 500000): `--model llama-1b` with the overrides in SHAPE_3B below
 #   (a named shape: max_seq_len raised to the sequence, the run says so). llama-7b (head_dim 128) in part C.
-#   Layout: micro-batch auto (fp8lab.layout, the same for BF16 and FP8: at most 32,768 tokens), --grad-accum 1
+#   Layout: micro-batch auto (fp8lab.plan.layout, the same for BF16 and FP8: at most 32,768 tokens), --grad-accum 1
 #   (short steps, so each part fits its 8 minutes; no FP8 weight cache to reuse at accumulation 1, alike for every
-#   length), activation checkpointing auto (llama-7b at 16K needs it on an H200: fp8lab.layout).
+#   length), activation checkpointing auto (llama-7b at 16K needs it on an H200: fp8lab.plan.layout).
 # Parts (expected GPU time on a warm machine, from ~40 s start-up per run plus the steps at the issue's
 #   measured MFU; each well under 8 min):
 #   A  3B shape at 2048 and 4096: bf16 / fp8 (attention off) / fp8 + FP8 attention, 14 steps (5 warm-up) ~6 min
 #   B  3B shape at 8192 and 16384: the same six runs                                                  ~6 min
 #   C  llama-7b at 8192 and 16384 with the plain commands' whole layout (micro-batch, accumulation, activation
-#      checkpointing and CUDA graphs as fp8lab.layout resolves them: ~131K tokens a step, so the FP8 weight cache
+#      checkpointing and CUDA graphs as fp8lab.plan.layout resolves them: ~131K tokens a step, so the FP8 weight cache
 #      is reused as a user's run reuses it): bf16 / fp8 / fp8 + FP8 attention, 7 steps (3 untimed); one length per
 #      command (`... C 8192`, `... C 16384`), ~5-6 min each
 #   D  accuracy: tests/gpu/test_fp8_attention_gpu.py (3B-shape attention, forward and gradients); the short loss run,
@@ -34,7 +34,7 @@
 #   Each part summarises what its machine holds; once A-D are committed to data/results/long-context-h200/, run
 #   (no GPU): python3 benchmarks/long_context.py crossover data/results/long-context-h200 (-> crossover.json: the
 #   measured crossover, per-length speed-ups) and ... loss data/results/long-context-h200 (-> loss.json); then set
-#   fp8lab.fp8attn.CROSSOVER_SEQ_LEN to crossover.json's value (tests/unit/test_long_context.py checks it).
+#   fp8lab.plan.fp8attn.CROSSOVER_SEQ_LEN to crossover.json's value (tests/unit/test_long_context.py checks it).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_long_context.sh A|B|C|D|E|L|S [lengths | E: seed]
 #   (e.g. `... A 2048` then `... A 4096` where one part would run past a 10-minute command limit)
 # Results: $OUT/<part>-results.tar.gz holds long-context-h200/*.jsonl (for data/results/long-context-h200/); logs beside.

@@ -111,8 +111,8 @@ def flags_of(args, name: str) -> list[str]:
 
 def finish_run(args, name: str, work: Path, out: Path, cmd: list[str], t0: float) -> None:
     """The result file of a completed run, its FP8 health records beside it; its checkpoints removed."""
-    from fp8lab import fp8stats
-    from fp8lab import metrics as fmetrics
+    from fp8lab.fp8 import stats as fp8stats
+    from fp8lab.records import metrics as fmetrics
     from fp8lab.analysis import write_result_file
 
     a = run_args(args, name)

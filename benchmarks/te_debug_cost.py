@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# name -> the features of the debug API's config (fp8lab.te_debug.config's shape); "full" is fp8lab's own
+# name -> the features of the debug API's config (fp8lab.fp8.te_debug.config's shape); "full" is fp8lab's own
 VARIANTS = {
     "full": None,
     "full-first-mb": None,  # fp8lab's statistics, the first micro-batch of a sampled step only (as the hooks do)
@@ -43,11 +43,11 @@ VARIANTS = {
 def child(variant: str, layers: int, out: Path, profile_steps: bool = False) -> dict:
     import torch
 
-    from fp8lab import te_debug
-    from fp8lab.backends import get_backend
-    from fp8lab.convert import convert_model
-    from fp8lab.models import build_model
-    from fp8lab.recipe import Recipe
+    from fp8lab.fp8 import te_debug
+    from fp8lab.fp8.backends import get_backend
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.fp8.recipe import Recipe
 
     import nvdlfw_inspect.api as debug_api
 

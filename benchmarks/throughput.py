@@ -52,16 +52,16 @@ VARIANTS: dict[str, list[str]] = {
     "te-fp8-block": ["--precision", "fp8", "--backend", "te", "--recipe", "block", "--fuse", "True"],
     "te-fp8-delayed-swap": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "False"],
     "torchao-fp8-compile": ["--precision", "fp8", "--backend", "torchao", "--recipe", "current", "--compile", "True"],
-    # bf16 parameters, fp32 master weights in the optimizer (--param-dtype bf16; fp8lab.master_weights)
+    # bf16 parameters, fp32 master weights in the optimizer (--param-dtype bf16; fp8lab.train.master_weights)
     "te-bf16-p16": ["--precision", "bf16", "--backend", "te", "--fuse", "True", "--param-dtype", "bf16"],
     "te-fp8-delayed-p16": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed", "--fuse", "True",
                            "--param-dtype", "bf16"],
     "te-fp8-current-p16": ["--precision", "fp8", "--backend", "te", "--recipe", "current", "--fuse", "True",
                            "--param-dtype", "bf16"],
-    # the plain commands: everything else as fp8lab.layout resolves it on this machine
+    # the plain commands: everything else as fp8lab.plan.layout resolves it on this machine
     "default-bf16": ["--precision", "bf16"],
     "default-fp8": ["--precision", "fp8"],
-    # the plain FP8 command with TE's FP8 attention forced on / off (#34; auto decides by fp8lab.fp8attn's rule)
+    # the plain FP8 command with TE's FP8 attention forced on / off (#34; auto decides by fp8lab.plan.fp8attn's rule)
     "default-fp8-attn": ["--precision", "fp8", "--fp8-attention", "on"],
     "default-fp8-noattn": ["--precision", "fp8", "--fp8-attention", "off"],
     # FP8 weights re-cast for every micro-batch (the default caches them once per step under --grad-accum)
@@ -95,7 +95,7 @@ def versions() -> dict:
             out[key] = __import__(mod).__version__
         except Exception:
             out[key] = None
-    from fp8lab.pins import installed
+    from fp8lab.core.pins import installed
 
     out["nvdlfw_inspect"] = installed("nvdlfw-inspect")  # TE's debug API (--fp8-stats-source te-debug)
     try:
@@ -114,8 +114,8 @@ def quantiles(xs: list[float]) -> dict:
 
 
 def _peak_tflops(gpu_name: str) -> float | None:
-    """The dense BF16 peak the trainer divided by for MFU (fp8lab.metrics' table)."""
-    from fp8lab.metrics import peak_bf16_flops
+    """The dense BF16 peak the trainer divided by for MFU (fp8lab.records.metrics' table)."""
+    from fp8lab.records.metrics import peak_bf16_flops
 
     peak = peak_bf16_flops(gpu_name)
     return peak / 1e12 if peak else None
@@ -181,7 +181,7 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
 def collect_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path, cmd: list[str],
                     t0: float) -> dict:
     """The run record, downsampled steps and summary of a finished run of ``cmd`` (variant_command's)."""
-    from fp8lab import metrics as fmetrics
+    from fp8lab.records import metrics as fmetrics
 
     label, nproc = model_label(model), getattr(args, "nproc", 1)
     run_id, out_dir, _ = variant_command(model, variant, flags, extra, args, work)
@@ -190,7 +190,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         shown = shown.replace(str(Path(model).parent), "<models>")
     if args.data:  # machine paths stay out of result files
         shown = shown.replace(str(args.data), "<data>")
-    recs = fmetrics.read_metrics(out_dir / "metrics.jsonl")  # the step records (not fp8lab.fp8stats')
+    recs = fmetrics.read_metrics(out_dir / "metrics.jsonl")  # the step records (not fp8lab.fp8.stats')
     cfg = json.loads((out_dir / "config.json").read_text())
     timed = [r for r in recs if r["step"] > args.warmup and r.get("loss") is not None and not r.get("profiled")]
     tps = quantiles([r["tokens_per_sec_per_gpu"] for r in timed])
@@ -212,7 +212,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "warmup_lr_steps": int(_arg_value(cmd, "--warmup-steps", "0")),
         "fuse": None if backend == "none" else _arg_value(flags, "--fuse", "True") == "True",
         "compile": _arg_value(flags, "--compile", "False") == "True",
-        "activation_checkpointing": bool(cfg.get("activation_checkpointing")),  # as the run resolved it (auto: fp8lab.layout)
+        "activation_checkpointing": bool(cfg.get("activation_checkpointing")),  # as the run resolved it (auto: fp8lab.plan.layout)
         "fp8_attention": (cfg.get("plan") or {}).get("fp8_attention"),
         "fp8_attention_reason": ((cfg.get("plan") or {}).get("reasons") or {}).get("fp8_attention"),
         "nvte_fp8_dpa_bwd": (cfg.get("plan") or {}).get("NVTE_FP8_DPA_BWD"),
@@ -243,7 +243,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
     if overrides:  # --model-override: another shape than the named model's; named for what it is
         run.update(model=getattr(args, "model_label", "") or f"{label}-override", base_model=label, model_overrides=overrides)
     if args.data and (Path(args.data) / "manifest.json").is_file():  # the corpus it read, and how much of it
-        from fp8lab.data import corpus_record
+        from fp8lab.data.tokens import corpus_record
 
         run["corpus"] = corpus_record(args.data)
         run["epochs"] = recs[-1]["tokens"] / run["corpus"]["train_tokens"]
@@ -280,7 +280,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
 def prepare_once(args, work: Path) -> None:
     """Tokenize the shipped corpus once for every variant (same tokens, same order, no repeated work)."""
     if args.data is None:
-        from fp8lab.data import prepare_data
+        from fp8lab.data.tokens import prepare_data
 
         target = work / "data-32k"
         prepare_data(None, target, None, vocab_size=512 if args.cpu_smoke else 32000)
@@ -289,7 +289,7 @@ def prepare_once(args, work: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="llama-1b", help="comma list of fp8lab.models names or model folders")
+    p.add_argument("--models", default="llama-1b", help="comma list of fp8lab.model.models names or model folders")
     p.add_argument("--variants", default="all", help="'all' or a comma list of: " + ", ".join(VARIANTS))
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=15, help="steps left out of the statistics")

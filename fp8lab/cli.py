@@ -13,10 +13,10 @@ import sys
 COMMANDS = {
     "env": ("fp8lab.env", "main", "what this machine can do for FP8 (GPU, TE, torchao, backends)"),
     "notebooks": ("fp8lab.notebooks", "main", "execute the tutorial notebooks with papermill"),
-    "prepare-data": ("fp8lab.data", "main", "tokenize text into token shards + manifest (a SageMaker train channel)"),
-    "train": ("fp8lab.train", "main", "train a model in BF16 or FP8 (CPU, GPUs, torchrun, SageMaker)"),
+    "prepare-data": ("fp8lab.data.tokens", "main", "tokenize text into token shards + manifest (a SageMaker train channel)"),
+    "train": ("fp8lab.train.entry", "main", "train a model in BF16 or FP8 (CPU, GPUs, torchrun, SageMaker)"),
     "launch": ("fp8lab.launch", "main", "plan / launch BF16 vs FP8 sweeps as SageMaker jobs"),
-    "report": ("fp8lab.report", "main", "turn runs into one self-contained HTML report"),
+    "report": ("fp8lab.views.report", "main", "turn runs into one self-contained HTML report"),
 }
 
 

@@ -13,7 +13,7 @@ import platform
 import sys
 from dataclasses import asdict, dataclass, field
 
-from fp8lab.pins import install_hint
+from fp8lab.core.pins import install_hint
 
 
 
@@ -109,7 +109,7 @@ def report() -> EnvReport:
             gpu_name = torch.cuda.get_device_name(0)
             major, minor = torch.cuda.get_device_capability(0)
             cc = f"{major}.{minor}"
-            from fp8lab.backends import fp8_gpu_problem  # one rule for every backend and this report
+            from fp8lab.fp8.backends import fp8_gpu_problem  # one rule for every backend and this report
 
             fp8_reason = fp8_gpu_problem()
             fp8 = fp8_reason is None
@@ -122,14 +122,14 @@ def report() -> EnvReport:
     hf_version, _ = _version("transformers")
     backends: dict[str, str | None]
     try:
-        from fp8lab.convert import available_backends
+        from fp8lab.fp8.convert import available_backends
 
         backends = dict(available_backends())
         auto, refusal = _auto_choice()
     except Exception as exc:  # the conversion layer itself failed to import
         backends = {"emulated": None if torch_version else "needs torch",
-                    "te": f"fp8lab.convert failed to import: {exc}", "torchao": f"fp8lab.convert failed to import: {exc}"}
-        auto, refusal = None, f"fp8lab.convert failed to import: {exc}"
+                    "te": f"fp8lab.fp8.convert failed to import: {exc}", "torchao": f"fp8lab.fp8.convert failed to import: {exc}"}
+        auto, refusal = None, f"fp8lab.fp8.convert failed to import: {exc}"
     stats_source, stats_reason = _fp8_stats_choice(auto)
     return EnvReport(
         python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}",
@@ -143,7 +143,7 @@ def report() -> EnvReport:
 
 def _auto_choice() -> tuple[str | None, str | None]:
     """(backend 'auto' picks, None) or (None, why it refuses), from the one selection function."""
-    from fp8lab.convert import BackendUnavailableError, pick_backend
+    from fp8lab.fp8.convert import BackendUnavailableError, pick_backend
 
     try:
         return pick_backend("auto"), None
@@ -152,13 +152,13 @@ def _auto_choice() -> tuple[str | None, str | None]:
 
 
 def _fp8_stats_choice(backend: str | None) -> tuple[str | None, str | None]:
-    """(source, why) that the plan's one rule (fp8lab.plan.fp8_stats_source) picks for a one-process FP8 run on
+    """(source, why) that the plan's one rule (fp8lab.plan.runplan.fp8_stats_source) picks for a one-process FP8 run on
     ``backend`` with every option at its default; (None, why) when that cannot be said."""
     if backend is None:
         return None, "no FP8 backend 'auto' runs here"
     try:
-        from fp8lab.config import TrainConfig
-        from fp8lab.plan import fp8_stats_source
+        from fp8lab.plan.config import TrainConfig
+        from fp8lab.plan.runplan import fp8_stats_source
 
         return fp8_stats_source(TrainConfig(precision="fp8"), backend, 1)
     except Exception as exc:  # never crash the report

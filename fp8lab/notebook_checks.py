@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any, Callable
 
-from fp8lab.validate import is_int, is_num
+from fp8lab.core.validate import is_int, is_num
 
 
 def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
@@ -34,11 +34,11 @@ def check_notebook_values(name: str, declared: dict[str, Any], comments: dict[st
 
 def _train_pair_check(values: dict[str, Any]) -> None:
     """A notebook running ``trainpair.run_pair``: every run it would start passes the trainer's own checks
-    (fp8lab.train.TrainConfig)."""
+    (fp8lab.train.entry.TrainConfig)."""
     import dataclasses
 
-    from fp8lab.options import FP8_BACKENDS
-    from fp8lab.config import TrainConfig
+    from fp8lab.plan.options import FP8_BACKENDS
+    from fp8lab.plan.config import TrainConfig
 
     backends = values.get("backends")
     choices = ("auto", *FP8_BACKENDS)

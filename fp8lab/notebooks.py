@@ -173,7 +173,7 @@ def _shareable_metadata(executed: Path, source: Path) -> None:
     unless it lies inside the notebook's working folder."""
     import nbformat
 
-    from fp8lab.paths import REPO_ROOT, shareable_path
+    from fp8lab.core.paths import REPO_ROOT, shareable_path
 
     if not executed.is_file():
         return
@@ -269,7 +269,7 @@ def run(
             )
     for p in paths:
         check_values(p, {k: v for k, v in params.items() if k in declared[p]}, declared[p])
-    from fp8lab.probes import check_writable_dir
+    from fp8lab.core.probes import check_writable_dir
 
     out = check_writable_dir("--output-dir", output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -338,7 +338,7 @@ def summary(results: list[NotebookResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fp8lab.validate import OneLineParser
+    from fp8lab.core.validate import OneLineParser
 
     parser = OneLineParser(prog="fp8lab notebooks", description="Execute tutorial notebooks with papermill.")
     sub = parser.add_subparsers(dest="action", required=True)

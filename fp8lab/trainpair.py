@@ -8,7 +8,7 @@ The experiment the project reproduces, in one call (notebook 03 is a thin page o
     pair_figure(pair)                                      # loss curves | throughput, side by side
 
 Both runs share the seed, so they start from the same weights and read the same batches in the
-same order (``fp8lab.data.TokenLoader``); the BF16 baseline runs on the *same converted layers*
+same order (``fp8lab.data.tokens.TokenLoader``); the BF16 baseline runs on the *same converted layers*
 with FP8 switched off (TE BF16 vs TE FP8, as the source blog compares). On a CPU the FP8 run is
 an emulation: its loss is meaningful, its speed is not.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from fp8lab import data as fdata
-from fp8lab import metrics as fmetrics
+from fp8lab.data import tokens as fdata
+from fp8lab.records import metrics as fmetrics
 
 CPU_NOTE = ("CPU run: FP8 is emulated in PyTorch (fake quantisation), so only the loss comparison is "
             "meaningful; tokens/s and MFU here say nothing about FP8 speed (that needs an H100/H200 with TE).")
@@ -36,7 +36,7 @@ class PairResult:
     device: str  # 'cpu' or the GPU name
     note: str  # what the numbers mean on this device
     losses: dict[str, list[float | None]] = field(default_factory=dict)  # label -> loss per step
-    layouts: Any = None  # pandas DataFrame: the layout each run got (fp8lab.layout), one row per run
+    layouts: Any = None  # pandas DataFrame: the layout each run got (fp8lab.plan.layout), one row per run
 
     @property
     def trained(self) -> bool:
@@ -51,15 +51,15 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
              output_dir: str | Path = "runs", dry_run: bool = False, **options: Any) -> PairResult:
     """One BF16 run and one FP8 run per backend, same seed and data; ``options`` go to TrainConfig.
 
-    Layout options left out (or "auto") are chosen by ``fp8lab.layout`` for this machine, the same
+    Layout options left out (or "auto") are chosen by ``fp8lab.plan.layout`` for this machine, the same
     for both runs, as ``fp8lab train`` does. ``dry_run``: resolve and return the layouts, train nothing.
     ``lr="auto"``: 2e-3 for models under 50M parameters, else the trainer's default ``--lr``."""
     import pandas as pd
 
     from fp8lab.analysis.labels import math_dtype
-    from fp8lab.convert import pick_backend
-    from fp8lab.models import count_parameters, get_config
-    from fp8lab.train import TrainConfig, train
+    from fp8lab.fp8.convert import pick_backend
+    from fp8lab.model.models import count_parameters, get_config
+    from fp8lab.train.entry import TrainConfig, train
 
     if isinstance(backends, str) or not backends:
         raise ValueError(f"backends must be a non-empty list such as ['auto'] or ['te', 'torchao'], got {backends!r}")

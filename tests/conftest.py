@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """The shipped corpus tokenized with the 512-token tokenizer (one copy per test module)."""
-    from fp8lab import data as fdata
+    from fp8lab.data import tokens as fdata
 
     out = tmp_path_factory.mktemp("tokens")
     fdata.prepare_data(None, out, None, vocab_size=512)
@@ -74,8 +74,8 @@ def prepared(tmp_path_factory):
 
 @pytest.fixture
 def capture_trained(monkeypatch):
-    """The converted model as it finished training (what fp8lab.export.save_hf_model exported), by key "inner"."""
-    from fp8lab import export as fexport
+    """The converted model as it finished training (what fp8lab.train.export.save_hf_model exported), by key "inner"."""
+    from fp8lab.train import export as fexport
 
     seen = {}
     real = fexport.save_hf_model

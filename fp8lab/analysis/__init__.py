@@ -6,8 +6,8 @@ and result files under ``data/results/`` (format: ``data/results/README.md``). F
 per-run summaries (steady-state throughput, MFU, memory, loss), BF16-vs-FP8 comparisons per model
 and scale, time and cost to train a token budget, and a verdict written from those numbers.
 
-Figures live in :mod:`fp8lab.plots`; the HTML report and its command (``fp8lab report``) in
-:mod:`fp8lab.report`, which builds on this package (nothing here reaches up to either).
+Figures live in :mod:`fp8lab.views.plots`; the HTML report and its command (``fp8lab report``) in
+:mod:`fp8lab.views.report`, which builds on this package (nothing here reaches up to either).
 
 The package, one idea a module (each re-exported here, so ``from fp8lab.analysis import X`` works):
 
@@ -39,5 +39,5 @@ from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PE
 from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
 from fp8lab.analysis.parity import parity_curves  # noqa: F401
 from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer, cost_table  # noqa: F401
-from fp8lab.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
+from fp8lab.core.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 

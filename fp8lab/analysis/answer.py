@@ -3,7 +3,7 @@ speedup, MFU, the loss gap and the study it comes from, and the time and cost of
 
 Every view renders this one object: the README's results block and ``docs/results.md``
 (``fp8lab report --docs``), the HTML report, notebook 05's headline, verdict and cost chart. The
-time and cost come from the estimate that plans P5 jobs (:class:`fp8lab.estimates.MeasuredEstimate`,
+time and cost come from the estimate that plans P5 jobs (:class:`fp8lab.analysis.estimates.MeasuredEstimate`,
 what ``fp8lab launch plan`` and notebook 04 print), resting on the chosen runs: one formula.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Answer:
            price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
            instance_type: str = ANSWER_INSTANCE) -> "Answer":
         """The answer of a per-run summary (:func:`summarize_runs`); costs on one ``instance_type``."""
-        from fp8lab.estimates import MeasuredEstimate  # estimates builds on analysis, not the other way round
+        from fp8lab.analysis.estimates import MeasuredEstimate  # estimates builds on analysis, not the other way round
 
         check_cost_args(tokens, price_per_instance_hour, DEFAULT_GPUS_PER_INSTANCE)
         comparison = compare_precisions(summary) if comparison is None else comparison
@@ -69,8 +69,8 @@ class Answer:
 
     def costs(self) -> pd.DataFrame:
         """The time and cost of the budget per model and precision, in the columns of
-        :func:`cost_table` (so :func:`fp8lab.plots.cost_figure` draws it)."""
-        from fp8lab.hardware import INSTANCES
+        :func:`cost_table` (so :func:`fp8lab.views.plots.cost_figure` draws it)."""
+        from fp8lab.core.hardware import INSTANCES
 
         gpus = INSTANCES[self.instance_type].gpus
         out = []
@@ -90,8 +90,8 @@ class Answer:
 
     def at_scale(self, model: str, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> pd.DataFrame:
         """Issue 32: the budget on several instances, BF16 / FP8 / FP8 all-gather, resting on this answer's
-        runs (``fp8lab.scaling.instance_table``; its one-instance hours are this answer's)."""
-        from fp8lab.scaling import instance_table
+        runs (``fp8lab.analysis.scaling.instance_table``; its one-instance hours are this answer's)."""
+        from fp8lab.analysis.scaling import instance_table
 
         row = self.rows.set_index("model").loc[model]
         runs = {p: row[f"{p}_run"] for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}
@@ -115,7 +115,7 @@ class Answer:
 
 def _unpriced_shape(model: str) -> str | None:
     """Why the plan prices no job of ``model`` (None: it does): P5 plans price fp8lab's named shapes."""
-    from fp8lab.models import MODEL_CONFIGS
+    from fp8lab.model.models import MODEL_CONFIGS
 
     if model in MODEL_CONFIGS:
         return None
@@ -175,7 +175,7 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     ``projected``: the run used fewer GPUs than the instance priced. ``estimate``: the MeasuredEstimate of
     ``summary`` where the caller has one (an Answer's), so it is not calibrated again."""
     check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
-    from fp8lab.estimates import MeasuredEstimate
+    from fp8lab.analysis.estimates import MeasuredEstimate
 
     est = estimate if estimate is not None else MeasuredEstimate.of_summary(summary)
     rows = []

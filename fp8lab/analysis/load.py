@@ -17,9 +17,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from fp8lab.fp8stats import RECORD as FP8_STATS_RECORD
+from fp8lab.fp8.stats import RECORD as FP8_STATS_RECORD
 from fp8lab.analysis.labels import layout_label, model_size_b, variant_label
-from fp8lab.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
+from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 
 # Run metadata carried on every row of the tidy table.
 META_COLUMNS = [
@@ -45,7 +45,7 @@ METRIC_COLUMNS = [
 ]
 COLUMNS = META_COLUMNS + ["record"] + METRIC_COLUMNS
 RECORD_TYPES = ("run", "step", "summary")
-OTHER_RECORDS = (FP8_STATS_RECORD,)  # records beside the steps (fp8lab.fp8stats): not rows of the run table
+OTHER_RECORDS = (FP8_STATS_RECORD,)  # records beside the steps (fp8lab.fp8.stats): not rows of the run table
 
 # Other spellings of the metadata keys, as trainers, launchers and benchmarks write them.
 _ALIASES = {
@@ -329,7 +329,7 @@ def _load_result_file(path: Path) -> pd.DataFrame:
             steps.append((lineno, rec))
         elif kind == "summary":
             summaries.append((lineno, rec))
-        elif kind in OTHER_RECORDS:  # read by their own readers (fp8lab.fp8stats.table)
+        elif kind in OTHER_RECORDS:  # read by their own readers (fp8lab.fp8.stats.table)
             continue
         else:
             raise RunFileError(f"{path}: line {lineno} has record={kind!r}; allowed after line 1: 'step', 'summary'")

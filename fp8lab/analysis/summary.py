@@ -14,7 +14,7 @@ import pandas as pd
 
 from fp8lab.analysis.labels import group_key, is_false, is_fp8, is_hardware_fp8, layout_label, model_size_b, variant_label
 from fp8lab.analysis.load import META_COLUMNS
-from fp8lab.hardware import DEFAULT_PRICES_USD_PER_HOUR, INSTANCES
+from fp8lab.core.hardware import DEFAULT_PRICES_USD_PER_HOUR, INSTANCES
 
 SMOOTHING_METHODS = ("ema", "window", "none")
 # The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.
@@ -24,7 +24,7 @@ SCALE_KEYS = ("model", "gpu_name", "instances", "world_size", "parallel")
 LAYOUT_KEYS = ("study", "micro_batch_size", "grad_accum", "seq_len")
 
 # Price used for time-and-cost estimates unless one is passed: the launcher's assumption, held in
-# fp8lab.hardware (one place for it): the SageMaker AI on-demand training price of one
+# fp8lab.core.hardware (one place for it): the SageMaker AI on-demand training price of one
 # ml.p5.48xlarge (8x H100) in us-east-1, USD per instance-hour, as listed around the source blog's
 # date (2024-11). Not a quote: prices differ by region and changed since (AWS cut P5 prices in
 # 2025). Pass your own.

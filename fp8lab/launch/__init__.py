@@ -35,10 +35,10 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.launch i
 """
 from __future__ import annotations
 
-# facts about instances, prices and placeholders live in fp8lab.hardware; their old names import from here too
-from fp8lab.hardware import (DEFAULT_PRICES_USD_PER_HOUR, INSTANCES, PLACEHOLDER_BUCKET,  # noqa: F401
+# facts about instances, prices and placeholders live in fp8lab.core.hardware; their old names import from here too
+from fp8lab.core.hardware import (DEFAULT_PRICES_USD_PER_HOUR, INSTANCES, PLACEHOLDER_BUCKET,  # noqa: F401
                              PLACEHOLDER_ROLE, PRICE_SOURCE, InstanceInfo, price_for)
-from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH  # noqa: F401
+from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH  # noqa: F401
 from fp8lab.launch.aws import (TERMINAL, THROTTLE_CODES, TrainingJobFailed, call_with_backoff,  # noqa: F401
                                collect, find_existing, launch, wait)
 from fp8lab.launch.cli import main  # noqa: F401

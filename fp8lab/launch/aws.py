@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from fp8lab.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
-from fp8lab.metrics import LINE_PREFIX
+from fp8lab.core.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
+from fp8lab.records.metrics import LINE_PREFIX
 from fp8lab.launch.metric_line import parse_metric_line
 from fp8lab.launch.plan import SweepPlan, as_plan, format_cost_table
 from fp8lab.launch.redaction import redact, redacted_sdk_logs

@@ -1,5 +1,5 @@
 """``Estimate``: a job's time and cost from model FLOPs at an assumed MFU (a planning number, not a
-measurement). Plans use ``fp8lab.estimates.MeasuredEstimate`` (measured throughput), which falls back to it."""
+measurement). Plans use ``fp8lab.analysis.estimates.MeasuredEstimate`` (measured throughput), which falls back to it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +26,7 @@ class Estimate:
             raise ValueError(f"startup_s={self.startup_s!r} must be >= 0")
 
     def seconds(self, spec: JobSpec) -> float:
-        from fp8lab.models import model_flops_per_token
+        from fp8lab.model.models import model_flops_per_token
 
         flops = model_flops_per_token(spec.model_cfg, spec.layout.seq_len) * spec.total_tokens
         rate = spec.world_size * spec.info.bf16_tflops * 1e12 * self.assumed_mfu

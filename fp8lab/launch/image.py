@@ -6,13 +6,13 @@ the SDK's own table (``requests.training_image``). Which TE each image ships is 
 image's Dockerfile in github.com/aws/deep-learning-containers: ``ARG TE_VERSION``, installed with
 ``pip install git+https://github.com/NVIDIA/TransformerEngine.git@release_v${TE_VERSION}``.
 
-fp8lab needs TE >= 2.9 (``fp8lab.pins.MIN_TE``: ``te.autocast``). A job whose backend is ``te`` on
+fp8lab needs TE >= 2.9 (``fp8lab.core.pins.MIN_TE``: ``te.autocast``). A job whose backend is ``te`` on
 an image with an older TE, or one this table does not know, installs the pinned TE of
 ``fp8lab/constraints-gpu.txt`` from its requirements, as ``JobSpec(install_te=True)`` always does.
 """
 from __future__ import annotations
 
-from fp8lab.pins import MIN_TE, pins, requirement, te_supported
+from fp8lab.core.pins import MIN_TE, pins, requirement, te_supported
 
 # framework_version -> (TE version in the image, where that is stated in aws/deep-learning-containers)
 IMAGE_TE: dict[str, tuple[str, str]] = {

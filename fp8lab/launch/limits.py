@@ -62,7 +62,7 @@ def s3_uri_problem(uri: Any, *, need_key: bool = False) -> str | None:
 
 
 def volume_problem(gb: Any) -> str | None:
-    from fp8lab.validate import is_count
+    from fp8lab.core.validate import is_count
 
     return None if is_count(gb) and gb <= MAX_VOLUME_GB else f"an integer in 1..{MAX_VOLUME_GB} (GB; EBS gp2's largest volume)"
 

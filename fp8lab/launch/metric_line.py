@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from fp8lab.metrics import LINE_PREFIX  # the trainer writes the line
+from fp8lab.records.metrics import LINE_PREFIX  # the trainer writes the line
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 # SageMaker reads these from the job's log stream. The leading space keeps " loss=" from

@@ -1,7 +1,7 @@
 """Plans: a sweep's jobs (``plan_sweep``) with their names, time limits, time and cost estimates.
 
 ``Estimate`` is the planning assumption (model FLOPs at an assumed MFU); plans use
-``fp8lab.estimates.MeasuredEstimate`` (measured throughput) by default. ``format_cost_table``
+``fp8lab.analysis.estimates.MeasuredEstimate`` (measured throughput) by default. ``format_cost_table``
 is the plan as text.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fp8lab.hardware import price_for
+from fp8lab.core.hardware import price_for
 from fp8lab.launch.estimate import Estimate
 from fp8lab.launch.limits import runtime_problem
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
@@ -20,8 +20,8 @@ from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
 
 def default_estimate() -> Estimate:
     """The estimate plans use unless given one: measured throughput from data/results/ where it exists
-    (:class:`fp8lab.estimates.MeasuredEstimate`), this MFU assumption elsewhere."""
-    from fp8lab.estimates import MeasuredEstimate
+    (:class:`fp8lab.analysis.estimates.MeasuredEstimate`), this MFU assumption elsewhere."""
+    from fp8lab.analysis.estimates import MeasuredEstimate
 
     return MeasuredEstimate()
 
@@ -64,7 +64,7 @@ class SweepPlan:
             "job": j.name, "model": j.spec.model_label, "precision": j.spec.precision,
             "instances": j.spec.instance_count, "gpus": j.spec.world_size,
             "tokens": j.spec.total_tokens,
-            # the layout the trainer will run (fp8lab.layout for the instance's GPU), with its memory estimate
+            # the layout the trainer will run (fp8lab.plan.layout for the instance's GPU), with its memory estimate
             "layout": f"{j.spec.layout.micro_batch_size} x {j.spec.layout.seq_len} x {j.spec.layout.grad_accum}",
             "mem_est_gib": round(j.spec.layout.memory.peak, 1),
             "max_run_h": round(j.spec.max_run_s / 3600, 2), "est_hours": round(j.est_hours, 2), "gpu_hours": round(j.gpu_hours, 1),
@@ -177,8 +177,8 @@ def format_cost_table(plan: SweepPlan) -> str:
 
 
 def _scaling_section(plan: SweepPlan) -> str:
-    """Issue 32: the scaling model's per-instance-count BF16 / FP8 / FP8 all-gather lines (fp8lab.scaling)."""
-    from fp8lab.scaling import plan_lines
+    """Issue 32: the scaling model's per-instance-count BF16 / FP8 / FP8 all-gather lines (fp8lab.analysis.scaling)."""
+    from fp8lab.analysis.scaling import plan_lines
 
     lines = plan_lines(plan)
     return "\n" + lines if lines else ""

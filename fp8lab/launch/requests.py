@@ -12,14 +12,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from fp8lab.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
+from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
 from fp8lab.launch.image import TE_BUILD_ENV, installs_te, job_requirements
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS
 from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
-from fp8lab.plan import PLANNED_ENV
+from fp8lab.plan.runplan import PLANNED_ENV
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
-from fp8lab.pins import requirement
+from fp8lab.core.pins import requirement
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine, pinned by fp8lab/constraints-gpu.txt, where the job
@@ -50,13 +50,13 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
 
 def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None) -> Path:
     """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, the result files
-    the plan's ``auto`` decisions read (``fp8lab.plan.decision_results``), requirements.txt.
+    the plan's ``auto`` decisions read (``fp8lab.plan.runplan.decision_results``), requirements.txt.
 
-    In the job ``fp8lab.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
+    In the job ``fp8lab.core.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
     without a ``data_s3_uri`` the trainer reads the shipped corpus, as on a laptop.
     """
-    from fp8lab.paths import DATA_DIR, REPO_ROOT
-    from fp8lab.plan import decision_results
+    from fp8lab.core.paths import DATA_DIR, REPO_ROOT
+    from fp8lab.plan.runplan import decision_results
 
     pkg = Path(__file__).resolve().parents[1]  # the fp8lab package
     dest = Path(dest)
@@ -96,14 +96,14 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         sagemaker_session=session, role=spec.role, base_job_name=job_name(spec),
         input_s3_key_prefix=f"{spec.prefix}/{spec.study}/code",
         training_image=training_image(spec),
-        source_code=SourceCode(source_dir=str(source_dir), entry_script="fp8lab/sm_entry.py",
+        source_code=SourceCode(source_dir=str(source_dir), entry_script="fp8lab/train/sm_entry.py",
                                requirements="requirements.txt"),
         distributed=Torchrun(process_count_per_node=spec.info.gpus),
         compute=compute, stopping_condition=stopping,
         output_data_config=OutputDataConfig(s3_output_path=paths["output"], compression_type="GZIP"),
         checkpoint_config=CheckpointConfig(s3_uri=paths["checkpoints"], local_path=CHECKPOINT_LOCAL_PATH),
         hyperparameters=hyperparameters(spec),
-        # the plan made here: the trainer re-plans on the instance and refuses a different plan (fp8lab.sm_entry);
+        # the plan made here: the trainer re-plans on the instance and refuses a different plan (fp8lab.train.sm_entry);
         # otherwise the same for BF16 and FP8 jobs (only the precision hyperparameter differs)
         environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false",
                      PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True),

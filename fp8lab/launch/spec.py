@@ -2,7 +2,7 @@
 
 A spec is the trainer's options (``TrainConfig``'s fields, with ``TrainConfig``'s defaults except
 those in ``JOB_DEFAULTS``) plus where and how the job runs (instance, S3, limits). It is checked
-field by field, then planned like the trainer plans a run (``fp8lab.plan.plan_run``) for the
+field by field, then planned like the trainer plans a run (``fp8lab.plan.runplan.plan_run``) for the
 instance's GPU at 8 x instance_count ranks: ``spec.plan`` is that ``RunPlan``. Nothing planned is
 written back into the spec, so ``dataclasses.replace(spec, model="llama-7b")`` plans the 7B job
 afresh. Here too: the option vocabularies and limits a spec is checked against, the deterministic
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fp8lab.launch import limits
-from fp8lab.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
-from fp8lab.layout import AUTO_FIELDS
-from fp8lab.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
-from fp8lab.config import TrainConfig
-from fp8lab.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
+from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
+from fp8lab.plan.layout import AUTO_FIELDS
+from fp8lab.plan.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
+from fp8lab.plan.config import TrainConfig
+from fp8lab.core.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
 
 # ----------------------------------------------------------------------------------------------
 # Option vocabularies and limits
@@ -60,7 +60,7 @@ def _default(name: str) -> Any:
 
 
 def _model_names() -> list[str]:
-    from fp8lab.models import MODEL_CONFIGS
+    from fp8lab.model.models import MODEL_CONFIGS
 
     return list(MODEL_CONFIGS)
 
@@ -101,24 +101,24 @@ class JobSpec:
     Validated on construction, so a bad sweep fails before any upload or cloud call.
     """
 
-    model: str  # a name in fp8lab.models.MODEL_CONFIGS, a local model folder (config.json + optional *.safetensors) or s3://... of one
+    model: str  # a name in fp8lab.model.models.MODEL_CONFIGS, a local model folder (config.json + optional *.safetensors) or s3://... of one
     precision: str = "bf16"  # "bf16" or "fp8"
     role: str = ""  # SageMaker execution role ARN (required)
     bucket: str = ""  # S3 bucket for code, outputs and checkpoints (required)
     backend: str = _default("backend")  # auto: TE (FP8 on, or off for BF16: both run the same layers); or te | torchao
-    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.recipe kinds; auto: the backend's); mxfp8 needs Blackwell
+    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.fp8.recipe kinds; auto: the backend's); mxfp8 needs Blackwell
     instance_type: str = "ml.p5.48xlarge"
     instance_count: int = 1
     tokens: int | None = _default("tokens")  # training tokens over all GPUs; exactly one of tokens / steps
     steps: int | None = _default("steps")
-    micro_batch_size: int | str = _default("micro_batch_size")  # auto: fp8lab.layout for the instance's GPU (spec.plan)
-    grad_accum: int | str = _default("grad_accum")  # auto: fp8lab.layout's tokens-per-step target
-    seq_len: int | str = _default("seq_len")  # auto: 2048; a named Llama shape trains longer from scratch (fp8lab.models.sequence_overrides)
+    micro_batch_size: int | str = _default("micro_batch_size")  # auto: fp8lab.plan.layout for the instance's GPU (spec.plan)
+    grad_accum: int | str = _default("grad_accum")  # auto: fp8lab.plan.layout's tokens-per-step target
+    seq_len: int | str = _default("seq_len")  # auto: 2048; a named Llama shape trains longer from scratch (fp8lab.model.models.sequence_overrides)
     lr: float = _default("lr")
     fuse: bool = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = _default("compile")  # torch.compile each block
     parallel: str = _default("parallel")  # ddp | fsdp (FSDP2; JOB_DEFAULTS)
-    activation_checkpointing: bool | str = _default("activation_checkpointing")  # auto: on where nothing fits without it (fp8lab.layout)
+    activation_checkpointing: bool | str = _default("activation_checkpointing")  # auto: on where nothing fits without it (fp8lab.plan.layout)
     seed: int = _default("seed")
     checkpoint_every: int = _default("checkpoint_every")  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
     data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data
@@ -139,7 +139,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         bad = _bad
-        for name in ("tokens", "steps"):  # 1e9 is a count, as on the command line (fp8lab.validate.parse_count)
+        for name in ("tokens", "steps"):  # 1e9 is a count, as on the command line (fp8lab.core.validate.parse_count)
             object.__setattr__(self, name, whole_number(getattr(self, name)))
 
         self._check_model(bad)
@@ -151,7 +151,7 @@ class JobSpec:
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
-        from fp8lab.config import option_problem, recipe_problem  # trainer options: the trainer's own checks
+        from fp8lab.plan.config import option_problem, recipe_problem  # trainer options: the trainer's own checks
 
         for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
             if not one_of(choices)(getattr(self, name)):
@@ -242,7 +242,7 @@ class JobSpec:
         an s3:// prefix is mounted as it is) and the trainer runs ``--model /opt/ml/input/data/model``.
         For s3:// the plan cannot read the config, so ``model_config`` (the config.json contents, as a
         dict) is required: it is validated like a folder's and gives the FLOPs and memory estimates."""
-        from fp8lab import user_model
+        from fp8lab.model import user as user_model
 
         models = _model_names()
         allowed = ", ".join(models) + ", a local model folder (config.json + optional *.safetensors) or an s3:// URI of one"
@@ -288,19 +288,19 @@ class JobSpec:
     @functools.cached_property  # a frozen dataclass: written straight into __dict__
     def model_cfg(self):
         """fp8lab's ModelConfig of the job's model (named, folder or model_config), built once."""
-        from fp8lab.models import config_from_hf, get_config
-        from fp8lab import user_model
+        from fp8lab.model.models import config_from_hf, get_config
+        from fp8lab.model import user as user_model
 
         if self.model_config is not None:
             return config_from_hf(user_model.check_config_dict(self.model_config, "JobSpec.model_config"))
         return get_config(self.model)
 
     def _plan_with_trainer(self) -> None:
-        """Plan this job as the trainer plans a run (fp8lab.plan.plan_run), for the instance's GPU at
+        """Plan this job as the trainer plans a run (fp8lab.plan.runplan.plan_run), for the instance's GPU at
         8 x instance_count ranks; a job the trainer would refuse is refused here. The plan is kept
         (``spec.plan``); no field of the spec changes."""
-        from fp8lab.hardware import Machine
-        from fp8lab.plan import plan_run
+        from fp8lab.core.hardware import Machine
+        from fp8lab.plan.runplan import plan_run
 
         if not isinstance(self.options, dict):
             raise ValueError(f"JobSpec.options={self.options!r} is invalid; allowed: a dict of trainer options")
@@ -328,7 +328,7 @@ class JobSpec:
 
     @property
     def plan(self):
-        """The fp8lab.plan.RunPlan of this job on its instance: what the trainer will decide there."""
+        """The fp8lab.plan.runplan.RunPlan of this job on its instance: what the trainer will decide there."""
         return self._plan
 
     def with_time_limit(self, max_run_s: int) -> "JobSpec":
@@ -341,7 +341,7 @@ class JobSpec:
 
     @property
     def layout(self):
-        """The fp8lab.layout.Layout the job runs (memory estimate and reasons included)."""
+        """The fp8lab.plan.layout.Layout the job runs (memory estimate and reasons included)."""
         return self._plan.layout
 
     @property
@@ -364,14 +364,14 @@ class JobSpec:
         """The fields that define the experiment (not where it is stored or who pays), for the name hash.
 
         A local folder model counts by its config.json's hash and, when it has weights, a SHA-256 of
-        the weight files' bytes (fp8lab.model_checks.weights_digest), not by where it sits."""
+        the weight files' bytes (fp8lab.model.checks.weights_digest), not by where it sits."""
         skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
         out = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         out.update(_planned_options(self))  # what runs ("auto" as the plan resolved it), so equal jobs get equal names
         if self.model_config is None:
             out.pop("model_config")  # named models: the identity (and job names) as before
         if self.is_folder_model and not self.model.startswith("s3://"):
-            from fp8lab import user_model
+            from fp8lab.model import user as user_model
 
             out["model"] = user_model.identity(self.model)  # the config, not where the folder sits on this machine
             weights = user_model.weights_digest(self.model)  # and the weights: same config, other weights, other job

@@ -11,11 +11,11 @@ import copy
 import pytest
 import torch
 
-from fp8lab.backends import available_backends
-from fp8lab.convert import (
+from fp8lab.fp8.backends import available_backends
+from fp8lab.fp8.convert import (
     autocast, check_equivalence, compare_speed, convert_model, export_hf_state_dict, time_forward_backward,
 )
-from fp8lab.models import build_model
+from fp8lab.model.models import build_model
 
 pytestmark = pytest.mark.gpu
 
@@ -150,8 +150,8 @@ def test_te_with_fp32_master_weights_under_torch_autocast(name, fuse):
 def test_te_fused_rope_matches_the_plain_pytorch_rope(dtype):
     """The TE parts rotate Q and K with TE's fused kernel; it must be HF's rotate-half RoPE."""
     _need("te")
-    from fp8lab.backends._fused import TorchRope
-    from fp8lab.backends.te import TERope
+    from fp8lab.fp8.fused import TorchRope
+    from fp8lab.fp8.backends.te import TERope
 
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(2, 256, 4, 64, device="cuda", generator=g).to(dtype).requires_grad_()
@@ -170,7 +170,7 @@ def test_te_fused_rope_matches_the_plain_pytorch_rope(dtype):
 def test_te_fused_llama_forward_is_unchanged_by_the_fp8_weight_cache():
     """is_first_microbatch=True then False (cached FP8 weights) gives the same logits as no cache."""
     _need("te")
-    from fp8lab.recipe import Recipe
+    from fp8lab.fp8.recipe import Recipe
 
     model = convert_model(build_model("llama-tiny", device="cuda", dtype=torch.bfloat16), backend="te", fuse=True)
     assert model.supports_weight_cache

@@ -13,9 +13,9 @@ import json
 import pytest
 import torch
 
-from fp8lab.backends import available_backends
-from fp8lab.convert import autocast, check_equivalence, convert_model, export_hf_state_dict
-from fp8lab.paths import REPO_ROOT
+from fp8lab.fp8.backends import available_backends
+from fp8lab.fp8.convert import autocast, check_equivalence, convert_model, export_hf_state_dict
+from fp8lab.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.gpu
 

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from fp8lab.paths import REPO_ROOT
+from fp8lab.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.gpu
 
 
 def test_torchao_fp8_all_gather_on_a_one_rank_fsdp2_mesh():
-    from fp8lab.backends import get_backend
+    from fp8lab.fp8.backends import get_backend
 
     reason = get_backend("torchao").available()
     if reason:

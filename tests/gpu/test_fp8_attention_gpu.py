@@ -38,8 +38,8 @@ def test_fp8_attention_matches_bf16_attention_at_3b_widths(bwd, monkeypatch, gpu
     import transformer_engine
     import transformer_engine.pytorch as te
 
-    from fp8lab.backends.te import TEBackend
-    from fp8lab.recipe import Recipe
+    from fp8lab.fp8.backends.te import TEBackend
+    from fp8lab.fp8.recipe import Recipe
 
     monkeypatch.setenv("NVTE_FP8_DPA_BWD", bwd)
     torch.manual_seed(0)
@@ -80,10 +80,10 @@ def test_the_fused_model_runs_its_attention_in_fp8_under_the_plan_recipe():
 
     import torch
 
-    from fp8lab.backends.te import TEBackend
-    from fp8lab.convert import convert_model
-    from fp8lab.models import build_model
-    from fp8lab.recipe import Recipe
+    from fp8lab.fp8.backends.te import TEBackend
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.fp8.recipe import Recipe
 
     backend = TEBackend()
     x = torch.randint(0, 32000, (1, 4096), device="cuda")

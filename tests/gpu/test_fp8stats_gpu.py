@@ -7,9 +7,9 @@ import pytest
 from gpu_skips import te_or_skip as _te_or_skip
 import torch
 
-from fp8lab import fp8stats
-from fp8lab import metrics as fmetrics
-from fp8lab.train import TrainConfig, train
+from fp8lab.fp8 import stats as fp8stats
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train.entry import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=8, lr=2e-3, progress="off", print_metrics=False,
@@ -43,16 +43,16 @@ def test_te_fused_layers_record_every_operand(prepared, tmp_path, recipe):
 
 def test_te_outlier_weight_warns(prepared, tmp_path, capsys):
     _te_or_skip()
-    from fp8lab.convert import convert_model
-    from fp8lab.models import build_model
-    from fp8lab.recipe import Recipe
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.fp8.recipe import Recipe
 
     model = convert_model(build_model("llama-tiny", seed=0, device="cuda", dtype=torch.bfloat16), backend="te",
                           recipe="current")
     stats = fp8stats.attach(model, "te", 1)
     with torch.no_grad():
         model.blocks[1].mlp.fc1_weight[0, 0] = 1e4
-    from fp8lab.backends import get_backend
+    from fp8lab.fp8.backends import get_backend
 
     warned = []
     for step in range(1, 5):
@@ -70,7 +70,7 @@ def test_te_outlier_weight_warns(prepared, tmp_path, capsys):
 
 def _te_debug_or_skip():
     _te_or_skip()
-    from fp8lab.te_debug import unavailable
+    from fp8lab.fp8.te_debug import unavailable
 
     why = unavailable()
     if why:
@@ -115,11 +115,11 @@ def test_te_debug_reads_every_gemm_and_agrees_with_the_hooks(prepared, tmp_path,
 
 def test_te_debug_outlier_weight_warns(tmp_path):
     _te_debug_or_skip()
-    from fp8lab import te_debug
-    from fp8lab.backends import get_backend
-    from fp8lab.convert import convert_model
-    from fp8lab.models import build_model
-    from fp8lab.recipe import Recipe
+    from fp8lab.fp8 import te_debug
+    from fp8lab.fp8.backends import get_backend
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.fp8.recipe import Recipe
 
     recipe = Recipe.parse("current")
     session = te_debug.start(1, recipe, tmp_path / "te-debug")  # before the first TE module is built

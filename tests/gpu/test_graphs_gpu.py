@@ -11,8 +11,8 @@ import shutil
 import pytest
 from gpu_skips import te_or_skip as _te_or_skip
 
-from fp8lab import metrics as fmetrics
-from fp8lab.train import TrainConfig, train
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train.entry import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, lr=2e-3, progress="off", print_metrics=False,
@@ -101,13 +101,13 @@ def test_auto_turns_graphs_on_for_a_launch_bound_step(prepared, tmp_path):
 
 
 def test_streamed_master_step_equals_the_plain_step_on_the_gpu(monkeypatch):
-    """The step graphed runs use (fp8lab.master_weights, streamed): on CUDA, where clipping takes torch's
+    """The step graphed runs use (fp8lab.train.master_weights, streamed): on CUDA, where clipping takes torch's
     foreach norm kernels, chunked norms and updates are bit-identical to the plain step's."""
     import torch
 
-    from fp8lab import master_weights
-    from fp8lab.models import build_model
-    from fp8lab.optim import make_optimizer
+    from fp8lab.train import master_weights
+    from fp8lab.model.models import build_model
+    from fp8lab.train.optim import make_optimizer
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -137,9 +137,9 @@ def test_a_capture_leaves_the_rng_streams_as_they_were():
     _te_or_skip()
     import torch
 
-    from fp8lab import graphs
-    from fp8lab.convert import convert_model
-    from fp8lab.models import build_model
+    from fp8lab.plan import graphs
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
 
     model = convert_model(build_model("llama-tiny", device="cuda", seed=0), backend="te", fuse=True)
     model.to(torch.bfloat16).train()

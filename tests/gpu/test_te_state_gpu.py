@@ -1,5 +1,5 @@
 """Real Transformer Engine (skipped without a GPU): the fused model's DelayedScaling state goes through
-fp8lab.te_state on resume (amax histories and scales restored exactly), and a checkpoint whose extra
+fp8lab.train.te_state on resume (amax histories and scales restored exactly), and a checkpoint whose extra
 state was overwritten in place is refused before TE unpickles it, where TE itself would run it."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 from te_pickles import shell_payload, tamper_in_place
 
-from fp8lab import checkpoint as fckpt
-from fp8lab import te_state
-from fp8lab.backends import available_backends
-from fp8lab.convert import autocast, convert_model
-from fp8lab.distributed import DistEnv
-from fp8lab.models import build_model
+from fp8lab.train import checkpoint as fckpt
+from fp8lab.train import te_state
+from fp8lab.fp8.backends import available_backends
+from fp8lab.fp8.convert import autocast, convert_model
+from fp8lab.train.distributed import DistEnv
+from fp8lab.model.models import build_model
 
 pytestmark = pytest.mark.gpu
 OPT_IN = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"

@@ -10,9 +10,9 @@ import sys
 import pytest
 from gpu_skips import te_or_skip as _te_or_skip
 
-from fp8lab import metrics as fmetrics
-from fp8lab.paths import REPO_ROOT
-from fp8lab.train import TrainConfig, train
+from fp8lab.records import metrics as fmetrics
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.train.entry import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=8, lr=2e-3, progress="off", print_metrics=False,
@@ -141,7 +141,7 @@ def test_fused_wgrad_accumulation_trains_like_autograd_accumulation(prepared, tm
 
     base = dict(TINY, precision=precision, backend="te", recipe="current", param_dtype="bf16", steps=12, grad_accum=4,
                 micro_batch_size=2, checkpoint_every=-1, data=str(prepared), save_model=False,
-                cuda_graphs="off")  # graphs turn fused accumulation off (fp8lab.graphs): compare eager with eager
+                cuda_graphs="off")  # graphs turn fused accumulation off (fp8lab.plan.graphs): compare eager with eager
     on, off = tmp_path / "on", tmp_path / "off"
     train(TrainConfig(**base, output_dir=str(on)))
     train(TrainConfig(**base, fuse_wgrad_accumulation=False, output_dir=str(off)))

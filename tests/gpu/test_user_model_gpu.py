@@ -16,9 +16,9 @@ import pytest
 from gpu_skips import te_or_skip as _te_or_skip
 import torch
 
-from fp8lab import data as fdata
-from fp8lab import metrics as fmetrics
-from fp8lab.train import TrainConfig, train
+from fp8lab.data import tokens as fdata
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train.entry import TrainConfig, train
 
 pytestmark = pytest.mark.gpu
 
@@ -55,7 +55,7 @@ def _published(name: str):
     """A published config (data/reference/configs, issue 27) as its transformers config object."""
     from transformers import AutoConfig
 
-    from fp8lab.paths import REPO_ROOT
+    from fp8lab.core.paths import REPO_ROOT
 
     d = json.loads((REPO_ROOT / "data" / "reference" / "configs" / name / "config.json").read_text())
     return AutoConfig.for_model(d.pop("model_type"), **d)
@@ -94,7 +94,7 @@ def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path,
     assert rec["model_source"]["params_built"] == rec["model_source"]["params_from_config"]
 
     reloaded = AutoModelForCausalLM.from_pretrained(str(out / "model"), dtype=torch.bfloat16).cuda().eval()
-    from fp8lab.families import SUPPORTED
+    from fp8lab.model.families import SUPPORTED
 
     assert type(reloaded).__name__ == SUPPORTED[cfg.model_type].hf_class
     trained = seen["inner"].eval()

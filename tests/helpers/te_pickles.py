@@ -1,4 +1,4 @@
-"""Transformer Engine's pickled FP8 state for the tests of fp8lab.te_state: crafted pickles, a checkpoint
+"""Transformer Engine's pickled FP8 state for the tests of fp8lab.train.te_state: crafted pickles, a checkpoint
 tampered in place, and (for CPU tests, where TE is not installed) stand-ins for TE's recipe module and
 for a TE module that reads its extra state as TE 2.20 does (``pickle.loads``, behind TE's opt-in)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 # TE's recipe types under their module path, the fields they pickle (transformer_engine/common/recipe):
-# what fp8lab.te_state allowlists by module path and name.
+# what fp8lab.train.te_state allowlists by module path and name.
 RECIPE_STANDIN = '''
 from enum import Enum
 from typing import Callable, NamedTuple, Optional, Union

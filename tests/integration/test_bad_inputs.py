@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fp8lab import data as fdata
+from fp8lab.data import tokens as fdata
 from fp8lab import launch as L
-from fp8lab import metrics as fmetrics
-from fp8lab import notebooks, report
-from fp8lab import train as ftrain
-from fp8lab.train import TrainConfig, train
+from fp8lab.records import metrics as fmetrics
+from fp8lab import notebooks
+from fp8lab.views import report
+from fp8lab.train import entry as ftrain
+from fp8lab.train.entry import TrainConfig, train
 
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False,
             progress="off", print_metrics=False, save_model=False)
@@ -53,7 +54,7 @@ def _make_readonly(path: Path) -> bool:
 
 
 def _readonly(path: Path) -> bool:
-    from fp8lab.probes import _probe
+    from fp8lab.core.probes import _probe
 
     return _probe(path) is not None
 

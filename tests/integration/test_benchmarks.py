@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab.paths import REPO_ROOT
+from fp8lab.core.paths import REPO_ROOT
 
 BENCH = REPO_ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -63,7 +63,7 @@ def test_unknown_loss_variant_is_refused(tmp_path, capsys):
 
 
 def test_kernel_names_seen_on_the_h200_fall_into_the_right_categories():
-    from fp8lab.profiling import categorize
+    from fp8lab.train.profiling import categorize
 
     assert categorize("nvjet_sm90_qrtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT") == "fp8 gemm"
     assert categorize("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm (bf16/fp32)"

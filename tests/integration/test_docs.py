@@ -8,8 +8,9 @@ import struct
 import subprocess
 import sys
 
-from fp8lab import analysis, plots, report
-from fp8lab.paths import REPO_ROOT
+from fp8lab import analysis
+from fp8lab.views import plots, report
+from fp8lab.core.paths import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 

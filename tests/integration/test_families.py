@@ -13,9 +13,9 @@ import json
 import pytest
 import torch
 
-from fp8lab.convert import check_equivalence, convert_model, export_hf_state_dict
-from fp8lab.paths import REPO_ROOT
-from fp8lab.train import TrainConfig
+from fp8lab.fp8.convert import check_equivalence, convert_model, export_hf_state_dict
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.train.entry import TrainConfig
 
 REFERENCE = REPO_ROOT / "data" / "reference" / "configs"
 PUBLISHED = ["llama-3.2-1b", "llama-3.1-8b", "qwen2.5-1.5b", "mistral-7b-v0.3"]
@@ -95,7 +95,7 @@ def test_conversion_reproduces_the_hf_fp32_forward(variant, fuse):
 
 def test_the_fused_blocks_take_what_the_config_says():
     """Spec-level facts, each of which the forward comparison above would catch if wrong."""
-    from fp8lab.backends._fused import spec_from_hf
+    from fp8lab.fp8.fused import spec_from_hf
 
     s = spec_from_hf(hf_model(VARIANTS["qwen2-windows"]()))
     assert (s.qkv_bias, s.proj_bias, s.mlp_bias, s.tied) == (True, False, False, True)
@@ -122,7 +122,7 @@ def test_a_wrong_rope_or_window_would_be_seen():
 
 
 def test_longrope_switches_tables_past_the_original_length():
-    from fp8lab.backends._fused import hf_rope
+    from fp8lab.fp8.fused import hf_rope
 
     r = hf_rope(hf_model(VARIANTS["llama-longrope"]()).config)
     assert not torch.equal(r.inv_freq(ORIGINAL_MAX), r.inv_freq(ORIGINAL_MAX + 1))
@@ -141,7 +141,7 @@ def save(path, d: dict, weights: bool = True, **save_kw):
 
 
 def test_a_sharded_folder_loads_with_its_weights(tmp_path):
-    from fp8lab.models import build_model
+    from fp8lab.model.models import build_model
 
     d = VARIANTS["qwen2.5-1.5b"]()
     src = save(tmp_path / "sharded", d, max_shard_size="100KB")
@@ -161,13 +161,13 @@ def _one_line(exc) -> str:
 def test_config_and_weights_that_disagree_are_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from fp8lab.models import build_model
+    from fp8lab.model.models import build_model
 
     d = VARIANTS["llama-3.2-1b"]()
     src = save(tmp_path / "shape", d)
     (src / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()),
                                                  "intermediate_size": 256}))
-    # the folder's own checks (fp8lab.model_checks), when it is first read: before anything is built
+    # the folder's own checks (fp8lab.model.checks), when it is first read: before anything is built
     with pytest.raises(ValueError, match=r"weights tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[128, 64\] "
                                          r"but config.json gives \[256, 64\]") as e:
         build_model(str(src))
@@ -201,7 +201,7 @@ def test_custom_code_is_refused_and_never_run(tmp_path):
                                          r"fp8lab never runs a folder's code") as e:
         TrainConfig(model=str(src), precision="fp8", backend="emulated")
     _one_line(e)
-    from fp8lab.models import build_model
+    from fp8lab.model.models import build_model
 
     with pytest.raises(ValueError, match="auto_map"):
         build_model(str(src))

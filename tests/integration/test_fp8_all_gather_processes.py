@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab.paths import REPO_ROOT
+from fp8lab.core.paths import REPO_ROOT
 from test_train_processes import ENV, common, run, torchrun
 
 pytestmark = pytest.mark.slow

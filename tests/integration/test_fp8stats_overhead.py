@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab import fp8stats
-from fp8lab.paths import REPO_ROOT
+from fp8lab.fp8 import stats as fp8stats
+from fp8lab.core.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import fp8stats_overhead as fo  # noqa: E402

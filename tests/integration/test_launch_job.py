@@ -1,4 +1,4 @@
-"""What a job runs, run here: the staged code channel, fp8lab/sm_entry.py and the real trainer on CPU.
+"""What a job runs, run here: the staged code channel, fp8lab/train/sm_entry.py and the real trainer on CPU.
 
 The job's command line is built the way the SDK's torchrun driver builds it (its own
 ``hyperparameters_to_cli_args`` on the request's hyperparameters), then executed from a copy
@@ -48,7 +48,7 @@ def job_run(tmp_path_factory):
                FP8LAB_CHECKPOINT_DIR=str(out / "checkpoints"), FP8LAB_FAILURE_FILE=str(out / "output" / "failure"),
                PYTHONDONTWRITEBYTECODE="1")
     (out / "output").mkdir(parents=True)
-    cmd = [sys.executable, "fp8lab/sm_entry.py", *_driver_cli_args(hp)]
+    cmd = [sys.executable, "fp8lab/train/sm_entry.py", *_driver_cli_args(hp)]
     res = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return {"stdout": res.stdout, "out": out, "code": code}
@@ -104,14 +104,14 @@ def test_collect_reads_the_jobs_real_output(job_run, aws):
 
 def test_fp8_without_transformer_engine_fails_fast_with_the_reason(tmp_path):
     code = L.stage_source(tmp_path / "code")
-    from fp8lab import sm_entry
+    from fp8lab.train import sm_entry
 
     if sm_entry.preflight(["--precision", "fp8", "--backend", "te"]) is None:
         pytest.skip("Transformer Engine imports on this machine")
     (tmp_path / "output").mkdir()
     env = {**os.environ, "FP8LAB_FAILURE_FILE": str(tmp_path / "output" / "failure")}
     spec = L.JobSpec(model="llama-1b", precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, steps=3)
-    res = subprocess.run([sys.executable, "fp8lab/sm_entry.py", *_driver_cli_args(L.hyperparameters(spec))],
+    res = subprocess.run([sys.executable, "fp8lab/train/sm_entry.py", *_driver_cli_args(L.hyperparameters(spec))],
                          cwd=code, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     reason = (tmp_path / "output" / "failure").read_text()

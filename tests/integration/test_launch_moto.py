@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from fp8lab.pins import pins
+from fp8lab.core.pins import pins
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("sagemaker.train")
@@ -97,7 +97,7 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
                         req["AlgorithmSpecification"]["TrainingImage"])
     hp = req["HyperParameters"]
     assert hp["model"] == "llama-1b" and hp["precision"] == "fp8" and hp["backend"] == "te"
-    # the layout resolver's micro-batch for P5's H100 80 GB (fp8lab.layout), passed explicitly to the job
+    # the layout resolver's micro-batch for P5's H100 80 GB (fp8lab.plan.layout), passed explicitly to the job
     assert hp["steps"] == "5" and hp["checkpoint-every"] == "100" and hp["micro-batch-size"] == "16"
     assert "tokens" not in hp
     mdefs = {m["Name"]: m["Regex"] for m in req["AlgorithmSpecification"]["MetricDefinitions"]}
@@ -120,7 +120,7 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
     keys = [p["Key"] for p in rec["s3.PutObject"]]
     code_prefix = f"fp8lab/p5-sweep/code/{req['TrainingJobName']}/input/code/"
     code = sorted(k.removeprefix(code_prefix) for k in keys if k.startswith(code_prefix))
-    assert {"fp8lab/sm_entry.py", "fp8lab/launch/__init__.py", "fp8lab/__init__.py", "fp8lab/train.py", "requirements.txt",
+    assert {"fp8lab/train/sm_entry.py", "fp8lab/launch/__init__.py", "fp8lab/__init__.py", "fp8lab/train/entry.py", "requirements.txt",
             "data/tokenizer.json"} <= set(code) and any(k.startswith("data/corpus/") for k in code)
     assert not [k for k in code if "__pycache__" in k or k.endswith(".pyc")]
     assert channels["code"] == f"s3://{BUCKET}/{code_prefix.rstrip('/')}"
@@ -128,7 +128,7 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
     assert reqs.splitlines() == [*L.JOB_REQUIREMENTS, f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
     drivers = channels["sm_drivers"]
     src_json = json.loads(_s3_text(boto, drivers + "/sourcecode.json"))
-    assert src_json["entry_script"] == "fp8lab/sm_entry.py" and src_json["requirements"] == "requirements.txt"
+    assert src_json["entry_script"] == "fp8lab/train/sm_entry.py" and src_json["requirements"] == "requirements.txt"
     assert json.loads(_s3_text(boto, drivers + "/distributed.json"))["process_count_per_node"] == 8
     train_sh = _s3_text(boto, drivers + "/sm_train.sh")
     assert "install_requirements.py requirements.txt" in train_sh and "torchrun_driver.py" in train_sh
@@ -239,7 +239,7 @@ def test_failed_job_reason_surfaces(aws, capsys, caplog):
     names = L.launch(L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, steps=5),
                      dry_run=False, session=sess)
     # The reason the entry script writes when TE is missing (this CPU machine has no TE).
-    from fp8lab import sm_entry
+    from fp8lab.train import sm_entry
 
     reason = sm_entry.preflight(["--precision", "fp8", "--backend", "te"])
     if reason is None:
@@ -365,13 +365,13 @@ def test_torchrun_command_on_each_node_of_a_two_node_job(aws, tmp_path):
         cmd = got["cmd"]
         assert cmd[:6] == ["torchrun", "--nnodes=2", "--nproc_per_node=8", "--master_addr=algo-1",
                            "--master_port=7777", f"--node_rank={rank}"]
-        assert cmd[6] == "fp8lab/sm_entry.py"
+        assert cmd[6] == "fp8lab/train/sm_entry.py"
         args = dict(zip(cmd[7::2], cmd[8::2]))
         assert args["--model"] == "llama-1b" and args["--precision"] == "fp8" and args["--steps"] == "5"
-        # the layout resolver's choice for P5's H100 80 GB at 16 ranks (fp8lab.layout), not a hand-set guess
+        # the layout resolver's choice for P5's H100 80 GB at 16 ranks (fp8lab.plan.layout), not a hand-set guess
         assert args["--micro-batch-size"] == "16" and args["--seq-len"] == "2048" and args["--param-dtype"] == "bf16"
         # The trainer accepts exactly what the driver passes (same parser as `fp8lab train`).
-        from fp8lab.train import parse_args
+        from fp8lab.train.entry import parse_args
 
         cfg = parse_args(cmd[7:])
         assert (cfg.model, cfg.precision, cfg.backend, cfg.recipe, cfg.steps) == ("llama-1b", "fp8", "te", "delayed", 5)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab import checkpoint as fckpt
-from fp8lab import data as fdata
-from fp8lab import metrics as fmetrics
-from fp8lab import train as ftrain
-from fp8lab.paths import REPO_ROOT
-from fp8lab.train import TrainConfig, train
+from fp8lab.train import checkpoint as fckpt
+from fp8lab.data import tokens as fdata
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train import entry as ftrain
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.train.entry import TrainConfig, train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False, progress="off",

@@ -10,11 +10,12 @@ import re
 import pandas as pd
 import pytest
 
-from fp8lab.models import MODEL_CONFIGS
+from fp8lab.model.models import MODEL_CONFIGS
 
-from fp8lab import analysis, report
+from fp8lab import analysis
+from fp8lab.views import report
 from fp8lab import launch as L
-from fp8lab.paths import REPO_ROOT
+from fp8lab.core.paths import REPO_ROOT
 
 _CACHE: dict = {}
 

@@ -5,7 +5,8 @@ import base64
 import html
 from html.parser import HTMLParser
 
-from fp8lab import analysis, cli, report
+from fp8lab import analysis, cli
+from fp8lab.views import report
 from fake_runs import make_pair
 
 

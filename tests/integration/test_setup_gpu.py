@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab.paths import REPO_ROOT
-from fp8lab.pins import pins
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.core.pins import pins
 
 SETUP = REPO_ROOT / "scripts" / "setup.sh"
 GPUS = {"H100": "NVIDIA H100 80GB HBM3, 9.0", "A100": "NVIDIA A100-SXM4-80GB, 8.0", "T4": "Tesla T4, 7.5"}
@@ -189,7 +189,7 @@ def test_setup_is_valid_bash():
 
 
 def test_readme_setup_and_env_give_the_same_install_command_and_pins():
-    from fp8lab.pins import CONSTRAINTS, INSTALL_COMMAND, install_hint
+    from fp8lab.core.pins import CONSTRAINTS, INSTALL_COMMAND, install_hint
 
     readme = (REPO_ROOT / "README.md").read_text()
     assert f"`{INSTALL_COMMAND}`" in readme and "fp8lab/constraints-gpu.txt" in readme

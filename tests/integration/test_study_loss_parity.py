@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fp8lab import analysis
-from fp8lab import data as fdata
+from fp8lab.data import tokens as fdata
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))

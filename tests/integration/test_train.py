@@ -8,11 +8,11 @@ import shutil
 
 import pytest
 
-from fp8lab import data as fdata
-from fp8lab import metrics as fmetrics
-from fp8lab import run_paths
-from fp8lab import train as ftrain
-from fp8lab.train import TrainConfig, main, train
+from fp8lab.data import tokens as fdata
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train import run_paths
+from fp8lab.train import entry as ftrain
+from fp8lab.train.entry import TrainConfig, main, train
 
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False,
             progress="off", print_metrics=False)
@@ -118,7 +118,7 @@ def test_fp8_weight_cache_is_only_active_where_the_backend_has_one(prepared, tmp
     (None, "fsdp", "bf16", "fp32", True, False),
 ])
 def test_fsdp2_with_te_in_bf16_needs_bf16_parameters(backend, parallel, precision, param_dtype, distributed, refused):
-    from fp8lab.plan import fsdp_te_problem
+    from fp8lab.plan.runplan import fsdp_te_problem
 
     c = TrainConfig(model="llama-tiny", precision=precision, parallel=parallel, param_dtype=param_dtype,
                     backend="te" if backend else "none")
@@ -149,7 +149,7 @@ def test_nan_run_stops_cleanly_with_last_good_checkpoint(prepared, tmp_path, cap
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped_nonfinite" and summary["nonfinite_steps"] == 3 and summary["model_dir"] is None
     assert [r["step"] for r in fmetrics.read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
-    from fp8lab.checkpoint import complete_checkpoints
+    from fp8lab.train.checkpoint import complete_checkpoints
 
     assert [s for s, _ in complete_checkpoints(out / "checkpoints")] == [2]
     assert not (out / "model").exists()
@@ -180,8 +180,8 @@ def test_fp8_delayed_scaling_state_survives_resume(prepared, tmp_path):
                 data=str(prepared), save_model=False)
     a, b = tmp_path / "a", tmp_path / "b"
     train(TrainConfig(**base, output_dir=str(a)))
-    from fp8lab.convert import convert_model
-    from fp8lab.models import build_model
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
 
     keys = convert_model(build_model("llama-tiny"), backend="emulated", fuse=True).state_dict().keys()
     assert any(k.endswith("_extra_state") for k in keys), "the emulated backend must checkpoint its amax histories"
@@ -352,8 +352,8 @@ def test_help_lists_every_option_with_its_default(capsys):
     text = capsys.readouterr().out
     for f in ftrain.dataclasses.fields(TrainConfig):
         assert (ftrain._opt(f.name) if f.name != "model_overrides" else "--model-override") in text
-    # layout options default to "auto" (fp8lab.layout); the help says what auto means on a CPU
-    assert ('sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.layout), 4 on a CPU '
+    # layout options default to "auto" (fp8lab.plan.layout); the help says what auto means on a CPU
+    assert ('sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU '
             '(default: "auto")') in " ".join(text.split())
 
 
@@ -374,7 +374,7 @@ def test_single_process_gets_fused_adamw_even_with_parallel_fsdp():
     its full-size temporaries ran llama-7b out of memory on one H200)."""
     import torch
 
-    from fp8lab.optim import make_optimizer
+    from fp8lab.train.optim import make_optimizer
 
     c = TrainConfig(model="llama-tiny", parallel="fsdp")
     params = [torch.nn.Parameter(torch.zeros(4, 4)), torch.nn.Parameter(torch.zeros(4))]

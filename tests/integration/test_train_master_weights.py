@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_train_processes import _start_and_wait, common, records, run, torchrun, trainer  # noqa: F401
 
-from fp8lab import train as ftrain
-from fp8lab.master_weights import MasterWeights
-from fp8lab.models import build_model
-from fp8lab.optim import make_optimizer
-from fp8lab.train import TrainConfig, main, train
+from fp8lab.train import entry as ftrain
+from fp8lab.train.master_weights import MasterWeights
+from fp8lab.model.models import build_model
+from fp8lab.train.optim import make_optimizer
+from fp8lab.train.entry import TrainConfig, main, train
 
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, plot=False, progress="off", print_metrics=False)
 
@@ -184,7 +184,7 @@ def test_bad_param_dtype_is_rejected_with_one_clear_line(capsys, tmp_path, monke
     err = capsys.readouterr().err.strip()
     assert err == "fp8lab train: error: --param-dtype='fp16' is invalid; allowed: auto | fp32 | bf16"
     assert not (tmp_path / "runs").exists()
-    from fp8lab import distributed as fdist
+    from fp8lab.train import distributed as fdist
 
     env = fdist.DistEnv(0, 0, 1, torch.device("cpu"), False)
     with pytest.raises(ValueError, match=r"--param-dtype='half' is invalid; allowed: fp32 \| bf16"):
@@ -284,7 +284,7 @@ def test_zero_grad_drops_an_unconsumed_main_grad():
 
 def _tiny_pair_plain_and_streamed(monkeypatch, chunk_bytes):
     """Two identical tiny models with master weights: the plain step, and the streamed step in chunks of ``chunk_bytes``."""
-    from fp8lab import master_weights
+    from fp8lab.train import master_weights
 
     monkeypatch.setattr(master_weights, "STREAM_CHUNK_BYTES", chunk_bytes)
     cfg = TrainConfig(lr=1e-2, weight_decay=0.1)
@@ -322,7 +322,7 @@ def test_streamed_step_equals_the_plain_step_exactly(monkeypatch):
 def test_streamed_step_keeps_main_grad_buffers_in_place(monkeypatch):
     """Under CUDA graphs the backward writes into main_grad at fixed addresses: the streamed step reads
     them, zeroes them in place after the step (same storage), and its update equals the plain step's."""
-    from fp8lab import master_weights
+    from fp8lab.train import master_weights
 
     monkeypatch.setattr(master_weights, "STREAM_CHUNK_BYTES", 1 << 8)
     torch.manual_seed(0)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from fp8lab import metrics as fmetrics
-from fp8lab.train import TrainConfig, train
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train.entry import TrainConfig, train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 

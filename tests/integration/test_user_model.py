@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from fp8lab import data as fdata
-from fp8lab import user_model
-from fp8lab.models import count_parameters, get_config, model_flops_per_token
-from fp8lab.train import TrainConfig, train
+from fp8lab.data import tokens as fdata
+from fp8lab.model import user as user_model
+from fp8lab.model.models import count_parameters, get_config, model_flops_per_token
+from fp8lab.train.entry import TrainConfig, train
 
 RUN = dict(seq_len=32, micro_batch_size=2, grad_accum=1, compute_dtype="fp32", plot=False, progress="off",
            print_metrics=False, val_every=0, steps=3, lr=3e-3, warmup_steps=1, precision="fp8", backend="emulated")
@@ -157,18 +157,18 @@ def test_user_config_feeds_flops_layout_and_counts(tmp_path):
         assert model_flops_per_token(str(src), 32) == model_flops_per_token(mc, 32) > 0
     # the layout resolver reads the same ModelConfig fields
     c = TrainConfig(**{**RUN, "micro_batch_size": "auto"}, model=str(tmp_path / "gptneo"))
-    from fp8lab.hardware import Machine
+    from fp8lab.core.hardware import Machine
 
-    from fp8lab.plan import plan_run
+    from fp8lab.plan.runplan import plan_run
 
     p = plan_run(c, Machine.detect(torch.device("cpu"), 1, 0))
     assert p.micro_batch_size >= 1 and p.layout.memory.peak > 0
 
 
 def test_fingerprint_follows_the_config_not_the_path(tmp_path):
-    from fp8lab import resume
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
+    from fp8lab.train import resume
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
 
     def fingerprint(model):
         return resume.fingerprint(plan_run(TrainConfig(**RUN, model=model), Machine("cpu", "cpu", 24.0)))
@@ -205,7 +205,7 @@ def test_fused_refuses_what_it_cannot_represent(kw, feature, tmp_path):
     # and convert_model itself refuses before building the fused model
     from transformers import AutoModelForCausalLM
 
-    from fp8lab.convert import convert_model
+    from fp8lab.fp8.convert import convert_model
 
     with pytest.raises(ValueError, match=re.escape(feature)):
         convert_model(AutoModelForCausalLM.from_config(llama_config(**kw)), backend="emulated", fuse=True)
@@ -358,10 +358,10 @@ def test_job_names_tell_apart_folders_with_the_same_config_and_other_weights(tmp
 
 def test_a_named_shape_stays_named_when_a_folder_of_that_name_exists(tmp_path, monkeypatch):
     """--model llama-tiny in a working directory that happens to hold a folder called llama-tiny."""
-    from fp8lab import user_model
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab.train import TrainConfig
+    from fp8lab.model import user as user_model
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.entry import TrainConfig
 
     (tmp_path / "llama-tiny").mkdir()
     monkeypatch.chdir(tmp_path)

@@ -37,7 +37,7 @@ import pytest
 from conftest import chromium_paths
 
 from fp8lab.notebooks import GLUE_MIME, KERNEL, NOTEBOOK_DIR
-from fp8lab.paths import REPO_ROOT
+from fp8lab.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.browser
 

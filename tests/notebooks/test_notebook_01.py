@@ -10,7 +10,7 @@ import nbformat
 import pytest
 import torch
 
-from fp8lab import formats_viz as V
+from fp8lab.views import formats as V
 from fp8lab.notebooks import NOTEBOOK_DIR, read_glued, run
 
 # same model, tokens and seed; only the format and the margin change

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nbformat
 
-from fp8lab import metrics as fmetrics
+from fp8lab.records import metrics as fmetrics
 from fp8lab.notebooks import NOTEBOOK_DIR, declared_parameters, read_glued, run
 
 NB = NOTEBOOK_DIR / "03_train_bf16_vs_fp8.ipynb"

@@ -20,7 +20,7 @@ def _images(path) -> int:
 
 
 def _figures(path) -> list[tuple[dict, bytes]]:
-    """(what fp8lab.plots.show recorded about the figure, the PNG itself) for every figure shown."""
+    """(what fp8lab.views.plots.show recorded about the figure, the PNG itself) for every figure shown."""
     import base64
 
     nb = nbformat.read(str(path), as_version=4)

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from fp8lab import analysis
-from fp8lab.paths import RESULTS_DIR
+from fp8lab.core.paths import RESULTS_DIR
 
 from fake_runs import GPU, bench as _bench, make_pair, make_trainer_run, run_meta, step_records  # noqa: F401
 
@@ -509,7 +509,7 @@ def test_an_fp8_run_pairs_with_the_bf16_run_of_its_seed():
 def test_the_headline_loss_gap_is_to_the_mean_of_the_bf16_seeds_beside_their_spread():
     """Issue 31: where a loss study has several BF16 seeds, the headline's gap is to their mean, with how far apart
     they ended; the README's table and notes, and the verdict, say so. One seed: the same-seed pair, as before."""
-    from fp8lab import report
+    from fp8lab.views import report
 
     base = dict(model="m", gpu_name="NVIDIA H200", instances=1, world_size=1, study="s", micro_batch_size=8,
                 grad_accum=1, seq_len=2048, tokens=2e7, loss_comparable=True, smoothed_loss=3.0, final_loss=3.0)
@@ -542,7 +542,7 @@ def test_the_headline_loss_gap_is_to_the_mean_of_the_bf16_seeds_beside_their_spr
 def test_the_headline_loss_gap_is_of_the_mean_of_the_fp8_seeds_of_its_set_up():
     """Session 14: where the FP8 set-up of the headline's loss has several seeds too, the gap is of their mean, not of
     whichever run ranked first (the newest); another recipe's run is not one of its seeds."""
-    from fp8lab import report
+    from fp8lab.views import report
 
     base = dict(model="m", gpu_name="NVIDIA H200", instances=1, world_size=1, study="s", micro_batch_size=8,
                 grad_accum=1, seq_len=2048, tokens=2e7, loss_comparable=True, smoothed_loss=3.0, final_loss=3.0)

@@ -1,4 +1,4 @@
-"""fp8lab.checkpoint with module state that changes size, as Transformer Engine's FP8 state does."""
+"""fp8lab.train.checkpoint with module state that changes size, as Transformer Engine's FP8 state does."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from fp8lab import checkpoint as fckpt
-from fp8lab.distributed import DistEnv
+from fp8lab.train import checkpoint as fckpt
+from fp8lab.train.distributed import DistEnv
 
 
 class SizedState(nn.Linear):
@@ -76,8 +76,8 @@ def test_a_load_parses_the_checkpoint_metadata_once(tmp_path, monkeypatch):
 
 
 def test_train_state_is_one_entry_and_reads_checkpoints_written_before_it():
-    """fp8lab.components.TrainState: step, tokens, counters and RNG; older checkpoints kept them at the top level."""
-    from fp8lab.components import TrainState, as_current_layout
+    """fp8lab.train.components.TrainState: step, tokens, counters and RNG; older checkpoints kept them at the top level."""
+    from fp8lab.train.components import TrainState, as_current_layout
 
     cpu = torch.device("cpu")
     old = {"step": 4, "nonfinite_steps": 1, "rng": fckpt.rng_state(cpu), "scheduler": {}, "loader": {}}
@@ -97,7 +97,7 @@ def test_train_state_is_one_entry_and_reads_checkpoints_written_before_it():
 def test_checkpointer_decides_when_to_save(every, step, last, stopping, healthy, saved):
     from types import SimpleNamespace
 
-    from fp8lab.components import Checkpointer
+    from fp8lab.train.components import Checkpointer
 
     c = SimpleNamespace(checkpoint_every=every, keep_checkpoints=2)
     paths = SimpleNamespace(checkpoint_dir=None, output_dir=None)

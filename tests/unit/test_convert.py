@@ -9,15 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from fp8lab import formats
-from fp8lab.backends import BackendUnavailableError, available_backends, fp8_gpu_problem
-from fp8lab.backends import emulated
-from fp8lab.convert import (
+from fp8lab.fp8 import formats
+from fp8lab.fp8.backends import BackendUnavailableError, available_backends, fp8_gpu_problem
+from fp8lab.fp8.backends import emulated
+from fp8lab.fp8.convert import (
     edge_blocks_filter,
     Recipe, autocast, check_equivalence, convert_model, describe_modules, export_hf_model, export_hf_state_dict,
     after_optimizer_step, pick_backend, save_hf_checkpoint, time_forward_backward, weight_mapping,
 )
-from fp8lab.models import build_model
+from fp8lab.model.models import build_model
 
 CASES = [(fam, fuse) for fam in ("llama-tiny", "gptneo-tiny") for fuse in (False, True)]
 
@@ -282,8 +282,8 @@ def test_fused_model_accepts_the_micro_batch_flag_and_reuses_its_rope_tables():
 
 def test_te_rope_tables_are_the_angles_of_the_pytorch_rope():
     """TE's fused RoPE takes angles [s, 1, 1, d] in fp32: the same angles as the PyTorch tables (no TE needed)."""
-    from fp8lab.backends._fused import rope_cos_sin
-    from fp8lab.backends.te import TERope
+    from fp8lab.fp8.fused import rope_cos_sin
+    from fp8lab.fp8.backends.te import TERope
 
     freqs = TERope().tables(32, 16, 10000.0, "cpu", torch.bfloat16)
     cos, sin = rope_cos_sin(32, 16, 10000.0, "cpu", torch.float32)

@@ -7,7 +7,7 @@ import lzma
 import numpy as np
 import pytest
 
-from fp8lab import data
+from fp8lab.data import tokens as data
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_shards_are_read_only_from_inside_the_prepared_folder(prepared, tmp_path
     (d / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ValueError, match=r"the manifest in 'tokens' names a file outside its folder"):
         data.TokenShards(d, "train")
-    from fp8lab import data_checks  # the prepared folder's checks (fp8lab.data_checks)
+    from fp8lab.data import checks as data_checks  # the prepared folder's checks (fp8lab.data.checks)
 
     with pytest.raises(ValueError, match=r"^--data: the manifest in 'tokens' names a file outside its folder"):
         data_checks.check_prepared_folder(d)
@@ -182,7 +182,7 @@ def test_shards_are_read_only_from_inside_the_prepared_folder(prepared, tmp_path
 def test_token_ids_past_the_vocabulary_are_refused_before_training(prepared, tmp_path):
     import shutil
 
-    from fp8lab import data_checks
+    from fp8lab.data import checks as data_checks
 
     d = tmp_path / "tokens"
     shutil.copytree(prepared, d)
@@ -201,11 +201,12 @@ def test_token_ids_past_the_vocabulary_are_refused_before_training(prepared, tmp
 
 
 def test_a_job_scans_the_token_ids_once_on_rank_0_and_every_rank_follows(prepared, monkeypatch, tmp_path):
-    """Every rank once read every shard; now rank 0 scans and broadcasts the outcome (fp8lab.trainer.scan_data_once)."""
+    """Every rank once read every shard; now rank 0 scans and broadcasts the outcome (fp8lab.train.trainer.scan_data_once)."""
     import torch
 
-    from fp8lab import data_checks, trainer
-    from fp8lab import distributed as fdist
+    from fp8lab.data import checks as data_checks
+    from fp8lab.train import trainer
+    from fp8lab.train import distributed as fdist
 
     scans, sent = [], []
     monkeypatch.setattr(data_checks, "check_token_ids", lambda folder, m, option="--data": scans.append(folder))
@@ -222,8 +223,8 @@ def test_a_job_scans_the_token_ids_once_on_rank_0_and_every_rank_follows(prepare
     assert len(scans) == 1 and sent == [None, None]
     called = []
     monkeypatch.setattr(data_checks, "check_prepared_folder", lambda f, o="--data", scan_tokens=True: called.append(scan_tokens))
-    from fp8lab import run_paths
-    from fp8lab.train import TrainConfig
+    from fp8lab.train import run_paths
+    from fp8lab.train.entry import TrainConfig
 
     monkeypatch.chdir(tmp_path)
     c = TrainConfig(data=str(prepared), checkpoint_every=-1, save_model=False)
@@ -241,7 +242,7 @@ def test_json_lines_sources_hold_one_document_per_line_blank_lines_kept(tmp_path
     with lzma.open(src, "wt", encoding="utf-8") as fh:
         fh.writelines(json.dumps({"path": f"f{i}.c", "text": d}) + "\n" for i, d in enumerate(docs))
     assert list(data.read_documents([src])) == docs
-    from fp8lab import data_checks
+    from fp8lab.data import checks as data_checks
 
     data_checks.check_data_source(str(src))  # 40 documents: enough for the split
     m = data.prepare_data(str(src), tmp_path / "out", None, vocab_size=512)

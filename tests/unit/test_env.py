@@ -43,7 +43,7 @@ def _gpu_without_te(monkeypatch, fp8_problem=None, torchao=None):
     """A GPU machine as Machine.detect sees it (H100, or a Tesla T4 where ``fp8_problem``), without TE."""
     import types
 
-    import fp8lab.backends as backends
+    import fp8lab.fp8.backends as backends
 
     reasons = {"emulated": None, "te": "Transformer Engine is not installed (...)", "torchao": torchao or "not installed"}
     monkeypatch.setattr(backends, "available_backends", lambda: dict(reasons))
@@ -55,8 +55,8 @@ def _gpu_without_te(monkeypatch, fp8_problem=None, torchao=None):
 
 
 def test_auto_on_an_fp8_gpu_without_te_is_refused_with_the_install_command(monkeypatch):
-    from fp8lab.convert import BackendUnavailableError, pick_backend
-    from fp8lab.pins import INSTALL_COMMAND
+    from fp8lab.fp8.convert import BackendUnavailableError, pick_backend
+    from fp8lab.core.pins import INSTALL_COMMAND
 
     _gpu_without_te(monkeypatch)
     with pytest.raises(BackendUnavailableError) as err:
@@ -67,17 +67,17 @@ def test_auto_on_an_fp8_gpu_without_te_is_refused_with_the_install_command(monke
 
 
 def test_auto_names_torchao_when_it_is_the_usable_hardware_backend(monkeypatch):
-    from fp8lab.convert import BackendUnavailableError, pick_backend
+    from fp8lab.fp8.convert import BackendUnavailableError, pick_backend
 
     _gpu_without_te(monkeypatch, torchao=None)
-    import fp8lab.backends as backends
+    import fp8lab.fp8.backends as backends
     monkeypatch.setattr(backends, "available_backends", lambda: {"emulated": None, "te": "no TE", "torchao": None})
     with pytest.raises(BackendUnavailableError, match="'torchao' \\(usable here\\) or 'emulated'"):
         pick_backend("auto")
 
 
 def test_auto_below_cc_8_9_says_emulated_only_by_name(monkeypatch):
-    from fp8lab.convert import BackendUnavailableError, pick_backend
+    from fp8lab.fp8.convert import BackendUnavailableError, pick_backend
 
     _gpu_without_te(monkeypatch, fp8_problem="GPU Tesla T4 has compute capability 7.5; FP8 needs >= 8.9")
     with pytest.raises(BackendUnavailableError, match="Tesla T4 .*only emulated FP8 runs here: pass backend 'emulated'"):
@@ -85,9 +85,9 @@ def test_auto_below_cc_8_9_says_emulated_only_by_name(monkeypatch):
 
 
 def test_pick_backend_follows_the_trainers_auto_rule(monkeypatch):
-    """convert.pick_backend('auto') is fp8lab.plan.auto_fp8_backend on this process's machine, not a copy of it."""
-    import fp8lab.plan as plan
-    from fp8lab.convert import pick_backend
+    """convert.pick_backend('auto') is fp8lab.plan.runplan.auto_fp8_backend on this process's machine, not a copy of it."""
+    import fp8lab.plan.runplan as plan
+    from fp8lab.fp8.convert import pick_backend
 
     seen = []
     monkeypatch.setattr(plan, "auto_fp8_backend", lambda machine: (seen.append(machine) or "torchao", "stand-in"))
@@ -95,11 +95,11 @@ def test_pick_backend_follows_the_trainers_auto_rule(monkeypatch):
 
 
 def test_the_trainer_refuses_auto_fp8_on_a_gpu_without_te_before_any_compute():
-    """The trainer's plan (fp8lab.plan.plan_run, torch-free: what Machine.detect saw) refuses 'auto' FP8 on an
+    """The trainer's plan (fp8lab.plan.runplan.plan_run, torch-free: what Machine.detect saw) refuses 'auto' FP8 on an
     FP8 GPU without TE with the install command, and on a GPU below cc 8.9 says emulated only, by name."""
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab.train import TrainConfig
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.entry import TrainConfig
 
     no_te = (("te", "Transformer Engine is not installed (...)"), ("torchao", "not installed"))
     h100 = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, fp8=True, unusable=no_te)
@@ -140,7 +140,7 @@ def test_env_check_on_this_cpu_machine_passes():
 
 
 def test_env_says_who_reads_the_fp8_casts_by_the_plans_rule(monkeypatch):
-    from fp8lab import fp8stats, te_debug
+    from fp8lab.fp8 import stats as fp8stats, te_debug
 
     rep = env.report()
     if rep.auto_backend == "emulated":  # this CPU machine: the emulator's own quantizers

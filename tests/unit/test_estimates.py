@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from fp8lab import analysis, estimates, launch as L, plots
-from fp8lab.models import model_flops_per_token
+from fp8lab import analysis, launch as L
+from fp8lab.analysis import estimates
+from fp8lab.views import plots
+from fp8lab.model.models import model_flops_per_token
 from fake_runs import bench as _bench, run_meta, step_records
 
 ROLE, BUCKET = L.PLACEHOLDER_ROLE, L.PLACEHOLDER_BUCKET

@@ -1,4 +1,4 @@
-"""fp8lab.formats: bit-exact rounding against torch's float8 casts, codes, recipes and error stats."""
+"""fp8lab.fp8.formats: bit-exact rounding against torch's float8 casts, codes, recipes and error stats."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from fp8lab import formats as F
-from fp8lab.formats import E4M3, E5M2, BF16, FP16
+from fp8lab.fp8 import formats as F
+from fp8lab.fp8.formats import E4M3, E5M2, BF16, FP16
 
 FP8 = [E4M3, E5M2]
 INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fp8lab.config import TrainConfig
-from fp8lab.convert import convert_model
-from fp8lab.hardware import Machine
-from fp8lab.models import build_model
-from fp8lab.plan import plan_run
+from fp8lab.plan.config import TrainConfig
+from fp8lab.fp8.convert import convert_model
+from fp8lab.core.hardware import Machine
+from fp8lab.model.models import build_model
+from fp8lab.plan.runplan import plan_run
 
 P5 = Machine.planned("H100 80GB", 8, True)  # a P5 node's eight ranks, as a SageMaker job plans it
 
@@ -18,7 +18,7 @@ def _plan(machine=P5, **kw):
 
 
 def test_auto_is_on_for_fp8_under_fsdp2_on_torchao_and_off_with_the_reason_elsewhere(monkeypatch):
-    from fp8lab import plan as fplan
+    from fp8lab.plan import runplan as fplan
 
     monkeypatch.setattr(fplan, "FP8_ALL_GATHER_CHECKED", False)
     p = _plan(backend="torchao", recipe="current")  # before the GPU check is committed: auto waits, on runs it
@@ -60,7 +60,7 @@ def test_convert_model_refuses_fp8_all_gather_without_torchao():
 def test_the_committed_gpu_check_holds_and_is_what_auto_reads():
     import json
 
-    from fp8lab import plan as fplan
+    from fp8lab.plan import runplan as fplan
 
     check = json.loads(fplan.FP8_ALL_GATHER_CHECK.read_text())
     assert check["gpu"].startswith("NVIDIA") and check["result"]["world"] >= 1 and check["command"]
@@ -72,7 +72,7 @@ def test_the_committed_gpu_check_holds_and_is_what_auto_reads():
 
 
 def test_a_failed_or_missing_gpu_check_leaves_auto_off(tmp_path):
-    from fp8lab import plan as fplan
+    from fp8lab.plan import runplan as fplan
 
     assert fplan._all_gather_checked(tmp_path / "none.json") is False
     failed = tmp_path / "check.json"

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from fp8lab import formats, fp8stats
-from fp8lab.convert import convert_model
-from fp8lab.models import build_model
+from fp8lab.fp8 import formats, stats as fp8stats
+from fp8lab.fp8.convert import convert_model
+from fp8lab.model.models import build_model
 
 
 def test_tensor_stats_counts_underflow_and_saturation_of_a_cast():
@@ -30,8 +30,8 @@ def _tiny(recipe: str):
 
 
 def _step(model, stats, step: int, recipe: str):
-    from fp8lab.backends import get_backend
-    from fp8lab.recipe import Recipe
+    from fp8lab.fp8.backends import get_backend
+    from fp8lab.fp8.recipe import Recipe
 
     x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(step))
     stats.begin(step)
@@ -112,9 +112,9 @@ def test_attach_has_nothing_to_watch_without_fp8_layers():
 
 
 def test_the_plan_decides_the_statistics_once_with_a_reason():
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab.train import TrainConfig
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.entry import TrainConfig
 
     h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
     fp8 = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h200)
@@ -142,8 +142,8 @@ def test_the_plan_decides_the_statistics_once_with_a_reason():
 
 def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_path):
     from fp8lab import analysis
-    from fp8lab import metrics as fmetrics
-    from fp8lab.train import TrainConfig, train
+    from fp8lab.records import metrics as fmetrics
+    from fp8lab.train.entry import TrainConfig, train
 
     base = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False, progress="off",
                 print_metrics=False, steps=4, precision="fp8", backend="emulated", save_model=False, data=str(prepared),
@@ -158,7 +158,7 @@ def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_p
         [r["loss"] for r in fmetrics.read_metrics(off / "metrics.jsonl")]  # watching changes nothing
     assert len(analysis.load_runs(on)) == 4  # one row per step, none for the statistics
     assert list(fp8stats.of_sources(tmp_path)) == ["on"]
-    from fp8lab import report
+    from fp8lab.views import report
 
     page = report.build_report(tmp_path, tmp_path / "r.html").read_text()
     section = page[page.index("<h2>FP8 health</h2>"):]
@@ -171,10 +171,10 @@ def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_p
     assert "No FP8 statistics in these runs" in empty
 
 
-# --- --fp8-stats-source: TE's own debug API (fp8lab.te_debug); its GPU part: tests/gpu/test_fp8stats_gpu.py
+# --- --fp8-stats-source: TE's own debug API (fp8lab.fp8.te_debug); its GPU part: tests/gpu/test_fp8stats_gpu.py
 
 def test_te_debug_config_asks_for_what_the_records_hold():
-    from fp8lab import te_debug
+    from fp8lab.fp8 import te_debug
 
     cfg = te_debug.config(25, delayed=True)["fp8lab_health"]
     te = cfg["transformer_engine"]
@@ -188,7 +188,7 @@ def test_te_debug_config_asks_for_what_the_records_hold():
 
 
 def test_te_debug_scalars_become_fp8stats_rows():
-    from fp8lab import te_debug
+    from fp8lab.fp8 import te_debug
 
     assert te_debug.parse_name("blocks.0.mlp.fc1_gradient_underflows%") == ("blocks.0.mlp.fc1", "g", "underflows%")
     assert te_debug.parse_name("blocks.1.qkv_activation_cur_amax") == ("blocks.1.qkv", "x", "cur_amax")
@@ -215,10 +215,11 @@ def test_te_debug_scalars_become_fp8stats_rows():
 
 
 def test_the_plan_picks_who_reads_the_casts(monkeypatch):
-    from fp8lab import pins, te_debug
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab.train import TrainConfig
+    from fp8lab.core import pins
+    from fp8lab.fp8 import te_debug
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.entry import TrainConfig
 
     h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
     fp8 = dict(model="llama-1b", precision="fp8")
@@ -273,7 +274,7 @@ def test_te_debug_check_reads_the_committed_result(tmp_path):
     assert fp8stats.TE_DEBUG_CHECKED is (committed.get("passed") is True)  # what auto reads is the committed file
     assert fp8stats.TE_DEBUG_CHECK_PROBLEMS == committed.get("problems", [])
     assert bool(fp8stats.TE_DEBUG_CHECK_PROBLEMS) is (not fp8stats.TE_DEBUG_CHECKED and bool(committed))
-    from fp8lab.plan import decision_results
+    from fp8lab.plan.runplan import decision_results
 
     assert fp8stats.TE_DEBUG_CHECK in decision_results()  # a SageMaker job carries it and decides as its plan did
 
@@ -283,7 +284,7 @@ def test_the_committed_te_debug_cost_split_supports_what_docs_training_says():
     18, the H200): every variant recorded the same rows; most of a sample's cost comes from TE's two statistics
     features together, not from any one statistic; feeding the first micro-batch only cuts the full set to about a
     third. The figures the docs quote are this file's, rounded."""
-    from fp8lab.paths import REPO_ROOT
+    from fp8lab.core.paths import REPO_ROOT
 
     path = REPO_ROOT / "data" / "results" / "fp8stats-sources" / "te-debug-cost.json"
     data = json.loads(path.read_text())

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from fp8lab import graphs
+from fp8lab.plan import graphs
 from fp8lab.launch import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, JobSpec
-from fp8lab.models import get_config
+from fp8lab.model.models import get_config
 
 OK = dict(device_type="cuda", backend="te", fuse=True, param_dtype="bf16", world_size=1,
           activation_checkpointing=False, compile=False)
@@ -58,9 +58,9 @@ def test_a_layout_that_would_not_fit_graphed_runs_eagerly_or_is_refused():
     """On an H200 with the streamed master-weight step: llama-7b 1 x 2048 FP8 fits graphed (estimate 124.8
     of 134.8 usable GiB; measured peak reserved 124.7 GiB, data/results/graphs-h200/*-s8) and auto graphs it;
     at 2 x 2048 the graphs would hold 32.9 GiB (135.2 GiB in all): auto leaves it eager and on is refused."""
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab.train import TrainConfig
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.entry import TrainConfig
 
     h200 = Machine("cuda", "NVIDIA H200", 139.8, 1, te_usable=True, fp8=True)
     base = dict(model="llama-7b", backend="te", grad_accum=8, seq_len=2048, param_dtype="bf16")
@@ -79,8 +79,8 @@ STREAMED_GRAPHED = sorted(Path(__file__).resolve().parents[2].glob("data/results
 
 def test_graphs_memory_estimate_covers_each_measured_graphed_peak():
     """The rule that admits a graphed layout is never below what a graphed run measured, and not far above."""
-    from fp8lab import layout as fl
-    from fp8lab.hardware import Machine
+    from fp8lab.plan import layout as fl
+    from fp8lab.core.hardware import Machine
 
     h200 = Machine("cuda", "NVIDIA H200", 139.8, 1, te_usable=True, fp8=True)
     checked = 0
@@ -113,10 +113,10 @@ def test_graphs_rule_covers_the_mistral_calibration_and_admits_it_on_an_h200():
     """Mistral-7B-v0.3 FP8 at 1 x 2048 x 32 reserved 131.0 GiB graphed on the H200: the rule's estimate is at
     or above that, and within the H200's graphs budget, so the plain command captures its blocks; BF16 at the
     same layout stays eager (not launch-bound in BF16, where graphs measured no gain on llama-7b)."""
-    from fp8lab.config import TrainConfig
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab import layout as fl
+    from fp8lab.plan.config import TrainConfig
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.plan import layout as fl
 
     measured = json.loads(MISTRAL_CALIBRATION.read_text())["graphs_on"]["max_reserved_gib"]
     h200 = Machine("cuda", "NVIDIA H200", 139.8, 1, te_usable=True, fp8=True)

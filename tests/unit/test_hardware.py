@@ -1,14 +1,15 @@
-"""The GPU facts' lookups (fp8lab.hardware, fp8attn.generation): what each answers for the GPU names fp8lab meets.
+"""The GPU facts' lookups (fp8lab.core.hardware, fp8attn.generation): what each answers for the GPU names fp8lab meets.
 
 Pinned from the code before the facts moved into one table (hB's review mend), so that move changed no answer.
-Names are as torch.cuda.get_device_name() reports them, or as fp8lab.hardware.INSTANCES writes them. Some answers
+Names are as torch.cuda.get_device_name() reports them, or as fp8lab.core.hardware.INSTANCES writes them. Some answers
 are the tables' fallbacks rather than data-sheet facts (a GH200's memory is the H200's): pinned as they are. Two
 fallbacks were wrong and are mended after the move: torch's "NVIDIA A100-SXM4-80GB" got the 40 GB part's memory
 and bandwidth, and an L40 matched "L4" (121 TFLOP/s instead of its 181).
 """
 import pytest
 
-from fp8lab import fp8attn, hardware as hw
+from fp8lab.plan import fp8attn
+from fp8lab.core import hardware as hw
 
 # name: (generation, memory GiB, dense BF16 FLOP/s, dense FP8 FLOP/s, HBM bytes/s, NVLink bytes/s per direction)
 PINNED = {

@@ -8,7 +8,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent(r'''
     import warnings
-    import fp8lab.backends.te, fp8lab.backends.torchao  # where fp8lab imports TE and torchao
+    import fp8lab.fp8.backends.te, fp8lab.fp8.backends.torchao  # where fp8lab imports TE and torchao
     jax = ("Detected a Jax installation but could not find the shared object file for the Transformer Engine "
            "Jax extension library. If this is not intentional, please reinstall Transformer Engine")
     with warnings.catch_warnings(record=True) as seen:

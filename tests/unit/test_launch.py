@@ -312,9 +312,9 @@ def test_a_bare_spec_given_to_build_trainer_gets_the_time_limit_a_plan_gives_it(
 def test_a_job_runs_its_planned_graphs_decision_and_the_instance_does_not_re_decide_it():
     """CUDA graphs "auto" is decided from a machine's memory: an instance that detects less than the launch
     planned for must not decide otherwise (and be refused after it started). The job pins the launch's."""
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab.train import parse_args
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.entry import parse_args
 
     spec = L.JobSpec(model="llama-1b", precision="fp8", role=ROLE, bucket=BUCKET, steps=10)
     hp = L.hyperparameters(spec)
@@ -334,10 +334,10 @@ def test_a_job_runs_its_planned_activation_checkpointing_and_the_instance_does_n
     """#34/#26: activation checkpointing "auto" is a layout decision from a machine's memory. A job planned with
     it on (llama-7b at 16K on P5: no micro-batch fits without) carries an explicit True: with "auto" beside its
     pinned micro-batch the instance resolved it off and refused the job after it started."""
-    from fp8lab.hardware import Machine
-    from fp8lab.plan import plan_run
-    from fp8lab.trainer import check_same_plan
-    from fp8lab.train import parse_args
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.trainer import check_same_plan
+    from fp8lab.train.entry import parse_args
 
     long = L.JobSpec(model="llama-7b", precision="fp8", seq_len=16384, role=ROLE, bucket=BUCKET, steps=10)
     assert long.trainer_config().activation_checkpointing == "auto" and long.activation_checkpointing == "auto"
@@ -370,7 +370,7 @@ def test_a_job_runs_its_planned_activation_checkpointing_and_the_instance_does_n
 
 def test_plan_sweep_plans_each_job_once(monkeypatch):
     """Setting the shared time limit once re-planned every job (dataclasses.replace runs __post_init__)."""
-    import fp8lab.plan as fplan
+    import fp8lab.plan.runplan as fplan
 
     calls = []
     real = fplan.plan_run

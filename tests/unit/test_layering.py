@@ -4,8 +4,8 @@
   the imports inside functions (``KNOWN_CYCLES`` is empty; an entry would need its reason);
 - no private name (``_x``) of one fp8lab module used by another, whether imported
   (``from fp8lab.m import _x``) or reached as an attribute (``m._x``). Modules of one package
-  (``fp8lab.backends.*``) share that package's private pieces;
-- the hardware facts have one home, ``fp8lab.hardware``, and the old names still import;
+  (``fp8lab.fp8.backends.*``) share that package's private pieces;
+- the hardware facts have one home, ``fp8lab.core.hardware``, and the old names still import;
 - no import a module never uses (``noqa`` marks a re-export).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab.paths import REPO_ROOT
+from fp8lab.core.paths import REPO_ROOT
 
 PKG = REPO_ROOT / "fp8lab"
 
@@ -23,7 +23,7 @@ PKG = REPO_ROOT / "fp8lab"
 ALLOWED_PRIVATE = {
     # convert.py maps HF checkpoints onto the fused decoder that backends/_fused.py builds; the
     # fused model's helpers are not public API (they change with the fused layout).
-    ("fp8lab.convert", "fp8lab.backends._fused"),
+    ("fp8lab.fp8.convert", "fp8lab.fp8.fused"),
 }
 
 
@@ -200,8 +200,8 @@ def test_no_import_cycle_counting_imports_inside_functions():
 
 def test_the_trainer_never_imports_the_command_line_module():
     graph = import_graph(_trees(), functions=True)
-    for module in ("fp8lab.trainer", "fp8lab.plan", "fp8lab.optim", "fp8lab.export", "fp8lab.run_paths"):
-        assert "fp8lab.train" not in graph[module], module
+    for module in ("fp8lab.train.trainer", "fp8lab.plan.runplan", "fp8lab.train.optim", "fp8lab.train.export", "fp8lab.train.run_paths"):
+        assert "fp8lab.train.entry" not in graph[module], module
 
 
 def test_strongly_connected_finds_circles():
@@ -216,10 +216,10 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_analysis_report_plots_are_layered():
     graph = import_graph(_trees())
-    assert "fp8lab.report" not in graph["fp8lab.analysis"] and "fp8lab.plots" not in graph["fp8lab.analysis"]
-    assert "fp8lab.report" not in graph["fp8lab.plots"]
+    assert "fp8lab.views.report" not in graph["fp8lab.analysis"] and "fp8lab.views.plots" not in graph["fp8lab.analysis"]
+    assert "fp8lab.views.report" not in graph["fp8lab.views.plots"]
     assert "fp8lab.launch" not in graph["fp8lab.analysis"]  # a price constant is a hardware fact
-    assert graph["fp8lab.hardware"] == set()  # every module may import it
+    assert graph["fp8lab.core.hardware"] == set()  # every module may import it
 
 
 def test_no_private_names_across_modules():
@@ -227,32 +227,32 @@ def test_no_private_names_across_modules():
 
 
 def test_private_use_checker_sees_both_forms(tmp_path):
-    src = "from fp8lab.analysis import _hidden\nfrom fp8lab import models\nmodels._secret()\n"
-    uses = private_uses({"fp8lab.report": ast.parse(src)})
-    assert uses == ["fp8lab.report:1 imports _hidden from fp8lab.analysis", "fp8lab.report:3 uses models._secret"]
+    src = "from fp8lab.analysis import _hidden\nfrom fp8lab.model import models\nmodels._secret()\n"
+    uses = private_uses({"fp8lab.views.report": ast.parse(src)})
+    assert uses == ["fp8lab.views.report:1 imports _hidden from fp8lab.analysis", "fp8lab.views.report:3 uses models._secret"]
 
 
 @pytest.mark.parametrize("module, names", [
-    ("fp8lab.metrics", ["PEAK_BF16_DENSE", "peak_bf16_flops"]),
+    ("fp8lab.records.metrics", ["PEAK_BF16_DENSE", "peak_bf16_flops"]),
     ("fp8lab.launch", ["InstanceInfo", "INSTANCES", "DEFAULT_PRICES_USD_PER_HOUR", "PRICE_SOURCE",
                        "CHECKPOINT_LOCAL_PATH", "PLACEHOLDER_ROLE", "PLACEHOLDER_BUCKET"]),
-    ("fp8lab.train", ["SAGEMAKER_CHECKPOINT_DIR"]),
+    ("fp8lab.train.entry", ["SAGEMAKER_CHECKPOINT_DIR"]),
 ])
 def test_hardware_facts_have_one_home_and_old_names_import(module, names):
     import importlib
 
-    from fp8lab import hardware
+    from fp8lab.core import hardware
 
     mod = importlib.import_module(module)
     for name in names:
         home = "SAGEMAKER_CHECKPOINT_DIR" if name == "CHECKPOINT_LOCAL_PATH" else name
-        assert getattr(mod, name) is getattr(hardware, home), f"{module}.{name} is not fp8lab.hardware.{home}"
+        assert getattr(mod, name) is getattr(hardware, home), f"{module}.{name} is not fp8lab.core.hardware.{home}"
 
 
 @pytest.mark.parametrize("module, home, names", [
-    ("fp8lab.models", "fp8lab.model_config", ["ModelConfig", "MODEL_CONFIGS", "FAMILIES", "config_from_hf",
+    ("fp8lab.model.models", "fp8lab.model.config", ["ModelConfig", "MODEL_CONFIGS", "FAMILIES", "config_from_hf",
                                               "validate_config", "to_hf_config", "init_from_config", "default_dtype"]),
-    ("fp8lab.data", "fp8lab.data_format", ["MANIFEST", "FORMAT", "FORMAT_VERSION", "TEXT_SUFFIXES", "CORPUS_DIR",
+    ("fp8lab.data.tokens", "fp8lab.records.data_format", ["MANIFEST", "FORMAT", "FORMAT_VERSION", "TEXT_SUFFIXES", "CORPUS_DIR",
                                            "default_corpus", "text_files", "is_prepared"]),
 ])
 def test_names_moved_to_break_a_cycle_still_import_from_where_they_were(module, home, names):
@@ -264,11 +264,11 @@ def test_names_moved_to_break_a_cycle_still_import_from_where_they_were(module, 
 
 
 @pytest.mark.parametrize("module, absent", [
-    ("fp8lab.hardware", {"fp8lab.launch", "fp8lab.train", "fp8lab.metrics", "fp8lab.analysis"}),
-    ("fp8lab.analysis", {"fp8lab.launch", "fp8lab.report", "fp8lab.plots"}),
-    ("fp8lab.plots", {"fp8lab.report", "fp8lab.launch"}),
-    ("fp8lab.model_config", {"fp8lab.models", "fp8lab.user_model"}),
-    ("fp8lab.data_format", {"fp8lab.data", "fp8lab.data_checks", "fp8lab.ownership"}),
+    ("fp8lab.core.hardware", {"fp8lab.launch", "fp8lab.train.entry", "fp8lab.records.metrics", "fp8lab.analysis"}),
+    ("fp8lab.analysis", {"fp8lab.launch", "fp8lab.views.report", "fp8lab.views.plots"}),
+    ("fp8lab.views.plots", {"fp8lab.views.report", "fp8lab.launch"}),
+    ("fp8lab.model.config", {"fp8lab.model.models", "fp8lab.model.user"}),
+    ("fp8lab.records.data_format", {"fp8lab.data.tokens", "fp8lab.data.checks", "fp8lab.records.ownership"}),
 ])
 def test_a_fresh_import_loads_no_module_above_it(module, absent):
     import subprocess

@@ -1,4 +1,4 @@
-"""The layout resolver (fp8lab.layout): memory model against measured peaks, choices per machine,
+"""The layout resolver (fp8lab.plan.layout): memory model against measured peaks, choices per machine,
 the trainer's --dry-run and refusals, and SageMaker jobs the trainer accepts by construction."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from fp8lab import layout as fl
-from fp8lab.hardware import Machine, gpu_memory_gib
-from fp8lab.models import get_config
-from fp8lab.options import to_text
-from fp8lab.paths import RESULTS_DIR
-from fp8lab.plan import plan_run
-from fp8lab.train import TrainConfig, main, parse_args
+from fp8lab.plan import layout as fl
+from fp8lab.core.hardware import Machine, gpu_memory_gib
+from fp8lab.model.models import get_config
+from fp8lab.plan.options import to_text
+from fp8lab.core.paths import RESULTS_DIR
+from fp8lab.plan.runplan import plan_run
+from fp8lab.train.entry import TrainConfig, main, parse_args
 
 RESULTS = RESULTS_DIR
 H200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fp8lab import analysis
-from fp8lab import formats as F
+from fp8lab.fp8 import formats as F
 from fp8lab.notebooks import NOTEBOOK_DIR
-from fp8lab.paths import DATA_DIR, REPO_ROOT
+from fp8lab.core.paths import DATA_DIR, REPO_ROOT
 
 
 def _markdown(nb: str) -> str:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from fp8lab import fp8attn
-from fp8lab.config import TrainConfig
-from fp8lab.hardware import Machine
-from fp8lab.paths import REPO_ROOT
-from fp8lab.plan import plan_run
-from fp8lab.recipe import Recipe
+from fp8lab.plan import fp8attn
+from fp8lab.plan.config import TrainConfig
+from fp8lab.core.hardware import Machine
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.plan.runplan import plan_run
+from fp8lab.fp8.recipe import Recipe
 
 H200 = Machine.planned("H200", 1, fp8=True)
 H100 = Machine.planned("H100 80GB", 1, fp8=True)
@@ -152,8 +152,8 @@ def test_llama_7b_at_8k_fits_an_h200_only_with_activation_checkpointing():
 
 
 def test_memory_grows_with_the_sequence_at_a_fixed_micro_batch():
-    from fp8lab.layout import estimate_memory
-    from fp8lab.models import get_config
+    from fp8lab.plan.layout import estimate_memory
+    from fp8lab.model.models import get_config
 
     acts = [estimate_memory(get_config("llama-1b", **SHAPE_3B), precision="fp8", micro_batch_size=1, seq_len=s).activations
             for s in (4096, 8192, 16384)]
@@ -208,7 +208,7 @@ def _long_context_script():
 
 
 def test_the_long_context_figure_draws_one_bar_per_length_and_fp8_role(tmp_path):
-    from fp8lab import plots
+    from fp8lab.views import plots
 
     _write_study(tmp_path)
     table = fp8attn.speedup_table(tmp_path)
@@ -225,7 +225,7 @@ def test_the_long_context_figure_draws_one_bar_per_length_and_fp8_role(tmp_path)
 
 
 def test_without_the_study_the_figure_says_so(tmp_path):
-    from fp8lab import plots
+    from fp8lab.views import plots
 
     fig = plots.long_context_figure(fp8attn.speedup_table(tmp_path / "absent"))
     assert "no long-context study committed yet" in " ".join(t.get_text() for t in fig.axes[0].texts)
@@ -246,7 +246,7 @@ def test_the_study_summaries_find_the_crossover_and_the_loss_gap(tmp_path):
 def test_a_run_past_max_seq_len_says_so_and_records_its_decisions(prepared, tmp_path, capsys):
     import json
 
-    from fp8lab.train import train
+    from fp8lab.train.entry import train
 
     out = tmp_path / "run"
     train(TrainConfig(model="llama-tiny", seq_len=512, micro_batch_size=1, steps=1, precision="fp8", backend="emulated",
@@ -313,7 +313,7 @@ def test_a_loss_check_that_fails_its_band_leaves_auto_off(tmp_path):
 
 
 def test_the_figure_has_one_panel_per_model(tmp_path):
-    from fp8lab import plots
+    from fp8lab.views import plots
 
     _write_study(tmp_path)
     _write_study(tmp_path, {8192: (50.0, 70.0, 75.0)}, tag="7b", model="llama-7b")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8lab import models
-from fp8lab.models import MODEL_CONFIGS, build_model, count_parameters, list_models, model_flops_per_token
+from fp8lab.model import models
+from fp8lab.model.models import MODEL_CONFIGS, build_model, count_parameters, list_models, model_flops_per_token
 
 
 @pytest.mark.parametrize("name", ["llama-tiny", "gptneo-tiny"])

@@ -1,4 +1,4 @@
-"""fp8lab.plan: one torch-free plan of every effective decision, the request kept apart, JobSpec planned afresh."""
+"""fp8lab.plan.runplan: one torch-free plan of every effective decision, the request kept apart, JobSpec planned afresh."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from fp8lab import layout as fl
-from fp8lab.hardware import Machine
-from fp8lab.plan import plan_run, select_backend
-from fp8lab.train import TrainConfig
+from fp8lab.plan import layout as fl
+from fp8lab.core.hardware import Machine
+from fp8lab.plan.runplan import plan_run, select_backend
+from fp8lab.train.entry import TrainConfig
 
 H200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
 CPU = Machine("cpu", "cpu", 24.0)
@@ -19,7 +19,7 @@ CPU = Machine("cpu", "cpu", 24.0)
 
 def test_planning_a_job_imports_no_torch():
     code = ("import sys\n"
-            "import fp8lab.plan\n"
+            "import fp8lab.plan.runplan\n"
             "from fp8lab.launch import JobSpec, PLACEHOLDER_ROLE, PLACEHOLDER_BUCKET\n"
             "spec = JobSpec(model='llama-7b', precision='fp8', role=PLACEHOLDER_ROLE, bucket=PLACEHOLDER_BUCKET, tokens=10**9)\n"
             "print(spec.plan.micro_batch_size)\n"
@@ -98,7 +98,7 @@ def test_job_defaults_are_the_trainers_except_the_declared_ones():
 
 def test_the_trainer_refuses_a_job_planned_differently(tmp_path, monkeypatch):
     """Inside a job the trainer re-plans on its machine and compares with the launch's plan."""
-    from fp8lab.train import EXIT_BAD_OPTIONS, main
+    from fp8lab.train.entry import EXIT_BAD_OPTIONS, main
 
     monkeypatch.chdir(tmp_path)
     argv = ["--model", "llama-tiny", "--precision", "fp8", "--backend", "emulated", "--device", "cpu",
@@ -112,7 +112,7 @@ def test_the_trainer_refuses_a_job_planned_differently(tmp_path, monkeypatch):
 
 def test_plan_curve_estimates_a_model_without_measurements():
     """plan_curve once raised AttributeError where no run was measured (its stand-in job had no model_cfg)."""
-    from fp8lab import estimates
+    from fp8lab.analysis import estimates
 
     curve = estimates.plan_curve(["llama-tiny"], ["bf16", "fp8"], [1, 2], 10**9)
     assert len(curve) == 4 and not curve["measured"].any()

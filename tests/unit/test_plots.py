@@ -1,4 +1,4 @@
-"""fp8lab.plots: every figure renders, and its axes carry the data of the tables it was given."""
+"""fp8lab.views.plots: every figure renders, and its axes carry the data of the tables it was given."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,9 @@ import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
-from fp8lab import analysis, plots
-from fp8lab.paths import RESULTS_DIR
+from fp8lab import analysis
+from fp8lab.views import plots
+from fp8lab.core.paths import RESULTS_DIR
 from fake_runs import make_pair, make_trainer_run, run_meta, step_records
 
 
@@ -189,10 +190,10 @@ def test_profiles_of_real_runs_become_stacked_bars_with_the_wall_time(tmp_path):
     left out unless asked for."""
     import json
 
-    from fp8lab.train import TrainConfig, train
+    from fp8lab.train.entry import TrainConfig, train
 
     tok = tmp_path / "tok"
-    from fp8lab import data as fdata
+    from fp8lab.data import tokens as fdata
 
     fdata.prepare_data(None, tok, None, vocab_size=512)
     for prec, backend in (("bf16", "none"), ("fp8", "emulated")):
@@ -228,7 +229,8 @@ def test_the_parity_figure_draws_each_run_and_the_band_from_the_committed_study(
     """Notebook 05 and the report: the committed loss-parity study's BF16 seeds as one shaded range around their
     dashed mean (four seeds would be four more lines), each FP8 run a solid line over validation loss, and their gap
     to the BF16 mean inside the band; nothing committed: a note."""
-    from fp8lab import analysis, plots
+    from fp8lab import analysis
+    from fp8lab.views import plots
 
     curves = analysis.parity_curves(analysis.load_runs(RESULTS_DIR / "loss-parity-20m"))
     fig = plots.parity_figure(curves)

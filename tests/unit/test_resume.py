@@ -1,12 +1,12 @@
-"""fp8lab.resume: a checkpoint's fingerprint records what the plan runs (backend, recipe, layout), not "auto"."""
+"""fp8lab.train.resume: a checkpoint's fingerprint records what the plan runs (backend, recipe, layout), not "auto"."""
 from __future__ import annotations
 
 import pytest
 
-from fp8lab import resume
-from fp8lab.hardware import Machine
-from fp8lab.plan import plan_run
-from fp8lab.train import TrainConfig
+from fp8lab.train import resume
+from fp8lab.core.hardware import Machine
+from fp8lab.plan.runplan import plan_run
+from fp8lab.train.entry import TrainConfig
 
 H200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
 # the same GPU where Transformer Engine does not import: "auto" picks another backend there

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from fp8lab import data_format, model_checks
-from fp8lab.train import TrainConfig
+from fp8lab.records import data_format
+from fp8lab.model import checks as model_checks
+from fp8lab.train.entry import TrainConfig
 
 
 @pytest.mark.parametrize("value, why", [

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fp8lab import analysis, estimates, hardware, launch as L, scaling
-from fp8lab.models import block_matmul_params, count_parameters, get_config
+from fp8lab import analysis, launch as L
+from fp8lab.analysis import estimates, scaling
+from fp8lab.core import hardware
+from fp8lab.model.models import block_matmul_params, count_parameters, get_config
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,7 @@ def test_launch_plan_prints_bf16_fp8_and_fp8_all_gather_per_instance_count():
     plan = L.plan_sweep(["llama-7b"], ["bf16", "fp8"], [1, 2, 16], role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET,
                         tokens=24 * 10**9)
     text = L.format_cost_table(plan)
-    assert "scaling model (fp8lab.scaling" in text and "0.95 per doubling" not in text
+    assert "scaling model (fp8lab.analysis.scaling" in text and "0.95 per doubling" not in text
     for n in (1, 2, 16):
         line = next(x for x in text.splitlines() if x.startswith(f"  llama-7b x{n}: "))
         assert "bf16 " in line and "; fp8 " in line and "fp8 + fp8 all-gather" in line

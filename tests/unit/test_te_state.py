@@ -1,4 +1,4 @@
-"""fp8lab.te_state and the resume path: Transformer Engine's pickled FP8 state is decoded by fp8lab's
+"""fp8lab.train.te_state and the resume path: Transformer Engine's pickled FP8 state is decoded by fp8lab's
 allowlisting unpickler before TE sees it; a crafted one is refused and nothing in it runs (CPU: TE's
 recipe module and a TE module are stand-ins, tests/helpers/te_pickles.py)."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 from te_pickles import Payload, install_standin_te, shell_payload, tamper_in_place, te_shaped
 from torch import nn
 
-from fp8lab import checkpoint as fckpt
-from fp8lab import te_state
-from fp8lab.distributed import DistEnv
+from fp8lab.train import checkpoint as fckpt
+from fp8lab.train import te_state
+from fp8lab.train.distributed import DistEnv
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), initialized_here=False)
 KEY = "model.0._extra_state"
@@ -182,7 +182,7 @@ def test_a_checkpoint_tampered_in_place_is_refused_before_anything_loads(te, tmp
 
 
 def _checkpointer(te, root, model, opt, logged):
-    from fp8lab.components import Checkpointer
+    from fp8lab.train.components import Checkpointer
 
     c = SimpleNamespace(resume=True, resume_with_new_settings=False, checkpoint_every=2, keep_checkpoints=5)
     paths = SimpleNamespace(checkpoint_dir=root, output_dir=root.parent)

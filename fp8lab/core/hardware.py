@@ -1,0 +1,232 @@
+"""Facts about the machines fp8lab plans for, in one place: the GPUs (one table, :data:`GPUS`: memory,
+dense BF16/FP8 peaks, HBM and NVLink bandwidth, generation, looked up by name with :func:`gpu_spec`),
+SageMaker instance types and their assumed prices, the placeholders of a dry run and the folder
+SageMaker syncs checkpoints from. Other modules read these facts from here (``fp8lab.launch``,
+``fp8lab.train.entry`` and ``fp8lab.records.metrics`` re-export their old names); this module imports nothing of
+fp8lab at module level, so any module may import it.
+
+The layout resolver (``fp8lab.plan.layout``) sizes micro-batches from a GPU's memory; the launcher
+plans SageMaker jobs for a GPU it cannot see, so it looks the memory up here by the instance's
+GPU name. Memory is what ``torch.cuda.get_device_properties(i).total_memory`` reports (GiB), not
+the marketing figure: an "80 GB" H100 reports about 79.2 GiB, a 141 GB H200 about 139.8 GiB.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class GPU:
+    """What fp8lab knows of one GPU model, from NVIDIA's data sheets; None where this table does not say.
+
+    ``fragment`` is matched against a GPU's name (as ``torch.cuda.get_device_name()`` or ``INSTANCES`` write
+    it). Peaks are dense (no 2:4 sparsity) tensor-core FLOP/s; ``memory_gib`` is what torch reports (see the
+    module's docstring); ``hbm``: HBM bandwidth in bytes/s, what memory-bound kernels (casts, norms,
+    elementwise, the optimizer) scale with; ``nvlink``: NVLink bytes/s per GPU and direction (NVIDIA quotes
+    900 GB/s for H100/H200 SXM, NVLink 4, and 1.8 TB/s for B200, NVLink 5, both directions together; half of
+    that each way); ``generation``: hopper | blackwell, where TE's FP8 fused attention runs (fp8lab.plan.fp8attn).
+    """
+
+    fragment: str
+    generation: str | None = None
+    memory_gib: float | None = None
+    bf16: float | None = None
+    fp8: float | None = None
+    hbm: float | None = None
+    nvlink: float | None = None
+
+
+# Matched in order, specific names first ("GB200" before "B200", "H200" before "H20", "L40S" before "L4"); a
+# fact a row leaves None comes from the next matching row that has it (an "H100 PCIe" has the "H100" memory).
+GPUS: tuple[GPU, ...] = (
+    GPU("GH200", "hopper", bf16=989e12, fp8=1979e12, hbm=4.8e12),
+    # H200 SXM (NVL, at a lower clock, is close; use --peak-tflops to set it)
+    GPU("H200", "hopper", 139.8, bf16=989e12, fp8=1979e12, hbm=4.8e12, nvlink=450e9),
+    GPU("H100 80GB", memory_gib=79.2),
+    GPU("H100 PCIe", bf16=756e12, fp8=1513e12, hbm=2.0e12),
+    GPU("H100 NVL", bf16=835e12, fp8=1671e12, hbm=3.9e12),
+    # H100 SXM5 80 GB ("NVIDIA H100 80GB HBM3"), the GPU of SageMaker P5
+    GPU("H100", "hopper", 79.2, bf16=989e12, fp8=1979e12, hbm=3.35e12, nvlink=450e9),
+    GPU("H800", "hopper", bf16=989e12, fp8=1979e12, hbm=3.35e12),
+    GPU("H20", "hopper"),
+    GPU("GB200", "blackwell"),
+    GPU("B200", "blackwell", 178.4, bf16=2250e12, fp8=4500e12, hbm=8.0e12, nvlink=900e9),
+    GPU("B100", "blackwell", bf16=1750e12, fp8=3500e12, hbm=8.0e12),
+    GPU("B300", "blackwell"),
+    GPU("A100 80GB", memory_gib=79.2, hbm=2.0e12),
+    GPU("A100-SXM4-80GB", memory_gib=79.2, hbm=2.0e12),  # torch's name for the SXM part: no "A100 80GB" in it
+    GPU("A100 40GB", memory_gib=39.4),
+    GPU("A100", memory_gib=39.4, bf16=312e12, hbm=1.555e12, nvlink=300e9),
+    GPU("L40S", bf16=362e12, fp8=733e12, hbm=0.864e12),
+    GPU("L40", bf16=181e12, fp8=362e12, hbm=0.864e12),  # before "L4", which it contains
+    GPU("L4", bf16=121e12, fp8=242e12, hbm=0.3e12),
+)
+
+
+def _column(fact: str) -> tuple[tuple[str, Any], ...]:
+    """(name fragment, value) of the GPUs that have ``fact``, in match order: the table :func:`gpu_spec` reads."""
+    return tuple((g.fragment, getattr(g, fact)) for g in GPUS if getattr(g, fact) is not None)
+
+
+# One column of GPUS each, under their old names
+GPU_MEMORY_GIB = _column("memory_gib")
+PEAK_BF16_DENSE = _column("bf16")
+PEAK_FP8_DENSE = _column("fp8")
+HBM_BANDWIDTH = _column("hbm")
+NVLINK_BANDWIDTH = _column("nvlink")
+GPU_GENERATION = _column("generation")
+
+
+def gpu_spec(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
+    """A value of one of the columns above for a GPU by (a fragment of) its name; None where unknown."""
+    for key, value in table:
+        if gpu_name and key.lower() in gpu_name.lower():
+            return value
+    return None
+
+
+def peak_bf16_flops(gpu_name: str | None) -> float | None:
+    """Dense BF16 peak FLOP/s of a GPU by name; None for CPUs and GPUs not in the table."""
+    return gpu_spec(PEAK_BF16_DENSE, gpu_name)
+
+
+def gpu_memory_gib(gpu_name: str) -> float | None:
+    """Memory of a GPU by (a fragment of) its name, or None when the table does not know it."""
+    return gpu_spec(GPU_MEMORY_GIB, gpu_name)
+
+
+def cpu_memory_gib() -> float:
+    """Physical memory of this machine (what a CPU run's tensors compete for)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a laptop
+        return 16.0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where a run goes: what the layout resolver needs to know about it.
+
+    ``memory_gib`` is per device (one GPU, or the whole machine on a CPU). ``te_usable``: Transformer
+    Engine imports and runs here (its layers are then the fastest BF16 fp8lab has as well).
+    ``fp8``: the GPU has FP8 tensor cores.
+    """
+
+    device: str  # "cpu" | "cuda"
+    name: str  # GPU name, or "cpu"
+    memory_gib: float
+    world_size: int = 1
+    te_usable: bool = False
+    fp8: bool = False
+    unusable: tuple[tuple[str, str], ...] = ()  # (backend, why it cannot run here), as Machine.detect found them
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def backend_problem(self, name: str) -> str | None:
+        """Why backend ``name`` cannot run here (None: it can, or this machine is planned, not seen)."""
+        return dict(self.unusable).get(name)
+
+    @classmethod
+    def detect(cls, device, world_size: int = 1, memory_gib: float = 0.0) -> "Machine":
+        """This process's device (a ``torch.device``); ``memory_gib`` > 0 caps it (an emulated smaller GPU)."""
+        from fp8lab.fp8.backends import available_backends
+
+        unusable = tuple((n, why) for n, why in available_backends().items() if why is not None)
+        if getattr(device, "type", device) != "cuda":
+            return cls("cpu", "cpu", memory_gib or cpu_memory_gib(), world_size, unusable=unusable)
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        total = props.total_memory / 2**30
+        te_ok = "te" not in dict(unusable)
+        return cls("cuda", props.name, min(total, memory_gib) if memory_gib else total, world_size,
+                   te_usable=te_ok, fp8=(props.major, props.minor) >= (8, 9), unusable=unusable)
+
+    @classmethod
+    def planned(cls, gpu_name: str, world_size: int, fp8: bool) -> "Machine":
+        """A GPU this process cannot see (a SageMaker instance's): Transformer Engine assumed installed there."""
+        mem = gpu_memory_gib(gpu_name)
+        if mem is None:
+            raise ValueError(f"no memory size known for GPU {gpu_name!r}; known: {', '.join(k for k, _ in GPU_MEMORY_GIB)}")
+        return cls("cuda", gpu_name, mem, world_size, te_usable=True, fp8=fp8)
+
+
+# ----------------------------------------------------------------------------------------------
+# SageMaker: instance types, assumed prices, dry-run placeholders, the checkpoint folder
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """What a SageMaker instance type offers for this experiment."""
+
+    gpus: int  # GPUs per instance = torchrun processes per node
+    gpu: str
+    fp8: bool  # FP8 tensor cores (Hopper / Blackwell); A100 has none
+    bf16_tflops: float  # dense BF16 peak per GPU (vendor datasheet), for time estimates
+    blackwell: bool = False  # MXFP8 recipes need Blackwell in Transformer Engine
+
+
+INSTANCES: dict[str, InstanceInfo] = {
+    "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", True, 989.0),
+    "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
+    "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
+    "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", True, 2250.0, blackwell=True),
+    "ml.p4d.24xlarge": InstanceInfo(8, "A100 40GB", False, 312.0),
+    "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", False, 312.0),
+}
+
+# On-demand USD per instance-hour used when no price is passed. ASSUMPTION, not a quote:
+# the published SageMaker AI on-demand *training* price of ml.p5.48xlarge in US East
+# (N. Virginia) as listed on aws.amazon.com/sagemaker/pricing around the source blog's date.
+# Prices differ by region and change (AWS cut P5 prices during 2025): pass price_per_hour.
+DEFAULT_PRICES_USD_PER_HOUR: dict[str, float] = {"ml.p5.48xlarge": 113.07}
+PRICE_SOURCE = (
+    "assumed on-demand price of ml.p5.48xlarge SageMaker training in us-east-1 "
+    "(SageMaker AI pricing page, as of 2024-11); check current pricing and pass your own price"
+)
+
+
+def price_for(instance_types: Iterable[str], price_per_hour: float | None) -> tuple[float, str]:
+    """(USD per instance-hour, where that number comes from) for jobs on ``instance_types``.
+
+    ``price_per_hour`` wins when given; else the assumed default, which exists for one type only.
+    """
+    if price_per_hour is not None:
+        if isinstance(price_per_hour, bool) or not isinstance(price_per_hour, (int, float)) or not (
+                0 < price_per_hour < math.inf):
+            raise ValueError(f"price_per_hour={price_per_hour!r} is invalid; allowed: a finite number > 0 "
+                             "(USD per instance-hour)")
+        return float(price_per_hour), "price_per_hour given by the caller"
+    types = set(instance_types)
+    unknown = sorted(types - set(DEFAULT_PRICES_USD_PER_HOUR))
+    if unknown or len(types) != 1:
+        raise ValueError(f"no default price for {', '.join(unknown or sorted(types))}: pass price_per_hour "
+                         f"(USD per instance-hour); defaults exist for {', '.join(DEFAULT_PRICES_USD_PER_HOUR)}")
+    return DEFAULT_PRICES_USD_PER_HOUR[types.pop()], PRICE_SOURCE
+
+
+# Obvious placeholders that pass every validation, so a dry run works with no account:
+# 111122223333 is the example account id AWS documentation uses, amzn-s3-demo-bucket its
+# example bucket. A real launch refuses them.
+PLACEHOLDER_ROLE = "arn:aws:iam::111122223333:role/fp8lab-sagemaker-execution-role"
+PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
+
+# The folder SageMaker syncs with a job's checkpoint S3 URI (the trainer's default checkpoint folder there)
+SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+
+
+# ----------------------------------------------------------------------------------------------
+# For the scaling model (fp8lab.analysis.scaling, issue 32): what else a GPU and an instance offer
+# ----------------------------------------------------------------------------------------------
+
+# EFA network bandwidth per instance in bit/s (AWS instance pages: P5 and P5e/P5en 3,200 Gbps;
+# P4d 400 Gbps; P6-B200 3,200 Gbps).
+EFA_GBPS: dict[str, float] = {"ml.p5.48xlarge": 3200.0, "ml.p5e.48xlarge": 3200.0, "ml.p5en.48xlarge": 3200.0,
+                              "ml.p6-b200.48xlarge": 3200.0, "ml.p4d.24xlarge": 400.0, "ml.p4de.24xlarge": 400.0}
+

@@ -1,0 +1,96 @@
+"""Where the repository's shipped files are, independent of the working directory.
+
+Notebooks run with their cwd under ``outputs/``; the library finds ``data/`` from here.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# FP8LAB_DATA_DIR lets an installed copy (or a SageMaker job) point at another data folder.
+DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
+RESULTS_DIR = DATA_DIR / "results"
+
+
+def read_check(path: str | Path) -> dict | None:
+    """A committed GPU check's JSON object (the result files ``auto`` decisions read: fp8lab.plan.runplan, fp8lab.plan.fp8attn),
+    or None where it is missing, unreadable or not an object: as if not committed."""
+    import json
+
+    try:
+        check = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return check if isinstance(check, dict) else None
+
+
+def is_inside(path: str | Path, root: str | Path) -> bool:
+    """True when ``path``, symlinks followed, lies in ``root`` (a manifest's shard, a model's tokenizer)."""
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ paths in files people share
+# Run configs, summaries, executed notebooks and reports are shared: they never hold an absolute
+# machine path (user names, mount points). A path inside the run's folder is written relative to
+# it; any other absolute path becomes "<abs>/" plus its last part.
+
+ABSOLUTE_PLACEHOLDER = "<abs>"
+
+
+def shareable_path(value: object, base: str | Path | None = None) -> object:
+    """``value`` as written in a shared file: relative to ``base`` (the run folder) when inside it,
+    as typed when relative, else ``<abs>/<name>``; non-path values are returned unchanged."""
+    if value is None or not isinstance(value, (str, Path)) or str(value).startswith(("hf:", "s3://")):
+        return value
+    p = Path(value)
+    if not p.is_absolute():
+        return str(value)
+    if base is not None:
+        try:
+            rel = p.resolve().relative_to(Path(base).resolve())
+            return rel.as_posix() or "."
+        except ValueError:
+            pass
+    return f"{ABSOLUTE_PLACEHOLDER}/{p.name}" if p.name else ABSOLUTE_PLACEHOLDER
+
+
+def shareable_argv(argv: list[str], base: str | Path | None = None) -> list[str]:
+    """Command-line words with every absolute path (alone or after ``--opt=``) made shareable."""
+    out = []
+    for word in argv:
+        opt, eq, val = word.partition("=") if word.startswith("--") else ("", "", word)
+        if eq:
+            out.append(f"{opt}={shareable_path(val, base)}")
+        else:
+            out.append(str(shareable_path(word, base)) if word.startswith("/") else word)
+    return out
+
+
+def shareable_run_record(options: dict, defaults: dict, argv: list[str] | None, base: str | Path,
+                         path_keys: tuple[str, ...] = ("data", "output_dir", "checkpoint_dir", "model_dir")) -> dict:
+    """The path options and the ``command`` of a run's config.json, shareable.
+
+    ``argv`` given: the command line as typed, its absolute paths made shareable. ``argv`` None (the
+    Python API, a notebook kernel): the equivalent ``fp8lab train`` command from the options that
+    differ from ``defaults``, instead of the interpreter's own argv (a kernel launcher and its
+    connection file)."""
+    out = {k: shareable_path(options.get(k), base) for k in path_keys if k in options}
+    if argv is None:
+        words = []
+        for k, v in options.items():
+            if k in defaults and v != defaults[k] and v not in ((), [], {}):
+                v = shareable_path(v, base) if k in path_keys else v
+                if isinstance(v, dict):
+                    v = ",".join(f"{a}={b}" for a, b in v.items())
+                elif isinstance(v, (list, tuple)):
+                    v = ",".join(str(x) for x in v)
+                words += ["--" + k.replace("_", "-").replace("model-overrides", "model-override"), str(v)]
+        out["command"] = "fp8lab train " + " ".join(words) + "  # via the Python API (fp8lab.train.entry.train)"
+    else:
+        out["command"] = "fp8lab train " + " ".join(shareable_argv(list(argv), base))
+    return out

@@ -1,0 +1,176 @@
+"""Data scans: a ``--data`` text file or folder (UTF-8 text, not binary, not empty, enough documents for
+a train/validation split) or a prepared folder (a readable manifest whose shards are all there),
+checked before any tokenizing; after tokenizing, both splits hold at least one window."""
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import lzma
+from pathlib import Path
+from typing import Any
+
+from fp8lab.records import data_format as fformat
+from fp8lab.core.probes import check_member
+from fp8lab.core.validate import is_count
+
+SCAN_BYTES = 64 << 20  # text read per --data file up front; a decode error past this is caught while tokenizing
+
+
+def _open_binary(path: Path):
+    if path.name.endswith(".xz"):
+        return lzma.open(path, "rb")
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) -> int:
+    """Documents (blank-line separated blocks) in the first ``limit`` bytes; ValueError if not UTF-8 text."""
+    who = f"{option}: file {path.name!r}"
+    jsonl = path.name.endswith(fformat.JSONL_SUFFIXES)  # one document per line, blank lines inside it are escaped
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    docs, in_doc, read, line_no = 0, False, 0, 0
+    try:
+        with _open_binary(path) as fh:
+            head = fh.peek(8192)[:8192] if hasattr(fh, "peek") else b""
+            if b"\x00" in head:
+                raise ValueError(f"{who} is binary (NUL bytes near its start), not text; allowed: UTF-8 text "
+                                 "files (.txt, .md, optionally .xz/.gz) or a prepared folder")
+            for raw in fh:
+                line_no += 1
+                if b"\x00" in raw:
+                    raise ValueError(f"{who} is binary (NUL bytes on line {line_no}), not text; "
+                                     "allowed: UTF-8 text files (.txt, .md, optionally .xz/.gz) or a prepared folder")
+                try:
+                    text = decoder.decode(raw)
+                except UnicodeDecodeError as exc:
+                    raise ValueError(f"{who} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line_no}); "
+                                     "allowed: UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)") from None
+                if text.strip():
+                    docs += jsonl or not in_doc
+                    in_doc = True
+                else:
+                    in_doc = False
+                read += len(raw)
+                if read >= limit:
+                    return docs
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                raise ValueError(f"{who} is not UTF-8 text (it ends inside a multi-byte character); "
+                                 "allowed: UTF-8 text") from None
+    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+        raise ValueError(f"{who} is not a readable {path.suffix} archive ({exc}); "
+                         "allowed: text files, optionally compressed with xz or gzip") from None
+    except OSError as exc:
+        raise ValueError(f"{who} cannot be read ({exc.strerror or exc})") from None
+    if docs == 0:
+        raise ValueError(f"{who} is empty (no text); allowed: UTF-8 text with at least one paragraph")
+    return docs
+
+
+def check_data_source(value: str | list | None, option: str = "--data", val_fraction: float = 0.05,
+                      scan_tokens: bool = True) -> None:
+    """A ``--data`` source (or a list of text sources) is usable before anything is tokenized; None and
+    ``hf:`` pass (checked when loaded). ``scan_tokens``: also read a prepared folder's every token id
+    (:func:`check_token_ids`; a training job does that once, on rank 0: :func:`scan_token_ids`)."""
+    if value is None or (isinstance(value, str) and value.startswith("hf:")):
+        return
+    if isinstance(value, (str, Path)) and fformat.is_prepared(value):
+        check_prepared_folder(Path(value), option, scan_tokens)
+        return
+    try:
+        files = fformat.text_files(value)
+    except ValueError as exc:
+        raise ValueError(f"{option}={value if isinstance(value, list) else str(value)!r}: {exc}") from None
+    docs = sum(scan_text_file(f, option) for f in files)
+    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fp8lab.data.tokens.prepare_data)
+    if docs < need:
+        names = ", ".join(repr(f.name) for f in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise ValueError(f"{option}: {names} hold(s) {docs} document(s) (paragraphs separated by blank lines); "
+                         f"allowed: at least {need}, since every {need}th goes to the validation split")
+
+
+def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: bool = True) -> dict[str, Any]:
+    """A prepared folder's manifest parses, has the expected format, and its shards and tokenizer exist;
+    with ``scan_tokens`` every token id is below its vocab_size (:func:`check_token_ids`)."""
+    mpath = folder / fformat.MANIFEST
+    who = f"{option}: {fformat.MANIFEST} in {folder.name!r}"
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{who} is not valid JSON (line {exc.lineno}: {exc.msg}); allowed: a folder written by "
+                         "fp8lab prepare-data (re-create it), or text files") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ValueError(f"{who} cannot be read ({type(exc).__name__}); allowed: a folder written by fp8lab prepare-data") from None
+    if not isinstance(m, dict) or m.get("format") != fformat.FORMAT or m.get("version") != fformat.FORMAT_VERSION:
+        got = (m.get("format"), m.get("version")) if isinstance(m, dict) else type(m).__name__
+        raise ValueError(f"{who} is not an {fformat.FORMAT} v{fformat.FORMAT_VERSION} manifest (found {got}); "
+                         "allowed: a folder written by fp8lab prepare-data")
+    try:
+        itemsize = __import__("numpy").dtype(m["dtype"]).itemsize
+        shards = [(s["file"], int(s["tokens"])) for split in ("train", "val") for s in m["splits"][split]["shards"]]
+        tokenizer = m["tokenizer"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{who} lacks {exc} or has a wrong type there; allowed: a folder written by fp8lab prepare-data") from None
+    for name in [n for n, _ in shards] + [tokenizer]:
+        check_member(folder, name, option)
+    for name, tokens in shards:
+        f = folder / name
+        if not f.is_file() or f.stat().st_size < tokens * itemsize:
+            raise ValueError(f"{option}: shard {name!r} in {folder.name!r} is missing or shorter than its manifest says "
+                             f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
+    if not (folder / tokenizer).is_file():
+        raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
+    if scan_tokens:
+        check_token_ids(folder, m, option)
+    return m
+
+
+def scan_token_ids(source: str | Path | None, option: str = "--data") -> None:
+    """The token-id scan of a ``--data`` that is a prepared folder (already checked without it by
+    :func:`check_prepared_folder`); other sources are tokenized by the run itself, nothing to scan."""
+    if source is None or not fformat.is_prepared(source):
+        return
+    folder = Path(source)
+    check_token_ids(folder, json.loads((folder / fformat.MANIFEST).read_text(encoding="utf-8")), option)
+
+
+TOKEN_SCAN_CHUNK = 1 << 24  # tokens read at a time when scanning shards for out-of-vocabulary ids
+
+
+def check_token_ids(folder: Path, manifest: dict[str, Any], option: str = "--data") -> None:
+    """Every token id in the shards is below the manifest's vocab_size (which the trainer compares with
+    the model's): an id past the embedding would fail inside the first step. Reads every shard once
+    (memory-mapped, in chunks: about a second per GB)."""
+    import numpy as np
+
+    vocab = manifest.get("vocab_size")
+    if not is_count(vocab):
+        raise ValueError(f"{option}: the manifest in {folder.name!r} has vocab_size={vocab!r}; allowed: a positive "
+                         "integer (re-create the folder with fp8lab prepare-data)")
+    dtype = np.dtype(manifest["dtype"])
+    for split in ("train", "val"):
+        for s in manifest["splits"][split]["shards"]:
+            n = int(s["tokens"])
+            if n <= 0:
+                continue
+            arr = np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(n,))
+            top = max(int(arr[i:i + TOKEN_SCAN_CHUNK].max()) for i in range(0, n, TOKEN_SCAN_CHUNK))
+            if top >= vocab:
+                raise ValueError(f"{option}: shard {s['file']!r} in {folder.name!r} holds token id {top}, outside the "
+                                 f"manifest's vocab_size {vocab} (ids 0..{vocab - 1}); allowed: shards written with "
+                                 "that tokenizer (re-create the folder with fp8lab prepare-data)")
+
+
+def check_prepared_size(manifest: dict[str, Any], seq_len: int, option: str = "--data") -> None:
+    """Both splits hold at least one window of ``seq_len + 1`` tokens."""
+    src = manifest.get("source", {})
+    names = src.get("files") or ([src["dataset"]] if src.get("dataset") else [])
+    who = f"{option} ({', '.join(map(repr, names[:3]))}{' ...' if len(names) > 3 else ''})" if names else option
+    for split in ("train", "val"):
+        n = manifest["splits"][split]["tokens"]
+        if n < seq_len + 1:
+            raise ValueError(f"{who}: its {split} split holds {n} tokens, too few for one sequence of --seq-len "
+                             f"{seq_len} (+1); allowed: more text, or a smaller --seq-len (at most {max(1, n - 1)})")

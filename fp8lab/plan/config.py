@@ -1,0 +1,207 @@
+"""``TrainConfig``: every option of a training run, what was *requested* ("auto" included), each option
+declared once on its field (fp8lab.plan.options), validated once on construction and never replaced (the
+effective decisions are the plan's: fp8lab.plan.runplan). Its own module so that what only needs the options
+(the planner, ``JobSpec``, the notebooks' checks) never imports the entry points (fp8lab.train.entry), which
+run the trainer."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
+                            FP8_STATS_SOURCES,
+                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
+                            check_fields, check_schema, flag, option)
+from fp8lab.fp8.stats import DEFAULT_EVERY_TEXT as DEFAULT_STATS_TEXT
+from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
+from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
+                             STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
+
+CHECKPOINT_EVERY = Check(lambda v: is_count(v, -1), "an integer: N > 0 steps, 0 = only at the end, -1 = never")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every option of a training run; CLI flags and SageMaker hyperparameters have the same names.
+
+    Each field is the option's one declaration (fp8lab.plan.options): its help, choices or check, and,
+    from its type, how its text is read. Validated on construction: a bad value raises ValueError
+    naming the option (``--seq-len``) and what is allowed, before anything is built or downloaded.
+    """
+
+    model: str = option("llama-tiny", "fp8lab.model.models name (llama-tiny/1b/7b, gptneo-tiny/125m/1.3b), a model folder (config.json + optional *.safetensors) or hf:<repo id>")
+    model_overrides: dict = option(help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)", factory=dict,
+                                   metavar="KEY=VALUE", flags=("--model-override", "--model_override"))
+    precision: str = option("bf16", "bf16 | fp8", choices=PRECISIONS)
+    backend: str = option("auto", "auto (fp8: te where Transformer Engine is usable, else emulated; bf16: te's layers with FP8 off where TE is usable, else the plain HF model; fp8lab.plan.runplan.select_backend) | none | " + " | ".join(FP8_BACKENDS), choices=BACKENDS)
+    recipe: str = option("auto", "auto (backend default: TE delayed scaling) | " + " | ".join(KINDS) + ", optionally kind:key=value,... (fp8lab.fp8.recipe.Recipe.parse)")
+    bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8 (a loss remedy)")
+    fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers", check=BOOL)
+    steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", check=optional(STEP_COUNT))
+    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(TOKEN_COUNT))
+    micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    seq_len: AutoInt = option(AUTO, "tokens per sequence; auto: 2048 on a GPU, 256 on a CPU. Longer than a named Llama shape's max_seq_len: trained from scratch with it raised; GPT-Neo (learned positions) and model folders: at most their max_seq_len / max_position_embeddings", check=AUTO_OR_POSITIVE_INT)
+    lr: float = option(3e-4, "peak learning rate of AdamW", check=UNIT_OPEN)
+    min_lr: float = option(3e-5, "end of the cosine decay")
+    warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)", check=optional(NONNEG_INT))
+    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", check=NONNEG_NUM)
+    beta1: float = option(0.9, "AdamW's first-moment decay", check=UNIT_HALF_OPEN)
+    beta2: float = option(0.95, "0.95 rather than 0.999: steadier for LLM pre-training", check=UNIT_HALF_OPEN)
+    grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)", check=NONNEG_NUM)
+    activation_checkpointing: AutoBool = option(AUTO, "recompute each block in backward: less memory, ~1/3 more compute; auto: on only where the layout fits nothing without it (fp8lab.plan.layout; the same for both runs of a BF16/FP8 pair)", check=AUTO_BOOL)
+    compile: bool = option(False, "torch.compile each decoder block", check=BOOL)
+    cuda_graphs: str = option(AUTO, "replay each decoder block's forward and backward as CUDA graphs (TE fused layers, bf16 parameters, one GPU): auto = on where the step is launch-bound (small micro-batch) and the set-up supports it (fp8lab.plan.graphs)", choices=CUDA_GRAPHS)
+    seed: int = option(1234, "model init and data order", check=NONNEG_INT)
+    data: str | None = option(None, "prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus", check=optional(PATH))
+    output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>", check=optional(PATH))
+    checkpoint_dir: str | None = option(None, "default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints", check=optional(PATH))
+    model_dir: str | None = option(None, "final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model", check=optional(PATH))
+    checkpoint_every: int = option(0, "steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never", check=CHECKPOINT_EVERY)
+    keep_checkpoints: int = option(2, "newest complete checkpoints kept", check=POSITIVE_INT)
+    resume: bool = option(True, "continue from the newest complete checkpoint in the checkpoint folder", check=BOOL)
+    resume_with_new_settings: bool = option(False, "resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.train.resume)", check=BOOL)
+    val_every: int = option(0, "validation loss every N steps (0: only at the end)", check=NONNEG_INT)
+    val_batches: int = option(4, "validation size in global batches (micro-batch x grad-accum x ranks sequences each)", check=POSITIVE_INT)
+    parallel: str = option("ddp", "under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)", choices=PARALLEL)
+    compute_dtype: str = option(AUTO, "torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32", choices=COMPUTE_DTYPES)
+    param_dtype: str = option(AUTO, "auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)", choices=PARAM_DTYPES)
+    fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch", check=BOOL)
+    fsdp_keep_weights: AutoBool = option(AUTO, "auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)", check=AUTO_BOOL)
+    fuse_wgrad_accumulation: bool = option(True, "TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place", check=BOOL)
+    device: str = option(AUTO, "auto | cpu | cuda", choices=DEVICES)
+    gpu_memory_gib: float = option(0.0, "0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it", check=NONNEG_NUM)
+    dry_run: bool = option(False, "print the resolved layout and memory estimate, build nothing, train nothing", check=BOOL)
+    max_bad_steps: int = option(5, "K: this many non-finite steps in a row stop the run", check=POSITIVE_INT)
+    peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.records.metrics table)", check=NONNEG_NUM)
+    save_model: bool = option(True, "write the final HF model (save_pretrained) to the model folder", check=BOOL)
+    plot: bool = option(True, "write loss.png next to metrics.jsonl at the end", check=BOOL)
+    progress: str = option(AUTO, "tqdm bar: auto (terminal or notebook) | on | off", choices=PROGRESS)
+    print_metrics: bool = option(True, "the fp8lab-metrics line per step on stdout (rank 0)", check=BOOL)
+    profile_steps: Steps = option((), "record these steps (smallest to largest) with torch.profiler; writes profile.json (time by kernel category)",
+                                  check=step_numbers("comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)"))
+    inject_nan_at_steps: Steps = option((), "FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)",
+                                        check=step_numbers("comma-separated positive step numbers (testing only)"))
+    # --- #34 long sequences: FP8 attention
+    fp8_attention: str = option(AUTO, "TE's FP8 dot-product attention (fp8_dpa; fused TE blocks, --precision fp8): auto = on where it was measured to pay (Hopper, head_dim 128, delayed recipe, sequence >= fp8lab.plan.fp8attn.CROSSOVER_SEQ_LEN) | on (refused where it cannot run) | off", choices=FP8_ATTENTION)
+    # issue 32: FP8 all-gather under FSDP2 (a plan decision: fp8lab.plan.runplan.fp8_all_gather_decision)
+    fp8_all_gather: str = option(AUTO, "--parallel fsdp with --precision fp8: all-gather the block linears' weights in FP8, half the bytes of bf16 (torchao's float8 FSDP2 all-gather; --backend torchao only): auto (on where it can run) | on | off", choices=FP8_ALL_GATHER)
+    # issue 31: FP8 health statistics (fp8lab.fp8.stats)
+    fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off; auto: " + DEFAULT_STATS_TEXT, check=AUTO_OR_NONNEG_INT)
+    fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: auto (te-debug where nvdlfw-inspect is installed, one process trains and TE's debug API passed its committed GPU check on this TE release, else fp8lab) | te-debug (Transformer Engine's own debug API: every GEMM of the fused layers, the sampled step's micro-batches summed) | fp8lab (fp8lab's hooks on TE's modules: the first micro-batch; fc2's input and fc1's gradient not seen). The emulated backend always reports from its own quantizers", choices=FP8_STATS_SOURCES)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def shape_overrides(self) -> dict:
+        """``model_overrides`` as the model is built: a named shape's max_seq_len raised to a longer
+        ``--seq-len`` (a from-scratch run: fp8lab.model.models.sequence_overrides)."""
+        from fp8lab.model.models import sequence_overrides
+
+        return sequence_overrides(self.model, self.model_overrides, self.seq_len)
+
+    @property
+    def tokens_per_micro_batch(self) -> int | None:
+        """None where the layout resolver picks micro-batch or sequence ("auto": fp8lab.plan.runplan has the values)."""
+        if AUTO in (self.micro_batch_size, self.seq_len):
+            return None
+        return self.micro_batch_size * self.seq_len
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["inject_nan_at_steps"] = list(self.inject_nan_at_steps)
+        d["profile_steps"] = list(self.profile_steps)
+        return d
+
+
+check_schema(TrainConfig)
+
+
+def option_problem(name: str, value: Any) -> str | None:
+    """What option ``name`` allows when its own check (its field's) refuses ``value``, else None.
+
+    For callers that carry trainer options in their own fields (``fp8lab.launch.JobSpec``)."""
+    check = {f.name: f.metadata["check"] for f in dataclasses.fields(TrainConfig)}[name]
+    return None if check is None or check(value) else check.allowed
+
+
+# ----------------------------------------------------------------------------------------------
+# validation: each field's own check (fp8lab.plan.options), then the checks across fields
+# ----------------------------------------------------------------------------------------------
+
+def _validate(c: TrainConfig) -> None:
+    def bad(name: str, allowed: str) -> ValueError:
+        return ValueError(f"{flag(name)}={getattr(c, name)!r} is invalid; allowed: {allowed}")
+
+    if not isinstance(c.model_overrides, dict):
+        raise ValueError(f"--model-override must be key=value pairs (a dict), got {c.model_overrides!r}")
+    mcfg = _model_config(c, bad)
+    _check_recipe(c)
+    if not is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
+        raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
+                  f"(at most {(mcfg.num_layers - 1) // 2})")
+    check_fields(c, bad)
+    if c.precision == "fp8" and c.backend == "none":
+        raise ValueError("--backend none cannot run --precision fp8; allowed: auto | " + " | ".join(FP8_BACKENDS))
+    if c.backend in ("te", EMULATED):
+        from fp8lab.plan.runplan import fused_check
+
+        fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
+    if c.steps is not None and c.tokens is not None:
+        raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
+    if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:  # a named Llama shape's was raised (shape_overrides)
+        from fp8lab.model.models import MODEL_CONFIGS
+
+        limit = ("its --model-override max_seq_len" if "max_seq_len" in c.model_overrides else
+                 f"its learned position table has {mcfg.max_seq_len} rows; a from-scratch run may grow it with "
+                 f"--model-override max_seq_len=N, a bigger model" if mcfg.family == "gptneo" and c.model in MODEL_CONFIGS else
+                 "its max_position_embeddings: the length its weights were trained for")
+        raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} ({limit})")
+    if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
+        raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
+    if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
+        raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
+    if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
+        raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
+    if c.steps is not None and c.profile_steps and max(c.profile_steps) > c.steps:
+        raise bad("profile_steps", f"steps within the run's --steps {c.steps}")
+
+
+def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
+    """The run's ModelConfig: a named shape (with --model-override) or a user's folder (read and checked)."""
+    from fp8lab.model import user as user_model
+    from fp8lab.model.models import MODEL_CONFIGS, get_config
+
+    if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
+        raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
+    if c.model not in MODEL_CONFIGS:  # a user's folder: its config is read and checked (nothing is built)
+        if c.model_overrides:
+            raise ValueError(f"--model-override applies to the named models only; for --model={c.model!r} edit its "
+                             f"config.json instead")
+        return get_config(c.model)
+    try:
+        return get_config(c.model, **c.shape_overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--model-override: {exc}") from None
+
+
+def recipe_problem(value: Any) -> str | None:
+    """Why ``value`` is no recipe option, as the end of "<option>=<value> is invalid...": outside the
+    vocabulary ("; allowed: ..."), or settings ``Recipe.parse`` refuses (": why"); None: it is one.
+    The one recipe check, for the trainer and for callers with their own field (``fp8lab.launch.JobSpec``)."""
+    if not isinstance(value, str) or value.partition(":")[0] not in RECIPES or value.startswith("auto:"):
+        return "; allowed: " + " | ".join(RECIPES) + f", or kind:key=value,... with keys {', '.join(SETTINGS)}"
+    if value != AUTO:
+        try:
+            Recipe.parse(value)
+        except ValueError as exc:
+            return f": {exc}"
+    return None
+
+
+def _check_recipe(c: TrainConfig) -> None:
+    if (why := recipe_problem(c.recipe)) is not None:
+        raise ValueError(f"{flag('recipe')}={c.recipe!r} is invalid{why}")

@@ -1,0 +1,185 @@
+"""FP8 attention (issue #34): whether a run computes its dot-product attention in FP8, and why.
+
+Transformer Engine's FP8 dot-product attention (``fp8_dpa=True`` on the TE recipe) casts Q, K and V
+to FP8 inside ``te.DotProductAttention`` and runs cuDNN's FP8 fused-attention kernel; the
+projections around it stay as they are (``fp8_mha`` stays off). It applies to fp8lab's fused TE
+blocks only (``--fuse True``: ``fp8lab.fp8.backends.te.TEParts.attention`` is a ``te.DotProductAttention``);
+the swapped layers (``--fuse False``) keep HF's attention, which TE does not touch.
+
+What TE 2.20 can run (``transformer_engine/common/fused_attn/fused_attn.cpp``,
+``nvte_get_fused_attn_backend``, and ``pytorch/attention/dot_product_attention/utils.py``):
+
+* Hopper (sm90), training: head_dim 128 for Q/K and V exactly ("hidden_dim should be equal to 128"
+  at head_dim 64), causal or no mask (no sliding windows: GPT-Neo's local layers, Mistral's
+  windows), and the **delayed** recipe only (TE disables FP8 current-scaling attention below sm100);
+* Blackwell (sm100): head_dim up to 128 (a multiple of 16); delayed, current or MXFP8 recipes;
+* Ada and older GPUs: no FP8 fused attention; block scaling: never.
+
+``--fp8-attention auto`` turns it on only where it was measured to pay: a Hopper GPU, the conditions
+above, and a sequence of at least :data:`CROSSOVER_SEQ_LEN` tokens. ``on`` refuses, before anything
+is built, where it cannot run; ``off`` never uses it.
+
+TE's ``NVTE_FP8_DPA_BWD`` (default 1) chooses the backward: 1 = FP8 attention forward and backward,
+0 = FP8 forward, BF16 backward. fp8lab sets 1 explicitly (:data:`FP8_DPA_BWD`, where the environment does not
+set it) so a run records what ran. The study compared both (``benchmarks/study_long_context.sh`` L, 160 steps,
+``loss.json``'s ``earlier``): 0 has the smaller gradient error at one step, yet its run became unstable after ~100 steps
+(gradient norms up to ~4e4, loss rising again); 1 trained like FP8 with BF16 attention.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fp8lab.core.hardware import GPU_GENERATION, gpu_spec
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.core.validate import AUTO
+
+CHOICES = (AUTO, "on", "off")
+
+# Measured (benchmarks/study_long_context.sh S, one H200, TE 2.20.2, a Llama-3.2-3B shape, whole training
+# steps): FP8 attention over FP8 with BF16 attention 0.97x at 2048, 0.98x at 4096, 1.04x at 8192, 1.08x at
+# 16384, so it pays from 8192 on. STUDY_RESULT holds it; tests/unit/test_long_context.py ties this to it.
+CROSSOVER_SEQ_LEN = 8192
+STUDY_RESULT = REPO_ROOT / "data" / "results" / "long-context-h200" / "crossover.json"
+# ``auto`` also waits for the loss check (the study's part E: the final validation loss of the same short run with
+# and without FP8 attention at two seeds, its ``holds``): faster attention is no default until its loss is shown to hold.
+LOSS_RESULT = STUDY_RESULT.with_name("loss.json")
+
+BWD_ENV = "NVTE_FP8_DPA_BWD"
+FP8_DPA_BWD = "1"  # TE's own default: FP8 backward too; 0 (BF16 backward) diverged in the study's loss check
+
+MEASURED = ("hopper",)  # where the crossover was measured: auto turns FP8 attention on only there
+_RECIPES = {"hopper": ("delayed",), "blackwell": ("delayed", "current", "mxfp8")}
+
+
+def generation(gpu_name: str) -> str | None:
+    """'hopper' | 'blackwell' | None (a GPU without TE's FP8 fused attention, or not known here)."""
+    return gpu_spec(GPU_GENERATION, gpu_name)
+
+
+def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str | None, mcfg, gpu: bool,
+            gpu_name: str) -> str | None:
+    """Why FP8 attention cannot run for this set-up (None: it can), naming what is allowed."""
+    if precision != "fp8":
+        return "it needs --precision fp8 (a bf16 run has no FP8 region)"
+    if backend != "te":
+        return f"it needs --backend te (TE's FP8 dot-product attention); the run's backend is {backend or 'none'}"
+    if not fuse:
+        return "it needs --fuse True: only fp8lab's fused blocks run te.DotProductAttention (the swapped layers keep HF's attention)"
+    gen = generation(gpu_name) if gpu else None
+    if gen is None:
+        return (f"{gpu_name if gpu else 'a CPU'} has no FP8 fused attention in TE (cuDNN's FP8 attention needs "
+                f"Hopper H100/H200 or Blackwell B200)")
+    allowed = _RECIPES[gen]
+    if recipe_kind not in allowed:
+        return f"--recipe {recipe_kind}: TE's FP8 attention on {gen.title()} needs recipe {' | '.join(allowed)}"
+    hd = mcfg.head_dim
+    if (gen == "hopper" and hd != 128) or (gen == "blackwell" and (hd > 128 or hd % 16)):
+        need = "exactly 128" if gen == "hopper" else "at most 128, a multiple of 16"
+        return f"head_dim {hd}: TE's FP8 attention on {gen.title()} needs head_dim {need}"
+    from fp8lab.model.models import layer_windows
+
+    if any(layer_windows(mcfg)):
+        return "the model has sliding-window (local) attention layers; TE's FP8 attention supports causal masks only"
+    return None
+
+
+def decide(choice: str, *, seq_len: int, **setup: Any) -> tuple[bool, str]:
+    """(FP8 attention on, why) for ``--fp8-attention choice``; ValueError for ``on`` where it cannot run.
+
+    ``setup``: the keywords of :func:`problem` (precision, backend, fuse, recipe_kind, mcfg, gpu, gpu_name)."""
+    if choice == "off":
+        return False, "--fp8-attention off"
+    why_not = problem(**setup)
+    if choice == "on":
+        if why_not:
+            raise ValueError(f"--fp8-attention on cannot run: {why_not}; allowed: auto | off, or change that setting")
+        return True, "--fp8-attention on"
+    if why_not:
+        return False, f"auto: off, {why_not}"
+    gen = generation(setup["gpu_name"])
+    if gen not in MEASURED:
+        return False, f"auto: off, FP8 attention's speed-up is not measured on {gen.title()} (pass --fp8-attention on to try it)"
+    if seq_len < CROSSOVER_SEQ_LEN:
+        return False, f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on ({_source()})"
+    loss = loss_checked()
+    if loss is not True:
+        return False, (f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on "
+                       f"({_source()}), but " + ("its loss check is not committed yet" if loss is None else
+                                                 "its committed loss check is outside the bound (max(0.5%, the seed noise))")
+                       + " (pass --fp8-attention on to use it)")
+    return True, f"auto: on at sequence {seq_len} >= {CROSSOVER_SEQ_LEN}, head_dim 128 ({_source()}; loss checked)"
+
+
+def loss_checked(path: Path | None = None) -> bool | None:
+    """Whether the committed loss check holds, or None before it is committed: its ``holds`` (FP8 attention's gap
+    within max(0.5%, the seed noise), ``benchmarks/long_context.py loss``), or, in a file without it, the 0.5%
+    bound alone (``within_bound``)."""
+    from fp8lab.core.paths import read_check
+
+    check = read_check(LOSS_RESULT if path is None else path)
+    if check is None:  # missing or unreadable: as if not committed
+        return None
+    return bool(check["holds"] if "holds" in check else check.get("within_bound", False))
+
+
+def _source() -> str:
+    return "measured: " + STUDY_RESULT.parent.name if STUDY_RESULT.exists() else "provisional: TE layer stacks on an H200"
+
+
+# ------------------------------------------------------------------------------ the study's result files
+
+STUDY_DIR = STUDY_RESULT.parent
+ROLES = {"default-bf16": "bf16", "default-fp8-noattn": "fp8", "default-fp8-attn": "fp8_attn"}  # throughput.py variants
+
+
+def _read(path: Path) -> dict:
+    """One result file (data/results/README.md): its run record, summary and step records."""
+    from fp8lab.analysis.load import read_jsonl  # the package pulls pandas: not on fp8lab.plan.options' import
+
+    lines = [r for _, r in read_jsonl(path)]
+    one = {r["record"]: r for r in lines if r.get("record") in ("run", "summary")}
+    return {"run": one["run"], "summary": one.get("summary", {}), "steps": [r for r in lines if r.get("record") == "step"]}
+
+
+def study_runs(folder: Path = STUDY_DIR, tag: str = "3b") -> dict[int, dict[str, dict]]:
+    """seq_len -> role (bf16 | fp8 | fp8_attn) -> result file, for the study's runs tagged ``<tag>-s<N>``."""
+    import re
+
+    out: dict[int, dict[str, dict]] = {}
+    for f in sorted(Path(folder).glob("*.jsonl")) if Path(folder).is_dir() else ():
+        rec = _read(f)
+        m = re.fullmatch(r"(default-[a-z0-9-]+?)-" + re.escape(tag) + r"-s(\d+)", rec["run"].get("variant", ""))
+        if m and m.group(1) in ROLES:
+            out.setdefault(int(m.group(2)), {})[ROLES[m.group(1)]] = rec
+    return out
+
+
+def speedup_table(folder: Path = STUDY_DIR, tag: str | tuple[str, ...] = ("3b", "7b")):
+    """One row per model, sequence length and FP8 role: tokens/s/GPU and the ratio over BF16 at that length (a
+    DataFrame; empty before the study is committed), for the runs tagged ``tag`` (the study's 3B shape and
+    llama-7b by default). ``fp8lab.views.plots.long_context_figure`` draws it."""
+    import pandas as pd
+
+    rows = []
+    for t in (tag,) if isinstance(tag, str) else tag:
+        for seq, roles in sorted(study_runs(folder, t).items()):
+            bf16 = roles.get("bf16", {}).get("summary", {}).get("tokens_per_sec_per_gpu")
+            for role in ("fp8", "fp8_attn"):
+                if role in roles and bf16:
+                    tps = roles[role]["summary"]["tokens_per_sec_per_gpu"]
+                    rows.append({"seq_len": seq, "role": role, "tokens_per_sec_per_gpu": tps,
+                                 "bf16_tokens_per_sec_per_gpu": bf16, "speedup": tps / bf16,
+                                 "model": roles[role]["run"].get("model"), "gpu_name": roles[role]["run"].get("gpu_name"),
+                                 "grad_accum": roles[role]["run"].get("grad_accum"),
+                                 "run_id": roles[role]["run"].get("run_id")})
+    return pd.DataFrame(rows, columns=["seq_len", "role", "tokens_per_sec_per_gpu", "bf16_tokens_per_sec_per_gpu",
+                                       "speedup", "model", "gpu_name", "grad_accum", "run_id"])
+
+
+def study_crossover(path: Path = STUDY_RESULT) -> int | None:
+    """The crossover the committed study measured (its ``crossover_seq_len``), or None before it exists."""
+    if not path.exists():
+        return None
+    return int(json.loads(path.read_text())["crossover_seq_len"])

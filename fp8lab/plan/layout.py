@@ -1,0 +1,357 @@
+"""The layout resolver: a fast batch layout that fits, chosen for the machine a run lands on.
+
+fp8lab's best measured results need a handful of options set together (bf16 parameters with
+fp32 master weights, sequence 2048, the largest micro-batch that fits, gradient accumulation,
+TE's FP8 weight cache, FSDP2 keeping weights gathered). Every option of that kind defaults to
+``"auto"``, and :func:`resolve` turns ``"auto"`` into a value for *this* machine; an explicit
+value always wins. The trainer, ``trainpair``/notebook 03 and the SageMaker launcher all call it,
+so the command a user types, the notebook's defaults and a planned P5 job get the same layout.
+
+The policy, on a GPU:
+
+* parameters in bf16, fp32 master weights in the optimizer (``--param-dtype bf16``);
+* sequence length 2048 (what every measured result uses), at most the model's ``max_seq_len``;
+* micro-batch: the largest power of two, up to ``MICRO_BATCH_TOKENS`` tokens per GPU, whose
+  estimated peak memory (:func:`estimate_memory`, the larger of the BF16 and FP8 estimates, so
+  both precisions get the *same* layout) fits the GPU's memory less a head-room;
+* gradient accumulation: ``TOKENS_PER_GPU_STEP`` tokens per GPU per optimizer step, with at most
+  ``MAX_GLOBAL_TOKENS_PER_STEP`` over all GPUs and at most ``MAX_GRAD_ACCUM`` micro-batches;
+* FSDP2 keeps the weights gathered for the whole step when they fit (``--fsdp-keep-weights``);
+* activation checkpointing off, unless no micro-batch fits without it (``--activation-checkpointing``, #34).
+
+On a CPU the small, quick defaults stay (fp32 parameters, sequence 256, micro-batch 4, no
+accumulation). A layout whose estimate exceeds the device's memory is refused with the estimate,
+before anything is allocated.
+
+The memory model, per GPU, is the larger of two peaks:
+
+* forward/backward: model states (16 bytes per parameter: bf16 parameter and gradient, fp32
+  master and two AdamW moments, or the fp32 equivalents; divided by the ranks under FSDP2) + the
+  FP8 weight cache (2 bytes per decoder-block weight: FP8 copy and its transpose) + kept bf16
+  weights under FSDP2 + activations + 1 GiB of workspace;
+* optimizer step: 18 bytes per parameter with bf16 parameters (the fp32 master gradients exist
+  while the bf16 ones are freed one by one). Under CUDA graphs the step is streamed and the graphs
+  hold activations for the whole run: :func:`graphs_memory_problem` has that model.
+
+Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` = 3 for SwiGLU
+(gate, up, product) and 2 for GELU, ``kv`` = key/value width; ``a`` and ``b`` were fitted to the
+measured peaks of TE fused runs (llama-1b and llama-7b, one H200) and are checked against every
+measured TE run in ``tests/unit/test_layout.py`` (within 10%). Per token means linear in the sequence:
+attention runs as fused (flash / cuDNN) kernels that keep O(seq) softmax statistics, never the seq x seq
+scores, and the logits are O(seq x vocab). So long sequences (4K-16K, issue 34) trade micro-batch for
+length at the same tokens per micro-batch; where even micro-batch 1 does not fit, ``--activation-checkpointing
+auto`` keeps only each block's input (2 bytes x hidden per token and layer) plus one block's activations,
+for both precisions of a pair alike; the logits stay (a 128K vocabulary at 16K tokens: ~30 GiB).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fp8lab.core.hardware import Machine
+from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
+
+GPU_SEQ_LEN = 2048
+CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
+MICRO_BATCH_TOKENS = 32_768  # largest micro-batch considered, tokens per GPU (16 x 2048: GEMMs are large by then)
+TOKENS_PER_GPU_STEP = 131_072  # target tokens per optimizer step per GPU (the best measured 1B layout: 16 x 2048 x 4)
+MAX_GLOBAL_TOKENS_PER_STEP = 4 * 2**20  # at most ~4M tokens per optimizer step over all GPUs (Llama 2's batch)
+MAX_GRAD_ACCUM = 32  # short sequences or tiny micro-batches do not get hundreds of micro-steps
+HEADROOM_GIB, HEADROOM_FRACTION = 5.0, 0.05  # kept free: the larger of the two
+WORKSPACE_GIB = 1.0  # cuBLAS/cuDNN workspaces, allocator slack (GPUs only)
+STREAM_CHUNK_BYTES = 1 << 30  # fp32 gradient bytes converted and stepped at a time by the streamed step (fp8lab.train.master_weights)
+# activation bytes per unit (see the module docstring), by what computes the blocks' GEMMs
+ACT_BYTES = {"bf16": 1.775, "fp8": 1.627}
+LOGIT_BYTES = {"bf16": 16.2, "fp8": 15.6}
+HF_EAGER_FACTOR = 1.55  # plain transformers blocks keep more (measured: llama-1b 57.6 vs 41.3 GiB)
+FP32_FACTOR = 2.0  # activations in fp32 (CPU runs, --compute-dtype fp32)
+
+# options whose "auto" the resolver decides (TrainConfig field names)
+INT_FIELDS = ("seq_len", "micro_batch_size", "grad_accum")  # integers or "auto"
+AUTO_FIELDS = ("param_dtype", *INT_FIELDS, "fsdp_keep_weights",
+               "activation_checkpointing")  # #34: a layout decision like the others (Layout.options, JobSpec pins it)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated peak GPU memory of one rank, in GiB, by part."""
+
+    states: float  # parameters, gradients, master weights, AdamW moments (this rank's share)
+    fp8_cache: float  # TE's FP8 weight copies kept for the step
+    kept_weights: float  # FSDP2: unsharded bf16 weights kept for the step
+    activations: float  # saved for backward, for one micro-batch (incl. logits and loss)
+    step: float  # peak of the optimizer step (master gradients)
+    workspace: float = WORKSPACE_GIB
+
+    @property
+    def train(self) -> float:
+        return self.states + self.fp8_cache + self.kept_weights + self.activations + self.workspace
+
+    @property
+    def peak(self) -> float:
+        return max(self.train, self.step + self.workspace)
+
+    def describe(self) -> str:
+        return (f"{self.peak:.{0 if self.peak >= 10 else 2}f} GiB (states {self.states:.1f}, activations {self.activations:.1f}"
+                + (f", FP8 weight cache {self.fp8_cache:.1f}" if self.fp8_cache else "")
+                + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "") + ")")
+
+
+def _act_unit(mcfg) -> int:
+    kv = mcfg.kv_heads * mcfg.head_dim
+    k = 3 if mcfg.family == "llama" else 2
+    return 7 * mcfg.hidden_size + 3 * kv + k * mcfg.intermediate_size
+
+
+def _block_linear_params(mcfg) -> int:
+    """GEMM weights of all decoder blocks (fp8lab.model.models.block_matmul_params per block)."""
+    from fp8lab.model.models import block_matmul_params
+
+    return mcfg.num_layers * block_matmul_params(mcfg)
+
+
+def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int, param_dtype: str = "bf16",
+                    backend: str | None = "te", fuse: bool = True, world_size: int = 1, parallel: str = "ddp",
+                    keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
+                    fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB) -> MemoryEstimate:
+    """Peak memory of one rank for this layout (see the module docstring for the model)."""
+    from fp8lab.model.models import count_parameters
+
+    n = count_parameters(mcfg).total
+    sharded = parallel == "fsdp" and world_size > 1
+    gib = 2.0**30
+    shard = world_size if sharded else 1
+    states = 16 * n / shard
+    if parallel == "ddp" and world_size > 1:
+        states += (2 if param_dtype == "bf16" else 4) * n  # DDP's gradient buckets
+    step = (states + 2 * n / shard) if param_dtype == "bf16" else states
+    kept = 2 * n if (sharded and keep_weights) else 0.0
+    fp8 = precision == "fp8" and backend == "te"
+    cache = 2 * _block_linear_params(mcfg) if (fp8 and weight_cache and (keep_weights or not sharded)) else 0.0
+    kind = "fp8" if fp8 else "bf16"
+    per_layer = ACT_BYTES[kind] * _act_unit(mcfg)
+    if backend is None or (backend == "te" and not fuse) or backend == "emulated":
+        per_layer *= HF_EAGER_FACTOR
+    layers = mcfg.num_layers * per_layer
+    if activation_checkpointing:  # block inputs kept, one block recomputed at a time
+        layers = mcfg.num_layers * 2 * mcfg.hidden_size + per_layer
+    per_token = layers + LOGIT_BYTES[kind] * mcfg.vocab_size
+    if fp32_activations:
+        per_token *= FP32_FACTOR
+    acts = per_token * micro_batch_size * seq_len
+    return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the resolver chose, the memory estimate behind it, and why (option -> reason)."""
+
+    param_dtype: str
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    fsdp_keep_weights: bool
+    memory: MemoryEstimate
+    machine: Machine
+    reasons: dict = dataclasses.field(default_factory=dict)
+    activation_checkpointing: bool = False  # #34: recompute each block in backward (--activation-checkpointing, or auto)
+
+    @property
+    def tokens_per_gpu_step(self) -> int:
+        return self.micro_batch_size * self.seq_len * self.grad_accum
+
+    def options(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in AUTO_FIELDS}
+
+    def header(self) -> str:
+        """One line for the run's log: the layout, and why where the resolver chose."""
+        m = self.machine
+        where = f"{m.memory_gib:.0f} GiB of {m.name}" if m.gpu else f"{m.memory_gib:.0f} GiB of RAM"
+        why = "; ".join(f"{v}" for v in self.reasons.values())
+        return (f"layout: micro-batch {self.micro_batch_size} x {self.seq_len} tokens, accumulation {self.grad_accum} "
+                f"({self.tokens_per_gpu_step:,} tokens/GPU/step), {self.param_dtype} parameters"
+                + (", FSDP2 keeps weights gathered" if self.fsdp_keep_weights else "")
+                + (", activation checkpointing" if self.activation_checkpointing else "")
+                + f"; memory estimate {self.memory.describe()} of {where}" + (f" | auto: {why}" if why else ""))
+
+
+def _budget(machine: Machine) -> float:
+    return machine.memory_gib - max(HEADROOM_GIB, HEADROOM_FRACTION * machine.memory_gib)
+
+
+GRAPH_HOLD_FACTOR = 1.25  # margin on the activations CUDA graphs keep for the whole run (see graphs_memory_problem)
+
+
+def _graphs_base(layout: "Layout") -> float:
+    """What a graphed run needs besides what its graphs hold: model states, one streamed chunk, workspace."""
+    m = layout.memory
+    return m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace
+
+
+def _graphs_held(layout: "Layout", mcfg, fp8: bool) -> float:
+    """What the graphs hold for the whole run: the activations with the margin and, in FP8, the FP8 weights
+    (two bytes per block weight: the quantised copy and its transpose, a known size, so no margin)."""
+    return GRAPH_HOLD_FACTOR * layout.memory.activations + (2 * _block_linear_params(mcfg) / 2**30 if fp8 else 0.0)
+
+
+def _graphs_budget(machine: Machine) -> float:
+    """GiB a graphed layout may reserve: the rule is fitted to measured peaks of *reserved* memory (the
+    allocator's fragmentation included), so it keeps only the fixed headroom for what torch's allocator
+    does not see, not the fraction that covers fragmentation above an estimate of allocated memory."""
+    return machine.memory_gib - HEADROOM_GIB
+
+
+def graphs_memory_need(layout: "Layout", mcfg, fp8: bool) -> float:
+    """Peak GiB of this layout with its decoder blocks captured as CUDA graphs (see graphs_memory_problem)."""
+    return _graphs_base(layout) + _graphs_held(layout, mcfg, fp8)
+
+
+def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -> str | None:
+    """Why this layout would not fit with its decoder blocks captured as CUDA graphs (None: it fits).
+
+    A graph keeps what its blocks allocate (saved activations and, under FP8, the quantised weights
+    saved for backward) in its own memory pool for the whole run, where an eager step frees them
+    before the optimizer step. Under graphs the trainer's master weights run their streamed step
+    (``fp8lab.train.master_weights``): the step needs one chunk of fp32 gradients, not a full copy. Estimate:
+    the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x activations + the FP8 weights, against
+    the GPU's memory less HEADROOM_GIB (``_graphs_budget``). Measured peaks of reserved memory on the H200
+    (``data/results/graphs-h200/*-s8*``): llama-7b 1 x 2048 x 8 graphed 124.7 GiB in FP8 (estimate 124.8)
+    and 113.0 GiB in BF16 (estimate 113.7); Mistral-7B-v0.3 1 x 2048 x 32 in FP8 131.0 GiB (estimate 133.5,
+    ``benchmarks/logs/families-session10/mistral-7b-v0.3-graphs-calibration.json``); with the plain step (full fp32
+    gradients at the step) the llama-7b FP8 run had run out of 139.8 GiB at its first optimizer step.
+    The rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 GiB reserved, 82.9)."""
+    held = _graphs_held(layout, mcfg, fp8)
+    need = _graphs_base(layout) + held
+    budget = _graphs_budget(machine)
+    if need <= budget:
+        return None
+    return (f"with the blocks captured the run would need about {need:.1f} GiB (the graphs hold "
+            f"{held:.1f} GiB for the whole run) of {budget:.1f} GiB usable on {machine.name}")
+
+
+def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep_weights: bool,
+                 precision: str | None = None) -> tuple[bool, str]:
+    """(whether TE's FP8 weight cache is built, why): the one rule the trainer (fp8lab.plan.runplan) and the memory
+    estimate follow. The first micro-batch of a step quantises the weights, the others reuse them (they
+    cannot change before the optimizer step); under FSDP2 only with the weights kept gathered for the
+    whole step (the layout tested on two GPUs), not with per-micro-batch gathers."""
+    if not c.fp8_weight_cache:
+        return False, "--fp8-weight-cache False"
+    if (precision or c.precision) != "fp8" or backend != "te" or not c.fuse:
+        return False, "only FP8 runs on TE's fused layers cache FP8 weights"
+    if grad_accum <= 1:
+        return False, "accumulation 1: no later micro-batch to reuse the FP8 weights"
+    if sharded and not keep_weights:
+        return False, "FSDP2 without kept weights gathers them per micro-batch"
+    return True, f"FP8 weights cast once per step, reused by {grad_accum - 1} more micro-batches"
+
+
+def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
+                  keep: bool, both_precisions: bool, activation_checkpointing: bool = False) -> MemoryEstimate:
+    """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both)."""
+    precisions = ("bf16", "fp8") if (both_precisions and backend == "te") else (c.precision,)
+    sharded = c.parallel == "fsdp" and machine.world_size > 1
+    ests = [estimate_memory(mcfg, precision=p, micro_batch_size=mb, seq_len=seq, param_dtype=param_dtype,
+                            backend=backend, fuse=c.fuse, world_size=machine.world_size, parallel=c.parallel,
+                            keep_weights=keep,
+                            weight_cache=weight_cache(c, backend, grad_accum=ga, sharded=sharded, keep_weights=keep,
+                                                      precision=p)[0],
+                            activation_checkpointing=activation_checkpointing,
+                            fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
+                            workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0) for p in precisions]
+    return max(ests, key=lambda e: e.peak)
+
+
+def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
+    """Resolve the ``"auto"`` options of TrainConfig ``c`` for ``machine``; ``backend`` is the resolved
+    FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig where the caller has
+    it. Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
+    from fp8lab.model.models import get_config
+
+    mcfg = mcfg or get_config(c.model, **c.shape_overrides)
+    reasons: dict[str, str] = {}
+    gpu = machine.gpu
+    param_dtype = c.param_dtype
+    if param_dtype == AUTO:
+        param_dtype = "bf16" if gpu else "fp32"
+        if gpu:
+            reasons["param_dtype"] = "bf16 parameters + fp32 masters: no per-step weight casts"
+    seq = c.seq_len
+    if seq == AUTO:
+        seq = min(GPU_SEQ_LEN if gpu else CPU_SEQ_LEN, mcfg.max_seq_len)
+    sharded = c.parallel == "fsdp" and machine.world_size > 1
+    ga_auto, keep_auto, mb_auto = c.grad_accum == AUTO, c.fsdp_keep_weights == AUTO, c.micro_batch_size == AUTO
+    budget = _budget(machine)
+
+    def accum_for(mb: int) -> int:
+        if not ga_auto:
+            return c.grad_accum
+        if not gpu:
+            return 1
+        per_micro = mb * seq
+        cap = MAX_GLOBAL_TOKENS_PER_STEP // (per_micro * machine.world_size)
+        return max(1, min(TOKENS_PER_GPU_STEP // per_micro, cap, MAX_GRAD_ACCUM))
+
+    def keep_for(ga: int) -> bool:
+        if not keep_auto:
+            return bool(c.fsdp_keep_weights)
+        return gpu and sharded and ga > 1  # CPUs keep today's plain FSDP2
+
+    # #34: activation checkpointing "auto" is on only where no micro-batch fits without it (--micro-batch-size auto
+    # on a GPU; decided on the larger of the BF16 and FP8 estimates, as the micro-batch is, so both runs of a pair
+    # recompute alike); an explicit micro-batch that does not fit is refused, as before
+    ckpt_options = (False, True) if c.activation_checkpointing == AUTO and gpu and mb_auto else (c.activation_checkpointing is True,)
+    ckpt = ckpt_options[0]
+
+    def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
+        return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, accum_for(mb), keep,
+                             both_precisions=gpu and both, activation_checkpointing=ckpt)
+
+    if mb_auto and gpu:
+        candidates = [2**i for i in range(int(math.log2(max(1, MICRO_BATCH_TOKENS // seq))), -1, -1)]
+        chosen = None
+        for ckpt in ckpt_options:
+            for mb in candidates:
+                keep = keep_for(accum_for(mb))
+                e = est(mb, keep)
+                if e.peak <= budget:
+                    chosen = (mb, keep, e)
+                    break
+                if keep and keep_auto and est(mb, False).peak <= budget:  # fits only with per-micro-batch gathers
+                    chosen = (mb, False, est(mb, False))
+                    break
+            if chosen:
+                break
+        if chosen is None:
+            e = est(1, False)
+            tried = " with activation checkpointing" if ckpt else ""
+            raise ValueError(
+                f"--micro-batch-size auto: {c.model} does not fit {machine.name} ({machine.memory_gib:.0f} GiB per GPU) "
+                f"even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; allowed: more GPUs with "
+                f"--parallel fsdp (shards the model states), "
+                + ("" if ckpt else "--activation-checkpointing, ") + "a shorter --seq-len, or a larger GPU")
+        mb, keep, e = chosen
+        ga = accum_for(mb)
+        reasons["micro_batch_size"] = (f"micro-batch {mb}: fits {e.peak:.0f} of {machine.memory_gib:.0f} GiB"
+                                       + (f" (the cap is {MICRO_BATCH_TOKENS:,} tokens)" if mb * seq == MICRO_BATCH_TOKENS else ""))
+    else:
+        mb = CPU_MICRO_BATCH if mb_auto else c.micro_batch_size
+        ga = accum_for(mb)
+        keep = keep_for(ga)
+        e = est(mb, keep, both=False)
+        if e.peak > machine.memory_gib:
+            raise ValueError(
+                f"--micro-batch-size={mb} with --seq-len={seq}: estimated peak memory {e.describe()} exceeds the "
+                f"{machine.memory_gib:.0f} GiB of {machine.name}; allowed: a smaller --micro-batch-size or --seq-len "
+                f"(or 'auto' for the largest that fits), --activation-checkpointing, or more GPUs with --parallel fsdp")
+    if ga_auto and gpu:
+        reasons["grad_accum"] = f"accumulation {ga}: {ga * mb * seq:,} tokens/GPU/step (target {TOKENS_PER_GPU_STEP:,})"
+    if keep_auto and keep:
+        reasons["fsdp_keep_weights"] = "FSDP2 keeps weights gathered: one all-gather per step"
+    if ckpt and c.activation_checkpointing == AUTO:
+        reasons["activation_checkpointing"] = (f"activation checkpointing: {c.model} at {seq} tokens fits "
+                                               f"{machine.name} only recomputing each block in backward")
+    return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons, activation_checkpointing=ckpt)
+

@@ -1,0 +1,410 @@
+"""Plan a run once: every effective decision of a ``TrainConfig`` on a ``Machine``, each with its reason.
+
+``plan_run(config, machine) -> RunPlan`` is a pure function and imports no torch, so the trainer
+(on the machine it runs on), ``JobSpec`` (on a SageMaker instance it cannot see) and ``--dry-run``
+make the same decisions the same way. ``TrainConfig`` stays what was requested ("auto" included);
+the plan holds what runs:
+
+* the backend and its FP8 recipe (:func:`select_backend`: ``--backend auto`` picks one here);
+* the batch layout (``fp8lab.plan.layout.resolve``: parameters' dtype, sequence, micro-batch,
+  accumulation, FSDP2 kept weights, activation checkpointing) with its memory estimate;
+* the length of the run: optimizer steps and warm-up (:func:`schedule`);
+* CUDA graphs (``fp8lab.plan.graphs.decide``), TE's FP8 weight cache, fused weight-gradient
+  accumulation, fp32 master weights and their streamed step, the compute dtype.
+
+A combination that cannot run is a ValueError naming the option, before anything is built.
+``Trainer(plan, env)`` (fp8lab.train.trainer) builds what the plan says.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fp8lab.fp8 import stats as fp8stats
+from fp8lab.plan import graphs
+from fp8lab.plan import layout as flayout
+from fp8lab.fp8.backends import DEFAULT_RECIPES
+from fp8lab.core.hardware import Machine
+from fp8lab.core.paths import REPO_ROOT, read_check
+from fp8lab.fp8.recipe import Recipe
+from fp8lab.core.validate import AUTO
+
+if TYPE_CHECKING:
+    from fp8lab.plan.config import TrainConfig
+
+PLANNED_ENV = "FP8LAB_PLANNED"  # a SageMaker job's plan made at launch (decisions() as JSON), read by fp8lab.train.sm_entry
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run does: the request (``config``), where (``machine``) and every effective decision.
+
+    ``reasons``: decision name -> why (the ones the plan chose; an explicit option is its own reason)."""
+
+    config: "TrainConfig"
+    machine: Machine
+    backend: str | None  # None: the plain transformers model
+    recipe: Recipe | None  # the backend's FP8 recipe (None without a backend)
+    layout: flayout.Layout
+    total_steps: int
+    warmup_steps: int
+    graphs: graphs.Decision
+    compute_dtype: str  # torch.autocast dtype of non-FP8 math: bf16 | fp32
+    sharded: bool  # FSDP2 really shards (several ranks, --parallel fsdp)
+    master_weights: bool  # bf16 parameters, fp32 masters in the optimizer (fp8lab.train.master_weights)
+    streamed_step: bool  # the master weights step a chunk at a time (under CUDA graphs)
+    keep_weights: bool  # FSDP2 keeps the weights gathered for the whole step
+    weight_cache: bool  # TE's FP8 weight cache: weights cast once per step, not per micro-batch
+    fused_wgrad: bool  # TE's weight-gradient GEMMs add into main_grad in place
+    reasons: dict = field(default_factory=dict)
+    # --- #34 long sequences
+    fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.plan.fp8attn); also on ``recipe``
+    # issue 32: FSDP2 all-gathers the block linears' weights in FP8 (torchao)
+    fp8_all_gather: bool = False
+    # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8.stats)
+    fp8_stats_every: int = 0
+    fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8.stats.TE_DEBUG or OWN (None: off)
+
+    # the layout's values, read where the trainer needs them
+    @property
+    def fp8(self) -> bool:
+        return self.config.precision == "fp8"
+
+    @property
+    def world_size(self) -> int:
+        return self.machine.world_size
+
+    @property
+    def param_dtype(self) -> str:
+        return self.layout.param_dtype
+
+    @property
+    def seq_len(self) -> int:
+        return self.layout.seq_len
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.layout.micro_batch_size
+
+    @property
+    def grad_accum(self) -> int:
+        return self.layout.grad_accum
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.layout.tokens_per_gpu_step * self.world_size
+
+    @property
+    def backend_label(self) -> str:
+        return self.backend or "none"
+
+    @property
+    def recipe_kind(self) -> str | None:
+        """The FP8 recipe kind that runs (None for BF16 runs and the plain model)."""
+        return self.recipe.kind if (self.recipe and self.fp8) else None
+
+    def decisions(self) -> dict[str, Any]:
+        """Every effective decision, as plain values (config.json's ``plan``; compared by :meth:`differences`)."""
+        return {"backend": self.backend_label, "recipe": self.recipe.describe() if self.recipe else None,
+                **self.layout.options(), "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
+                "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
+                "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
+                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
+                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}  # issue 32
+
+    def record(self) -> dict[str, Any]:
+        """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
+        m = self.machine
+        return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # issue 31: what ran, not a job's check
+                "fp8_stats_source": self.fp8_stats_source,
+                "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
+                "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak}
+
+    def all_reasons(self) -> dict[str, str]:
+        return {**self.layout.reasons, **self.reasons}
+
+    def differences(self, other: "RunPlan | dict[str, Any]") -> dict[str, tuple[Any, Any]]:
+        """decision -> (``other``'s value, this plan's), for those that differ (``other``: a plan or its decisions())."""
+        theirs = other.decisions() if isinstance(other, RunPlan) else other
+        return {k: (theirs[k], v) for k, v in self.decisions().items() if k in theirs and theirs[k] != v}
+
+
+# ----------------------------------------------------------------------------------------------
+# the decisions, one function each
+# ----------------------------------------------------------------------------------------------
+
+def auto_fp8_backend(machine: Machine) -> tuple[str, str]:
+    """(the backend ``--backend auto`` runs FP8 on, why) on ``machine`` (also ``fp8lab.fp8.convert.pick_backend``)."""
+    if machine.te_usable:
+        return "te", "auto: Transformer Engine (usable here)"
+    if not machine.gpu:
+        return "emulated", "auto: the FP8 emulator (no CUDA GPU here)"
+    no_fp8 = None if machine.fp8 else (f"GPU {machine.name} has no FP8 tensor cores (compute capability below 8.9; "
+                                       f"FP8 needs Ada L4/L40, Hopper H100/H200 or Blackwell)")
+    raise ValueError(auto_refusal(dict(machine.unusable), no_fp8))
+
+
+def auto_refusal(unusable: dict[str, str | None], no_fp8: str | None) -> str:
+    """Why backend 'auto' picks nothing on this GPU machine, and the choices that remain: never a silent
+    pure-PyTorch FP8 on a GPU. ``unusable``: backend -> why it cannot run (None: it can); ``no_fp8``: why
+    the GPU has no FP8 tensor cores, or None."""
+    from fp8lab.core.pins import install_hint
+
+    if no_fp8 is not None:  # below compute capability 8.9: no hardware FP8 at all
+        return (f"backend 'auto': {no_fp8}, so only emulated FP8 runs here: pass backend 'emulated' "
+                f"(--backend emulated; pure PyTorch, for learning the numerics, slower than bf16), or use "
+                f"an FP8 GPU")
+    alt = "'torchao' (usable here) or 'emulated'" if unusable.get("torchao") is None else "'emulated'"
+    return (f"backend 'auto': this machine has an FP8 GPU but Transformer Engine is not usable "
+            f"({unusable.get('te')}); {install_hint()}; or choose backend {alt} explicitly "
+            f"(emulated is pure PyTorch: slower than bf16, never for speed)")
+
+
+def select_backend(c: "TrainConfig", machine: Machine) -> tuple[str | None, str]:
+    """(the backend that runs, or None for the plain transformers model; why), refusing one not usable here.
+
+    ``--backend auto``: FP8 runs Transformer Engine where it is usable (``machine.te_usable``), else the
+    emulator; BF16 runs TE's layers with FP8 off where TE is usable (the fastest BF16 fp8lab has and
+    the same layers as the FP8 run), else the plain transformers model."""
+    if c.backend == "none":
+        return None, "--backend none: the plain transformers model"
+    if c.backend == "auto":
+        if c.precision == "bf16":
+            if machine.te_usable:
+                return "te", "auto: Transformer Engine's layers with FP8 off (TE is usable here)"
+            return None, "auto: the plain transformers model (Transformer Engine is not usable here)"
+        return auto_fp8_backend(machine)
+    problem = machine.backend_problem(c.backend)
+    if problem is not None:
+        raise ValueError(f"--backend {c.backend}: not usable on this machine: {problem}. On a CPU use --backend emulated")
+    return c.backend, f"--backend {c.backend}"
+
+
+def recipe_for(c: "TrainConfig", backend: str | None) -> Recipe | None:
+    """The FP8 recipe: ``--recipe``, or the backend's default for ``auto``."""
+    if backend is None:
+        return None
+    return DEFAULT_RECIPES[backend] if c.recipe == "auto" else Recipe.parse(c.recipe)
+
+
+def fused_check(c: "TrainConfig", backend: str | None) -> None:
+    """Refuse, before anything is built, a user's model the fused conversion cannot represent exactly."""
+    from fp8lab.model import user as user_model
+
+    if backend in (None, "torchao") or not c.fuse or not user_model.is_user_model(c.model):
+        return  # torchao has no fused form; the named shapes are all representable
+    from fp8lab.fp8.backends import fused_problem
+
+    problem = fused_problem(user_model.hf_config(c.model))
+    if problem:
+        raise ValueError(f"--model={c.model!r}: {problem}")
+
+
+def fsdp_te_problem(c: "TrainConfig", backend: str | None, distributed: bool, param_dtype: str | None = None) -> str | None:
+    """Why this FSDP2 + Transformer Engine layout cannot train, or None (``param_dtype``: the resolved one).
+
+    TE 2.20 under FSDP2 does not keep a high-precision weight it had to cast for backward (it
+    expects to re-quantize it there, which only FP8 does): fp32 parameters under bf16 autocast with
+    FP8 off fail at the first backward ("GEMM requested the columnwise representation, but it is
+    unavailable"). bf16 parameters (FSDP2 gathers them in bf16) need no cast and train.
+    """
+    param_dtype = param_dtype or c.param_dtype
+    if backend == "te" and distributed and c.parallel == "fsdp" and c.precision == "bf16" and param_dtype == "fp32":
+        return ("--parallel fsdp with --backend te and --precision bf16 needs --param-dtype bf16: Transformer "
+                "Engine under FSDP2 cannot run backward on fp32 parameters cast to bf16 with FP8 off; allowed: "
+                "--param-dtype bf16 (fp32 master weights stay in the optimizer), --parallel ddp, or --precision fp8")
+    return None
+
+
+def schedule(c: "TrainConfig", lay: flayout.Layout, world_size: int) -> tuple[int, int]:
+    """(optimizer steps, warm-up steps) for the layout ``lay``."""
+    tokens_per_step = lay.tokens_per_gpu_step * world_size
+    total_steps = c.steps if c.steps is not None else (math.ceil(c.tokens / tokens_per_step) if c.tokens else 100)
+    warmup = c.warmup_steps if c.warmup_steps is not None else min(1000, total_steps // 20)
+    if warmup >= total_steps:
+        raise ValueError(f"--warmup-steps={warmup} is invalid; allowed: fewer than the run's {total_steps} steps")
+    return total_steps, warmup
+
+
+def graphs_decision(c: "TrainConfig", machine: Machine, backend: str | None, lay: flayout.Layout, mcfg) -> graphs.Decision:
+    """Whether the run replays its blocks as CUDA graphs (fp8lab.plan.graphs), for its layout."""
+    if c.cuda_graphs == "off":
+        return graphs.decide("off", None, micro_batch_size=lay.micro_batch_size, seq_len=lay.seq_len)
+    memory = flayout.graphs_memory_problem(lay, machine, mcfg, fp8=c.precision == "fp8") if machine.gpu else None
+    return graphs.decide(c.cuda_graphs, mcfg, micro_batch_size=lay.micro_batch_size, memory_problem=memory,
+                         precision=c.precision, seq_len=lay.seq_len, device_type=machine.device, backend=backend,
+                         fuse=c.fuse, param_dtype=lay.param_dtype, world_size=machine.world_size,
+                         activation_checkpointing=lay.activation_checkpointing, compile=c.compile)
+
+
+def compute_dtype(c: "TrainConfig", machine: Machine) -> tuple[str, str]:
+    if c.compute_dtype != "auto":
+        return c.compute_dtype, f"--compute-dtype {c.compute_dtype}"
+    return ("bf16", "auto: bf16 autocast on a GPU") if machine.gpu else ("fp32", "auto: fp32 on a CPU (bf16 autocast is slow there)")
+
+
+def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_weights: bool) -> tuple[bool, str]:
+    """TE's weight-gradient GEMMs into the masters' main_grad: fused TE layers, master weights, one process
+    (DDP all-reduces .grad through hooks that main_grad would bypass)."""
+    if not c.fuse_wgrad_accumulation:
+        return False, "--fuse-wgrad-accumulation False"
+    if not (backend == "te" and c.fuse and master_weights and machine.world_size == 1):
+        return False, "needs TE fused layers, --param-dtype bf16 and one process"
+    return True, "TE fused layers, bf16 parameters, one process: weight gradients added in place"
+
+
+def fp8_attention(c: "TrainConfig", machine: Machine, backend: str | None, recipe: Recipe | None,
+                  lay: flayout.Layout, mcfg) -> tuple[bool, str]:
+    """Whether attention runs in FP8 too (fp8lab.plan.fp8attn's measured rule); ValueError for an ``on`` that cannot run."""
+    from fp8lab.plan import fp8attn
+
+    return fp8attn.decide(c.fp8_attention, seq_len=lay.seq_len, precision=c.precision, backend=backend, fuse=c.fuse,
+                          recipe_kind=recipe.kind if recipe else None, mcfg=mcfg, gpu=machine.gpu, gpu_name=machine.name)
+
+
+def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
+    """Every effective decision of the run ``c`` on ``machine`` (see the module doc); ValueError if it cannot run."""
+    from fp8lab.model.models import get_config
+
+    backend, why_backend = select_backend(c, machine)
+    recipe = recipe_for(c, backend)
+    if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
+        fused_check(c, backend)
+    mcfg = get_config(c.model, **c.shape_overrides)
+    lay = flayout.resolve(c, machine, backend, mcfg=mcfg)  # "auto" options -> this machine's layout (or a clear refusal)
+    sharded = c.parallel == "fsdp" and machine.world_size > 1
+    problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
+    if problem:
+        raise ValueError(problem)
+    total_steps, warmup = schedule(c, lay, machine.world_size)
+    decision = graphs_decision(c, machine, backend, lay, mcfg)  # --cuda-graphs on that cannot be captured: refused
+    master = lay.param_dtype == "bf16" and not sharded
+    keep = bool(sharded and lay.fsdp_keep_weights and lay.grad_accum > 1)
+    cache, why_cache = flayout.weight_cache(c, backend, grad_accum=lay.grad_accum, sharded=sharded, keep_weights=keep)
+    wgrad, why_wgrad = fused_wgrad(c, machine, backend, master)
+    dtype, why_dtype = compute_dtype(c, machine)
+    reasons = {"backend": why_backend, "cuda_graphs": decision.reason, "fp8_weight_cache": why_cache,
+               "fuse_wgrad_accumulation": why_wgrad, "compute_dtype": why_dtype,
+               "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
+                                  "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 parameters"),
+               "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
+    # --- #34 long sequences: a named shape's raised max_seq_len; FP8 attention, carried by the recipe TE runs
+    from fp8lab.model.models import longer_sequence_note
+
+    if note := longer_sequence_note(c.model, c.model_overrides, c.seq_len):
+        reasons["max_seq_len"] = note
+    attn, reasons["fp8_attention"] = fp8_attention(c, machine, backend, recipe, lay, mcfg)
+    if attn:
+        recipe = dataclasses.replace(recipe, fp8_attention=True)
+    # issue 32: FP8 all-gather under FSDP2
+    fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
+    # issue 31: FP8 health statistics
+    stats_every, stats_source, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum,
+                                                                         machine.world_size)
+    return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
+                   master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
+                   fp8_stats_every=stats_every, fp8_stats_source=stats_source)
+
+
+# issue 32 ---------------------------------------------------------------------------------------
+# torchao's float8 FSDP2 all-gather (fp8lab.fp8.convert): ``auto`` turns it on only once the GPU check of its gathered
+# bytes, dtype and loss is committed and holds (benchmarks/fp8_all_gather_check.py on an H200, its ``check.json``);
+# ``on`` runs it regardless.
+FP8_ALL_GATHER_CHECK = REPO_ROOT / "data" / "results" / "fp8-all-gather-h200" / "check.json"
+
+
+def _all_gather_checked(path: Path = FP8_ALL_GATHER_CHECK) -> bool:
+    """Whether the committed GPU check holds (its ``passed``); False where it is missing or unreadable."""
+    return (read_check(path) or {}).get("passed") is True
+
+
+FP8_ALL_GATHER_CHECKED = _all_gather_checked()
+
+
+def decision_results() -> tuple[Path, ...]:
+    """The committed result files ``auto`` decisions read (this check, FP8 attention's crossover and loss check):
+    a SageMaker job's code channel carries them (``fp8lab.launch.stage_source``), so the job decides as its plan did."""
+    from fp8lab.plan import fp8attn
+
+    return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT, fp8stats.TE_DEBUG_CHECK)
+
+
+def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
+    """(FSDP2 all-gathers the block linears' weights in FP8, why); ValueError for ``on`` where it cannot."""
+    from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
+
+    if c.fp8_all_gather == "off":
+        return False, "--fp8-all-gather off"
+    why_not = ("needs --precision fp8" if c.precision != "fp8" else
+               "needs --parallel fsdp on several ranks (FSDP2 shards the weights)" if not sharded else
+               None if backend in FP8_ALL_GATHER_BACKENDS else
+               f"needs --backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}: fp8lab wires torchao's float8 FSDP2 all-gather; "
+               f"{backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are not wired)")
+    if why_not is None:
+        if c.fp8_all_gather == "on":
+            return True, "--fp8-all-gather on"
+        if not FP8_ALL_GATHER_CHECKED:
+            return False, ("auto: off until its GPU check is committed (tests/gpu/test_fp8_all_gather_gpu.py, issue 32); "
+                           "--fp8-all-gather on all-gathers the weights in FP8, half the bytes of bf16")
+        return True, ("auto: FP8 under FSDP2 on torchao: weights all-gathered in FP8, half the bytes of bf16 "
+                      f"(checked on a GPU: {FP8_ALL_GATHER_CHECK.parent.name})")
+    if c.fp8_all_gather == "on":
+        raise ValueError(f"--fp8-all-gather on {why_not}; allowed here: auto | off")
+    return False, f"auto: off ({why_not})"
+
+
+# issue 31
+def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool,
+                       grad_accum: int, world_size: int = 1) -> tuple[int, str | None, str]:
+    """(every how many steps the FP8 health statistics are sampled, 0 = off; who reads them, None when off; why),
+    decided once here."""
+    source, why_source = fp8_stats_source(c, backend, world_size)
+    if not c.fp8_stats_every:
+        return 0, None, "--fp8-stats-every 0: off"
+    if c.precision != "fp8" or backend not in fp8stats.DEFAULT_EVERY:
+        return 0, None, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
+    if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
+        return 0, None, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
+                         "--cuda-graphs off to see them")
+    if c.compile:  # compiled blocks guard on the hooks' state: each sample would recompile them
+        return 0, None, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
+    auto = c.fp8_stats_every == AUTO
+    every = fp8stats.default_every(backend, grad_accum) if auto else c.fp8_stats_every
+    how = (f"auto: {backend} at {grad_accum} micro-batch(es) a step" if auto else "--fp8-stats-every")
+    return every, source, f"every {every} steps ({how}); {why_source}"
+
+
+def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> tuple[str | None, str]:
+    """--fp8-stats-source: who reads the FP8 casts (fp8lab.fp8.stats.SOURCES), and why; a request that cannot be
+    met is refused here, naming the option and what is allowed."""
+    from fp8lab.fp8.te_debug import unavailable, untested_te
+
+    asked = c.fp8_stats_source
+    if backend != "te":
+        if asked == fp8stats.TE_DEBUG and c.precision == "fp8" and c.fp8_stats_every:
+            raise ValueError(f"--fp8-stats-source te-debug reads Transformer Engine's debug API: it needs --backend te "
+                             f"(this run: {backend or 'none'}); allowed here: auto | {fp8stats.OWN}")
+        return (fp8stats.OWN if backend else None), f"{backend or 'no'} backend: fp8lab reads its casts"
+    why_not = ("several processes (TE's debug statistics are gathered per process group; fp8lab samples rank 0)"
+               if world_size > 1 else unavailable())
+    if asked == AUTO and not why_not and not fp8stats.TE_DEBUG_CHECKED:
+        check = f"{fp8stats.TE_DEBUG_CHECK.parent.name}/check.json"
+        why_not = ((f"TE's debug API failed its GPU check ({check}: {'; '.join(fp8stats.TE_DEBUG_CHECK_PROBLEMS)})"
+                    if fp8stats.TE_DEBUG_CHECK_PROBLEMS else
+                    f"TE's debug API is installed but its GPU check ({check}: every step recorded, cost <= "
+                    f"{fp8stats.COST_GOAL_PCT:g}%) is not committed yet") + "; --fp8-stats-source te-debug runs it")
+    elif asked == AUTO and not why_not:
+        why_not = untested_te(fp8stats.TE_DEBUG_CHECKED_TE)
+    if asked == fp8stats.TE_DEBUG:
+        if why_not and c.precision == "fp8" and c.fp8_stats_every:
+            raise ValueError(f"--fp8-stats-source te-debug cannot run here: {why_not}; allowed here: auto | {fp8stats.OWN}")
+        return fp8stats.TE_DEBUG, ("--fp8-stats-source te-debug: TE's debug API (nvdlfw-inspect) reads every GEMM, "
+                                   "summed over the step's micro-batches")
+    if asked == fp8stats.OWN or why_not:
+        return fp8stats.OWN, ((f"auto: fp8lab's hooks ({why_not})" if asked == AUTO else "--fp8-stats-source fp8lab")
+                              + ": the first micro-batch of the step; fc2's input and fc1's gradient stay inside TE")
+    return fp8stats.TE_DEBUG, ("auto: TE's debug API (nvdlfw-inspect is installed, one process) reads every GEMM, "
+                               "summed over the step's micro-batches")

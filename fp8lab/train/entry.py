@@ -1,0 +1,158 @@
+"""Train one model in BF16 or FP8 on real text: a CPU, one GPU, torchrun (DDP / FSDP2) or SageMaker.
+
+The same file runs everywhere; only the launch differs::
+
+    # CPU, seconds: tiny Llama, FP8 emulated in PyTorch (only the loss comparison means anything)
+    python -m fp8lab.train --model llama-tiny --precision fp8 --backend emulated --steps 50
+
+    # one H100/H200: llama-1b, BF16 then FP8 with Transformer Engine, same data order
+    fp8lab train --model llama-1b --precision bf16 --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-bf16
+    fp8lab train --model llama-1b --precision fp8  --backend te --steps 300 --seq-len 2048 --output-dir runs/1b-fp8
+
+    # your own Llama / GPT-Neo folder (config.json + optional *.safetensors) or hf:<repo id>;
+    # exported back to its own class and tokenizer in <output-dir>/model (docs/own-model.md)
+    fp8lab train --model path/to/my-llama --precision fp8 --backend te --steps 300
+
+    # 8 GPUs of one node, FSDP2 (fully_shard per decoder block)
+    torchrun --nproc-per-node 8 -m fp8lab.train --model llama-7b --precision fp8 --parallel fsdp ...
+
+    # SageMaker: fp8lab.launch passes the same options as hyperparameters; data comes from
+    # SM_CHANNEL_TRAIN, the model goes to SM_MODEL_DIR, metrics + plots to SM_OUTPUT_DATA_DIR,
+    # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
+
+This module holds the entry points; ``TrainConfig`` (fp8lab.plan.config, importable from here; each option declared once on its field:
+fp8lab.plan.options): what was requested, "auto" included. ``fp8lab.plan.runplan.plan_run`` decides what runs
+(backend, recipe, layout, steps, graphs, ...); the run itself, its set-up order and its loop, is
+``fp8lab.train.trainer.Trainer``, which builds from that plan.
+
+``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.
+``--precision bf16`` with an explicit ``--backend`` runs the *same converted layers* with FP8 off
+(TE BF16 vs TE FP8, what SageMaker jobs of fp8lab.launch compare); with ``--backend auto`` (the
+default) a BF16 run does the same where Transformer Engine is usable, and elsewhere runs the plain
+Hugging Face model (which ``--backend none`` always runs). Non-FP8 math runs under ``torch.autocast``
+in ``--compute-dtype`` (default bf16 on GPUs, fp32 on CPUs, where bf16 autocast is slow and
+adds nothing to a loss comparison) over float32 parameters. ``--param-dtype bf16`` keeps the
+parameters (and gradients) in bf16 instead, so nothing is re-cast per step, and the optimizer
+steps fp32 master copies (fp8lab.train.master_weights); under FSDP2 the shards stay fp32 and are
+gathered as bf16. The model then computes in bf16 whatever ``--compute-dtype`` says.
+
+Outputs in ``--output-dir``: ``metrics.jsonl`` (one record per step), ``config.json`` (options +
+provenance), ``summary.json``, ``loss.png``, ``checkpoints/`` and ``model/`` (HF ``save_pretrained``
+plus the tokenizer) unless SageMaker or the options place them elsewhere.
+
+Exit codes of ``main``: 0 done (or stopped by SIGTERM or Ctrl-C after a checkpoint), 2 bad options,
+3 stopped by the FP8 overflow guard (too many non-finite steps in a row), 4 stopped because a
+checkpoint could not be written (metrics.jsonl and summary.json are still written), or the final
+model export or summary.json could not be written (the weights then kept in a checkpoint).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from fp8lab.core import validate as fvalidate
+from fp8lab.core.errors import OptionError
+from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (its old name here: tests/unit/test_layering.py)
+from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
+                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
+                            add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
+
+EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
+_opt = flag  # --seq-len for seq_len (the old name of fp8lab.plan.options.flag)
+# TrainConfig and its checks live in fp8lab.plan.config; their names stay importable from here
+from fp8lab.plan.config import CHECKPOINT_EVERY, TrainConfig, option_problem  # noqa: E402,F401
+
+
+# ----------------------------------------------------------------------------------------------
+# command line (and SageMaker hyperparameters, which arrive as --key value strings)
+# ----------------------------------------------------------------------------------------------
+
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one clear line instead of usage + exit inside a library call
+        raise ValueError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fp8lab train", description=__doc__.splitlines()[0], allow_abbrev=False,
+                epilog="Booleans accept True/False (SageMaker passes hyperparameters as strings); "
+                       "every option also has an underscore spelling (--micro_batch_size).")
+    add_arguments(p, TrainConfig)
+    return p
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    """TrainConfig from CLI-style arguments; every value is converted and checked with a clear message."""
+    args = vars(build_parser().parse_args(argv))
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    kwargs = {name: from_text(fields[name], raw) for name, raw in args.items() if raw is not None}
+    config = TrainConfig(**kwargs)
+    fvalidate.check_cli_recipe(config, "recipe" in kwargs)
+    return config
+
+
+def _sagemaker_argv() -> list[str]:
+    """Hyperparameters from SM_HPS (JSON) when the job passed none on the command line."""
+    raw = os.environ.get("SM_HPS")
+    if not raw:
+        return []
+    return [w for k, v in json.loads(raw).items() if not k.startswith("sagemaker_") for w in (f"--{k}", to_text(v))]
+
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+# ----------------------------------------------------------------------------------------------
+
+def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
+          planned: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one training job as configured; returns the summary (also written to summary.json).
+
+    ``planned``: the decisions of the plan made for this run elsewhere (a SageMaker job's, at launch:
+    ``RunPlan.decisions()``); the run is refused when this machine plans it differently."""
+    from fp8lab.train import distributed as fdist
+
+    c = config or TrainConfig()
+    try:
+        env = fdist.setup(c.device)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from exc
+    try:
+        from fp8lab.train.trainer import run  # the Trainer: setup, fit, finish
+
+        return run(c, env, argv, expected=planned)
+    finally:
+        fdist.teardown(env)
+
+
+def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None) -> int:
+    """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop.
+
+    ``planned``: as for :func:`train` (fp8lab.train.sm_entry passes a SageMaker job's plan)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        build_parser().print_help()
+        return 0
+    if not argv and os.environ.get("SM_HPS"):
+        argv = _sagemaker_argv()
+    try:
+        config = parse_args(argv)
+    except ValueError as exc:
+        print(f"fp8lab train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_OPTIONS
+    try:
+        summary = train(config, argv=argv, planned=planned)
+    except OptionError as exc:  # environment checks (device, backend, data, resume) before training
+        print(f"fp8lab train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_OPTIONS
+    return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED, "export_failed": EXIT_CHECKPOINT_FAILED,
+            "summary_failed": EXIT_CHECKPOINT_FAILED}.get(summary["status"], 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The trained model back as a Hugging Face model: ``save_pretrained`` in its original class, plus the tokenizer."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from fp8lab.data import tokens as fdata
+
+
+def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
+    """Full HF-named weights on rank 0 (every rank must call: FSDP2 gathers the shards).
+
+    Under ``--param-dtype bf16`` the weights are fp32: the optimizer's fp32 masters (``master``, one
+    process / DDP), or FSDP2's fp32 sharded parameters (it casts to bf16 only when gathering)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if master is not None and full:
+        full = master.model_state_dict(full)
+    if conversion is None or not full:  # plain HF model, or a rank other than 0
+        return full
+    from fp8lab.fp8.convert import hf_state_dict_from
+
+    return hf_state_dict_from(inner, full)
+
+
+def save_hf_model(model, inner, conversion, c, model_dir: Path, data_dir: Path, env, master=None) -> None:
+    """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
+
+    ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
+    the fp32 master weights of ``--param-dtype bf16`` (written instead of the bf16 parameters)."""
+    from fp8lab.records import ownership
+    from fp8lab.model import user as user_model
+    from fp8lab.model.models import build_model
+
+    sd = _export_hf_state_dict(model, inner, conversion, master)
+    if not env.is_main:
+        return
+    from transformers import PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    hf = build_model(c.model, device="meta", **c.shape_overrides)  # a user's folder: its own config
+    stage = ownership.claim(model_dir, "model") / ".export.tmp"  # written whole, then moved in file by file
+    shutil.rmtree(stage, ignore_errors=True)
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
+    try:
+        hf.save_pretrained(str(stage), state_dict=sd)
+        # the user's folder had a tokenizer: it goes back along (the data were tokenized with fp8lab's: fp8lab.model.user)
+        if not user_model.copy_tokenizer(c.model, stage):
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
+            tok.save_pretrained(str(stage))
+        for f in sorted(stage.iterdir()):
+            os.replace(f, model_dir / f.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if bar_was_on:
+            hf_logging.enable_progress_bar()

@@ -1,0 +1,294 @@
+"""BF16 model parameters with FP32 master weights inside the optimizer (one process and DDP).
+
+Why: a model kept in fp32 under ``torch.autocast`` re-casts every weight to bf16 (or FP8 in TE) on
+every forward, and gets its gradients back as fp32. Keeping the parameters in bf16 removes those
+casts; the optimizer keeps an fp32 copy of each parameter (the *master*) and fp32 AdamW states, so
+small updates are not lost to bf16 rounding. One optimizer step here is:
+
+1. move the bf16 gradients into fp32 master gradients, one parameter at a time (each bf16
+   gradient is freed once copied);
+2. clip on the fp32 gradients (the returned norm is the fp32 global norm that the trainer logs);
+3. ``torch.optim.AdamW`` steps the fp32 masters (fused / foreach kernels as configured);
+4. copy the masters back into the bf16 parameters (``torch._foreach_copy_``).
+
+A step the trainer skips (non-finite loss or gradient) calls 1-2 only: masters, AdamW states and
+parameters stay as they were. Memory per parameter during forward/backward: bf16 parameter and
+gradient (2 + 2 bytes), fp32 master and two AdamW moments (3 x 4 bytes): 16 bytes, as an fp32 model
+with AdamW; the fp32 master gradients (4 more bytes) exist only from step 1 to ``zero_grad``, when
+the activations are gone. Gradient accumulation over micro-batches sums in bf16 (the parameters'
+dtype), which an fp32 model under autocast does in fp32.
+
+Streamed step (``streamed=True``, what the trainer uses under CUDA graphs): the gradients stay where
+backward wrote them, and the fused-accumulation buffers (``main_grad``) are zeroed in place instead of
+freed, so they keep the addresses a captured graph writes to. Clipping takes the fp32 norm chunk by
+chunk, and the step then converts, clips and steps about ``STREAM_CHUNK_BYTES`` of fp32 gradients at a
+time. The step then holds the bf16 gradients plus one chunk (at 7B 13.6 GiB) instead of a full fp32
+copy (25 GiB), which leaves room for the activations the graphs keep resident. The arithmetic is the same as
+the plain step's: the same fp32 upcasts, per-tensor norms and clip factor, and AdamW is elementwise.
+
+Checkpoints: :meth:`model_state_dict` puts the fp32 masters where a model state dict has its
+parameters and :meth:`state_dict` is keyed by parameter name like
+``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``, so a checkpoint has the same
+layout and precision as one of an fp32 run. FSDP2 does not use this class: there the sharded
+parameters stay fp32 and ``MixedPrecisionPolicy(param_dtype=bf16)`` casts them when gathering.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from fp8lab.plan.layout import STREAM_CHUNK_BYTES  # read at each construction (tests patch it here)
+
+
+
+
+class MasterWeights:
+    """Casts ``module``'s parameters to ``dtype`` in place and steps fp32 copies of them.
+
+    Create it before DDP wraps the model (DDP buckets gradients by the parameters' dtype) and
+    before the first forward. ``make_optimizer(masters)`` builds the inner optimizer (AdamW with
+    the trainer's parameter groups) over the fp32 masters; an LR scheduler attaches to
+    ``.optimizer``. Duck-types the parts of ``torch.optim.Optimizer`` the trainer uses.
+    ``streamed``: the streamed step of the module docstring (gradient buffers kept in place).
+    """
+
+    def __init__(self, module: nn.Module, make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+                 dtype: torch.dtype = torch.bfloat16, streamed: bool = False):
+        self.params: list[nn.Parameter] = []
+        self.names: list[list[str]] = []  # every name of each parameter (tied weights have several)
+        index: dict[int, int] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            if not p.requires_grad:
+                continue
+            if id(p) not in index:
+                index[id(p)] = len(self.params)
+                self.params.append(p)
+                self.names.append([])
+            self.names[index[id(p)]].append(name)
+        if not self.params:
+            raise ValueError(f"{type(module).__name__} has no trainable parameters to keep master weights of")
+        with torch.no_grad():
+            self.masters = [nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in self.params]
+            for p in self.params:  # the same Parameter objects, now bf16: modules and hooks still see them
+                p.data = p.data.to(dtype)
+        self.dtype = dtype
+        self.optimizer = make_optimizer(self.masters)
+        self._main_grad: set[int] = set()  # parameters whose gradient arrives in p.main_grad (fused accumulation)
+        self.streamed = streamed
+        self._chunks = self._chunk_indices(STREAM_CHUNK_BYTES) if streamed else []
+        self._clip_coef: torch.Tensor | None = None  # the streamed step's clip factor, set by clip_grad_norm_
+
+    def _chunk_indices(self, limit: int) -> list[list[int]]:
+        """Parameter indices in order, grouped so each group's fp32 gradients take about ``limit`` bytes."""
+        chunks: list[list[int]] = [[]]
+        size = 0
+        for i, p in enumerate(self.params):
+            if chunks[-1] and size + 4 * p.numel() > limit:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(i)
+            size += 4 * p.numel()
+        return chunks
+
+    def use_main_grad(self, params: list[nn.Parameter]) -> None:
+        """These parameters' gradients are accumulated by their layers into ``p.main_grad`` (bf16).
+
+        Gives each a zeroed ``main_grad``; after every optimizer step (``zero_grad``) it is zeroed
+        again. Layers that honour the contract (TE with ``fuse_wgrad_accumulation``) add each
+        micro-batch's weight gradient into it inside the GEMM and leave ``p.grad`` empty."""
+        mine = {id(p) for p in self.params}
+        strangers = [p for p in params if id(p) not in mine]
+        if strangers:
+            raise ValueError(f"use_main_grad: {len(strangers)} parameter(s) are not among this optimizer's parameters")
+        self._main_grad = {id(p) for p in params}
+        self._fresh_main_grads()
+
+    def _fresh_main_grads(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                if id(p) in self._main_grad and getattr(p, "main_grad", None) is None:
+                    p.main_grad = torch.zeros_like(p)
+
+    # -- what the trainer calls ---------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def _fp32_grad(self, p: nn.Parameter) -> torch.Tensor | None:
+        """``p``'s gradient (autograd's ``.grad`` plus its fused ``main_grad``) as a new fp32 tensor, or None."""
+        g = None if p.grad is None else p.grad.to(torch.float32)
+        if id(p) in self._main_grad and getattr(p, "main_grad", None) is not None:
+            g = p.main_grad.to(torch.float32) if g is None else g.add_(p.main_grad)
+        return g
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Move the bf16 gradients into fp32 master gradients, clip those; return the fp32 norm.
+
+        One parameter at a time: each bf16 gradient is released as soon as its fp32 copy exists,
+        so the step never holds both full sets (at 7B that is 13.5 GB less at the memory peak).
+        After this call the parameters have no ``.grad``; the masters have theirs until ``zero_grad``.
+        A parameter the forward did not use (no gradient) is not stepped, as in torch.
+        Streamed: only the norm and the clip factor; the gradients stay in place for :meth:`step`."""
+        if self.streamed:
+            return self._streamed_norm(max_norm)
+        with torch.no_grad():
+            for m, p in zip(self.masters, self.params):
+                m.grad = self._fp32_grad(p)
+                p.grad = None
+                if id(p) in self._main_grad:
+                    p.main_grad = None  # freed now; a zeroed one is made after the step
+        grads = [m for m in self.masters if m.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.masters[0].device)
+        return torch.nn.utils.clip_grad_norm_(grads, max_norm)
+
+    @torch.no_grad()
+    def _streamed_norm(self, max_norm: float) -> torch.Tensor:
+        """The fp32 global norm as ``clip_grad_norm_`` computes it (per-tensor norms, then their norm),
+        from one chunk of fp32 upcasts at a time; keeps the clip factor for the streamed step."""
+        norms: list[torch.Tensor] = []
+        for chunk in self._chunks:
+            grads = [g for g in (self._fp32_grad(self.params[i]) for i in chunk) if g is not None]
+            if grads:
+                norms += torch._foreach_norm(grads, 2.0)
+            del grads
+        if not norms:  # no gradient at all: the step then changes nothing, as the plain step
+            self._clip_coef = torch.ones((), device=self.masters[0].device)
+            return torch.zeros((), device=self.masters[0].device)
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        self._clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        return total
+
+    @torch.no_grad()
+    def _streamed_step(self) -> None:
+        """Convert, clip and step one chunk of fp32 master gradients at a time (then free them)."""
+        if self._clip_coef is None:
+            raise RuntimeError("MasterWeights(streamed=True).step() needs clip_grad_norm_() first (it sets the clip factor)")
+        for chunk in self._chunks:
+            stepped = []
+            for i in chunk:
+                self.masters[i].grad = self._fp32_grad(self.params[i])
+                self.params[i].grad = None
+                if self.masters[i].grad is not None:
+                    stepped.append(self.masters[i])
+            if stepped:
+                torch._foreach_mul_([m.grad for m in stepped], self._clip_coef)
+                self.optimizer.step()  # parameters without a gradient (the other chunks) are not stepped
+            for m in stepped:
+                m.grad = None
+        self._clip_coef = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """AdamW on the fp32 masters, then the bf16 parameters become their rounded copies."""
+        if self.streamed:
+            self._streamed_step()
+        else:
+            self.optimizer.step()
+        torch._foreach_copy_(self.params, self.masters)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the bf16 gradients (if any are left) and the fp32 master gradients (their memory is freed).
+        The fused ``main_grad`` buffers are freed and made afresh, or (streamed) zeroed in place."""
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+        for m in self.masters:
+            m.grad = None
+        self._clip_coef = None
+        # a main_grad not consumed by clip_grad_norm_ must not leak into the next step
+        mains = [p for p in self.params if id(p) in self._main_grad and getattr(p, "main_grad", None) is not None]
+        if self.streamed:  # in place: a captured graph writes to these addresses
+            if mains:
+                torch._foreach_zero_([p.main_grad for p in mains])
+        else:
+            for p in mains:
+                p.main_grad = None
+            self._fresh_main_grads()
+
+    # -- checkpoints and export ---------------------------------------------------------------
+    def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` (the model's, e.g. from get_model_state_dict) with the fp32 masters for the parameters.
+
+        On the masters' device the values are the masters themselves (a checkpoint load writes into
+        them in place); elsewhere (``cpu_offload``) copies on that device."""
+        out = dict(state_dict)
+        for names, m in zip(self.names, self.masters):
+            present = [n for n in names if n in out]
+            if not present:
+                raise KeyError(f"parameter {names[0]!r} is not in the model state dict (keys like {next(iter(out), None)!r})")
+            for n in present:
+                out[n] = m.detach().to(out[n].device)
+        return out
+
+    def _ensure_state(self) -> None:
+        """Create the AdamW states (zero moments, step 0) so a checkpoint load has tensors to fill.
+
+        As torch.distributed.checkpoint does for a fresh optimizer: one step with lr 0 and zero
+        gradients, which leaves the masters unchanged; the step counters are then reset to 0, so the
+        next real step is exactly a first step."""
+        if len(self.optimizer.state) == len(self.masters):
+            return
+        saved = [m.grad for m in self.masters]
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
+        with torch.no_grad():
+            for m in self.masters:
+                m.grad = torch.zeros_like(m)
+            for g in self.optimizer.param_groups:
+                g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+            self.optimizer.step()
+            for g, lr in zip(self.optimizer.param_groups, lrs):
+                g["lr"] = lr
+            for st in self.optimizer.state.values():
+                if isinstance(st.get("step"), torch.Tensor):
+                    st["step"].zero_()
+                elif "step" in st:
+                    st["step"] = 0
+        for m, g in zip(self.masters, saved):
+            m.grad = g
+
+    def state_dict(self) -> dict[str, Any]:
+        """AdamW state keyed by parameter name (the layout of get_optimizer_state_dict); tensors are the live ones."""
+        self._ensure_state()
+        first = {id(m): names[0] for m, names in zip(self.masters, self.names)}
+        state = {first[id(m)]: self.optimizer.state[m] for m in self.masters}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [first[id(m)] for m in g["params"]]}
+                  for g in self.optimizer.param_groups]
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take AdamW states and hyperparameters from ``state_dict`` (masters already restored), then
+        copy the masters into the bf16 parameters."""
+        own = self.state_dict()
+        for name, st in state_dict["state"].items():
+            if name not in own["state"]:
+                raise KeyError(f"optimizer state for unknown parameter {name!r}")
+            for k, v in st.items():
+                live = own["state"][name][k]
+                if isinstance(live, torch.Tensor):
+                    if live is not v:
+                        live.copy_(v)
+                else:
+                    own["state"][name][k] = v
+        if len(state_dict["param_groups"]) != len(self.optimizer.param_groups):
+            raise ValueError("optimizer state has a different number of parameter groups")
+        for g, saved in zip(self.optimizer.param_groups, state_dict["param_groups"]):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        self.sync_params()
+
+    @torch.no_grad()
+    def sync_params(self) -> None:
+        """The bf16 parameters from the masters (after a load)."""
+        torch._foreach_copy_(self.params, self.masters)
+
+    def master_for(self, name: str) -> torch.Tensor:
+        """The fp32 master of the parameter called ``name`` (tests, inspection)."""
+        for names, m in zip(self.names, self.masters):
+            if name in names:
+                return m
+        raise KeyError(name)
+

@@ -1,0 +1,697 @@
+"""The training run as a ``Trainer``: ``setup``, then ``fit`` (the loop over ``train_step``), then ``finish``.
+
+    plan = plan_run(config, Machine.detect(env.device, env.world_size))  # fp8lab.plan.runplan: every decision
+    trainer = Trainer(plan, env, argv)
+    with setup_errors(trainer.paths, env):  # a ValueError here is an OptionError; new folders are removed
+        trainer.setup()                      # data, model, optimizer, resume, config.json
+    status, message = trainer.fit()
+    summary = trainer.finish(status, message)
+
+(``run`` does exactly that, after checking the folders and the data.) The trainer decides nothing:
+it builds what the plan says, and holds the plan's backend and recipe objects.
+
+Set-up order (as torchtitan): build the HF model, convert it for FP8, activation checkpointing,
+compile each block, fp32 master weights (``--param-dtype bf16``), shard (FSDP2) or wrap (DDP), the
+optimizer, resume, and last the CUDA graphs of the blocks (``--cuda-graphs``, fp8lab.plan.graphs), which
+read the resumed weights and FP8 scaling state in place.
+The loop only calls components (fp8lab.train.components): the step metrics, the profiler, the
+non-finite guard and the checkpointer. FP8 is the backend's autocast region around
+:meth:`Trainer._forward` (the one place the model is called) plus the backend's optional
+``after_optimizer_step``, called after every optimizer step the guard lets through. The helpers
+beside it: fp8lab.train.optim (AdamW, the LR schedule), fp8lab.train.export (the HF model at the end),
+``apply_activation_checkpointing`` and ``_compile_blocks`` below.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator
+
+from fp8lab.train import checkpoint as fckpt
+from fp8lab.data import tokens as fdata
+from fp8lab.train import distributed as fdist
+from fp8lab.train import export as fexport
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train import optim as foptim
+from fp8lab.records import ownership
+from fp8lab.core import paths as fpaths
+from fp8lab.train import resume as fresume
+from fp8lab.train import run_paths as frun_paths
+from fp8lab.data import checks as data_checks
+from fp8lab.fp8.backends import get_backend
+from fp8lab.core.errors import OptionError
+from fp8lab.model.models import get_config
+from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult, StopFlag,
+                               TrainState)
+
+
+class Trainer:
+    """One training run of the plan ``plan`` (fp8lab.plan.runplan.RunPlan) on the process group ``env`` (see the module doc).
+
+    ``self.c`` is the request (``plan.config``, "auto" included); what runs is read from the plan."""
+
+    def __init__(self, plan, env, argv: list[str] | None = None):
+        self.plan, self.c, self.env, self.argv = plan, plan.config, env, argv
+        self.paths = frun_paths.resolve_paths(self.c)
+        self.log = print if env.is_main else (lambda *a, **k: None)
+        self.wall0 = time.perf_counter()
+        self.resumed_from: int | None = None
+        self.last_val: float | None = None
+        self.stop = StopFlag()  # SIGTERM/SIGINT seen; fit() installs and uninstalls its handler
+        self.backend, self.recipe, self.layout = plan.backend, plan.recipe, plan.layout
+        self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
+        self.graphs, self.graphs_captured = plan.graphs, None
+        self.world, self.tokens_per_step, self.fp8_on = plan.world_size, plan.tokens_per_step, plan.fp8
+        self.machine, self.sharded, self.compute_dtype = plan.machine, plan.sharded, plan.compute_dtype
+        # the backend object and its FP8 region, looked up once (not per micro-batch)
+        self.fp8_backend = get_backend(plan.backend) if plan.backend else None
+        self.after_step = getattr(self.fp8_backend, "after_optimizer_step", None)
+        self.mcfg = get_config(self.c.model, **self.c.shape_overrides)
+        self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
+        self.lock = None  # the output folder's run lock (fp8lab.records.runlock), rank 0, from _prepare_data to close()
+        self.te_debug = None  # issue 31: TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
+
+    # ------------------------------------------------------------------------------------ set-up
+
+    def setup(self) -> dict[str, Any] | None:
+        """Everything before the first step; returns the dry-run summary under ``--dry-run``, else None."""
+        self.log(f"fp8lab: {self.layout.header()}")
+        if self.machine.gpu or self.c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
+            self.log(f"fp8lab: {self.graphs.describe()}")
+        self._long_context()
+        if self.c.dry_run:
+            return self._dry_run_summary()
+        self._cap_gpu_memory()
+        self._prepare_data()
+        self._build_model()
+        self._build_optimizer()
+        self._build_components()
+        self._resume()
+        # resumed at its last step: a finished run (kept as it is, see finish) or one whose export failed
+        self.finished = (fdist.broadcast_object(self._finished_summary(), self.env)
+                         if self.resumed_from == self.total_steps else None)
+        if self.finished is None:
+            self._capture_graphs()
+            if self.env.is_main:
+                self._write_config()
+        return None
+
+    def _long_context(self) -> None:
+        """#34: log a named shape's raised max_seq_len and the FP8-attention decision (where there is one to make);
+        with FP8 attention on, set TE's NVTE_FP8_DPA_BWD to fp8lab's default where the environment does not."""
+        from fp8lab.plan import fp8attn
+
+        reasons = self.plan.reasons
+        if "max_seq_len" in reasons:
+            self.log(f"fp8lab: {reasons['max_seq_len']}")
+        if self.plan.fp8_attention:  # TE reads it at each attention call: set before anything runs, the user's value wins
+            os.environ.setdefault(fp8attn.BWD_ENV, fp8attn.FP8_DPA_BWD)
+            bwd = f"; {fp8attn.BWD_ENV}={os.environ[fp8attn.BWD_ENV]} (1: backward in FP8 too, 0: backward in BF16)"
+            self.log(f"fp8lab: FP8 attention on: {reasons['fp8_attention']}{bwd}")
+        elif self.fp8_on and (self.machine.gpu or self.c.fp8_attention != "auto"):
+            self.log(f"fp8lab: FP8 attention off: {reasons['fp8_attention']}")
+
+    @property
+    def model_name(self) -> str:
+        """--model as step records, logs and summaries show it: never an absolute machine path (fp8lab.core.paths)."""
+        return fpaths.shareable_path(self.c.model, self.paths.output_dir)
+
+    def _dry_run_summary(self) -> dict[str, Any]:
+        c, lay = self.c, self.layout
+        return {"status": "dry_run", "model": self.model_name, "precision": c.precision, "backend": self.plan.backend_label,
+                "world_size": self.env.world_size, "gpu_name": self.machine.name, **lay.options(),
+                "cuda_graphs": self.graphs.active, "memory_estimate_gib": round(lay.memory.peak, 1), "memory_gib": round(self.machine.memory_gib, 1),
+                "reasons": lay.reasons}
+
+    def _cap_gpu_memory(self) -> None:
+        import torch
+
+        if self.c.gpu_memory_gib and self.env.device.type == "cuda":  # emulate a smaller GPU (e.g. P5's H100 80 GB on an H200)
+            total = torch.cuda.get_device_properties(self.env.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.c.gpu_memory_gib * 2**30 / total), self.env.device)
+
+    def _prepare_data(self) -> None:
+        """Tokenized once per node (deterministic, so every node gets the same shards), then checked."""
+        from fp8lab.model.models import MODEL_CONFIGS
+
+        c, env, mcfg = self.c, self.env, self.mcfg
+        source = frun_paths.data_source(c)
+        if env.local_rank == 0:
+            self.paths.output_dir.mkdir(parents=True, exist_ok=True)
+            if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
+                from fp8lab.records import runlock
+
+                self.lock = runlock.acquire("--output-dir", self.paths.output_dir)
+            ownership.claim(self.paths.output_dir, "run")
+            self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
+        fdist.barrier(env)
+        if env.local_rank != 0:
+            self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
+        self.manifest = m = fdata.read_manifest(self.data_dir)
+        data_checks.check_prepared_size(m, self.plan.seq_len)
+        if m["vocab_size"] > mcfg.vocab_size:
+            fix = (f"use --model-override vocab_size={m['vocab_size']}" if c.model in MODEL_CONFIGS else
+                   f"use a model whose config.json has vocab_size >= {m['vocab_size']}")
+            raise ValueError(
+                f"--data: its tokenizer has {m['vocab_size']} tokens but {c.model} has vocab_size "
+                f"{mcfg.vocab_size}; {fix} or data prepared with a smaller tokenizer")
+
+    def _build_model(self) -> None:
+        """build -> convert -> activation checkpointing -> compile -> master weights -> wrap."""
+        import torch
+
+        from fp8lab.fp8.convert import convert_model, edge_blocks_filter
+        from fp8lab.model.models import build_model
+
+        c, env = self.c, self.env
+        torch.manual_seed(c.seed)
+        model = build_model(c.model, device=env.device, seed=c.seed, **c.shape_overrides)
+        self.conversion = None
+        self._start_te_debug()
+        if self.backend is not None:
+            flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
+            model = convert_model(model, backend=self.backend, recipe=self.recipe, fuse=c.fuse, module_filter=flt,
+                                  fp8_all_gather=self.plan.fp8_all_gather)  # issue 32
+            self.conversion = model.fp8lab_conversion
+        if self.layout.activation_checkpointing:
+            apply_activation_checkpointing(model, self.backend, self._fp8_context)
+        if c.compile:
+            _compile_blocks(model)
+        self.inner = model
+        self.master, self.fused_wgrad = None, []
+        if self.plan.master_weights:
+            self._make_master_weights(model)
+        self.model = fdist.wrap(model, env, c.parallel, param_dtype=self.plan.param_dtype)
+        self.keep_weights = bool(self.plan.keep_weights and fdist.keep_gathered_weights(self.model))
+        # TE's FP8 weight cache (fp8lab.plan.layout.weight_cache: the plan's rule, the memory estimate's too)
+        self.weight_cache = bool(self.plan.weight_cache and getattr(model, "supports_weight_cache", False))
+
+    def _start_te_debug(self) -> None:
+        """Issue 31: TE's debug API, where the plan chose it to read the FP8 casts: it must be on before the first
+        TE module is built, so before the conversion (fp8lab.fp8.te_debug)."""
+        from fp8lab.fp8 import stats as fp8stats
+
+        p = self.plan
+        if p.fp8_stats_every and p.fp8_stats_source == fp8stats.TE_DEBUG and self.env.is_main:
+            from fp8lab.fp8 import te_debug
+
+            self.te_debug = te_debug.start(p.fp8_stats_every, self.recipe, self.paths.output_dir / te_debug.LOG_DIR)
+            self.log(f"fp8lab: FP8 health statistics: {p.reasons['fp8_stats']}")
+
+    def _make_master_weights(self, model) -> None:
+        """bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype."""
+        from fp8lab.train.master_weights import MasterWeights
+
+        c, env = self.c, self.env
+        # Under CUDA graphs the streamed step: main_grad buffers zeroed in place (a graph writes to fixed
+        # addresses), and no full fp32 gradient copy at the step, which the graphs' resident activations need
+        self.master = MasterWeights(model, lambda params: foptim.make_optimizer(params, c, env.device),
+                                    streamed=self.plan.streamed_step)
+        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only (fp8lab.plan.runplan)
+        if self.plan.fused_wgrad and hasattr(model, "wgrad_into_main_grad"):
+            self.fused_wgrad = model.wgrad_into_main_grad()
+            if self.fused_wgrad:
+                self.master.use_main_grad(self.fused_wgrad)
+
+    def _capture_graphs(self) -> None:
+        """Capture the decoder blocks as CUDA graphs where ``--cuda-graphs`` resolved to on (fp8lab.plan.graphs)."""
+        if not self.graphs.active:
+            return
+        from fp8lab.plan import graphs
+
+        p = self.plan
+        self.graphs_captured = graphs.capture(self.inner, micro_batch_size=p.micro_batch_size, seq_len=p.seq_len,
+                                              fp8=self.fp8_on, recipe=self.recipe, weight_cache=self.weight_cache)
+        self.optimizer.zero_grad(set_to_none=True)  # the capture's warm-up backward wrote into the gradient buffers
+        self.log(f"fp8lab: {self.graphs_captured.describe()}")
+
+    def _build_optimizer(self) -> None:
+        """AdamW (or the master weights' AdamW) and the LR schedule."""
+        import torch
+
+        c = self.c
+        self.optimizer = self.master if self.master is not None else foptim.make_optimizer(
+            self.model, c, self.env.device, sharded=self.sharded)
+        self.adamw = self.master.optimizer if self.master is not None else self.optimizer
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw, foptim.lr_lambda(c, self.total_steps, self.warmup))
+
+    def _build_components(self) -> None:
+        from fp8lab.model.models import model_flops_per_token
+
+        c, env, p = self.c, self.env, self.plan
+        self.loader = fdata.TokenLoader(self.data_dir, "train", p.seq_len, p.micro_batch_size, seed=c.seed,
+                                        rank=env.rank, world_size=self.world)
+        self.state = TrainState(tokens_per_step=self.tokens_per_step, device=env.device)
+        self.guard = NonFiniteGuard(c.max_bad_steps, self.state)
+        self.gpu_name = self.machine.name
+        peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(self.gpu_name)
+        self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind,
+                            self.model_name, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, p.seq_len),
+                            self.tokens_per_step)
+        self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
+        self.fingerprint = fresume.fingerprint(p, data=fdata.identity(self.manifest))
+        self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
+                                         {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
+                                         self.fingerprint, self.log)
+        # issue 31: FP8 health statistics (rank 0 samples its own micro-batch; fp8lab.fp8.stats)
+        from fp8lab.fp8 import stats as fp8stats
+
+        if self.te_debug is not None:
+            from fp8lab.fp8 import te_debug
+
+            self.health = te_debug.attach(self.inner, self.te_debug)
+        else:
+            self.health = (fp8stats.attach(self.inner, self.backend, p.fp8_stats_every)
+                           if p.fp8_stats_every and env.is_main else None)
+
+    def _resume(self) -> None:
+        """From the newest complete checkpoint, following new settings where allowed (fp8lab.train.resume)."""
+        resumed = self.checkpointer.resume()
+        if resumed is None:
+            return
+        self.resumed_from, new_settings = resumed
+        if new_settings:
+            c = self.c
+            fresume.apply_new_settings(self.scheduler, c, foptim.lr_lambda(c, self.total_steps, self.warmup), self.resumed_from)
+            self.log(f"fp8lab: resuming step {self.resumed_from} with new settings ("
+                     + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items()) + "): the new schedule from here on")
+
+    def _write_config(self) -> None:
+        """config.json (options, what they resolved to, provenance) and the run's opening log lines."""
+        from fp8lab.model.models import count_parameters
+
+        c, i, lay = self.c, self.info, self.layout
+        requested = c.as_dict()
+        # the flat keys are the options as they ran (the layout's values for "auto"), as readers of
+        # config.json (fp8lab.analysis) expect; "requested" is what was asked, "plan" what was decided and why
+        effective = {**requested, **lay.options()}
+        cfg_record = {**effective, **self._resolved(), "flops_per_token": i.flops_per_token,
+                      "params": count_parameters(self.mcfg).total, **self._sources(),
+                      "resumed_from_step": self.resumed_from,
+                      "requested_layout": {k: requested[k] for k in lay.options()},
+                      "layout": {"reasons": lay.reasons, "memory_estimate_gib": dataclasses.asdict(lay.memory),
+                                 "memory_estimate_peak_gib": lay.memory.peak, "memory_gib": self.machine.memory_gib},
+                      **fmetrics.provenance(i.gpu_name, self.world, self.argv)}
+        shared = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")
+        # the Python API's equivalent command keeps --activation-checkpointing as asked (auto, the default, left
+        # out), as it read before the option became a layout decision; the flat key is what ran
+        as_typed = {**effective, "activation_checkpointing": c.activation_checkpointing}
+        cfg_record.update(fpaths.shareable_run_record(as_typed, type(c)().as_dict(), self.argv,
+                                                      self.paths.output_dir, shared))
+        # #34: as it ran (the plan's value for "auto"), beside the command (which keeps what was asked)
+        cfg_record["fp8_attention"] = "on" if self.plan.fp8_attention else "off"
+        cfg_record["fp8_stats_every"] = self.plan.fp8_stats_every  # #31: the interval that ran (0: off)
+        cfg_record["fp8_stats_source"] = self.plan.fp8_stats_source  # #31: who read the casts (None: off)
+        cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
+        cfg_record["plan"] = self.plan.record()
+        if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.plan.fp8attn)
+            from fp8lab.plan.fp8attn import BWD_ENV
+
+            cfg_record["plan"][BWD_ENV] = os.environ.get(BWD_ENV)
+        (self.paths.output_dir / "config.json").write_text(json.dumps(cfg_record, indent=2, default=str) + "\n")
+        self._log_start()
+
+    def _resolved(self) -> dict[str, Any]:
+        return {"backend_resolved": self.plan.backend_label, "recipe_resolved": self.recipe.describe() if self.recipe else None,
+                "total_steps": self.total_steps, "warmup_steps_resolved": self.warmup,
+                "compute_dtype_resolved": self.compute_dtype, "tokens_per_step": self.tokens_per_step,
+                "fp8_weight_cache_active": self.weight_cache, "fuse_wgrad_accumulation_active": bool(self.fused_wgrad),
+                "fsdp_keep_weights_active": self.keep_weights, "adamw_impl": _adamw_impl(self.adamw),
+                "cuda_graphs_active": self.graphs.active, "cuda_graphs_reason": self.graphs.reason,
+                "cuda_graphs_captured": dataclasses.asdict(self.graphs_captured) if self.graphs_captured else None}
+
+    def _sources(self) -> dict[str, Any]:
+        from fp8lab.model import user as user_model
+
+        from fp8lab.model.models import count_parameters
+
+        m, source = self.manifest, user_model.describe(self.c.model)
+        if source["source"] != "named":
+            source["params_from_config"] = count_parameters(get_config(self.c.model)).total
+        return {"model_source": {**source, "params_built": sum(p.numel() for p in self.inner.parameters())},
+                "conversion": dataclasses.asdict(self.conversion) if self.conversion is not None else None,
+                "data_manifest": {k: m[k] for k in ("source", "vocab_size", "tokenizer_sha256")}}
+
+    def _log_start(self) -> None:
+        from fp8lab.model.models import count_parameters
+
+        c, i, log = self.c, self.info, self.log
+        layers = (f" via {i.backend} ({self.recipe.describe()})" if self.fp8_on and self.backend
+                  else (f" on {i.backend} layers, FP8 off" if self.backend else ""))
+        # --precision bf16 whose non-FP8 math runs in fp32 (a CPU on auto, or --compute-dtype fp32) says so
+        math = f" (math in {self.compute_dtype})" if self.compute_dtype != "bf16" and c.precision == "bf16" else ""
+        log(f"fp8lab: {self.model_name} ({count_parameters(self.mcfg).total / 1e6:.1f}M params) | {c.precision}{math}{layers}"
+            f" | {self.world} x {i.gpu_name} | {c.parallel if self.world > 1 else 'single process'} | "
+            f"{self.total_steps} steps x {self.tokens_per_step} tokens")
+        log(f"fp8lab: {fdata.describe(self.data_dir)}")
+        if i.peak:
+            log(f"fp8lab: MFU = model FLOPs / dense BF16 peak of {i.gpu_name} ({i.peak / 1e12:.0f} TFLOP/s), for BF16 and FP8 runs alike")
+        else:
+            log(f"fp8lab: MFU not computed on {i.gpu_name} (no dense BF16 peak known): null in metrics.jsonl, 0 in log lines")
+        if self.resumed_from is not None:
+            log(f"fp8lab: resumed from checkpoint at step {self.resumed_from} ({self.paths.checkpoint_dir.name}/)")
+        if c.inject_nan_at_steps:
+            log(f"fp8lab: TEST HOOK: NaN loss injected at steps {list(c.inject_nan_at_steps)}")
+
+    # ------------------------------------------------------------------------------------ one step
+
+    def _fp8_context(self):
+        """The backend's FP8 region (FP8 off for BF16 runs on converted layers), from the plan's objects."""
+        return self.fp8_backend.autocast(self.recipe, self.fp8_on) if self.fp8_backend else nullcontext()
+
+    def _forward(self, x, is_first_microbatch: bool | None = None):
+        """The model's forward (logits), in the compute dtype's autocast and the backend's FP8 region:
+        the one place the model is called (training and validation)."""
+        import torch
+
+        amp = torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.compute_dtype == "bf16")
+        with amp, self._fp8_context():
+            kw = {} if is_first_microbatch is None else {"is_first_microbatch": is_first_microbatch}
+            return self.model(x, **kw).logits
+
+    @staticmethod
+    def _loss(logits, y):
+        import torch.nn.functional as F
+
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+
+    def _forward_backward(self, x, y, micro: int, step: int):
+        """Loss of one micro-batch, its gradient accumulated; TE's weight cache filled on the first."""
+        loss = self._loss(self._forward(x, micro == 0 if self.weight_cache else None), y)
+        if step in self.c.inject_nan_at_steps and self.env.is_main and micro == 0:
+            loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step
+        (loss / self.plan.grad_accum).backward()
+        return loss
+
+    def train_step(self, step: int) -> StepResult:
+        """Forward/backward over the micro-batches, clip, and the update unless the guard skips it."""
+        import torch
+
+        env, accum = self.env, self.plan.grad_accum
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.health is not None:
+            self.health.begin(step)
+        loss_sum = torch.zeros((), device=env.device, dtype=torch.float32)
+        for micro in range(accum):
+            x, y = (t.to(env.device, non_blocking=True) for t in self.loader.next_batch())
+            with fdist.gradient_sync(self.model, micro == accum - 1, self.keep_weights):
+                loss_sum += self._forward_backward(x, y, micro, step).detach()
+        if self.weight_cache:
+            self.inner.release_weight_cache()
+        if self.health is not None:
+            self._health_record(step)
+        grad_norm = self._clip()
+        # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
+        packed = torch.stack([loss_sum / accum, torch.tensor(float(self.stop.set), device=env.device)])
+        fdist.all_reduce_sum(packed, env)
+        result = StepResult(loss=float(packed[0]) / self.world, grad_norm=float(grad_norm), lr=lr, skipped=False,
+                            stop=bool(packed[1] > 0))
+        result.skipped = self.guard.skip(result.loss, result.grad_norm)
+        if not result.skipped:  # the FP8 overflow guard drops the update and keeps the weights
+            self.optimizer.step()
+            if self.after_step is not None:  # e.g. FP8 scales of the new weights (a backend's optional hook)
+                self.after_step(self.inner)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return result
+
+    def _health_record(self, step: int) -> None:
+        """The sampled step's FP8 statistics into metrics.jsonl; its early warnings into the log (issue 31)."""
+        rec = self.health.end(step)
+        if rec is None:
+            return
+        self.metrics.write_record(rec)
+        for line in rec.get("warnings", []):
+            self.metrics.emit(f"fp8lab: {line}")
+
+    def _clip(self):
+        import torch
+
+        max_norm = self.c.grad_clip if self.c.grad_clip > 0 else float("inf")
+        if self.master is not None:  # fp32 copies of the bf16 gradients, clipped; the norm is theirs
+            grad_norm = self.master.clip_grad_norm_(max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+
+    def evaluate(self) -> float:
+        """Mean validation loss over ``--val-batches`` global batches: the same windows at any layout."""
+        import torch
+
+        c, env, p = self.c, self.env, self.plan
+        vl = fdata.TokenLoader(self.data_dir, "val", p.seq_len, p.micro_batch_size, seed=0, rank=env.rank,
+                               world_size=self.world, shuffle=False)
+        self.model.eval()
+        total = torch.zeros((), device=env.device, dtype=torch.float64)
+        with torch.no_grad():
+            for _ in range(c.val_batches * p.grad_accum):
+                x, y = (t.to(env.device) for t in vl.next_batch())
+                total += self._loss(self._forward(x), y).double()
+        self.model.train()
+        if self.keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
+            fdist.reshard(self.model)
+        fdist.all_reduce_sum(total, env)
+        return float(total) / (c.val_batches * p.grad_accum * self.world)
+
+    # ------------------------------------------------------------------------------------ the loop
+
+    def fit(self) -> tuple[str, str | None]:
+        """Train to the last step, or until SIGTERM, the non-finite guard or a failed checkpoint stops
+        the run; (status, message). metrics.jsonl is complete whatever stops it."""
+        c, env, state = self.c, self.env, self.state
+        first = state.step + 1
+        self.stop.install()
+        self.metrics.open(self.total_steps, first, self.resumed_from)
+        profiler = StepProfiler(c.profile_steps, self.total_steps, first, env.device, self.paths.output_dir,
+                                env.is_main, self.metrics.emit)
+        status, message = "completed", None
+        self.model.train()
+        try:
+            for step in range(first, self.total_steps + 1):
+                profiler.start(step)
+                self.metrics.start()
+                r = self.train_step(step)
+                dt = self.metrics.stop()
+                state.advance()
+                profiled = profiler.done(step, dt)
+                last = step == self.total_steps
+                val = None
+                if (c.val_every and step % c.val_every == 0) or (last and not r.skipped):
+                    val = self.last_val = self.evaluate()
+                self.metrics.record(state, r, dt, profiled=profiled, val_loss=val,
+                                    skip_line=self.guard.skip_line(step) if r.skipped else None)
+                if self.guard.stop:
+                    status, message = "stopped_nonfinite", self.guard.stop_message(step)
+                    break
+                failed = self.checkpointer.maybe_save(step, last=last, stopping=r.stop, healthy=self.guard.healthy)
+                if r.stop:
+                    status = "interrupted"
+                    message = f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a restart resumes here)"
+                if failed:
+                    status, message = "checkpoint_failed", self.checkpointer.failure_message(step, failed)
+                if r.stop or failed:
+                    break
+        finally:
+            profiler.close()
+            self.metrics.close()
+            self.stop.uninstall()
+        return status, message
+
+    # ------------------------------------------------------------------------------------ the end
+
+    def finish(self, status: str, message: str | None) -> dict[str, Any]:
+        """Export the model (a completed run), write summary.json and loss.png, print the stop message.
+
+        A run that was already complete (resumed at its last step) keeps its summary.json; an export or
+        summary that cannot be written is status ``export_failed``/``summary_failed`` (exit code 4), the
+        weights then kept in a checkpoint of the last step."""
+        import sys
+
+        c, env = self.c, self.env
+        if self.finished is not None:
+            self.log(f"fp8lab: the run in {self.paths.output_dir.name!r} is complete (step {self.total_steps} of "
+                     f"{self.total_steps}); config.json, summary.json, metrics.jsonl and the model are kept as they are")
+            return self.finished
+        if status == "completed" and self.resumed_from == self.total_steps:
+            self.last_val = self.evaluate()  # finished before, its export or summary missing: written now
+        if status == "completed" and c.save_model:
+            failed = self._export()
+            if failed:
+                status, message = "export_failed", failed
+        summary = self.metrics.summary(self.paths, status, message, self.state, self.total_steps, self.last_val,
+                                       self.resumed_from, time.perf_counter() - self.wall0)
+        if env.is_main:
+            failed = self.metrics.write_summary(summary, plot=c.plot)
+            if failed:
+                summary.update(status="summary_failed", message=failed)
+            if summary["message"]:
+                print(summary["message"], file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
+        fdist.barrier(env)  # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
+        return summary
+
+    def _finished_summary(self) -> dict[str, Any] | None:
+        """summary.json of this run when it already completed and exported (rank 0), else None."""
+        if not self.env.is_main:
+            return None
+        try:
+            done = json.loads((self.paths.output_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+        complete = isinstance(done, dict) and done.get("status") == "completed" and done.get("steps") == self.total_steps
+        exported = not self.c.save_model or (done.get("model_dir") is not None
+                                             and (self.paths.model_dir / "config.json").is_file())
+        return done if complete and exported else None
+
+    def _export(self) -> str | None:
+        """The final HF model; None, or (after a failure, the weights kept in a checkpoint) why it failed."""
+        env, step = self.env, self.state.step
+        why = None
+        try:
+            fexport.save_hf_model(self.model, self.inner, self.conversion, self.c, self.paths.model_dir, self.data_dir,
+                                  env, master=self.master)
+        except OSError as exc:  # e.g. disk full: the staged files are removed, nothing half-written stays
+            why = fresume.failure_reason(exc)
+        why = fdist.broadcast_object(why, env)
+        if why is None:
+            return None
+        newest = fdist.broadcast_object([s for s, _ in fckpt.complete_checkpoints(self.paths.checkpoint_dir)][:1], env)
+        kept_failed = self.checkpointer.save(step) if newest != [step] else None
+        shown = lambda p: fpaths.shareable_path(str(p), self.paths.output_dir)  # noqa: E731
+        head = f"fp8lab: exporting the model to --model-dir {shown(self.paths.model_dir)!r} failed ({why})"
+        if kept_failed:
+            return f"{head}; keeping the weights in a checkpoint failed too ({kept_failed}): free space and train again"
+        return (f"{head}; the trained weights are kept in checkpoint step_{step:08d} of --checkpoint-dir "
+                f"{shown(self.paths.checkpoint_dir)!r}: re-run the same command to export them")
+
+    def close(self) -> None:
+        """Release the output folder's lock and TE's debug API session (idempotent)."""
+        if self.te_debug is not None:
+            self.te_debug.close()
+            self.te_debug = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+@contextmanager
+def setup_errors(paths, env) -> Iterator[None]:
+    """Inside: a ValueError means the run cannot start as configured. It becomes an OptionError,
+    and the folders this run would have created are removed (a refused run leaves nothing)."""
+    new = [d for d in (paths.output_dir, paths.checkpoint_dir, paths.model_dir, paths.data_cache) if not d.exists()]
+    try:
+        yield
+    except ValueError as exc:
+        if env.local_rank == 0:
+            for d in new:
+                shutil.rmtree(d, ignore_errors=True)
+        if isinstance(exc, OptionError):
+            raise
+        raise OptionError(str(exc)) from exc
+
+
+def plan_here(c, env):
+    """The run's plan on this process's machine (fp8lab.plan.runplan.plan_run on the detected device)."""
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+
+    return plan_run(c, Machine.detect(env.device, env.world_size, c.gpu_memory_gib))
+
+
+def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the folders and data, plan the run here, set up (a ValueError in any of it is an OptionError:
+    the run cannot start as configured), then train. The output folder's lock is released however it ends.
+
+    ``expected``: the decisions of the plan made for this run elsewhere (a SageMaker job's, made at
+    launch for the instance it planned); a plan here that differs is refused, naming each decision."""
+    paths = frun_paths.resolve_paths(c)
+    trainer = None
+    try:
+        with setup_errors(paths, env):
+            source = frun_paths.data_source(c)
+            frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
+            scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
+            ownership.check_run_folders(c, paths, source)  # no overlaps, nothing of the user's overwritten
+            plan = plan_here(c, env)
+            if expected:
+                check_same_plan(plan, expected)
+            trainer = Trainer(plan, env, argv)
+            dry = trainer.setup()
+        if dry is not None:
+            return dry
+        status, message = trainer.fit()
+        return trainer.finish(status, message)
+    finally:
+        if trainer is not None:
+            trainer.close()
+
+
+def scan_data_once(source, env) -> None:
+    """The token-id scan of a prepared ``--data`` (fp8lab.data.checks.scan_token_ids: every shard read, about a
+    second per GB) on rank 0 only; its outcome is broadcast, so every rank refuses alike or none does."""
+    why = None
+    if env.is_main:
+        try:
+            data_checks.scan_token_ids(source)
+        except ValueError as exc:
+            why = str(exc)
+    why = fdist.broadcast_object(why, env)
+    if why:
+        raise ValueError(why)
+
+
+def check_same_plan(plan, expected: dict[str, Any]) -> None:
+    """Refuse a run whose plan here differs from the one it was launched with (``RunPlan.decisions()``)."""
+    diff = plan.differences(expected)
+    if diff:
+        listed = ", ".join(f"{k}: {a!r} planned, {b!r} here" for k, (a, b) in diff.items())
+        raise ValueError(f"this machine plans the run differently from the launch ({listed}); the job runs what "
+                         "was planned or nothing: set these options explicitly, or plan for this machine")
+
+
+def apply_activation_checkpointing(model, backend: str | None, fp8_context: Callable[[], Any]) -> int:
+    """Recompute every decoder block in backward; returns how many blocks were wrapped.
+
+    Transformer Engine recomputes with its own ``te.checkpoint`` (keeps FP8 scaling state right);
+    other backends use ``torch.utils.checkpoint`` re-entering their FP8 region for the recompute.
+    The block's ``forward`` is wrapped on the instance, so parameter names do not change.
+    """
+    import functools
+
+    import torch.utils.checkpoint as tuc
+
+    blocks = fdist.block_list(model)
+    for block in blocks:
+        fwd = block.forward
+        if backend == "te":
+            import transformer_engine.pytorch as te
+
+            # non-reentrant: blocks take non-tensor arguments (RoPE tables as a tuple, HF kwargs)
+            block.forward = functools.partial(te.checkpoint, fwd, use_reentrant=False)
+        else:
+            block.forward = functools.partial(
+                tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))
+    return len(blocks)
+
+
+def _compile_blocks(model) -> None:
+    """torch.compile each decoder block, each its own frame (torchao's Float8Linear and TE guard on the
+    module): without head-room dynamo stops compiling after 8 blocks and runs the rest eagerly."""
+    import torch._dynamo
+
+    blocks = fdist.block_list(model)
+    limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 2 * len(blocks) + 8)
+    torch._dynamo.config.recompile_limit = limit
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        getattr(torch._dynamo.config, "accumulated_recompile_limit", 256), 4 * limit)
+    for block in blocks:
+        block.compile()
+
+
+def _adamw_impl(opt) -> str:
+    """Which AdamW kernels run: 'fused', 'foreach' or 'for-loop' (recorded in config.json)."""
+    d = getattr(opt, "defaults", {})
+    return "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"

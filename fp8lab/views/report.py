@@ -1,0 +1,563 @@
+"""One self-contained HTML page of the BF16-vs-FP8 analysis: verdict, figures, tables.
+
+Images are embedded as base64 PNG and styles inline, so the page has no external ``src`` or
+``href`` and opens offline (attach it to an issue, mail it, open it on a laptop).
+``fp8lab report RUNS... --out report.html`` calls :func:`main`.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from fp8lab import analysis
+from fp8lab.fp8 import stats as fp8stats
+from fp8lab.views import plots
+from fp8lab.core.probes import check_writable_file
+from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+.verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}.verdict li{margin:.4em 0}
+.ref{color:#a3162b}.muted{color:#666;font-size:.9em}img{max-width:100%;height:auto}
+.wide{overflow-x:auto;max-width:100%}td{overflow-wrap:anywhere}details{margin:.3em 0}summary{cursor:pointer;color:#245}
+"""
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What the report assumes; every value is printed in the page."""
+
+    tokens: float = analysis.DEFAULT_TOKEN_BUDGET  # token budget for time/cost (source's epoch: 24B)
+    price_per_instance_hour: float = analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR  # USD, an assumption
+    gpus_per_instance: int = analysis.DEFAULT_GPUS_PER_INSTANCE  # P5: 8
+    warmup_steps: int = 10  # steps left out of steady-state throughput
+    smoothing: str = "ema"  # "ema", "window" or "none"
+    smoothing_span: int = 20  # EMA span or window length, in logged steps
+    title: str = "fp8lab: BF16 vs FP8 training results"
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        if v != v:  # NaN
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def _table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
+    if not len(df):
+        return '<p class="muted">(none)</p>'
+    d = df[[c for c in (columns or df.columns) if c in df]]
+    return ('<div class="wide">' + d.to_html(index=False, escape=True, na_rep="-",
+                                             formatters={c: _fmt for c in d.columns}, border=0) + "</div>")
+
+
+def _img(fig, alt: str) -> str:
+    data = base64.b64encode(plots.to_png(fig)).decode("ascii")
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
+
+
+# The runs table: what a reader needs first; the rest of each run on request (<details>).
+RUN_COLUMNS = ["run_id", "model", "variant", "layout", "world_size", "tokens_per_sec_per_gpu", "mfu", "val_loss"]
+RUN_DETAIL_COLUMNS = ["run_id", "study", "gpu_name", "instances", "n_steps", "tokens", "tps_spread_pct", "max_mem_gib",
+                      "final_loss", "smoothed_loss", "nonfinite_losses", "throughput_from", "note"]
+PAIR_COLUMNS = ["model", "world_size", "layout", "baseline_variant", "fp8_variant", "speedup", "val_loss_gap_pct"]
+PAIR_DETAIL_COLUMNS = ["model", "layout", "baseline_run", "fp8_run", "tps_baseline", "tps_fp8", "mfu_baseline",
+                       "mfu_fp8", "tokens_baseline", "tokens_fp8", "valid", "loss_gap_pct", "note"]
+ANSWER_HTML_COLUMNS = {"model": "model", "gpu_name": "GPU", "bf16_variant": "best BF16", "tps_bf16": "tokens/s/GPU",
+                       "fp8_variant": "best FP8", "tps_fp8": "tokens/s/GPU ", "speedup": "speedup",
+                       "mfu_bf16": "BF16 MFU", "mfu_fp8": "FP8 MFU", "loss_gap_pct": "FP8 loss gap %",
+                       "cost_bf16": "BF16 cost (time)", "cost_fp8": "FP8 cost (time)"}
+SHOWN_ROWS = 12  # rows of a table shown at once; the rest on request
+
+
+def _details(summary: str, inner: str) -> str:
+    return f"<details><summary>{html.escape(summary)}</summary>{inner}</details>"
+
+
+def _long_table(df: pd.DataFrame, first: list[str], rest: list[str], what: str) -> str:
+    """The first ``SHOWN_ROWS`` rows in the columns a reader needs first; every row and the other
+    columns on request."""
+    if not len(df):
+        return _table(df)
+    out = _table(df.head(SHOWN_ROWS), first)
+    if len(df) > SHOWN_ROWS:
+        out += _details(f"all {len(df)} {what}", _table(df, first))
+    return out + _details(f"more columns of the {what}", _table(df, rest))
+
+
+def _at_scale(answer) -> pd.DataFrame:
+    from fp8lab.analysis.scaling import answer_at_scale
+
+    return answer_at_scale(answer)
+
+
+def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
+                reference: pd.DataFrame | None = None, health: dict | None = None) -> str:
+    """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
+    FP8 statistics (fp8lab.fp8.stats.of_sources; default: found through the runs' sources)."""
+    a = Analysed.of(runs, config, reference)
+    summary, comparison, answer = a.summary, a.comparison, a.answer
+    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
+                                estimate=answer.estimate)
+    scaling = analysis.scaling_table(summary)
+    parts = answer.verdict_parts()
+    loss_runs, best_summary = analysis.headline_runs(runs, summary, answer.rows)
+    shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
+    figs = [
+        (plots.throughput_figure(shown), "tokens/s/GPU: the best run of each kind per model"),
+        (plots.speedup_figure(comparison, reference=a.reference), "FP8 speedup per model, with the source's reported values"),
+        (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
+        (plots.parity_figure(analysis.parity_curves(loss_runs)),  # issue 31
+         "validation loss against the BF16 seeds' mean and the band of their spread"),
+        (plots.mfu_figure(shown), "MFU of the best run of each kind per model"),
+        (plots.cost_figure(answer.costs()), "time and cost to train the token budget, best BF16 against best FP8"),
+        (plots.scaling_figure(scaling), "per-GPU scaling efficiency"),
+        (plots.instances_figure(_at_scale(answer), a.reference),  # issue 32
+         "modelled tokens/s/GPU against P5 instances (fp8lab.analysis.scaling; not measured past two GPUs)"),
+    ]
+    n_runs = summary["run_id"].nunique()
+    e = html.escape
+    r = answer.rows
+    rows = r.assign(speedup=[("-" if pd.isna(v) else f"{v:.2f}x") for v in r["speedup"]],
+                    mfu_bf16=r["mfu_bf16"].map(_pct), mfu_fp8=r["mfu_fp8"].map(_pct),
+                    loss_gap_pct=["-" if pd.isna(v) else f"{v:+.2f}" for v in r["loss_gap_pct"]],
+                    cost_bf16=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_bf16"], r["hours_bf16"])],
+                    cost_fp8=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_fp8"], r["hours_fp8"])])
+    body = [
+        f"<h1>{e(config.title)}</h1>",
+        f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
+        f"run(s). Assumptions: token budget {config.tokens:,.0f}; price ${config.price_per_instance_hour:,.2f} per "
+        f"instance-hour with {config.gpus_per_instance} GPUs per instance ("
+        f"{e(analysis.PRICE_SOURCE if config.price_per_instance_hour == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR else 'price given by the caller')}); "
+        f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
+        f"{config.smoothing_span}.</p>",
+        "<h2>Verdict</h2>", _verdict_html(parts),
+        "<h2>The answer per model</h2>",
+        f'<p class="muted">Best BF16: {e(analysis.answer.WHY_BF16)}; best FP8: {e(analysis.answer.WHY_FP8)}. '
+        f"Cost: {analysis.fmt_tokens(config.tokens)} tokens on one {e(answer.instance_type)}, as fp8lab launch plan "
+        "estimates it from these runs.</p>",
+        _table(rows.rename(columns=ANSWER_HTML_COLUMNS), list(ANSWER_HTML_COLUMNS.values())),
+    ]
+    if not n_runs:
+        body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are shown.</p>')
+    body.append("<h2>Figures</h2>")
+    body += [_img(f, alt) for f, alt in figs]
+    body += _health_section(fp8stats.of_runs(runs) if health is None else health)
+    runs_table = summary.assign(layout=[analysis.layout_label(r) for _, r in summary.iterrows()])
+    body += [
+        "<h2>FP8 vs BF16 per model and scale</h2>",
+        '<p class="muted">Loss gaps only between runs that saw the same number of tokens (column valid).</p>',
+        _long_table(comparison, PAIR_COLUMNS, PAIR_DETAIL_COLUMNS, "BF16/FP8 pairs"),
+        "<h2>Per-GPU scaling</h2>",
+        '<p class="muted">Each multi-GPU run against the same set-up on the smallest scale, measured closest in '
+        "time (efficiency) and the fastest such run (efficiency_vs_fastest).</p>",
+        _long_table(scaling, ["model", "variant", "world_size", "efficiency", "efficiency_vs_fastest"],
+                    ["run_id", "reference_run_id", "tokens_per_sec_per_gpu", "reference_tokens_per_sec_per_gpu",
+                     "hours_apart"], "scaling rows"),
+        "<h2>Runs</h2>",
+        _long_table(runs_table, RUN_COLUMNS, RUN_DETAIL_COLUMNS, "runs"),
+        _details("provenance of every run", _table(summary, ["run_id", "source", *analysis.PROVENANCE_COLUMNS])),
+        "<h2>Time and cost of every run</h2>",
+        f'<p class="muted">The budget on one {e(answer.instance_type)} resting on each run, estimated as the answer '
+        "above and fp8lab launch plan estimate a job; runs no estimate rests on (several GPUs, a CPU, emulated FP8) "
+        "say why in cost_note. projected = the run used fewer GPUs than the instance priced here.</p>",
+        _long_table(costs, ["run_id", "model", "variant", "hours", "cost_usd"],
+                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected", "cost_note"], "costs"),
+        '<h2 class="ref">Source blog figures (reported by the source, not measured here)</h2>',
+        f"<p>{_md_link_html(analysis.source_link())}</p>",
+        _table(a.reference),
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{e(config.title)}</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def _verdict_html(parts: tuple[list[str], list[str]]) -> str:
+    """The verdict, one list item per model, then the conclusion and the source's figures as paragraphs
+    (seven models in one block were hard to read)."""
+    per_model, closing = parts
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in per_model)
+    return ('<div class="verdict">' + (f"<ul>{items}</ul>" if items else "")
+            + "".join(f"<p>{html.escape(p)}</p>" for p in closing) + "</div>")
+
+
+def _md_link_html(markdown: str) -> str:
+    """A Markdown ``[text](url)`` as HTML text naming the address (the page links nowhere: it opens offline)."""
+    import re
+
+    m = re.search(r"\[(.*?)\]\((.*?)\)", markdown)
+    if not m:
+        return html.escape(markdown)
+    return html.escape(markdown[:m.start()] + m.group(1) + f" ({m.group(2)})" + markdown[m.end():])
+
+
+MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the README's results table)
+    "model": "model", "gpu_name": "GPU", "world_size": "GPUs", "layout": "micro-batch, accumulation",
+    "baseline_variant": "BF16 baseline",
+    "fp8_variant": "FP8", "tps_baseline": "BF16 tokens/s/GPU", "tps_fp8": "FP8 tokens/s/GPU",
+    "speedup": "speedup", "mfu_baseline": "BF16 MFU", "mfu_fp8": "FP8 MFU", "val_loss_gap_pct": "val loss gap %",
+}
+
+
+def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -> str:
+    """The comparison table and the verdict (the Answer's, as every view quotes it) as Markdown, for a
+    README: every number from the run files."""
+    a = Analysed.of(runs, config)
+    return (_comparison_markdown(a.comparison) + "\n\n" + a.answer.verdict() + "\n"
+            + _scaling_markdown(analysis.scaling_table(a.summary)))
+
+
+def _comparison_markdown(comparison: pd.DataFrame) -> str:
+    """Each FP8 run against its BF16 baseline, one Markdown table row each."""
+    lines = ["| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
+    for _, r in comparison.iterrows():
+        cells = []
+        for col in MARKDOWN_COLUMNS:
+            v = r[col]
+            if col == "speedup":
+                cells.append(f"**{v:.2f}x**")
+            elif col.startswith("mfu"):
+                cells.append("-" if pd.isna(v) else f"{100 * v:.1f}%")
+            elif col == "val_loss_gap_pct":
+                cells.append("-" if pd.isna(v) else f"{v:+.2f}")
+            else:
+                cells.append(_fmt(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    if not len(comparison):
+        lines.append("| " + " | ".join(["-"] * len(MARKDOWN_COLUMNS)) + " |")
+    return "\n".join(lines)
+
+
+def _scaling_markdown(scaling: pd.DataFrame) -> str:
+    """Multi-GPU runs against their smallest-scale reference (empty when nothing ran at two scales)."""
+    if not len(scaling):
+        return ""
+    by = analysis.scaling_axis(scaling)
+    multi = scaling[scaling["run_id"] != scaling["reference_run_id"]]
+    unit = "instances" if by == "instances" else "GPUs"
+    lines = ["", f"Per-GPU scaling: each run against the same set-up on the fewest {unit}, measured closest in time "
+             "(same session where there is one), and against the fastest such run.", "",
+             f"| model | set-up | {unit} | tokens/s/GPU | reference tokens/s/GPU | hours apart | efficiency | vs fastest |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in multi.iterrows():
+        hours = "-" if pd.isna(r["hours_apart"]) else f"{r['hours_apart']:.1f}"
+        lines.append(f"| {r['model']} | {r['variant']} | {int(r[by])} | {_fmt(float(r['tokens_per_sec_per_gpu']))} | "
+                     f"{_fmt(float(r['reference_tokens_per_sec_per_gpu']))} | {hours} | **{100 * r['efficiency']:.1f}%** | "
+                     f"{100 * r['efficiency_vs_fastest']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+HEALTH_RUNS = 4  # FP8 runs whose health heatmaps the page shows; the rest are named
+
+
+def _health_section(health: dict) -> list[str]:
+    """FP8 health (issue 31): per FP8 run with statistics, the underflow and saturation heatmaps and its warnings."""
+    e = html.escape
+    out = ["<h2>FP8 health</h2>",
+           f'<p class="muted">Every --fp8-stats-every steps, per layer and tensor kind: the fraction of values an FP8 '
+           f"cast flushes to 0 (underflow) or clips at the format's max (saturation), the worst GEMM of each decoder "
+           f"block shown. A warning names a layer past {fp8stats.SATURATION_WARN:.1%} saturation or "
+           f"{fp8stats.UNDERFLOW_WARN:.0%} underflow for {fp8stats.WARN_SAMPLES} samples in a row (fp8lab.fp8.stats).</p>"]
+    if not health:
+        return out + ['<p class="muted">No FP8 statistics in these runs (FP8 runs record them unless --fp8-stats-every 0).</p>']
+    for run_id, recs in list(health.items())[:HEALTH_RUNS]:
+        t = fp8stats.table(recs)
+        out.append(f"<h3>{e(run_id)}</h3>")
+        out.append(f'<p class="muted">{e(fp8stats.source_text(recs).capitalize())}.</p>')
+        out += [_img(plots.fp8_health_figure(t, m, run_id), f"FP8 {m} per decoder block and step, {run_id}")
+                for m in plots.HEALTH_METRICS]
+        warns = fp8stats.warnings_of(recs)
+        out.append("<ul>" + "".join(f"<li>{e(w)}</li>" for w in warns) + "</ul>" if warns else
+                   '<p class="muted">No early warning in this run.</p>')
+    if len(health) > HEALTH_RUNS:
+        out.append(f'<p class="muted">Also with statistics: {e(", ".join(list(health)[HEALTH_RUNS:]))}.</p>')
+    return out
+
+
+def build_report(sources: object = None, out: str | Path = "report.html",
+                 config: ReportConfig = ReportConfig()) -> Path:
+    """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``."""
+    runs = analysis.load_runs(sources)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(runs, config, health=fp8stats.of_sources(sources)), encoding="utf-8")
+    return out
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    d = ReportConfig()
+    p = OneLineParser(prog="fp8lab report", description="Turn runs into one self-contained HTML report.")
+    p.add_argument("runs", nargs="*", help="trainer output folders, result files or folders (default: data/results)")
+    p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
+    p.add_argument("--tokens", type=positive_float, default=d.tokens, help="token budget for time/cost (default: 24e9)")
+    p.add_argument("--price", type=nonneg_float, default=d.price_per_instance_hour,
+                   help=f"USD per instance-hour (default: {d.price_per_instance_hour}, an assumption)")
+    p.add_argument("--gpus-per-instance", type=positive_int, default=d.gpus_per_instance)
+    p.add_argument("--warmup-steps", type=nonneg_int, default=d.warmup_steps)
+    p.add_argument("--smoothing", choices=analysis.SMOOTHING_METHODS, default=d.smoothing)
+    p.add_argument("--smoothing-span", type=positive_int, default=d.smoothing_span)
+    p.add_argument("--markdown", metavar="FILE", help="also write the comparison table and verdict as Markdown")
+    p.add_argument("--docs", action="store_true",
+                   help=f"regenerate the README's results block, {RESULTS_MD} and {HEADLINE_PNG} in this checkout "
+                        "from the runs (default: data/results), instead of the HTML page")
+    p.add_argument("--docs-root", metavar="DIR", help="with --docs: the checkout to write into (default: this one)")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    config = ReportConfig(args.tokens, args.price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
+                          args.smoothing_span)
+    try:  # where the page goes, before anything is read or written
+        for option, value in (("--out", args.out), ("--markdown", args.markdown)):
+            if value is not None:
+                check_writable_file(option, value)
+    except ValueError as exc:
+        print(f"fp8lab report: error: {exc}", file=sys.stderr)
+        return 2
+    if args.docs:
+        try:
+            written = write_docs(args.docs_root, sources=args.runs or None, config=config)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"fp8lab report: error: {exc}", file=sys.stderr)
+            return 1
+        print("wrote " + ", ".join(analysis.display_path(w) for w in written))
+        return 0
+    try:
+        for src in args.runs:  # a source given explicitly must hold runs (no-argument: the committed results)
+            if not len(analysis.load_runs(src)):
+                raise ValueError(f"RUNS: {analysis.display_path(Path(src))!r} holds no runs (no metrics.jsonl with "
+                                 "complete records, result .jsonl file or collect .csv); allowed: trainer output "
+                                 "folders, result files, or folders holding them")
+        out = build_report(args.runs or None, args.out, config)
+        if args.markdown:
+            Path(args.markdown).write_text(render_markdown(analysis.load_runs(args.runs or None), config),
+                                           encoding="utf-8")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"fp8lab report: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}" + (f" and {args.markdown}" if args.markdown else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------- README and docs
+# `fp8lab report --docs` regenerates, from data/results/ alone: the README's results block (the
+# headline table, at most one row per model and GPU), docs/results.md (every table, the verdict and
+# the study notes) and docs/headline.png. tests/integration/test_docs.py fails when a committed copy is stale.
+
+DOCS_COMMAND = "fp8lab report --docs"
+README_BEGIN = "<!-- results: generated by `fp8lab report --docs` from data/results/; do not edit by hand -->"
+README_END = "<!-- results: end -->"
+HEADLINE_PNG = "docs/headline.png"
+RESULTS_MD = "docs/results.md"
+HEADLINE_DPI = 110
+
+
+def _tps(v: float) -> str:
+    return "-" if pd.isna(v) else f"{v:,.0f}"
+
+
+def _pct(v: float) -> str:
+    return "-" if pd.isna(v) else f"{100 * v:.1f}%"
+
+
+def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET) -> str:
+    """The headline table (tokens/s/GPU on one GPU unless the row says otherwise; an
+    :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens``) and, below
+    it, the configuration and run behind each number."""
+    budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5: BF16 -> FP8"
+    lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss gap | "
+             f"{budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for _, r in headline.iterrows():
+        gap = "-" if pd.isna(r["loss_gap_pct"]) else f"{r['loss_gap_pct']:+.2f}%"
+        src = "-" if pd.isna(r["source_speedup"]) else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% loss"
+        speed = "-" if pd.isna(r["speedup"]) else f"**{r['speedup']:.2f}x**"
+        gpus = "" if r["world_size"] == 1 else f" ({int(r['world_size'])} GPUs)"
+        cost = ("-" if pd.isna(r["cost_fp8"]) else
+                f"{r['hours_bf16']:,.1f} h ${r['cost_bf16']:,.0f} -> {r['hours_fp8']:,.1f} h ${r['cost_fp8']:,.0f}")
+        lines.append(f"| {r['model']}{gpus} | {_tps(r['tps_hf'])} | {_tps(r['tps_bf16'])} | {_tps(r['tps_fp8'])} | {speed} | "
+                     f"{_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {cost} | {src} |")
+        parts = [f"best BF16 `{r['bf16_variant']}` {r['bf16_layout']}", f"best FP8 `{r['fp8_variant']}` {r['fp8_layout']}"]
+        if isinstance(r["hf_run"], str):
+            parts.insert(0, f"plain `{r['hf_variant']}` {r['hf_layout']}")
+        if isinstance(r["loss_study"], str):
+            vs = (analysis.parity.seeds_label(r["loss_bf16_seeds"], r["loss_bf16_spread_pct"])
+                  if r.get("loss_bf16_seeds", 1) > 1 else "BF16")
+            parts.append(f"loss: {r['loss_gap_kind']}, {analysis.parity.fp8_label(r['loss_fp8_variant'], r.get('loss_fp8_seeds'))} against {vs} after "
+                         f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
+        notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")
+    if not len(headline):
+        lines.append("| " + " | ".join(["-"] * 10) + " |")
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
+
+
+def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float) -> str:
+    return "\n".join([
+        README_BEGIN,
+        f"![FP8 against BF16 per model]({HEADLINE_PNG})",
+        "",
+        f"Tokens/s/GPU from {n_runs} measured runs on {gpus}: each model's plain `transformers` BF16 run, "
+        "the fastest BF16 and the fastest FP8 run fp8lab measured at the smallest scale measured (one GPU unless the row says otherwise; full training steps), MFU over the "
+        "dense BF16 peak for both, the FP8 loss gap of the loss study (the same tokens, validation loss), "
+        f"the time and cost of {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` "
+        "estimates them from these runs, and the figure reported by the source (H100, P5: not measured here), "
+        f"{analysis.source_link()}.",
+        "",
+        headline_markdown(headline, tokens).rstrip("\n"),
+        "",
+        f"Every run, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
+        README_END,
+    ])
+
+
+def _runs_markdown(summary: pd.DataFrame) -> str:
+    cols = ["run", "study", "model", "variant", "layout", "GPUs", "tokens/s/GPU", "MFU", "val loss", "file"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    s = summary.assign(_size=summary["model"].map(analysis.model_size_b))
+    for _, r in s.sort_values(["_size", "model", "study", "precision", "tokens_per_sec_per_gpu"],
+                              ascending=[True, True, True, True, False]).iterrows():
+        ws = "-" if pd.isna(r["world_size"]) else str(int(r["world_size"]))
+        val = "-" if pd.isna(r["val_loss"]) else f"{r['val_loss']:.3f}"
+        lines.append(f"| {r['run_id']} | {r['study']} | {r['model']} | {r['variant']} | {analysis.layout_label(r)} | {ws} | "
+                     f"{_tps(r['tokens_per_sec_per_gpu'])} | {_pct(r['mfu'])} | {val} | `{r['source']}` |")
+    return "\n".join(lines) + "\n"
+
+
+def _study_notes(summary: pd.DataFrame, results_dir: Path) -> str:
+    """Each study's ``ABOUT.md`` (prose written by whoever measured it, no numbers) under its run count."""
+    out = []
+    for study in sorted(summary["study"].dropna().unique()):
+        n = int((summary["study"] == study).sum())
+        about = results_dir / str(study) / "ABOUT.md"
+        text = about.read_text(encoding="utf-8").strip() if about.exists() else "(no notes for this study)"
+        out.append(f"### `{study}` ({n} runs)\n\n{text}\n")
+    return "\n".join(out)
+
+
+CAVEATS = """\
+- One GPU of one machine is not a P5 cluster: the per-GPU rates here are the upper end of what
+  an 8-GPU instance reaches; the two-GPU runs (scaling table) are the only measurement past one GPU.
+- H200s differ by a few percent from machine to machine, so pairs measured in one session are the
+  fair comparison; the headline takes the fastest run of each kind, which may come from different
+  sessions (the full table pairs each FP8 run with the BF16 run of its own study and layout).
+- MFU divides model FLOPs by the dense BF16 peak for BF16 and FP8 runs alike, so FP8 is not
+  flattered by its higher peak.
+- The loss studies are short runs on a small corpus, not the source's 24 billion tokens; their
+  gaps say whether FP8 tracks BF16 early in training, not where it ends after an epoch.
+- The source blog's figures are reported by the source (H100 on P5, its own BF16 baseline), not
+  measured here."""
+
+
+@dataclass(frozen=True)
+class Analysed:
+    """What the docs show, computed once from the runs: per-run summary, BF16/FP8 pairs, headline."""
+
+    reference: pd.DataFrame
+    summary: pd.DataFrame
+    comparison: pd.DataFrame
+    answer: analysis.Answer
+
+    @property
+    def headline(self) -> pd.DataFrame:
+        return self.answer.rows
+
+    @classmethod
+    def of(cls, runs: pd.DataFrame, config: "ReportConfig", reference: pd.DataFrame | None = None) -> "Analysed":
+        reference = analysis.load_reference() if reference is None else reference
+        summary = analysis.summarize_runs(runs, config.warmup_steps, config.smoothing, config.smoothing_span)
+        comparison = analysis.compare_precisions(summary)
+        answer = analysis.Answer.of(summary, comparison, reference, config.tokens, config.price_per_instance_hour)
+        return cls(reference, summary, comparison, answer)
+
+
+def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
+                       results_dir: Path | None = None, analysed: Analysed | None = None) -> str:
+    """docs/results.md: the headline, the verdict, every BF16/FP8 pair, scaling, every run, the study
+    notes and the caveats; all numbers from ``runs`` (``analysed``: their analysis, if already made)."""
+    from fp8lab.core.paths import RESULTS_DIR
+
+    a = analysed or Analysed.of(runs, config)
+    summary, comparison, headline = a.summary, a.comparison, a.headline
+    text = a.answer.verdict()
+    return "\n".join([
+        "# fp8lab: measured results",
+        "",
+        f"Generated by `{DOCS_COMMAND}` from the {summary['run_id'].nunique()} result files in `data/results/` "
+        "(format and provenance: `data/results/README.md`); do not edit by hand.",
+        "",
+        "## Headline",
+        "",
+        "![FP8 against BF16 per model](headline.png)",
+        "",
+        headline_markdown(headline, config.tokens),
+        "## Verdict",
+        "",
+        text,
+        "",
+        "## Caveats",
+        "",
+        CAVEATS,
+        "",
+        "## Every BF16/FP8 pair",
+        "",
+        "Each FP8 run against the fastest BF16 run of the same model, GPU, scale, study and batch layout "
+        "(micro-batch x sequence, accumulation steps).",
+        "",
+        _comparison_markdown(comparison),
+        _scaling_markdown(analysis.scaling_table(summary)),
+        "## Every run",
+        "",
+        _runs_markdown(summary),
+        "## Studies",
+        "",
+        _study_notes(summary, Path(results_dir) if results_dir else RESULTS_DIR),
+    ]).rstrip("\n") + "\n"
+
+
+def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), readme: str | None = None) -> dict:
+    """{'README.md': the README with its results block regenerated (``readme``: its current text),
+    'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/)."""
+    runs = analysis.load_runs(sources)
+    a = Analysed.of(runs, config)
+    summary, headline = a.summary, a.headline
+    out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
+           HEADLINE_PNG: plots.headline_figure(analysis.best_runs(summary), a.reference)}
+    if readme is not None:
+        if README_BEGIN not in readme or README_END not in readme:
+            raise ValueError(f"README.md: the results block markers are missing; add the two lines\n{README_BEGIN}\n{README_END}")
+        gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
+        head, rest = readme.split(README_BEGIN, 1)
+        tail = rest.split(README_END, 1)[1]
+        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens) + tail
+    return out
+
+
+def write_docs(root: str | Path | None = None, sources: object = None, config: ReportConfig = ReportConfig()) -> list[Path]:
+    """Write what :func:`render_docs` makes into the repository at ``root`` (default: this checkout)."""
+    from fp8lab.core.paths import REPO_ROOT
+
+    root = Path(root) if root else REPO_ROOT
+    readme = root / "README.md"
+    docs = render_docs(sources, config, readme.read_text(encoding="utf-8") if readme.exists() else None)
+    written = []
+    for rel, content in docs.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".png"):
+            content.savefig(path, format="png", dpi=HEADLINE_DPI, bbox_inches="tight", metadata={"Software": None})
+        else:
+            path.write_text(content, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":  # at the end: main() reads the docs section's names
+    raise SystemExit(main())
