@@ -531,11 +531,11 @@ def describe(data_dir: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fp8lab.data.tokens OUT_DIR [--source ...]``: prepare a token folder (e.g. a SageMaker channel)."""
+    """``python -m fp8lab.data OUT_DIR [--source ...]``: prepare a token folder (e.g. a SageMaker channel)."""
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m fp8lab.data.tokens", description="Tokenize text into fp8lab token shards.")
+    p = argparse.ArgumentParser(prog="python -m fp8lab.data", description="Tokenize text into fp8lab token shards.")
     p.add_argument("out_dir", help="folder to write manifest.json, tokenizer.json and the shards into")
     p.add_argument("--source", nargs="*", default=None,
                    help="text files/folders, or hf:<dataset> (default: the shipped KJV corpus)")

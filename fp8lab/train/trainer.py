@@ -1,6 +1,6 @@
 """The training run as a ``Trainer``: ``setup``, then ``fit`` (the loop over ``train_step``), then ``finish``.
 
-    plan = plan_run(config, Machine.detect(env.device, env.world_size))  # fp8lab.plan.runplan: every decision
+    plan = plan_run(config, detect_machine(env.device, env.world_size))  # fp8lab.plan.runplan: every decision
     trainer = Trainer(plan, env, argv)
     with setup_errors(trainer.paths, env):  # a ValueError here is an OptionError; new folders are removed
         trainer.setup()                      # data, model, optimizer, resume, config.json
@@ -45,6 +45,7 @@ from fp8lab.data import checks as data_checks
 from fp8lab.fp8.backends import get_backend
 from fp8lab.core.errors import OptionError
 from fp8lab.model.models import get_config
+from fp8lab.model.user import is_user_model
 from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult, StopFlag,
                                TrainState)
 
@@ -595,10 +596,10 @@ def setup_errors(paths, env) -> Iterator[None]:
 
 def plan_here(c, env):
     """The run's plan on this process's machine (fp8lab.plan.runplan.plan_run on the detected device)."""
-    from fp8lab.core.hardware import Machine
+    from fp8lab.fp8.backends import detect_machine
     from fp8lab.plan.runplan import plan_run
 
-    return plan_run(c, Machine.detect(env.device, env.world_size, c.gpu_memory_gib))
+    return plan_run(c, detect_machine(env.device, env.world_size, c.gpu_memory_gib))
 
 
 def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -614,7 +615,8 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
             source = frun_paths.data_source(c)
             frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
             scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
-            ownership.check_run_folders(c, paths, source)  # no overlaps, nothing of the user's overwritten
+            folder = c.model if is_user_model(c.model) and not c.model.startswith("hf:") else None
+            ownership.check_run_folders(c, paths, source, model_folder=folder)  # no overlaps, nothing of the user's overwritten
             plan = plan_here(c, env)
             if expected:
                 check_same_plan(plan, expected)
