@@ -35,7 +35,7 @@ from fp8lab.analysis.labels import group_key, is_fp8, layout_label  # the module
 from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
 from fp8lab.analysis.summary import scaling_table, summarize_runs
 from fp8lab.core.hardware import INSTANCES, peak_bf16_flops
-from fp8lab.analysis.flops_estimate import Estimate
+from fp8lab.plan.flops_estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
                 "seq_len", "tokens_per_sec_per_gpu", "peak_tflops", "micro_batch_size", "grad_accum"]

@@ -38,6 +38,7 @@ from fp8lab.fp8 import backends as registry
 from fp8lab.fp8 import fused as _fused
 from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS, BackendUnavailableError, available_backends, get_backend, require
 from fp8lab.fp8.recipe import Recipe
+from fp8lab.model.models import build_model, default_dtype
 
 __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
@@ -214,8 +215,6 @@ def export_hf_model(converted: nn.Module) -> nn.Module:
     This materialises a full model on the CPU; for large models :func:`save_hf_checkpoint` writes
     the same checkpoint without building one.
     """
-    from fp8lab.model.models import default_dtype
-
     cls, cfg = _hf_class_and_config(converted)
     sd = export_hf_state_dict(converted)
     with default_dtype(next(iter(sd.values())).dtype), torch.device("cpu"):
@@ -536,8 +535,6 @@ def compare_speed(model_name: str, *, batch_size: int = 4, seq_len: int = 512, r
     Each variant is built fresh (same seed) in bf16 on the GPU, timed with
     :func:`time_forward_backward` and freed; ``speedup`` is relative to HF bf16.
     """
-    from fp8lab.model.models import build_model
-
     require("te")
     variants = [("HF bf16", None, False), ("TE bf16 (swap)", False, False), ("TE FP8 (swap)", False, True),
                 ("TE bf16 (fused)", True, False), ("TE FP8 (fused)", True, True)]

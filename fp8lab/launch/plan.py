@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, price_for
-from fp8lab.analysis.flops_estimate import Estimate
+from fp8lab.plan.flops_estimate import Estimate
 from fp8lab.launch.limits import runtime_problem
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from fp8lab.core.hardware import Machine
 from fp8lab.fp8.recipe import Recipe
+from fp8lab.core.pins import install_hint
 
 if TYPE_CHECKING:  # torch loads with a backend, not with the registry (fp8lab.plan.options reads the names)
     from torch import nn
@@ -98,8 +99,6 @@ def auto_refusal(unusable: dict[str, str | None], no_fp8: str | None) -> str:
     """Why backend 'auto' picks nothing on this GPU machine, and the choices that remain: never a silent
     pure-PyTorch FP8 on a GPU. ``unusable``: backend -> why it cannot run (None: it can); ``no_fp8``: why
     the GPU has no FP8 tensor cores, or None."""
-    from fp8lab.core.pins import install_hint
-
     if no_fp8 is not None:  # below compute capability 8.9: no hardware FP8 at all
         return (f"backend 'auto': {no_fp8}, so only emulated FP8 runs here: pass backend 'emulated' "
                 f"(--backend emulated; pure PyTorch, for learning the numerics, slower than bf16), or use "
