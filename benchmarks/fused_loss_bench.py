@@ -7,7 +7,7 @@ its peak memory above the inputs, and its exactness: loss, gradient of the hidde
 against an fp32 reference (the plain path on the same bf16 values upcast) and against the plain BF16 path.
 
 Implementations: ``plain`` (``F.cross_entropy(logits.float())``, what the trainer does without
---fused-loss), ``fp8lab`` (fp8lab.fused_loss, chunk sizes given by --chunks), ``liger`` (liger-kernel's
+--fused-loss), ``fp8lab`` (fp8lab.train.fused_loss, chunk sizes given by --chunks), ``liger`` (liger-kernel's
 fused linear cross-entropy, Triton) and ``cce`` (Apple's cut-cross-entropy, Triton; its default gradient
 filter and with the filter off), where their wheels are installed.
 
@@ -30,10 +30,10 @@ def _impls(chunks: list[int]):
     import torch
     import torch.nn.functional as F
 
-    from fp8lab.fused_loss import linear_cross_entropy
+    from fp8lab.train.fused_loss import linear_cross_entropy
 
     out = {"plain": lambda h, w, y: F.cross_entropy((h @ w.t()).float(), y)}
-    out["fp8lab"] = lambda h, w, y: linear_cross_entropy(h, w, y)  # its own chunk size (fp8lab.fused_loss.chunk_tokens)
+    out["fp8lab"] = lambda h, w, y: linear_cross_entropy(h, w, y)  # its own chunk size (fp8lab.train.fused_loss.chunk_tokens)
     out["fp8lab-eager"] = lambda h, w, y: linear_cross_entropy(h, w, y, compiled=False)  # chunk math not compiled
     for c in chunks:
         out[f"fp8lab-chunk{c}"] = (lambda c: lambda h, w, y: linear_cross_entropy(h, w, y, chunk=c))(c)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Study: the fused linear cross-entropy (issue 51, benchmarks/studies/fused_loss.md).
-#   Question: does chunking the LM head and its loss over tokens (fp8lab.fused_loss, --fused-loss auto) make the
+#   Question: does chunking the LM head and its loss over tokens (fp8lab.train.fused_loss, --fused-loss auto) make the
 #   128K+-vocabulary models faster and smaller with the plain commands, and which implementation should fp8lab use?
 #   Prediction (the issue's targets): Llama-3.2-1B and Qwen2.5-1.5B >= 8% more tokens/s in BF16 and FP8 than the
 #   families study (66,592 / 84,618 and 52,768 / 65,865), FP8/BF16 >= 1.30x; Llama-3.2-1B's peak at 16 x 2048 down

@@ -218,7 +218,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "nvte_fp8_dpa_bwd": (cfg.get("plan") or {}).get("NVTE_FP8_DPA_BWD"),
         # issue 31: the FP8 health statistics as they ran (0: off) and who read them (te-debug | fp8lab)
         "fp8_stats_every": cfg.get("fp8_stats_every"), "fp8_stats_source": cfg.get("fp8_stats_source"),
-        # issue 51: the LM head's loss chunked over tokens (fp8lab.fused_loss), as the plan decided it
+        # issue 51: the LM head's loss chunked over tokens (fp8lab.train.fused_loss), as the plan decided it
         "fused_loss": (cfg.get("plan") or {}).get("fused_loss"),
         "fused_loss_reason": ((cfg.get("plan") or {}).get("reasons") or {}).get("fused_loss"),
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,

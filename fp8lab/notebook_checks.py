@@ -7,6 +7,8 @@ import re
 from typing import Any, Callable
 
 from fp8lab.core.validate import is_int, is_num
+from fp8lab.plan.config import TrainConfig
+from fp8lab.plan.options import FP8_BACKENDS
 
 
 def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
@@ -36,9 +38,6 @@ def _train_pair_check(values: dict[str, Any]) -> None:
     """A notebook running ``trainpair.run_pair``: every run it would start passes the trainer's own checks
     (fp8lab.train.entry.TrainConfig)."""
     import dataclasses
-
-    from fp8lab.plan.options import FP8_BACKENDS
-    from fp8lab.plan.config import TrainConfig
 
     backends = values.get("backends")
     choices = ("auto", *FP8_BACKENDS)

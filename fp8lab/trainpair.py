@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 from fp8lab.data import tokens as fdata
 from fp8lab.records import metrics as fmetrics
+from fp8lab.model.models import count_parameters, get_config
+from fp8lab.train.entry import TrainConfig, train
 
 CPU_NOTE = ("CPU run: FP8 is emulated in PyTorch (fake quantisation), so only the loss comparison is "
             "meaningful; tokens/s and MFU here say nothing about FP8 speed (that needs an H100/H200 with TE).")
@@ -58,8 +60,6 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
 
     from fp8lab.analysis.labels import math_dtype
     from fp8lab.fp8.convert import pick_backend
-    from fp8lab.model.models import count_parameters, get_config
-    from fp8lab.train.entry import TrainConfig, train
 
     if isinstance(backends, str) or not backends:
         raise ValueError(f"backends must be a non-empty list such as ['auto'] or ['te', 'torchao'], got {backends!r}")

@@ -27,14 +27,14 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
 from fp8lab.analysis.labels import group_key, is_fp8, layout_label  # the modules, not the package (whose
 from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
 from fp8lab.analysis.summary import scaling_table, summarize_runs
-from fp8lab.core.hardware import INSTANCES, peak_bf16_flops, price_for
+from fp8lab.core.hardware import INSTANCES, peak_bf16_flops
 from fp8lab.plan.flops_estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
@@ -193,7 +193,7 @@ class MeasuredEstimate(Estimate):
         return 1.0, "none measured: 1.0 assumed"
 
     # --- the Estimate interface launch.plan_sweep uses -----------------------------------------
-    def _job_rate(self, spec) -> dict[str, Any] | None:
+    def job_rate(self, spec) -> dict[str, Any] | None:
         plan = spec.plan  # what the job runs: "auto" as its plan resolved it
         return self.rate(spec.model, spec.precision, instance_type=spec.instance_type,
                          instance_count=spec.instance_count, backend=plan.backend_label,
@@ -201,7 +201,7 @@ class MeasuredEstimate(Estimate):
                          seq_len=plan.seq_len)
 
     def seconds(self, spec) -> float:
-        r = self._job_rate(spec)
+        r = self.job_rate(spec)
         if r is None:
             return super().seconds(spec)
         return self.seconds_at(spec.total_tokens, r["tokens_per_sec_per_gpu"], spec.world_size)
@@ -225,10 +225,10 @@ class MeasuredEstimate(Estimate):
                 "gpus": gpus, "basis": _basis_text(r)}
 
     def basis(self, spec) -> str:
-        r = self._job_rate(spec)
+        r = self.job_rate(spec)
         return super().basis(spec) if r is None else _basis_text(r)
 
-    def _internode_text(self) -> str:
+    def internode_text(self) -> str:
         if self.internode_efficiency_per_doubling is not None:
             return f"{self.internode_efficiency_per_doubling:g} per doubling of instances, assumed"
         return ("the scaling model's multi-node factor (fp8lab.analysis.scaling: measured compute by kernel class, FSDP2 "
@@ -236,7 +236,7 @@ class MeasuredEstimate(Estimate):
 
     def describe(self) -> str:
         return (f"estimate: measured tokens/s/GPU per model and precision (column basis: the run, x GPU peak "
-                f"ratio, x the measured two-GPU efficiency for a full instance, x {self._internode_text()}), "
+                f"ratio, x the measured two-GPU efficiency for a full instance, x {self.internode_text()}), "
                 f"+{self.startup_s} s start-up per job; models without measurements: {Estimate.describe(self)}")
 
 
@@ -255,7 +255,8 @@ def _basis_text(r: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _gpu_words(r: dict[str, Any], gpu: str) -> str:
+def gpu_words(r: dict[str, Any], gpu: str) -> str:
+    """How a run's rate was carried to ``gpu`` (``fp8lab.launch.plan.plan_curve``'s column)."""
     from fp8lab.core.hardware import HBM_BANDWIDTH, gpu_spec
 
     mine, theirs = gpu_spec(HBM_BANDWIDTH, r["gpu_name"]), gpu_spec(HBM_BANDWIDTH, gpu)
@@ -269,52 +270,3 @@ def _internode_words(r: dict[str, Any]) -> str:
         return "assumed per doubling"
     ag = ", FP8 all-gather" if r.get("fp8_all_gather") else ""
     return f"scaling model: FSDP2 over EFA{ag}" + (", communication-bound" if r.get("comm_bound") else "")
-
-
-def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], tokens: int, *,
-               instance_type: str = "ml.p5.48xlarge", price_per_hour: float | None = None,
-               estimate: Estimate | None = None, backend: str = "te", recipe: str = "delayed",
-               seq_len: int | None = None) -> pd.DataFrame:
-    """Time and cost to train ``tokens`` per model, precision and instance count, as ``plan_sweep``
-    estimates them (no job is built, so any instance count works): one row each, with the per-GPU rate,
-    whether it was measured, the run it rests on and the assumption as a sentence (for the figure)."""
-    if not (isinstance(tokens, (int, float)) and tokens > 0):
-        raise ValueError(f"tokens={tokens!r}; allowed: a number > 0")
-    if instance_type not in INSTANCES:
-        raise ValueError(f"instance_type={instance_type!r}; allowed: {', '.join(INSTANCES)}")
-    bad = [n for n in instance_counts if isinstance(n, bool) or not isinstance(n, int) or n < 1]
-    if bad or not list(instance_counts):
-        raise ValueError(f"instance_counts={list(instance_counts)!r}; allowed: integers >= 1")
-    price, _ = price_for([instance_type], price_per_hour)
-    est = estimate or MeasuredEstimate()
-    info = INSTANCES[instance_type]
-    from fp8lab.core.hardware import PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
-    from fp8lab.launch.spec import JobSpec
-
-    rows = []
-    for model in models:
-        for prec in precisions:
-            for n in sorted(instance_counts):
-                # the job plan_sweep would plan (placeholders for the account: nothing is launched)
-                spec = JobSpec(model=model, precision=prec, instance_type=instance_type, instance_count=n,
-                               backend=backend, recipe=recipe, seq_len="auto" if seq_len is None else seq_len,
-                               tokens=int(tokens), role=PLACEHOLDER_ROLE, bucket=PLACEHOLDER_BUCKET, allow_large=True)
-                # the rate and the hours both from the job's plan (its backend, recipe and sequence length)
-                r = est._job_rate(spec) if isinstance(est, MeasuredEstimate) else None
-                seconds = est.seconds(spec)
-                hours = seconds / 3600
-                if isinstance(est, MeasuredEstimate):
-                    assumption = (f"per-GPU rate: fastest one-GPU run in data/results (x GPU projection by kernel class) x the two-GPU "
-                                  f"efficiency measured on one machine (the only measurement past one GPU; assumed for 8); "
-                                  f"more instances: x {est._internode_text()}")
-                else:
-                    assumption = est.describe()
-                rows.append({"model": model, "precision": prec, "instances": n, "gpus": n * info.gpus,
-                             "instance_type": instance_type, "tokens": float(tokens),
-                             "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"] if r else float("nan"),
-                             "hours": hours, "cost_usd": hours * n * price, "price_per_hour": price,
-                             "measured": r is not None, "run_id": r["run_id"] if r else None,
-                             "node_efficiency": r["node_efficiency"] if r else float("nan"),
-                             "gpu_scaling": _gpu_words(r, info.gpu) if r else None,
-                             "basis": est.basis(spec), "assumption": assumption})
-    return pd.DataFrame(rows)

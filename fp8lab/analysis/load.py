@@ -22,7 +22,7 @@ import pandas as pd
 from fp8lab.fp8.stats import RECORD as FP8_STATS_RECORD
 from fp8lab.analysis.labels import VARIANT_KEYS, layout_label, model_size_b, variant_label
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
-from fp8lab.progress import progress
+from fp8lab.core.progress import progress
 
 # Run metadata carried on every row of the tidy table.
 META_COLUMNS = [

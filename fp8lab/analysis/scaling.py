@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.core import hardware as hw
-from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS  # the trainer's: torchao's float8 FSDP2 all-gather
+from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS  # the trainer's: torchao's float8 FSDP2 all-gather
 
 # kernel categories of fp8lab.train.profiling, by what they scale with on another GPU
 FP8_GEMM = ("fp8 gemm",)

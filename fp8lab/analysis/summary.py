@@ -15,7 +15,7 @@ import pandas as pd
 from fp8lab.analysis.labels import group_key, is_false, is_fp8, is_hardware_fp8, layout_label, model_size_b, variant_label
 from fp8lab.analysis.load import META_COLUMNS
 from fp8lab.core.hardware import DEFAULT_PRICES_USD_PER_HOUR, INSTANCES
-from fp8lab.progress import progress
+from fp8lab.core.progress import progress
 
 SMOOTHING_METHODS = ("ema", "window", "none")
 # The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp8lab.analysis.labels import is_fp8
 
 
 def _val(runs: pd.DataFrame, ids: list[str]) -> pd.DataFrame:

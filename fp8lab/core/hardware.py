@@ -132,11 +132,10 @@ class Machine:
         return dict(self.unusable).get(name)
 
     @classmethod
-    def detect(cls, device, world_size: int = 1, memory_gib: float = 0.0) -> "Machine":
-        """This process's device (a ``torch.device``); ``memory_gib`` > 0 caps it (an emulated smaller GPU)."""
-        from fp8lab.fp8.backends import available_backends
-
-        unusable = tuple((n, why) for n, why in available_backends().items() if why is not None)
+    def detect(cls, device, world_size: int = 1, memory_gib: float = 0.0, *,
+               unusable: tuple[tuple[str, str], ...]) -> "Machine":
+        """This process's device (a ``torch.device``); ``memory_gib`` > 0 caps it (an emulated smaller GPU);
+        ``unusable``: (backend, why) of the backends that cannot run here (``fp8lab.fp8.backends.detect_machine``)."""
         if getattr(device, "type", device) != "cuda":
             return cls("cpu", "cpu", memory_gib or cpu_memory_gib(), world_size, unusable=unusable)
         import torch

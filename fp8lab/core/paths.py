@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # FP8LAB_DATA_DIR lets an installed copy (or a SageMaker job) point at another data folder.
 DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
 RESULTS_DIR = DATA_DIR / "results"

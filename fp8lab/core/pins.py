@@ -9,7 +9,7 @@ import functools
 import re
 from pathlib import Path
 
-CONSTRAINTS = Path(__file__).with_name("constraints-gpu.txt")
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints-gpu.txt"
 INSTALL_COMMAND = "bash scripts/setup.sh"  # README, setup.sh and every "install it" message say this
 MIN_TE = (2, 9)  # te.autocast first shipped in TE 2.9 (see constraints-gpu.txt)
 

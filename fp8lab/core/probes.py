@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fp8lab.core.paths import is_inside
+
 
 def _nearest_existing(p: Path) -> Path:
     q = p
@@ -68,8 +70,6 @@ def _show(base: Path, asked: Path) -> str:
 
 def check_member(folder: Path, name: Any, option: str = "--data") -> Path:
     """A file a manifest names: a relative path that stays inside ``folder``, symlinks followed."""
-    from fp8lab.core.paths import is_inside
-
     if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
             or not is_inside(folder / name, folder):
         raise ValueError(f"{option}: the manifest in {folder.name!r} names a file outside its folder ({name!r}); "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab.records import data_format as fformat
+from fp8lab.records.data_format import tokenizer_problem  # noqa: F401 (also read as data.checks.tokenizer_problem)
 from fp8lab.core.probes import check_member
 from fp8lab.core.validate import is_count
 
@@ -58,19 +59,6 @@ def document_text(obj, name: str, line_no: int) -> str:
         raise ValueError(f"{where}: field \"text\" holds a lone surrogate (\\u{ord(text[exc.start]):04x} at character "
                          f"{exc.start}); allowed: valid Unicode text") from None
     return text
-
-
-def tokenizer_problem(path: Path) -> str | None:
-    """Why ``path`` does not load as a ``tokenizers`` tokenizer.json (the error's kind), or None."""
-    from tokenizers import Tokenizer
-
-    if not path.is_file():
-        return "not a regular file"
-    try:
-        Tokenizer.from_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception
-        return type(exc).__name__
-    return None
 
 
 def _open_binary(path: Path):

@@ -34,9 +34,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from fp8lab.fp8.backends import BackendUnavailableError, available_backends, get_backend, require
+from fp8lab.fp8 import backends as registry
 from fp8lab.fp8 import fused as _fused
+from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS, BackendUnavailableError, available_backends, get_backend, require
 from fp8lab.fp8.recipe import Recipe
+from fp8lab.model.models import build_model, default_dtype
 
 __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
@@ -87,8 +89,6 @@ def _resolve_recipe(backend, recipe) -> Recipe:
 
 def _fp8_all_gather_option(be, fp8_all_gather: bool) -> dict:
     """Issue 32: the backend keyword of FP8 all-gather, or a clear refusal where the backend has none."""
-    from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
-
     if not isinstance(fp8_all_gather, bool):
         raise ValueError(f"fp8_all_gather must be True or False, got {fp8_all_gather!r}")
     if not fp8_all_gather:
@@ -148,7 +148,7 @@ def autocast(backend, recipe: Recipe | str | None = None, enabled: bool = True):
 
 
 def pick_backend(requested: str = "auto") -> str:
-    """The FP8 backend for ``requested``: 'auto' is the trainer's rule (fp8lab.plan.runplan.auto_fp8_backend) for
+    """The FP8 backend for ``requested``: 'auto' is the trainer's rule (fp8lab.fp8.backends.auto_fp8_backend) for
     this process's machine: 'te' where Transformer Engine runs, 'emulated' on a machine with no CUDA GPU,
     and refused (BackendUnavailableError with the install command and the explicit alternatives) on a
     CUDA GPU without a usable TE: no silent pure-PyTorch FP8 on a GPU. Other names are checked and
@@ -156,11 +156,8 @@ def pick_backend(requested: str = "auto") -> str:
     if requested != "auto":
         get_backend(requested)
         return requested
-    from fp8lab.core.hardware import Machine
-    from fp8lab.plan.runplan import auto_fp8_backend
-
     try:
-        return auto_fp8_backend(Machine.detect(torch.device("cuda" if torch.cuda.is_available() else "cpu")))[0]
+        return registry.auto_fp8_backend(registry.detect_machine(torch.device("cuda" if torch.cuda.is_available() else "cpu")))[0]
     except ValueError as exc:
         raise BackendUnavailableError(str(exc)) from None
 
@@ -218,8 +215,6 @@ def export_hf_model(converted: nn.Module) -> nn.Module:
     This materialises a full model on the CPU; for large models :func:`save_hf_checkpoint` writes
     the same checkpoint without building one.
     """
-    from fp8lab.model.models import default_dtype
-
     cls, cfg = _hf_class_and_config(converted)
     sd = export_hf_state_dict(converted)
     with default_dtype(next(iter(sd.values())).dtype), torch.device("cpu"):
@@ -540,8 +535,6 @@ def compare_speed(model_name: str, *, batch_size: int = 4, seq_len: int = 512, r
     Each variant is built fresh (same seed) in bf16 on the GPU, timed with
     :func:`time_forward_backward` and freed; ``speedup`` is relative to HF bf16.
     """
-    from fp8lab.model.models import build_model
-
     require("te")
     variants = [("HF bf16", None, False), ("TE bf16 (swap)", False, False), ("TE FP8 (swap)", False, True),
                 ("TE bf16 (fused)", True, False), ("TE FP8 (fused)", True, True)]

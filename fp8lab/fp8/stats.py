@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from fp8lab.core.paths import RESULTS_DIR, read_check
+from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
 # --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.runplan.fp8_stats_decision). te-debug: TE's
@@ -360,8 +360,6 @@ def of_sources(sources) -> dict[str, list[dict[str, Any]]]:
     import json
     from pathlib import Path
 
-    from fp8lab.core.paths import RESULTS_DIR
-
     items = [RESULTS_DIR] if sources is None else [sources] if isinstance(sources, (str, Path)) else list(sources)
     out: dict[str, list[dict[str, Any]]] = {}
     for item in (Path(i) for i in items if isinstance(i, (str, Path))):  # a collect table holds no statistics
@@ -383,8 +381,6 @@ def of_runs(runs) -> dict[str, list[dict[str, Any]]]:
     """run_id -> its fp8_stats records, for the runs of a ``fp8lab.analysis.load_runs`` table that have
     some (found through each run's ``source``, a path relative to the repository or the working folder)."""
     from pathlib import Path
-
-    from fp8lab.core.paths import REPO_ROOT
 
     out: dict[str, list[dict[str, Any]]] = {}
     if not len(runs) or "source" not in runs:

@@ -44,7 +44,7 @@ from fp8lab.launch.aws import (TERMINAL, THROTTLE_CODES, TrainingJobFailed, call
 from fp8lab.launch.cli import main  # noqa: F401
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS, parse_metric_line  # noqa: F401
 from fp8lab.plan.flops_estimate import Estimate  # noqa: F401
-from fp8lab.launch.plan import (PlannedJob, SweepPlan, default_estimate, format_cost_table,  # noqa: F401
+from fp8lab.launch.plan import (PlannedJob, SweepPlan, default_estimate, format_cost_table, plan_curve,  # noqa: F401
                                 plan_sweep)
 from fp8lab.launch.redaction import redact  # noqa: F401
 from fp8lab.launch.requests import (JOB_REQUIREMENTS, build_requests, build_trainer, input_data,  # noqa: F401

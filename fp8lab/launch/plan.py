@@ -10,12 +10,15 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from fp8lab.core.hardware import price_for
+from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, price_for
 from fp8lab.plan.flops_estimate import Estimate
 from fp8lab.launch.limits import runtime_problem
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def default_estimate() -> Estimate:
@@ -182,3 +185,53 @@ def _scaling_section(plan: SweepPlan) -> str:
 
     lines = plan_lines(plan)
     return "\n" + lines if lines else ""
+
+
+def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], tokens: int, *,
+               instance_type: str = "ml.p5.48xlarge", price_per_hour: float | None = None,
+               estimate: Estimate | None = None, backend: str = "te", recipe: str = "delayed",
+               seq_len: int | None = None) -> "pd.DataFrame":
+    """Time and cost to train ``tokens`` per model, precision and instance count, as ``plan_sweep``
+    estimates them (no job is built, so any instance count works): one row each, with the per-GPU rate,
+    whether it was measured, the run it rests on and the assumption as a sentence (for the figure)."""
+    import pandas as pd  # pandas (and the measured estimate, which reads results) stay off `fp8lab launch`'s import path
+
+    from fp8lab.analysis.estimates import MeasuredEstimate, gpu_words
+    if not (isinstance(tokens, (int, float)) and tokens > 0):
+        raise ValueError(f"tokens={tokens!r}; allowed: a number > 0")
+    if instance_type not in INSTANCES:
+        raise ValueError(f"instance_type={instance_type!r}; allowed: {', '.join(INSTANCES)}")
+    bad = [n for n in instance_counts if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad or not list(instance_counts):
+        raise ValueError(f"instance_counts={list(instance_counts)!r}; allowed: integers >= 1")
+    price, _ = price_for([instance_type], price_per_hour)
+    est = estimate or MeasuredEstimate()
+    info = INSTANCES[instance_type]
+
+    rows = []
+    for model in models:
+        for prec in precisions:
+            for n in sorted(instance_counts):
+                # the job plan_sweep would plan (placeholders for the account: nothing is launched)
+                spec = JobSpec(model=model, precision=prec, instance_type=instance_type, instance_count=n,
+                               backend=backend, recipe=recipe, seq_len="auto" if seq_len is None else seq_len,
+                               tokens=int(tokens), role=PLACEHOLDER_ROLE, bucket=PLACEHOLDER_BUCKET, allow_large=True)
+                # the rate and the hours both from the job's plan (its backend, recipe and sequence length)
+                r = est.job_rate(spec) if isinstance(est, MeasuredEstimate) else None
+                seconds = est.seconds(spec)
+                hours = seconds / 3600
+                if isinstance(est, MeasuredEstimate):
+                    assumption = (f"per-GPU rate: fastest one-GPU run in data/results (x GPU projection by kernel class) x the two-GPU "
+                                  f"efficiency measured on one machine (the only measurement past one GPU; assumed for 8); "
+                                  f"more instances: x {est.internode_text()}")
+                else:
+                    assumption = est.describe()
+                rows.append({"model": model, "precision": prec, "instances": n, "gpus": n * info.gpus,
+                             "instance_type": instance_type, "tokens": float(tokens),
+                             "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"] if r else float("nan"),
+                             "hours": hours, "cost_usd": hours * n * price, "price_per_hour": price,
+                             "measured": r is not None, "run_id": r["run_id"] if r else None,
+                             "node_efficiency": r["node_efficiency"] if r else float("nan"),
+                             "gpu_scaling": gpu_words(r, info.gpu) if r else None,
+                             "basis": est.basis(spec), "assumption": assumption})
+    return pd.DataFrame(rows)

@@ -209,7 +209,7 @@ def submit(trainer, spec: JobSpec) -> None:
 
 def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> list[dict[str, Any]]:
     """The exact CreateTrainingJob request of each job, built by ModelTrainer.train() with no AWS call."""
-    from fp8lab.progress import progress
+    from fp8lab.core.progress import progress
 
     plan = as_plan(spec_or_plan)
     out = []

@@ -235,7 +235,7 @@ def check_tokenizer_files(folder: Path, root: Path, names: tuple[str, ...]) -> N
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"--model: tokenizer file {name!r} cannot be read ({type(exc).__name__})") from None
         if name == "tokenizer.json":
-            from fp8lab.data.checks import tokenizer_problem
+            from fp8lab.records.data_format import tokenizer_problem
 
             why = tokenizer_problem(p)
             if why:

@@ -17,7 +17,7 @@ Phi, mixtures of experts, ...) is refused from its config.json with what makes i
 list; so is a config with ``auto_map`` (custom modelling code, never executed) and a folder whose
 weights do not fit its config (missing tensors or other shapes). What the fused conversion cannot
 represent exactly is refused by the trainer before anything is built, naming ``--fuse False`` as the
-alternative (``fp8lab.fp8.backends.fused_problem``). Sharded checkpoints (``model.safetensors.index.json``)
+alternative (``fp8lab.fp8.fused_problem``). Sharded checkpoints (``model.safetensors.index.json``)
 load as ``from_pretrained`` loads them.
 
 Checked when the folder is first read, before anything is built (``fp8lab.model.checks``): the

@@ -91,8 +91,8 @@ class TrainConfig:
     # issue 31: FP8 health statistics (fp8lab.fp8.stats)
     fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off; auto: " + DEFAULT_STATS_TEXT, check=AUTO_OR_NONNEG_INT)
     fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: auto (te-debug where nvdlfw-inspect is installed, one process trains and TE's debug API passed its committed GPU check on this TE release, else fp8lab) | te-debug (Transformer Engine's own debug API: every GEMM of the fused layers, the sampled step's micro-batches summed) | fp8lab (fp8lab's hooks on TE's modules: the first micro-batch; fc2's input and fc1's gradient not seen). The emulated backend always reports from its own quantizers", choices=FP8_STATS_SOURCES)
-    # issue 51: the LM head and its loss chunked over tokens (fp8lab.fused_loss, a plan decision)
-    fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens, never the full fp32 logits (fp8lab.fused_loss: same GEMMs, less memory): auto = on a GPU where vocabulary x tokens per micro-batch reaches fp8lab.fused_loss.AUTO_MIN_LOGITS (measured to pay), off on a CPU | on (any device and backend) | off", choices=FUSED_LOSS)
+    # issue 51: the LM head and its loss chunked over tokens (fp8lab.plan.fused_loss: the rule; fp8lab.train.fused_loss: the mechanism)
+    fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens, never the full fp32 logits (fp8lab.train.fused_loss: same GEMMs, less memory): auto = on a GPU where vocabulary x tokens per micro-batch reaches fp8lab.plan.fused_loss.AUTO_MIN_LOGITS (measured to pay), off on a CPU | on (any device and backend) | off", choices=FUSED_LOSS)
 
     def __post_init__(self) -> None:
         _validate(self)

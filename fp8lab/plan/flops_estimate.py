@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fp8lab.model.models import model_flops_per_token
+
 if TYPE_CHECKING:
     from fp8lab.launch.spec import JobSpec
 
@@ -26,8 +28,6 @@ class Estimate:
             raise ValueError(f"startup_s={self.startup_s!r} must be >= 0")
 
     def seconds(self, spec: JobSpec) -> float:
-        from fp8lab.model.models import model_flops_per_token
-
         flops = model_flops_per_token(spec.model_cfg, spec.layout.seq_len) * spec.total_tokens
         rate = spec.world_size * spec.info.bf16_tflops * 1e12 * self.assumed_mfu
         if spec.precision == "fp8":

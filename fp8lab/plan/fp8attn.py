@@ -34,6 +34,8 @@ from typing import Any
 from fp8lab.core.hardware import GPU_GENERATION, gpu_spec
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.core.validate import AUTO
+from fp8lab.core.paths import read_check
+from fp8lab.model.models import layer_windows
 
 CHOICES = (AUTO, "on", "off")
 
@@ -78,8 +80,6 @@ def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str
     if (gen == "hopper" and hd != 128) or (gen == "blackwell" and (hd > 128 or hd % 16)):
         need = "exactly 128" if gen == "hopper" else "at most 128, a multiple of 16"
         return f"head_dim {hd}: TE's FP8 attention on {gen.title()} needs head_dim {need}"
-    from fp8lab.model.models import layer_windows
-
     if any(layer_windows(mcfg)):
         return "the model has sliding-window (local) attention layers; TE's FP8 attention supports causal masks only"
     return None
@@ -116,8 +116,6 @@ def loss_checked(path: Path | None = None) -> bool | None:
     """Whether the committed loss check holds, or None before it is committed: its ``holds`` (FP8 attention's gap
     within max(0.5%, the seed noise), ``benchmarks/long_context.py loss``), or, in a file without it, the 0.5%
     bound alone (``within_bound``)."""
-    from fp8lab.core.paths import read_check
-
     check = read_check(LOSS_RESULT if path is None else path)
     if check is None:  # missing or unreadable: as if not committed
         return None

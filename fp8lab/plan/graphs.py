@@ -33,6 +33,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fp8lab.fp8.backends import get_backend
+from fp8lab.model.models import block_matmul_params
+
 CHOICES = ("auto", "on", "off")  # the --cuda-graphs vocabulary (fp8lab.plan.options takes it from here)
 
 # Work per block per micro-batch (tokens x the block's parameters) below which the step is
@@ -47,8 +50,6 @@ LAUNCH_BOUND_WORK = {"fp8": 6e11, "bf16": 3e11}
 
 def work_per_block(mcfg, micro_batch_size: int, seq_len: int) -> float:
     """Tokens x GEMM weights of one decoder block per micro-batch: the GPU work one block's launches carry."""
-    from fp8lab.model.models import block_matmul_params
-
     return micro_batch_size * seq_len * block_matmul_params(mcfg)
 
 
@@ -155,8 +156,6 @@ def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, we
     model replay them while training. ``recipe``: the run's fp8lab ``Recipe`` (FP8 on) or None."""
     import torch
     import transformer_engine.pytorch as te
-
-    from fp8lab.fp8.backends import get_backend
 
     dev = next(model.parameters()).device
     dtype = model.embed.weight.dtype

@@ -42,8 +42,8 @@ scores, and the logits are O(seq x vocab). So long sequences (4K-16K, issue 34) 
 length at the same tokens per micro-batch; where even micro-batch 1 does not fit, ``--activation-checkpointing
 auto`` keeps only each block's input (2 bytes x hidden per token and layer) plus one block's activations,
 for both precisions of a pair alike; the logits stay (a 128K vocabulary at 16K tokens: ~30 GiB).
-With the fused loss (``--fused-loss``, fp8lab.fused_loss; issue 51) the ``b * V`` term per token is replaced by
-one chunk's logits and the fp32 weight-gradient sum (``fp8lab.fused_loss.loss_bytes``), for both precisions alike.
+With the fused loss (``--fused-loss``, fp8lab.train.fused_loss; issue 51) the ``b * V`` term per token is replaced by
+one chunk's logits and the fp32 weight-gradient sum (``fp8lab.plan.fused_loss.loss_bytes``), for both precisions alike.
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
                     fused_loss: bool = False) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
-    LM head's loss chunked (fp8lab.fused_loss), so a chunk's logits instead of the micro-batch's."""
+    LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's."""
     from fp8lab.model.models import count_parameters
 
     n = count_parameters(mcfg).total
@@ -146,7 +146,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
         per_token *= FP32_FACTOR
     acts = per_token * micro_batch_size * seq_len
     if fused_loss:  # issue 51: one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
-        from fp8lab.fused_loss import loss_bytes
+        from fp8lab.plan.fused_loss import loss_bytes
 
         acts += loss_bytes(vocab=mcfg.vocab_size, hidden=mcfg.hidden_size,
                            tokens_per_micro_batch=micro_batch_size * seq_len) * (FP32_FACTOR if fp32_activations else 1.0)
@@ -258,8 +258,8 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
 
 
 def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tuple[bool, str]:
-    """(the fused loss runs, why) at this micro-batch (fp8lab.fused_loss.decide: the plan's rule, the estimate's too)."""
-    from fp8lab.fused_loss import decide
+    """(the fused loss runs, why) at this micro-batch (fp8lab.plan.fused_loss.decide: the plan's rule, the estimate's too)."""
+    from fp8lab.plan.fused_loss import decide
 
     return decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch, gpu=machine.gpu)
 

@@ -24,10 +24,10 @@ import ast
 import dataclasses
 from typing import Any, Callable, Union
 
-from fp8lab.fp8.backends import backend_names
+from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS, backend_names  # noqa: F401 (the vocabulary, re-exported)
 from fp8lab.plan.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
 from fp8lab.fp8.stats import SOURCES as FP8_STATS_SOURCE_CHOICES
-from fp8lab.fused_loss import CHOICES as FUSED_LOSS_CHOICES
+from fp8lab.plan.fused_loss import CHOICES as FUSED_LOSS_CHOICES
 from fp8lab.plan.graphs import CHOICES as GRAPH_CHOICES
 from fp8lab.fp8.recipe import KINDS
 from fp8lab.core.validate import AUTO, Check, one_of
@@ -49,10 +49,9 @@ BACKENDS = (AUTO, "none", *FP8_BACKENDS)  # auto: picked for the machine; none: 
 RECIPE_KINDS = KINDS
 # issue 32: FSDP2 all-gathers the block linears' weights in FP8 (fp8lab.plan.runplan.fp8_all_gather_decision)
 FP8_ALL_GATHER = (AUTO, "on", "off")
-FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True)
 FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES  # auto | te-debug | fp8lab, declared where they are read (fp8lab.fp8.stats, issue 31)
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
-FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.fused_loss, issue 51)
+FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fused_loss, issue 51)
 
 # types of fields whose text form is special (their annotations name them)
 AutoInt = Union[int, str]  # an integer, or "auto" (the layout resolver picks it)

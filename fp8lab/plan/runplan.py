@@ -11,7 +11,7 @@ the plan holds what runs:
 * the length of the run: optimizer steps and warm-up (:func:`schedule`);
 * CUDA graphs (``fp8lab.plan.graphs.decide``), TE's FP8 weight cache, fused weight-gradient
   accumulation, fp32 master weights and their streamed step, the compute dtype;
-* the fused linear cross-entropy (``fp8lab.fused_loss.decide``, by vocabulary x tokens per micro-batch).
+* the fused linear cross-entropy (``fp8lab.plan.fused_loss.decide``, by vocabulary x tokens per micro-batch).
 
 A combination that cannot run is a ValueError naming the option, before anything is built.
 ``Trainer(plan, env)`` (fp8lab.train.trainer) builds what the plan says.
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.plan import graphs
 from fp8lab.plan import layout as flayout
-from fp8lab.fp8.backends import DEFAULT_RECIPES
+from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend, auto_refusal  # noqa: F401 (auto_refusal: its old home)
 from fp8lab.core.hardware import Machine
 from fp8lab.core.paths import REPO_ROOT, read_check
 from fp8lab.fp8.recipe import Recipe
@@ -68,7 +68,7 @@ class RunPlan:
     # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8.stats)
     fp8_stats_every: int = 0
     fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8.stats.TE_DEBUG or OWN (None: off)
-    # issue 51: the LM head's loss chunked over tokens (fp8lab.fused_loss)
+    # issue 51: the LM head's loss chunked over tokens (fp8lab.train.fused_loss)
     fused_loss: bool = False
 
     # the layout's values, read where the trainer needs them
@@ -141,33 +141,6 @@ class RunPlan:
 # ----------------------------------------------------------------------------------------------
 # the decisions, one function each
 # ----------------------------------------------------------------------------------------------
-
-def auto_fp8_backend(machine: Machine) -> tuple[str, str]:
-    """(the backend ``--backend auto`` runs FP8 on, why) on ``machine`` (also ``fp8lab.fp8.convert.pick_backend``)."""
-    if machine.te_usable:
-        return "te", "auto: Transformer Engine (usable here)"
-    if not machine.gpu:
-        return "emulated", "auto: the FP8 emulator (no CUDA GPU here)"
-    no_fp8 = None if machine.fp8 else (f"GPU {machine.name} has no FP8 tensor cores (compute capability below 8.9; "
-                                       f"FP8 needs Ada L4/L40, Hopper H100/H200 or Blackwell)")
-    raise ValueError(auto_refusal(dict(machine.unusable), no_fp8))
-
-
-def auto_refusal(unusable: dict[str, str | None], no_fp8: str | None) -> str:
-    """Why backend 'auto' picks nothing on this GPU machine, and the choices that remain: never a silent
-    pure-PyTorch FP8 on a GPU. ``unusable``: backend -> why it cannot run (None: it can); ``no_fp8``: why
-    the GPU has no FP8 tensor cores, or None."""
-    from fp8lab.core.pins import install_hint
-
-    if no_fp8 is not None:  # below compute capability 8.9: no hardware FP8 at all
-        return (f"backend 'auto': {no_fp8}, so only emulated FP8 runs here: pass backend 'emulated' "
-                f"(--backend emulated; pure PyTorch, for learning the numerics, slower than bf16), or use "
-                f"an FP8 GPU")
-    alt = "'torchao' (usable here) or 'emulated'" if unusable.get("torchao") is None else "'emulated'"
-    return (f"backend 'auto': this machine has an FP8 GPU but Transformer Engine is not usable "
-            f"({unusable.get('te')}); {install_hint()}; or choose backend {alt} explicitly "
-            f"(emulated is pure PyTorch: slower than bf16, never for speed)")
-
 
 def select_backend(c: "TrainConfig", machine: Machine) -> tuple[str | None, str]:
     """(the backend that runs, or None for the plain transformers model; why), refusing one not usable here.

@@ -61,3 +61,16 @@ def tokenized_here(source: str | Path | None) -> bool:
     """A run tokenizes its data itself (into its token cache) unless ``source`` is a prepared token
     folder or a Hugging Face dataset (``hf:<name>``, loaded by ``datasets``); None is the shipped corpus."""
     return source is None or not (str(source).startswith("hf:") or is_prepared(source))
+
+
+def tokenizer_problem(path: Path) -> str | None:
+    """Why ``path`` does not load as a ``tokenizers`` tokenizer.json (the error's kind), or None."""
+    from tokenizers import Tokenizer
+
+    if not path.is_file():
+        return "not a regular file"
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises plain Exception
+        return type(exc).__name__
+    return None

@@ -276,11 +276,10 @@ def _checkout_parts() -> list[Path]:
     return [p.resolve() for p in parts + [DATA_DIR] if p.exists()]
 
 
-def check_run_folders(c, paths, source: str | None) -> None:
+def check_run_folders(c, paths, source: str | None, *, model_folder: str | None) -> None:
     """Refuse (ValueError, one line naming the options) folders of a run that overlap, reach into the
-    checkout, or hold files fp8lab did not write (see the module doc). Writes nothing."""
-    from fp8lab.model import user as user_model
-
+    checkout, or hold files fp8lab did not write (see the module doc). Writes nothing. ``model_folder``:
+    ``--model`` where it names a local folder of the user's (``fp8lab.model.user``), else None."""
     tokenized = tokenized_here(source)
     writes = [("--output-dir", paths.output_dir, "run")]
     if c.checkpoint_every >= 0 or c.resume:
@@ -290,8 +289,8 @@ def check_run_folders(c, paths, source: str | None) -> None:
     if tokenized:
         writes.append(("--output-dir (its token cache data/)", paths.data_cache, "tokens"))
     reads = [("--data", source)] if source is not None and not str(source).startswith("hf:") else []
-    if user_model.is_user_model(c.model) and not c.model.startswith("hf:"):
-        reads.append(("--model", c.model))
+    if model_folder is not None:
+        reads.append(("--model", model_folder))
     resolved = [(o, Path(p).resolve(), k) for o, p, k in writes]
     _check_overlaps(resolved, [(o, Path(p).resolve()) for o, p in reads])
     for (option, _, kind), (_, shown, _) in zip(resolved, writes):

@@ -225,7 +225,7 @@ def show_progress(choice: str, is_main: bool) -> bool:
         return False
     if choice == "on":
         return True
-    from fp8lab.progress import watched  # one rule for every bar
+    from fp8lab.core.progress import watched  # one rule for every bar
 
     return watched()
 

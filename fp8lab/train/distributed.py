@@ -201,3 +201,42 @@ def gradient_sync(model: nn.Module, enabled: bool, keep_weights: bool = False) -
             model.set_reshard_after_backward(enabled)
     with nullcontext():
         yield
+
+
+def apply_activation_checkpointing(model, backend: str | None, fp8_context) -> int:
+    """Recompute every decoder block in backward; returns how many blocks were wrapped.
+
+    Transformer Engine recomputes with its own ``te.checkpoint`` (keeps FP8 scaling state right);
+    other backends use ``torch.utils.checkpoint`` re-entering their FP8 region for the recompute.
+    The block's ``forward`` is wrapped on the instance, so parameter names do not change.
+    """
+    import functools
+
+    import torch.utils.checkpoint as tuc
+
+    blocks = block_list(model)
+    for block in blocks:
+        fwd = block.forward
+        if backend == "te":
+            import transformer_engine.pytorch as te
+
+            # non-reentrant: blocks take non-tensor arguments (RoPE tables as a tuple, HF kwargs)
+            block.forward = functools.partial(te.checkpoint, fwd, use_reentrant=False)
+        else:
+            block.forward = functools.partial(
+                tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))
+    return len(blocks)
+
+
+def compile_blocks(model) -> None:
+    """torch.compile each decoder block, each its own frame (torchao's Float8Linear and TE guard on the
+    module): without head-room dynamo stops compiling after 8 blocks and runs the rest eagerly."""
+    import torch._dynamo
+
+    blocks = block_list(model)
+    limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 2 * len(blocks) + 8)
+    torch._dynamo.config.recompile_limit = limit
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        getattr(torch._dynamo.config, "accumulated_recompile_limit", 256), 4 * limit)
+    for block in blocks:
+        block.compile()

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fp8lab.model.user import identity
+
 # fingerprint keys that --resume-with-new-settings may change
 SCHEDULE_KEYS = ("total_steps", "warmup_steps", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip")
 NEW_SETTINGS_FLAG = "--resume-with-new-settings"
@@ -33,8 +35,6 @@ def fingerprint(plan, data: str | None = None) -> dict[str, Any]:
     an "auto" that picks otherwise on another machine does not.
 
     ``data``: the tokens' identity (fp8lab.data.tokens.identity); None leaves it out."""
-    from fp8lab.model.user import identity
-
     c, lay = plan.config, plan.layout
     # a model folder is identified by its config.json's hash (it may move, e.g. into a SageMaker channel)
     extra = {} if data is None else {"data": data}

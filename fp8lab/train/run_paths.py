@@ -11,6 +11,7 @@ from fp8lab.data.checks import check_data_source
 from fp8lab.records.data_format import tokenized_here
 from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR
 from fp8lab.core.probes import check_writable_dir
+from fp8lab.model.models import MODEL_CONFIGS
 
 CHECKPOINT_DIR_ENV = "FP8LAB_CHECKPOINT_DIR"  # overrides the checkpoint folder (tests, other platforms)
 
@@ -29,8 +30,6 @@ def on_sagemaker() -> bool:
 
 def _run_name(model: str) -> str:
     """A folder name for the model: the named shape, a folder's own name, or the hub repo id."""
-    from fp8lab.model.models import MODEL_CONFIGS
-
     if model in MODEL_CONFIGS:
         return model
     name = model[3:] if model.startswith("hf:") else Path(model).resolve().name

@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent
-    # Run as a script, sys.path[0] is fp8lab/ itself: replace it by its parent so that
-    # ``import fp8lab`` works and fp8lab's modules cannot shadow top-level ones.
+    # Run as a script, sys.path[0] is fp8lab/train/ itself: replace it by the folder holding fp8lab/ so
+    # that ``import fp8lab`` works and fp8lab's modules cannot shadow top-level ones.
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    sys.path.insert(0, str(here.parent))
+    sys.path.insert(0, str(here.parents[1]))
     raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The training run as a ``Trainer``: ``setup``, then ``fit`` (the loop over ``train_step``), then ``finish``.
 
-    plan = plan_run(config, Machine.detect(env.device, env.world_size))  # fp8lab.plan.runplan: every decision
+    plan = plan_run(config, detect_machine(env.device, env.world_size))  # fp8lab.plan.runplan: every decision
     trainer = Trainer(plan, env, argv)
     with setup_errors(trainer.paths, env):  # a ValueError here is an OptionError; new folders are removed
         trainer.setup()                      # data, model, optimizer, resume, config.json
@@ -19,7 +19,7 @@ non-finite guard and the checkpointer. FP8 is the backend's autocast region arou
 :meth:`Trainer._forward` (the one place the model is called) plus the backend's optional
 ``after_optimizer_step``, called after every optimizer step the guard lets through. The helpers
 beside it: fp8lab.train.optim (AdamW, the LR schedule), fp8lab.train.export (the HF model at the end),
-``apply_activation_checkpointing`` and ``_compile_blocks`` below.
+``fp8lab.train.distributed.apply_activation_checkpointing`` and ``compile_blocks``.
 """
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from fp8lab.train import checkpoint as fckpt
 from fp8lab.data import tokens as fdata
 from fp8lab.train import distributed as fdist
 from fp8lab.train import export as fexport
-from fp8lab import fused_loss
+from fp8lab.train import fused_loss
 from fp8lab.records import metrics as fmetrics
 from fp8lab.train import optim as foptim
 from fp8lab.records import ownership
@@ -46,6 +46,7 @@ from fp8lab.data import checks as data_checks
 from fp8lab.fp8.backends import get_backend
 from fp8lab.core.errors import OptionError
 from fp8lab.model.models import get_config
+from fp8lab.model.user import is_user_model
 from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult, StopFlag,
                                TrainState)
 
@@ -181,10 +182,10 @@ class Trainer:
                                   fp8_all_gather=self.plan.fp8_all_gather)  # issue 32
             self.conversion = model.fp8lab_conversion
         if self.layout.activation_checkpointing:
-            apply_activation_checkpointing(model, self.backend, self._fp8_context)
+            fdist.apply_activation_checkpointing(model, self.backend, self._fp8_context)
         if c.compile:
-            _compile_blocks(model)
-        if self.plan.fused_loss:  # issue 51: the LM head computes the loss chunk by chunk (fp8lab.fused_loss)
+            fdist.compile_blocks(model)
+        if self.plan.fused_loss:  # issue 51: the LM head computes the loss chunk by chunk (fp8lab.train.fused_loss)
             fused_loss.install(model)
         self.inner = model
         self.master, self.fused_wgrad = None, []
@@ -389,7 +390,7 @@ class Trainer:
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
 
     def _loss(self, x, y, is_first_microbatch: bool | None = None):
-        """Mean loss of one micro-batch: the LM head's chunked loss under ``--fused-loss`` (fp8lab.fused_loss:
+        """Mean loss of one micro-batch: the LM head's chunked loss under ``--fused-loss`` (fp8lab.train.fused_loss:
         the full logits never exist), else the cross-entropy of the model's fp32 logits."""
         if self.plan.fused_loss:
             return self._forward(x, is_first_microbatch, targets=y)
@@ -611,10 +612,10 @@ def setup_errors(paths, env) -> Iterator[None]:
 
 def plan_here(c, env):
     """The run's plan on this process's machine (fp8lab.plan.runplan.plan_run on the detected device)."""
-    from fp8lab.core.hardware import Machine
+    from fp8lab.fp8.backends import detect_machine
     from fp8lab.plan.runplan import plan_run
 
-    return plan_run(c, Machine.detect(env.device, env.world_size, c.gpu_memory_gib))
+    return plan_run(c, detect_machine(env.device, env.world_size, c.gpu_memory_gib))
 
 
 def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -630,7 +631,8 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
             source = frun_paths.data_source(c)
             frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
             scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
-            ownership.check_run_folders(c, paths, source)  # no overlaps, nothing of the user's overwritten
+            folder = c.model if is_user_model(c.model) and not c.model.startswith("hf:") else None
+            ownership.check_run_folders(c, paths, source, model_folder=folder)  # no overlaps, nothing of the user's overwritten
             plan = plan_here(c, env)
             if expected:
                 check_same_plan(plan, expected)
@@ -666,45 +668,6 @@ def check_same_plan(plan, expected: dict[str, Any]) -> None:
         listed = ", ".join(f"{k}: {a!r} planned, {b!r} here" for k, (a, b) in diff.items())
         raise ValueError(f"this machine plans the run differently from the launch ({listed}); the job runs what "
                          "was planned or nothing: set these options explicitly, or plan for this machine")
-
-
-def apply_activation_checkpointing(model, backend: str | None, fp8_context: Callable[[], Any]) -> int:
-    """Recompute every decoder block in backward; returns how many blocks were wrapped.
-
-    Transformer Engine recomputes with its own ``te.checkpoint`` (keeps FP8 scaling state right);
-    other backends use ``torch.utils.checkpoint`` re-entering their FP8 region for the recompute.
-    The block's ``forward`` is wrapped on the instance, so parameter names do not change.
-    """
-    import functools
-
-    import torch.utils.checkpoint as tuc
-
-    blocks = fdist.block_list(model)
-    for block in blocks:
-        fwd = block.forward
-        if backend == "te":
-            import transformer_engine.pytorch as te
-
-            # non-reentrant: blocks take non-tensor arguments (RoPE tables as a tuple, HF kwargs)
-            block.forward = functools.partial(te.checkpoint, fwd, use_reentrant=False)
-        else:
-            block.forward = functools.partial(
-                tuc.checkpoint, fwd, use_reentrant=False, context_fn=lambda: (nullcontext(), fp8_context()))
-    return len(blocks)
-
-
-def _compile_blocks(model) -> None:
-    """torch.compile each decoder block, each its own frame (torchao's Float8Linear and TE guard on the
-    module): without head-room dynamo stops compiling after 8 blocks and runs the rest eagerly."""
-    import torch._dynamo
-
-    blocks = fdist.block_list(model)
-    limit = max(getattr(torch._dynamo.config, "recompile_limit", 8), 2 * len(blocks) + 8)
-    torch._dynamo.config.recompile_limit = limit
-    torch._dynamo.config.accumulated_recompile_limit = max(
-        getattr(torch._dynamo.config, "accumulated_recompile_limit", 256), 4 * limit)
-    for block in blocks:
-        block.compile()
 
 
 def _adamw_impl(opt) -> str:

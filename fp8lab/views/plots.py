@@ -7,120 +7,25 @@ renders and says so, so notebooks and reports work before any GPU result exists.
 from __future__ import annotations
 
 import re
-import sys
 import textwrap
 from pathlib import Path
 
 import matplotlib
 import matplotlib.container
 import matplotlib.ticker
-
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
-from fp8lab.analysis.parity import MIN_BAND_PCT
+from fp8lab.analysis import is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
 from fp8lab.analysis.summary import same_seed
+from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLINE_PANELS, MAX_LEGEND_KINDS,  # noqa: F401
+                                 NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new, _shared_legend, _tick_name,
+                                 figure_name, figure_stats, save_figure, show, to_png)
+from fp8lab.views.studies import (HEALTH_FLOOR, HEALTH_METRICS, LONG_CONTEXT_ROLES,  # noqa: F401 (every figure
+                                  fp8_health_figure, instances_figure, long_context_figure, parity_figure)  # is found here)
 
-NO_DATA = "no measured runs yet"
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
-
-
-def save_figure(fig: Figure, path: str | Path) -> list[Path]:
-    """Write ``path``.png and ``path``.svg (any suffix on ``path`` is replaced)."""
-    stem = Path(path).with_suffix("")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    out = []
-    for ext in (".png", ".svg"):
-        fig.savefig(stem.with_suffix(ext), dpi=120, bbox_inches="tight")
-        out.append(stem.with_suffix(ext))
-    return out
-
-
-def to_png(fig: Figure, dpi: int = 110) -> bytes:
-    """The figure as PNG bytes (for HTML reports and notebook display)."""
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def figure_name(fig: Figure) -> str:
-    """A file name for ``fig``: its title (else its first panel's), lower case, words joined by '-'."""
-    title = fig.get_suptitle() or next((ax.get_title() for ax in fig.axes if ax.get_title()), "") or "figure"
-    words = re.findall(r"[a-z0-9]+", title.split("\n")[0].lower())
-    return "-".join(words)[:60].strip("-") or "figure"
-
-
-def show(fig: Figure, name: str | None = None, folder: str | Path = ".") -> None:
-    """Display a figure as a PNG in a notebook, whatever the matplotlib backend (Agg included), and write the same
-    PNG to ``folder``/``name``.png (a notebook's working folder: ``outputs/<notebook>/`` under ``fp8lab notebooks
-    run``; ``name`` defaults to :func:`figure_name`). A pyplot figure is closed, so that the notebook's inline
-    backend does not draw it a second time.
-
-    The output's metadata carries :func:`figure_stats` (bars per panel, legend entries, pixels) and the
-    readability problems :func:`fp8lab.figure_checks.figure_problems` finds, so a test of the executed notebook can
-    check that each figure stays readable."""
-    from IPython.display import Image, display
-
-    from fp8lab.figure_checks import figure_problems
-
-    png = to_png(fig)
-    path = Path(folder) / f"{name or figure_name(fig)}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(png)
-    meta = {**figure_stats(fig, png=png), "problems": figure_problems(fig), "file": path.name}
-    display(Image(data=png, format="png"), metadata={"fp8lab": meta})
-    if "matplotlib.pyplot" in sys.modules:
-        sys.modules["matplotlib.pyplot"].close(fig)
-
-
-def _new(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8, **kw) -> tuple[Figure, np.ndarray]:
-    # Figure() directly (not pyplot) keeps figures out of pyplot's global registry; notebooks display it.
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
-    return fig, axes
-
-
-MAX_BARS = 12  # bars or rows a panel shows at most; tables carry the rest
-MAX_COLS = 2  # panels side by side at most, so a figure stays within a screen's width
-MAX_COLS_SMALL = 3  # ... for small panels (a handful of bars each), so that ten models stay within a screen's height
-MAX_LEGEND_KINDS = 8  # kinds of run one loss panel's legend names at most
-MAX_HEADLINE_PANELS = 4  # the headline figure's models (2 x 2): more would not fit a screen's height
-_HATCHES = ["", "//", "..", "xx", "\\\\", "++"]  # a second cue beside colour, one per bar kind
-
-
-def _grid(n: int, width: float = 5.0, height: float = 3.8, max_cols: int = MAX_COLS, **kw) -> tuple[Figure, list]:
-    """``n`` panels in rows of at most ``max_cols``; the unused cells hidden."""
-    ncols = max(1, min(max_cols, n))
-    fig, axes = _new(ncols=ncols, nrows=-(-max(n, 1) // ncols), width=width, height=height, **kw)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat[:n])
-
-
-def _empty(title: str, message: str = NO_DATA) -> Figure:
-    fig, axes = _new()
-    ax = axes[0, 0]
-    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="0.4")
-    ax.set_title(title)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    return fig
-
-
-def _finish(fig: Figure, save: str | Path | None) -> Figure:
-    if save is not None:
-        save_figure(fig, save)
-    return fig
-
-
-def _models(frame: pd.DataFrame) -> list[str]:
-    """Model names ordered by parameter count parsed from the name, then alphabetically."""
-    names = [m for m in frame["model"].dropna().unique()]
-    return sorted(names, key=lambda m: (np.nan_to_num(model_size_b(m), nan=np.inf), str(m)))
 
 
 def _variant_colors(variants: list[str], precisions: dict[str, str]) -> dict[str, tuple]:
@@ -220,24 +125,6 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
     _shared_legend(fig, np.array(axes))
     fig.suptitle(title)
     return _finish(fig, save)
-
-
-def _shared_legend(fig: Figure, axes: np.ndarray) -> None:
-    """One legend below all panels (each label once), so it never hides a bar."""
-    seen: dict[str, object] = {}
-    for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(label, h)
-    if seen:
-        fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncols=min(4, len(seen)), fontsize=8)
-
-
-def _tick_name(name: str, width: int = 11) -> str:
-    """A model name on two lines where it is long (at its first '-' past the start), so neighbours never collide."""
-    if len(name) <= width or "-" not in name[1:]:
-        return name
-    head, tail = name.split("-", 1)
-    return f"{head}-\n{tail}"
 
 
 def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = None,
@@ -661,43 +548,9 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     return _finish(fig, save)
 
 
-def _is_histogram(bars: "matplotlib.container.BarContainer") -> bool:
-    """A histogram's bars (``ax.hist``) touch one another: a distribution, read as one shape, not bar by bar."""
-    p = bars.patches
-    if len(p) < 2:
-        return False
-    x0 = np.array([r.get_x() for r in p])
-    x1 = x0 + np.array([r.get_width() for r in p])
-    return bool(np.allclose(x1[:-1], x0[1:], rtol=1e-6, atol=1e-12 * max(1.0, float(np.abs(x1).max()))))
-
-
-def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
-    """What a reader faces in a figure: bars per panel (a stacked bar once, a histogram's bins not), legend entries, and its size in pixels at ``dpi``
-    (as :func:`to_png` renders it, or of ``png``, the figure already rendered at ``dpi``). Tests read
-    these from executed notebooks."""
-    import struct
-
-    png = png if png is not None else to_png(fig, dpi)
-    width, height = struct.unpack(">II", png[16:24])  # the PNG header's IHDR chunk
-    bars = []
-    for ax in fig.axes:
-        if ax.get_visible():
-            slots = set()  # a stacked bar's segments share their slot: one bar
-            for c in ax.containers:
-                if isinstance(c, matplotlib.container.BarContainer) and not _is_histogram(c):
-                    horizontal = getattr(c, "orientation", "vertical") == "horizontal"
-                    slots.update((horizontal, round(r.get_y() if horizontal else r.get_x(), 6),
-                                  round(r.get_height() if horizontal else r.get_width(), 6)) for r in c.patches)
-            bars.append(len(slots))
-    legend = sum(len(leg.get_texts()) for leg in fig.legends)
-    legend += sum(len(ax.get_legend().get_texts()) for ax in fig.axes if ax.get_legend() is not None)
-    return {"bars_per_panel": bars, "legend_entries": legend, "width_px": int(width), "height_px": int(height),
-            "dpi": dpi, "title": fig.get_suptitle()}
-
-
 def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Time and cost to train the token budget against the number of instances, BF16 against FP8, per
-    model, from ``fp8lab.analysis.estimates.plan_curve``. The basis (measured rate, assumed multi-node scaling)
+    model, from ``fp8lab.launch.plan_curve``. The basis (measured rate, assumed multi-node scaling)
     is written under the panels."""
     title = "Planned sweep: time and cost to train the token budget"
     if not len(curve):
@@ -732,198 +585,4 @@ def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
     notes = [textwrap.fill(n, 150) for n in dict.fromkeys([*curve["assumption"].dropna(),
                                                             *curve.get("gpu_scaling", pd.Series(dtype=object)).dropna()])]
     fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens), projected from measured runs\n" + "\n".join(notes), fontsize=8)
-    return _finish(fig, save)
-
-
-LONG_CONTEXT_ROLES = {"fp8": ("FP8 GEMMs, BF16 attention", ""), "fp8_attn": ("FP8 GEMMs + FP8 attention", "//")}
-
-
-def long_context_figure(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """FP8/BF16 tokens/s against the sequence length, FP8 attention off and on: two bars per length (#34), one
-    panel per model, from ``fp8lab.plan.fp8attn.speedup_table`` (the long-context study's committed result files)."""
-    title = "FP8 speed-up over BF16 against the sequence length"
-    if not len(table):
-        return _finish(_empty(title, "no long-context study committed yet\n(data/results/long-context-h200/: "
-                                     "benchmarks/study_long_context.sh)"), save)
-    models = list(dict.fromkeys(table["model"].fillna("?")))
-    fig, axes = _new(ncols=len(models), width=6.0 if len(models) == 1 else 4.6, height=4.0)
-    top = float(table["speedup"].max()) * 1.3  # room for the legend above the bars
-    for mi, model in enumerate(models):
-        mine = table[table["model"].fillna("?") == model]
-        seqs = sorted(mine["seq_len"].unique())
-        ax = axes[0, mi]
-        width = 0.38
-        for i, (role, (label, hatch)) in enumerate(LONG_CONTEXT_ROLES.items()):
-            g = mine[mine["role"] == role].set_index("seq_len").reindex(seqs)
-            xs = np.arange(len(seqs)) + (i - 0.5) * width
-            color = matplotlib.colormaps["Oranges"](0.5 + 0.3 * i)
-            bars = ax.bar(xs, g["speedup"], width, label=label, color=color, hatch=hatch, edgecolor="0.3")
-            ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.2f}x" for v in g["speedup"]], fontsize=8, padding=2)
-        ax.axhline(1.0, ls="--", color="0.4", lw=1)
-        ax.set_xticks(range(len(seqs)), [f"{s // 1024}K" if s % 1024 == 0 else str(s) for s in seqs])
-        ax.set_xlabel("sequence length (tokens)")
-        ax.set_ylim(0, top)
-        gpus = ", ".join(mine["gpu_name"].dropna().unique())
-        accum = sorted({int(a) for a in mine.get("grad_accum", pd.Series(dtype=float)).dropna()})
-        accum = f", accumulation {'/'.join(map(str, accum))}" if accum else ""
-        ax.set_title(f"{model} on {gpus}{accum}", fontsize=10)
-        if mi == 0:
-            ax.set_ylabel("tokens/s relative to BF16 at that length")
-            ax.legend(loc="upper left", fontsize=8)
-    if len(models) == 1:
-        axes[0, 0].set_title(f"{title}\n{axes[0, 0].get_title()}", fontsize=10)
-    else:
-        fig.suptitle(title, fontsize=11)
-    return _finish(fig, save)
-
-
-# issue 32 ---------------------------------------------------------------------------------------
-_SCALING_STYLE = {"bf16": ("tab:blue", "-", "o"), "fp8": ("tab:orange", "-", "s"),
-                  "fp8 + fp8 all-gather": ("tab:red", "--", "^")}
-
-
-def _coincide(a: pd.Series, b: pd.Series, rel: float = 0.005) -> bool:
-    """Two series (indexed alike) within ``rel`` of each other everywhere: drawn apart, one would hide the other."""
-    a, b = a.align(b, join="inner")
-    return bool(len(a)) and bool(((a - b).abs() <= rel * b.abs()).all())
-
-
-_MODEL_STYLE = [("-", "o"), ("--", "s"), ("-.", "D"), (":", "v")]  # a model's line style and marker, per model
-
-
-def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
-                   save: str | Path | None = None) -> Figure:
-    """Tokens/s/GPU against P5 instances (the source's chart), per model BF16, FP8 and FP8 with FP8
-    all-gather as the scaling model projects them from measured runs (``fp8lab.analysis.scaling.instance_table``, several
-    models concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
-    instance count, so they are a level, not points). A precision's colour, a model's line style and marker;
-    FP8 all-gather is drawn only where it differs from plain FP8 by more than 0.5% (else FP8's label says so)."""
-    title = "Past one node, projected (fp8lab.analysis.scaling) from measured runs: tokens/s per GPU on P5; not measured past 2 GPUs"
-    if not len(table):
-        return _finish(_empty(title, "nothing projected"), save)
-    fig, axes = _new(ncols=2, width=6.0, height=4.2)
-    rate_ax, gain_ax = axes[0, 0], axes[0, 1]
-    for mi, model in enumerate(_models(table)):
-        mine = table[table["model"] == model]
-        style, marker = _MODEL_STYLE[mi % len(_MODEL_STYLE)]
-        by_mode = {mode: g.sort_values("instances").set_index("instances") for mode, g in mine.groupby("mode", sort=False)}
-        same = "fp8" in by_mode and "fp8 + fp8 all-gather" in by_mode and \
-            _coincide(by_mode["fp8 + fp8 all-gather"]["tokens_per_sec_per_gpu"], by_mode["fp8"]["tokens_per_sec_per_gpu"])
-        for mode, g in by_mode.items():
-            if same and mode == "fp8 + fp8 all-gather":
-                continue
-            color = _SCALING_STYLE.get(mode, ("0.4", ":", "x"))[0]
-            name = mode.upper().replace("ALL-GATHER", "all-gather")
-            label = f"{model} {name}" + (" (FP8 all-gather the same)" if same and mode == "fp8" else "")
-            kw = dict(ls=style, marker=marker, color=color, ms=4, mfc="none" if mi else color)
-            rate_ax.plot(g.index, g["tokens_per_sec_per_gpu"], label=label, **kw)
-            if mode != "bf16":
-                gain_ax.plot(g.index, g["fp8_gain"], label=label, **kw)
-        rep = reference_for(reference, model)
-        for _, r in rep.iterrows():
-            gain_ax.axhline(r["speedup"], color="0.3", lw=1, ls=(0, (2, 2)))
-            gain_ax.annotate(f"source, {r['model_size']}: {r['speedup']:.2f}x (reported; instances not stated)",
-                             (0.02, r["speedup"]), xycoords=("axes fraction", "data"), fontsize=8, va="bottom",
-                             color="0.3")
-    counts = sorted(table["instances"].unique())
-    for ax, ylabel in ((rate_ax, "tokens/s per GPU (projected)"), (gain_ax, "FP8 / BF16 tokens/s (projected)")):
-        ax.set_xlabel(f"{table['gpus'].iloc[0] // table['instances'].iloc[0]}-GPU instances")
-        ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(counts, [str(c) for c in counts])
-        ax.grid(alpha=0.3)
-    rate_ax.set_yscale("log")  # models an order of magnitude apart, each line readable
-    rate_ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # a label per line
-    rate_ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    rate_ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    rate_ax.set_title("per-GPU rate", fontsize=10)
-    gain_ax.set_title("FP8's gain over BF16", fontsize=10)
-    _shared_legend(fig, axes)
-    fig.suptitle(title, fontsize=10)
-    return _finish(fig, save)
-
-
-# issue 31: loss parity against the BF16 seeds (fp8lab.analysis.parity) ------------------------------------------
-def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """Validation loss of a loss study with several BF16 seeds (``analysis.parity_curves``), and below it each run's
-    gap to the BF16 seeds' mean in percent, inside the grey band it is read against (issue 31). One study: the
-    first (model, study) of ``curves``."""
-    title = "Validation loss against BF16's seed-to-seed noise"
-    if not len(curves):
-        return _finish(_empty(title, "no loss study with two or more BF16 seeds\n(benchmarks/study_loss_parity.sh)"), save)
-    model, study = curves.iloc[0][["model", "study"]]
-    g = curves[(curves["model"] == model) & (curves["study"].map(group_key) == group_key(study))]
-    fig, axes = _new(nrows=2, width=6.5, height=3.2, sharex=True)
-    top, bottom = axes[0, 0], axes[1, 0]
-    oranges = matplotlib.colormaps["Oranges"]
-    runs = g.drop_duplicates("run_id")
-    # the BF16 seeds as one band (their range) around their mean, so that the FP8 runs stay readable lines
-    bf16 = g[~g["precision"].map(is_fp8)].pivot_table(index="step", columns="run_id", values="val_loss", aggfunc="last")
-    at = g.drop_duplicates("step").set_index("step").loc[bf16.index, "tokens"] / 1e6
-    top.fill_between(at, bf16.min(axis=1), bf16.max(axis=1), color=_SCALING_STYLE["bf16"][0], alpha=0.25, lw=0,
-                     label=f"BF16: range of {bf16.shape[1]} seeds")
-    top.plot(at, bf16.mean(axis=1), "--", color=_SCALING_STYLE["bf16"][0], lw=1.6, label="BF16: their mean")
-    fp8 = runs[runs["precision"].map(is_fp8)]
-    for i, (_, r) in enumerate(fp8.iterrows()):
-        c = g[g["run_id"] == r["run_id"]].sort_values("step")
-        x = c["tokens"] / 1e6
-        color = oranges(0.5 + 0.4 * i / max(len(fp8) - 1, 1))
-        recipe = f" {r['recipe']}" if isinstance(r["recipe"], str) else ""
-        label = f"FP8{recipe}" + (f" (seed {int(r['seed'])})" if pd.notna(r["seed"]) else "")
-        style = "-" if r["recipe"] in (None, "delayed") or not isinstance(r["recipe"], str) else "-."  # a recipe a style
-        top.plot(x, c["val_loss"], style, color=color, label=label, lw=1.6)
-        bottom.plot(x, c["gap_pct"], style, color=color, lw=1.6)
-    band = g.drop_duplicates("step").sort_values("step")
-    bx = band["tokens"] / 1e6
-    bottom.fill_between(bx, -band["band_pct"], band["band_pct"], color="0.85",
-                        label=f"band: max({MIN_BAND_PCT:g}%, BF16 seeds' spread)")
-    bottom.axhline(0, color="0.4", lw=0.8)
-    top.set_ylabel("validation loss")
-    where = f", study {study}" if isinstance(study, str) else ""
-    top.set_title(f"{model}{where}: {int(band['bf16_seeds'].iloc[0])} BF16 seeds")
-    top.legend(fontsize=8)
-    bottom.set_ylabel("% against the BF16 mean")
-    bottom.set_xlabel("training tokens (millions)")
-    bottom.legend(fontsize=8, loc="lower left")
-    b_end = band["band_pct"].iloc[-1]  # the end's band, three times over, and every run's whole curve in view
-    bottom.set_ylim(min(-3 * b_end, g["gap_pct"].min() - 0.5), max(3 * b_end, g["gap_pct"].max()) + 0.5)
-    fig.suptitle(title)
-    return _finish(fig, save)
-
-
-# issue 31: FP8 health (fp8lab.fp8.stats)
-HEALTH_METRICS = {"underflow": "values flushed to 0", "saturation": "values clipped at the format's max"}
-HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included) share its colour
-
-
-def fp8_health_figure(table: pd.DataFrame, metric: str = "underflow", title: str = "",
-                      save: str | Path | None = None) -> Figure:
-    """A layer-by-step heatmap per tensor kind (activation, weight, gradient) of ``metric`` (underflow or
-    saturation) from :func:`fp8lab.fp8.stats.table`: a row per decoder block (the worst of its GEMMs), a
-    column per sampled step, log colour scale from 1e-6 to 1."""
-    from matplotlib.colors import LogNorm
-
-    if metric not in HEALTH_METRICS:
-        raise ValueError(f"metric must be one of {', '.join(HEALTH_METRICS)}, got {metric!r}")
-    head = f"FP8 {metric}: fraction of {HEALTH_METRICS[metric]}" + (f" - {title}" if title else "")
-    t = table.dropna(subset=[metric]) if len(table) else table
-    if not len(t):
-        return _empty(head, "no FP8 statistics recorded (FP8 runs with --fp8-stats-every > 0)")
-    kinds = [k for k in ("activation", "weight", "gradient") if k in set(t["kind"])]
-    fig, axes = _grid(len(kinds), width=5.2, height=3.6)
-    norm = LogNorm(vmin=HEALTH_FLOOR, vmax=1.0)
-    image = None
-    for ax, kind in zip(axes, kinds):
-        grid = t[t["kind"] == kind].pivot_table(index="block", columns="step", values=metric, aggfunc="max")
-        image = ax.imshow(grid.clip(lower=HEALTH_FLOOR).to_numpy(dtype=float), aspect="auto", norm=norm,
-                          cmap="magma_r", interpolation="nearest")
-        ax.set_title(kind)
-        ax.set_yticks(range(len(grid.index)), [b.replace("block ", "") for b in grid.index], fontsize=7)
-        steps = list(grid.columns)
-        ticks = sorted(set(np.linspace(0, len(steps) - 1, min(6, len(steps))).round().astype(int)))
-        ax.set_xticks(ticks, [str(steps[i]) for i in ticks], fontsize=8)
-        ax.set_xlabel("step")
-        ax.set_ylabel("decoder block")
-    fig.colorbar(image, ax=axes, shrink=0.8, label=f"fraction ({metric})")
-    fig.suptitle(head)
     return _finish(fig, save)

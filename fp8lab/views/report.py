@@ -64,7 +64,7 @@ def _table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
                                              formatters={c: _fmt for c in d.columns}, border=0) + "</div>")
 
 
-_DRAWN: list = []  # the progress counter of the page being drawn (fp8lab.progress.Counter), if any
+_DRAWN: list = []  # the progress counter of the page being drawn (fp8lab.core.progress.Counter), if any
 
 
 def _img(fig, alt: str) -> str:
@@ -115,7 +115,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
     FP8 statistics (fp8lab.fp8.stats.of_sources; default: found through the runs' sources); ``summary``: the
     runs' per-run summary at ``config``'s settings, if already made (e.g. the results index's)."""
-    from fp8lab.progress import Counter
+    from fp8lab.core.progress import Counter
 
     with Counter("drawing the report", unit="figure") as counter:
         _DRAWN.append(counter)

@@ -34,7 +34,7 @@ def test_bf16_loss_and_gradients_match_the_plain_path(tied, gpu_record):
     import torch
     import torch.nn.functional as F
 
-    from fp8lab.fused_loss import linear_cross_entropy
+    from fp8lab.train.fused_loss import linear_cross_entropy
 
     torch.manual_seed(0)
     n, h, v = 8192, 1024, 50_000

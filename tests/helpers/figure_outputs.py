@@ -1,5 +1,5 @@
 """The figures an executed notebook shows, as fp8lab.views.plots.show recorded them: each must be readable
-(fp8lab.figure_checks found nothing) and written as a PNG file into the notebook's working folder."""
+(fp8lab.views.figure_checks found nothing) and written as a PNG file into the notebook's working folder."""
 from __future__ import annotations
 
 import base64

@@ -1,5 +1,5 @@
 """The figure check (issue 49): every figure the report and the notebooks draw, drawn here from the committed
-results and the notebooks' own calls, breaks none of fp8lab.figure_checks' rules; and each rule catches the
+results and the notebooks' own calls, breaks none of fp8lab.views.figure_checks' rules; and each rule catches the
 figure it is written against. (The executed notebooks' figures are checked again in tests/notebooks/, from the
 metadata fp8lab.views.plots.show records.)"""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fp8lab.analysis import estimates, scaling
 from fp8lab.views import plots, report
 from fp8lab.fp8 import formats as F
 from fp8lab.views import formats as V
-from fp8lab.figure_checks import MAX_SIDE_PX, figure_problems
+from fp8lab.views.figure_checks import MAX_SIDE_PX, figure_problems
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_notebook_03_pair_figure_shows_the_gap(tmp_path):
 def test_notebook_02_error_figure_names_the_zero_series_instead_of_a_floor():
     from types import SimpleNamespace as NS
 
-    from fp8lab.convert_plots import error_per_layer_figure
+    from fp8lab.views.convert_plots import error_per_layer_figure
 
     on = NS(per_layer=[NS(rel_diff=v) for v in (0.11, 0.14, 0.16)])
     off = NS(per_layer=[NS(rel_diff=0.0)] * 3,

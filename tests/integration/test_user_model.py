@@ -157,11 +157,10 @@ def test_user_config_feeds_flops_layout_and_counts(tmp_path):
         assert model_flops_per_token(str(src), 32) == model_flops_per_token(mc, 32) > 0
     # the layout resolver reads the same ModelConfig fields
     c = TrainConfig(**{**RUN, "micro_batch_size": "auto"}, model=str(tmp_path / "gptneo"))
-    from fp8lab.core.hardware import Machine
-
+    from fp8lab.fp8.backends import detect_machine
     from fp8lab.plan.runplan import plan_run
 
-    p = plan_run(c, Machine.detect(torch.device("cpu"), 1, 0))
+    p = plan_run(c, detect_machine(torch.device("cpu"), 1, 0))
     assert p.micro_batch_size >= 1 and p.layout.memory.peak > 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from figure_outputs import longest_cell_output
-from fp8lab.cell_text import MAX_CELL_LINES
+from fp8lab.views.cell_text import MAX_CELL_LINES
 
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402

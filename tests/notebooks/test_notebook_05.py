@@ -10,7 +10,7 @@ import pytest
 
 from fp8lab import analysis
 from figure_outputs import assert_figures_readable_and_saved, longest_cell_output
-from fp8lab.cell_text import MAX_CELL_LINES
+from fp8lab.views.cell_text import MAX_CELL_LINES
 from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
 from fake_runs import make_pair
 

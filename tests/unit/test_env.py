@@ -85,12 +85,12 @@ def test_auto_below_cc_8_9_says_emulated_only_by_name(monkeypatch):
 
 
 def test_pick_backend_follows_the_trainers_auto_rule(monkeypatch):
-    """convert.pick_backend('auto') is fp8lab.plan.runplan.auto_fp8_backend on this process's machine, not a copy of it."""
-    import fp8lab.plan.runplan as plan
+    """convert.pick_backend('auto') is fp8lab.fp8.backends.auto_fp8_backend (the plan's rule) on this process's machine, not a copy of it."""
+    import fp8lab.fp8.backends as rules  # the auto rule's home, read by the plan and by pick_backend
     from fp8lab.fp8.convert import pick_backend
 
     seen = []
-    monkeypatch.setattr(plan, "auto_fp8_backend", lambda machine: (seen.append(machine) or "torchao", "stand-in"))
+    monkeypatch.setattr(rules, "auto_fp8_backend", lambda machine: (seen.append(machine) or "torchao", "stand-in"))
     assert pick_backend("auto") == "torchao" and seen[0].device == ("cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -103,15 +103,15 @@ def test_bad_assumptions_are_rejected():
     with pytest.raises(ValueError, match="node_efficiency"):
         estimates.MeasuredEstimate(node_efficiency=0)
     with pytest.raises(ValueError, match="instance_counts"):
-        estimates.plan_curve(["llama-1b"], ["bf16"], [0, 1], 10**9)
+        L.plan_curve(["llama-1b"], ["bf16"], [0, 1], 10**9)
     with pytest.raises(ValueError, match="instance_type"):
-        estimates.plan_curve(["llama-1b"], ["bf16"], [1], 10**9, instance_type="ml.x")
+        L.plan_curve(["llama-1b"], ["bf16"], [1], 10**9, instance_type="ml.x")
 
 
 def test_plan_curve_matches_the_plan_and_draws_readably():
     plan = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 2, 4], role=ROLE, bucket=BUCKET,
                         tokens=24 * 10**9)
-    curve = estimates.plan_curve(["llama-1b", "llama-7b"], ["bf16", "fp8"], list(range(1, 9)), 24 * 10**9)
+    curve = L.plan_curve(["llama-1b", "llama-7b"], ["bf16", "fp8"], list(range(1, 9)), 24 * 10**9)
     assert len(curve) == 2 * 2 * 8 and curve["measured"].all()
     got = curve.set_index(["model", "precision", "instances"])
     for j in plan.jobs:
@@ -133,8 +133,8 @@ def test_plan_curve_matches_the_plan_and_draws_readably():
 def test_plan_curve_takes_rate_and_hours_from_the_plan():
     """A row's rate was once the requested settings' (seq_len None: the measured run's own length) while its
     hours were the plan's (seq_len auto: 2048): the two disagreed wherever the measured run ran shorter."""
-    curve = estimates.plan_curve(["gptneo-125m", "llama-1b"], ["bf16", "fp8"], [1, 2], 24 * 10**9, backend="auto",
-                                 recipe="auto")
+    curve = L.plan_curve(["gptneo-125m", "llama-1b"], ["bf16", "fp8"], [1, 2], 24 * 10**9, backend="auto",
+                         recipe="auto")
     est = estimates.MeasuredEstimate()
     measured = curve[curve["measured"]]
     assert len(measured) == len(curve) == 8

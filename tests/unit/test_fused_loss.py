@@ -1,4 +1,4 @@
-"""The fused linear cross-entropy (fp8lab.fused_loss, issue 51) against the plain path, in fp32 on the CPU:
+"""The fused linear cross-entropy (fp8lab.train.fused_loss, issue 51) against the plain path, in fp32 on the CPU:
 loss within 1e-4 relative, gradients of the head and of the last hidden states within 1e-3, tied
 embeddings included (Llama-3.2 / Qwen2.5-style configs), and the decision and memory rules."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fp8lab import fused_loss
-from fp8lab.fused_loss import linear_cross_entropy
+from fp8lab.train import fused_loss
+from fp8lab.train.fused_loss import linear_cross_entropy
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -127,7 +127,7 @@ def test_loss_bytes_is_far_below_the_full_logits():
 
 def test_the_compiled_form_of_the_chunk_math_is_the_same_function():
     """``_chunk_math`` (what torch.compile gets on CUDA) against the in-place eager form, uncompiled here."""
-    from fp8lab.fused_loss import _chunk_math, _chunk_math_eager
+    from fp8lab.train.fused_loss import _chunk_math, _chunk_math_eager
 
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(13, 41, generator=g)

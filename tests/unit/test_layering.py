@@ -1,5 +1,9 @@
 """fp8lab's layering, read from the source with ``ast`` (nothing is imported):
 
+- the folders ("rooms") in one order, ``ROOMS``: each imports only the rooms below it, at module level and inside
+  functions alike (``UPWARD`` lists the exceptions, each with its reason), so no circle between folders; at most 12
+  modules at fp8lab's top level (the face) and none over 700 lines;
+
 - no cycle among fp8lab modules in their module-level imports (what runs on ``import``), nor counting
   the imports inside functions (``KNOWN_CYCLES`` is empty; an entry would need its reason);
 - no private name (``_x``) of one fp8lab module used by another, whether imported
@@ -19,11 +23,22 @@ from fp8lab.core.paths import REPO_ROOT
 
 PKG = REPO_ROOT / "fp8lab"
 
-# A private name used across modules on purpose, with the reason. Keep this list short.
-ALLOWED_PRIVATE = {
-    # convert.py maps HF checkpoints onto the fused decoder that backends/_fused.py builds; the
-    # fused model's helpers are not public API (they change with the fused layout).
-    ("fp8lab.fp8.convert", "fp8lab.fp8.fused"),
+# A private name used across modules on purpose, with the reason. Keep this list short (empty: none).
+ALLOWED_PRIVATE: set[tuple[str, str]] = set()
+
+# fp8lab's folders in import order: a module imports only modules of its own folder or of folders before it.
+# The face is fp8lab's top level (cli, env, notebooks, trainpair, ...).
+ROOMS = ("core", "records", "model", "fp8", "plan", "data", "train", "analysis", "launch", "views", "face")
+
+# Imports up the order that remain, and why (importer, imported). Nothing may join them.
+UPWARD = {
+    # a finished run's loss.png is the views' loss figure of the run's own table (matplotlib and pandas load only
+    # then, inside components.plot_loss); drawing it in train/ would be a second loss figure
+    ("fp8lab.train.components", "fp8lab.analysis"),
+    ("fp8lab.train.components", "fp8lab.views.plots"),
+    # the long-context study's reader (study_runs, speedup_table) reads result files as analysis does, a corrupt line
+    # named by file and line (RunFileError); a feature's reader belongs in analysis/ (issue 46, item 2)
+    ("fp8lab.plan.fp8attn", "fp8lab.analysis.load"),
 }
 
 
@@ -120,9 +135,22 @@ def _private(name: str) -> bool:
 
 
 def _shares_package(importer: str, source: str) -> bool:
-    """``source`` is ``importer``'s package or a module of it (below the root package)."""
+    """``source`` is ``importer``'s package or a module of it, not of a package inside it (below the root)."""
     pkg = _package(importer)
-    return pkg != "fp8lab" and (source == pkg or source.startswith(pkg + "."))
+    return pkg != "fp8lab" and (source == pkg or _package(source) == pkg)
+
+
+def room(module: str) -> str:
+    """The folder of ``fp8lab.<room>.x`` (or the package ``fp8lab.<room>``); 'face' for fp8lab's top level."""
+    parts = module.split(".")
+    if len(parts) > 1 and (len(parts) > 2 or MODULES[module].name == "__init__.py"):
+        return parts[1]
+    return "face"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) where the imported module's room comes after the importer's in ``ROOMS``."""
+    return {(m, t) for m, targets in graph.items() for t in targets if ROOMS.index(room(t)) > ROOMS.index(room(m))}
 
 
 def private_uses(trees: dict[str, ast.AST]) -> list[str]:
@@ -227,7 +255,7 @@ def test_no_private_names_across_modules():
 
 
 def test_private_use_checker_sees_both_forms(tmp_path):
-    src = "from fp8lab.analysis import _hidden\nfrom fp8lab import models\nmodels._secret()\n"
+    src = "from fp8lab.analysis import _hidden\nfrom fp8lab.model import models\nmodels._secret()\n"
     uses = private_uses({"fp8lab.views.report": ast.parse(src)})
     assert uses == ["fp8lab.views.report:1 imports _hidden from fp8lab.analysis", "fp8lab.views.report:3 uses models._secret"]
 
@@ -267,6 +295,7 @@ def test_names_moved_to_break_a_cycle_still_import_from_where_they_were(module, 
     ("fp8lab.core.hardware", {"fp8lab.launch", "fp8lab.train.entry", "fp8lab.records.metrics", "fp8lab.analysis"}),
     ("fp8lab.analysis", {"fp8lab.launch", "fp8lab.views.report", "fp8lab.views.plots"}),
     ("fp8lab.views.plots", {"fp8lab.views.report", "fp8lab.launch"}),
+    ("fp8lab.launch", {"fp8lab.analysis"}),  # the analysis package pulls pandas: not on `fp8lab launch`'s import
     ("fp8lab.model.config", {"fp8lab.model.models", "fp8lab.model.user"}),
     ("fp8lab.records.data_format", {"fp8lab.data.tokens", "fp8lab.data.checks", "fp8lab.records.ownership"}),
 ])
@@ -311,3 +340,39 @@ def test_unused_import_checker_sees_one():
     src = "from __future__ import annotations\nimport os\nimport re  # noqa: F401\nfrom typing import Any\n\n" \
           "def f(x: 'Any') -> None:\n    pass\n"
     assert unused_imports({"m": src}) == ["m:2 os"]
+
+
+def test_every_module_is_in_a_room():
+    assert {room(m) for m in MODULES} <= set(ROOMS), sorted({room(m) for m in MODULES} - set(ROOMS))
+    assert room("fp8lab.train.trainer") == "train" and room("fp8lab.analysis") == "analysis" and room("fp8lab.cli") == "face"
+
+
+def test_each_folder_imports_only_the_folders_below_it():
+    trees = _trees()
+    at_import = upward_imports(import_graph(trees))
+    anywhere = upward_imports(import_graph(trees, functions=True))
+    assert not at_import - UPWARD, "imports up the order at module level: " + "; ".join(
+        f"{m} -> {t}" for m, t in sorted(at_import - UPWARD))
+    assert not anywhere - UPWARD, "imports up the order (inside functions too): " + "; ".join(
+        f"{m} -> {t}" for m, t in sorted(anywhere - UPWARD))
+    assert anywhere >= UPWARD, f"UPWARD lists imports that are gone: {sorted(UPWARD - anywhere)}"
+
+
+def test_no_circle_between_folders():
+    graph = import_graph(_trees(), functions=True)
+    rooms: dict[str, set[str]] = {r: set() for r in ROOMS}
+    for m, targets in graph.items():
+        rooms[room(m)] |= {room(t) for t in targets} - {room(m)}
+    assert strongly_connected(rooms) == [], f"folders that import each other: {strongly_connected(rooms)}"
+
+
+def test_upward_import_checker_sees_one():
+    assert upward_imports({"fp8lab.core.paths": {"fp8lab.train.trainer", "fp8lab.core.validate"}}) == \
+        {("fp8lab.core.paths", "fp8lab.train.trainer")}
+
+
+def test_the_face_is_small_and_no_module_is_long():
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules at fp8lab's top level: {top}"
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 700}
+    assert not long, f"modules over 700 lines: {long}"

@@ -10,6 +10,7 @@ import pytest
 
 from fp8lab.plan import layout as fl
 from fp8lab.core.hardware import Machine
+from fp8lab.fp8.backends import detect_machine
 from fp8lab.plan.runplan import plan_run, select_backend
 from fp8lab.train.entry import TrainConfig
 
@@ -104,7 +105,7 @@ def test_the_trainer_refuses_a_job_planned_differently(tmp_path, monkeypatch):
     argv = ["--model", "llama-tiny", "--precision", "fp8", "--backend", "emulated", "--device", "cpu",
             "--steps", "1", "--progress", "off", "--dry-run"]
     here = plan_run(TrainConfig(model="llama-tiny", precision="fp8", backend="emulated", steps=1, dry_run=True),
-                    Machine.detect("cpu"))
+                    detect_machine("cpu"))
     assert main(argv, planned=here.decisions()) == 0
     other = {**here.decisions(), "micro_batch_size": 99}
     assert main(argv, planned=other) == EXIT_BAD_OPTIONS
@@ -112,9 +113,9 @@ def test_the_trainer_refuses_a_job_planned_differently(tmp_path, monkeypatch):
 
 def test_plan_curve_estimates_a_model_without_measurements():
     """plan_curve once raised AttributeError where no run was measured (its stand-in job had no model_cfg)."""
-    from fp8lab.analysis import estimates
+    from fp8lab.launch import plan_curve
 
-    curve = estimates.plan_curve(["llama-tiny"], ["bf16", "fp8"], [1, 2], 10**9)
+    curve = plan_curve(["llama-tiny"], ["bf16", "fp8"], [1, 2], 10**9)
     assert len(curve) == 4 and not curve["measured"].any()
     assert (curve["hours"] > 0).all() and curve.sort_values("instances")["hours"].is_monotonic_decreasing
 

@@ -18,7 +18,9 @@ import pkgutil
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
+from fp8lab.core.hardware import Machine
 from fp8lab.fp8.recipe import Recipe
+from fp8lab.core.pins import install_hint
 
 if TYPE_CHECKING:  # torch loads with a backend, not with the registry (fp8lab.plan.options reads the names)
     from torch import nn
@@ -71,6 +73,40 @@ def get_backend(name: str) -> Backend:
 def available_backends() -> dict[str, str | None]:
     """Backend name -> None if usable here, else the reason it is not."""
     return {n: get_backend(n).available() for n in backend_names()}
+
+
+FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+
+
+def detect_machine(device, world_size: int = 1, memory_gib: float = 0.0) -> Machine:
+    """This process's machine (``Machine.detect``) with the backends that cannot run on it, as this registry finds them."""
+    unusable = tuple((n, why) for n, why in available_backends().items() if why is not None)
+    return Machine.detect(device, world_size, memory_gib, unusable=unusable)
+
+
+def auto_fp8_backend(machine: Machine) -> tuple[str, str]:
+    """(the backend ``--backend auto`` runs FP8 on, why) on ``machine`` (the plan's ``select_backend`` and ``fp8lab.fp8.convert.pick_backend``)."""
+    if machine.te_usable:
+        return "te", "auto: Transformer Engine (usable here)"
+    if not machine.gpu:
+        return "emulated", "auto: the FP8 emulator (no CUDA GPU here)"
+    no_fp8 = None if machine.fp8 else (f"GPU {machine.name} has no FP8 tensor cores (compute capability below 8.9; "
+                                       f"FP8 needs Ada L4/L40, Hopper H100/H200 or Blackwell)")
+    raise ValueError(auto_refusal(dict(machine.unusable), no_fp8))
+
+
+def auto_refusal(unusable: dict[str, str | None], no_fp8: str | None) -> str:
+    """Why backend 'auto' picks nothing on this GPU machine, and the choices that remain: never a silent
+    pure-PyTorch FP8 on a GPU. ``unusable``: backend -> why it cannot run (None: it can); ``no_fp8``: why
+    the GPU has no FP8 tensor cores, or None."""
+    if no_fp8 is not None:  # below compute capability 8.9: no hardware FP8 at all
+        return (f"backend 'auto': {no_fp8}, so only emulated FP8 runs here: pass backend 'emulated' "
+                f"(--backend emulated; pure PyTorch, for learning the numerics, slower than bf16), or use "
+                f"an FP8 GPU")
+    alt = "'torchao' (usable here) or 'emulated'" if unusable.get("torchao") is None else "'emulated'"
+    return (f"backend 'auto': this machine has an FP8 GPU but Transformer Engine is not usable "
+            f"({unusable.get('te')}); {install_hint()}; or choose backend {alt} explicitly "
+            f"(emulated is pure PyTorch: slower than bf16, never for speed)")
 
 
 class BackendUnavailableError(RuntimeError):

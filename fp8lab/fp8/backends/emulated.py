@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8lab.fp8 import formats, stats as fp8stats
-from fp8lab.fp8.backends import DEFAULT_RECIPES, fused_targets, linear_targets, swap_modules
 from fp8lab.fp8 import fused as _fused
+from fp8lab.fp8.backends import DEFAULT_RECIPES, fused_targets, linear_targets, swap_modules
 from fp8lab.fp8.recipe import Recipe
 
 

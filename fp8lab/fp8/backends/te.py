@@ -22,8 +22,8 @@ import warnings
 import torch
 from torch import nn
 
-from fp8lab.fp8.backends import DEFAULT_RECIPES, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
 from fp8lab.fp8 import fused as _fused
+from fp8lab.fp8.backends import DEFAULT_RECIPES, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
 from fp8lab.core.pins import install_hint
 from fp8lab.fp8.recipe import Recipe
 

@@ -119,8 +119,6 @@ def identical_series(fig: Figure) -> list[str]:
 
 def figure_problems(fig: Figure, dpi: int = 110) -> list[str]:
     """One line per readability rule ``fig`` breaks (the module's docstring lists them); [] when none."""
-    from fp8lab.views.plots import figure_stats
-
     stats = figure_stats(fig, dpi=dpi)
     problems = []
     w, h = stats["width_px"], stats["height_px"]
@@ -136,3 +134,46 @@ def figure_problems(fig: Figure, dpi: int = 110) -> list[str]:
     problems += [f"labels overlap: {a!r} and {b!r}" for a, b in overlapping_labels(fig, renderer)]
     problems += identical_series(fig)
     return problems
+
+
+def to_png(fig: Figure, dpi: int = 110) -> bytes:
+    """The figure as PNG bytes (for HTML reports and notebook display)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _is_histogram(bars: BarContainer) -> bool:
+    """A histogram's bars (``ax.hist``) touch one another: a distribution, read as one shape, not bar by bar."""
+    p = bars.patches
+    if len(p) < 2:
+        return False
+    x0 = np.array([r.get_x() for r in p])
+    x1 = x0 + np.array([r.get_width() for r in p])
+    return bool(np.allclose(x1[:-1], x0[1:], rtol=1e-6, atol=1e-12 * max(1.0, float(np.abs(x1).max()))))
+
+
+def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
+    """What a reader faces in a figure: bars per panel (a stacked bar once, a histogram's bins not), legend entries, and its size in pixels at ``dpi``
+    (as :func:`to_png` renders it, or of ``png``, the figure already rendered at ``dpi``). Tests read
+    these from executed notebooks."""
+    import struct
+
+    png = png if png is not None else to_png(fig, dpi)
+    width, height = struct.unpack(">II", png[16:24])  # the PNG header's IHDR chunk
+    bars = []
+    for ax in fig.axes:
+        if ax.get_visible():
+            slots = set()  # a stacked bar's segments share their slot: one bar
+            for c in ax.containers:
+                if isinstance(c, BarContainer) and not _is_histogram(c):
+                    horizontal = getattr(c, "orientation", "vertical") == "horizontal"
+                    slots.update((horizontal, round(r.get_y() if horizontal else r.get_x(), 6),
+                                  round(r.get_height() if horizontal else r.get_width(), 6)) for r in c.patches)
+            bars.append(len(slots))
+    legend = sum(len(leg.get_texts()) for leg in fig.legends)
+    legend += sum(len(ax.get_legend().get_texts()) for ax in fig.axes if ax.get_legend() is not None)
+    return {"bars_per_panel": bars, "legend_entries": legend, "width_px": int(width), "height_px": int(height),
+            "dpi": dpi, "title": fig.get_suptitle()}

@@ -26,64 +26,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from fp8lab.core.validate import AUTO
-
-CHOICES = (AUTO, "on", "off")
-IGNORE_INDEX = -100  # targets equal to it add nothing to the loss or the mean's count (HF's convention)
-
-# Tokens per chunk: the chunk's fp32 logits near CHUNK_LOGIT_BYTES (a power of two of tokens, at least
-# MIN_CHUNK_TOKENS): 8,192 tokens at 128K-152K vocabularies, the whole 32,768-token micro-batch at 32K.
-# Measured on one H200 (benchmarks/fused_loss_bench.py, data/results/fused-loss-h200/loss-bench.json, head and
-# loss alone at 32,768 tokens, forward + backward): 8,192-token chunks 91.8 ms (Llama-3.2-1B) and 84.5 ms
-# (Qwen2.5-1.5B), 2,048-token chunks 102.6 and 95.3 ms; the plain loss 128.4 and 127.0 ms.
-CHUNK_LOGIT_BYTES = 5 * 2**30
-MIN_CHUNK_TOKENS = 1024
-
-# --fused-loss auto: on a GPU where vocabulary x tokens per micro-batch reaches this (the logits' elements).
-# The same benchmark: the chunked loss was faster than the plain one at every size measured, from the
-# smallest, llama-1b's 32,000 x 8,192 (2.6e8 logits: 5.3 against 7.5 ms), to Qwen2.5-1.5B's 151,936 x 32,768;
-# whole training steps agree (benchmarks/studies/fused_loss.md). Below the smallest size measured (e.g.
-# llama-7b's 2 x 2048 micro-batch) the plain loss is kept.
-AUTO_MIN_LOGITS = 32_000 * 8192
-# what the layout resolver counts for the fused loss instead of the plain path's logits (fp8lab.plan.layout.LOGIT_BYTES
-# per token and vocabulary entry): per logit of one chunk, and per weight of the head. Fitted to the peaks of the
-# study's runs (data/results/fused-loss-h200; its first runs with 4,096- and 2,048-token chunks, in
-# benchmarks/logs/fused-loss-session/call1-chunk2gib, peaked ~6 bytes per chunk logit lower); 9.0 puts the
-# estimates of its 128K+-vocabulary runs 1-6% above their measured peaks, llama-1b's 7-8%
-CHUNK_BYTES_PER_LOGIT = 9.0  # one chunk: its bf16 logits, their gradient and the compiled kernel's buffers
-WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
-
-
-def chunk_tokens(vocab: int, n_tokens: int) -> int:
-    """Tokens per chunk for this vocabulary: the chunk's fp32 logits near CHUNK_LOGIT_BYTES, at most all of them."""
-    c = MIN_CHUNK_TOKENS
-    while c * 2 * vocab * 4 <= CHUNK_LOGIT_BYTES:
-        c *= 2
-    return max(1, min(c, n_tokens))
-
-
-def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool) -> tuple[bool, str]:
-    """(the fused loss runs, why) for ``--fused-loss choice``. It is pure PyTorch: it runs on any device and
-    backend (TE, torchao, the emulator, the plain model), so ``on`` is never refused; ``auto`` follows the
-    measured rule (AUTO_MIN_LOGITS) on a GPU and stays off on a CPU (its logits are small there)."""
-    if choice not in CHOICES:
-        raise ValueError(f"--fused-loss={choice!r} is invalid; allowed: " + " | ".join(CHOICES))
-    logits = vocab * tokens_per_micro_batch
-    size = f"vocabulary {vocab:,} x {tokens_per_micro_batch:,} tokens per micro-batch = {logits:.3g} logits"
-    if choice == "on":
-        return True, f"--fused-loss on: {size}, chunked (the full logits never exist)"
-    if choice == "off":
-        return False, "--fused-loss off: the plain loss over the full fp32 logits"
-    if not gpu:
-        return False, "auto: off on a CPU (its micro-batches' logits are small; --fused-loss on runs it there too)"
-    if logits >= AUTO_MIN_LOGITS:
-        return True, f"auto: {size} >= {AUTO_MIN_LOGITS:.3g}, where the chunked loss was measured faster"
-    return False, f"auto: {size} < {AUTO_MIN_LOGITS:.3g} (the smallest size measured to pay): the plain loss"
-
-
-def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int) -> float:
-    """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum)."""
-    return CHUNK_BYTES_PER_LOGIT * vocab * chunk_tokens(vocab, tokens_per_micro_batch) + WEIGHT_GRAD_BYTES * vocab * hidden
+# the rule (vocabulary, auto, chunk size, memory) lives in the plan; re-exported here for the mechanism's readers
+from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, CHOICES, CHUNK_BYTES_PER_LOGIT, CHUNK_LOGIT_BYTES,  # noqa: F401
+                                    IGNORE_INDEX, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide, loss_bytes)
 
 
 # ------------------------------------------------------------------------------------------ the function
@@ -189,7 +134,7 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
                 raise
             import warnings
 
-            warnings.warn(f"fp8lab.fused_loss: torch.compile of the chunk math failed ({type(exc).__name__}: "
+            warnings.warn(f"fp8lab.train.fused_loss: torch.compile of the chunk math failed ({type(exc).__name__}: "
                           f"{str(exc)[:200]}); running it eagerly")
             _COMPILED[h2.device.type] = None
             math = _chunk_math_eager
@@ -323,7 +268,7 @@ def _head_class():
         import torch.nn as nn
 
         class FusedLossHead(nn.Linear):
-            """An LM head that, while fp8lab.fused_loss.targets is set, returns the mean loss (a scalar) in
+            """An LM head that, while fp8lab.train.fused_loss.targets is set, returns the mean loss (a scalar) in
             place of the logits; a plain ``nn.Linear`` otherwise."""
 
             def forward(self, x):
@@ -337,7 +282,7 @@ def _head_class():
     return _HEAD_CLASS
 
 
-def __getattr__(name: str):  # fp8lab.fused_loss.FusedLossHead, built on first use (no torch import at load)
+def __getattr__(name: str):  # fp8lab.train.fused_loss.FusedLossHead, built on first use (no torch import at load)
     if name == "FusedLossHead":
         return _head_class()
     raise AttributeError(name)

@@ -1,0 +1,4 @@
+"""``python -m fp8lab.data OUT_DIR --source ...``: the same as ``fp8lab prepare-data ...``."""
+from fp8lab.data.tokens import main
+
+raise SystemExit(main())
