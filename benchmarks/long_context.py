@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fp8lab.plan.fp8attn import study_runs  # noqa: E402  (the same reader as the notebook's figure)
+from fp8lab.analysis.long_context import study_runs  # noqa: E402  (the same reader as the notebook's figure)
 
 LAST = 10  # steps averaged for the loss comparison
 

@@ -36,9 +36,6 @@ UPWARD = {
     # then, inside components.plot_loss); drawing it in train/ would be a second loss figure
     ("fp8lab.train.components", "fp8lab.analysis"),
     ("fp8lab.train.components", "fp8lab.views.plots"),
-    # the long-context study's reader (study_runs, speedup_table) reads result files as analysis does, a corrupt line
-    # named by file and line (RunFileError); a feature's reader belongs in analysis/ (issue 46, item 2)
-    ("fp8lab.plan.fp8attn", "fp8lab.analysis.load"),
 }
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from fp8lab.analysis import long_context
 from fp8lab.plan import fp8attn
 from fp8lab.plan.config import TrainConfig
 from fp8lab.core.hardware import Machine
@@ -188,7 +189,7 @@ def _write_study(folder, tps=FIXTURE_TPS, tag="3b", model="llama-1b", val_loss=N
     from fp8lab.analysis import write_result_file
 
     for seq, values in tps.items():
-        for variant, t in zip(fp8attn.ROLES, values):
+        for variant, t in zip(long_context.ROLES, values):
             run = {"run_id": f"{model}-{variant}-{tag}-s{seq}", "variant": f"{variant}-{tag}-s{seq}", "model": model,
                    "precision": "bf16" if variant.endswith("bf16") else "fp8", "gpu_name": "NVIDIA H200",
                    "world_size": 1, "command": "fixture", "date": "2026-12-01T00:00:00Z", "versions": {}}
@@ -211,7 +212,7 @@ def test_the_long_context_figure_draws_one_bar_per_length_and_fp8_role(tmp_path)
     from fp8lab.views import plots
 
     _write_study(tmp_path)
-    table = fp8attn.speedup_table(tmp_path)
+    table = long_context.speedup_table(tmp_path)
     assert len(table) == 8 and set(table["role"]) == {"fp8", "fp8_attn"}
     fig = plots.long_context_figure(table)
     ax = fig.axes[0]
@@ -227,7 +228,7 @@ def test_the_long_context_figure_draws_one_bar_per_length_and_fp8_role(tmp_path)
 def test_without_the_study_the_figure_says_so(tmp_path):
     from fp8lab.views import plots
 
-    fig = plots.long_context_figure(fp8attn.speedup_table(tmp_path / "absent"))
+    fig = plots.long_context_figure(long_context.speedup_table(tmp_path / "absent"))
     assert "no long-context study committed yet" in " ".join(t.get_text() for t in fig.axes[0].texts)
 
 
@@ -284,7 +285,7 @@ def test_the_study_reader_names_a_corrupt_result_file_and_line(tmp_path):
     lines = bad.read_text().splitlines()
     bad.write_text("\n".join([lines[0], "{not json"] + lines[1:]) + "\n")
     with pytest.raises(RunFileError, match=rf"{bad.name}: line 2 is not valid JSON"):
-        fp8attn.study_runs(tmp_path)
+        long_context.study_runs(tmp_path)
 
 
 def test_the_committed_loss_check_is_what_auto_reads():
@@ -317,7 +318,7 @@ def test_the_figure_has_one_panel_per_model(tmp_path):
 
     _write_study(tmp_path)
     _write_study(tmp_path, {8192: (50.0, 70.0, 75.0)}, tag="7b", model="llama-7b")
-    table = fp8attn.speedup_table(tmp_path)
+    table = long_context.speedup_table(tmp_path)
     assert list(dict.fromkeys(table["model"])) == ["llama-1b", "llama-7b"]
     fig = plots.long_context_figure(table)
     assert len(fig.axes) == 2 and fig.axes[1].get_title().startswith("llama-7b on NVIDIA H200")
