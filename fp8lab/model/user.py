@@ -155,11 +155,11 @@ def check_config_dict(d: dict, where: str = "config.json"):
         said = " ".join(str(exc).split())[:300]
         raise ValueError(f"--model: {where} is not a valid {mt} config ({type(exc).__name__}: {said}); allowed: "
                          "the values transformers accepts") from None
+    if families.SUPPORTED[mt].layout == "llama" and rope.rope_type(hf) not in rope.known_types():
+        raise ValueError(f"--model: {where}: {rope.rope_problem(hf)}")
     if complaints:
         raise ValueError(f"--model: {where} is not a valid {mt} config (transformers: {complaints[0][:300]}); "
                          "allowed: the values transformers accepts")
-    if families.SUPPORTED[mt].layout == "llama" and rope.rope_type(hf) not in rope.known_types():
-        raise ValueError(f"--model: {where}: {rope.rope_problem(hf)}")
     validate_config(config_from_hf(hf), f"--model ({where})")
     return hf
 

@@ -34,6 +34,10 @@ def shrink(d: dict, **kw) -> dict:
     d = {**d, **SMALL, **kw}
     if "head_dim" in d:
         d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # the published ids index the published vocabulary:
+        v = d.get(k)                                             # the small one's last id stands in (issue 50)
+        if v is not None:
+            d[k] = [min(x, d["vocab_size"] - 1) for x in v] if isinstance(v, list) else min(v, d["vocab_size"] - 1)
     rs = d.get("rope_scaling")
     if isinstance(rs, dict) and "original_max_position_embeddings" in rs:
         d["rope_scaling"] = {**rs, "original_max_position_embeddings": ORIGINAL_MAX}

@@ -123,3 +123,23 @@ def test_only_the_committed_results_go_through_the_index(tmp_path):
     assert not index.is_committed_results(pd.DataFrame({"step": [1]}))
     # other summary settings than the index's: read the files
     assert index.committed_summary(warmup_steps=5) is None
+
+
+def test_cli_latency_doc_is_the_result_file():
+    """docs/cli-latency.md's table is generated from the committed benchmark result (benchmarks/cli_latency.py)."""
+    import importlib.util
+
+    from fp8lab.core.paths import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("cli_latency", REPO_ROOT / "benchmarks" / "cli_latency.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = json.loads((REPO_ROOT / "data" / "cli-latency.json").read_text(encoding="utf-8"))
+    assert set(result["commands"]) == set(bench.COMMANDS)  # every command of the issue's list measured
+    for name, row in result["commands"].items():
+        assert len(row["seconds"]) == result["repeats"] >= 3 and row["median_s"] == round(
+            sorted(row["seconds"])[len(row["seconds"]) // 2], 2), name
+    doc = bench.DOC.read_text(encoding="utf-8")
+    block = doc.split(bench.BEGIN, 1)[1].split(bench.END, 1)[0]
+    assert block == "\n" + bench.render_markdown(result), \
+        "docs/cli-latency.md is stale: python benchmarks/cli_latency.py --docs data/cli-latency.json"
