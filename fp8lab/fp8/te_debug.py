@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab.fp8 import stats as fp8stats
-from fp8lab.core.pins import installed_te
 
 PACKAGE = "nvdlfw-inspect"  # pip name (fp8lab/constraints-gpu.txt pins it); imported as nvdlfw_inspect
 TENSORS = {"activation": "x", "weight": "w", "gradient": "g"}  # TE's tensor names -> fp8lab's roles (fp8stats.KINDS)
@@ -57,6 +56,8 @@ def untested_te(checked: str | None) -> str | None:
     """None when the installed Transformer Engine is the release (major.minor) that the committed GPU check ran on
     (``checked``: fp8lab.fp8.stats.TE_DEBUG_CHECKED_TE), else why auto does not rely on the check here: TE's debug
     features and their statistics' names change between releases."""
+    from fp8lab.core.pins import installed_te
+
     here = installed_te()
     release = lambda v: ".".join(re.findall(r"\d+", v or "")[:2])  # noqa: E731
     if checked and here and release(here) == release(checked):
