@@ -42,8 +42,8 @@ INDEX=()
 if [ -n "${FP8LAB_WHEELS:-}" ]; then INDEX=(--no-index --find-links "$FP8LAB_WHEELS"); fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 PIPV=("$VENV/bin/python" -m pip --disable-pip-version-check)  # long steps: pip's own lines show progress
-# CPU installs: no byte-compiling of every installed module (minutes for ~250 packages on 2 cores);
-# Python compiles what is imported, once, on first import
+# (the CPU branch's installs add --no-compile: byte-compiling every module of ~250 packages takes minutes
+# on 2 cores; Python compiles what is imported, once, on first import)
 EXTRAS_ARGS=(-r requirements.txt -e ".[dev,aws,notebooks]")
 if [ -n "${FP8LAB_EXTRAS+set}" ]; then EXTRAS_ARGS=(-e ".${FP8LAB_EXTRAS:+[$FP8LAB_EXTRAS]}"); fi
 
