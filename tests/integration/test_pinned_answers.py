@@ -68,3 +68,22 @@ def test_launch_plan_unchanged(name):
     with contextlib.redirect_stdout(buf):
         assert launch_main(plan["argv"]) == 0
     assert buf.getvalue() == plan["stdout"]
+
+
+def pin() -> dict:
+    """The answers as the code gives them now: what ``pinned_answers.json`` holds."""
+    cal = committed_calibration()
+    plans = {}
+    for name, plan in PINNED["plans"].items():
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            launch_main(plan["argv"])
+        plans[name] = {"argv": plan["argv"], "stdout": buf.getvalue()}
+    return {"calibration": {"describe": cal.describe(), **{k: getattr(cal, k) for k in ("link_efficiency", "overlap",
+                                                                                         "overhead_ms")}},
+            "numbers": _answer().numbers(), "plans": plans, "verdict": _answer().verdict()}
+
+
+if __name__ == "__main__":  # a deliberate change of the answers (new runs): `python tests/integration/test_pinned_answers.py`
+    Path(__file__).with_name("pinned_answers.json").write_text(json.dumps(pin(), indent=1, sort_keys=True) + "\n",
+                                                               encoding="utf-8")
