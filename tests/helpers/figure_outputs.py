@@ -29,7 +29,8 @@ def assert_figures_readable_and_saved(executed: Path, folder: Path) -> list[str]
 
 
 def longest_cell_output(executed: Path) -> int:
-    """The most lines one code cell shows as text: its printed lines plus each result's plain-text form."""
+    """The most lines one code cell shows a person: its printed lines, a table's rows as the notebook renders it
+    (HTML), other results' plain-text lines; figures aside."""
     nb = nbformat.read(str(executed), as_version=4)
     most = 0
     for c in nb.cells:
@@ -37,7 +38,14 @@ def longest_cell_output(executed: Path) -> int:
             continue
         n = 0
         for o in c.outputs:
-            text = o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
-            n += len(text.rstrip("\n").splitlines()) if "image/png" not in o.get("data", {}) else 0
+            data = o.get("data", {})
+            if o.get("output_type") == "stream":
+                n += len(o.get("text", "").rstrip("\n").splitlines())
+            elif "text/html" in data:
+                n += data["text/html"].count("<tr")
+            elif "image/png" not in data and "text/markdown" not in data:
+                n += len(data.get("text/plain", "").rstrip("\n").splitlines())
+            elif "text/markdown" in data:
+                n += len(data["text/markdown"].rstrip("\n").splitlines())
         most = max(most, n)
     return most
