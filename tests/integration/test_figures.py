@@ -11,7 +11,7 @@ import torch
 from matplotlib.figure import Figure
 
 from fp8lab import analysis, launch, trainpair
-from fp8lab.analysis import estimates, scaling
+from fp8lab.analysis import scaling
 from fp8lab.views import plots, report
 from fp8lab.fp8 import formats as F
 from fp8lab.views import formats as V
@@ -67,7 +67,7 @@ def test_notebook_04_figures_are_readable_and_say_projected():
     models, tokens = ["llama-1b", "llama-7b"], 24 * 10**9
     plan = launch.plan_sweep(models, ["bf16", "fp8"], [1, 2, 4], tokens=tokens, role=launch.PLACEHOLDER_ROLE,
                              bucket=launch.PLACEHOLDER_BUCKET)
-    curve = estimates.plan_curve(models, ["bf16", "fp8"], list(range(1, 9)), tokens, estimate=plan.estimate)
+    curve = launch.plan_curve(models, ["bf16", "fp8"], list(range(1, 9)), tokens, estimate=plan.estimate)
     at = pd.concat([scaling.instance_table(plan.estimate, m, [1, 2, 4, 8, 16], tokens, price_per_hour=plan.price_per_hour)
                     for m in models])
     plan_fig, past = plots.plan_figure(curve), plots.instances_figure(at, analysis.load_reference())
