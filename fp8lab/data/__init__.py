@@ -4,16 +4,6 @@ and the checks of ``--data`` before anything is computed (``checks``).
 The names of the old top-level data module (now ``tokens`` here) still import from this package."""
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
+from fp8lab.core.lazy import old_module_names
 
-_HOME = "fp8lab.data.tokens"
-
-
-def __getattr__(name):  # PEP 562: the old module's names, loaded on first use (numpy and tokenizers stay off the checks' import path)
-    if name.startswith("__") or (Path(__file__).with_name(name + ".py")).is_file():
-        raise AttributeError(name)  # a module of this folder: the import system loads it
-    try:
-        return getattr(importlib.import_module(_HOME), name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = old_module_names(__file__, __name__, "fp8lab.data.tokens")  # numpy and tokenizers stay off the checks' import path

@@ -5,16 +5,6 @@ layout resolver (``layout``), CUDA graphs' and FP8 attention's rules (``graphs``
 The names of the old top-level plan module (now ``runplan`` here) still import from this package."""
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
+from fp8lab.core.lazy import old_module_names
 
-_HOME = "fp8lab.plan.runplan"
-
-
-def __getattr__(name):  # PEP 562: the old module's names, loaded on first use (importing fp8lab.plan.options loads no more than it needs)
-    if name.startswith("__") or (Path(__file__).with_name(name + ".py")).is_file():
-        raise AttributeError(name)  # a module of this folder: the import system loads it
-    try:
-        return getattr(importlib.import_module(_HOME), name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = old_module_names(__file__, __name__, "fp8lab.plan.runplan")  # importing fp8lab.plan.options loads no more than it needs
