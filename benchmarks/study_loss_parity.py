@@ -91,13 +91,31 @@ def run_args(args, name: str):
     return a
 
 
-def extra_args(args) -> list[str]:
-    # FP8 health every 10 steps, as session 11's committed runs sampled (the default then; now auto picks 100 at one
-    # micro-batch a step), read by fp8lab's hooks as then (auto would now pick TE's debug API where it is installed).
-    # Before the common arguments, so a --fp8-stats-every or --fp8-stats-source there wins.
-    return ["--fp8-stats-every", "10", "--fp8-stats-source", "fp8lab"] + shlex.split(args.common_args) + [
+def extra_args(args, name: str) -> list[str]:
+    # FP8 runs: FP8 health every 10 steps, as session 11's committed runs sampled (the default then; now auto picks 100
+    # at one micro-batch a step), read by fp8lab's hooks as then (auto would now pick TE's debug API where it is
+    # installed). Before the common arguments, so a --fp8-stats-every or --fp8-stats-source there wins. BF16 runs get
+    # neither: the trainer refuses FP8 statistics without FP8 (the committed BF16 runs' commands carried them unused).
+    common = shlex.split(args.common_args)
+    if "fp8" not in ALL_RUNS[name][0]:
+        common = _without(common, "--fp8-stats-every", "--fp8-stats-source")
+    health = ["--fp8-stats-every", "10", "--fp8-stats-source", "fp8lab"] if "fp8" in ALL_RUNS[name][0] else []
+    return health + common + [
         "--lr", args.lr, "--warmup-steps", str(args.warmup_steps), "--val-every", str(args.val_every),
         "--val-batches", str(args.val_batches), "--resume", "True", "--checkpoint-every", "0", "--keep-checkpoints", "1"]
+
+
+def _without(argv: list[str], *options: str) -> list[str]:
+    """``argv`` without the given options and their values."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not a.startswith(tuple(o + "=" for o in options)):
+            out.append(a)
+    return out
 
 
 def run_id_of(args, name: str) -> str:
@@ -117,8 +135,8 @@ def finish_run(args, name: str, work: Path, out: Path, cmd: list[str], t0: float
 
     a = run_args(args, name)
     variant = ALL_RUNS[name][0]
-    res = collect_variant(args.model, variant, flags_of(args, name), extra_args(args), a, work, cmd, t0)
-    run_id, out_dir, _ = variant_command(args.model, variant, flags_of(args, name), extra_args(args), a, work)
+    res = collect_variant(args.model, variant, flags_of(args, name), extra_args(args, name), a, work, cmd, t0)
+    run_id, out_dir, _ = variant_command(args.model, variant, flags_of(args, name), extra_args(args, name), a, work)
     corpus = res["run"]["corpus"]  # throughput.collect_variant's, from --data's manifest
     res["run"].update(study=args.study, loss_comparable=True, seed=a.seed, corpus=corpus,
                       epochs=res["summary"]["tokens"] / corpus["train_tokens"])
@@ -133,7 +151,7 @@ def finish_run(args, name: str, work: Path, out: Path, cmd: list[str], t0: float
 
 def launch(args, name: str, work: Path, gpu: int | None):
     a = run_args(args, name)
-    run_id, out_dir, cmd = variant_command(args.model, ALL_RUNS[name][0], flags_of(args, name), extra_args(args), a, work)
+    run_id, out_dir, cmd = variant_command(args.model, ALL_RUNS[name][0], flags_of(args, name), extra_args(args, name), a, work)
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
     log = open(work / f"{run_id}.log", "a")
     print(f"[parity] {run_id}: start{' on GPU ' + str(gpu) if gpu is not None else ''} ({a.steps} steps)", flush=True)
