@@ -15,6 +15,7 @@ import pandas as pd
 
 from fp8lab.analysis.conclusion import verdict_parts
 from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
+from fp8lab.analysis.time_to_loss import time_to_loss as same_loss_table
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args, compare_precisions)
 
@@ -66,6 +67,11 @@ class Answer:
         the conclusion and the source's figures)."""
         return verdict_parts(self.comparison, reference=self.reference, loss_tolerance_pct=loss_tolerance_pct,
                              answer=self)
+
+    def time_to_loss(self, runs: pd.DataFrame) -> pd.DataFrame:
+        """Per model with a loss study in ``runs``: the tokens, time and cost FP8 takes to reach BF16's final
+        validation loss, beside the tokens/s speed-up (:func:`fp8lab.analysis.time_to_loss.time_to_loss`)."""
+        return same_loss_table(self, runs)
 
     def costs(self) -> pd.DataFrame:
         """The time and cost of the budget per model and precision, in the columns of

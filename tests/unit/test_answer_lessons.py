@@ -56,3 +56,17 @@ def test_peak_memory_is_each_best_runs_own_and_the_cache_is_the_memory_models(tm
     assert t["fp8_weight_cache_gib"] == weight_cache_gib("llama-7b") == pytest.approx(
         2 * mcfg.num_layers * block_matmul_params(mcfg) / 2**30)
     assert np.isnan(weight_cache_gib("no-such-model"))
+
+
+@pytest.mark.slow  # reads every committed result file
+def test_the_answer_states_the_time_to_the_same_loss():
+    """Issue 49: the Answer itself carries FP8's time to BF16's final validation loss (what notebook 05 and the
+    README show), the same table the module computes."""
+    runs = analysis.load_runs()
+    summary = analysis.summarize_runs(runs)
+    answer = analysis.Answer.of(summary, reference=analysis.load_reference())
+    loss_runs, _ = analysis.headline_runs(runs, summary, answer.rows)
+    got = answer.time_to_loss(loss_runs)
+    pd.testing.assert_frame_equal(got, time_to_loss(answer, loss_runs))
+    row = got.set_index("model").loc["llama-1b"]
+    assert 0 < row["time_ratio"] < 1  # FP8 reaches BF16's final loss sooner, counting tokens and speed together
