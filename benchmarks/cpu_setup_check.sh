@@ -28,7 +28,10 @@ summary() {  # result.md from the steps so far (rewritten after each step: a cut
   echo
   echo "command: \`bash benchmarks/cpu_setup_check.sh\`, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "checkout: $(git -C "$CLEAN" rev-parse --short HEAD) ; $(python3 --version 2>&1) ; $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
-  echo "load average (1, 5, 15 min): $START_LOAD at the start, $(load) at the end (above the core count: other jobs shared the machine, so every figure is slower than on an idle one)"
+  local busy=""
+  awk -v l="$START_LOAD" -v n="$(nproc)" 'BEGIN { split(l, a, " "); exit !(a[1] > n) }' \
+    && busy=" (above the core count: other jobs shared the machine, so every figure is slower than on an idle one)"
+  echo "load average (1, 5, 15 min): $START_LOAD at the start, $(load) at the end$busy"
   echo
   echo "| step | seconds | exit |"
   echo "|---|---|---|"

@@ -12,19 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab import analysis
 from fp8lab.launch.cli import main as launch_main
 from fp8lab.analysis.scaling import committed_calibration
+from committed_answer import committed_answer
 
 PINNED = json.loads((Path(__file__).with_name("pinned_answers.json")).read_text(encoding="utf-8"))
-_CACHE: dict = {}
-
-
-def _answer() -> analysis.Answer:
-    if not _CACHE:
-        summary = analysis.summarize_runs(analysis.load_runs())
-        _CACHE["a"] = analysis.Answer.of(summary, reference=analysis.load_reference())
-    return _CACHE["a"]
+_answer = committed_answer  # read once per test process (tests/helpers/committed_answer.py)
 
 
 def _same(got, want, where):
