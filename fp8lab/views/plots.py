@@ -499,13 +499,15 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     title = "Tokens/s/GPU relative to the best BF16 run, per model (one GPU)"
     if not len(best):
         return _finish(_empty(title), save)
-    groups = [(m, g[g["role"] != "best FP8"]) for m, g in best.groupby("model", sort=False)]  # best FP8: its recipe's bar
-    if len(groups) > MAX_HEADLINE_PANELS:  # a screen's worth: fp8lab's own shapes first, model folders in the table
-        from fp8lab.model.models import MODEL_CONFIGS
-
-        named = [x for x in groups if x[0] in MODEL_CONFIGS]
-        groups = (named + [x for x in groups if x[0] not in MODEL_CONFIGS])[:MAX_HEADLINE_PANELS]
-        title += f" ({len(groups)} of {len(best['model'].unique())} models; every model in the table)"
+    # the headline table's models (analysis.headline_table): FP8 runs with no BF16 run to compare against head nothing
+    groups = [(m, g[g["role"] != "best FP8"]) for m, g in best.groupby("model", sort=False)  # best FP8: its recipe's bar
+              if (g["role"] == "best BF16").any()]
+    if len(groups) > MAX_HEADLINE_PANELS:  # a screen's worth: the models with the most bars (comparisons) first
+        n_models = len(groups)
+        def bars(x):  # measured roles, and the source's reported bar where there is one
+            return x[1]["role"].nunique() + bool(reference is not None and len(reference_for(reference, x[0])))
+        groups = sorted(groups, key=lambda x: -bars(x))[:MAX_HEADLINE_PANELS]  # stable: ties keep the table's order
+        title += f" (the {len(groups)} of {n_models} models with the most bars; all {n_models} in the table)"
     has_ref = reference is not None and len(reference)
     roles = sorted({r for _, g in groups for r in g["role"]}, key=_slot_order)
     with_ref = has_ref and any(len(reference_for(reference, m)) for m, _ in groups)

@@ -34,6 +34,18 @@ def test_every_report_figure_is_readable(committed):
     assert all(p == [] for p in problems.values()), {k: v for k, v in problems.items() if v}
 
 
+def test_headline_figure_counts_the_models_of_the_headline_table(committed):
+    """docs/headline.png sits beside the README's headline table: its panels are models of that table and its title
+    counts the table's rows (a model with FP8 runs and no BF16 run heads neither)."""
+    _, _, a = committed
+    fig = plots.headline_figure(analysis.best_runs(a.summary), a.reference)
+    table = list(a.headline["model"])
+    panels = [ax.get_title().split(" (")[0] for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert panels and set(panels) <= set(table)
+    assert f" of {len(table)} models" in fig._suptitle.get_text()
+    assert "llama-1b" in panels and "llama-7b" in panels  # the models the source reported, with plain-HF baselines
+
+
 def test_every_detail_figure_of_notebook_05_is_readable(committed):
     runs, config, a = committed
     figs = {"throughput": plots.throughput_figure(a.summary), "speedup": plots.speedup_figure(a.comparison, a.reference),
