@@ -247,6 +247,9 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
             top.plot(x, sm, color=c, lw=2.0 if base else 1.6, ls="--" if base else "-", zorder=4 if base else 3,
                      label=entry[group[run_id]] if first else "_nolegend_", gid=f"smoothed:{run_id}")
             curves[run_id] = (is_fp8(r["precision"].iloc[0]), x, sm)
+        if x_col == "tokens":  # "20M", not "2.0" under a "1e7" offset
+            for ax in axes[:, col]:
+                ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))
         top.set_title(panel_title, fontsize=10 if panel_title != str(model) else None)
         top.set_ylabel("loss")
         # losses fall from the top left, so the legend sits top right; long labels (recipe settings)
