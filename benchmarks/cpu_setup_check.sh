@@ -33,9 +33,7 @@ summary() {  # result.md from the steps so far (rewritten after each step: a cut
     && busy=" (above the core count: other jobs shared the machine, so every figure is slower than on an idle one)"
   echo "load average (1, 5, 15 min): $START_LOAD at the start, $(load) at the end$busy"
   echo
-  echo "| step | seconds | exit |"
-  echo "|---|---|---|"
-  tail -n +2 "$OUT/steps.tsv" | awk -F'\t' '{ printf "| %s | %s | %s |\n", $1, $2, $3 }'
+  steps_table
   echo
   for t in tests_fast tests_slow; do
     line=$(awk -v t="$t" '/^=== /{ cur = $2 } cur == t":" && /(passed|failed).* in [0-9.]+s/ { last = $0 } END { print last }' "$OUT/log.txt")
@@ -46,17 +44,12 @@ summary() {  # result.md from the steps so far (rewritten after each step: a cut
 } >"$OUT/result.md"
 }
 
-step() {  # step NAME COMMAND...: run in $CLEAN, time it, log it; later steps still run
-  local name=$1 t0 rc; shift
-  echo "=== $name: $* (load average $(load))" >>"$OUT/log.txt"
-  t0=$(date +%s.%N)
-  (cd "$CLEAN" && "$@") >>"$OUT/log.txt" 2>&1; rc=$?
-  printf '%s\t%s\t%s\n' "$name" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')" "$rc" >>"$OUT/steps.tsv"
-  [ "$rc" = 0 ] || FAILED=1
+step_note() { echo " (load average $(load))"; }
+after_step() {  # the clone's and home's paths hidden in the log; result.md rewritten (a cut-off run keeps what it measured)
   sed -i "s#$CLEAN-home#<home>#g; s#$CLEAN#<clone>#g" "$OUT/log.txt"
-  echo "[cpu_setup_check] $name: exit $rc"
   summary "the steps so far (the run goes on)"
 }
+. "$SRC/benchmarks/steps.sh"
 
 START_LOAD=$(load)
 rm -rf "$CLEAN" "$CLEAN-home" && mkdir -p "$CLEAN-home"

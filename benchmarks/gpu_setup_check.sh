@@ -21,15 +21,7 @@ mkdir -p "$OUT"
 : >"$OUT/log.txt"
 printf 'step\tseconds\texit\n' >"$OUT/steps.tsv"
 FAILED=0
-step() {  # step NAME COMMAND...: run in $CLEAN, time it, log it; later steps still run
-  local name=$1 t0 rc; shift
-  echo "=== $name: $*" >>"$OUT/log.txt"
-  t0=$(date +%s.%N)
-  (cd "$CLEAN" && "$@") >>"$OUT/log.txt" 2>&1; rc=$?
-  printf '%s\t%s\t%s\n' "$name" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')" "$rc" >>"$OUT/steps.tsv"
-  [ "$rc" = 0 ] || FAILED=1
-  echo "[gpu_setup_check] $name: exit $rc"
-}
+. "$SRC/benchmarks/steps.sh"
 
 rm -rf "$CLEAN" && mkdir -p "$CLEAN"
 # the files as they are (the device machine's copy of .git may not match its working tree), less what
@@ -60,9 +52,7 @@ rm -rf "$OUT/nb"
   echo "checkout: ${FP8LAB_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)} ; python3 $(python3 --version 2>&1 | cut -d" " -f2)"
   echo "versions in the venv: $("$CLEAN/.venv/bin/python" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("torch", "transformer_engine", "torchao", "transformers", "papermill")))' 2>&1)"
   echo
-  echo '| step | seconds | exit |'
-  echo '|---|---|---|'
-  tail -n +2 "$OUT/steps.tsv" | awk -F'\t' '{ printf "| %s | %s | %s |\n", $1, $2, $3 }'
+  steps_table
   echo
   echo "result: $([ "$FAILED" = 0 ] && echo 'all steps passed' || echo 'FAILED (see log.txt)')"
 } >"$OUT/result.md"
