@@ -158,7 +158,7 @@ class Session:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.collector = make_collector()
         features = Path(importlib.util.find_spec("transformer_engine.debug").submodule_search_locations[0]) / "features"
-        debug_api.initialize(config_file=config(self.every, self.recipe.kind == "delayed"), feature_dirs=[str(features)],
+        debug_api.initialize(config_file=config(self.every, self.recipe.row.history), feature_dirs=[str(features)],
                              statistics_logger=self.collector, log_dir=str(self.log_dir), init_training_step=NEVER)
         self.active = True
         return self
@@ -206,7 +206,7 @@ class DebugHealth(fp8stats.HealthStats):
         debug_api.initialize_training_step(NEVER)
         self._sampled = None
         layers = rows(self.session.collector.take(), step, self.formats,
-                      per_tensor=self.session.recipe.kind in ("delayed", "current"))
+                      per_tensor=self.session.recipe.row.per_tensor)
         if not layers:
             return None
         return self.with_warnings({"record": fp8stats.RECORD, "step": step, "layers": layers, "source": fp8stats.TE_DEBUG})

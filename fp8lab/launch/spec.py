@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fp8lab.launch import limits
-from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
+from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo, at_least
+from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.plan.layout import AUTO_FIELDS
 from fp8lab.plan.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
 from fp8lab.plan.config import TrainConfig
@@ -119,7 +120,7 @@ class JobSpec:
     role: str = ""  # SageMaker execution role ARN (required)
     bucket: str = ""  # S3 bucket for code, outputs and checkpoints (required)
     backend: str = _default("backend")  # auto: TE (FP8 on, or off for BF16: both run the same layers); or te | torchao
-    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.fp8.recipe kinds; auto: the backend's); mxfp8 needs Blackwell
+    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.fp8.recipe kinds; auto: the backend's); a kind's row says the GPU it needs
     instance_type: str = "ml.p5.48xlarge"
     instance_count: int = 1
     tokens: int | None = _default("tokens")  # training tokens over all GPUs; exactly one of tokens / steps
@@ -186,8 +187,10 @@ class JobSpec:
                 f"JobSpec.precision='fp8' needs FP8 tensor cores, which {self.instance_type} ({info.gpu}) "
                 f"does not have; use one of: {fp8_types}"
             )
-        if self.precision == "fp8" and self.recipe.partition(":")[0] == "mxfp8" and not info.blackwell:
-            raise ValueError(f"JobSpec.recipe='mxfp8' needs Blackwell GPUs; {self.instance_type} has {info.gpu}")
+        kind = RECIPE_TABLE.get(self.recipe.partition(":")[0])  # the kind's row: the GPU generation it needs
+        if self.precision == "fp8" and kind is not None and not at_least(info.generation, kind.needs):
+            raise ValueError(f"JobSpec.recipe={self.recipe.partition(':')[0]!r} needs {kind.needs.title()} GPUs; "
+                             f"{self.instance_type} has {info.gpu}")
         if not is_count(self.instance_count):
             raise bad("instance_count", self.instance_count, "an integer >= 1")
         if (allowed := limits.volume_problem(self.volume_gb)) is not None:
