@@ -27,7 +27,7 @@ class RecipeKind:
     te_class: str  # transformer_engine.common.recipe.<te_class> (Recipe.to_te)
     te_check: str | None  # transformer_engine.pytorch.<te_check>(return_reason=True) before use (None: FP8 suffices)
     torchao: str | None  # torchao's float8 recipe it maps to (None: torchao cannot run it; Recipe.to_torchao)
-    quantizer: str  # the emulator's quantizer (fp8lab.fp8.backends.emulated): delayed | current | blockwise | mxfp8
+    quantizer: str  # the emulator's quantizer: its name in fp8lab.fp8.formats (fp8lab.fp8.backends.emulated)
     blocks: tuple[Any, Any] | None  # the quantizer's blocks: (activations and gradients, weights); None: per tensor
     formats: tuple[str, ...]  # the formats it takes, its default first (Recipe.format)
     history: bool  # the scale comes from an amax history (amax_history_len, amax_compute_algo, TE's margin)
@@ -46,18 +46,22 @@ class RecipeKind:
 
 
 TABLE: dict[str, RecipeKind] = {
-    "delayed": RecipeKind("DelayedScaling", None, None, "delayed", None, ("hybrid", "e4m3"), history=True, needs="ada",
+    # per tensor, the scale from an amax history of earlier steps: TE's default
+    "delayed": RecipeKind(te_class="DelayedScaling", te_check=None, torchao=None, quantizer="DelayedScaling",
+                          blocks=None, formats=("hybrid", "e4m3"), history=True, needs="ada",
                           fp8_attention=("hopper", "blackwell"), style=("#d95f02", "")),
-    "current": RecipeKind("Float8CurrentScaling", None, "tensorwise", "current", None, ("hybrid", "e4m3"), history=False,
+    # per tensor, the scale from this tensor's own amax: torchao's tensorwise recipe
+    "current": RecipeKind(te_class="Float8CurrentScaling", te_check=None, torchao="tensorwise",
+                          quantizer="quantize_current", blocks=None, formats=("hybrid", "e4m3"), history=False,
                           needs="ada", fp8_attention=("blackwell",), style=("#1b9e77", "//")),
-    # TE's shapes: 1x128 activation and gradient blocks, 128x128 weight blocks
-    "block": RecipeKind("Float8BlockScaling", "is_fp8_block_scaling_available", None, "blockwise",
-                        ((1, 128), (128, 128)), ("e4m3",), history=False, needs="hopper",
-                        fp8_attention=(), style=("#7570b3", "..")),
+    # TE's shapes: 1x128 activation and gradient blocks, 128x128 weight blocks; E4M3 gradients too
+    "block": RecipeKind(te_class="Float8BlockScaling", te_check="is_fp8_block_scaling_available", torchao=None,
+                        quantizer="quantize_blockwise", blocks=((1, 128), (128, 128)), formats=("e4m3",),
+                        history=False, needs="hopper", fp8_attention=(), style=("#7570b3", "..")),
     # 32-element blocks along the last dimension, power-of-two scales
-    "mxfp8": RecipeKind("MXFP8BlockScaling", "is_mxfp8_available", None, "mxfp8", (32, 32),
-                        ("e4m3",), history=False, needs="blackwell", fp8_attention=("blackwell",),
-                        style=("#e7298a", "xx")),
+    "mxfp8": RecipeKind(te_class="MXFP8BlockScaling", te_check="is_mxfp8_available", torchao=None,
+                        quantizer="quantize_mxfp8", blocks=(32, 32), formats=("e4m3",), history=False,
+                        needs="blackwell", fp8_attention=("blackwell",), style=("#e7298a", "xx")),
 }
 KINDS = tuple(TABLE)
 

@@ -148,8 +148,8 @@ def fp8_gpu_problem() -> str | None:
 
 def fused_problem(hf_config) -> str | None:
     """Why the fused conversion cannot represent this transformers config exactly, or None
-    (``backends/_fused.py`` has the rules; torch loads with it)."""
-    from fp8lab.fp8.fused import fused_problem as problem
+    (``fp8lab.fp8.fused`` has the rules)."""
+    from fp8lab.fp8.fused import fused_problem as problem  # torch: the registry is read by planning
 
     return problem(hf_config)
 
@@ -181,7 +181,7 @@ def linear_targets(model: nn.Module, module_filter: ModuleFilter | None) -> list
 
 def fused_targets(model: nn.Module, module_filter: ModuleFilter | None) -> None:
     """Check the GEMM shapes of the fused blocks of an HF model before building anything."""
-    from fp8lab.fp8.fused import decoder_layers, spec_from_hf
+    from fp8lab.fp8.fused import decoder_layers, spec_from_hf  # torch: the registry is read by planning
 
     s = spec_from_hf(model)
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim

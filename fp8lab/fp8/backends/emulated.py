@@ -63,7 +63,7 @@ class TensorQuantizers:
         self.delayed = {
             role: formats.DelayedScaling(recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin, fmt)
             for role, fmt in self.fmt.items()
-        } if self.row.quantizer == "delayed" else {}
+        } if self.row.quantizer == "DelayedScaling" else {}
 
     def __call__(self, role: str, t: torch.Tensor) -> torch.Tensor:
         if not fp8stats.watching():
@@ -76,21 +76,21 @@ class TensorQuantizers:
     def _scale(self, role: str, t: torch.Tensor):
         """The per-tensor scale of this cast; None for the block recipes (a scale per block)."""
         quantizer, fmt = self.row.quantizer, self.fmt[role]
-        if quantizer == "delayed":
+        if quantizer == "DelayedScaling":
             return self.delayed[role].scale
-        if quantizer == "current":
+        if quantizer == "quantize_current":
             return formats.current_scale(t, fmt, self.recipe.margin)
         return None
 
     def _quantize(self, role: str, t: torch.Tensor) -> torch.Tensor:
         quantizer, fmt, margin = self.row.quantizer, self.fmt[role], self.recipe.margin
-        if quantizer == "delayed":
+        if quantizer == "DelayedScaling":
             return self.delayed[role].step(t)
-        if quantizer == "current":
+        if quantizer == "quantize_current":
             return formats.quantize_current(t, fmt, margin=margin)
-        if quantizer == "blockwise":
+        if quantizer == "quantize_blockwise":
             return formats.quantize_blockwise(t, fmt, block=self.row.block(role), margin=margin)
-        if quantizer == "mxfp8":
+        if quantizer == "quantize_mxfp8":
             return formats.quantize_mxfp8(t, fmt, block=self.row.block(role))
         raise ValueError(f"the emulator has no quantizer {quantizer!r} (Recipe(kind={self.recipe.kind!r}))")
 
