@@ -27,7 +27,8 @@ class GPU:
     module's docstring); ``hbm``: HBM bandwidth in bytes/s, what memory-bound kernels (casts, norms,
     elementwise, the optimizer) scale with; ``nvlink``: NVLink bytes/s per GPU and direction (NVIDIA quotes
     900 GB/s for H100/H200 SXM, NVLink 4, and 1.8 TB/s for B200, NVLink 5, both directions together; half of
-    that each way); ``generation``: hopper | blackwell, where TE's FP8 fused attention runs (fp8lab.plan.fp8attn).
+    that each way); ``generation``: one of :data:`GENERATIONS` (what runs on it: FP8 from Ada on, :func:`has_fp8`;
+    a recipe kind's ``needs`` and TE's FP8 attention, fp8lab.fp8.recipe.TABLE).
     """
 
     fragment: str
@@ -59,11 +60,18 @@ GPUS: tuple[GPU, ...] = (
     GPU("A100 80GB", memory_gib=79.2, hbm=2.0e12),
     GPU("A100-SXM4-80GB", memory_gib=79.2, hbm=2.0e12),  # torch's name for the SXM part: no "A100 80GB" in it
     GPU("A100 40GB", memory_gib=39.4),
-    GPU("A100", memory_gib=39.4, bf16=312e12, hbm=1.555e12, nvlink=300e9),
-    GPU("L40S", bf16=362e12, fp8=733e12, hbm=0.864e12),
-    GPU("L40", bf16=181e12, fp8=362e12, hbm=0.864e12),  # before "L4", which it contains
-    GPU("L4", bf16=121e12, fp8=242e12, hbm=0.3e12),
+    GPU("A100", "ampere", memory_gib=39.4, bf16=312e12, hbm=1.555e12, nvlink=300e9),
+    GPU("L40S", "ada", bf16=362e12, fp8=733e12, hbm=0.864e12),
+    GPU("L40", "ada", bf16=181e12, fp8=362e12, hbm=0.864e12),  # before "L4", which it contains
+    GPU("L4", "ada", bf16=121e12, fp8=242e12, hbm=0.3e12),
 )
+
+# GPU generations in order, with the compute capability each starts at (NVIDIA's CUDA GPU list). FP8 tensor cores
+# exist from Ada (8.9) on: the one statement of "this GPU has FP8" (has_fp8), for a GPU seen or planned.
+GENERATIONS: dict[str, tuple[int, int]] = {"ampere": (8, 0), "ada": (8, 9), "hopper": (9, 0), "blackwell": (10, 0)}
+FP8_GENERATION = "ada"
+FP8_CAPABILITY = GENERATIONS[FP8_GENERATION]
+FP8_CAPABILITY_TEXT = ".".join(map(str, FP8_CAPABILITY))  # "8.9", as messages write it
 
 
 def _column(fact: str) -> tuple[tuple[str, Any], ...]:
@@ -86,6 +94,25 @@ def gpu_spec(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
         if gpu_name and key.lower() in gpu_name.lower():
             return value
     return None
+
+
+def generation(gpu: str | tuple[int, int] | None) -> str | None:
+    """The generation of a GPU by name (:data:`GPUS`) or by compute capability ``(major, minor)``; None: before
+    Ampere, or a name the table does not know."""
+    if isinstance(gpu, tuple):
+        started = [g for g, cc in GENERATIONS.items() if tuple(gpu) >= cc]
+        return started[-1] if started else None
+    return gpu_spec(GPU_GENERATION, gpu)
+
+
+def at_least(gen: str | None, needed: str) -> bool:
+    """Whether generation ``gen`` is ``needed`` or later (None: no)."""
+    return gen is not None and GENERATIONS[gen] >= GENERATIONS[needed]
+
+
+def has_fp8(gpu: str | tuple[int, int] | None) -> bool:
+    """Whether a GPU (by name, or by compute capability) has FP8 tensor cores: Ada (8.9) and later."""
+    return at_least(generation(gpu), FP8_GENERATION)
 
 
 def peak_bf16_flops(gpu_name: str | None) -> float | None:
@@ -144,7 +171,7 @@ class Machine:
         total = props.total_memory / 2**30
         te_ok = "te" not in dict(unusable)
         return cls("cuda", props.name, min(total, memory_gib) if memory_gib else total, world_size,
-                   te_usable=te_ok, fp8=(props.major, props.minor) >= (8, 9), unusable=unusable)
+                   te_usable=te_ok, fp8=has_fp8((props.major, props.minor)), unusable=unusable)
 
     @classmethod
     def planned(cls, gpu_name: str, world_size: int, fp8: bool) -> "Machine":
@@ -162,22 +189,33 @@ class Machine:
 
 @dataclass(frozen=True)
 class InstanceInfo:
-    """What a SageMaker instance type offers for this experiment."""
+    """What a SageMaker instance type offers for this experiment (its GPU's generation and FP8 from :data:`GPUS`)."""
 
     gpus: int  # GPUs per instance = torchrun processes per node
     gpu: str
-    fp8: bool  # FP8 tensor cores (Hopper / Blackwell); A100 has none
     bf16_tflops: float  # dense BF16 peak per GPU (vendor datasheet), for time estimates
-    blackwell: bool = False  # MXFP8 recipes need Blackwell in Transformer Engine
+
+    @property
+    def generation(self) -> str | None:
+        return generation(self.gpu)
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 tensor cores (Hopper / Blackwell here); A100 has none."""
+        return has_fp8(self.gpu)
+
+    @property
+    def blackwell(self) -> bool:
+        return self.generation == "blackwell"
 
 
 INSTANCES: dict[str, InstanceInfo] = {
-    "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", True, 989.0),
-    "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
-    "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", True, 989.0),
-    "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", True, 2250.0, blackwell=True),
-    "ml.p4d.24xlarge": InstanceInfo(8, "A100 40GB", False, 312.0),
-    "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", False, 312.0),
+    "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", 989.0),
+    "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", 989.0),
+    "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", 989.0),
+    "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", 2250.0),
+    "ml.p4d.24xlarge": InstanceInfo(8, "A100 40GB", 312.0),
+    "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", 312.0),
 }
 
 # On-demand USD per instance-hour used when no price is passed. ASSUMPTION, not a quote:

@@ -32,9 +32,10 @@ from fp8lab.records.data_format import (  # noqa: F401 - the on-disk facts, re-e
     text_files, tokenized_here,
 )
 from fp8lab.data import checks as data_checks
-from fp8lab.core.validate import Check, is_count
+from fp8lab.records import ownership
+from fp8lab.core.validate import Check, OneLineParser, is_count, parse_count
 from fp8lab.core.paths import DATA_DIR
-from fp8lab.core.probes import check_member
+from fp8lab.core.probes import check_member, check_writable_dir
 
 EOS_TOKEN = "<|endoftext|>"  # appended after every document, so windows can span documents
 DEFAULT_VOCAB = 32000  # Llama-2's vocabulary size: the 1B/7B models' embedding tables have 32000 rows
@@ -208,8 +209,6 @@ class _ShardWriter:
         self.documents = 0
 
     def _open(self) -> None:
-        from fp8lab.records import ownership
-
         name = f"{self.split}_{len(self.shards):05d}.bin"
         self._fh = ownership.new_file(self.out_dir / name)  # O_EXCL: never over a file, never through a link
         ownership.record(self.out_dir, name, pending=True)
@@ -308,8 +307,6 @@ def corpus_record(data_dir: str | Path) -> dict[str, Any]:
 def _fresh_writers(out: Path, dtype: np.dtype, shard_tokens: int) -> dict[str, _ShardWriter]:
     """Claim ``out`` (refused when it holds files fp8lab did not write: fp8lab.records.ownership), remove an
     earlier preparation's own files, and make a shard writer for each split."""
-    from fp8lab.records import ownership
-
     ownership.refuse_foreign("out_dir", out, "tokens")
     ownership.remove_own(out, "tokens")
     ownership.claim(out, "tokens")
@@ -344,8 +341,6 @@ def _write_documents(docs: Iterable[str], tok: Any, eos: int, writers: dict[str,
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """Write ``manifest.json`` into ``out`` atomically (a temporary file, then a rename)."""
-    from fp8lab.records import ownership
-
     ownership.write_file(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     shards = [sh["file"] for sp in manifest["splits"].values() for sh in sp["shards"]]
     ownership.record(out, MANIFEST, manifest["tokenizer"], *shards)  # fp8lab's files, with their digests
@@ -385,8 +380,6 @@ def prepare_data(
     index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
     if writers["val"].tokens == 0 or writers["train"].tokens == 0:
         raise ValueError(f"source has too few documents ({index}) for a train/val split with val_fraction={val_fraction}")
-    from fp8lab.records import ownership
-
     ownership.write_file(out / "tokenizer.json", tok.to_str())
     manifest = {
         "format": FORMAT,
@@ -570,8 +563,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m fp8lab.data OUT_DIR [--source ...]``: prepare a token folder (e.g. a SageMaker channel)."""
     import sys
 
-    from fp8lab.core.validate import OneLineParser, parse_count
-
     p = OneLineParser(prog="fp8lab prepare-data", description="Tokenize text into fp8lab token shards.")
     p.add_argument("out_dir", help="folder to write manifest.json, tokenizer.json and the shards into")
     p.add_argument("--source", nargs="+", default=None,
@@ -584,14 +575,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
     try:
-        from fp8lab.data import checks as data_checks
-        from fp8lab.records import ownership
-        from fp8lab.core import probes
-
         _check_prepare_args(args.val_fraction, args.shard_tokens)
         if args.tokenizer is None:
             _check_vocab_size(args.vocab_size)
-        probes.check_writable_dir("OUT_DIR", args.out_dir)
+        check_writable_dir("OUT_DIR", args.out_dir)
         ownership.refuse_foreign("OUT_DIR", args.out_dir, "tokens")
         data_checks.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)
         m = prepare_data(source, args.out_dir, args.tokenizer, args.val_fraction, vocab_size=args.vocab_size,

@@ -4,14 +4,77 @@ The defaults are Transformer Engine's own (``DelayedScaling`` with the HYBRID fo
 weights and activations, E5M2 for gradients; amax history 1024, algorithm ``max``, margin 0), so a
 ``Recipe()`` means the same thing on every backend. Each backend either maps a recipe faithfully
 or refuses it with a ValueError that names what it can do instead.
+
+What each recipe kind is and can do is one row of :data:`TABLE` (:class:`RecipeKind`): TE's recipe class and
+availability check (by name, resolved only where TE is imported), torchao's name, the emulator's quantizer, the
+formats it takes, the GPU generation it needs, where TE runs FP8 attention with it, and its colour in the figures.
+Every place that acts on a kind reads its row (``fp8lab.fp8.backends``, ``fp8lab.plan.fp8attn``,
+``fp8lab.launch.spec``, ``fp8lab.views.plots``); adding a kind is a row here (and a quantizer in the emulator if
+its numerics are new). Torch-free: planning and the launcher read it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("delayed", "current", "block", "mxfp8")
 FORMATS = ("hybrid", "e4m3")
+
+
+@dataclass(frozen=True)
+class RecipeKind:
+    """One recipe kind: what it is on each backend and where it runs."""
+
+    te_class: str  # transformer_engine.common.recipe.<te_class> (Recipe.to_te)
+    te_check: str | None  # transformer_engine.pytorch.<te_check>(return_reason=True) before use (None: FP8 suffices)
+    torchao: str | None  # torchao's float8 recipe it maps to (None: torchao cannot run it; Recipe.to_torchao)
+    quantizer: str  # the emulator's quantizer: its name in fp8lab.fp8.formats (fp8lab.fp8.backends.emulated)
+    blocks: tuple[Any, Any] | None  # the quantizer's blocks: (activations and gradients, weights); None: per tensor
+    formats: tuple[str, ...]  # the formats it takes, its default first (Recipe.format)
+    history: bool  # the scale comes from an amax history (amax_history_len, amax_compute_algo, TE's margin)
+    needs: str  # the first GPU generation TE runs it on (fp8lab.core.hardware.GENERATIONS)
+    fp8_attention: tuple[str, ...]  # GPU generations where TE's FP8 dot-product attention runs with it (fp8lab.plan.fp8attn)
+    style: tuple[str, str]  # (colour, bar hatch) in the figures (fp8lab.views.plots)
+
+    @property
+    def per_tensor(self) -> bool:
+        """One scale per tensor (delayed, current), not one per block."""
+        return self.blocks is None
+
+    def block(self, role: str) -> Any:
+        """The block of a tensor role (x: input, w: weight, g: output gradient): (rows, cols), elements, or None."""
+        return None if self.blocks is None else self.blocks[role == "w"]
+
+
+TABLE: dict[str, RecipeKind] = {
+    # per tensor, the scale from an amax history of earlier steps: TE's default
+    "delayed": RecipeKind(te_class="DelayedScaling", te_check=None, torchao=None, quantizer="DelayedScaling",
+                          blocks=None, formats=("hybrid", "e4m3"), history=True, needs="ada",
+                          fp8_attention=("hopper", "blackwell"), style=("#d95f02", "")),
+    # per tensor, the scale from this tensor's own amax: torchao's tensorwise recipe
+    "current": RecipeKind(te_class="Float8CurrentScaling", te_check=None, torchao="tensorwise",
+                          quantizer="quantize_current", blocks=None, formats=("hybrid", "e4m3"), history=False,
+                          needs="ada", fp8_attention=("blackwell",), style=("#1b9e77", "//")),
+    # TE's shapes: 1x128 activation and gradient blocks, 128x128 weight blocks; E4M3 gradients too
+    "block": RecipeKind(te_class="Float8BlockScaling", te_check="is_fp8_block_scaling_available", torchao=None,
+                        quantizer="quantize_blockwise", blocks=((1, 128), (128, 128)), formats=("e4m3",),
+                        history=False, needs="hopper", fp8_attention=(), style=("#7570b3", "..")),
+    # 32-element blocks along the last dimension, power-of-two scales
+    "mxfp8": RecipeKind(te_class="MXFP8BlockScaling", te_check="is_mxfp8_available", torchao=None,
+                        quantizer="quantize_mxfp8", blocks=(32, 32), formats=("e4m3",), history=False,
+                        needs="blackwell", fp8_attention=("blackwell",), style=("#e7298a", "xx")),
+}
+KINDS = tuple(TABLE)
+
+
+def kinds_where(test) -> tuple[str, ...]:
+    """The kinds whose row passes ``test`` (in table order), e.g. those TE runs FP8 attention with on Hopper."""
+    return tuple(k for k, row in TABLE.items() if test(row))
+
+
+def _names(kinds: tuple[str, ...], word: str = "or") -> str:
+    return f" {word} ".join(repr(k) for k in kinds)
+
+
 AMAX_ALGOS = ("max", "most_recent")
 SETTINGS = ("format", "amax_history_len", "amax_compute_algo", "margin")  # what "kind:key=value,..." may set
 
@@ -50,9 +113,10 @@ class Recipe:
             raise ValueError(f"Recipe.margin must be a non-negative integer, got {m!r}")
         if not isinstance(self.fp8_attention, bool):
             raise ValueError(f"Recipe.fp8_attention must be True or False, got {self.fp8_attention!r}")
-        if self.kind in ("block", "mxfp8") and self.format != "e4m3":
-            # TE's Float8BlockScaling and MXFP8BlockScaling quantise gradients in E4M3 as well
-            raise ValueError(f"Recipe(kind={self.kind!r}) uses E4M3 for every tensor: pass format='e4m3'")
+        allowed = TABLE[self.kind].formats
+        if self.format not in allowed:  # e.g. TE's block recipes quantise gradients in E4M3 as well
+            raise ValueError(f"Recipe(kind={self.kind!r}) " + ("uses E4M3 for every tensor: pass format='e4m3'"
+                             if allowed == ("e4m3",) else f"takes format {' | '.join(allowed)}"))
 
     @classmethod
     def parse(cls, spec: "str | Recipe | None") -> "Recipe":
@@ -69,7 +133,7 @@ class Recipe:
             kind, _, rest = spec.partition(":")
             if kind not in KINDS:
                 raise ValueError(f"recipe must be a Recipe or one of {KINDS} (optionally 'kind:key=value,...'), got {spec!r}")
-            kw: dict[str, Any] = {"format": "e4m3" if kind in ("block", "mxfp8") else "hybrid"}
+            kw: dict[str, Any] = {"format": TABLE[kind].formats[0]}
             for item in filter(None, (x.strip() for x in rest.split(","))):
                 key, eq, value = item.partition("=")
                 key = key.strip()
@@ -83,8 +147,9 @@ class Recipe:
                         raise ValueError(f"recipe {spec!r}: {key} must be an integer, got {value!r}") from None
                 else:
                     kw[key] = value
-            if kind != "delayed" and ({"amax_history_len", "amax_compute_algo"} & set(kw)):
-                raise ValueError(f"recipe {spec!r}: amax_history_len and amax_compute_algo apply to 'delayed' only")
+            if not TABLE[kind].history and ({"amax_history_len", "amax_compute_algo"} & set(kw)):
+                raise ValueError(f"recipe {spec!r}: amax_history_len and amax_compute_algo apply to "
+                                 f"{_names(kinds_where(lambda r: r.history))} only")
             return cls(kind=kind, **kw)
         raise ValueError(f"recipe must be a Recipe, one of {KINDS}, or None; got {type(spec).__name__}")
 
@@ -95,6 +160,11 @@ class Recipe:
         return self.kind + (":" + ",".join(diff) if diff else "")
 
     @property
+    def row(self) -> RecipeKind:
+        """What this recipe's kind is on each backend (its row of :data:`TABLE`)."""
+        return TABLE[self.kind]
+
+    @property
     def grad_format_name(self) -> str:
         """The FP8 format of gradients: E5M2 under HYBRID, else E4M3."""
         return "E5M2" if self.format == "hybrid" else "E4M3"
@@ -102,7 +172,7 @@ class Recipe:
     def describe(self) -> str:
         extra = (
             f", amax_history_len={self.amax_history_len}, amax_compute_algo={self.amax_compute_algo}"
-            if self.kind == "delayed" else ""
+            if self.row.history else ""
         )
         attn = ", FP8 attention" if self.fp8_attention else ""
         return f"{self.kind} scaling, {self.format.upper()} (grads {self.grad_format_name}), margin={self.margin}{extra}{attn}"
@@ -111,20 +181,18 @@ class Recipe:
         """The Transformer Engine recipe object (imports TE: call only where it is installed)."""
         from transformer_engine.common import recipe as te_recipe
 
+        row = self.row
+        cls = getattr(te_recipe, row.te_class)
         fmt = te_recipe.Format.HYBRID if self.format == "hybrid" else te_recipe.Format.E4M3
         attn = {"fp8_dpa": True} if self.fp8_attention else {}  # TE's FP8 dot-product attention (fp8lab.plan.fp8attn)
-        if self.kind == "delayed":
-            return te_recipe.DelayedScaling(
-                margin=self.margin, fp8_format=fmt, amax_history_len=self.amax_history_len,
-                amax_compute_algo=self.amax_compute_algo, **attn,
-            )
+        if row.history:
+            return cls(margin=self.margin, fp8_format=fmt, amax_history_len=self.amax_history_len,
+                       amax_compute_algo=self.amax_compute_algo, **attn)
         if self.margin:
             raise ValueError(f"TE's {self.kind} recipe has no margin; use margin=0 (margin is a delayed-scaling knob)")
-        if self.kind == "block":
-            if attn:
-                raise ValueError("TE has no FP8 attention for block scaling (Float8BlockScaling); use kind='delayed'")
-            return te_recipe.Float8BlockScaling(fp8_format=fmt)
-        cls = te_recipe.Float8CurrentScaling if self.kind == "current" else te_recipe.MXFP8BlockScaling
+        if attn and not row.fp8_attention:
+            raise ValueError(f"TE has no FP8 attention for {self.kind} scaling ({row.te_class}); use "
+                             f"kind={kinds_where(lambda r: bool(r.fp8_attention))[0]!r}")
         return cls(fp8_format=fmt, **attn)
 
     def to_torchao(self) -> Any:
@@ -133,9 +201,10 @@ class Recipe:
         ``current`` + ``hybrid`` -> the default ``tensorwise`` recipe (E5M2 gradients); ``current``
         + ``e4m3`` -> ``tensorwise`` with E4M3 gradients. Other kinds raise with the alternatives.
         """
-        if self.kind != "current":
+        if self.row.torchao is None:
             raise ValueError(
-                f"torchao float8 training supports dynamic per-tensor scaling only (Recipe(kind='current')); "
+                f"torchao float8 training supports dynamic per-tensor scaling only "
+                f"(Recipe(kind={_names(kinds_where(lambda r: r.torchao is not None))})); "
                 f"{self.kind!r} scaling is available on the 'te' backend (and 'emulated' for study)"
             )
         if self.margin:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check
+from fp8lab.records import metrics as fmetrics
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
 # --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.runplan.fp8_stats_decision). te-debug: TE's
@@ -278,6 +279,13 @@ def _te_hooks(model) -> list[str]:
     return names
 
 
+def _formats():
+    """fp8lab.fp8.formats, imported when a TE module's casts are read: it imports torch, and planning reads this module."""
+    from fp8lab.fp8 import formats
+
+    return formats
+
+
 class _TEHook:
     """One TE module's operands: input (normalised as the module does), weights, output gradient."""
 
@@ -290,8 +298,7 @@ class _TEHook:
     def __call__(self, module, args, output) -> None:
         if not watching() or not getattr(module, "fp8", False):
             return
-        from fp8lab.fp8 import formats
-
+        formats = _formats()
         mlp = self.kind == "LayerNormMLP"
         first = f"{self.name}.fc1" if mlp else self.name
         if (first, "x") in _ACTIVE._seen:  # a later micro-batch of the sampled step: nothing to compute
@@ -310,8 +317,7 @@ class _TEHook:
 
     @staticmethod
     def _grad_format(module):
-        from fp8lab.fp8 import formats
-
+        formats = _formats()
         rec = module.fp8_meta.get("recipe")
         fmt = getattr(getattr(rec, "fp8_format", None), "name", "HYBRID")
         return formats.E5M2 if fmt == "HYBRID" else formats.E4M3
@@ -319,8 +325,7 @@ class _TEHook:
     @staticmethod
     def _scale(module, which: str, index: int, t, fmt):
         """TE's delayed-scaling scale for this operand, else (current scaling) max / amax, as TE computes it."""
-        from fp8lab.fp8 import formats
-
+        formats = _formats()
         rec = module.fp8_meta.get("recipe")
         meta = module.fp8_meta.get(which)
         delayed = bool(getattr(rec, "delayed", lambda: False)())  # TE's Recipe.delayed(): a scale from the history
@@ -346,8 +351,6 @@ class _TEHook:
 def read(path) -> list[dict[str, Any]]:
     """The fp8_stats records of a trainer folder (its metrics.jsonl) or of a result file."""
     from pathlib import Path
-
-    from fp8lab.records import metrics as fmetrics
 
     p = Path(path)
     p = p / "metrics.jsonl" if p.is_dir() else p

@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fp8lab.core import pins
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 
@@ -57,9 +58,7 @@ def untested_te(checked: str | None) -> str | None:
     """None when the installed Transformer Engine is the release (major.minor) that the committed GPU check ran on
     (``checked``: fp8lab.fp8.stats.TE_DEBUG_CHECKED_TE), else why auto does not rely on the check here: TE's debug
     features and their statistics' names change between releases."""
-    from fp8lab.core import pins  # looked up at call time: tests stand in another installed release
-
-    here = pins.installed_te()
+    here = pins.installed_te()  # looked up at call time: tests stand in another installed release
     release = lambda v: ".".join(re.findall(r"\d+", v or "")[:2])  # noqa: E731
     if checked and here and release(here) == release(checked):
         return None
@@ -158,7 +157,7 @@ class Session:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.collector = make_collector()
         features = Path(importlib.util.find_spec("transformer_engine.debug").submodule_search_locations[0]) / "features"
-        debug_api.initialize(config_file=config(self.every, self.recipe.kind == "delayed"), feature_dirs=[str(features)],
+        debug_api.initialize(config_file=config(self.every, self.recipe.row.history), feature_dirs=[str(features)],
                              statistics_logger=self.collector, log_dir=str(self.log_dir), init_training_step=NEVER)
         self.active = True
         return self
@@ -206,7 +205,7 @@ class DebugHealth(fp8stats.HealthStats):
         debug_api.initialize_training_step(NEVER)
         self._sampled = None
         layers = rows(self.session.collector.take(), step, self.formats,
-                      per_tensor=self.session.recipe.kind in ("delayed", "current"))
+                      per_tensor=self.session.recipe.row.per_tensor)
         if not layers:
             return None
         return self.with_warnings({"record": fp8stats.RECORD, "step": step, "layers": layers, "source": fp8stats.TE_DEBUG})

@@ -24,10 +24,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fp8lab.launch import limits
-from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo
+from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo, Machine, at_least
+from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
+from fp8lab.model import user as user_model
+from fp8lab.model.models import MODEL_CONFIGS, config_from_hf, get_config
 from fp8lab.plan.layout import AUTO_FIELDS
 from fp8lab.plan.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
-from fp8lab.plan.config import TrainConfig
+from fp8lab.plan.config import TrainConfig, option_problem, recipe_problem  # trainer options: the trainer's own checks
+from fp8lab.plan import runplan  # runplan.plan_run looked up at call time (tests count its calls)
 from fp8lab.core.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
 
 # ----------------------------------------------------------------------------------------------
@@ -60,8 +64,6 @@ def _default(name: str) -> Any:
 
 
 def _model_names() -> list[str]:
-    from fp8lab.model.models import MODEL_CONFIGS
-
     return list(MODEL_CONFIGS)
 
 
@@ -119,7 +121,7 @@ class JobSpec:
     role: str = ""  # SageMaker execution role ARN (required)
     bucket: str = ""  # S3 bucket for code, outputs and checkpoints (required)
     backend: str = _default("backend")  # auto: TE (FP8 on, or off for BF16: both run the same layers); or te | torchao
-    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.fp8.recipe kinds; auto: the backend's); mxfp8 needs Blackwell
+    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.fp8.recipe kinds; auto: the backend's); a kind's row says the GPU it needs
     instance_type: str = "ml.p5.48xlarge"
     instance_count: int = 1
     tokens: int | None = _default("tokens")  # training tokens over all GPUs; exactly one of tokens / steps
@@ -164,8 +166,6 @@ class JobSpec:
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
-        from fp8lab.plan.config import option_problem, recipe_problem  # trainer options: the trainer's own checks
-
         for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
             if not one_of(choices)(getattr(self, name)):
                 raise bad(name, getattr(self, name), ", ".join(choices))
@@ -186,8 +186,10 @@ class JobSpec:
                 f"JobSpec.precision='fp8' needs FP8 tensor cores, which {self.instance_type} ({info.gpu}) "
                 f"does not have; use one of: {fp8_types}"
             )
-        if self.precision == "fp8" and self.recipe.partition(":")[0] == "mxfp8" and not info.blackwell:
-            raise ValueError(f"JobSpec.recipe='mxfp8' needs Blackwell GPUs; {self.instance_type} has {info.gpu}")
+        kind = RECIPE_TABLE.get(self.recipe.partition(":")[0])  # the kind's row: the GPU generation it needs
+        if self.precision == "fp8" and kind is not None and not at_least(info.generation, kind.needs):
+            raise ValueError(f"JobSpec.recipe={self.recipe.partition(':')[0]!r} needs {kind.needs.title()} GPUs; "
+                             f"{self.instance_type} has {info.gpu}")
         if not is_count(self.instance_count):
             raise bad("instance_count", self.instance_count, "an integer >= 1")
         if (allowed := limits.volume_problem(self.volume_gb)) is not None:
@@ -255,8 +257,6 @@ class JobSpec:
         an s3:// prefix is mounted as it is) and the trainer runs ``--model /opt/ml/input/data/model``.
         For s3:// the plan cannot read the config, so ``model_config`` (the config.json contents, as a
         dict) is required: it is validated like a folder's and gives the FLOPs and memory estimates."""
-        from fp8lab.model import user as user_model
-
         models = _model_names()
         allowed = ", ".join(models) + ", a local model folder (config.json + optional *.safetensors) or an s3:// URI of one"
         if not isinstance(self.model, str) or not self.model:
@@ -301,9 +301,6 @@ class JobSpec:
     @functools.cached_property  # a frozen dataclass: written straight into __dict__
     def model_cfg(self):
         """fp8lab's ModelConfig of the job's model (named, folder or model_config), built once."""
-        from fp8lab.model.models import config_from_hf, get_config
-        from fp8lab.model import user as user_model
-
         if self.model_config is not None:
             return config_from_hf(user_model.check_config_dict(self.model_config, "JobSpec.model_config"))
         return get_config(self.model)
@@ -312,9 +309,6 @@ class JobSpec:
         """Plan this job as the trainer plans a run (fp8lab.plan.runplan.plan_run), for the instance's GPU at
         8 x instance_count ranks; a job the trainer would refuse is refused here. The plan is kept
         (``spec.plan``); no field of the spec changes."""
-        from fp8lab.core.hardware import Machine
-        from fp8lab.plan.runplan import plan_run
-
         if not isinstance(self.options, dict):
             raise ValueError(f"JobSpec.options={self.options!r} is invalid; allowed: a dict of trainer options")
         unknown = sorted(set(self.options) - set(_TRAINER_DEFAULTS))
@@ -326,7 +320,7 @@ class JobSpec:
         try:
             with _local_model(self) as local:  # the model channel's path exists only inside the job
                 machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
-                plan = plan_run(self.trainer_config(model=local), machine)
+                plan = runplan.plan_run(self.trainer_config(model=local), machine)
         except ValueError as exc:
             raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x {self.instance_type}): "
                              f"the trainer would refuse this job: {exc}") from None
@@ -384,8 +378,6 @@ class JobSpec:
         if self.model_config is None:
             out.pop("model_config")  # named models: the identity (and job names) as before
         if self.is_folder_model and not self.model.startswith("s3://"):
-            from fp8lab.model import user as user_model
-
             out["model"] = user_model.identity(self.model)  # the config, not where the folder sits on this machine
             weights = user_model.weights_digest(self.model)  # and the weights: same config, other weights, other job
             if weights is not None:

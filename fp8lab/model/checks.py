@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 
 from fp8lab.core.paths import is_inside
+from fp8lab.records.data_format import tokenizer_problem
 from fp8lab.core.validate import BOOL, POSITIVE_INT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_num, one_of, optional
 
 # ------------------------------------------------------------------------------------ config.json
@@ -235,8 +236,6 @@ def check_tokenizer_files(folder: Path, root: Path, names: tuple[str, ...]) -> N
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"--model: tokenizer file {name!r} cannot be read ({type(exc).__name__})") from None
         if name == "tokenizer.json":
-            from fp8lab.records.data_format import tokenizer_problem
-
             why = tokenizer_problem(p)
             if why:
                 raise ValueError(f"--model: tokenizer file 'tokenizer.json' does not load as a tokenizer ({why}); "

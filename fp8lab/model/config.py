@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+from fp8lab.model import families
+
 FAMILIES = ("llama", "gptneo")
 
 
@@ -167,8 +169,7 @@ def config_from_hf(c) -> ModelConfig:
     """Our ``ModelConfig`` for a transformers config of a supported family (``fp8lab.model.families``): the
     shape, biases and windows (FLOPs, memory plans and counts need nothing else; the RoPE variant is
     not represented, it changes no count)."""
-    from fp8lab.model import families
-    from fp8lab.model.rope import rope_parameters
+    from fp8lab.model.rope import rope_parameters  # torch: ModelConfig and the named shapes stay torch-free
 
     mt = getattr(c, "model_type", None)
     if mt in families.SUPPORTED and families.SUPPORTED[mt].layout == "llama":

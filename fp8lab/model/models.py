@@ -20,6 +20,7 @@ from fp8lab.model.config import (  # noqa: F401 - re-exported
     FAMILIES, FROM_CONFIG_ONLY, MODEL_CONFIGS, ModelConfig, config_from_hf, default_dtype, init_from_config,
     to_hf_config, validate_config,
 )
+from fp8lab.model import user as user_model
 
 
 def get_config(name: str, **overrides: Any) -> ModelConfig:
@@ -27,8 +28,6 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
 
     ``name`` may also be a user's model folder or ``hf:<repo id>`` (see ``fp8lab.model.user``): its
     ``config.json`` is read (nothing is built) and overrides are refused (edit the config instead)."""
-    from fp8lab.model import user as user_model
-
     if user_model.is_user_model(name):
         if overrides:
             raise ValueError(f"model overrides ({', '.join(sorted(overrides))}) apply to the named models only; "
@@ -80,8 +79,6 @@ def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int |
     touching the global RNG (None: use it). Overrides are ``ModelConfig`` fields.
     """
     import torch
-
-    from fp8lab.model import user as user_model
 
     cfg = get_config(name, **overrides)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):

@@ -145,7 +145,7 @@ def check_config_dict(d: dict, where: str = "config.json"):
     model_checks.check_config_fields(d, where)  # field by field, before transformers reads them
     from transformers import AutoConfig
 
-    from fp8lab.model import rope
+    from fp8lab.model import rope  # torch: a folder's config is read without it
 
     body = {k: v for k, v in d.items() if k != "model_type"}
     try:

@@ -14,7 +14,10 @@ from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES,
                             FP8_STATS_SOURCES, FUSED_LOSS,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
+from fp8lab.fp8.backends import fused_problem
 from fp8lab.fp8.stats import DEFAULT_EVERY_TEXT as DEFAULT_STATS_TEXT
+from fp8lab.model import user as user_model
+from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
 from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
 from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
                              STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
@@ -101,8 +104,6 @@ class TrainConfig:
     def shape_overrides(self) -> dict:
         """``model_overrides`` as the model is built: a named shape's max_seq_len raised to a longer
         ``--seq-len`` (a from-scratch run: fp8lab.model.models.sequence_overrides)."""
-        from fp8lab.model.models import sequence_overrides
-
         return sequence_overrides(self.model, self.model_overrides, self.seq_len)
 
     @property
@@ -149,14 +150,10 @@ def _validate(c: TrainConfig) -> None:
     if c.precision == "fp8" and c.backend == "none":
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | " + " | ".join(FP8_BACKENDS))
     if c.backend in ("te", EMULATED):
-        from fp8lab.plan.runplan import fused_check
-
         fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
     if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:  # a named Llama shape's was raised (shape_overrides)
-        from fp8lab.model.models import MODEL_CONFIGS
-
         limit = ("its --model-override max_seq_len" if "max_seq_len" in c.model_overrides else
                  f"its learned position table has {mcfg.max_seq_len} rows; a from-scratch run may grow it with "
                  f"--model-override max_seq_len=N, a bigger model" if mcfg.family == "gptneo" and c.model in MODEL_CONFIGS else
@@ -174,9 +171,6 @@ def _validate(c: TrainConfig) -> None:
 
 def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
     """The run's ModelConfig: a named shape (with --model-override) or a user's folder (read and checked)."""
-    from fp8lab.model import user as user_model
-    from fp8lab.model.models import MODEL_CONFIGS, get_config
-
     if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
         raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     if c.model not in MODEL_CONFIGS:  # a user's folder: its config is read and checked (nothing is built)
@@ -188,6 +182,16 @@ def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
         return get_config(c.model, **c.shape_overrides)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model-override: {exc}") from None
+
+
+def fused_check(c: TrainConfig, backend: str | None) -> None:
+    """Refuse, before anything is built, a user's model the fused conversion cannot represent exactly (here for
+    an explicit backend, in fp8lab.plan.runplan.plan_run once ``auto`` is resolved)."""
+    if backend in (None, "torchao") or not c.fuse or not user_model.is_user_model(c.model):
+        return  # torchao has no fused form; the named shapes are all representable
+    problem = fused_problem(user_model.hf_config(c.model))
+    if problem:
+        raise ValueError(f"--model={c.model!r}: {problem}")
 
 
 def recipe_problem(value: Any) -> str | None:

@@ -31,10 +31,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fp8lab.core.hardware import GPU_GENERATION, gpu_spec
+from fp8lab.core import hardware
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.core.validate import AUTO
 from fp8lab.core.paths import read_check
+from fp8lab.fp8.recipe import kinds_where
 from fp8lab.model.models import layer_windows
 
 CHOICES = (AUTO, "on", "off")
@@ -52,12 +53,18 @@ BWD_ENV = "NVTE_FP8_DPA_BWD"
 FP8_DPA_BWD = "1"  # TE's own default: FP8 backward too; 0 (BF16 backward) diverged in the study's loss check
 
 MEASURED = ("hopper",)  # where the crossover was measured: auto turns FP8 attention on only there
-_RECIPES = {"hopper": ("delayed",), "blackwell": ("delayed", "current", "mxfp8")}
+
+
+def recipes(gen: str | None) -> tuple[str, ...]:
+    """The recipe kinds TE runs FP8 attention with on GPU generation ``gen`` (their rows' ``fp8_attention``)."""
+    return kinds_where(lambda row: gen in row.fp8_attention)
 
 
 def generation(gpu_name: str) -> str | None:
-    """'hopper' | 'blackwell' | None (a GPU without TE's FP8 fused attention, or not known here)."""
-    return gpu_spec(GPU_GENERATION, gpu_name)
+    """'hopper' | 'blackwell' | None: the GPU's generation where some recipe runs TE's FP8 fused attention on it
+    (None: a GPU without it, or not known here)."""
+    gen = hardware.generation(gpu_name)
+    return gen if recipes(gen) else None
 
 
 def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str | None, mcfg, gpu: bool,
@@ -73,7 +80,7 @@ def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str
     if gen is None:
         return (f"{gpu_name if gpu else 'a CPU'} has no FP8 fused attention in TE (cuDNN's FP8 attention needs "
                 f"Hopper H100/H200 or Blackwell B200)")
-    allowed = _RECIPES[gen]
+    allowed = recipes(gen)
     if recipe_kind not in allowed:
         return f"--recipe {recipe_kind}: TE's FP8 attention on {gen.title()} needs recipe {' | '.join(allowed)}"
     hd = mcfg.head_dim

@@ -54,6 +54,8 @@ from typing import Any
 
 from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
+from fp8lab.model.models import block_matmul_params, count_parameters, get_config
+from fp8lab.plan.fused_loss import decide as fused_loss_decide, loss_bytes
 
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
@@ -101,6 +103,12 @@ class MemoryEstimate:
                 + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "") + ")")
 
 
+def is_sharded(parallel: str, world_size: int) -> bool:
+    """FSDP2 really shards the model states: ``--parallel fsdp`` on several ranks (one process trains unsharded).
+    The one rule: the resolver records it on the :class:`Layout` (``Layout.sharded``, ``RunPlan.sharded``)."""
+    return parallel == "fsdp" and world_size > 1
+
+
 def _act_unit(mcfg) -> int:
     kv = mcfg.kv_heads * mcfg.head_dim
     k = 3 if mcfg.family == "llama" else 2
@@ -109,8 +117,6 @@ def _act_unit(mcfg) -> int:
 
 def _block_linear_params(mcfg) -> int:
     """GEMM weights of all decoder blocks (fp8lab.model.models.block_matmul_params per block)."""
-    from fp8lab.model.models import block_matmul_params
-
     return mcfg.num_layers * block_matmul_params(mcfg)
 
 
@@ -121,10 +127,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     fused_loss: bool = False) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
     LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's."""
-    from fp8lab.model.models import count_parameters
-
     n = count_parameters(mcfg).total
-    sharded = parallel == "fsdp" and world_size > 1
+    sharded = is_sharded(parallel, world_size)
     gib = 2.0**30
     shard = world_size if sharded else 1
     states = 16 * n / shard
@@ -146,8 +150,6 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
         per_token *= FP32_FACTOR
     acts = per_token * micro_batch_size * seq_len
     if fused_loss:  # issue 51: one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
-        from fp8lab.plan.fused_loss import loss_bytes
-
         acts += loss_bytes(vocab=mcfg.vocab_size, hidden=mcfg.hidden_size,
                            tokens_per_micro_batch=micro_batch_size * seq_len) * (FP32_FACTOR if fp32_activations else 1.0)
     return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib)
@@ -166,6 +168,7 @@ class Layout:
     machine: Machine
     reasons: dict = dataclasses.field(default_factory=dict)
     activation_checkpointing: bool = False  # #34: recompute each block in backward (--activation-checkpointing, or auto)
+    sharded: bool = False  # FSDP2 really shards (is_sharded: --parallel fsdp on several ranks)
 
     @property
     def tokens_per_gpu_step(self) -> int:
@@ -259,18 +262,16 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
 
 def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tuple[bool, str]:
     """(the fused loss runs, why) at this micro-batch (fp8lab.plan.fused_loss.decide: the plan's rule, the estimate's too)."""
-    from fp8lab.plan.fused_loss import decide
-
-    return decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch, gpu=machine.gpu)
+    return fused_loss_decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch, gpu=machine.gpu)
 
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
-                  keep: bool, both_precisions: bool, activation_checkpointing: bool = False) -> MemoryEstimate:
+                  keep: bool, both_precisions: bool, activation_checkpointing: bool = False,
+                  sharded: bool = False) -> MemoryEstimate:
     """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both;
     the fused loss, decided by vocabulary and tokens alone, is the same for both)."""
     fused = fused_loss_for(c, machine, mcfg, mb * seq)[0]
     precisions = ("bf16", "fp8") if (both_precisions and backend == "te") else (c.precision,)
-    sharded = c.parallel == "fsdp" and machine.world_size > 1
     ests = [estimate_memory(mcfg, precision=p, micro_batch_size=mb, seq_len=seq, param_dtype=param_dtype,
                             backend=backend, fuse=c.fuse, world_size=machine.world_size, parallel=c.parallel,
                             keep_weights=keep,
@@ -286,8 +287,6 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
     """Resolve the ``"auto"`` options of TrainConfig ``c`` for ``machine``; ``backend`` is the resolved
     FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig where the caller has
     it. Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
-    from fp8lab.model.models import get_config
-
     mcfg = mcfg or get_config(c.model, **c.shape_overrides)
     reasons: dict[str, str] = {}
     gpu = machine.gpu
@@ -299,7 +298,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
     seq = c.seq_len
     if seq == AUTO:
         seq = min(GPU_SEQ_LEN if gpu else CPU_SEQ_LEN, mcfg.max_seq_len)
-    sharded = c.parallel == "fsdp" and machine.world_size > 1
+    sharded = is_sharded(c.parallel, machine.world_size)
     ga_auto, keep_auto, mb_auto = c.grad_accum == AUTO, c.fsdp_keep_weights == AUTO, c.micro_batch_size == AUTO
     budget = _budget(machine)
 
@@ -325,7 +324,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
 
     def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
         return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, accum_for(mb), keep,
-                             both_precisions=gpu and both, activation_checkpointing=ckpt)
+                             both_precisions=gpu and both, activation_checkpointing=ckpt, sharded=sharded)
 
     if mb_auto and gpu:
         candidates = [2**i for i in range(int(math.log2(max(1, MICRO_BATCH_TOKENS // seq))), -1, -1)]
@@ -371,5 +370,5 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
     if ckpt and c.activation_checkpointing == AUTO:
         reasons["activation_checkpointing"] = (f"activation checkpointing: {c.model} at {seq} tokens fits "
                                                f"{machine.name} only recomputing each block in backward")
-    return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons, activation_checkpointing=ckpt)
+    return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons, activation_checkpointing=ckpt, sharded=sharded)
 

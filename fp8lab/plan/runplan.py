@@ -25,8 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fp8lab.fp8 import stats as fp8stats
-from fp8lab.plan import graphs
+from fp8lab.fp8 import te_debug  # its checks looked up at call time (tests stand in for them)
+from fp8lab.model.models import get_config, longer_sequence_note
+from fp8lab.plan import fp8attn, graphs
 from fp8lab.plan import layout as flayout
+from fp8lab.plan.config import fused_check
+from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
 from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend, auto_refusal  # noqa: F401 (auto_refusal: its old home)
 from fp8lab.core.hardware import Machine
 from fp8lab.core.paths import REPO_ROOT, read_check
@@ -54,7 +58,7 @@ class RunPlan:
     warmup_steps: int
     graphs: graphs.Decision
     compute_dtype: str  # torch.autocast dtype of non-FP8 math: bf16 | fp32
-    sharded: bool  # FSDP2 really shards (several ranks, --parallel fsdp)
+    sharded: bool  # FSDP2 really shards (several ranks, --parallel fsdp): the layout's, fp8lab.plan.layout.is_sharded
     master_weights: bool  # bf16 parameters, fp32 masters in the optimizer (fp8lab.train.master_weights)
     streamed_step: bool  # the master weights step a chunk at a time (under CUDA graphs)
     keep_weights: bool  # FSDP2 keeps the weights gathered for the whole step
@@ -169,19 +173,6 @@ def recipe_for(c: "TrainConfig", backend: str | None) -> Recipe | None:
     return DEFAULT_RECIPES[backend] if c.recipe == "auto" else Recipe.parse(c.recipe)
 
 
-def fused_check(c: "TrainConfig", backend: str | None) -> None:
-    """Refuse, before anything is built, a user's model the fused conversion cannot represent exactly."""
-    from fp8lab.model import user as user_model
-
-    if backend in (None, "torchao") or not c.fuse or not user_model.is_user_model(c.model):
-        return  # torchao has no fused form; the named shapes are all representable
-    from fp8lab.fp8.backends import fused_problem
-
-    problem = fused_problem(user_model.hf_config(c.model))
-    if problem:
-        raise ValueError(f"--model={c.model!r}: {problem}")
-
-
 def fsdp_te_problem(c: "TrainConfig", backend: str | None, distributed: bool, param_dtype: str | None = None) -> str | None:
     """Why this FSDP2 + Transformer Engine layout cannot train, or None (``param_dtype``: the resolved one).
 
@@ -238,23 +229,19 @@ def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_
 def fp8_attention(c: "TrainConfig", machine: Machine, backend: str | None, recipe: Recipe | None,
                   lay: flayout.Layout, mcfg) -> tuple[bool, str]:
     """Whether attention runs in FP8 too (fp8lab.plan.fp8attn's measured rule); ValueError for an ``on`` that cannot run."""
-    from fp8lab.plan import fp8attn
-
     return fp8attn.decide(c.fp8_attention, seq_len=lay.seq_len, precision=c.precision, backend=backend, fuse=c.fuse,
                           recipe_kind=recipe.kind if recipe else None, mcfg=mcfg, gpu=machine.gpu, gpu_name=machine.name)
 
 
 def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     """Every effective decision of the run ``c`` on ``machine`` (see the module doc); ValueError if it cannot run."""
-    from fp8lab.model.models import get_config
-
     backend, why_backend = select_backend(c, machine)
     recipe = recipe_for(c, backend)
     if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
         fused_check(c, backend)
     mcfg = get_config(c.model, **c.shape_overrides)
     lay = flayout.resolve(c, machine, backend, mcfg=mcfg)  # "auto" options -> this machine's layout (or a clear refusal)
-    sharded = c.parallel == "fsdp" and machine.world_size > 1
+    sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
     if problem:
         raise ValueError(problem)
@@ -271,8 +258,6 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
                                   "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 parameters"),
                "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
     # --- #34 long sequences: a named shape's raised max_seq_len; FP8 attention, carried by the recipe TE runs
-    from fp8lab.model.models import longer_sequence_note
-
     if note := longer_sequence_note(c.model, c.model_overrides, c.seq_len):
         reasons["max_seq_len"] = note
     attn, reasons["fp8_attention"] = fp8_attention(c, machine, backend, recipe, lay, mcfg)
@@ -308,15 +293,11 @@ FP8_ALL_GATHER_CHECKED = _all_gather_checked()
 def decision_results() -> tuple[Path, ...]:
     """The committed result files ``auto`` decisions read (this check, FP8 attention's crossover and loss check):
     a SageMaker job's code channel carries them (``fp8lab.launch.stage_source``), so the job decides as its plan did."""
-    from fp8lab.plan import fp8attn
-
     return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT, fp8stats.TE_DEBUG_CHECK)
 
 
 def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
     """(FSDP2 all-gathers the block linears' weights in FP8, why); ValueError for ``on`` where it cannot."""
-    from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
-
     if c.fp8_all_gather == "off":
         return False, "--fp8-all-gather off"
     why_not = ("needs --precision fp8" if c.precision != "fp8" else
@@ -361,8 +342,6 @@ def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: boo
 def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> tuple[str | None, str]:
     """--fp8-stats-source: who reads the FP8 casts (fp8lab.fp8.stats.SOURCES), and why; a request that cannot be
     met is refused here, naming the option and what is allowed."""
-    from fp8lab.fp8.te_debug import unavailable, untested_te
-
     asked = c.fp8_stats_source
     if backend != "te":
         if asked == fp8stats.TE_DEBUG and c.precision == "fp8" and c.fp8_stats_every:
@@ -370,7 +349,7 @@ def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> 
                              f"(this run: {backend or 'none'}); allowed here: auto | {fp8stats.OWN}")
         return (fp8stats.OWN if backend else None), f"{backend or 'no'} backend: fp8lab reads its casts"
     why_not = ("several processes (TE's debug statistics are gathered per process group; fp8lab samples rank 0)"
-               if world_size > 1 else unavailable())
+               if world_size > 1 else te_debug.unavailable())
     if asked == AUTO and not why_not and not fp8stats.TE_DEBUG_CHECKED:
         check = f"{fp8stats.TE_DEBUG_CHECK.parent.name}/check.json"
         why_not = ((f"TE's debug API failed its GPU check ({check}: {'; '.join(fp8stats.TE_DEBUG_CHECK_PROBLEMS)})"
@@ -378,7 +357,7 @@ def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> 
                     f"TE's debug API is installed but its GPU check ({check}: every step recorded, cost <= "
                     f"{fp8stats.COST_GOAL_PCT:g}%) is not committed yet") + "; --fp8-stats-source te-debug runs it")
     elif asked == AUTO and not why_not:
-        why_not = untested_te(fp8stats.TE_DEBUG_CHECKED_TE)
+        why_not = te_debug.untested_te(fp8stats.TE_DEBUG_CHECKED_TE)
     if asked == fp8stats.TE_DEBUG:
         if why_not and c.precision == "fp8" and c.fp8_stats_every:
             raise ValueError(f"--fp8-stats-source te-debug cannot run here: {why_not}; allowed here: auto | {fp8stats.OWN}")

@@ -25,6 +25,7 @@ from typing import Any
 
 from fp8lab.core.hardware import PEAK_BF16_DENSE, peak_bf16_flops  # noqa: F401 (re-exported: their old home)
 from fp8lab.core.pins import installed, installed_te
+from fp8lab.records import ownership
 
 STEP_KEYS = (
     "step", "tokens", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_sec", "tokens_per_sec_per_gpu",
@@ -90,8 +91,6 @@ class MetricsLog:
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= resume_step:
                     kept.append(line)
-        from fp8lab.records import ownership
-
         head = "".join(k + "\n" for k in kept).encode("utf-8")
         ownership.write_file(self.path, head)  # a fresh file, renamed in: never written through a link
         self.kept = len(kept)
@@ -103,8 +102,6 @@ class MetricsLog:
 
     def _record(self, head: bytes) -> None:
         if self._marked:
-            from fp8lab.records import ownership
-
             ownership.record(self.path.parent, self.path.name, digest=(len(head), hashlib.sha256(head).hexdigest()))
         self._recorded = len(head)
 

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from fp8lab.analysis import is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
 from fp8lab.analysis.summary import same_seed
+from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLINE_PANELS, MAX_LEGEND_KINDS,  # noqa: F401
                                  NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new, _shared_legend, _tick_name,
                                  figure_name, figure_stats, save_figure, show, to_png)
@@ -443,9 +444,8 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
 # The headline's bars, in one order in every panel: what a user starts from, the best BF16, then the
 # best FP8 run of each backend and recipe, then the source's figure. Each FP8 kind has its own colour
 # from a qualitative palette and its own hatching, so colour is never the only cue.
-_RECIPE_ORDER = ["delayed", "current", "block", "mxfp8"]
-_RECIPE_STYLE = {"delayed": ("#d95f02", ""), "current": ("#1b9e77", "//"), "block": ("#7570b3", ".."),
-                 "mxfp8": ("#e7298a", "xx")}
+_RECIPE_ORDER = list(RECIPE_TABLE)  # each kind's colour and hatch: its row of fp8lab.fp8.recipe.TABLE
+_RECIPE_STYLE = {kind: row.style for kind, row in RECIPE_TABLE.items()}
 _TORCHAO_STYLE = ("#a6761d", "\\\\")
 SOURCE_BAR_LABEL = "source blog: FP8 / its BF16 (reported, H100 P5)"
 

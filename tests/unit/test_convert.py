@@ -17,6 +17,7 @@ from fp8lab.fp8.convert import (
     Recipe, autocast, check_equivalence, convert_model, describe_modules, export_hf_model, export_hf_state_dict,
     after_optimizer_step, pick_backend, save_hf_checkpoint, time_forward_backward, weight_mapping,
 )
+from fp8lab.fp8.recipe import KINDS
 from fp8lab.model.models import build_model
 
 CASES = [(fam, fuse) for fam in ("llama-tiny", "gptneo-tiny") for fuse in (False, True)]
@@ -123,7 +124,8 @@ def test_delayed_scaling_state_per_tensor():
     assert emulated.TensorQuantizers(Recipe(format="e4m3")).fmt["g"].name == "E4M3"
 
 
-@pytest.mark.parametrize("recipe", ["current", "block", "mxfp8", Recipe(format="e4m3", margin=1)], ids=str)
+# every kind of the recipe table (fp8lab.fp8.recipe.TABLE) but the default, which runs with settings of its own
+@pytest.mark.parametrize("recipe", [k for k in KINDS if k != Recipe().kind] + [Recipe(format="e4m3", margin=1)], ids=str)
 def test_every_recipe_runs_forward_and_backward(recipe):
     ref = build_model("llama-tiny")
     conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True, recipe=recipe)

@@ -18,7 +18,7 @@ import pkgutil
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
-from fp8lab.core.hardware import Machine
+from fp8lab.core.hardware import FP8_CAPABILITY_TEXT, Machine, has_fp8
 from fp8lab.fp8.recipe import Recipe
 from fp8lab.core.pins import install_hint
 
@@ -90,8 +90,8 @@ def auto_fp8_backend(machine: Machine) -> tuple[str, str]:
         return "te", "auto: Transformer Engine (usable here)"
     if not machine.gpu:
         return "emulated", "auto: the FP8 emulator (no CUDA GPU here)"
-    no_fp8 = None if machine.fp8 else (f"GPU {machine.name} has no FP8 tensor cores (compute capability below 8.9; "
-                                       f"FP8 needs Ada L4/L40, Hopper H100/H200 or Blackwell)")
+    no_fp8 = None if machine.fp8 else (f"GPU {machine.name} has no FP8 tensor cores (compute capability below "
+                                       f"{FP8_CAPABILITY_TEXT}; FP8 needs Ada L4/L40, Hopper H100/H200 or Blackwell)")
     raise ValueError(auto_refusal(dict(machine.unusable), no_fp8))
 
 
@@ -99,7 +99,7 @@ def auto_refusal(unusable: dict[str, str | None], no_fp8: str | None) -> str:
     """Why backend 'auto' picks nothing on this GPU machine, and the choices that remain: never a silent
     pure-PyTorch FP8 on a GPU. ``unusable``: backend -> why it cannot run (None: it can); ``no_fp8``: why
     the GPU has no FP8 tensor cores, or None."""
-    if no_fp8 is not None:  # below compute capability 8.9: no hardware FP8 at all
+    if no_fp8 is not None:  # below compute capability 8.9 (fp8lab.core.hardware.has_fp8): no hardware FP8 at all
         return (f"backend 'auto': {no_fp8}, so only emulated FP8 runs here: pass backend 'emulated' "
                 f"(--backend emulated; pure PyTorch, for learning the numerics, slower than bf16), or use "
                 f"an FP8 GPU")
@@ -133,22 +133,23 @@ def install_or_gpu_problem(package: str, label: str, install: str) -> str | None
 
 
 def fp8_gpu_problem() -> str | None:
-    """None if a CUDA GPU with FP8 tensor cores (compute capability >= 8.9) is present, else why not."""
-    import torch
+    """None if a CUDA GPU with FP8 tensor cores (fp8lab.core.hardware.has_fp8: compute capability >= 8.9) is
+    present, else why not."""
+    import torch  # torch loads with a backend's check, not with the registry
 
     if not torch.cuda.is_available():
-        return "no CUDA GPU on this machine (FP8 GEMMs need an NVIDIA GPU with compute capability >= 8.9)"
+        return f"no CUDA GPU on this machine (FP8 GEMMs need an NVIDIA GPU with compute capability >= {FP8_CAPABILITY_TEXT})"
     major, minor = torch.cuda.get_device_capability()
-    if (major, minor) < (8, 9):
-        return (f"GPU {torch.cuda.get_device_name()} has compute capability {major}.{minor}; FP8 needs >= 8.9 "
-                f"(Ada L4/L40, Hopper H100/H200, Blackwell)")
+    if not has_fp8((major, minor)):
+        return (f"GPU {torch.cuda.get_device_name()} has compute capability {major}.{minor}; FP8 needs >= "
+                f"{FP8_CAPABILITY_TEXT} (Ada L4/L40, Hopper H100/H200, Blackwell)")
     return None
 
 
 def fused_problem(hf_config) -> str | None:
     """Why the fused conversion cannot represent this transformers config exactly, or None
-    (``backends/_fused.py`` has the rules; torch loads with it)."""
-    from fp8lab.fp8.fused import fused_problem as problem
+    (``fp8lab.fp8.fused`` has the rules)."""
+    from fp8lab.fp8.fused import fused_problem as problem  # torch: the registry is read by planning
 
     return problem(hf_config)
 
@@ -180,7 +181,7 @@ def linear_targets(model: nn.Module, module_filter: ModuleFilter | None) -> list
 
 def fused_targets(model: nn.Module, module_filter: ModuleFilter | None) -> None:
     """Check the GEMM shapes of the fused blocks of an HF model before building anything."""
-    from fp8lab.fp8.fused import decoder_layers, spec_from_hf
+    from fp8lab.fp8.fused import decoder_layers, spec_from_hf  # torch: the registry is read by planning
 
     s = spec_from_hf(model)
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim

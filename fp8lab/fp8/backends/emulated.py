@@ -52,15 +52,18 @@ def active_recipe() -> Recipe | None:
 
 
 class TensorQuantizers:
-    """Scaling state of one GEMM: input ``x``, weight ``w``, output gradient ``g``."""
+    """Scaling state of one GEMM: input ``x``, weight ``w``, output gradient ``g``.
+
+    The recipe kind's row (``fp8lab.fp8.recipe.TABLE``) names the quantizer and its blocks."""
 
     def __init__(self, recipe: Recipe, site: str | None = None):
         self.recipe, self.site = recipe, site  # site: the GEMM's module name, for fp8lab.fp8.stats
+        self.row = recipe.row
         self.fmt = {"x": formats.E4M3, "w": formats.E4M3, "g": formats.E5M2 if recipe.format == "hybrid" else formats.E4M3}
         self.delayed = {
             role: formats.DelayedScaling(recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin, fmt)
             for role, fmt in self.fmt.items()
-        } if recipe.kind == "delayed" else {}
+        } if self.row.quantizer == "DelayedScaling" else {}
 
     def __call__(self, role: str, t: torch.Tensor) -> torch.Tensor:
         if not fp8stats.watching():
@@ -72,22 +75,24 @@ class TensorQuantizers:
 
     def _scale(self, role: str, t: torch.Tensor):
         """The per-tensor scale of this cast; None for the block recipes (a scale per block)."""
-        r, fmt = self.recipe, self.fmt[role]
-        if r.kind == "delayed":
+        quantizer, fmt = self.row.quantizer, self.fmt[role]
+        if quantizer == "DelayedScaling":
             return self.delayed[role].scale
-        if r.kind == "current":
-            return formats.current_scale(t, fmt, r.margin)
+        if quantizer == "quantize_current":
+            return formats.current_scale(t, fmt, self.recipe.margin)
         return None
 
     def _quantize(self, role: str, t: torch.Tensor) -> torch.Tensor:
-        r, fmt = self.recipe, self.fmt[role]
-        if r.kind == "delayed":
+        quantizer, fmt, margin = self.row.quantizer, self.fmt[role], self.recipe.margin
+        if quantizer == "DelayedScaling":
             return self.delayed[role].step(t)
-        if r.kind == "current":
-            return formats.quantize_current(t, fmt, margin=r.margin)
-        if r.kind == "block":
-            return formats.quantize_blockwise(t, fmt, block=(128, 128) if role == "w" else (1, 128), margin=r.margin)
-        return formats.quantize_mxfp8(t, fmt, block=32)
+        if quantizer == "quantize_current":
+            return formats.quantize_current(t, fmt, margin=margin)
+        if quantizer == "quantize_blockwise":
+            return formats.quantize_blockwise(t, fmt, block=self.row.block(role), margin=margin)
+        if quantizer == "quantize_mxfp8":
+            return formats.quantize_mxfp8(t, fmt, block=self.row.block(role))
+        raise ValueError(f"the emulator has no quantizer {quantizer!r} (Recipe(kind={self.recipe.kind!r}))")
 
 
 class _FP8Linear(torch.autograd.Function):

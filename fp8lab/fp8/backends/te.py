@@ -25,7 +25,7 @@ from torch import nn
 from fp8lab.fp8 import fused as _fused
 from fp8lab.fp8.backends import DEFAULT_RECIPES, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
 from fp8lab.core.pins import install_hint
-from fp8lab.fp8.recipe import Recipe
+from fp8lab.fp8.recipe import Recipe, kinds_where
 
 # A known-harmless warning of TE's import, silenced by its message and the module that raises it (no
 # other warning is touched): TE's __init__ warns when Jax is installed but TE's Jax extension is not,
@@ -157,15 +157,15 @@ class TEBackend:
 
     def check_recipe(self, recipe: Recipe) -> None:
         """Refuse recipes this GPU cannot run (e.g. MXFP8 before Blackwell), naming the GPU."""
-        te = _te()
-        check = {"mxfp8": te.is_mxfp8_available, "block": te.is_fp8_block_scaling_available}.get(recipe.kind)
+        check = recipe.row.te_check  # the kind's TE availability function, by name (fp8lab.fp8.recipe.TABLE)
         if check is not None:
-            ok, reason = check(return_reason=True)
+            ok, reason = getattr(_te(), check)(return_reason=True)
             if not ok:
                 cc = ".".join(map(str, torch.cuda.get_device_capability()))
+                anywhere = " or ".join(repr(k) for k in kinds_where(lambda r: r.te_check is None))
                 raise ValueError(
                     f"Recipe(kind={recipe.kind!r}) is not supported on {torch.cuda.get_device_name()} "
-                    f"(compute capability {cc}): {reason}. Use kind='delayed' or 'current'"
+                    f"(compute capability {cc}): {reason}. Use kind={anywhere}"
                 )
         self.te_recipe(recipe)  # raises for combinations TE has no equivalent of
 
