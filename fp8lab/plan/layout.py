@@ -284,11 +284,9 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
 
 def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
     """Resolve the ``"auto"`` options of TrainConfig ``c`` for ``machine``; ``backend`` is the resolved
-    FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig where the caller has
-    it. Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
-    from fp8lab.model.models import get_config
-
-    mcfg = mcfg or get_config(c.model, **c.shape_overrides)
+    FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig (default: the one
+    ``c`` made when validated). Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
+    mcfg = mcfg or c.model_config
     reasons: dict[str, str] = {}
     gpu = machine.gpu
     param_dtype = c.param_dtype
