@@ -8,7 +8,9 @@
     summary = trainer.finish(status, message)
 
 (``run`` does exactly that, after checking the folders and the data.) The trainer decides nothing:
-it builds what the plan says, and holds the plan's backend and recipe objects.
+it builds what the plan says and reads every decision from the plan (it keeps no copy of one); what it
+refines while building (a weight cache or kept weights the model cannot take) is config.json's ``built``.
+The run's record (start lines, ``--dry-run``'s summary, config.json) is fp8lab.train.run_record's component.
 
 Set-up order (as torchtitan): build the HF model, convert it for FP8, activation checkpointing,
 compile each block, fp32 master weights (``--param-dtype bf16``), shard (FSDP2) or wrap (DDP), the
@@ -334,7 +336,7 @@ class Trainer:
         """Mean validation loss over ``--val-batches`` global batches: the same windows at any layout."""
         c, env, p = self.c, self.env, self.plan
         vl = fdata.TokenLoader(self.data_dir, "val", p.seq_len, p.micro_batch_size, seed=0, rank=env.rank,
-                               world_size=self.plan.world_size, shuffle=False)
+                               world_size=p.world_size, shuffle=False)
         self.model.eval()
         total = torch.zeros((), device=env.device, dtype=torch.float64)
         with torch.no_grad():
@@ -345,30 +347,30 @@ class Trainer:
         if self.keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
             fdist.reshard(self.model)
         fdist.all_reduce_sum(total, env)
-        return float(total) / (c.val_batches * p.grad_accum * self.plan.world_size)
+        return float(total) / (c.val_batches * p.grad_accum * p.world_size)
 
     # ------------------------------------------------------------------------------------ the loop
 
     def fit(self) -> tuple[str, str | None]:
         """Train to the last step, or until SIGTERM, the non-finite guard or a failed checkpoint stops
         the run; (status, message). metrics.jsonl is complete whatever stops it."""
-        c, env, state = self.c, self.env, self.state
+        c, env, state, total = self.c, self.env, self.state, self.plan.total_steps
         first = state.step + 1
         self.stop.install()
-        self.metrics.open(self.plan.total_steps, first, self.resumed_from)
-        profiler = StepProfiler(c.profile_steps, self.plan.total_steps, first, env.device, self.paths.output_dir,
+        self.metrics.open(total, first, self.resumed_from)
+        profiler = StepProfiler(c.profile_steps, total, first, env.device, self.paths.output_dir,
                                 env.is_main, self.metrics.emit)
         status, message = "completed", None
         self.model.train()
         try:
-            for step in range(first, self.plan.total_steps + 1):
+            for step in range(first, total + 1):
                 profiler.start(step)
                 self.metrics.start()
                 r = self.train_step(step)
                 dt = self.metrics.stop()
                 state.advance()
                 profiled = profiler.done(step, dt)
-                last = step == self.plan.total_steps
+                last = step == total
                 val = None
                 if (c.val_every and step % c.val_every == 0) or (last and not r.skipped):
                     val = self.last_val = self.evaluate()
@@ -399,18 +401,18 @@ class Trainer:
         A run that was already complete (resumed at its last step) keeps its summary.json; an export or
         summary that cannot be written is status ``export_failed``/``summary_failed`` (exit code 4), the
         weights then kept in a checkpoint of the last step."""
-        c, env = self.c, self.env
+        c, env, total = self.c, self.env, self.plan.total_steps
         if self.finished is not None:
-            self.log(f"fp8lab: the run in {self.paths.output_dir.name!r} is complete (step {self.plan.total_steps} of "
-                     f"{self.plan.total_steps}); config.json, summary.json, metrics.jsonl and the model are kept as they are")
+            self.log(f"fp8lab: the run in {self.paths.output_dir.name!r} is complete (step {total} of "
+                     f"{total}); config.json, summary.json, metrics.jsonl and the model are kept as they are")
             return self.finished
-        if status == "completed" and self.resumed_from == self.plan.total_steps:
+        if status == "completed" and self.resumed_from == total:
             self.last_val = self.evaluate()  # finished before, its export or summary missing: written now
         if status == "completed" and c.save_model:
             failed = self._export()
             if failed:
                 status, message = "export_failed", failed
-        summary = self.metrics.summary(self.paths, status, message, self.state, self.plan.total_steps, self.last_val,
+        summary = self.metrics.summary(self.paths, status, message, self.state, total, self.last_val,
                                        self.resumed_from, time.perf_counter() - self.wall0)
         if env.is_main:
             failed = self.metrics.write_summary(summary, plot=c.plot)
