@@ -181,6 +181,8 @@ def run_variant(model: str, variant: str, flags: list[str], extra: list[str], ar
 def collect_variant(model: str, variant: str, flags: list[str], extra: list[str], args, work: Path, cmd: list[str],
                     t0: float) -> dict:
     """The run record, downsampled steps and summary of a finished run of ``cmd`` (variant_command's)."""
+    from fp8lab.analysis.run_config import read_config
+    from fp8lab.plan.layout import AUTO_FIELDS as LAYOUT_FIELDS
     from fp8lab.records import metrics as fmetrics
 
     label, nproc = model_label(model), getattr(args, "nproc", 1)
@@ -191,11 +193,12 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
     if args.data:  # machine paths stay out of result files
         shown = shown.replace(str(args.data), "<data>")
     recs = fmetrics.read_metrics(out_dir / "metrics.jsonl")  # the step records (not fp8lab.fp8.stats')
-    cfg = json.loads((out_dir / "config.json").read_text())
+    cfg = read_config(out_dir)  # config.json in today's form (an old run folder's too)
+    plan, built = cfg["plan"], cfg["built"]
     timed = [r for r in recs if r["step"] > args.warmup and r.get("loss") is not None and not r.get("profiled")]
     tps = quantiles([r["tokens_per_sec_per_gpu"] for r in timed])
     mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
-    backend = cfg.get("backend_resolved", _arg_value(flags, "--backend"))  # "none": plain transformers
+    backend = plan.get("backend", _arg_value(flags, "--backend"))  # "none": plain transformers
     run = {
         "record": "run", "run_id": run_id, "study": args.study, "model": label,
         # a folder model: its model_type and the SHA-256 of its config.json (the run's own model_source)
@@ -205,7 +208,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "precision": _arg_value(flags, "--precision"),
         "backend": "hf" if backend == "none" else backend,
         "recipe": (((_arg_value(flags + extra, "--recipe") or "").partition(":")[0]
-                    or (cfg.get("recipe_resolved") or "").partition(" ")[0] or None)
+                    or (plan.get("recipe") or "").partition(" ")[0] or None)
                    if _arg_value(flags, "--precision") == "fp8" else None),
         "recipe_spec": _arg_value(flags + extra, "--recipe"),
         "bf16_edge_blocks": int(_arg_value(flags + extra, "--bf16-edge-blocks", "0")),
@@ -213,14 +216,14 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "fuse": None if backend == "none" else _arg_value(flags, "--fuse", "True") == "True",
         "compile": _arg_value(flags, "--compile", "False") == "True",
         "activation_checkpointing": bool(cfg.get("activation_checkpointing")),  # as the run resolved it (auto: fp8lab.plan.layout)
-        "fp8_attention": (cfg.get("plan") or {}).get("fp8_attention"),
-        "fp8_attention_reason": ((cfg.get("plan") or {}).get("reasons") or {}).get("fp8_attention"),
-        "nvte_fp8_dpa_bwd": (cfg.get("plan") or {}).get("NVTE_FP8_DPA_BWD"),
+        "fp8_attention": plan.get("fp8_attention"),
+        "fp8_attention_reason": (plan.get("reasons") or {}).get("fp8_attention"),
+        "nvte_fp8_dpa_bwd": plan.get("NVTE_FP8_DPA_BWD"),
         # issue 31: the FP8 health statistics as they ran (0: off) and who read them (te-debug | fp8lab)
         "fp8_stats_every": cfg.get("fp8_stats_every"), "fp8_stats_source": cfg.get("fp8_stats_source"),
         # issue 51: the LM head's loss chunked over tokens (fp8lab.train.fused_loss), as the plan decided it
-        "fused_loss": (cfg.get("plan") or {}).get("fused_loss"),
-        "fused_loss_reason": ((cfg.get("plan") or {}).get("reasons") or {}).get("fused_loss"),
+        "fused_loss": plan.get("fused_loss"),
+        "fused_loss_reason": (plan.get("reasons") or {}).get("fused_loss"),
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,
         "loss_comparable": False,  # tens of steps: too short to compare losses (benchmarks/loss_parity.py runs those)
@@ -228,15 +231,16 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "micro_batch_size": cfg["micro_batch_size"], "grad_accum": cfg["grad_accum"], "seq_len": cfg["seq_len"],
         "params": cfg.get("params"), "flops_per_token": cfg.get("flops_per_token"),
         "param_dtype": cfg["param_dtype"],
-        "layout_requested": cfg.get("requested_layout"), "layout_reasons": (cfg.get("layout") or {}).get("reasons"),
-        "memory_estimate_gib": (cfg.get("layout") or {}).get("memory_estimate_peak_gib"),
+        "layout_requested": {k: (cfg.get("requested") or {}).get(k) for k in LAYOUT_FIELDS},
+        "layout_reasons": {k: v for k, v in (plan.get("reasons") or {}).items() if k in LAYOUT_FIELDS},
+        "memory_estimate_gib": plan.get("memory_estimate_peak_gib"),
         "gpu_memory_gib": cfg.get("gpu_memory_gib") or None,
-        "fp8_weight_cache": cfg.get("fp8_weight_cache_active"),
-        "fuse_wgrad_accumulation": cfg.get("fuse_wgrad_accumulation_active"),
-        "fsdp_keep_weights": cfg.get("fsdp_keep_weights_active"),
-        "cuda_graphs": cfg.get("cuda_graphs_active"), "cuda_graphs_captured": cfg.get("cuda_graphs_captured"),
+        "fp8_weight_cache": built.get("fp8_weight_cache"),
+        "fuse_wgrad_accumulation": built.get("fuse_wgrad_accumulation"),
+        "fsdp_keep_weights": built.get("fsdp_keep_weights"),
+        "cuda_graphs": plan.get("cuda_graphs"), "cuda_graphs_captured": built.get("cuda_graphs_captured"),
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "optimizer": (f"AdamW ({cfg.get('adamw_impl', 'kernels not recorded')}) on "
+        "optimizer": (f"AdamW ({built.get('adamw_impl', 'kernels not recorded')}) on "
                       + ("fp32 parameters, bf16 autocast" if cfg["param_dtype"] == "fp32"
                          else "fp32 master weights, bf16 parameters")),
         "versions": versions(), "command": shown, "harness": _harness_command(args),

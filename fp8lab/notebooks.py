@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from fp8lab.core.paths import REPO_ROOT, shareable_path
+from fp8lab.core.probes import check_writable_dir
+from fp8lab.core.validate import OneLineParser
+
 GLUE_MIME = "application/x.fp8lab.glue+json"
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "fp8lab"  # the Jupyter kernel scripts/setup.sh registers; every notebook's kernelspec names it
@@ -157,7 +161,7 @@ def check_values(path: str | Path, params: dict[str, Any], declared: dict[str, A
     cell runs, so a bad value never prepares data or starts a kernel."""
     import nbformat
 
-    from fp8lab import notebook_checks as checks
+    from fp8lab import notebook_checks as checks  # the planner's TrainConfig: loads only to check parameters
 
     path = Path(path)
     declared = declared_parameters(path) if declared is None else declared
@@ -172,8 +176,6 @@ def _shareable_metadata(executed: Path, source: Path) -> None:
     paths relative (no machine paths); an absolute path given as a parameter becomes ``<abs>/<name>``
     unless it lies inside the notebook's working folder."""
     import nbformat
-
-    from fp8lab.core.paths import REPO_ROOT, shareable_path
 
     if not executed.is_file():
         return
@@ -269,8 +271,6 @@ def run(
             )
     for p in paths:
         check_values(p, {k: v for k, v in params.items() if k in declared[p]}, declared[p])
-    from fp8lab.core.probes import check_writable_dir
-
     out = check_writable_dir("--output-dir", output_dir)
     out.mkdir(parents=True, exist_ok=True)
     # a kernel inherits MPLBACKEND; 'Agg' (set by test runners) would hide every figure
@@ -338,8 +338,6 @@ def summary(results: list[NotebookResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fp8lab.core.validate import OneLineParser
-
     parser = OneLineParser(prog="fp8lab notebooks", description="Execute tutorial notebooks with papermill.")
     sub = parser.add_subparsers(dest="action", required=True)
     r = sub.add_parser("run", help="execute notebooks in order (all by default)")

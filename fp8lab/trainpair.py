@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fp8lab.data import tokens as fdata
+from fp8lab.fp8.convert import pick_backend
+from fp8lab.model.models import count_parameters
 from fp8lab.records import metrics as fmetrics
-from fp8lab.model.models import count_parameters, get_config
+from fp8lab.train import distributed as fdist
 from fp8lab.train.entry import TrainConfig, train
+from fp8lab.train.trainer import plan_here
 
 CPU_NOTE = ("CPU run: FP8 is emulated in PyTorch (fake quantisation), so only the loss comparison is "
             "meaningful; tokens/s and MFU here say nothing about FP8 speed (that needs an H100/H200 with TE).")
@@ -56,10 +59,7 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     Layout options left out (or "auto") are chosen by ``fp8lab.plan.layout`` for this machine, the same
     for both runs, as ``fp8lab train`` does. ``dry_run``: resolve and return the layouts, train nothing.
     ``lr="auto"``: 2e-3 for models under 50M parameters, else the trainer's default ``--lr``."""
-    import pandas as pd
-
-    from fp8lab.analysis.labels import math_dtype
-    from fp8lab.fp8.convert import pick_backend
+    import pandas as pd  # pandas loads only when a pair runs
 
     if isinstance(backends, str) or not backends:
         raise ValueError(f"backends must be a non-empty list such as ['auto'] or ['te', 'torchao'], got {backends!r}")
@@ -70,21 +70,23 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
         raise ValueError(f"dry_run={dry_run!r} is invalid; allowed: True | False")
     names = [pick_backend(b) for b in backends]
     out = Path(output_dir)
-    mcfg = get_config(model, **options.get("model_overrides", {}))
-    if options.get("lr", "auto") == "auto":
-        options["lr"] = TINY_LR if count_parameters(mcfg).total < 50e6 else TrainConfig.lr
-    base = {"progress": "auto", "print_metrics": False, "plot": False, "save_model": False, "resume": False, **options}
-    plan = [("bf16", "bf16", names[0])] + [(f"fp8 {n}", "fp8", n) for n in names]
+    lr_auto = options.get("lr", "auto") == "auto"
+    base = {"progress": "auto", "print_metrics": False, "plot": False, "save_model": False, "resume": False, **options,
+            "lr": TrainConfig.lr if lr_auto else options["lr"]}
+    runs = [("bf16", "bf16", names[0])] + [(f"fp8 {n}", "fp8", n) for n in names]
     bf16_only = {"fp8_attention": "off"} if base.get("fp8_attention") == "on" else {}  # #34: nothing in FP8 there
     configs = {label: TrainConfig(model=model, steps=steps, precision=precision, backend=backend, recipe=recipe,
                                   output_dir=str(out / label.replace(" ", "-")),
                                   **{**base, **(bf16_only if precision == "bf16" else {})})
-               for label, precision, backend in plan}  # every option checked before any data is prepared
+               for label, precision, backend in runs}  # every option checked before any data is prepared
+    baseline = _plan(configs["bf16"])  # the BF16 run's plan here: its model, and what its math computes in
+    mcfg = baseline.model_config
+    if lr_auto and count_parameters(mcfg).total < 50e6:
+        configs = {k: dataclasses.replace(c, lr=TINY_LR) for k, c in configs.items()}
     once = _PrintOnce()
     layouts = pd.DataFrame([{"run": label, **_layout_row(once(train, dataclasses.replace(cfg, dry_run=True)))}
                             for label, cfg in configs.items()]).set_index("run")
-    if math_dtype({"precision": "bf16", "gpu_name": layouts["gpu"].iloc[0],
-                                   "compute_dtype": options.get("compute_dtype", "auto")}) == "fp32":
+    if baseline.compute_dtype == "fp32":
         # a CPU computes the "bf16" baseline in fp32: name it for what it is (label and run folder)
         configs = {("fp32" if k == "bf16" else k): (dataclasses.replace(c, output_dir=str(out / "fp32")) if k == "bf16" else c)
                    for k, c in configs.items()}
@@ -111,6 +113,11 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
         f"{device}: tokens/s/GPU is the median after warm-up; MFU divides by the GPU's dense BF16 peak "
         "for both precisions (so FP8 is not flattered by a higher FP8 peak).")
     return PairResult(runs, summaries, table, device, note, losses, layouts)
+
+
+def _plan(c: TrainConfig):
+    """The plan run ``c`` gets here, in one process (the trainer's own: fp8lab.train.trainer.plan_here)."""
+    return plan_here(c, fdist.DistEnv(0, 0, 1, fdist.resolve_device(c.device), False))
 
 
 class _PrintOnce:
@@ -158,7 +165,7 @@ def pair_figure(pair: PairResult, smoothing_span: int = 10):
     import numpy as np
     from matplotlib.figure import Figure
 
-    from fp8lab.analysis import smooth
+    from fp8lab.analysis import smooth  # pandas: loads with the figure, as matplotlib does
 
     fig = Figure(figsize=(11, 5.2), layout="constrained")
     grid = fig.add_gridspec(2, 2, width_ratios=[3, 2], height_ratios=[3, 2])

@@ -23,6 +23,7 @@ from fp8lab.fp8.stats import RECORD as FP8_STATS_RECORD
 from fp8lab.analysis.labels import VARIANT_KEYS, layout_label, model_size_b, variant_label
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
 from fp8lab.core.progress import progress
+from fp8lab.analysis.run_config import normalize_config
 
 # Run metadata carried on every row of the tidy table.
 META_COLUMNS = [
@@ -369,7 +370,7 @@ def _load_trainer_dir(folder: Path) -> pd.DataFrame:
     cfg = folder / "config.json"
     if cfg.exists():
         try:
-            meta = _meta(json.loads(_read_regular(cfg)))
+            meta = _meta(normalize_config(json.loads(_read_regular(cfg))))  # old folders' keys too
         except json.JSONDecodeError as exc:
             raise RunFileError(f"{cfg}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
         except AttributeError:  # not a JSON object

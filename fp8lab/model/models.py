@@ -70,17 +70,21 @@ def longer_sequence_note(name: str, overrides: dict, seq_len: Any) -> str | None
             f"(RoPE has no learned position table: nothing else changes)")
 
 
-def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int | None = 0, **overrides: Any):
+def build_model(name: str, *, device: Any = None, dtype: Any = None, seed: int | None = 0,
+                config: ModelConfig | None = None, **overrides: Any):
     """A ``LlamaForCausalLM`` / ``GPTNeoForCausalLM`` with random weights for the named config (a user's
     folder: its own class, e.g. ``Qwen2ForCausalLM``, with its weights when it has them).
 
     ``device="meta"`` builds shapes only (for counting or planning a 7B model); ``dtype`` creates
     the parameters in that float type directly. ``seed`` makes the weights reproducible without
-    touching the global RNG (None: use it). Overrides are ``ModelConfig`` fields.
+    touching the global RNG (None: use it). Overrides are ``ModelConfig`` fields; ``config``: the
+    named shape's ModelConfig already made (a run's plan, ``RunPlan.model_config``) instead of them.
     """
     import torch
 
-    cfg = get_config(name, **overrides)
+    if config is not None and overrides:
+        raise ValueError("build_model: pass either config or ModelConfig overrides, not both")
+    cfg = config if config is not None else get_config(name, **overrides)
     if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
     if name not in MODEL_CONFIGS:  # a user's folder: its own config, its weights when it has them

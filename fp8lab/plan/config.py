@@ -6,9 +6,10 @@ run the trainer."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
                             FP8_STATS_SOURCES, FUSED_LOSS,
@@ -21,6 +22,9 @@ from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
 from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
 from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
                              STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
+
+if TYPE_CHECKING:
+    from fp8lab.model.config import ModelConfig
 
 CHECKPOINT_EVERY = Check(lambda v: is_count(v, -1), "an integer: N > 0 steps, 0 = only at the end, -1 = never")
 
@@ -100,6 +104,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _validate(self)
 
+    @functools.cached_property  # a frozen dataclass: written straight into __dict__, by the validation
+    def model_config(self) -> "ModelConfig":
+        """The run's ModelConfig: a named shape with its ``shape_overrides``, or a user's folder's (read and
+        checked). Made once, when the options are validated; the plan carries it (``RunPlan.model_config``)."""
+        return _model_config(self, _bad(self))
+
     @property
     def shape_overrides(self) -> dict:
         """``model_overrides`` as the model is built: a named shape's max_seq_len raised to a longer
@@ -135,13 +145,18 @@ def option_problem(name: str, value: Any) -> str | None:
 # validation: each field's own check (fp8lab.plan.options), then the checks across fields
 # ----------------------------------------------------------------------------------------------
 
-def _validate(c: TrainConfig) -> None:
+def _bad(c: TrainConfig) -> Callable[[str, str], ValueError]:
     def bad(name: str, allowed: str) -> ValueError:
         return ValueError(f"{flag(name)}={getattr(c, name)!r} is invalid; allowed: {allowed}")
 
+    return bad
+
+
+def _validate(c: TrainConfig) -> None:
+    bad = _bad(c)
     if not isinstance(c.model_overrides, dict):
         raise ValueError(f"--model-override must be key=value pairs (a dict), got {c.model_overrides!r}")
-    mcfg = _model_config(c, bad)
+    mcfg = c.model_config  # made here, once (TrainConfig.model_config)
     _check_recipe(c)
     if not is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
         raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "

@@ -54,7 +54,7 @@ from typing import Any
 
 from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
-from fp8lab.model.models import block_matmul_params, count_parameters, get_config
+from fp8lab.model.models import block_matmul_params, count_parameters
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, loss_bytes
 
 GPU_SEQ_LEN = 2048
@@ -285,9 +285,9 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
 
 def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
     """Resolve the ``"auto"`` options of TrainConfig ``c`` for ``machine``; ``backend`` is the resolved
-    FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig where the caller has
-    it. Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
-    mcfg = mcfg or get_config(c.model, **c.shape_overrides)
+    FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig (default: the one
+    ``c`` made when validated). Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
+    mcfg = mcfg or c.model_config
     reasons: dict[str, str] = {}
     gpu = machine.gpu
     param_dtype = c.param_dtype

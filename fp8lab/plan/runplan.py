@@ -38,6 +38,7 @@ from fp8lab.fp8.recipe import Recipe
 from fp8lab.core.validate import AUTO
 
 if TYPE_CHECKING:
+    from fp8lab.model.config import ModelConfig
     from fp8lab.plan.config import TrainConfig
 
 PLANNED_ENV = "FP8LAB_PLANNED"  # a SageMaker job's plan made at launch (decisions() as JSON), read by fp8lab.train.sm_entry
@@ -64,6 +65,9 @@ class RunPlan:
     keep_weights: bool  # FSDP2 keeps the weights gathered for the whole step
     weight_cache: bool  # TE's FP8 weight cache: weights cast once per step, not per micro-batch
     fused_wgrad: bool  # TE's weight-gradient GEMMs add into main_grad in place
+    # the run's model shape as it is built (a named shape's max_seq_len raised for a longer --seq-len, its
+    # --model-override, or a user's folder's config): the trainer, the export and the layout read this one
+    model_config: "ModelConfig"
     reasons: dict = field(default_factory=dict)
     # --- #34 long sequences
     fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.plan.fp8attn); also on ``recipe``
@@ -122,16 +126,23 @@ class RunPlan:
                 "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
                 "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}  # issue 32
 
+    def options(self) -> dict[str, Any]:
+        """The options the plan decided, spelled as options (config.json's flat keys hold these values: what ran)."""
+        return {**self.layout.options(), "fp8_attention": "on" if self.fp8_attention else "off",
+                "fp8_stats_every": self.fp8_stats_every, "fp8_stats_source": self.fp8_stats_source,
+                "fused_loss": "on" if self.fused_loss else "off"}
+
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
         m = self.machine
-        return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # issue 31: what ran, not a job's check
+        return {**self.decisions(), "fp8_stats_every": self.fp8_stats_every,  # what ran, not a job's check
                 "fp8_stats_source": self.fp8_stats_source,
-                # issue 51: what ran; not among decisions() (a job's FP8LAB_PLANNED has 512 characters), since a job
-                # passes the launch's value as --fused-loss on|off (fp8lab.launch.spec) and re-plans nothing of it
-                "fused_loss": self.fused_loss,
+                # not among decisions() (a job's FP8LAB_PLANNED has 512 characters), since a job passes the
+                # launch's value as --fused-loss on|off (fp8lab.launch.spec) and re-plans nothing of it
+                "fused_loss": self.fused_loss, "tokens_per_step": self.tokens_per_step,
                 "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
-                "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak}
+                "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak,
+                "memory_estimate_gib": dataclasses.asdict(self.layout.memory)}
 
     def all_reasons(self) -> dict[str, str]:
         return {**self.layout.reasons, **self.reasons}
@@ -239,7 +250,7 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     recipe = recipe_for(c, backend)
     if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
         fused_check(c, backend)
-    mcfg = get_config(c.model, **c.shape_overrides)
+    mcfg = c.model_config  # made once, when the options were validated
     lay = flayout.resolve(c, machine, backend, mcfg=mcfg)  # "auto" options -> this machine's layout (or a clear refusal)
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
@@ -271,7 +282,7 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     # issue 51: the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
     fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
+                   master and decision.active, keep, cache, wgrad, mcfg, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused)
 
 

@@ -43,6 +43,8 @@ import torch
 from torch import nn
 
 from fp8lab.train import distributed as fdist
+from fp8lab.train import te_state
+from fp8lab.train.master_weights import MasterWeights
 from fp8lab.records import ownership
 
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -93,8 +95,6 @@ def _quiet_single_process(env: fdist.DistEnv) -> Iterator[None]:
 
 
 def _is_master(optimizer) -> bool:
-    from fp8lab.train.master_weights import MasterWeights
-
     return isinstance(optimizer, MasterWeights)
 
 
@@ -294,8 +294,6 @@ def _extra_states(path: Path, reader: Any, model: nn.Module, model_sd: dict[str,
     0-byte one until its first FP8 forward), so each is read at the size the checkpoint saved.
     """
     import torch.distributed.checkpoint as dcp
-
-    from fp8lab.train import te_state
 
     keys = [k for k, v in model_sd.items() if k.endswith("_extra_state") and isinstance(v, torch.Tensor)]
     if not keys:

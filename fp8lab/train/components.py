@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fp8lab.train import checkpoint as fckpt
+from fp8lab.core.progress import watched
+from fp8lab.train import distributed as fdist
+from fp8lab.train import profiling as fprofiling
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
 from fp8lab.core import paths as fpaths
@@ -118,8 +121,6 @@ class Checkpointer:
 
         Raises ValueError when it was written by another run (fp8lab.train.resume.check), or when
         checkpoints exist and none loads: the model may hold part of a failed load."""
-        from fp8lab.train import distributed as fdist
-
         if not self.c.resume:
             return None
         if self.env.is_main:
@@ -225,9 +226,7 @@ def show_progress(choice: str, is_main: bool) -> bool:
         return False
     if choice == "on":
         return True
-    from fp8lab.core.progress import watched  # one rule for every bar
-
-    return watched()
+    return watched()  # one rule for every bar
 
 
 def max_reserved_gib(device) -> float | None:
@@ -400,6 +399,7 @@ def plot_loss(output_dir: Path) -> None:
         import matplotlib
 
         matplotlib.use("Agg", force=False)
+        # up the order, and here only: pandas and matplotlib load when a finished run draws loss.png
         from fp8lab.analysis import load_runs
         from fp8lab.views.plots import loss_figure
 
@@ -430,15 +430,11 @@ class StepProfiler:
         self.steady: list[float] = []  # the others
 
     def start(self, step: int) -> None:
-        from fp8lab.train import profiling as fprofiling
-
         if self.range and step == self.range[0]:
             self.prof = fprofiling.start(self.device)
 
     def done(self, step: int, dt: float) -> bool:
         """Book step ``step``'s time; True when it was profiled (its record says so)."""
-        from fp8lab.train import profiling as fprofiling
-
         if self.prof is None:
             if step > self.first_step:
                 self.steady.append(dt)

@@ -60,6 +60,7 @@ from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (its old
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
+from fp8lab.train.run_paths import resolve_paths
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 _opt = flag  # --seq-len for seq_len (the old name of fp8lab.plan.options.flag)
@@ -124,7 +125,7 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
 
     ``planned``: the decisions of the plan made for this run elsewhere (a SageMaker job's, at launch:
     ``RunPlan.decisions()``); the run is refused when this machine plans it differently."""
-    from fp8lab.train import distributed as fdist
+    from fp8lab.train import distributed as fdist  # torch: loads when a run starts (fp8lab train --help stays light)
 
     c = config or TrainConfig()
     try:
@@ -132,7 +133,7 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
     except ValueError as exc:
         raise OptionError(str(exc)) from exc
     try:
-        from fp8lab.train.trainer import run  # the Trainer: setup, fit, finish
+        from fp8lab.train.trainer import run  # the Trainer (torch, as above): setup, fit, finish
 
         return run(c, env, argv, expected=planned)
     finally:
@@ -141,8 +142,6 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
 
 def where_it_writes(config) -> str:
     """The line ``fp8lab train`` starts with: the folders it writes and what goes in them."""
-    from fp8lab.train.run_paths import resolve_paths
-
     p = resolve_paths(config)
     model = f", the model in {p.model_dir}/" if config.save_model else ""
     return (f"fp8lab train: writes to {p.output_dir}/ (metrics.jsonl, config.json, summary.json, loss.png), "

@@ -7,6 +7,10 @@ import tempfile
 from pathlib import Path
 
 from fp8lab.data import tokens as fdata
+from fp8lab.fp8.convert import hf_state_dict_from
+from fp8lab.model import user as user_model
+from fp8lab.model.models import MODEL_CONFIGS, build_model
+from fp8lab.records import ownership
 
 
 def _write_errors() -> tuple[type[BaseException], ...]:
@@ -33,27 +37,23 @@ def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
         full = master.model_state_dict(full)
     if conversion is None or not full:  # plain HF model, or a rank other than 0
         return full
-    from fp8lab.fp8.convert import hf_state_dict_from
-
     return hf_state_dict_from(inner, full)
 
 
-def save_hf_model(model, inner, conversion, c, model_dir: Path, data_dir: Path, env, master=None) -> None:
+def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Path, env, master=None) -> None:
     """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
 
-    ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
+    ``plan``: the run's (fp8lab.plan.runplan.RunPlan: its model and ModelConfig). ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
     the fp32 master weights of ``--param-dtype bf16`` (written instead of the bf16 parameters)."""
-    from fp8lab.records import ownership
-    from fp8lab.model import user as user_model
-    from fp8lab.model.models import build_model
-
     sd = _export_hf_state_dict(model, inner, conversion, master)
     if not env.is_main:
         return
     from transformers import PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
-    hf = build_model(c.model, device="meta", **c.shape_overrides)  # a user's folder: its own config
+    name = plan.config.model
+    # a named shape: the plan's ModelConfig; a user's folder: its own config
+    hf = build_model(name, device="meta", config=plan.model_config if name in MODEL_CONFIGS else None)
     ownership.refuse_foreign("--model-dir", model_dir, "model")  # as at the start: nothing of the user's is replaced
     # written whole into a fresh folder fp8lab creates, then moved in file by file
     stage = Path(tempfile.mkdtemp(dir=ownership.claim(model_dir, "model"), prefix=ownership.TMP_PREFIX))
@@ -62,7 +62,7 @@ def save_hf_model(model, inner, conversion, c, model_dir: Path, data_dir: Path, 
     try:
         hf.save_pretrained(str(stage), state_dict=sd)
         # the user's folder had a tokenizer: it goes back along (the data were tokenized with fp8lab's: fp8lab.model.user)
-        if not user_model.copy_tokenizer(c.model, stage):
+        if not user_model.copy_tokenizer(name, stage):
             tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
             tok.save_pretrained(str(stage))
         names = sorted(f.name for f in stage.iterdir())

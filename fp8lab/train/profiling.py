@@ -16,6 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
+from fp8lab.records import ownership
+
 CATEGORIES = [  # (category, regex on the lower-cased kernel or op name), first match wins
     ("fp8 gemm", r"_scaled_mm|f8f6f4|nvjet_sm\d+_q[qr]"),  # cuBLAS names its FP8 GEMMs nvjet_*_qqtst / _qrtst
     ("attention", r"flash|fmha|attn|attention|cudnn.*sdpa|softmax_rescale|dot_product"),
@@ -114,8 +116,6 @@ def start(device):
 def write(prof, wall_s: list[float], unprofiled_s: list[float], output_dir: Path) -> str:
     """Summarise a stopped profiler into ``output_dir/profile.json``; return the log lines."""
     summary = summarize(prof, len(wall_s), wall_s, unprofiled_s)
-    from fp8lab.records import ownership
-
     ownership.write_file(Path(output_dir) / "profile.json", json.dumps(summary, indent=1) + "\n")
     if ownership.marker_kind(Path(output_dir)) is not None:
         ownership.record(output_dir, "profile.json")

@@ -11,6 +11,7 @@ SageMaker's failure file, which becomes the job's ``FailureReason``.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,20 +19,23 @@ from pathlib import Path
 FAILURE_FILE = "/opt/ml/output/failure"  # SageMaker shows its content as FailureReason
 
 
-def preflight(argv: list[str]) -> str | None:
+def preflight(argv: list[str], planned: dict | None = None) -> str | None:
     """None when the job can run as asked, else a message saying what is missing and how to fix it.
 
     The options are read by the trainer's own parser (bad ones are left to it: exit 2 with its
-    message). Transformer Engine is checked for every ``--backend te`` job: the BF16 twin of an FP8
-    job runs the same TE layers (with FP8 off), so it needs TE as much as the FP8 job does.
+    message). ``planned``: the plan made at launch (``RunPlan.decisions()``, FP8LAB_PLANNED): its backend is
+    the one checked (a job launched with ``--backend auto`` runs what was planned), else the one asked.
+    Transformer Engine is checked for every job on ``te``: the BF16 twin of an FP8 job runs the same TE
+    layers (with FP8 off), so it needs TE as much as the FP8 job does.
     """
+    # run as a script, this file imports fp8lab only once __main__ has put the folder holding it on sys.path
     from fp8lab.train.entry import parse_args
 
     try:
         c = parse_args(argv)
     except ValueError:
         return None  # the trainer reports it
-    precision, backend = c.precision, c.backend
+    precision, backend = c.precision, (planned or {}).get("backend", c.backend)
     if backend == "te":
         try:
             import transformer_engine.pytorch  # noqa: F401
@@ -67,18 +71,18 @@ def _report_failure(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    problem = preflight(argv)
-    if problem:
-        _report_failure(problem)
-        return 2
-    import json
-
+    # run as a script, this file imports fp8lab only once __main__ has put the folder holding it on sys.path
     from fp8lab.plan.runplan import PLANNED_ENV
     from fp8lab.train.entry import main as train_main
 
-    planned = os.environ.get(PLANNED_ENV)  # the trainer re-plans here and refuses a different plan
-    return int(train_main(argv, planned=json.loads(planned) if planned else None) or 0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    text = os.environ.get(PLANNED_ENV)  # the launch's plan: the trainer re-plans here and refuses a different one
+    planned = json.loads(text) if text else None
+    problem = preflight(argv, planned)
+    if problem:
+        _report_failure(problem)
+        return 2
+    return int(train_main(argv, planned=planned) or 0)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fp8lab.train.distributed import unwrap
+
 RECIPE_MODULE = "transformer_engine.common.recipe"
 # TE's recipe types a pickled extra state refers to: the recipes that are dataclasses, their parameter
 # dataclasses, and the Format enum with its value type. CustomRecipe (it holds a factory) is not here.
@@ -197,6 +199,4 @@ def is_te(module: nn.Module | None) -> bool:
 
 def owners(model: nn.Module) -> dict[str, nn.Module]:
     """Modules by the name their state-dict keys use (without DDP's ``module.`` and wrapper parts)."""
-    from fp8lab.train.distributed import unwrap
-
     return {".".join(p for p in name.split(".") if p not in _WRAPPERS): m for name, m in unwrap(model).named_modules()}

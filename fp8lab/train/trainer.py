@@ -8,7 +8,9 @@
     summary = trainer.finish(status, message)
 
 (``run`` does exactly that, after checking the folders and the data.) The trainer decides nothing:
-it builds what the plan says, and holds the plan's backend and recipe objects.
+it builds what the plan says and reads every decision from the plan (it keeps no copy of one); what it
+refines while building (a weight cache or kept weights the model cannot take) is config.json's ``built``.
+The run's record (start lines, ``--dry-run``'s summary, config.json) is fp8lab.train.run_record's component.
 
 Set-up order (as torchtitan): build the HF model, convert it for FP8, activation checkpointing,
 compile each block, fp32 master weights (``--param-dtype bf16``), shard (FSDP2) or wrap (DDP), the
@@ -25,30 +27,40 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
-from fp8lab.train import checkpoint as fckpt
+import torch
+import torch.nn.functional as F
+
+from fp8lab.core import paths as fpaths
+from fp8lab.core.errors import OptionError
+from fp8lab.data import checks as data_checks
 from fp8lab.data import tokens as fdata
+from fp8lab.fp8 import stats as fp8stats
+from fp8lab.fp8 import te_debug
+from fp8lab.fp8.backends import detect_machine, get_backend
+from fp8lab.fp8.convert import convert_model, edge_blocks_filter
+from fp8lab.model.models import MODEL_CONFIGS, build_model, model_flops_per_token
+from fp8lab.model.user import is_user_model
+from fp8lab.plan import graphs
+from fp8lab.plan.runplan import plan_run
+from fp8lab.records import metrics as fmetrics
+from fp8lab.records import ownership, runlock
+from fp8lab.train import checkpoint as fckpt
 from fp8lab.train import distributed as fdist
 from fp8lab.train import export as fexport
 from fp8lab.train import fused_loss
-from fp8lab.records import metrics as fmetrics
 from fp8lab.train import optim as foptim
-from fp8lab.records import ownership
-from fp8lab.core import paths as fpaths
 from fp8lab.train import resume as fresume
 from fp8lab.train import run_paths as frun_paths
-from fp8lab.data import checks as data_checks
-from fp8lab.fp8.backends import get_backend
-from fp8lab.core.errors import OptionError
-from fp8lab.model.models import get_config
-from fp8lab.model.user import is_user_model
 from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult, StopFlag,
-                               TrainState)
+                                     TrainState)
+from fp8lab.train.master_weights import MasterWeights
+from fp8lab.train.run_record import RunRecord, adamw_impl
 
 
 class Trainer:
@@ -57,36 +69,34 @@ class Trainer:
     ``self.c`` is the request (``plan.config``, "auto" included); what runs is read from the plan."""
 
     def __init__(self, plan, env, argv: list[str] | None = None):
-        self.plan, self.c, self.env, self.argv = plan, plan.config, env, argv
-        self.paths = frun_paths.resolve_paths(self.c)
+        self.plan, self.env = plan, env  # every decision is read from the plan, never copied
+        self.paths = frun_paths.resolve_paths(plan.config)
         self.log = print if env.is_main else (lambda *a, **k: None)
+        self.record = RunRecord(plan, env, self.paths, argv, self.log)  # start lines, dry-run summary, config.json
         self.wall0 = time.perf_counter()
         self.resumed_from: int | None = None
         self.last_val: float | None = None
         self.stop = StopFlag()  # SIGTERM/SIGINT seen; fit() installs and uninstalls its handler
-        self.backend, self.recipe, self.layout = plan.backend, plan.recipe, plan.layout
-        self.total_steps, self.warmup = plan.total_steps, plan.warmup_steps
-        self.graphs, self.graphs_captured = plan.graphs, None
-        self.world, self.tokens_per_step, self.fp8_on = plan.world_size, plan.tokens_per_step, plan.fp8
-        self.machine, self.sharded, self.compute_dtype = plan.machine, plan.sharded, plan.compute_dtype
+        self.graphs_captured = None
         # the backend object and its FP8 region, looked up once (not per micro-batch)
         self.fp8_backend = get_backend(plan.backend) if plan.backend else None
         self.after_step = getattr(self.fp8_backend, "after_optimizer_step", None)
-        self.mcfg = get_config(self.c.model, **self.c.shape_overrides)
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
         self.lock = None  # the output folder's run lock (fp8lab.records.runlock), rank 0, from _prepare_data to close()
-        self.te_debug = None  # issue 31: TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
+        self.te_debug = None  # TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
+
+    @property
+    def c(self):
+        """The request (``plan.config``, "auto" included)."""
+        return self.plan.config
 
     # ------------------------------------------------------------------------------------ set-up
 
     def setup(self) -> dict[str, Any] | None:
         """Everything before the first step; returns the dry-run summary under ``--dry-run``, else None."""
-        self.log(f"fp8lab: {self.layout.header()}")
-        if self.machine.gpu or self.c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
-            self.log(f"fp8lab: {self.graphs.describe()}")
-        self._long_context()
+        self.record.plan_lines()
         if self.c.dry_run:
-            return self._dry_run_summary()
+            return self.record.dry_run_summary()
         self._cap_gpu_memory()
         self._prepare_data()
         self._build_model()
@@ -95,60 +105,25 @@ class Trainer:
         self._resume()
         # resumed at its last step: a finished run (kept as it is, see finish) or one whose export failed
         self.finished = (fdist.broadcast_object(self._finished_summary(), self.env)
-                         if self.resumed_from == self.total_steps else None)
+                         if self.resumed_from == self.plan.total_steps else None)
         if self.finished is None:
             self._capture_graphs()
             if self.env.is_main:
                 self._write_config()
         return None
 
-    def _long_context(self) -> None:
-        """#34: log a named shape's raised max_seq_len and the FP8-attention decision (where there is one to make);
-        with FP8 attention on, set TE's NVTE_FP8_DPA_BWD to fp8lab's default where the environment does not."""
-        from fp8lab.plan import fp8attn
-
-        reasons = self.plan.reasons
-        if "max_seq_len" in reasons:
-            self.log(f"fp8lab: {reasons['max_seq_len']}")
-        if self.plan.fp8_attention:  # TE reads it at each attention call: set before anything runs, the user's value wins
-            os.environ.setdefault(fp8attn.BWD_ENV, fp8attn.FP8_DPA_BWD)
-            bwd = f"; {fp8attn.BWD_ENV}={os.environ[fp8attn.BWD_ENV]} (1: backward in FP8 too, 0: backward in BF16)"
-            self.log(f"fp8lab: FP8 attention on: {reasons['fp8_attention']}{bwd}")
-        elif self.fp8_on and (self.machine.gpu or self.c.fp8_attention != "auto"):
-            self.log(f"fp8lab: FP8 attention off: {reasons['fp8_attention']}")
-        if self.plan.fused_loss or self.machine.gpu or self.c.fused_loss != "auto":  # issue 51 (a CPU's auto: nothing to say)
-            self.log(f"fp8lab: fused loss {'on' if self.plan.fused_loss else 'off'}: {reasons['fused_loss']}")
-
-    @property
-    def model_name(self) -> str:
-        """--model as step records, logs and summaries show it: never an absolute machine path (fp8lab.core.paths)."""
-        return fpaths.shareable_path(self.c.model, self.paths.output_dir)
-
-    def _dry_run_summary(self) -> dict[str, Any]:
-        c, lay = self.c, self.layout
-        return {"status": "dry_run", "model": self.model_name, "precision": c.precision, "backend": self.plan.backend_label,
-                "world_size": self.env.world_size, "gpu_name": self.machine.name, **lay.options(),
-                "cuda_graphs": self.graphs.active, "memory_estimate_gib": round(lay.memory.peak, 1), "memory_gib": round(self.machine.memory_gib, 1),
-                "reasons": lay.reasons}
-
     def _cap_gpu_memory(self) -> None:
-        import torch
-
         if self.c.gpu_memory_gib and self.env.device.type == "cuda":  # emulate a smaller GPU (e.g. P5's H100 80 GB on an H200)
             total = torch.cuda.get_device_properties(self.env.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.c.gpu_memory_gib * 2**30 / total), self.env.device)
 
     def _prepare_data(self) -> None:
         """Tokenized once per node (deterministic, so every node gets the same shards), then checked."""
-        from fp8lab.model.models import MODEL_CONFIGS
-
-        c, env, mcfg = self.c, self.env, self.mcfg
+        c, env, mcfg = self.c, self.env, self.plan.model_config
         source = frun_paths.data_source(c)
         if env.local_rank == 0:
             self.paths.output_dir.mkdir(parents=True, exist_ok=True)
             if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
-                from fp8lab.records import runlock
-
                 self.lock = runlock.acquire("--output-dir", self.paths.output_dir)
             ownership.claim(self.paths.output_dir, "run")
             self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
@@ -166,52 +141,46 @@ class Trainer:
 
     def _build_model(self) -> None:
         """build -> convert -> activation checkpointing -> compile -> master weights -> wrap."""
-        import torch
-
-        from fp8lab.fp8.convert import convert_model, edge_blocks_filter
-        from fp8lab.model.models import build_model
-
-        c, env = self.c, self.env
+        c, env, p = self.c, self.env, self.plan
         torch.manual_seed(c.seed)
-        model = build_model(c.model, device=env.device, seed=c.seed, **c.shape_overrides)
+        model = build_model(c.model, device=env.device, seed=c.seed, config=self._named_shape())
         self.conversion = None
         self._start_te_debug()
-        if self.backend is not None:
+        if p.backend is not None:
             flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
-            model = convert_model(model, backend=self.backend, recipe=self.recipe, fuse=c.fuse, module_filter=flt,
-                                  fp8_all_gather=self.plan.fp8_all_gather)  # issue 32
+            model = convert_model(model, backend=p.backend, recipe=p.recipe, fuse=c.fuse, module_filter=flt,
+                                  fp8_all_gather=p.fp8_all_gather)
             self.conversion = model.fp8lab_conversion
-        if self.layout.activation_checkpointing:
-            fdist.apply_activation_checkpointing(model, self.backend, self._fp8_context)
+        if p.layout.activation_checkpointing:
+            fdist.apply_activation_checkpointing(model, p.backend, self._fp8_context)
         if c.compile:
             fdist.compile_blocks(model)
-        if self.plan.fused_loss:  # issue 51: the LM head computes the loss chunk by chunk (fp8lab.train.fused_loss)
+        if p.fused_loss:  # the LM head computes the loss chunk by chunk (fp8lab.train.fused_loss)
             fused_loss.install(model)
         self.inner = model
         self.master, self.fused_wgrad = None, []
-        if self.plan.master_weights:
+        if p.master_weights:
             self._make_master_weights(model)
-        self.model = fdist.wrap(model, env, c.parallel, param_dtype=self.plan.param_dtype)
-        self.keep_weights = bool(self.plan.keep_weights and fdist.keep_gathered_weights(self.model))
-        # TE's FP8 weight cache (fp8lab.plan.layout.weight_cache: the plan's rule, the memory estimate's too)
-        self.weight_cache = bool(self.plan.weight_cache and getattr(model, "supports_weight_cache", False))
+        self.model = fdist.wrap(model, env, c.parallel, param_dtype=p.param_dtype)
+        # what the built model can take of the plan's choices (config.json's "built"): kept weights, TE's FP8
+        # weight cache (fp8lab.plan.layout.weight_cache: the plan's rule, the memory estimate's too)
+        self.keep_weights = bool(p.keep_weights and fdist.keep_gathered_weights(self.model))
+        self.weight_cache = bool(p.weight_cache and getattr(model, "supports_weight_cache", False))
+
+    def _named_shape(self):
+        """The plan's ModelConfig for build_model: a named shape's; None for a user's folder (built from its own files)."""
+        return self.plan.model_config if self.c.model in MODEL_CONFIGS else None
 
     def _start_te_debug(self) -> None:
         """Issue 31: TE's debug API, where the plan chose it to read the FP8 casts: it must be on before the first
         TE module is built, so before the conversion (fp8lab.fp8.te_debug)."""
-        from fp8lab.fp8 import stats as fp8stats
-
         p = self.plan
         if p.fp8_stats_every and p.fp8_stats_source == fp8stats.TE_DEBUG and self.env.is_main:
-            from fp8lab.fp8 import te_debug
-
-            self.te_debug = te_debug.start(p.fp8_stats_every, self.recipe, self.paths.output_dir / te_debug.LOG_DIR)
+            self.te_debug = te_debug.start(p.fp8_stats_every, p.recipe, self.paths.output_dir / te_debug.LOG_DIR)
             self.log(f"fp8lab: FP8 health statistics: {p.reasons['fp8_stats']}")
 
     def _make_master_weights(self, model) -> None:
         """bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype."""
-        from fp8lab.train.master_weights import MasterWeights
-
         c, env = self.c, self.env
         # Under CUDA graphs the streamed step: main_grad buffers zeroed in place (a graph writes to fixed
         # addresses), and no full fp32 gradient copy at the step, which the graphs' resident activations need
@@ -225,53 +194,42 @@ class Trainer:
 
     def _capture_graphs(self) -> None:
         """Capture the decoder blocks as CUDA graphs where ``--cuda-graphs`` resolved to on (fp8lab.plan.graphs)."""
-        if not self.graphs.active:
-            return
-        from fp8lab.plan import graphs
-
         p = self.plan
+        if not p.graphs.active:
+            return
         self.graphs_captured = graphs.capture(self.inner, micro_batch_size=p.micro_batch_size, seq_len=p.seq_len,
-                                              fp8=self.fp8_on, recipe=self.recipe, weight_cache=self.weight_cache)
+                                              fp8=p.fp8, recipe=p.recipe, weight_cache=self.weight_cache)
         self.optimizer.zero_grad(set_to_none=True)  # the capture's warm-up backward wrote into the gradient buffers
         self.log(f"fp8lab: {self.graphs_captured.describe()}")
 
     def _build_optimizer(self) -> None:
         """AdamW (or the master weights' AdamW) and the LR schedule."""
-        import torch
-
-        c = self.c
+        c, p = self.c, self.plan
         self.optimizer = self.master if self.master is not None else foptim.make_optimizer(
-            self.model, c, self.env.device, sharded=self.sharded)
+            self.model, c, self.env.device, sharded=p.sharded)
         self.adamw = self.master.optimizer if self.master is not None else self.optimizer
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw, foptim.lr_lambda(c, self.total_steps, self.warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw, foptim.lr_lambda(c, p.total_steps, p.warmup_steps))
 
     def _build_components(self) -> None:
-        from fp8lab.model.models import model_flops_per_token
-
         c, env, p = self.c, self.env, self.plan
         self.loader = fdata.TokenLoader(self.data_dir, "train", p.seq_len, p.micro_batch_size, seed=c.seed,
-                                        rank=env.rank, world_size=self.world)
-        self.state = TrainState(tokens_per_step=self.tokens_per_step, device=env.device)
+                                        rank=env.rank, world_size=p.world_size)
+        self.state = TrainState(tokens_per_step=p.tokens_per_step, device=env.device)
         self.guard = NonFiniteGuard(c.max_bad_steps, self.state)
-        self.gpu_name = self.machine.name
-        peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(self.gpu_name)
-        self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind,
-                            self.model_name, self.world, self.gpu_name, peak, model_flops_per_token(self.mcfg, p.seq_len),
-                            self.tokens_per_step)
+        gpu = p.machine.name
+        peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(gpu)
+        self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind, self.record.model_name, p.world_size, gpu, peak,
+                            model_flops_per_token(p.model_config, p.seq_len), p.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
         self.fingerprint = fresume.fingerprint(p, data=fdata.identity(self.manifest))
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
                                          {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
                                          self.fingerprint, self.log)
-        # issue 31: FP8 health statistics (rank 0 samples its own micro-batch; fp8lab.fp8.stats)
-        from fp8lab.fp8 import stats as fp8stats
-
+        # FP8 health statistics (rank 0 samples its own micro-batch; fp8lab.fp8.stats)
         if self.te_debug is not None:
-            from fp8lab.fp8 import te_debug
-
             self.health = te_debug.attach(self.inner, self.te_debug)
         else:
-            self.health = (fp8stats.attach(self.inner, self.backend, p.fp8_stats_every)
+            self.health = (fp8stats.attach(self.inner, p.backend, p.fp8_stats_every)
                            if p.fp8_stats_every and env.is_main else None)
 
     def _resume(self) -> None:
@@ -281,112 +239,35 @@ class Trainer:
             return
         self.resumed_from, new_settings = resumed
         if new_settings:
-            c = self.c
-            fresume.apply_new_settings(self.scheduler, c, foptim.lr_lambda(c, self.total_steps, self.warmup), self.resumed_from)
+            c, p = self.c, self.plan
+            fresume.apply_new_settings(self.scheduler, c, foptim.lr_lambda(c, p.total_steps, p.warmup_steps), self.resumed_from)
             self.log(f"fp8lab: resuming step {self.resumed_from} with new settings ("
                      + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items()) + "): the new schedule from here on")
 
     def _write_config(self) -> None:
-        """config.json (options, what they resolved to, provenance) and the run's opening log lines."""
-        from fp8lab.model.models import count_parameters
-
-        c, i, lay = self.c, self.info, self.layout
-        requested = c.as_dict()
-        # the flat keys are the options as they ran (the layout's values for "auto"), as readers of
-        # config.json (fp8lab.analysis) expect; "requested" is what was asked, "plan" what was decided and why
-        effective = {**requested, **lay.options()}
-        cfg_record = {**effective, **self._resolved(), "flops_per_token": i.flops_per_token,
-                      "params": count_parameters(self.mcfg).total, **self._sources(),
-                      "resumed_from_step": self.resumed_from,
-                      "requested_layout": {k: requested[k] for k in lay.options()},
-                      "layout": {"reasons": lay.reasons, "memory_estimate_gib": dataclasses.asdict(lay.memory),
-                                 "memory_estimate_peak_gib": lay.memory.peak, "memory_gib": self.machine.memory_gib},
-                      **fmetrics.provenance(i.gpu_name, self.world, self.argv)}
-        shared = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")
-        # the Python API's equivalent command keeps --activation-checkpointing as asked (auto, the default, left
-        # out), as it read before the option became a layout decision; the flat key is what ran
-        as_typed = {**effective, "activation_checkpointing": c.activation_checkpointing}
-        cfg_record.update(fpaths.shareable_run_record(as_typed, type(c)().as_dict(), self.argv,
-                                                      self.paths.output_dir, shared))
-        # #34: as it ran (the plan's value for "auto"), beside the command (which keeps what was asked)
-        cfg_record["fp8_attention"] = "on" if self.plan.fp8_attention else "off"
-        cfg_record["fp8_stats_every"] = self.plan.fp8_stats_every  # #31: the interval that ran (0: off)
-        cfg_record["fp8_stats_source"] = self.plan.fp8_stats_source  # #31: who read the casts (None: off)
-        cfg_record["fused_loss"] = "on" if self.plan.fused_loss else "off"  # issue 51: as it ran (the plan's value for auto)
-        cfg_record["requested"] = {**requested, **{k: cfg_record[k] for k in shared if k in cfg_record}}
-        cfg_record["plan"] = self.plan.record()
-        if self.plan.fp8_attention:  # #34: which backward TE's FP8 attention ran (fp8lab.plan.fp8attn)
-            from fp8lab.plan.fp8attn import BWD_ENV
-
-            cfg_record["plan"][BWD_ENV] = os.environ.get(BWD_ENV)
-        ownership.write_file(self.paths.output_dir / "config.json", json.dumps(cfg_record, indent=2, default=str) + "\n")
-        ownership.record(self.paths.output_dir, "config.json")
-        self._log_start()
-
-    def _resolved(self) -> dict[str, Any]:
-        return {"backend_resolved": self.plan.backend_label, "recipe_resolved": self.recipe.describe() if self.recipe else None,
-                "total_steps": self.total_steps, "warmup_steps_resolved": self.warmup,
-                "compute_dtype_resolved": self.compute_dtype, "tokens_per_step": self.tokens_per_step,
-                "fp8_weight_cache_active": self.weight_cache, "fuse_wgrad_accumulation_active": bool(self.fused_wgrad),
-                "fsdp_keep_weights_active": self.keep_weights, "adamw_impl": _adamw_impl(self.adamw),
-                "cuda_graphs_active": self.graphs.active, "cuda_graphs_reason": self.graphs.reason,
-                "cuda_graphs_captured": dataclasses.asdict(self.graphs_captured) if self.graphs_captured else None}
-
-    def _sources(self) -> dict[str, Any]:
-        from fp8lab.model import user as user_model
-
-        from fp8lab.model.models import count_parameters
-
-        m, source = self.manifest, user_model.describe(self.c.model)
-        if source["source"] != "named":
-            source["params_from_config"] = count_parameters(get_config(self.c.model)).total
-        return {"model_source": {**source, "params_built": sum(p.numel() for p in self.inner.parameters())},
-                "conversion": dataclasses.asdict(self.conversion) if self.conversion is not None else None,
-                "data_manifest": {k: m[k] for k in ("source", "vocab_size", "tokenizer_sha256")}}
-
-    def _log_start(self) -> None:
-        from fp8lab.model.models import count_parameters
-
-        c, i, log = self.c, self.info, self.log
-        layers = (f" via {i.backend} ({self.recipe.describe()})" if self.fp8_on and self.backend
-                  else (f" on {i.backend} layers, FP8 off" if self.backend else ""))
-        # --precision bf16 whose math runs in fp32 (a CPU on auto, or --compute-dtype fp32) is named by what it computes
-        # in, as everywhere else (analysis.labels.math_dtype: "fp32 hf" in tables, "fp32" in notebook 03)
-        shown = (f"{self.compute_dtype} (asked as bf16)" if self.compute_dtype != "bf16" and c.precision == "bf16"
-                 else c.precision)
-        log(f"fp8lab: {self.model_name} ({count_parameters(self.mcfg).total / 1e6:.1f}M params) | {shown}{layers}"
-            f" | {self.world} x {i.gpu_name} | {c.parallel if self.world > 1 else 'single process'} | "
-            f"{self.total_steps} steps x {self.tokens_per_step} tokens")
-        log(f"fp8lab: {fdata.describe(self.data_dir)}")
-        if i.peak:
-            log(f"fp8lab: MFU = model FLOPs / dense BF16 peak of {i.gpu_name} ({i.peak / 1e12:.0f} TFLOP/s), for BF16 and FP8 runs alike")
-        else:
-            log(f"fp8lab: MFU not computed on {i.gpu_name} (no dense BF16 peak known): null in metrics.jsonl, 0 in log lines")
-        if self.resumed_from is not None:
-            log(f"fp8lab: resumed from checkpoint at step {self.resumed_from} ({self.paths.checkpoint_dir.name}/)")
-        if c.inject_nan_at_steps:
-            log(f"fp8lab: TEST HOOK: NaN loss injected at steps {list(c.inject_nan_at_steps)}")
+        """config.json and the run's opening lines (the run's record, fp8lab.train.run_record), with what was built."""
+        built = {"fp8_weight_cache": self.weight_cache, "fuse_wgrad_accumulation": bool(self.fused_wgrad),
+                 "fsdp_keep_weights": self.keep_weights, "adamw_impl": adamw_impl(self.adamw),
+                 "cuda_graphs_captured": dataclasses.asdict(self.graphs_captured) if self.graphs_captured else None}
+        self.record.write(built=built, sources=self.record.sources(self.manifest, self.inner, self.conversion),
+                          resumed_from=self.resumed_from, info=self.info, data_dir=self.data_dir)
 
     # ------------------------------------------------------------------------------------ one step
 
     def _fp8_context(self):
         """The backend's FP8 region (FP8 off for BF16 runs on converted layers), from the plan's objects."""
-        return self.fp8_backend.autocast(self.recipe, self.fp8_on) if self.fp8_backend else nullcontext()
+        return self.fp8_backend.autocast(self.plan.recipe, self.plan.fp8) if self.fp8_backend else nullcontext()
 
     def _forward(self, x, is_first_microbatch: bool | None = None, targets=None):
         """The model's forward (logits; with ``targets`` under ``--fused-loss``, the mean loss), in the compute
         dtype's autocast and the backend's FP8 region: the one place the model is called (training and validation)."""
-        import torch
-
-        amp = torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.compute_dtype == "bf16")
+        amp = torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.plan.compute_dtype == "bf16")
         with amp, self._fp8_context(), fused_loss.targets(self.inner, targets):
             kw = {} if is_first_microbatch is None else {"is_first_microbatch": is_first_microbatch}
             return self.model(x, **kw).logits
 
     @staticmethod
     def _plain_loss(logits, y):
-        import torch.nn.functional as F
-
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
 
     def _loss(self, x, y, is_first_microbatch: bool | None = None):
@@ -406,8 +287,6 @@ class Trainer:
 
     def train_step(self, step: int) -> StepResult:
         """Forward/backward over the micro-batches, clip, and the update unless the guard skips it."""
-        import torch
-
         env, accum = self.env, self.plan.grad_accum
         lr = self.optimizer.param_groups[0]["lr"]
         if self.health is not None:
@@ -425,7 +304,7 @@ class Trainer:
         # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
         packed = torch.stack([loss_sum / accum, torch.tensor(float(self.stop.set), device=env.device)])
         fdist.all_reduce_sum(packed, env)
-        result = StepResult(loss=float(packed[0]) / self.world, grad_norm=float(grad_norm), lr=lr, skipped=False,
+        result = StepResult(loss=float(packed[0]) / self.plan.world_size, grad_norm=float(grad_norm), lr=lr, skipped=False,
                             stop=bool(packed[1] > 0))
         result.skipped = self.guard.skip(result.loss, result.grad_norm)
         if not result.skipped:  # the FP8 overflow guard drops the update and keeps the weights
@@ -446,8 +325,6 @@ class Trainer:
             self.metrics.emit(f"fp8lab: {line}")
 
     def _clip(self):
-        import torch
-
         max_norm = self.c.grad_clip if self.c.grad_clip > 0 else float("inf")
         if self.master is not None:  # fp32 copies of the bf16 gradients, clipped; the norm is theirs
             grad_norm = self.master.clip_grad_norm_(max_norm)
@@ -457,11 +334,9 @@ class Trainer:
 
     def evaluate(self) -> float:
         """Mean validation loss over ``--val-batches`` global batches: the same windows at any layout."""
-        import torch
-
         c, env, p = self.c, self.env, self.plan
         vl = fdata.TokenLoader(self.data_dir, "val", p.seq_len, p.micro_batch_size, seed=0, rank=env.rank,
-                               world_size=self.world, shuffle=False)
+                               world_size=p.world_size, shuffle=False)
         self.model.eval()
         total = torch.zeros((), device=env.device, dtype=torch.float64)
         with torch.no_grad():
@@ -472,30 +347,30 @@ class Trainer:
         if self.keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
             fdist.reshard(self.model)
         fdist.all_reduce_sum(total, env)
-        return float(total) / (c.val_batches * p.grad_accum * self.world)
+        return float(total) / (c.val_batches * p.grad_accum * p.world_size)
 
     # ------------------------------------------------------------------------------------ the loop
 
     def fit(self) -> tuple[str, str | None]:
         """Train to the last step, or until SIGTERM, the non-finite guard or a failed checkpoint stops
         the run; (status, message). metrics.jsonl is complete whatever stops it."""
-        c, env, state = self.c, self.env, self.state
+        c, env, state, total = self.c, self.env, self.state, self.plan.total_steps
         first = state.step + 1
         self.stop.install()
-        self.metrics.open(self.total_steps, first, self.resumed_from)
-        profiler = StepProfiler(c.profile_steps, self.total_steps, first, env.device, self.paths.output_dir,
+        self.metrics.open(total, first, self.resumed_from)
+        profiler = StepProfiler(c.profile_steps, total, first, env.device, self.paths.output_dir,
                                 env.is_main, self.metrics.emit)
         status, message = "completed", None
         self.model.train()
         try:
-            for step in range(first, self.total_steps + 1):
+            for step in range(first, total + 1):
                 profiler.start(step)
                 self.metrics.start()
                 r = self.train_step(step)
                 dt = self.metrics.stop()
                 state.advance()
                 profiled = profiler.done(step, dt)
-                last = step == self.total_steps
+                last = step == total
                 val = None
                 if (c.val_every and step % c.val_every == 0) or (last and not r.skipped):
                     val = self.last_val = self.evaluate()
@@ -526,20 +401,18 @@ class Trainer:
         A run that was already complete (resumed at its last step) keeps its summary.json; an export or
         summary that cannot be written is status ``export_failed``/``summary_failed`` (exit code 4), the
         weights then kept in a checkpoint of the last step."""
-        import sys
-
-        c, env = self.c, self.env
+        c, env, total = self.c, self.env, self.plan.total_steps
         if self.finished is not None:
-            self.log(f"fp8lab: the run in {self.paths.output_dir.name!r} is complete (step {self.total_steps} of "
-                     f"{self.total_steps}); config.json, summary.json, metrics.jsonl and the model are kept as they are")
+            self.log(f"fp8lab: the run in {self.paths.output_dir.name!r} is complete (step {total} of "
+                     f"{total}); config.json, summary.json, metrics.jsonl and the model are kept as they are")
             return self.finished
-        if status == "completed" and self.resumed_from == self.total_steps:
+        if status == "completed" and self.resumed_from == total:
             self.last_val = self.evaluate()  # finished before, its export or summary missing: written now
         if status == "completed" and c.save_model:
             failed = self._export()
             if failed:
                 status, message = "export_failed", failed
-        summary = self.metrics.summary(self.paths, status, message, self.state, self.total_steps, self.last_val,
+        summary = self.metrics.summary(self.paths, status, message, self.state, total, self.last_val,
                                        self.resumed_from, time.perf_counter() - self.wall0)
         if env.is_main:
             failed = self.metrics.write_summary(summary, plot=c.plot)
@@ -558,7 +431,7 @@ class Trainer:
             done = json.loads((self.paths.output_dir / "summary.json").read_text())
         except (OSError, ValueError):
             return None
-        complete = isinstance(done, dict) and done.get("status") == "completed" and done.get("steps") == self.total_steps
+        complete = isinstance(done, dict) and done.get("status") == "completed" and done.get("steps") == self.plan.total_steps
         exported = not self.c.save_model or (done.get("model_dir") is not None
                                              and (self.paths.model_dir / "config.json").is_file())
         return done if complete and exported else None
@@ -568,7 +441,7 @@ class Trainer:
         env, step = self.env, self.state.step
         why = None
         try:
-            fexport.save_hf_model(self.model, self.inner, self.conversion, self.c, self.paths.model_dir, self.data_dir,
+            fexport.save_hf_model(self.model, self.inner, self.conversion, self.plan, self.paths.model_dir, self.data_dir,
                                   env, master=self.master)
         except (OSError, ValueError, *fexport.WRITE_ERRORS) as exc:  # e.g. disk full: the staged files are removed
             why = fresume.failure_reason(exc)
@@ -612,9 +485,6 @@ def setup_errors(paths, env) -> Iterator[None]:
 
 def plan_here(c, env):
     """The run's plan on this process's machine (fp8lab.plan.runplan.plan_run on the detected device)."""
-    from fp8lab.fp8.backends import detect_machine
-    from fp8lab.plan.runplan import plan_run
-
     return plan_run(c, detect_machine(env.device, env.world_size, c.gpu_memory_gib))
 
 
@@ -668,9 +538,3 @@ def check_same_plan(plan, expected: dict[str, Any]) -> None:
         listed = ", ".join(f"{k}: {a!r} planned, {b!r} here" for k, (a, b) in diff.items())
         raise ValueError(f"this machine plans the run differently from the launch ({listed}); the job runs what "
                          "was planned or nothing: set these options explicitly, or plan for this machine")
-
-
-def _adamw_impl(opt) -> str:
-    """Which AdamW kernels run: 'fused', 'foreach' or 'for-loop' (recorded in config.json)."""
-    d = getattr(opt, "defaults", {})
-    return "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"

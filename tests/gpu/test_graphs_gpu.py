@@ -46,10 +46,10 @@ def test_graphed_and_eager_runs_train_alike(prepared, tmp_path, precision, recip
         assert s["status"] == "completed" and s["nonfinite_steps"] == 0
         runs[mode] = (_losses(out), json.loads((out / "config.json").read_text()))
     (lon, con), (loff, coff) = runs["on"], runs["off"]
-    assert con["cuda_graphs_active"] is True and coff["cuda_graphs_active"] is False
+    assert con["plan"]["cuda_graphs"] is True and coff["plan"]["cuda_graphs"] is False
     # both accumulate weight gradients inside TE's GEMMs: the graphed run into main_grad kept in place
-    assert con["fuse_wgrad_accumulation_active"] is True and coff["fuse_wgrad_accumulation_active"] is True
-    cap = con["cuda_graphs_captured"]
+    assert con["built"]["fuse_wgrad_accumulation"] is True and coff["built"]["fuse_wgrad_accumulation"] is True
+    cap = con["built"]["cuda_graphs_captured"]
     # allocated after capture minus before: the capture also frees a little (the warm-up's gradients)
     assert cap["blocks"] == 2 and -0.01 < cap["memory_gib"] < 0.1
     assert cap["weight_cache"] is (precision == "fp8" and grad_accum > 1 and cache)
@@ -96,8 +96,8 @@ def test_auto_turns_graphs_on_for_a_launch_bound_step(prepared, tmp_path):
     out = tmp_path / "auto"
     train(TrainConfig(**TINY, precision="fp8", steps=3, data=str(prepared), output_dir=str(out)))
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["cuda_graphs_active"] is True and cfg["cuda_graphs_reason"].startswith("auto:")
-    assert cfg["fuse_wgrad_accumulation_active"] is True  # main_grad buffers kept in place by the streamed step
+    assert cfg["plan"]["cuda_graphs"] is True and cfg["plan"]["reasons"]["cuda_graphs"].startswith("auto:")
+    assert cfg["built"]["fuse_wgrad_accumulation"] is True  # main_grad buffers kept in place by the streamed step
 
 
 def test_streamed_master_step_equals_the_plain_step_on_the_gpu(monkeypatch):

@@ -95,8 +95,8 @@ def test_fp8_weight_cache_across_micro_batches(prepared, tmp_path, recipe, rel):
     train(TrainConfig(**base, fp8_weight_cache=False, output_dir=str(off)))
     import json
 
-    assert json.loads((on / "config.json").read_text())["fp8_weight_cache_active"] is True
-    assert json.loads((off / "config.json").read_text())["fp8_weight_cache_active"] is False
+    assert json.loads((on / "config.json").read_text())["built"]["fp8_weight_cache"] is True
+    assert json.loads((off / "config.json").read_text())["built"]["fp8_weight_cache"] is False
     lon = [r["loss"] for r in fmetrics.read_metrics(on / "metrics.jsonl")]
     loff = [r["loss"] for r in fmetrics.read_metrics(off / "metrics.jsonl")]
     assert lon == pytest.approx(loff, rel=rel)
@@ -125,7 +125,7 @@ def test_fp8_weight_cache_under_fsdp2_with_kept_weights(prepared, tmp_path):
         p = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         cfg = json.loads((out / "config.json").read_text())
-        active[cache] = (cfg["fp8_weight_cache_active"], cfg["fsdp_keep_weights_active"])
+        active[cache] = (cfg["built"]["fp8_weight_cache"], cfg["built"]["fsdp_keep_weights"])
         losses[cache] = [r["loss"] for r in fmetrics.read_metrics(out / "metrics.jsonl")]
     assert active == {"True": (True, True), "False": (False, True)}
     assert losses["True"] == pytest.approx(losses["False"], rel=1e-3)
@@ -145,8 +145,8 @@ def test_fused_wgrad_accumulation_trains_like_autograd_accumulation(prepared, tm
     on, off = tmp_path / "on", tmp_path / "off"
     train(TrainConfig(**base, output_dir=str(on)))
     train(TrainConfig(**base, fuse_wgrad_accumulation=False, output_dir=str(off)))
-    assert json.loads((on / "config.json").read_text())["fuse_wgrad_accumulation_active"] is True
-    assert json.loads((off / "config.json").read_text())["fuse_wgrad_accumulation_active"] is False
+    assert json.loads((on / "config.json").read_text())["built"]["fuse_wgrad_accumulation"] is True
+    assert json.loads((off / "config.json").read_text())["built"]["fuse_wgrad_accumulation"] is False
     ron, roff = fmetrics.read_metrics(on / "metrics.jsonl"), fmetrics.read_metrics(off / "metrics.jsonl")
     assert [r["loss"] for r in ron] == pytest.approx([r["loss"] for r in roff], rel=2e-2)
     assert ron[0]["grad_norm"] == pytest.approx(roff[0]["grad_norm"], rel=2e-2)

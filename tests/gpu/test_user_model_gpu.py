@@ -90,7 +90,7 @@ def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path,
     recs = fmetrics.read_metrics(out / "metrics.jsonl")
     assert recs[-1]["loss"] < recs[0]["loss"]
     rec = json.loads((out / "config.json").read_text())
-    assert rec["conversion"]["fused"] is True and rec["backend_resolved"] == "te"
+    assert rec["conversion"]["fused"] is True and rec["plan"]["backend"] == "te"
     assert rec["model_source"]["params_built"] == rec["model_source"]["params_from_config"]
 
     reloaded = AutoModelForCausalLM.from_pretrained(str(out / "model"), dtype=torch.bfloat16).cuda().eval()
@@ -105,5 +105,5 @@ def test_user_folder_trains_in_fp8_exports_and_reloads(make, prepared, tmp_path,
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < 2e-2, f"exported model's logits differ from the trained converted model's by {rel:.3g} (relative)"
     gpu_record(model=make.__name__, params=rec["model_source"]["params_built"], steps=STEPS,
-               cuda_graphs_active=rec["cuda_graphs_active"], logits_rel_diff=rel, first_loss=recs[0]["loss"],
+               cuda_graphs_active=rec["plan"]["cuda_graphs"], logits_rel_diff=rel, first_loss=recs[0]["loss"],
                last_loss=recs[-1]["loss"], tokens_per_sec_per_gpu_median=s["tokens_per_sec_per_gpu_median"])

@@ -122,3 +122,15 @@ def test_fp8_without_transformer_engine_fails_fast_with_the_reason(tmp_path):
     assert "BF16 was requested with backend 'te'" in sm_entry.preflight(["--precision", "bf16", "--backend", "te"])
     assert sm_entry.preflight(["--precision", "bf16", "--backend", "none"]) is None
     assert sm_entry.preflight(["--precision=fp8", "--backend=torchao"]) is None  # CPU: no GPU to check
+
+
+def test_the_job_entry_checks_the_backend_its_launch_planned():
+    """A job launched with --backend auto runs the backend its plan chose (FP8LAB_PLANNED): that one is checked."""
+    from fp8lab.train import sm_entry
+
+    if sm_entry.preflight(["--precision", "bf16", "--backend", "te"]) is None:
+        pytest.skip("Transformer Engine imports on this machine")
+    asked = ["--precision", "bf16", "--backend", "auto"]
+    assert sm_entry.preflight(asked) is None  # nothing planned: auto is left to the trainer's own plan
+    assert "BF16 was requested with backend 'te'" in sm_entry.preflight(asked, {"backend": "te"})
+    assert sm_entry.preflight(asked, {"backend": "none"}) is None

@@ -72,7 +72,7 @@ def test_fp8_emulated_fused_run_and_hf_export(prepared, tmp_path):
     assert s["status"] == "completed" and all(r["precision"] == "fp8" for r in recs)
     assert {r["backend"] for r in recs} == {"emulated"} and {r["recipe"] for r in recs} == {"current"}
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["backend_resolved"] == "emulated" and "current" in cfg["recipe_resolved"]
+    assert cfg["plan"]["backend"] == "emulated" and "current" in cfg["plan"]["recipe"]
     from transformers import LlamaForCausalLM
 
     hf = LlamaForCausalLM.from_pretrained(out / "model")  # fused QKV / gate-up split back
@@ -88,7 +88,7 @@ def test_loss_remedies_reach_the_model_and_the_profile_is_written(prepared, tmp_
                           output_dir=str(out)))
     assert s["status"] == "completed"
     cfg = json.loads((out / "config.json").read_text())
-    assert "margin=1" in cfg["recipe_resolved"] and "amax_history_len=16" in cfg["recipe_resolved"]
+    assert "margin=1" in cfg["plan"]["recipe"] and "amax_history_len=16" in cfg["plan"]["recipe"]
     assert cfg["bf16_edge_blocks"] == 1
     assert "blocks.0" in cfg["conversion"]["high_precision"] and "blocks.3" in cfg["conversion"]["high_precision"]
     assert "blocks.1" not in cfg["conversion"]["high_precision"]
@@ -106,7 +106,7 @@ def test_fp8_weight_cache_is_only_active_where_the_backend_has_one(prepared, tmp
     train(TrainConfig(**TINY, precision="fp8", backend="emulated", steps=2, grad_accum=2, checkpoint_every=-1,
                       save_model=False, data=str(prepared), output_dir=str(out)))
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["fp8_weight_cache"] is True and cfg["fp8_weight_cache_active"] is False
+    assert cfg["fp8_weight_cache"] is True and cfg["built"]["fp8_weight_cache"] is False
 
 
 @pytest.mark.parametrize("backend,parallel,precision,param_dtype,distributed,refused", [

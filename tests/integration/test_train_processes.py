@@ -94,8 +94,8 @@ def test_fsdp2_keeping_gathered_weights_trains_identically(prepared, tmp_path):
     plain, kept = tmp_path / "plain", tmp_path / "kept"
     run(torchrun(common(prepared, plain, 4, *base)))
     run(torchrun(common(prepared, kept, 4, *base, "--fsdp-keep-weights", "True")))
-    assert json.loads((kept / "config.json").read_text())["fsdp_keep_weights_active"] is True
-    assert json.loads((plain / "config.json").read_text())["fsdp_keep_weights_active"] is False
+    assert json.loads((kept / "config.json").read_text())["built"]["fsdp_keep_weights"] is True
+    assert json.loads((plain / "config.json").read_text())["built"]["fsdp_keep_weights"] is False
     ra, rb = records(plain), records(kept)
     assert [r["step"] for r in rb] == [1, 2, 3, 4]
     for a, b in zip(ra, rb):

@@ -156,8 +156,8 @@ def test_trainer_records_why_graphs_are_off(tmp_path):
     p = _train("--steps", "1", "--save-model", "False", "--plot", "False", tmp_path=tmp_path)
     assert p.returncode == 0, p.stderr
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert cfg["cuda_graphs"] == "auto" and cfg["cuda_graphs_active"] is False
-    assert cfg["cuda_graphs_reason"] == "auto: CUDA graphs need a CUDA GPU" and cfg["cuda_graphs_captured"] is None
+    assert cfg["cuda_graphs"] == "auto" and cfg["plan"]["cuda_graphs"] is False
+    assert cfg["plan"]["reasons"]["cuda_graphs"] == "auto: CUDA graphs need a CUDA GPU" and cfg["built"]["cuda_graphs_captured"] is None
 
 
 def test_a_planned_p5_job_with_graphs_on_is_refused_when_the_plan_is_made():

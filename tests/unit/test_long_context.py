@@ -261,7 +261,7 @@ def test_a_run_past_max_seq_len_says_so_and_records_its_decisions(prepared, tmp_
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["fp8_attention"] == "off" and cfg["activation_checkpointing"] is False and cfg["seq_len"] == 512
     # a layout decision like the others: what was asked beside it, and the plan's value
-    assert cfg["requested_layout"]["activation_checkpointing"] == "auto" and cfg["plan"]["activation_checkpointing"] is False
+    assert cfg["requested"]["activation_checkpointing"] == "auto" and cfg["plan"]["activation_checkpointing"] is False
     assert cfg["plan"]["fp8_attention"] is False and cfg["plan"]["reasons"]["fp8_attention"] == "--fp8-attention off"
     assert cfg["plan"]["reasons"]["max_seq_len"].startswith("llama-tiny at 512")
 
