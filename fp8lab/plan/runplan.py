@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.fp8 import te_debug  # its checks looked up at call time (tests stand in for them)
-from fp8lab.model.models import get_config, longer_sequence_note
+from fp8lab.model.models import longer_sequence_note
 from fp8lab.plan import fp8attn, graphs
 from fp8lab.plan import layout as flayout
 from fp8lab.plan.config import fused_check
