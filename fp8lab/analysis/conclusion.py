@@ -60,7 +60,7 @@ def _bf16_label(a) -> str:
 
 def _loss_clause(r: pd.Series, valid: pd.DataFrame, gap_kind: str | None, gap: float) -> str:
     """The loss clause: the gap (from this run or a longer one), or why no gap is given. Against several BF16 seeds
-    (issue 31) it names them and says whether the gap is inside the band of their spread."""
+    it names them and says whether the gap is inside the band of their spread."""
     if gap_kind:
         v = valid.iloc[0]
         n = v.get("bf16_seeds", 1)
@@ -236,7 +236,7 @@ def verdict_parts(comparison: pd.DataFrame, reference: pd.DataFrame | None = Non
     return parts, closing
 
 
-# issue 49: the verdict as a handful of bullets, one per model, each with its number ---------------------------------
+# the verdict as a handful of bullets, one per model, each with its number ---------------------------------
 def _seed_clause(a: pd.Series, curves: pd.DataFrame | None) -> str:
     """A loss gap that is a mean of seeds: how many, how far apart, and which seed lies outside the band."""
     fp8_runs = [r.strip() for r in str(a.get("loss_fp8_runs") or "").split(",") if r.strip()]

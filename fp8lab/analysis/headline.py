@@ -25,7 +25,7 @@ HEADLINE_COLUMNS = [
     "fp8_run", "fp8_variant", "fp8_layout", "tps_fp8", "mfu_fp8", "hardware_fp8",
     "speedup", "speedup_vs_hf",
     "loss_gap_pct", "loss_gap_kind", "loss_fp8_run", "loss_baseline_run", "loss_fp8_variant", "loss_study", "loss_tokens",
-    # issue 31: where a loss study has several BF16 seeds, loss_gap_pct is to their mean; how far apart they ended,
+    # where a loss study has several BF16 seeds, loss_gap_pct is to their mean; how far apart they ended,
     # which runs they are, and whether the gap is inside the band max(0.5%, that spread)
     "loss_bf16_seeds", "loss_bf16_spread_pct", "loss_bf16_runs", "loss_in_band",
     # and where that FP8 set-up has several seeds too, the gap is of their mean (which runs, how many)

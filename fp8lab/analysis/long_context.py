@@ -1,4 +1,4 @@
-"""The long-context study's result files read back (issue 34): per sequence length, BF16 and FP8 with FP8 attention
+"""The long-context study's result files read back: per sequence length, BF16 and FP8 with FP8 attention
 off and on (``study_runs``), and their tokens/s and speed-ups as a table (``speedup_table``), which
 ``fp8lab.views.plots.long_context_figure`` draws and ``benchmarks/long_context.py`` turns into the crossover that
 ``--fp8-attention auto`` follows (``fp8lab/plan/fp8attn.py``: ``CROSSOVER_SEQ_LEN``, ``study_crossover``)."""

@@ -1,4 +1,4 @@
-"""The memory lesson (issue 49): FP8 does not halve training memory. Per model, the peak memory the best BF16 and
+"""The memory lesson: FP8 does not halve training memory. Per model, the peak memory the best BF16 and
 the best FP8 run reported (the committed result files), and the FP8 weight cache that fp8lab.plan.layout's memory model
 charges to FP8: TE keeps an FP8 copy of every decoder-block weight and its transpose (2 bytes per weight) across
 the micro-batches of a step, on top of the bf16 weights, fp32 master weights and AdamW moments (16 bytes per

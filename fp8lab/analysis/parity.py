@@ -1,4 +1,4 @@
-"""Loss parity against BF16's own noise (issue 31): the BF16 runs of one set-up that differ only in seed, their
+"""Loss parity against BF16's own noise: the BF16 runs of one set-up that differ only in seed, their
 mean and spread (the band an FP8 run's gap is read against: max(0.5% of the mean, max - min of the seeds)), and
 per validation step each run's gap to that mean. ``headline`` quotes the final gap; ``plots.parity_figure`` draws
 the curves. BF16 seeds are those ``compare_precisions`` would pair: same model, GPU, scale, study and batch layout,
@@ -10,7 +10,7 @@ import pandas as pd
 from fp8lab.analysis.labels import group_key, is_false, variant_label
 from fp8lab.analysis.summary import LAYOUT_KEYS, SCALE_KEYS
 
-MIN_BAND_PCT = 0.5  # issue 31: the band is never narrower than this, whatever the seeds' spread
+MIN_BAND_PCT = 0.5  # the band is never narrower than this, whatever the seeds' spread
 SET_UP_KEYS = SCALE_KEYS + LAYOUT_KEYS  # what two runs must share to pair (fp8lab.analysis.summary)
 COLUMNS = ["model", "study", "run_id", "variant", "precision", "recipe", "seed", "step", "tokens", "val_loss",
            "bf16_mean", "gap_pct", "band_pct", "bf16_seeds"]
@@ -24,7 +24,7 @@ def band_pct(values) -> float:
 
 def against_seeds(bf16_losses, loss: float) -> dict[str, float | bool]:
     """``loss`` read against BF16 seeds' final losses: their mean, spread (max - min) and band, in loss units and
-    percent of the mean, the gap to the mean and whether it is inside the band (issue 31's criterion)."""
+    percent of the mean, the gap to the mean and whether it is inside the band (the parity criterion)."""
     s = pd.Series(bf16_losses, dtype=float)
     mean, spread = float(s.mean()), float(s.max() - s.min())
     band = float(band_pct(s))

@@ -1,4 +1,4 @@
-"""Past one node, on paper: per-GPU throughput of FSDP2 jobs on several instances (issue 32).
+"""Past one node, on paper: per-GPU throughput of FSDP2 jobs on several instances.
 
 A step's time on ``G`` GPUs is modelled as measured compute plus modelled communication:
 

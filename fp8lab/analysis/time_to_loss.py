@@ -1,4 +1,4 @@
-"""Time to the same loss (issue 49): from a loss study's validation curves, how many tokens FP8 needs to reach
+"""Time to the same loss: from a loss study's validation curves, how many tokens FP8 needs to reach
 the BF16 run's final validation loss (the mean of the BF16 seeds' where several ran; FP8's curve the mean of its
 seeds'), and so how long and how much it costs against BF16 once FP8's tokens/s/GPU speed-up is counted.
 

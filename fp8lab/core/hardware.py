@@ -259,7 +259,7 @@ SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 
 
 # ----------------------------------------------------------------------------------------------
-# For the scaling model (fp8lab.analysis.scaling, issue 32): what else a GPU and an instance offer
+# For the scaling model (fp8lab.analysis.scaling): what else a GPU and an instance offer
 # ----------------------------------------------------------------------------------------------
 
 # EFA network bandwidth per instance in bit/s (AWS instance pages: P5 and P5e/P5en 3,200 Gbps;

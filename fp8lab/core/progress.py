@@ -1,4 +1,4 @@
-"""Progress for work that may take over two seconds (issue 47): reading many runs, summarising them,
+"""Progress for work that may take over two seconds: reading many runs, summarising them,
 drawing a report's figures, building dry-run requests. A bar (tqdm: a widget in a notebook, a line on
 stderr in a terminal) that appears only once the work has taken :data:`DELAY_S`, so quick calls print
 nothing; off where nobody watches (stderr not a terminal and no notebook kernel), so logs and piped

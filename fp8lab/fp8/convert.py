@@ -106,7 +106,7 @@ def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | 
 
     Every check (architecture, backend installed, FP8 GPU, recipe supported, GEMM shapes divisible
     by 16) runs before anything is built. See the module docstring for ``fuse`` and ``module_filter``.
-    ``fp8_all_gather`` (issue 32; torchao only): the converted weights all-gather in FP8 under FSDP2.
+    ``fp8_all_gather`` (torchao only): the converted weights all-gather in FP8 under FSDP2.
     """
     arch = _fused.architecture_of(model)
     if not isinstance(fuse, bool):

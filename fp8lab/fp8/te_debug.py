@@ -1,4 +1,4 @@
-"""FP8 health read through Transformer Engine's own debug API (issue 31): ``--fp8-stats-source te-debug``.
+"""FP8 health read through Transformer Engine's own debug API: ``--fp8-stats-source te-debug``.
 
 TE's debug features (``transformer_engine.debug``, built on NVIDIA's ``nvdlfw-inspect`` package) see every
 FP8 cast inside TE's fused modules, including the two that fp8lab's hooks cannot reach in LayerNormMLP (fc2's

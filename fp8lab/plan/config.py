@@ -93,12 +93,12 @@ class TrainConfig:
                                         check=step_numbers("comma-separated positive step numbers (testing only)"))
     # --- #34 long sequences: FP8 attention
     fp8_attention: str = option(AUTO, "TE's FP8 dot-product attention (fp8_dpa; fused TE blocks, --precision fp8): auto = on where it was measured to pay (Hopper, head_dim 128, delayed recipe, sequence >= fp8lab.plan.fp8attn.CROSSOVER_SEQ_LEN) | on (refused where it cannot run) | off", choices=FP8_ATTENTION)
-    # issue 32: FP8 all-gather under FSDP2 (a plan decision: fp8lab.plan.runplan.fp8_all_gather_decision)
+    # FP8 all-gather under FSDP2 (a plan decision: fp8lab.plan.runplan.fp8_all_gather_decision)
     fp8_all_gather: str = option(AUTO, "--parallel fsdp with --precision fp8: all-gather the block linears' weights in FP8, half the bytes of bf16 (torchao's float8 FSDP2 all-gather; --backend torchao only): auto (on where it can run) | on | off", choices=FP8_ALL_GATHER)
-    # issue 31: FP8 health statistics (fp8lab.fp8.stats)
+    # FP8 health statistics (fp8lab.fp8.stats)
     fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off; auto: " + DEFAULT_STATS_TEXT, check=AUTO_OR_NONNEG_INT)
     fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: auto (te-debug where nvdlfw-inspect is installed, one process trains and TE's debug API passed its committed GPU check on this TE release, else fp8lab) | te-debug (Transformer Engine's own debug API: every GEMM of the fused layers, the sampled step's micro-batches summed) | fp8lab (fp8lab's hooks on TE's modules: the first micro-batch; fc2's input and fc1's gradient not seen). The emulated backend always reports from its own quantizers", choices=FP8_STATS_SOURCES)
-    # issue 51: the LM head and its loss chunked over tokens (fp8lab.plan.fused_loss: the rule; fp8lab.train.fused_loss: the mechanism)
+    # the LM head and its loss chunked over tokens (fp8lab.plan.fused_loss: the rule; fp8lab.train.fused_loss: the mechanism)
     fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens, never the full fp32 logits (fp8lab.train.fused_loss: same GEMMs, less memory): auto = on a GPU where vocabulary x tokens per micro-batch reaches fp8lab.plan.fused_loss.AUTO_MIN_LOGITS (measured to pay), off on a CPU | on (any device and backend) | off", choices=FUSED_LOSS)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The fused linear cross-entropy's rule (``--fused-loss auto|on|off``, issue 51): its vocabulary, when ``auto``
+"""The fused linear cross-entropy's rule (``--fused-loss auto|on|off``): its vocabulary, when ``auto``
 turns it on (:func:`decide`, read by the plan), how large its chunks are (:func:`chunk_tokens`) and the memory the
 layout resolver counts for it (:func:`loss_bytes`). The mechanism: :mod:`fp8lab.train.fused_loss`."""
 from __future__ import annotations

@@ -38,11 +38,11 @@ Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` =
 measured peaks of TE fused runs (llama-1b and llama-7b, one H200) and are checked against every
 measured TE run in ``tests/unit/test_layout.py`` (within 10%). Per token means linear in the sequence:
 attention runs as fused (flash / cuDNN) kernels that keep O(seq) softmax statistics, never the seq x seq
-scores, and the logits are O(seq x vocab). So long sequences (4K-16K, issue 34) trade micro-batch for
+scores, and the logits are O(seq x vocab). So long sequences (4K-16K) trade micro-batch for
 length at the same tokens per micro-batch; where even micro-batch 1 does not fit, ``--activation-checkpointing
 auto`` keeps only each block's input (2 bytes x hidden per token and layer) plus one block's activations,
 for both precisions of a pair alike; the logits stay (a 128K vocabulary at 16K tokens: ~30 GiB).
-With the fused loss (``--fused-loss``, fp8lab.train.fused_loss; issue 51) the ``b * V`` term per token is replaced by
+With the fused loss (``--fused-loss``, fp8lab.train.fused_loss) the ``b * V`` term per token is replaced by
 one chunk's logits and the fp32 weight-gradient sum (``fp8lab.plan.fused_loss.loss_bytes``), for both precisions alike.
 """
 from __future__ import annotations
@@ -149,7 +149,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     if fp32_activations:
         per_token *= FP32_FACTOR
     acts = per_token * micro_batch_size * seq_len
-    if fused_loss:  # issue 51: one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
+    if fused_loss:  # one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
         acts += loss_bytes(vocab=mcfg.vocab_size, hidden=mcfg.hidden_size,
                            tokens_per_micro_batch=micro_batch_size * seq_len) * (FP32_FACTOR if fp32_activations else 1.0)
     return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib)

@@ -47,11 +47,11 @@ HARDWARE_BACKENDS = tuple(b for b in backend_names() if b != EMULATED)  # FP8 on
 FP8_BACKENDS = (*HARDWARE_BACKENDS, EMULATED)
 BACKENDS = (AUTO, "none", *FP8_BACKENDS)  # auto: picked for the machine; none: the plain HF model
 RECIPE_KINDS = KINDS
-# issue 32: FSDP2 all-gathers the block linears' weights in FP8 (fp8lab.plan.runplan.fp8_all_gather_decision)
+# FSDP2 all-gathers the block linears' weights in FP8 (fp8lab.plan.runplan.fp8_all_gather_decision)
 FP8_ALL_GATHER = (AUTO, "on", "off")
-FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES  # auto | te-debug | fp8lab, declared where they are read (fp8lab.fp8.stats, issue 31)
+FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES  # auto | te-debug | fp8lab, declared where they are read (fp8lab.fp8.stats)
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
-FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fused_loss, issue 51)
+FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fused_loss)
 
 # types of fields whose text form is special (their annotations name them)
 AutoInt = Union[int, str]  # an integer, or "auto" (the layout resolver picks it)

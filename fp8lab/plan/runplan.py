@@ -71,12 +71,12 @@ class RunPlan:
     reasons: dict = field(default_factory=dict)
     # --- #34 long sequences
     fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.plan.fp8attn); also on ``recipe``
-    # issue 32: FSDP2 all-gathers the block linears' weights in FP8 (torchao)
+    # FSDP2 all-gathers the block linears' weights in FP8 (torchao)
     fp8_all_gather: bool = False
-    # issue 31: FP8 health statistics every K steps (0: off; fp8lab.fp8.stats)
+    # FP8 health statistics every K steps (0: off; fp8lab.fp8.stats)
     fp8_stats_every: int = 0
     fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8.stats.TE_DEBUG or OWN (None: off)
-    # issue 51: the LM head's loss chunked over tokens (fp8lab.train.fused_loss)
+    # the LM head's loss chunked over tokens (fp8lab.train.fused_loss)
     fused_loss: bool = False
 
     # the layout's values, read where the trainer needs them
@@ -124,7 +124,7 @@ class RunPlan:
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
-                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}  # issue 32
+                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}
 
     def options(self) -> dict[str, Any]:
         """The options the plan decided, spelled as options (config.json's flat keys hold these values: what ran)."""
@@ -274,19 +274,19 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     attn, reasons["fp8_attention"] = fp8_attention(c, machine, backend, recipe, lay, mcfg)
     if attn:
         recipe = dataclasses.replace(recipe, fp8_attention=True)
-    # issue 32: FP8 all-gather under FSDP2
+    # FP8 all-gather under FSDP2
     fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
-    # issue 31: FP8 health statistics
+    # FP8 health statistics
     stats_every, stats_source, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum,
                                                                          machine.world_size)
-    # issue 51: the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
+    # the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
     fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active, keep, cache, wgrad, mcfg, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused)
 
 
-# issue 32 ---------------------------------------------------------------------------------------
+# FP8 all-gather under FSDP2 ---------------------------------------------------------------------
 # torchao's float8 FSDP2 all-gather (fp8lab.fp8.convert): ``auto`` turns it on only once the GPU check of its gathered
 # bytes, dtype and loss is committed and holds (benchmarks/fp8_all_gather_check.py on an H200, its ``check.json``);
 # ``on`` runs it regardless.
@@ -320,7 +320,7 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
         if c.fp8_all_gather == "on":
             return True, "--fp8-all-gather on"
         if not FP8_ALL_GATHER_CHECKED:
-            return False, ("auto: off until its GPU check is committed (tests/gpu/test_fp8_all_gather_gpu.py, issue 32); "
+            return False, ("auto: off until its GPU check is committed (tests/gpu/test_fp8_all_gather_gpu.py); "
                            "--fp8-all-gather on all-gathers the weights in FP8, half the bytes of bf16")
         return True, ("auto: FP8 under FSDP2 on torchao: weights all-gathered in FP8, half the bytes of bf16 "
                       f"(checked on a GPU: {FP8_ALL_GATHER_CHECK.parent.name})")
@@ -329,7 +329,7 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
     return False, f"auto: off ({why_not})"
 
 
-# issue 31
+# FP8 health statistics
 def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool,
                        grad_accum: int, world_size: int = 1) -> tuple[int, str | None, str]:
     """(every how many steps the FP8 health statistics are sampled, 0 = off; who reads them, None when off; why),

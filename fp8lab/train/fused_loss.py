@@ -1,4 +1,4 @@
-"""Fused linear cross-entropy (``--fused-loss``, issue 51): the LM head and the loss without the full logits.
+"""Fused linear cross-entropy (``--fused-loss``): the LM head and the loss without the full logits.
 
 The plain loss multiplies the last hidden states by the head (``tokens x vocab`` logits), casts them
 to fp32 and takes the cross-entropy; autograd keeps the logits, their fp32 copy and the gradient of

@@ -316,7 +316,7 @@ class Trainer:
         return result
 
     def _health_record(self, step: int) -> None:
-        """The sampled step's FP8 statistics into metrics.jsonl; its early warnings into the log (issue 31)."""
+        """The sampled step's FP8 statistics into metrics.jsonl; its early warnings into the log."""
         rec = self.health.end(step)
         if rec is None:
             return

@@ -58,7 +58,7 @@ def long_context_figure(table: pd.DataFrame, save: str | Path | None = None) -> 
     return _finish(fig, save)
 
 
-# issue 32 ---------------------------------------------------------------------------------------
+# past one node: P5 instances and the scaling model (fp8lab.analysis.scaling) --------------------
 _SCALING_STYLE = {"bf16": ("tab:blue", "-", "o"), "fp8": ("tab:orange", "-", "s"),
                   "fp8 + fp8 all-gather": ("tab:red", "--", "^")}
 
@@ -124,10 +124,10 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
     return _finish(fig, save)
 
 
-# issue 31: loss parity against the BF16 seeds (fp8lab.analysis.parity) ------------------------------------------
+# loss parity against the BF16 seeds (fp8lab.analysis.parity) ------------------------------------------
 def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Validation loss of a loss study with several BF16 seeds (``analysis.parity_curves``), and below it each run's
-    gap to the BF16 seeds' mean in percent, inside the grey band it is read against (issue 31). One study: the
+    gap to the BF16 seeds' mean in percent, inside the grey band it is read against. One study: the
     first (model, study) of ``curves``."""
     title = "Validation loss against BF16's seed-to-seed noise"
     if not len(curves):
@@ -172,7 +172,7 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
     return _finish(fig, save)
 
 
-# issue 31: FP8 health (fp8lab.fp8.stats)
+# FP8 health (fp8lab.fp8.stats)
 HEALTH_METRICS = {"underflow": "values flushed to 0", "saturation": "values clipped at the format's max"}
 HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included) share its colour
 

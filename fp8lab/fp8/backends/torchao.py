@@ -63,7 +63,7 @@ class TorchaoBackend:
 
 def to_float8_training(model: nn.Module, recipe: Recipe, module_filter, fp8_all_gather: bool = False) -> set[str]:
     """Swap ``model``'s target linears for torchao's Float8Linear in place; returns their names. With
-    ``fp8_all_gather`` FSDP2 all-gathers those weights in float8 (torchao's ``fsdp_pre_all_gather``), issue 32.
+    ``fp8_all_gather`` FSDP2 all-gathers those weights in float8 (torchao's ``fsdp_pre_all_gather``).
 
     The conversion itself, with no device check: :meth:`TorchaoBackend.convert` refuses a model off the GPU (FP8
     GEMMs are for speed), while the CPU test of the FSDP2 all-gather wiring (two gloo ranks,
