@@ -14,6 +14,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from fp8lab.core.pins import install_hint
+from fp8lab.fp8.backends import fp8_gpu_problem
+from fp8lab.plan.config import TrainConfig
+from fp8lab.plan.runplan import fp8_stats_source
 
 
 
@@ -119,7 +122,6 @@ def report() -> EnvReport:
             gpu_name = torch.cuda.get_device_name(0)
             major, minor = torch.cuda.get_device_capability(0)
             cc = f"{major}.{minor}"
-            from fp8lab.fp8.backends import fp8_gpu_problem  # one rule for every backend and this report
 
             fp8_reason = fp8_gpu_problem()
             fp8 = fp8_reason is None
@@ -167,9 +169,6 @@ def _fp8_stats_choice(backend: str | None) -> tuple[str | None, str | None]:
     if backend is None:
         return None, "no FP8 backend 'auto' runs here"
     try:
-        from fp8lab.plan.config import TrainConfig
-        from fp8lab.plan.runplan import fp8_stats_source
-
         return fp8_stats_source(TrainConfig(precision="fp8"), backend, 1)
     except Exception as exc:  # never crash the report
         return None, f"could not be decided: {type(exc).__name__}: {exc}"

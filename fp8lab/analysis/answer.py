@@ -18,6 +18,10 @@ from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
 from fp8lab.analysis.time_to_loss import time_to_loss as same_loss_table
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args, compare_precisions)
+from fp8lab.analysis.estimates import MeasuredEstimate
+from fp8lab.core.hardware import INSTANCES
+from fp8lab.analysis.scaling import instance_table
+from fp8lab.model.models import MODEL_CONFIGS
 
 ANSWER_INSTANCE = "ml.p5.48xlarge"  # the budget is priced on one P5, as notebook 04 plans it
 WHY_BF16 = "the fastest BF16 run at the model's smallest measured scale"
@@ -44,8 +48,6 @@ class Answer:
            price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
            instance_type: str = ANSWER_INSTANCE) -> "Answer":
         """The answer of a per-run summary (:func:`summarize_runs`); costs on one ``instance_type``."""
-        from fp8lab.analysis.estimates import MeasuredEstimate  # estimates builds on analysis, not the other way round
-
         check_cost_args(tokens, price_per_instance_hour, DEFAULT_GPUS_PER_INSTANCE)
         comparison = compare_precisions(summary) if comparison is None else comparison
         head = headline_table(summary, comparison, reference)
@@ -76,8 +78,6 @@ class Answer:
     def costs(self) -> pd.DataFrame:
         """The time and cost of the budget per model and precision, in the columns of
         :func:`cost_table` (so :func:`fp8lab.views.plots.cost_figure` draws it)."""
-        from fp8lab.core.hardware import INSTANCES
-
         gpus = INSTANCES[self.instance_type].gpus
         out = []
         for _, r in self.rows.iterrows():
@@ -97,8 +97,6 @@ class Answer:
     def at_scale(self, model: str, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> pd.DataFrame:
         """Issue 32: the budget on several instances, BF16 / FP8 / FP8 all-gather, resting on this answer's
         runs (``fp8lab.analysis.scaling.instance_table``; its one-instance hours are this answer's)."""
-        from fp8lab.analysis.scaling import instance_table
-
         row = self.rows.set_index("model").loc[model]
         runs = {p: row[f"{p}_run"] for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}
         return instance_table(self.estimate, model, list(instance_counts), self.tokens, instance_type=self.instance_type,
@@ -121,8 +119,6 @@ class Answer:
 
 def _unpriced_shape(model: str) -> str | None:
     """Why the plan prices no job of ``model`` (None: it does): P5 plans price fp8lab's named shapes."""
-    from fp8lab.model.models import MODEL_CONFIGS
-
     if model in MODEL_CONFIGS:
         return None
     return (f"{model} is a model folder's shape, and P5 plans price fp8lab's named shapes (plan a folder with "
@@ -181,8 +177,6 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     ``projected``: the run used fewer GPUs than the instance priced. ``estimate``: the MeasuredEstimate of
     ``summary`` where the caller has one (an Answer's), so it is not calibrated again."""
     check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
-    from fp8lab.analysis.estimates import MeasuredEstimate
-
     est = estimate if estimate is not None else MeasuredEstimate.of_summary(summary)
     rows = []
     for _, r in summary.iterrows():

@@ -34,7 +34,8 @@ import pandas as pd
 from fp8lab.analysis.labels import group_key, is_fp8, layout_label  # the modules, not the package (whose
 from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
 from fp8lab.analysis.summary import scaling_table, summarize_runs
-from fp8lab.core.hardware import INSTANCES, peak_bf16_flops
+from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_spec, peak_bf16_flops
+from fp8lab.model.models import model_flops_per_token
 from fp8lab.plan.flops_estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
@@ -149,8 +150,6 @@ class MeasuredEstimate(Estimate):
         if not len(mine):
             return None
         r = mine.loc[mine["tokens_per_sec_per_gpu"].idxmax()]
-        from fp8lab.model.models import model_flops_per_token
-
         job_seq = seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else int(r["seq_len"])
         seq_scale = model_flops_per_token(model, int(r["seq_len"])) / model_flops_per_token(model, job_seq)
         node_eff, node_from = self._node_efficiency(effs, r)
@@ -257,8 +256,6 @@ def _basis_text(r: dict[str, Any]) -> str:
 
 def gpu_words(r: dict[str, Any], gpu: str) -> str:
     """How a run's rate was carried to ``gpu`` (``fp8lab.launch.plan.plan_curve``'s column)."""
-    from fp8lab.core.hardware import HBM_BANDWIDTH, gpu_spec
-
     mine, theirs = gpu_spec(HBM_BANDWIDTH, r["gpu_name"]), gpu_spec(HBM_BANDWIDTH, gpu)
     hbm = f" {mine / 1e12:g} against {theirs / 1e12:g} TB/s" if mine and theirs else ""
     return (f"measured on {r['gpu_name']}, projected to {gpu} by kernel class (the run's profile: GEMMs by the "

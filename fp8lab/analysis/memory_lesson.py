@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pandas as pd
 
+from fp8lab.model.models import block_matmul_params, get_config
+
 GIB = 2.0**30
 
 
 def weight_cache_gib(model: str) -> float:
     """TE's FP8 weight cache of ``model``: 2 bytes per decoder-block weight (nan for a model fp8lab cannot size)."""
-    from fp8lab.model.models import block_matmul_params, get_config
-
     try:
         mcfg = get_config(model)
     except Exception:  # a model folder that is gone, or a label that is no model name

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fp8lab.analysis.conclusion import fmt_tokens
+
 
 
 def _val(runs: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
@@ -69,8 +71,6 @@ def time_to_loss(answer, runs: pd.DataFrame) -> pd.DataFrame:
 
 def sentence(row: pd.Series, tokens_label: str) -> str:
     """One row of :func:`time_to_loss` in words."""
-    from fp8lab.analysis.conclusion import fmt_tokens
-
     who = f"FP8 (mean of {row['fp8_seeds']} seeds)" if row["fp8_seeds"] > 1 else "FP8"
     target = (f"BF16's final validation loss ({row['target_val_loss']:.4f}"
               + (f", mean of {row['bf16_seeds']} seeds)" if row["bf16_seeds"] > 1 else ")"))

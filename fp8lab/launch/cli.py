@@ -12,6 +12,8 @@ from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS
 from fp8lab.plan.options import PRECISIONS, add_arguments, from_text
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.validate import OneLineParser, parse_count, positive_float
+from fp8lab.plan.config import TrainConfig
+from fp8lab.model.models import MODEL_CONFIGS
 
 # the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
 # precision are the sweep's --models / --precisions)
@@ -22,7 +24,6 @@ def _trainer_options(args: argparse.Namespace) -> dict:
     """The trainer options given on the command line, converted by their fields (fp8lab.plan.options.from_text)."""
     import dataclasses
 
-    from fp8lab.plan.config import TrainConfig
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     return {name: from_text(fields[name], getattr(args, name)) for name in TRAINER_FLAGS
@@ -33,8 +34,6 @@ DEFAULT_TOKENS = 24 * 10**9  # the source's one epoch; notebook 04 and the resul
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from fp8lab.model.models import MODEL_CONFIGS
-
     p.add_argument("--models", nargs="+", default=["llama-1b", "llama-7b"], metavar="MODEL",
                    help=f"models to plan: {', '.join(MODEL_CONFIGS)}, a local model folder or s3://... of one "
                         "(default: llama-1b llama-7b)")
@@ -55,7 +54,6 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
     p.add_argument("--price-per-hour", type=positive_float, help="USD per instance-hour (default: see PRICE_SOURCE)")
-    from fp8lab.plan.config import TrainConfig
 
     g = p.add_argument_group("trainer options (as for fp8lab train; every job of the sweep gets them)")
     add_arguments(g, TrainConfig, only=TRAINER_FLAGS, defaults=JOB_DEFAULTS)

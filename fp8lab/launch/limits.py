@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Any
+from fp8lab.core.validate import is_count
 
 MAX_RUNTIME_S = 28 * 24 * 3600  # SageMaker's longest training job (672 h)
 MAX_VOLUME_GB = 16384  # EBS gp2's largest volume (16 TiB)
@@ -62,8 +63,6 @@ def s3_uri_problem(uri: Any, *, need_key: bool = False) -> str | None:
 
 
 def volume_problem(gb: Any) -> str | None:
-    from fp8lab.core.validate import is_count
-
     return None if is_count(gb) and gb <= MAX_VOLUME_GB else f"an integer in 1..{MAX_VOLUME_GB} (GB; EBS gp2's largest volume)"
 
 

@@ -16,6 +16,7 @@ from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.plan.flops_estimate import Estimate
 from fp8lab.launch.limits import runtime_problem
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
+from fp8lab.launch.image import te_in_job
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,8 +94,6 @@ class SweepPlan:
 
     def te_lines(self) -> list[str]:
         """The training image and the Transformer Engine each job gets (fp8lab.launch.image), once each."""
-        from fp8lab.launch.image import te_in_job
-
         return sorted({te_in_job(j.spec) for j in self.jobs})
 
 

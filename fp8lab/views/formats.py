@@ -14,6 +14,7 @@ import torch
 
 from fp8lab.fp8 import formats as F
 from fp8lab.fp8.formats import BF16, E4M3, E5M2, FP16, FP8Format
+from fp8lab.model.models import build_model
 
 __all__ = [
     "format_table", "plot_bit_layouts", "plot_value_grid", "plot_relative_error",
@@ -144,8 +145,6 @@ def plot_relative_error(formats: Sequence[FP8Format] = (E4M3, E5M2, FP16, BF16),
 
 def tiny_llama(hidden: int = 256, layers: int = 2, seq_len: int = 128, seed: int = 0):
     """A ``LlamaForCausalLM`` with random weights (``fp8lab.model.models``'s llama-tiny, resized)."""
-    from fp8lab.model.models import build_model
-
     if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 64 or hidden % 64:
         raise ValueError(f"model_hidden must be a multiple of 64 (>= 64), got {hidden!r}")
     # SwiGLU width ~ 8/3 hidden, rounded to a multiple of 16 as FP8 GEMMs need; heads of 64
