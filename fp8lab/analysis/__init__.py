@@ -24,7 +24,7 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.analysis
 from __future__ import annotations
 
 from fp8lab.analysis.headline import (BEST_RUN_COLUMNS, DETAILS, HEADLINE_COLUMNS, best_runs,  # noqa: F401
-                                      check_detail, headline_runs, headline_table)
+                                      check_detail, headline_runs, headline_table, loss_run_ids)
 from fp8lab.analysis.labels import (group_key, is_false, is_fp8, is_hardware_fp8, is_true,  # noqa: F401
                                     layout_label, model_size_b, variant_kind, variant_label)
 from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS,  # noqa: F401

@@ -122,8 +122,13 @@ class MetricsLog:
 def read_metrics(path: str | Path, record: str | None = None) -> list[dict[str, Any]]:
     """The step records of a metrics.jsonl file (complete lines only); ``record="fp8_stats"``: those
     records instead (lines with a ``"record"`` key are other records: fp8lab.fp8.stats)."""
+    return metrics_in(Path(path).read_text(encoding="utf-8"), record)
+
+
+def metrics_in(text: str, record: str | None = None) -> list[dict[str, Any]]:
+    """:func:`read_metrics` of a file's text already read."""
     out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
