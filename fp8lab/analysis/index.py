@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
+from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR, read_result_bytes
 from fp8lab.fp8 import stats as fp8stats
 
 INDEX_PATH = DATA_DIR / "results-index.json"
@@ -52,7 +52,7 @@ def files_digest(root: Path = RESULTS_DIR) -> str:
     h = hashlib.sha256()
     for f in indexed_files(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(f.read_bytes())
+        h.update(read_result_bytes(f))  # kept: the runs read next need not open the file again
         h.update(b"\0")
     return h.hexdigest()
 

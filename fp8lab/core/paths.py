@@ -12,6 +12,32 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
 RESULTS_DIR = DATA_DIR / "results"
 
+# The committed result files are read in several places by one command (the results index's digest, the runs, the
+# FP8 statistics): each is opened once per process while unchanged (size and mtime), its bytes kept here. Only files
+# under RESULTS_DIR are kept (17 MB today); a user's own runs are read as they are asked for.
+_RESULT_BYTES: dict[str, tuple[tuple[int, int], bytes]] = {}
+
+
+def read_result_bytes(path: str | Path) -> bytes:
+    """The bytes of ``path``: for a file under RESULTS_DIR read once per process while it is unchanged."""
+    path = Path(path)
+    st = os.stat(path)
+    if not is_inside(path, RESULTS_DIR):
+        return path.read_bytes()
+    key, stamp = str(path.resolve()), (st.st_size, st.st_mtime_ns)
+    hit = _RESULT_BYTES.get(key)
+    if hit is None or hit[0] != stamp:
+        data = path.read_bytes()
+        _RESULT_BYTES[key] = (stamp, data)
+        return data
+    return hit[1]
+
+
+def read_result_text(path: str | Path) -> str:
+    """``Path(path).read_text(encoding="utf-8")`` (newlines translated as it does), through :func:`read_result_bytes`."""
+    text = read_result_bytes(path).decode("utf-8")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
 
 def read_check(path: str | Path) -> dict | None:
     """A committed GPU check's JSON object (the result files ``auto`` decisions read: fp8lab.plan.runplan, fp8lab.plan.fp8attn),

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any, Iterable
 
-from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check
+from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check, read_result_text
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
 # --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.runplan.fp8_stats_decision). te-debug: TE's
@@ -370,7 +370,7 @@ def _stats_files(sources):
         for f in files:
             if not f.is_file():
                 continue
-            text = f.read_text(encoding="utf-8")
+            text = read_result_text(f)
             recs = fmetrics.metrics_in(text, RECORD)
             if not recs:
                 continue

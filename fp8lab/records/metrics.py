@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab.core.hardware import PEAK_BF16_DENSE, peak_bf16_flops  # noqa: F401 (re-exported: their old home)
+from fp8lab.core.paths import read_result_text
 from fp8lab.core.pins import installed, installed_te
 
 STEP_KEYS = (
@@ -122,7 +123,7 @@ class MetricsLog:
 def read_metrics(path: str | Path, record: str | None = None) -> list[dict[str, Any]]:
     """The step records of a metrics.jsonl file (complete lines only); ``record="fp8_stats"``: those
     records instead (lines with a ``"record"`` key are other records: fp8lab.fp8.stats)."""
-    return metrics_in(Path(path).read_text(encoding="utf-8"), record)
+    return metrics_in(read_result_text(path), record)
 
 
 def metrics_in(text: str, record: str | None = None) -> list[dict[str, Any]]:
