@@ -193,3 +193,21 @@ def test_the_committed_report_reads_each_result_file_once_and_draws_the_same_pag
     assert stamp.sub("", page) == stamp.sub("", full)
     idx = index.committed_index()
     assert list(idx.health()) == list(fp8stats.of_sources(None))  # the index names the runs with statistics
+
+
+def test_summary_for_is_summarize_runs_and_the_index_only_serves_the_whole_committed_set(monkeypatch):
+    """Notebook 05's summary (issue 47): the index's for the committed runs at its settings, else computed."""
+    read = _read_from_files()
+    runs, summary = read["runs"], read["summary"]
+    _clear_caches()
+    pd.testing.assert_frame_equal(analysis.summary_for(runs, None), summary)
+    model = str(runs["model"].dropna().iloc[0])
+    some = analysis.select_runs(runs, [model])
+    calls = []
+    real = analysis.summary.summarize_runs
+    monkeypatch.setattr(analysis.summary, "summarize_runs", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    pd.testing.assert_frame_equal(analysis.summary_for(some, None), real(some))  # a filter left runs out: computed
+    assert calls == [1]
+    assert analysis.summary_for(runs, None, warmup_steps=5).equals(real(runs, 5)) and calls == [1, 1]
+    analysis.summary_for(runs, None)
+    assert calls == [1, 1]  # the whole committed set at the index's settings: no summarizing
