@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fp8lab.analysis.load import load_runs
+from fp8lab.analysis.summary import summarize_runs
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR, read_result_bytes
 from fp8lab.fp8 import stats as fp8stats
 
@@ -123,8 +125,6 @@ class ResultsIndex:
     def runs_of(self, run_ids) -> pd.DataFrame:
         """The tidy table (:func:`load_runs`) of these committed runs only: their result files read, nothing else,
         each run named as in the summary (reading all of data/results/ names clashing ids by their file)."""
-        from fp8lab.analysis.load import load_runs
-
         wanted = self.summary[self.summary["run_id"].isin(set(run_ids))]
         by_source = dict(zip(wanted["source"], wanted["run_id"]))
         if not by_source:
@@ -204,8 +204,6 @@ def summary_for(runs: pd.DataFrame, sources: object = None, warmup_steps: int = 
     """``summarize_runs(runs, warmup_steps, smoothing, smoothing_span)`` for a table ``load_runs(sources)`` read: from
     the index where ``sources`` are the committed results, every committed run is in ``runs`` (no filter left one
     out) and these are the index's settings; else summarized here."""
-    from fp8lab.analysis.summary import summarize_runs
-
     if is_committed_results(sources):
         summary = committed_summary(warmup_steps, smoothing, smoothing_span)
         if summary is not None and set(runs["run_id"].dropna().astype(str)) == set(summary["run_id"].astype(str)):

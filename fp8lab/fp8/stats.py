@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any, Iterable
 
 from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check, read_result_text
+from fp8lab.records import metrics as fmetrics
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
 # --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.runplan.fp8_stats_decision). te-debug: TE's
@@ -360,8 +361,6 @@ def _stats_files(sources):
     each file read once."""
     import json
     from pathlib import Path
-
-    from fp8lab.records import metrics as fmetrics
 
     items = [RESULTS_DIR] if sources is None else [sources] if isinstance(sources, (str, Path)) else list(sources)
     for item in (Path(i) for i in items if isinstance(i, (str, Path))):  # a collect table holds no statistics
