@@ -22,6 +22,7 @@ from fp8lab.launch.redaction import redacted_sdk_logs
 from fp8lab.plan.runplan import PLANNED_ENV
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
 from fp8lab.core.pins import requirement
+from fp8lab.core.progress import Counter
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine, pinned by fp8lab/constraints-gpu.txt, where the job
@@ -274,14 +275,15 @@ def submit(trainer, spec: JobSpec) -> None:
 
 def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> list[dict[str, Any]]:
     """The exact CreateTrainingJob request of each job, built by ModelTrainer.train() with no AWS call."""
-    from fp8lab.core.progress import progress
-
     plan = as_plan(spec_or_plan)
     out = []
-    with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs(), sdk_config_checked_once():
+    # the bar's clock starts before the SDK is imported (seconds), so that a long wait shows as one
+    with Counter("building requests (dry run)", unit="job", total=len(plan.jobs)) as bar, \
+            tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs(), sdk_config_checked_once():
         staged: dict[tuple, Path] = {}
         sessions: dict[tuple, Any] = {}  # one offline session per region and bucket (making one takes seconds)
-        for job in progress(plan.jobs, "building requests (dry run)", total=len(plan.jobs), unit="job"):
+        for job in plan.jobs:
+            bar.tick(0)
             spec = job.spec
             where = (spec.region, spec.bucket)
             if where not in sessions:
@@ -294,6 +296,7 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
                 out.append(cap.params)
             else:  # pragma: no cover - the hook always fires
                 raise RuntimeError("dry run: the SDK finished without sending CreateTrainingJob")
+            bar.tick()
     return out
 
 
