@@ -77,14 +77,15 @@ def _frame(obj: dict) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(data[c], dtype=t) for c, t in zip(cols, dtypes)}, columns=cols)
 
 
-def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None) -> dict:
-    """The index of the runs under ``root`` (``runs``: ``load_runs(root)`` if already read; else read here)."""
+def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> dict:
+    """The index of the runs under ``root`` (``runs``: ``load_runs(root)`` if already read; else read here;
+    ``summary``: their ``summarize_runs`` at :data:`SUMMARY_DEFAULTS`, if already made)."""
     from fp8lab.analysis.load import describe, display_path, load_profiles, load_runs
     from fp8lab.analysis.summary import summarize_runs
 
     digest = files_digest(root)
     runs = load_runs(root) if runs is None else runs
-    summary = summarize_runs(runs, **SUMMARY_DEFAULTS)
+    summary = summarize_runs(runs, **SUMMARY_DEFAULTS) if summary is None else summary
     profiles = load_profiles(root)
     return {"format": INDEX_FORMAT, "made_by": INDEX_COMMAND, "results": display_path(Path(root)),
             "digest": digest, "files": len(indexed_files(root)), "summary_settings": SUMMARY_DEFAULTS,
@@ -92,9 +93,9 @@ def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None) -> d
             "fp8_stats": [[name, display_path(path)] for name, path in fp8stats.files_of_sources(root).items()]}
 
 
-def render_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None) -> str:
+def render_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> str:
     """The index file's text (deterministic: the same files give the same text)."""
-    return json.dumps(build_index(root, runs), allow_nan=True, separators=(",", ":")) + "\n"
+    return json.dumps(build_index(root, runs, summary), allow_nan=True, separators=(",", ":")) + "\n"
 
 
 def write_index(path: Path = INDEX_PATH, root: Path = RESULTS_DIR) -> Path:

@@ -605,7 +605,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     """{'README.md': the README with its results block regenerated (``readme``: its current text),
     'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/); for the
     committed results also 'data/results-index.json', the index planning reads (:mod:`fp8lab.analysis.index`)."""
-    from fp8lab.analysis.index import INDEX_DOC, is_committed_results, render_index
+    from fp8lab.analysis.index import INDEX_DOC, SUMMARY_DEFAULTS, render_index
 
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
@@ -613,7 +613,9 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
            HEADLINE_PNG: plots.headline_figure(analysis.best_runs(summary), a.reference)}
     if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), from the same read
-        out[INDEX_DOC] = render_index(runs=runs)
+        settings = {"warmup_steps": config.warmup_steps, "smoothing": config.smoothing,
+                    "smoothing_span": config.smoothing_span}  # the summary too, where made at the index's settings
+        out[INDEX_DOC] = render_index(runs=runs, summary=summary if settings == SUMMARY_DEFAULTS else None)
     if readme is not None:
         if README_BEGIN not in readme or README_END not in readme:
             raise ValueError(f"README.md: the results block markers are missing; add the two lines\n{README_BEGIN}\n{README_END}")
