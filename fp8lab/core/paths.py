@@ -4,6 +4,7 @@ Notebooks run with their cwd under ``outputs/``; the library finds ``data/`` fro
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -16,21 +17,38 @@ RESULTS_DIR = DATA_DIR / "results"
 # FP8 statistics): each is opened once per process while unchanged (size and mtime), its bytes kept here. Only files
 # under RESULTS_DIR are kept (17 MB today); a user's own runs are read as they are asked for.
 _RESULT_BYTES: dict[str, tuple[tuple[int, int], bytes]] = {}
+_CALL_BYTES: list[dict[str, tuple[tuple[int, int], bytes]]] = []  # the files kept by files_read_once blocks
 
 
 def read_result_bytes(path: str | Path) -> bytes:
-    """The bytes of ``path``: for a file under RESULTS_DIR read once per process while it is unchanged."""
+    """The bytes of ``path``: for a file under RESULTS_DIR read once per process while it is unchanged; inside a
+    :func:`files_read_once` block, any file once per block."""
     path = Path(path)
     st = os.stat(path)
-    if not is_inside(path, RESULTS_DIR):
+    if is_inside(path, RESULTS_DIR):
+        kept = _RESULT_BYTES
+    elif _CALL_BYTES:
+        kept = _CALL_BYTES[0]
+    else:
         return path.read_bytes()
     key, stamp = str(path.resolve()), (st.st_size, st.st_mtime_ns)
-    hit = _RESULT_BYTES.get(key)
+    hit = kept.get(key)
     if hit is None or hit[0] != stamp:
         data = path.read_bytes()
-        _RESULT_BYTES[key] = (stamp, data)
+        kept[key] = (stamp, data)
         return data
     return hit[1]
+
+
+@contextlib.contextmanager
+def files_read_once():
+    """While the block runs, every file read through :func:`read_result_bytes` is opened once (a user's own runs
+    too, which a report reads twice: their steps, then their FP8 statistics); forgotten when the outermost ends."""
+    _CALL_BYTES.append(_CALL_BYTES[0] if _CALL_BYTES else {})
+    try:
+        yield
+    finally:
+        _CALL_BYTES.pop()
 
 
 def read_result_text(path: str | Path) -> str:

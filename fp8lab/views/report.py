@@ -21,7 +21,7 @@ from fp8lab.analysis.index import committed_index, committed_summary, is_committ
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 from fp8lab.views import plots
-from fp8lab.core.paths import RESULTS_DIR
+from fp8lab.core.paths import RESULTS_DIR, files_read_once
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 
@@ -342,6 +342,11 @@ def build_report(sources: object = None, out: str | Path = "report.html",
     given = ([sources] if isinstance(sources, (str, Path, pd.DataFrame)) else list(sources) if sources is not None
              else [RESULTS_DIR])
     refuse_input("out", out, [s for s in given if isinstance(s, (str, Path))])
+    with files_read_once():  # the runs' files, read for their steps and again for their FP8 statistics: opened once
+        return _build_report(sources, Path(out), config, runs)
+
+
+def _build_report(sources: object, out: Path, config: ReportConfig, runs: pd.DataFrame | None) -> Path:
     summary, health, analysed = None, None, None
     idx = committed_index() if is_committed_results(sources) else None
     if idx is not None:
@@ -351,7 +356,6 @@ def build_report(sources: object = None, out: str | Path = "report.html",
             analysed = Analysed.of(None, config, summary=summary)
             runs = idx.runs_of(analysis.loss_run_ids(analysed.answer.rows))
     runs = analysis.load_runs(sources) if runs is None else runs
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     ownership.write_file(out, render_html(runs, config, health=fp8stats.of_sources(sources) if health is None else health,
                                           summary=summary, analysed=analysed))
@@ -395,6 +399,11 @@ def main(argv: Iterable[str] | None = None) -> int:
             return 1
         print("wrote " + ", ".join(analysis.display_path(w) for w in written))
         return 0
+    with files_read_once():  # the runs read here are read again for the page's FP8 statistics: opened once
+        return _report_main(args, config)
+
+
+def _report_main(args, config: ReportConfig) -> int:
     try:
         loaded = None
         for src in args.runs:  # a source given explicitly must hold runs (no-argument: the committed results)
