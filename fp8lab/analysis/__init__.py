@@ -24,7 +24,7 @@ The package, one idea a module (each re-exported here, so ``from fp8lab.analysis
 from __future__ import annotations
 
 from fp8lab.analysis.headline import (BEST_RUN_COLUMNS, DETAILS, HEADLINE_COLUMNS, best_runs,  # noqa: F401
-                                      check_detail, headline_runs, headline_table)
+                                      check_detail, headline_runs, headline_table, loss_run_ids)
 from fp8lab.analysis.labels import (group_key, is_false, is_fp8, is_hardware_fp8, is_true,  # noqa: F401
                                     layout_label, model_size_b, variant_kind, variant_label)
 from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS,  # noqa: F401
@@ -39,5 +39,6 @@ from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PE
 from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
 from fp8lab.analysis.parity import parity_curves  # noqa: F401
 from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer, cost_table  # noqa: F401
+from fp8lab.analysis.index import summary_for  # noqa: F401
 from fp8lab.core.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 

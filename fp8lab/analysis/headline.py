@@ -176,14 +176,20 @@ def headline_runs(runs: pd.DataFrame, summary: pd.DataFrame, headline: pd.DataFr
     seeds and the FP8 seeds of its set-up, for the loss figures; best: the summary rows of each model's best BF16
     and best FP8 run, for time and cost). ``detail="all"`` views draw every run."""
     loss_keys = {(m, s) for m, s in zip(headline["model"], headline["loss_study"]) if isinstance(s, str)}
-    quoted = set()  # run ids, from the comma-separated columns the headline writes
-    for col in ("loss_baseline_run", "loss_bf16_runs", "loss_fp8_run", "loss_fp8_runs"):
-        if col in headline:
-            quoted |= {r for v in headline[col].dropna() for r in str(v).split(", ")}
+    quoted = loss_run_ids(headline)
     loss = runs[[(m, s) in loss_keys and r in quoted for m, s, r in zip(runs["model"], runs["study"], runs["run_id"])]] \
         if len(runs) else runs
     ids = set(headline["bf16_run"].dropna()) | set(headline["fp8_run"].dropna())
     return loss, summary[summary["run_id"].isin(ids)]
+
+
+def loss_run_ids(headline: pd.DataFrame) -> set[str]:
+    """The run ids a headline's loss columns quote (comma-separated): the runs whose steps its loss figures draw."""
+    quoted = set()
+    for col in ("loss_baseline_run", "loss_bf16_runs", "loss_fp8_run", "loss_fp8_runs"):
+        if col in headline:
+            quoted |= {r for v in headline[col].dropna() for r in str(v).split(", ")}
+    return quoted
 
 
 DETAILS = ("headline", "all")  # notebook 05's views: the answer per model, or every run

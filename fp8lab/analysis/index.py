@@ -26,7 +26,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp8lab.core.paths import DATA_DIR, RESULTS_DIR
+from fp8lab.analysis.load import load_runs
+from fp8lab.analysis.summary import summarize_runs
+from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR, read_result_bytes
+from fp8lab.fp8 import stats as fp8stats
 
 INDEX_PATH = DATA_DIR / "results-index.json"
 INDEX_DOC = "data/results-index.json"  # where `fp8lab report --docs` writes it, in the checkout it writes into
@@ -51,7 +54,7 @@ def files_digest(root: Path = RESULTS_DIR) -> str:
     h = hashlib.sha256()
     for f in indexed_files(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(f.read_bytes())
+        h.update(read_result_bytes(f))  # kept: the runs read next need not open the file again
         h.update(b"\0")
     return h.hexdigest()
 
@@ -74,23 +77,25 @@ def _frame(obj: dict) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(data[c], dtype=t) for c, t in zip(cols, dtypes)}, columns=cols)
 
 
-def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None) -> dict:
-    """The index of the runs under ``root`` (``runs``: ``load_runs(root)`` if already read; else read here)."""
+def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> dict:
+    """The index of the runs under ``root`` (``runs``: ``load_runs(root)`` if already read; else read here;
+    ``summary``: their ``summarize_runs`` at :data:`SUMMARY_DEFAULTS`, if already made)."""
     from fp8lab.analysis.load import describe, display_path, load_profiles, load_runs
     from fp8lab.analysis.summary import summarize_runs
 
     digest = files_digest(root)
     runs = load_runs(root) if runs is None else runs
-    summary = summarize_runs(runs, **SUMMARY_DEFAULTS)
+    summary = summarize_runs(runs, **SUMMARY_DEFAULTS) if summary is None else summary
     profiles = load_profiles(root)
     return {"format": INDEX_FORMAT, "made_by": INDEX_COMMAND, "results": display_path(Path(root)),
             "digest": digest, "files": len(indexed_files(root)), "summary_settings": SUMMARY_DEFAULTS,
-            "describe": describe(runs), "summary": _frame_json(summary), "profiles": _frame_json(profiles)}
+            "describe": describe(runs), "summary": _frame_json(summary), "profiles": _frame_json(profiles),
+            "fp8_stats": [[name, display_path(path)] for name, path in fp8stats.files_of_sources(root).items()]}
 
 
-def render_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None) -> str:
+def render_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> str:
     """The index file's text (deterministic: the same files give the same text)."""
-    return json.dumps(build_index(root, runs), allow_nan=True, separators=(",", ":")) + "\n"
+    return json.dumps(build_index(root, runs, summary), allow_nan=True, separators=(",", ":")) + "\n"
 
 
 def write_index(path: Path = INDEX_PATH, root: Path = RESULTS_DIR) -> Path:
@@ -108,6 +113,26 @@ class ResultsIndex:
     profiles: pd.DataFrame
     description: str
     files: int
+    fp8_stats: tuple[tuple[str, str], ...] | None = None  # (name, result file) of the runs with FP8 statistics
+
+    def health(self) -> "fp8stats.StatsFiles | None":
+        """run name -> FP8 statistics of the committed runs that have some, as :func:`fp8lab.fp8.stats.of_sources`
+        gives them for data/results/, each file read only when its records are asked for (None: an index
+        written before it listed them)."""
+        if self.fp8_stats is None:
+            return None
+        return fp8stats.StatsFiles({name: REPO_ROOT / source for name, source in self.fp8_stats})
+
+    def runs_of(self, run_ids) -> pd.DataFrame:
+        """The tidy table (:func:`load_runs`) of these committed runs only: their result files read, nothing else,
+        each run named as in the summary (reading all of data/results/ names clashing ids by their file)."""
+        wanted = self.summary[self.summary["run_id"].isin(set(run_ids))]
+        by_source = dict(zip(wanted["source"], wanted["run_id"]))
+        if not by_source:
+            return load_runs([])
+        runs = load_runs([REPO_ROOT / src for src in sorted(by_source)])
+        runs["run_id"] = runs["source"].map(by_source)
+        return runs
 
     def profiles_beside(self, result_files: list[str]) -> pd.DataFrame:
         """What ``load_profiles`` gives for the profiles beside ``result_files`` (full paths of committed
@@ -147,7 +172,9 @@ def committed_index() -> ResultsIndex | None:
         _say(f"the files in {display_path(RESULTS_DIR)}/ changed since {display_path(INDEX_PATH)} was written; "
              f"reading the result files (`{INDEX_COMMAND}` refreshes it)")
         return None
-    return ResultsIndex(_frame(raw["summary"]), _frame(raw["profiles"]), str(raw["describe"]), int(raw["files"]))
+    stats = raw.get("fp8_stats")
+    return ResultsIndex(_frame(raw["summary"]), _frame(raw["profiles"]), str(raw["describe"]), int(raw["files"]),
+                        None if stats is None else tuple((str(n), str(f)) for n, f in stats))
 
 
 def committed_summary(warmup_steps: int = 10, smoothing: str = "ema", smoothing_span: int = 20) -> pd.DataFrame | None:
@@ -171,3 +198,15 @@ def is_committed_results(sources: object) -> bool:
         except OSError:
             return False
     return False
+
+
+def summary_for(runs: pd.DataFrame, sources: object = None, warmup_steps: int = 10, smoothing: str = "ema",
+                smoothing_span: int = 20) -> pd.DataFrame:
+    """``summarize_runs(runs, warmup_steps, smoothing, smoothing_span)`` for a table ``load_runs(sources)`` read: from
+    the index where ``sources`` are the committed results, every committed run is in ``runs`` (no filter left one
+    out) and these are the index's settings; else summarized here."""
+    if is_committed_results(sources):
+        summary = committed_summary(warmup_steps, smoothing, smoothing_span)
+        if summary is not None and set(runs["run_id"].dropna().astype(str)) == set(summary["run_id"].astype(str)):
+            return summary
+    return summarize_runs(runs, warmup_steps, smoothing, smoothing_span)

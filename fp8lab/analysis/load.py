@@ -21,7 +21,7 @@ import pandas as pd
 
 from fp8lab.fp8.stats import RECORD as FP8_STATS_RECORD
 from fp8lab.analysis.labels import VARIANT_KEYS, layout_label, model_size_b, variant_label
-from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR
+from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR, read_result_text
 from fp8lab.core.progress import progress
 from fp8lab.analysis.run_config import normalize_config
 
@@ -198,7 +198,7 @@ def _read_regular(path: Path) -> str:
         raise RunFileError(f"{path}: not a regular file (a FIFO, device or socket); allowed: result files and "
                            "trainer output folders")
     try:
-        return path.read_text(encoding="utf-8")
+        return read_result_text(path)
     except UnicodeDecodeError as exc:
         raise RunFileError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 

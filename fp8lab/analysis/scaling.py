@@ -305,7 +305,7 @@ def project(run: Mapping[str, Any], instance_type: str, instances: int, *, fp8_a
     (the step's kernels projected to the instance's GPU) and ``model_internode_efficiency`` (``instances``
     over one), with the parts of the modelled step. ``sources``: the result files whose profiles count."""
     cal = calibration if calibration is not None and len(calibration.runs) else committed_calibration(results)
-    split = compute_split(run, _profiles_beside(sources))
+    split = _split_beside(run, sources)
     info = hw.INSTANCES[instance_type]
     scale = 1 / split.time_scale(str(run.get("gpu_name")), info.gpu)
     one = efficiency(run, 1, instance_type=instance_type, fp8_all_gather=fp8_all_gather, calibration=cal, split=split)
@@ -314,6 +314,21 @@ def project(run: Mapping[str, Any], instance_type: str, instances: int, *, fp8_a
     return {"gpu_scale": scale, "gpu_split_from": split.profile, "model_internode_efficiency": many["efficiency"] / one["efficiency"],
             "comm_ms": many["comm_ms"], "compute_ms": many["compute_ms"], "exposed_ms": many["exposed_ms"],
             "comm_bound": bool(many["comm_bound"]), "fp8_all_gather": bool(fp8_all_gather), "calibration": cal.describe()}
+
+
+_SPLITS: dict[tuple, ComputeSplit] = {}  # (the sources, what compute_split reads of a run) -> the run's split
+
+
+def _split_beside(run: Mapping[str, Any], sources: Any) -> ComputeSplit:
+    """``compute_split(run, _profiles_beside(sources))``, made once per set of sources and per the run fields it
+    reads: a cost table or a plan asks for the same run's split many times (10 ms of pandas each)."""
+    key = (tuple(str(s) for s in (sources if sources is not None else ())), run.get("model"), run.get("precision"),
+           run.get("run_id"), run.get("recipe"), _layout(run))
+    if key not in _SPLITS:
+        if len(_SPLITS) > 4096:
+            _SPLITS.clear()
+        _SPLITS[key] = compute_split(run, _profiles_beside(sources))
+    return _SPLITS[key]
 
 
 def _full(source: Any) -> str:

@@ -4,6 +4,7 @@ Notebooks run with their cwd under ``outputs/``; the library finds ``data/`` fro
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -11,6 +12,49 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # FP8LAB_DATA_DIR lets an installed copy (or a SageMaker job) point at another data folder.
 DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
 RESULTS_DIR = DATA_DIR / "results"
+
+# The committed result files are read in several places by one command (the results index's digest, the runs, the
+# FP8 statistics): each is opened once per process while unchanged (size and mtime), its bytes kept here. Only files
+# under RESULTS_DIR are kept (17 MB today); a user's own runs are read as they are asked for.
+_RESULT_BYTES: dict[str, tuple[tuple[int, int], bytes]] = {}
+_CALL_BYTES: list[dict[str, tuple[tuple[int, int], bytes]]] = []  # the files kept by files_read_once blocks
+
+
+def read_result_bytes(path: str | Path) -> bytes:
+    """The bytes of ``path``: for a file under RESULTS_DIR read once per process while it is unchanged; inside a
+    :func:`files_read_once` block, any file once per block."""
+    path = Path(path)
+    st = os.stat(path)
+    if is_inside(path, RESULTS_DIR):
+        kept = _RESULT_BYTES
+    elif _CALL_BYTES:
+        kept = _CALL_BYTES[0]
+    else:
+        return path.read_bytes()
+    key, stamp = str(path.resolve()), (st.st_size, st.st_mtime_ns)
+    hit = kept.get(key)
+    if hit is None or hit[0] != stamp:
+        data = path.read_bytes()
+        kept[key] = (stamp, data)
+        return data
+    return hit[1]
+
+
+@contextlib.contextmanager
+def files_read_once():
+    """While the block runs, every file read through :func:`read_result_bytes` is opened once (a user's own runs
+    too, which a report reads twice: their steps, then their FP8 statistics); forgotten when the outermost ends."""
+    _CALL_BYTES.append(_CALL_BYTES[0] if _CALL_BYTES else {})
+    try:
+        yield
+    finally:
+        _CALL_BYTES.pop()
+
+
+def read_result_text(path: str | Path) -> str:
+    """``Path(path).read_text(encoding="utf-8")`` (newlines translated as it does), through :func:`read_result_bytes`."""
+    text = read_result_bytes(path).decode("utf-8")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def read_check(path: str | Path) -> dict | None:

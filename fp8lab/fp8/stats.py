@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Iterable
 
-from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check
+from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check, read_result_text
 from fp8lab.records import metrics as fmetrics
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
@@ -357,27 +358,66 @@ def read(path) -> list[dict[str, Any]]:
     return fmetrics.read_metrics(p, RECORD) if p.is_file() else []
 
 
-def of_sources(sources) -> dict[str, list[dict[str, Any]]]:
-    """run_id -> fp8_stats records, from what ``fp8lab.analysis.load_runs`` reads (trainer folders, result
-    files, folders holding them; None: data/results), named as it names the runs."""
+def _stats_files(sources):
+    """(name, file, its fp8_stats records) of each file with some, in the order :func:`of_sources` lists them;
+    each file read once."""
     import json
     from pathlib import Path
 
     items = [RESULTS_DIR] if sources is None else [sources] if isinstance(sources, (str, Path)) else list(sources)
-    out: dict[str, list[dict[str, Any]]] = {}
     for item in (Path(i) for i in items if isinstance(i, (str, Path))):  # a collect table holds no statistics
         files = [item / "metrics.jsonl"] if (item / "metrics.jsonl").is_file() else (
             sorted(item.rglob("*.jsonl")) if item.is_dir() else [item])
         for f in files:
-            recs = read(f)
+            if not f.is_file():
+                continue
+            text = read_result_text(f)
+            recs = fmetrics.metrics_in(text, RECORD)
             if not recs:
                 continue
             if f.name == "metrics.jsonl":
-                out[f.parent.name] = recs
+                yield f.parent.name, f, recs
             else:
-                first = json.loads(f.read_text(encoding="utf-8").split("\n", 1)[0])
-                out[first.get("run_id") or f.stem] = recs
+                first = json.loads(text.split("\n", 1)[0])
+                yield first.get("run_id") or f.stem, f, recs
+
+
+def of_sources(sources) -> dict[str, list[dict[str, Any]]]:
+    """run_id -> fp8_stats records, from what ``fp8lab.analysis.load_runs`` reads (trainer folders, result
+    files, folders holding them; None: data/results), named as it names the runs."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, _, recs in _stats_files(sources):
+        out[name] = recs
     return out
+
+
+def files_of_sources(sources) -> dict[str, Any]:
+    """run name -> the file holding its fp8_stats records: :func:`of_sources`'s names and order (a results index
+    keeps it, so that a view reads only the statistics it shows)."""
+    out: dict[str, Any] = {}
+    for name, path, _ in _stats_files(sources):
+        out[name] = path
+    return out
+
+
+class StatsFiles(Mapping):
+    """run name -> fp8_stats records, as :func:`of_sources` gives them, from a known name -> file map
+    (:func:`files_of_sources`): a file is read when its records are first asked for, once."""
+
+    def __init__(self, files: dict[str, Any]):
+        self.files = dict(files)
+        self._read: dict[str, list[dict[str, Any]]] = {}
+
+    def __getitem__(self, name: str) -> list[dict[str, Any]]:
+        if name not in self._read:
+            self._read[name] = read(self.files[name])
+        return self._read[name]
+
+    def __iter__(self):
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
 
 
 def of_runs(runs) -> dict[str, list[dict[str, Any]]]:

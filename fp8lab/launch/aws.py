@@ -19,7 +19,8 @@ from fp8lab.launch.metric_line import parse_metric_line
 from fp8lab.launch.plan import SweepPlan, as_plan, format_cost_table
 from fp8lab.launch.redaction import redact, redacted_sdk_logs
 from fp8lab.launch.image import installs_te
-from fp8lab.launch.requests import build_requests, build_trainer, request_diff, staged_source, submit
+from fp8lab.launch.requests import (build_requests, build_trainer, request_diff, sdk_config_checked_once, staged_source,
+                                    submit)
 from fp8lab.launch.spec import JobSpec
 
 THROTTLE_CODES = {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
@@ -110,7 +111,7 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
     backoff = {"sleep": sleep, "out": out}
     names: list[str] = []
     sessions: dict[tuple[str, str], Any] = {}
-    with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs():
+    with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs(), sdk_config_checked_once():
         staged: dict[tuple, Path] = {}
         for job in plan.jobs:
             spec = job.spec

@@ -4,7 +4,9 @@ through the real SDK code path while every AWS call is answered locally.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -20,6 +22,7 @@ from fp8lab.launch.redaction import redacted_sdk_logs
 from fp8lab.plan.runplan import PLANNED_ENV
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
 from fp8lab.core.pins import requirement
+from fp8lab.core.progress import Counter
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine, pinned by fp8lab/constraints-gpu.txt, where the job
@@ -190,7 +193,70 @@ def _offline_session(region: str, bucket: str):
     boto.events.register("before-parameter-build.*.*", on_params)
     boto.events.register("before-call.*.*", on_call)
     config = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
-    return Session(boto_session=boto, default_bucket=bucket, sagemaker_config=config)
+    session = Session(boto_session=boto, default_bucket=bucket, sagemaker_config=config)
+    session.s3_resource = _NoTransferS3(session.s3_resource)
+    return session
+
+
+class _NoTransferObject:
+    """An S3 object of the dry run: ``upload_file`` checks the file is there and sends nothing (the dry run stores
+    nothing: its PutObject is answered locally anyway); anything else is the real boto3 object's, made when first
+    needed (boto3 builds a resource class per object: a millisecond each, 1,500 in a default dry run)."""
+
+    def __init__(self, resource, args: tuple, kwargs: dict):
+        self._made = lambda: resource.Object(*args, **kwargs)
+
+    def upload_file(self, Filename, ExtraArgs=None, Callback=None, Config=None):  # noqa: N803 - boto3's names
+        if not os.path.isfile(Filename):
+            raise FileNotFoundError(f"dry run: the SDK asked to upload {Filename!r}, which does not exist")
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._made(), name)
+
+
+class _NoTransferS3:
+    """The offline session's S3 resource: the session's own, except that the SDK's per-file uploads
+    (``Session.upload_data``: one boto3 transfer manager, with its threads, per file of the staged code, about 130
+    files per job) transfer nothing. The SDK still walks the folder and names every key and the channel's URI."""
+
+    def __init__(self, resource):
+        self._resource = resource
+
+    def Object(self, *args, **kwargs):  # noqa: N802 - boto3's name
+        return _NoTransferObject(self._resource, args, kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._resource, name)
+
+
+@contextlib.contextmanager
+def sdk_config_checked_once():
+    """While the SDK builds requests, each distinct SDK config is validated against the SDK's schema once.
+
+    The SDK validates its whole config at every value it looks up (``SageMakerConfig.get_sagemaker_config_value``,
+    dozens per job) with ``jsonschema.validate``, which first re-checks the schema itself: about 0.3 s each, most of
+    a dry run's time. Here the first validation of a config runs as the SDK's (same checks, same errors); a config
+    seen valid before is not validated again. The SDK's method is restored on leaving.
+    """
+    from sagemaker.core.config.config_manager import SageMakerConfig
+
+    original = SageMakerConfig.__dict__["validate_sagemaker_config"]
+    validate = original.__func__ if isinstance(original, staticmethod) else original
+    valid: set[str] = set()
+
+    def once(sagemaker_config=None):
+        key = json.dumps(sagemaker_config, sort_keys=True, default=repr)
+        if key not in valid:
+            validate(sagemaker_config)
+            valid.add(key)
+
+    SageMakerConfig.validate_sagemaker_config = staticmethod(once)
+    try:
+        yield
+    finally:
+        SageMakerConfig.validate_sagemaker_config = original
 
 
 def staged_source(staged: dict[tuple, Path], tmp: str, install_te: bool, framework_version: str | None = None) -> Path:
@@ -209,14 +275,15 @@ def submit(trainer, spec: JobSpec) -> None:
 
 def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> list[dict[str, Any]]:
     """The exact CreateTrainingJob request of each job, built by ModelTrainer.train() with no AWS call."""
-    from fp8lab.core.progress import progress
-
     plan = as_plan(spec_or_plan)
     out = []
-    with tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs():
+    # the bar's clock starts before the SDK is imported (seconds), so that a long wait shows as one
+    with Counter("building requests (dry run)", unit="job", total=len(plan.jobs)) as bar, \
+            tempfile.TemporaryDirectory(prefix="fp8lab-src-") as tmp, redacted_sdk_logs(), sdk_config_checked_once():
         staged: dict[tuple, Path] = {}
         sessions: dict[tuple, Any] = {}  # one offline session per region and bucket (making one takes seconds)
-        for job in progress(plan.jobs, "building requests (dry run)", total=len(plan.jobs), unit="job"):
+        for job in plan.jobs:
+            bar.tick(0)
             spec = job.spec
             where = (spec.region, spec.bucket)
             if where not in sessions:
@@ -229,6 +296,7 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
                 out.append(cap.params)
             else:  # pragma: no cover - the hook always fires
                 raise RuntimeError("dry run: the SDK finished without sending CreateTrainingJob")
+            bar.tick()
     return out
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8lab.core.hardware import PEAK_BF16_DENSE, peak_bf16_flops  # noqa: F401 (re-exported: their old home)
+from fp8lab.core.paths import read_result_text
 from fp8lab.core.pins import installed, installed_te
 from fp8lab.records import ownership
 
@@ -119,8 +120,18 @@ class MetricsLog:
 def read_metrics(path: str | Path, record: str | None = None) -> list[dict[str, Any]]:
     """The step records of a metrics.jsonl file (complete lines only); ``record="fp8_stats"``: those
     records instead (lines with a ``"record"`` key are other records: fp8lab.fp8.stats)."""
+    return metrics_in(read_result_text(path), record)
+
+
+def metrics_in(text: str, record: str | None = None) -> list[dict[str, Any]]:
+    """:func:`read_metrics` of a file's text already read."""
     out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    # a line holding a record of a plain name has the name in it, or a \u escape (JSON writes it no other way):
+    # other lines (every step of a run, looking for its fp8_stats) need no parsing
+    plain = record is not None and record.isascii() and record.replace("_", "a").isalnum()
+    for line in text.splitlines():
+        if plain and record not in line and "\\u" not in line:
+            continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:

@@ -17,10 +17,11 @@ from typing import Iterable
 import pandas as pd
 
 from fp8lab import analysis
+from fp8lab.analysis.index import committed_index, committed_summary, is_committed_results
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 from fp8lab.views import plots
-from fp8lab.core.paths import RESULTS_DIR
+from fp8lab.core.paths import RESULTS_DIR, files_read_once
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 
@@ -111,16 +112,17 @@ def _at_scale(answer) -> pd.DataFrame:
 
 def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
                 reference: pd.DataFrame | None = None, health: dict | None = None,
-                summary: pd.DataFrame | None = None) -> str:
+                summary: pd.DataFrame | None = None, analysed: "Analysed | None" = None) -> str:
     """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
     FP8 statistics (fp8lab.fp8.stats.of_sources; default: found through the runs' sources); ``summary``: the
-    runs' per-run summary at ``config``'s settings, if already made (e.g. the results index's)."""
+    runs' per-run summary at ``config``'s settings, if already made (e.g. the results index's); ``analysed``:
+    their analysis at ``config``'s settings, if already made."""
     from fp8lab.core.progress import Counter
 
     with Counter("drawing the report", unit="figure") as counter:
         _DRAWN.append(counter)
         try:
-            return _render_html(runs, config, reference, health, summary)
+            return _render_html(runs, config, reference, health, summary, analysed)
         finally:
             _DRAWN.remove(counter)
 
@@ -149,8 +151,8 @@ def report_figures(runs: pd.DataFrame, config: "ReportConfig" = None, analysed: 
 
 
 def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFrame | None, health: dict | None,
-                 summary: pd.DataFrame | None) -> str:
-    a = Analysed.of(runs, config, reference, summary)
+                 summary: pd.DataFrame | None, analysed: "Analysed | None" = None) -> str:
+    a = analysed or Analysed.of(runs, config, reference, summary)
     summary, comparison, answer = a.summary, a.comparison, a.answer
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
                                 estimate=answer.estimate)
@@ -302,7 +304,8 @@ def _health_section(health: dict) -> list[str]:
            f"{fp8stats.UNDERFLOW_WARN:.0%} underflow for {fp8stats.WARN_SAMPLES} samples in a row (fp8lab.fp8.stats).</p>"]
     if not health:
         return out + ['<p class="muted">No FP8 statistics in these runs (FP8 runs record them unless --fp8-stats-every 0).</p>']
-    for run_id, recs in list(health.items())[:HEALTH_RUNS]:
+    for run_id in list(health)[:HEALTH_RUNS]:  # only these runs' statistics are read (fp8stats.StatsFiles)
+        recs = health[run_id]
         t = fp8stats.table(recs)
         out.append(f"<h3>{e(run_id)}</h3>")
         out.append(f'<p class="muted">{e(fp8stats.source_text(recs).capitalize())}.</p>')
@@ -334,18 +337,28 @@ def refuse_input(option: str, value: str | Path, sources: Iterable[str | Path]) 
 def build_report(sources: object = None, out: str | Path = "report.html",
                  config: ReportConfig = ReportConfig(), runs: pd.DataFrame | None = None) -> Path:
     """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``; ``runs``:
-    their table, if already read. The committed results' summary comes from the results index."""
-    from fp8lab.analysis.index import committed_summary, is_committed_results
-
+    their table, if already read. For the committed results the summary comes from the results index, and only
+    the result files of the runs the loss figures draw and of the FP8 health shown are read."""
     given = ([sources] if isinstance(sources, (str, Path, pd.DataFrame)) else list(sources) if sources is not None
              else [RESULTS_DIR])
     refuse_input("out", out, [s for s in given if isinstance(s, (str, Path))])
+    with files_read_once():  # the runs' files, read for their steps and again for their FP8 statistics: opened once
+        return _build_report(sources, Path(out), config, runs)
+
+
+def _build_report(sources: object, out: Path, config: ReportConfig, runs: pd.DataFrame | None) -> Path:
+    summary, health, analysed = None, None, None
+    idx = committed_index() if is_committed_results(sources) else None
+    if idx is not None:
+        summary = committed_summary(config.warmup_steps, config.smoothing, config.smoothing_span)
+        health = idx.health()
+        if runs is None and summary is not None:  # the per-step curves the page draws: the loss studies' runs
+            analysed = Analysed.of(None, config, summary=summary)
+            runs = idx.runs_of(analysis.loss_run_ids(analysed.answer.rows))
     runs = analysis.load_runs(sources) if runs is None else runs
-    summary = committed_summary(config.warmup_steps, config.smoothing, config.smoothing_span) \
-        if is_committed_results(sources) else None
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ownership.write_file(out, render_html(runs, config, health=fp8stats.of_sources(sources), summary=summary))
+    ownership.write_file(out, render_html(runs, config, health=fp8stats.of_sources(sources) if health is None else health,
+                                          summary=summary, analysed=analysed))
     return out
 
 
@@ -386,9 +399,17 @@ def main(argv: Iterable[str] | None = None) -> int:
             return 1
         print("wrote " + ", ".join(analysis.display_path(w) for w in written))
         return 0
+    with files_read_once():  # the runs read here are read again for the page's FP8 statistics: opened once
+        return _report_main(args, config)
+
+
+def _report_main(args, config: ReportConfig) -> int:
     try:
         loaded = None
         for src in args.runs:  # a source given explicitly must hold runs (no-argument: the committed results)
+            if len(args.runs) == 1 and is_committed_results(src) and committed_index() is not None \
+                    and len(committed_index().summary):  # it does: build_report reads what the page draws
+                break
             loaded = analysis.load_runs(src)
             if not len(loaded):
                 raise ValueError(f"RUNS: {analysis.display_path(Path(src))!r} holds no runs (no metrics.jsonl with "
@@ -593,7 +614,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     """{'README.md': the README with its results block regenerated (``readme``: its current text),
     'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/); for the
     committed results also 'data/results-index.json', the index planning reads (:mod:`fp8lab.analysis.index`)."""
-    from fp8lab.analysis.index import INDEX_DOC, is_committed_results, render_index
+    from fp8lab.analysis.index import INDEX_DOC, SUMMARY_DEFAULTS, render_index
 
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
@@ -601,7 +622,9 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
            HEADLINE_PNG: plots.headline_figure(analysis.best_runs(summary), a.reference)}
     if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), from the same read
-        out[INDEX_DOC] = render_index(runs=runs)
+        settings = {"warmup_steps": config.warmup_steps, "smoothing": config.smoothing,
+                    "smoothing_span": config.smoothing_span}  # the summary too, where made at the index's settings
+        out[INDEX_DOC] = render_index(runs=runs, summary=summary if settings == SUMMARY_DEFAULTS else None)
     if readme is not None:
         if README_BEGIN not in readme or README_END not in readme:
             raise ValueError(f"README.md: the results block markers are missing; add the two lines\n{README_BEGIN}\n{README_END}")

@@ -98,3 +98,35 @@ def test_markdown_scaling_table_lists_multi_gpu_runs_against_their_reference(tmp
     assert len(rows) == 1  # the two-GPU run only; its reference is a column
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[2:] == ["2", "955", "1,000", "0.1", "**95.5%**", "95.5%"]
+
+
+def test_a_users_runs_are_read_once_by_the_report(tmp_path, monkeypatch, capsys):
+    """Issue 47: `fp8lab report FOLDER` read each of a user's run files twice (the steps, then the FP8
+    statistics); now once per call, and the FP8 statistics still reach the page."""
+    import builtins
+    import io
+    import json
+    from pathlib import Path
+
+    from fp8lab.fp8 import stats as fp8stats
+
+    make_pair(tmp_path / "runs")
+    with (tmp_path / "runs" / "fp8" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"record": fp8stats.RECORD, "step": 5, "layers": [], "source": "fp8lab"}) + "\n")
+    opened: dict = {}
+    real = io.open
+
+    def counting(file, *a, **k):
+        if isinstance(file, (str, Path)) and str(file).endswith("metrics.jsonl"):
+            opened[str(Path(file).resolve())] = opened.get(str(Path(file).resolve()), 0) + 1
+        return real(file, *a, **k)
+
+    monkeypatch.setattr(io, "open", counting)
+    monkeypatch.setattr(builtins, "open", counting)
+    assert report.main([str(tmp_path / "runs"), "--out", str(tmp_path / "r.html")]) == 0
+    monkeypatch.undo()
+    assert sorted(Path(k).parent.name for k in opened) == ["bf16", "fp8"] and set(opened.values()) == {1}, opened
+    page = (tmp_path / "r.html").read_text()
+    assert "<h3>fp8</h3>" in page and "<h3>bf16</h3>" not in page  # the statistics read from the one read
+    report.build_report(tmp_path / "runs", tmp_path / "r2.html")  # the API: the same page (its files read afresh)
+    assert (tmp_path / "r2.html").read_text().split("</p>", 1)[1] == page.split("</p>", 1)[1]

@@ -143,3 +143,71 @@ def test_cli_latency_doc_is_the_result_file():
     block = doc.split(bench.BEGIN, 1)[1].split(bench.END, 1)[0]
     assert block == "\n" + bench.render_markdown(result), \
         "docs/cli-latency.md is stale: python benchmarks/cli_latency.py --docs data/cli-latency.json"
+
+
+def _count_opens(monkeypatch) -> dict:
+    """path (resolved) -> times opened, for every file opened under data/results/ from here on."""
+    import builtins
+    import io
+    from pathlib import Path
+
+    opened: dict = {}
+    real = io.open
+
+    def counting(file, *a, **k):
+        if isinstance(file, (str, Path)) and str(RESULTS_DIR.resolve()) in str(Path(file).resolve()):
+            key = str(Path(file).resolve())
+            opened[key] = opened.get(key, 0) + 1
+        return real(file, *a, **k)
+
+    monkeypatch.setattr(io, "open", counting)
+    monkeypatch.setattr(builtins, "open", counting)
+    return opened
+
+
+def test_the_committed_report_reads_each_result_file_once_and_draws_the_same_page(tmp_path, monkeypatch):
+    """Issue 47: `fp8lab report data/results` read every result file three times (the runs, the FP8 statistics, the
+    index's digest). Now each is opened once (the digest's read is kept for the rest), only the loss studies' runs
+    and the shown FP8 statistics are parsed, and the page is the one the full read gives."""
+    import re
+
+    from fp8lab.core import paths
+    from fp8lab.fp8 import stats as fp8stats
+    from fp8lab.views import report
+
+    _clear_caches()
+    paths._RESULT_BYTES.clear()
+    parsed = []
+    real_load = analysis.load._load_result_file
+    monkeypatch.setattr(analysis.load, "_load_result_file", lambda p: (parsed.append(p), real_load(p))[1])
+    opened = _count_opens(monkeypatch)
+    page = report.build_report(RESULTS_DIR, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert opened and max(opened.values()) == 1, {k: v for k, v in opened.items() if v > 1}
+    n_files = len(index.indexed_files())
+    assert 0 < len(parsed) < n_files / 4  # the loss studies' runs only (every file before)
+    monkeypatch.undo()
+
+    runs = _read_from_files()["runs"]  # the old way: every file, the statistics found by reading them all
+    full = report.render_html(runs, health=fp8stats.of_sources(None))
+    stamp = re.compile(r"Generated \d{4}-\d\d-\d\d \d\d:\d\d UTC")
+    assert stamp.sub("", page) == stamp.sub("", full)
+    idx = index.committed_index()
+    assert list(idx.health()) == list(fp8stats.of_sources(None))  # the index names the runs with statistics
+
+
+def test_summary_for_is_summarize_runs_and_the_index_only_serves_the_whole_committed_set(monkeypatch):
+    """Notebook 05's summary (issue 47): the index's for the committed runs at its settings, else computed."""
+    read = _read_from_files()
+    runs, summary = read["runs"], read["summary"]
+    _clear_caches()
+    pd.testing.assert_frame_equal(analysis.summary_for(runs, None), summary)
+    model = str(runs["model"].dropna().iloc[0])
+    some = analysis.select_runs(runs, [model])
+    calls = []
+    real = analysis.summary.summarize_runs
+    monkeypatch.setattr(index, "summarize_runs", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    pd.testing.assert_frame_equal(analysis.summary_for(some, None), real(some))  # a filter left runs out: computed
+    assert calls == [1]
+    assert analysis.summary_for(runs, None, warmup_steps=5).equals(real(runs, 5)) and calls == [1, 1]
+    analysis.summary_for(runs, None)
+    assert calls == [1, 1]  # the whole committed set at the index's settings: no summarizing

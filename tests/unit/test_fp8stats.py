@@ -298,3 +298,33 @@ def test_the_committed_te_debug_cost_split_supports_what_docs_training_says():
     text = (REPO_ROOT / "docs" / "training.md").read_text()
     for k in ("full", "fp8-all", "full-first-mb", "amax-only"):
         assert f"{cost[k]:.2f} s" in text, k
+
+
+def test_records_of_a_kind_are_found_without_parsing_every_step():
+    """Issue 47: metrics_in skips, unparsed, the lines that cannot hold the record asked for (neither its name nor a
+    \\u escape in them); what it returns is what parsing every line returns, an escaped name included."""
+    import json
+
+    from fp8lab.records import metrics as fmetrics
+
+    lines = [json.dumps({"step": i, "loss": 1.0 / (i + 1)}) for i in range(50)]
+    lines += [json.dumps({"record": fp8stats.RECORD, "step": 10, "layers": []}),
+              '{"record": "fp8\\u005fstats", "step": 20, "layers": []}',  # the same name, escaped
+              '{"record": "fp8_stats", "step": 30',  # a torn last line
+              json.dumps({"record": "summary", "note": "fp8_stats in a note"})]
+    text = "\n".join(lines)
+
+    def every_line(record):
+        out = []
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and rec.get("record") == record:
+                out.append(rec)
+        return out
+
+    for record in (fp8stats.RECORD, "summary", None):
+        assert fmetrics.metrics_in(text, record) == every_line(record)
+    assert [r["step"] for r in fmetrics.metrics_in(text, fp8stats.RECORD)] == [10, 20]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -265,6 +266,39 @@ def test_warm_pool_request_and_cli_dry_run(capsys):
                    "--tokens", "1000000000"]) == 0
     out = capsys.readouterr().out
     assert out.count("CreateTrainingJob request for fp8lab-llama-7b-fp8-2xp5-") == 1 and "TOTAL" in out
+
+
+def test_dry_run_validates_the_sdk_config_once_and_transfers_no_file(monkeypatch):
+    """Issue 47: the SDK validated its config at every lookup (most of a dry run) and pushed each staged file through
+    boto3's transfer manager; now each config is validated once per build and no file is transferred. The request
+    is unchanged (test_launch_moto compares it with the real train() path's)."""
+    import boto3.s3.transfer
+    import jsonschema
+    from sagemaker.core.config import config_manager
+
+    validated = []
+    real_validate = jsonschema.validate
+    monkeypatch.setattr(config_manager.jsonschema, "validate",
+                        lambda instance, schema, *a, **k: (validated.append(json.dumps(instance, sort_keys=True)),
+                                                           real_validate(instance, schema, *a, **k))[1])
+
+    def no_transfer(*a, **k):
+        raise AssertionError("the dry run pushed a file through boto3's transfer manager")
+
+    monkeypatch.setattr(boto3.s3.transfer.S3Transfer, "upload_file", no_transfer)
+    before = config_manager.SageMakerConfig.__dict__["validate_sagemaker_config"]
+    reqs = L.build_requests(L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1, 2], role=L.PLACEHOLDER_ROLE,
+                                         bucket=L.PLACEHOLDER_BUCKET, tokens=10**9))
+    assert len(reqs) == 4 and len({r["TrainingJobName"] for r in reqs}) == 4
+    # one config: checked when the SDK's Session is made, then once for all lookups of the four jobs (was ~6 per job)
+    assert len(set(validated)) == 1 and len(validated) == 2
+    assert config_manager.SageMakerConfig.__dict__["validate_sagemaker_config"] is before  # the SDK's method back
+    with pytest.raises(jsonschema.ValidationError):  # and it still validates: a bad config is refused
+        config_manager.SageMakerConfig.validate_sagemaker_config({"SchemaVersion": 1})
+    from fp8lab.launch.requests import sdk_config_checked_once
+
+    with sdk_config_checked_once(), pytest.raises(jsonschema.ValidationError):  # inside the block too
+        config_manager.SageMakerConfig().validate_sagemaker_config({"SchemaVersion": 1})
 
 
 def test_cli_plan_and_errors(capsys):
