@@ -14,14 +14,14 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.analysis.conclusion import verdict_parts
+from fp8lab.analysis.estimates import MeasuredEstimate
 from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
+from fp8lab.analysis.scaling import instance_table
 from fp8lab.analysis.time_to_loss import time_to_loss as same_loss_table
+from fp8lab.core.hardware import INSTANCES
+from fp8lab.model.models import MODEL_CONFIGS
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args, compare_precisions)
-from fp8lab.analysis.estimates import MeasuredEstimate
-from fp8lab.core.hardware import INSTANCES
-from fp8lab.analysis.scaling import instance_table
-from fp8lab.model.models import MODEL_CONFIGS
 
 ANSWER_INSTANCE = "ml.p5.48xlarge"  # the budget is priced on one P5, as notebook 04 plans it
 WHY_BF16 = "the fastest BF16 run at the model's smallest measured scale"

@@ -33,6 +33,8 @@ import pandas as pd
 
 from fp8lab.analysis.labels import group_key, is_fp8, layout_label  # the modules, not the package (whose
 from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
+from fp8lab.analysis import scaling
+from fp8lab.analysis.index import committed_summary, is_committed_results
 from fp8lab.analysis.summary import scaling_table, summarize_runs
 from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_spec, peak_bf16_flops
 from fp8lab.model.models import model_flops_per_token
@@ -84,8 +86,6 @@ def _tables(summary: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 @functools.lru_cache(maxsize=8)
 def _measurements(results: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from fp8lab.analysis.index import committed_summary, is_committed_results
-
     summary = committed_summary() if is_committed_results(results) else None  # the index: no result file read
     return _tables(summarize_runs(load_runs(results)) if summary is None else summary)
 
@@ -168,8 +168,6 @@ class MeasuredEstimate(Estimate):
 
     def _scaling(self, run: pd.Series, instance_type: str, instances: int, fp8_all_gather: bool) -> dict[str, Any]:
         """The scaling model's GPU projection and multi-node factor for a job resting on ``run`` (issue 32)."""
-        from fp8lab.analysis import scaling
-
         given = getattr(self, "given_summary", None)
         if given is not None and getattr(self, "given_calibration", None) is None:
             object.__setattr__(self, "given_calibration", scaling.calibrate(given))

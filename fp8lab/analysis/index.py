@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fp8lab.analysis.load import load_runs
+from fp8lab.analysis.load import describe, display_path, load_profiles, load_runs
 from fp8lab.analysis.summary import summarize_runs
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR, read_result_bytes
 from fp8lab.fp8 import stats as fp8stats
@@ -80,9 +80,6 @@ def _frame(obj: dict) -> pd.DataFrame:
 def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> dict:
     """The index of the runs under ``root`` (``runs``: ``load_runs(root)`` if already read; else read here;
     ``summary``: their ``summarize_runs`` at :data:`SUMMARY_DEFAULTS`, if already made)."""
-    from fp8lab.analysis.load import describe, display_path, load_profiles, load_runs
-    from fp8lab.analysis.summary import summarize_runs
-
     digest = files_digest(root)
     runs = load_runs(root) if runs is None else runs
     summary = summarize_runs(runs, **SUMMARY_DEFAULTS) if summary is None else summary
@@ -137,8 +134,6 @@ class ResultsIndex:
     def profiles_beside(self, result_files: list[str]) -> pd.DataFrame:
         """What ``load_profiles`` gives for the profiles beside ``result_files`` (full paths of committed
         ``.jsonl`` files, in that order): each file's ``<run>.profile.json`` that exists."""
-        from fp8lab.analysis.load import display_path
-
         wanted = [display_path(Path(str(Path(s).with_suffix("")) + ".profile.json")) for s in result_files]
         parts = [self.profiles[self.profiles["source"] == w] for w in dict.fromkeys(wanted)]
         parts = [p for p in parts if len(p)]
@@ -157,7 +152,6 @@ def committed_index() -> ResultsIndex | None:
     stderr saying why and how to refresh it), and callers read the result files themselves."""
     if not INDEX_PATH.exists():
         return None
-    from fp8lab.analysis.load import display_path
 
     try:
         raw = json.loads(INDEX_PATH.read_text(encoding="utf-8"))

@@ -33,7 +33,13 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from fp8lab.analysis.index import committed_index, committed_summary, is_committed_results
+from fp8lab.analysis.labels import model_size_b
+from fp8lab.analysis.load import load_profiles, load_runs
+from fp8lab.analysis.summary import scaling_table, summarize_runs
 from fp8lab.core import hardware as hw
+from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, is_inside
+from fp8lab.model.models import block_matmul_params, count_parameters, get_config
 from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS  # the trainer's: torchao's float8 FSDP2 all-gather
 
 # kernel categories of fp8lab.train.profiling, by what they scale with on another GPU
@@ -106,10 +112,6 @@ def _tokens_of(layout: str) -> float:
 
 @functools.lru_cache(maxsize=8)
 def _profiles_of(sources: tuple[str, ...]) -> pd.DataFrame:
-    from fp8lab.analysis.index import committed_index
-    from fp8lab.analysis.load import load_profiles
-    from fp8lab.core.paths import RESULTS_DIR, is_inside
-
     if sources and all(s.endswith(".jsonl") and is_inside(s, RESULTS_DIR) for s in sources):
         idx = committed_index()  # committed result files: their profiles from the index (None: stale)
         if idx is not None:
@@ -140,8 +142,6 @@ def traffic(model: str, gpus: int, *, grad_accum: int, keep_weights: bool | None
             param_bytes: int = 2, fp8_all_gather: bool = False) -> dict[str, float]:
     """Bytes each GPU moves per optimizer step: ``all_gather`` and ``reduce_scatter`` (FSDP2) or
     ``all_reduce`` (DDP), as a ring over ``gpus`` moves them (``bytes x (gpus-1)/gpus``)."""
-    from fp8lab.model.models import block_matmul_params, count_parameters, get_config
-
     if gpus <= 1:
         return {}
     cfg = get_config(model)
@@ -204,8 +204,6 @@ def _run_traffic(r: Mapping[str, Any], gpus: int, **kw: Any) -> dict[str, float]
 def calibrate(summary: pd.DataFrame, profiles: pd.DataFrame | None = None) -> Calibration:
     """Fit the link efficiency, overlap and overhead to the two-GPU runs of one machine in ``summary``
     (each against its one-GPU reference, :func:`fp8lab.analysis.scaling_table`)."""
-    from fp8lab.analysis.summary import scaling_table
-
     profiles = profiles_of(summary) if profiles is None else profiles
     sc = scaling_table(summary, by="world_size")
     sc = sc[(sc["run_id"] != sc["reference_run_id"]) & (sc["world_size"] == 2) & (sc["instances"].fillna(1) == 1)
@@ -252,9 +250,6 @@ def committed_calibration(results: str | None = None) -> Calibration:
 
 @functools.lru_cache(maxsize=4)
 def _calibration(results: str | None) -> Calibration:  # one cache key for committed_calibration() and (None)
-    from fp8lab.analysis.index import committed_summary, is_committed_results
-    from fp8lab.analysis.load import load_runs
-    from fp8lab.analysis.summary import summarize_runs
 
     summary = committed_summary() if is_committed_results(results) else None
     return calibrate(summarize_runs(load_runs(results)) if summary is None else summary)
@@ -332,8 +327,6 @@ def _split_beside(run: Mapping[str, Any], sources: Any) -> ComputeSplit:
 
 
 def _full(source: Any) -> str:
-    from fp8lab.core.paths import REPO_ROOT
-
     path = Path(str(source))
     return str(path if path.is_absolute() else REPO_ROOT / path)
 
@@ -400,8 +393,6 @@ def plan_lines(plan: Any) -> str:
 def answer_at_scale(answer: Any, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16), most: int = 2) -> pd.DataFrame:
     """:meth:`fp8lab.analysis.Answer.at_scale` of the answer's priced models, the source's sizes (1B, 7B)
     first, at most ``most`` of them (a readable figure: three lines per model)."""
-    from fp8lab.analysis.labels import model_size_b
-
     priced = [m for m, h in zip(answer.rows["model"], answer.rows["hours_fp8"]) if not pd.isna(h)]
     priced.sort(key=lambda m: (model_size_b(m) not in (1.0, 7.0), model_size_b(m) or 0))
     tables = [answer.at_scale(m, instance_counts) for m in priced[:most]]

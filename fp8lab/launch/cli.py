@@ -5,15 +5,15 @@ import argparse
 import sys
 
 from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
-from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
-from fp8lab.launch.redaction import redact
-from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
-from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS
-from fp8lab.plan.options import PRECISIONS, add_arguments, from_text
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.validate import OneLineParser, parse_count, positive_float
-from fp8lab.plan.config import TrainConfig
+from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
+from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
+from fp8lab.launch.redaction import redact
+from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS
 from fp8lab.model.models import MODEL_CONFIGS
+from fp8lab.plan.config import TrainConfig
+from fp8lab.plan.options import PRECISIONS, add_arguments, from_text
 
 # the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
 # precision are the sweep's --models / --precisions)

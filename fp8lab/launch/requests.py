@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
+from fp8lab.core.paths import DATA_DIR, REPO_ROOT
+from fp8lab.core.pins import requirement
+from fp8lab.core.progress import Counter
 from fp8lab.launch.image import TE_BUILD_ENV, installs_te, job_requirements
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS
 from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
-from fp8lab.plan.runplan import PLANNED_ENV
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
-from fp8lab.core.pins import requirement
-from fp8lab.core.progress import Counter
+from fp8lab.plan.runplan import PLANNED_ENV, decision_results
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine, pinned by fp8lab/constraints-gpu.txt, where the job
@@ -58,9 +59,6 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
     In the job ``fp8lab.core.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
     without a ``data_s3_uri`` the trainer reads the shipped corpus, as on a laptop.
     """
-    from fp8lab.core.paths import DATA_DIR, REPO_ROOT
-    from fp8lab.plan.runplan import decision_results
-
     pkg = Path(__file__).resolve().parents[1]  # the fp8lab package
     dest = Path(dest)
     shutil.copytree(pkg, dest / "fp8lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"),

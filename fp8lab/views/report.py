@@ -17,13 +17,17 @@ from typing import Iterable
 import pandas as pd
 
 from fp8lab import analysis
-from fp8lab.analysis.index import committed_index, committed_summary, is_committed_results
+from fp8lab.analysis.index import (INDEX_DOC, SUMMARY_DEFAULTS, committed_index, committed_summary, is_committed_results,
+                                   render_index)
+from fp8lab.analysis.scaling import answer_at_scale
+from fp8lab.analysis.time_to_loss import sentence, time_to_loss
+from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, files_read_once
+from fp8lab.core.probes import check_writable_file
+from fp8lab.core.progress import Counter
+from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 from fp8lab.views import plots
-from fp8lab.core.paths import RESULTS_DIR, files_read_once
-from fp8lab.core.probes import check_writable_file
-from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -105,8 +109,6 @@ def _long_table(df: pd.DataFrame, first: list[str], rest: list[str], what: str) 
 
 
 def _at_scale(answer) -> pd.DataFrame:
-    from fp8lab.analysis.scaling import answer_at_scale
-
     return answer_at_scale(answer)
 
 
@@ -117,8 +119,6 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
     FP8 statistics (fp8lab.fp8.stats.of_sources; default: found through the runs' sources); ``summary``: the
     runs' per-run summary at ``config``'s settings, if already made (e.g. the results index's); ``analysed``:
     their analysis at ``config``'s settings, if already made."""
-    from fp8lab.core.progress import Counter
-
     with Counter("drawing the report", unit="figure") as counter:
         _DRAWN.append(counter)
         try:
@@ -570,8 +570,6 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
                        results_dir: Path | None = None, analysed: Analysed | None = None) -> str:
     """docs/results.md: the headline, the verdict, every BF16/FP8 pair, scaling, every run, the study
     notes and the caveats; all numbers from ``runs`` (``analysed``: their analysis, if already made)."""
-    from fp8lab.core.paths import RESULTS_DIR
-
     a = analysed or Analysed.of(runs, config)
     summary, comparison, headline = a.summary, a.comparison, a.headline
     text = a.answer.verdict()
@@ -614,8 +612,6 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     """{'README.md': the README with its results block regenerated (``readme``: its current text),
     'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/); for the
     committed results also 'data/results-index.json', the index planning reads (:mod:`fp8lab.analysis.index`)."""
-    from fp8lab.analysis.index import INDEX_DOC, SUMMARY_DEFAULTS, render_index
-
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
     summary, headline = a.summary, a.headline
@@ -631,7 +627,6 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
         head, rest = readme.split(README_BEGIN, 1)
         tail = rest.split(README_END, 1)[1]
-        from fp8lab.analysis.time_to_loss import sentence, time_to_loss
 
         loss_runs, _ = analysis.headline_runs(runs, summary, headline)
         same = [f"{r['model']}: {sentence(r, analysis.fmt_tokens(config.tokens))}"
@@ -643,8 +638,6 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
 
 def write_docs(root: str | Path | None = None, sources: object = None, config: ReportConfig = ReportConfig()) -> list[Path]:
     """Write what :func:`render_docs` makes into the repository at ``root`` (default: this checkout)."""
-    from fp8lab.core.paths import REPO_ROOT
-
     root = Path(root) if root else REPO_ROOT
     readme = root / "README.md"
     docs = render_docs(sources, config, readme.read_text(encoding="utf-8") if readme.exists() else None)
