@@ -134,7 +134,7 @@ def report() -> EnvReport:
     hf_version = _installed_version("transformers")  # only reported: not imported (it takes about a second)
     backends: dict[str, str | None]
     try:
-        from fp8lab.fp8.convert import available_backends
+        from fp8lab.fp8.convert import available_backends  # torch: `fp8lab env --help` and the report's header without it
 
         backends = dict(available_backends())
         auto, refusal = _auto_choice()
@@ -155,7 +155,7 @@ def report() -> EnvReport:
 
 def _auto_choice() -> tuple[str | None, str | None]:
     """(backend 'auto' picks, None) or (None, why it refuses), from the one selection function."""
-    from fp8lab.fp8.convert import BackendUnavailableError, pick_backend
+    from fp8lab.fp8.convert import BackendUnavailableError, pick_backend  # torch, as in report()
 
     try:
         return pick_backend("auto"), None

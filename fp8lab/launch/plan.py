@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def default_estimate() -> Estimate:
     """The estimate plans use unless given one: measured throughput from data/results/ where it exists
     (:class:`fp8lab.analysis.estimates.MeasuredEstimate`), this MFU assumption elsewhere."""
-    from fp8lab.analysis.estimates import MeasuredEstimate
+    from fp8lab.analysis.estimates import MeasuredEstimate  # pandas: off `fp8lab launch`'s and JobSpec's import path
 
     return MeasuredEstimate()
 
@@ -179,8 +179,8 @@ def format_cost_table(plan: SweepPlan) -> str:
 
 
 def _scaling_section(plan: SweepPlan) -> str:
-    """Issue 32: the scaling model's per-instance-count BF16 / FP8 / FP8 all-gather lines (fp8lab.analysis.scaling)."""
-    from fp8lab.analysis.scaling import plan_lines
+    """The scaling model's per-instance-count BF16 / FP8 / FP8 all-gather lines (fp8lab.analysis.scaling)."""
+    from fp8lab.analysis.scaling import plan_lines  # pandas, as above
 
     lines = plan_lines(plan)
     return "\n" + lines if lines else ""

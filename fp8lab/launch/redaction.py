@@ -11,12 +11,11 @@ import json
 import logging
 import re
 from typing import Iterator
+from fp8lab.launch.spec import sdk_config_file
 
 @functools.lru_cache(maxsize=None)
 def _public_registry_accounts() -> frozenset[str]:
     """Account ids of AWS's public Deep Learning Container registries (part of every image URI)."""
-    from fp8lab.launch.spec import sdk_config_file  # the SDK's file, without importing the SDK
-
     path = sdk_config_file("pytorch.json")
     if path is None:
         raise FileNotFoundError("the SageMaker SDK's image_uri_config/pytorch.json is missing: reinstall sagemaker")
