@@ -11,7 +11,9 @@ import json
 import logging
 import re
 from typing import Iterator
+
 from fp8lab.launch.spec import sdk_config_file
+
 
 @functools.lru_cache(maxsize=None)
 def _public_registry_accounts() -> frozenset[str]:
