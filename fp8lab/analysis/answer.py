@@ -95,7 +95,7 @@ class Answer:
                                           "cost_usd", "projected", "token_budget", "price_per_instance_hour"])
 
     def at_scale(self, model: str, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> pd.DataFrame:
-        """Issue 32: the budget on several instances, BF16 / FP8 / FP8 all-gather, resting on this answer's
+        """The budget on several instances, BF16 / FP8 / FP8 all-gather, resting on this answer's
         runs (``fp8lab.analysis.scaling.instance_table``; its one-instance hours are this answer's)."""
         row = self.rows.set_index("model").loc[model]
         runs = {p: row[f"{p}_run"] for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}

@@ -154,7 +154,7 @@ class MeasuredEstimate(Estimate):
         seq_scale = model_flops_per_token(model, int(r["seq_len"])) / model_flops_per_token(model, job_seq)
         node_eff, node_from = self._node_efficiency(effs, r)
         n = max(int(instance_count), 1)
-        model = self._scaling(r, instance_type, n, fp8_all_gather)  # issue 32: GPU projection and nodes
+        model = self._scaling(r, instance_type, n, fp8_all_gather)  # GPU projection and nodes
         inter = (self.internode_efficiency_per_doubling ** math.log2(n) if n > 1 else 1.0) \
             if self.internode_efficiency_per_doubling is not None else model["model_internode_efficiency"]
         per_gpu = (r["tokens_per_sec_per_gpu"] * seq_scale * model["gpu_scale"] * (node_eff if info.gpus > 1 else 1.0)
@@ -167,7 +167,7 @@ class MeasuredEstimate(Estimate):
                 "exact_match": bool(len(exact)), **model}
 
     def _scaling(self, run: pd.Series, instance_type: str, instances: int, fp8_all_gather: bool) -> dict[str, Any]:
-        """The scaling model's GPU projection and multi-node factor for a job resting on ``run`` (issue 32)."""
+        """The scaling model's GPU projection and multi-node factor for a job resting on ``run``."""
         given = getattr(self, "given_summary", None)
         if given is not None and getattr(self, "given_calibration", None) is None:
             object.__setattr__(self, "given_calibration", scaling.calibrate(given))

@@ -34,9 +34,9 @@ META_COLUMNS = [
     "compute_dtype",  # the trainer's non-FP8 math: auto (bf16 on a GPU, fp32 on a CPU), bf16 or fp32
     "loss_comparable",  # False for throughput runs: too short for their loss to mean anything
     "recipe_spec", "bf16_edge_blocks",  # loss remedies: recipe settings (kind:key=value,...), blocks kept out of FP8
-    "seed",  # model init and data order: an FP8 run's loss pairs with the BF16 run of its seed (issue 31's study)
+    "seed",  # model init and data order: an FP8 run's loss pairs with the BF16 run of its seed (the loss-parity study)
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
-    "fp8_attention",  # TE's FP8 dot-product attention (issue 34)
+    "fp8_attention",  # TE's FP8 dot-product attention
     "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
@@ -343,7 +343,7 @@ def _step_frame(path: Path, records: list[tuple[int, dict]], meta: dict) -> pd.D
                 df[k] = df[k].where(df[k].notna(), v)
             else:
                 new[k] = v
-    df = _with_columns(df, new)  # added at once: a column at a time is most of the reading time (issue 47)
+    df = _with_columns(df, new)  # added at once: a column at a time is most of the reading time
     df["record"] = "step"
     return df
 

@@ -88,7 +88,7 @@ def _resolve_recipe(backend, recipe) -> Recipe:
 
 
 def _fp8_all_gather_option(be, fp8_all_gather: bool) -> dict:
-    """Issue 32: the backend keyword of FP8 all-gather, or a clear refusal where the backend has none."""
+    """The backend keyword of FP8 all-gather, or a clear refusal where the backend has none."""
     if not isinstance(fp8_all_gather, bool):
         raise ValueError(f"fp8_all_gather must be True or False, got {fp8_all_gather!r}")
     if not fp8_all_gather:

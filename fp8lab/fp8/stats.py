@@ -1,4 +1,4 @@
-"""FP8 health during training (issue 31): per layer and tensor kind, how each FP8 cast went.
+"""FP8 health during training: per layer and tensor kind, how each FP8 cast went.
 
 Every ``--fp8-stats-every`` K steps (the first micro-batch of the step) each FP8 GEMM's three
 operands are looked at as they are cast: the activation (the GEMM input), the weight and the output
@@ -45,7 +45,7 @@ RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record
 # the sampled step; fp8lab: this module's hooks on TE's modules (the emulated backend: always its own quantizers)
 TE_DEBUG, OWN = "te-debug", "fp8lab"
 SOURCES = ("auto", TE_DEBUG, OWN)
-COST_GOAL_PCT = 2.0  # issue 31: what the statistics may cost at the default interval, in % of the mean step time
+COST_GOAL_PCT = 2.0  # what the statistics may cost at the default interval, in % of the mean step time
 
 
 # auto picks TE's debug API only once its GPU check is committed and passed (benchmarks/fp8stats_overhead.py --check:
@@ -71,7 +71,7 @@ KINDS = {"x": "activation", "w": "weight", "g": "gradient"}
 # time, every 25 steps 1.4%) and +0.30 s (delayed) / +0.42 s (current) on 0.34 s steps of one micro-batch (the
 # sampled steps of data/results/loss-parity-20m/). So auto samples every 25 steps at 4+ micro-batches a step and
 # proportionally less often below (100 at one micro-batch): about 1% of step time, by the measured per-sample
-# cost (0.32 s); the mean step time of the every-25 run was 1.40% above the off run's (issue 31's goal: <= 2%).
+# cost (0.32 s); the mean step time of the every-25 run was 1.40% above the off run's (the goal: <= 2%).
 # The emulated backend (CPU teaching runs of a few dozen steps, never timed) keeps 10, enough for a heatmap.
 DEFAULT_EVERY = {"te": 25, "emulated": 10}
 TE_MEASURED_ACCUM = 4  # the accumulation DEFAULT_EVERY["te"] was measured at

@@ -443,7 +443,7 @@ def _planned_options(spec: JobSpec) -> dict[str, Any]:
     # CUDA graphs "auto" is decided from the memory a machine has: the instance, detecting its own,
     # could decide otherwise near the limit and refuse the job after it started. It runs the launch's.
     graphs = {"cuda_graphs": "on" if plan.graphs.active else "off"} if c.cuda_graphs == AUTO else {}
-    # issue 51: the fused loss follows the layout's micro-batch (decided above from the launch's memory): carried too
+    # the fused loss follows the layout's micro-batch (decided above from the launch's memory): carried too
     fused = {"fused_loss": "on" if plan.fused_loss else "off"} if c.fused_loss == AUTO else {}
     return {"backend": plan.backend_label, "recipe": recipe, **layout,
             "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs, **fused}}

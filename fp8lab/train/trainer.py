@@ -172,7 +172,7 @@ class Trainer:
         return self.plan.model_config if self.c.model in MODEL_CONFIGS else None
 
     def _start_te_debug(self) -> None:
-        """Issue 31: TE's debug API, where the plan chose it to read the FP8 casts: it must be on before the first
+        """TE's debug API, where the plan chose it to read the FP8 casts: it must be on before the first
         TE module is built, so before the conversion (fp8lab.fp8.te_debug)."""
         p = self.plan
         if p.fp8_stats_every and p.fp8_stats_source == fp8stats.TE_DEBUG and self.env.is_main:

@@ -140,12 +140,12 @@ def report_figures(runs: pd.DataFrame, config: "ReportConfig" = None, analysed: 
         (plots.throughput_figure(shown), "tokens/s/GPU: the best run of each kind per model"),
         (plots.speedup_figure(comparison, reference=a.reference), "FP8 speedup per model, with the source's reported values"),
         (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
-        (plots.parity_figure(analysis.parity_curves(loss_runs)),  # issue 31
+        (plots.parity_figure(analysis.parity_curves(loss_runs)),
          "validation loss against the BF16 seeds' mean and the band of their spread"),
         (plots.mfu_figure(shown), "MFU of the best run of each kind per model"),
         (plots.cost_figure(answer.costs()), "time and cost to train the token budget, best BF16 against best FP8"),
         (plots.scaling_figure(scaling), "per-GPU scaling efficiency"),
-        (plots.instances_figure(_at_scale(answer), a.reference),  # issue 32
+        (plots.instances_figure(_at_scale(answer), a.reference),
          "modelled tokens/s/GPU against P5 instances (fp8lab.analysis.scaling; not measured past two GPUs)"),
     ]
 
@@ -295,7 +295,7 @@ HEALTH_RUNS = 4  # FP8 runs whose health heatmaps the page shows; the rest are n
 
 
 def _health_section(health: dict) -> list[str]:
-    """FP8 health (issue 31): per FP8 run with statistics, the underflow and saturation heatmaps and its warnings."""
+    """FP8 health: per FP8 run with statistics, the underflow and saturation heatmaps and its warnings."""
     e = html.escape
     out = ["<h2>FP8 health</h2>",
            f'<p class="muted">Every --fp8-stats-every steps, per layer and tensor kind: the fraction of values an FP8 '
