@@ -180,31 +180,39 @@ HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included
 def fp8_health_figure(table: pd.DataFrame, metric: str = "underflow", title: str = "",
                       save: str | Path | None = None) -> Figure:
     """A layer-by-step heatmap per tensor kind (activation, weight, gradient) of ``metric`` (underflow or
-    saturation) from :func:`fp8lab.fp8.stats.table`: a row per decoder block (the worst of its GEMMs), a
-    column per sampled step, log colour scale from 1e-6 to 1."""
+    saturation; ``"both"``: a row of each, one figure) from :func:`fp8lab.fp8.stats.table`: a row per decoder block
+    (the worst of its GEMMs), a column per sampled step, log colour scale from 1e-6 to 1."""
     from matplotlib.colors import LogNorm
 
-    if metric not in HEALTH_METRICS:
-        raise ValueError(f"metric must be one of {', '.join(HEALTH_METRICS)}, got {metric!r}")
-    head = f"FP8 {metric}: fraction of {HEALTH_METRICS[metric]}" + (f" - {title}" if title else "")
-    t = table.dropna(subset=[metric]) if len(table) else table
+    if metric not in (*HEALTH_METRICS, "both"):
+        raise ValueError(f"metric must be one of {', '.join(HEALTH_METRICS)} or both, got {metric!r}")
+    metrics = list(HEALTH_METRICS) if metric == "both" else [metric]
+    head = ("FP8 underflow and saturation" if metric == "both" else
+            f"FP8 {metric}: fraction of {HEALTH_METRICS[metric]}") + (f" - {title}" if title else "")
+    t = table.dropna(subset=metrics, how="all") if len(table) else table
     if not len(t):
         return _empty(head, "no FP8 statistics recorded (FP8 runs with --fp8-stats-every > 0)")
     kinds = [k for k in ("activation", "weight", "gradient") if k in set(t["kind"])]
-    fig, axes = _grid(len(kinds), width=5.2, height=3.6)
+    # both metrics: a row each (kinds across); one metric: the usual grid
+    fig, axes = _grid(len(kinds) * len(metrics), width=5.2, height=3.6, **({"max_cols": len(kinds)} if len(metrics) > 1 else {}))
     norm = LogNorm(vmin=HEALTH_FLOOR, vmax=1.0)
     image = None
-    for ax, kind in zip(axes, kinds):
-        grid = t[t["kind"] == kind].pivot_table(index="block", columns="step", values=metric, aggfunc="max")
+    for ax, (m, kind) in zip(axes, [(m, k) for m in metrics for k in kinds]):
+        grid = t[t["kind"] == kind].pivot_table(index="block", columns="step", values=m, aggfunc="max")
         image = ax.imshow(grid.clip(lower=HEALTH_FLOOR).to_numpy(dtype=float), aspect="auto", norm=norm,
                           cmap="magma_r", interpolation="nearest")
-        ax.set_title(kind)
-        ax.set_yticks(range(len(grid.index)), [b.replace("block ", "") for b in grid.index], fontsize=7)
+        ax.set_title(f"{m}: {kind}" if len(metrics) > 1 else kind)
+        # both metrics: block labels on the first column, steps on the bottom row only
+        first_col, bottom_row = (kind == kinds[0], m == metrics[-1]) if len(metrics) > 1 else (True, True)
+        ax.set_yticks(range(len(grid.index)), [b.replace("block ", "") for b in grid.index] if first_col else [],
+                      fontsize=7)
         steps = list(grid.columns)
         ticks = sorted(set(np.linspace(0, len(steps) - 1, min(6, len(steps))).round().astype(int)))
-        ax.set_xticks(ticks, [str(steps[i]) for i in ticks], fontsize=8)
-        ax.set_xlabel("step")
-        ax.set_ylabel("decoder block")
-    fig.colorbar(image, ax=axes, shrink=0.8, label=f"fraction ({metric})")
+        ax.set_xticks(ticks, [str(steps[i]) for i in ticks] if bottom_row else [], fontsize=8)
+        if bottom_row:
+            ax.set_xlabel("step")
+        if first_col:
+            ax.set_ylabel("decoder block")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="fraction of values" if len(metrics) > 1 else f"fraction ({metric})")
     fig.suptitle(head)
     return _finish(fig, save)

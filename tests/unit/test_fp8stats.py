@@ -163,7 +163,9 @@ def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_p
     page = report.build_report(tmp_path, tmp_path / "r.html").read_text()
     section = page[page.index("<h2>FP8 health</h2>"):]
     section = section[:section.index("<h2>", 5)]
-    assert "<h3>on</h3>" in section and "<h3>off</h3>" not in section and section.count("<img") == 2
+    # one figure a run: underflow and saturation as two rows of heatmaps (the page drew two figures before)
+    assert "<h3>on</h3>" in section and "<h3>off</h3>" not in section and section.count("<img") == 1
+    assert 'alt="FP8 underflow and saturation per decoder block and step, on"' in section
     assert "No early warning in this run." in section
     assert "Read by fp8lab (the emulator&#x27;s quantizers" in section  # who read the casts (te-debug: TE's debug API)
     assert "debug API" in fp8stats.source_text([{"record": fp8stats.RECORD, "step": 1, "layers": [], "source": "te-debug"}])
