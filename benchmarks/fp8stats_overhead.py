@@ -6,10 +6,10 @@ the step time. ``sample_cost_s``: within one run, the mean sampled step minus th
 
     python benchmarks/fp8stats_overhead.py RESULTS_DIR OUT.json [--skip 10] [--check CHECK.json]
 
-``--check``: the GPU check that lets ``--fp8-stats-source auto`` pick TE's debug API (fp8lab.fp8.stats.TE_DEBUG_CHECK),
+``--check``: the GPU check that lets ``--fp8-stats-source auto`` pick TE's debug API (fp8lab.plan.fp8_stats.TE_DEBUG_CHECK),
 from the ``te-debug`` run: ``passed`` when every sampled step wrote a record read by TE's debug API with an
 activation, a weight and a gradient row for each GEMM, and one sample, spread over the interval ``auto`` would use
-at that run's accumulation, costs at most fp8lab.fp8.stats.COST_GOAL_PCT of the step time.
+at that run's accumulation, costs at most fp8lab.plan.fp8_stats.COST_GOAL_PCT of the step time.
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ def _row_kinds(stats: list[dict]) -> dict[str, int]:
 def te_debug_check(arms: list[dict], steps: int) -> dict:
     """The check of TE's debug API as --fp8-stats-source auto would run it (see the module's docstring)."""
     from fp8lab.fp8 import stats as fp8stats
+    from fp8lab.plan import fp8_stats as fp8rule
 
     r = next((a for a in arms if a.get("source") == fp8stats.TE_DEBUG), None)
     if r is None:
@@ -69,16 +70,16 @@ def te_debug_check(arms: list[dict], steps: int) -> dict:
     rows = r["stats_rows"]
     if len(set(rows.values())) != 1 or set(rows) != set(fp8stats.KINDS.values()):
         problems.append(f"rows per kind {rows}: expected an activation, a weight and a gradient row for each GEMM")
-    every = fp8stats.default_every("te", r["grad_accum"] or 1)
+    every = fp8rule.default_every("te", r["grad_accum"] or 1)
     cost = 100 * r["sample_cost_s"] / (every * r["median_step_time_s"]) if "sample_cost_s" in r else None
-    if cost is None or cost > fp8stats.COST_GOAL_PCT:
+    if cost is None or cost > fp8rule.COST_GOAL_PCT:
         problems.append(f"cost at the default interval ({every} steps): "
                         + ("unmeasured" if cost is None else f"{cost:.1f}% of the step time (one sample "
                                                              f"{r['sample_cost_s']:.2f} s)")
-                        + f" > {fp8stats.COST_GOAL_PCT:g}%")
+                        + f" > {fp8rule.COST_GOAL_PCT:g}%")
     return {"passed": not problems, "problems": problems, "run": r["run"], "command": r["command"], "date": r["date"],
             "default_every": every, "sample_cost_s": r.get("sample_cost_s"), "cost_at_default_pct": cost,
-            "goal_pct": fp8stats.COST_GOAL_PCT, "rows_per_kind": rows,
+            "goal_pct": fp8rule.COST_GOAL_PCT, "rows_per_kind": rows,
             # auto trusts the check on the Transformer Engine it ran on only (fp8lab.fp8.te_debug.untested_te)
             **{k: (r.get("versions") or {}).get(k) for k in ("transformer_engine", "nvdlfw_inspect")}}
 

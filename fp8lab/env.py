@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from fp8lab.core.pins import install_hint
 from fp8lab.fp8.backends import fp8_gpu_problem
 from fp8lab.plan.config import TrainConfig
-from fp8lab.plan.runplan import fp8_stats_source
+from fp8lab.plan.fp8_stats import fp8_stats_source
 
 
 
@@ -164,7 +164,7 @@ def _auto_choice() -> tuple[str | None, str | None]:
 
 
 def _fp8_stats_choice(backend: str | None) -> tuple[str | None, str | None]:
-    """(source, why) that the plan's one rule (fp8lab.plan.runplan.fp8_stats_source) picks for a one-process FP8 run on
+    """(source, why) that the plan's one rule (fp8lab.plan.fp8_stats.fp8_stats_source) picks for a one-process FP8 run on
     ``backend`` with every option at its default; (None, why) when that cannot be said."""
     if backend is None:
         return None, "no FP8 backend 'auto' runs here"

@@ -29,7 +29,7 @@ import pandas as pd
 from fp8lab.analysis.load import describe, display_path, load_profiles, load_runs
 from fp8lab.analysis.summary import summarize_runs
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR, read_result_bytes
-from fp8lab.fp8 import stats as fp8stats
+from fp8lab.analysis import fp8_stats as fp8stats
 
 INDEX_PATH = DATA_DIR / "results-index.json"
 INDEX_DOC = "data/results-index.json"  # where `fp8lab report --docs` writes it, in the checkout it writes into
@@ -113,7 +113,7 @@ class ResultsIndex:
     fp8_stats: tuple[tuple[str, str], ...] | None = None  # (name, result file) of the runs with FP8 statistics
 
     def health(self) -> "fp8stats.StatsFiles | None":
-        """run name -> FP8 statistics of the committed runs that have some, as :func:`fp8lab.fp8.stats.of_sources`
+        """run name -> FP8 statistics of the committed runs that have some, as :func:`fp8lab.analysis.fp8_stats.of_sources`
         gives them for data/results/, each file read only when its records are asked for (None: an index
         written before it listed them)."""
         if self.fp8_stats is None:

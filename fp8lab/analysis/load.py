@@ -412,7 +412,7 @@ def _load_result_file(path: Path) -> pd.DataFrame:
             steps.append((lineno, rec))
         elif kind == "summary":
             summaries.append((lineno, rec))
-        elif kind in OTHER_RECORDS:  # read by their own readers (fp8lab.fp8.stats.table)
+        elif kind in OTHER_RECORDS:  # read by their own readers (fp8lab.analysis.fp8_stats.table)
             continue
         else:
             raise RunFileError(f"{path}: line {lineno} has record={kind!r}; allowed after line 1: 'step', 'summary'")

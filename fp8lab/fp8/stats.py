@@ -19,75 +19,30 @@ Where the numbers come from:
   and fc2's output gradient are visible (fc2's input and fc1's gradient stay inside TE's kernel).
   That is ``--fp8-stats-source fp8lab``.
 * ``--fp8-stats-source te-debug`` (auto's choice on TE, one process, only where nvdlfw-inspect is installed and the
-  committed GPU check ``TE_DEBUG_CHECK`` passed; on TE 2.20.2 it failed on cost, 18.7 s a sample at llama-1b):
+  committed GPU check fp8lab.plan.fp8_stats.TE_DEBUG_CHECK passed; on TE 2.20.2 it failed on cost, 18.7 s a sample
+  at llama-1b):
   TE's own debug API (LogFp8TensorStats, LogTensorStats) sees every GEMM of the fused modules, fc2's input and
   fc1's gradient included, summed over the sampled step's micro-batches (fp8lab.fp8.te_debug).
 
-Off (decided once by fp8lab.plan.runplan, with the reason) for BF16 runs, under CUDA graphs (a replayed graph runs no
-Python hooks) and under ``--compile`` (the hooks' state would recompile the blocks at each sample).
+Off (decided once by the rule, fp8lab.plan.fp8_stats, with the reason) for BF16 runs, under CUDA graphs (a replayed
+graph runs no Python hooks) and under ``--compile`` (the hooks' state would recompile the blocks at each sample).
 
 :class:`Watch` turns the records into an early warning: a layer whose saturation or underflow is
 past its threshold for ``WARN_SAMPLES`` samples in a row is named once, with the remedies fp8lab has.
+The records are read back by fp8lab.analysis.fp8_stats.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from collections.abc import Mapping
-from typing import Any, Iterable
-
-from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, read_check, read_result_text
-from fp8lab.records import metrics as fmetrics
+from typing import Any
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
-# --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.runplan.fp8_stats_decision). te-debug: TE's
+# --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.fp8_stats.fp8_stats_decision). te-debug: TE's
 # own debug API (nvdlfw-inspect; fp8lab.fp8.te_debug), every GEMM of the fused layers, all micro-batches of
 # the sampled step; fp8lab: this module's hooks on TE's modules (the emulated backend: always its own quantizers)
 TE_DEBUG, OWN = "te-debug", "fp8lab"
 SOURCES = ("auto", TE_DEBUG, OWN)
-COST_GOAL_PCT = 2.0  # what the statistics may cost at the default interval, in % of the mean step time
-
-
-# auto picks TE's debug API only once its GPU check is committed and passed (benchmarks/fp8stats_overhead.py --check:
-# on an H200, llama-1b FP8 at the default layout, every sampled step recorded, and its cost at the default interval
-# <= COST_GOAL_PCT); otherwise --fp8-stats-source te-debug runs it on request. The committed check (H200, TE 2.20.2)
-# recorded every GEMM but failed on cost: a sample added 18.7 s to a 1.28 s step (the hooks: 0.29 s)
-TE_DEBUG_CHECK = RESULTS_DIR / "fp8stats-sources" / "check.json"
-
-
-def te_debug_checked(path=None) -> bool:
-    return (read_check(TE_DEBUG_CHECK if path is None else path) or {}).get("passed") is True
-
-
-TE_DEBUG_CHECKED = te_debug_checked()
-# why a committed check did not pass (its "problems"); empty when it passed or none is committed
-TE_DEBUG_CHECK_PROBLEMS = [str(p) for p in (read_check(TE_DEBUG_CHECK) or {}).get("problems") or []]
-# the Transformer Engine the check ran on: auto trusts it on that TE (major.minor) only (fp8lab.fp8.te_debug.untested_te)
-TE_DEBUG_CHECKED_TE = (read_check(TE_DEBUG_CHECK) or {}).get("transformer_engine")
 KINDS = {"x": "activation", "w": "weight", "g": "gradient"}
-# --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
-# backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s
-# on 1.27 s steps of 4 micro-batches (data/results/fp8stats-overhead/: every 10 steps 2.4% of the mean step
-# time, every 25 steps 1.4%) and +0.30 s (delayed) / +0.42 s (current) on 0.34 s steps of one micro-batch (the
-# sampled steps of data/results/loss-parity-20m/). So auto samples every 25 steps at 4+ micro-batches a step and
-# proportionally less often below (100 at one micro-batch): about 1% of step time, by the measured per-sample
-# cost (0.32 s); the mean step time of the every-25 run was 1.40% above the off run's (the goal: <= 2%).
-# The emulated backend (CPU teaching runs of a few dozen steps, never timed) keeps 10, enough for a heatmap.
-DEFAULT_EVERY = {"te": 25, "emulated": 10}
-TE_MEASURED_ACCUM = 4  # the accumulation DEFAULT_EVERY["te"] was measured at
-
-
-def default_every(backend: str, grad_accum: int) -> int:
-    """``--fp8-stats-every auto``: the sampling interval for ``backend`` at ``grad_accum`` micro-batches a step (the
-    same for both TE sources: TE's debug API's own cost at it is what its GPU check measures)."""
-    if backend != "te":
-        return DEFAULT_EVERY[backend]
-    return DEFAULT_EVERY["te"] * -(-TE_MEASURED_ACCUM // max(int(grad_accum), 1))
-
-
-DEFAULT_EVERY_TEXT = (f"te every {DEFAULT_EVERY['te']} steps at {TE_MEASURED_ACCUM}+ micro-batches a step, proportionally "
-                      f"less often below (a sample costs about one micro-batch; every 25 steps measured +1.40% of the mean step time), "
-                      f"emulated every {DEFAULT_EVERY['emulated']}")
 SATURATION_WARN = 1e-3  # 0.1% of a tensor's values clipped at the format's max
 UNDERFLOW_WARN = 0.25  # a quarter of the non-zero values flushed to 0
 WARN_SAMPLES = 3  # that many samples in a row before the run warns
@@ -217,37 +172,6 @@ def warning_text(row: dict[str, Any], metric: str, value: float, limit: float, c
             f"(threshold {limit:.2%}) in {count} samples in a row, steps {first}-{step}; remedies: " + "; ".join(REMEDIES))
 
 
-def records(recs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The fp8_stats records among metrics.jsonl records."""
-    return [r for r in recs if isinstance(r, dict) and r.get("record") == RECORD]
-
-
-def block_of(layer: str) -> str:
-    """A GEMM site's decoder block ('block 3'), from the first number in its name; else the name."""
-    m = re.search(r"\.(\d+)\.", f".{layer}.")
-    return f"block {int(m.group(1)):02d}" if m else layer
-
-
-def table(recs: Iterable[dict[str, Any]]):
-    """One row per (step, layer, kind) of the fp8_stats records, with the layer's block (a DataFrame)."""
-    import pandas as pd
-
-    rows = [{"step": r["step"], **row, "block": block_of(row["layer"])} for r in records(recs) for row in r["layers"]]
-    cols = ["step", "layer", "kind", "format", "amax", "scale", "underflow", "saturation", "block"]
-    return pd.DataFrame(rows, columns=cols)
-
-
-def source_text(recs: Iterable[dict[str, Any]]) -> str:
-    """Who read a run's casts, in words (records of ``--fp8-stats-source te-debug`` say so; older ones do not)."""
-    if any(r.get("source") == TE_DEBUG for r in records(recs)):
-        return "read by Transformer Engine's debug API (nvdlfw-inspect): every GEMM, all micro-batches of each sampled step"
-    return "read by fp8lab (the emulator's quantizers, or hooks on TE's modules: the first micro-batch of each sampled step)"
-
-
-def warnings_of(recs: Iterable[dict[str, Any]]) -> list[str]:
-    return [w for r in records(recs) for w in r.get("warnings", [])]
-
-
 # ----------------------------------------------------------------------------------------------
 # the backends' sites
 # ----------------------------------------------------------------------------------------------
@@ -343,96 +267,3 @@ class _TEHook:
         if getattr(module, "normalization", "RMSNorm") == "LayerNorm":
             return F.layer_norm(x.float(), (x.shape[-1],), w.float(), module.layer_norm_bias.float(), eps)
         return F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps)
-
-
-# ----------------------------------------------------------------------------------------------
-# reading them back
-# ----------------------------------------------------------------------------------------------
-
-def read(path) -> list[dict[str, Any]]:
-    """The fp8_stats records of a trainer folder (its metrics.jsonl) or of a result file."""
-    from pathlib import Path
-
-    p = Path(path)
-    p = p / "metrics.jsonl" if p.is_dir() else p
-    return fmetrics.read_metrics(p, RECORD) if p.is_file() else []
-
-
-def _stats_files(sources):
-    """(name, file, its fp8_stats records) of each file with some, in the order :func:`of_sources` lists them;
-    each file read once."""
-    import json
-    from pathlib import Path
-
-    items = [RESULTS_DIR] if sources is None else [sources] if isinstance(sources, (str, Path)) else list(sources)
-    for item in (Path(i) for i in items if isinstance(i, (str, Path))):  # a collect table holds no statistics
-        files = [item / "metrics.jsonl"] if (item / "metrics.jsonl").is_file() else (
-            sorted(item.rglob("*.jsonl")) if item.is_dir() else [item])
-        for f in files:
-            if not f.is_file():
-                continue
-            text = read_result_text(f)
-            recs = fmetrics.metrics_in(text, RECORD)
-            if not recs:
-                continue
-            if f.name == "metrics.jsonl":
-                yield f.parent.name, f, recs
-            else:
-                first = json.loads(text.split("\n", 1)[0])
-                yield first.get("run_id") or f.stem, f, recs
-
-
-def of_sources(sources) -> dict[str, list[dict[str, Any]]]:
-    """run_id -> fp8_stats records, from what ``fp8lab.analysis.load_runs`` reads (trainer folders, result
-    files, folders holding them; None: data/results), named as it names the runs."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for name, _, recs in _stats_files(sources):
-        out[name] = recs
-    return out
-
-
-def files_of_sources(sources) -> dict[str, Any]:
-    """run name -> the file holding its fp8_stats records: :func:`of_sources`'s names and order (a results index
-    keeps it, so that a view reads only the statistics it shows)."""
-    out: dict[str, Any] = {}
-    for name, path, _ in _stats_files(sources):
-        out[name] = path
-    return out
-
-
-class StatsFiles(Mapping):
-    """run name -> fp8_stats records, as :func:`of_sources` gives them, from a known name -> file map
-    (:func:`files_of_sources`): a file is read when its records are first asked for, once."""
-
-    def __init__(self, files: dict[str, Any]):
-        self.files = dict(files)
-        self._read: dict[str, list[dict[str, Any]]] = {}
-
-    def __getitem__(self, name: str) -> list[dict[str, Any]]:
-        if name not in self._read:
-            self._read[name] = read(self.files[name])
-        return self._read[name]
-
-    def __iter__(self):
-        return iter(self.files)
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-
-def of_runs(runs) -> dict[str, list[dict[str, Any]]]:
-    """run_id -> its fp8_stats records, for the runs of a ``fp8lab.analysis.load_runs`` table that have
-    some (found through each run's ``source``, a path relative to the repository or the working folder)."""
-    from pathlib import Path
-
-    out: dict[str, list[dict[str, Any]]] = {}
-    if not len(runs) or "source" not in runs:
-        return out
-    for run_id, source in runs[["run_id", "source"]].drop_duplicates().itertuples(index=False):
-        if not isinstance(source, str):
-            continue
-        path = next((b / source for b in (REPO_ROOT, Path.cwd()) if (b / source).exists()), None)
-        recs = read(path) if path is not None else []
-        if recs:
-            out[run_id] = recs
-    return out

@@ -18,7 +18,7 @@ the early warning read them unchanged.
 
 Order matters: :func:`start` must run before the first TE module is built (TE reads whether the debug API is
 on when a module is constructed), which is why the trainer calls it before converting the model, and the plan
-(fp8lab.plan.runplan.fp8_stats_source) checks only that the packages are installed, without importing them.
+(fp8lab.plan.fp8_stats.fp8_stats_source) checks only that the packages are installed, without importing them.
 One process per debug session: the plan picks this source for single-process runs only.
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def unavailable() -> str | None:
 
 def untested_te(checked: str | None) -> str | None:
     """None when the installed Transformer Engine is the release (major.minor) that the committed GPU check ran on
-    (``checked``: fp8lab.fp8.stats.TE_DEBUG_CHECKED_TE), else why auto does not rely on the check here: TE's debug
+    (``checked``: fp8lab.plan.fp8_stats.TE_DEBUG_CHECKED_TE), else why auto does not rely on the check here: TE's debug
     features and their statistics' names change between releases."""
     here = pins.installed_te()  # looked up at call time: tests stand in another installed release
     release = lambda v: ".".join(re.findall(r"\d+", v or "")[:2])  # noqa: E731

@@ -16,10 +16,10 @@ from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.fp8.backends import fused_problem
-from fp8lab.fp8.stats import DEFAULT_EVERY_TEXT as DEFAULT_STATS_TEXT
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
 from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
+from fp8lab.plan.fp8_stats import DEFAULT_EVERY_TEXT as DEFAULT_STATS_TEXT
 from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
                              STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
@@ -95,7 +95,7 @@ class TrainConfig:
     fp8_attention: str = option(AUTO, "TE's FP8 dot-product attention (fp8_dpa; fused TE blocks, --precision fp8): auto = on where it was measured to pay (Hopper, head_dim 128, delayed recipe, sequence >= fp8lab.plan.fp8attn.CROSSOVER_SEQ_LEN) | on (refused where it cannot run) | off", choices=FP8_ATTENTION)
     # FP8 all-gather under FSDP2 (a plan decision: fp8lab.plan.runplan.fp8_all_gather_decision)
     fp8_all_gather: str = option(AUTO, "--parallel fsdp with --precision fp8: all-gather the block linears' weights in FP8, half the bytes of bf16 (torchao's float8 FSDP2 all-gather; --backend torchao only): auto (on where it can run) | on | off", choices=FP8_ALL_GATHER)
-    # FP8 health statistics (fp8lab.fp8.stats)
+    # FP8 health statistics (the rule: fp8lab.plan.fp8_stats)
     fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off; auto: " + DEFAULT_STATS_TEXT, check=AUTO_OR_NONNEG_INT)
     fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: auto (te-debug where nvdlfw-inspect is installed, one process trains and TE's debug API passed its committed GPU check on this TE release, else fp8lab) | te-debug (Transformer Engine's own debug API: every GEMM of the fused layers, the sampled step's micro-batches summed) | fp8lab (fp8lab's hooks on TE's modules: the first micro-batch; fc2's input and fc1's gradient not seen). The emulated backend always reports from its own quantizers", choices=FP8_STATS_SOURCES)
     # the LM head and its loss chunked over tokens (fp8lab.plan.fused_loss: the rule; fp8lab.train.fused_loss: the mechanism)

@@ -24,18 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fp8lab.fp8 import stats as fp8stats
-from fp8lab.fp8 import te_debug  # its checks looked up at call time (tests stand in for them)
 from fp8lab.model.models import longer_sequence_note
 from fp8lab.plan import fp8attn, graphs
 from fp8lab.plan import layout as flayout
+from fp8lab.plan import fp8_stats
+from fp8lab.plan.fp8_stats import fp8_stats_decision, fp8_stats_source  # noqa: F401 (fp8_stats_source: its old home)
 from fp8lab.plan.config import fused_check
 from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
 from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend, auto_refusal  # noqa: F401 (auto_refusal: its old home)
 from fp8lab.core.hardware import Machine
 from fp8lab.core.paths import REPO_ROOT, read_check
 from fp8lab.fp8.recipe import Recipe
-from fp8lab.core.validate import AUTO
 
 if TYPE_CHECKING:
     from fp8lab.model.config import ModelConfig
@@ -73,7 +72,7 @@ class RunPlan:
     fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.plan.fp8attn); also on ``recipe``
     # FSDP2 all-gathers the block linears' weights in FP8 (torchao)
     fp8_all_gather: bool = False
-    # FP8 health statistics every K steps (0: off; fp8lab.fp8.stats)
+    # FP8 health statistics every K steps (0: off; the rule: fp8lab.plan.fp8_stats)
     fp8_stats_every: int = 0
     fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8.stats.TE_DEBUG or OWN (None: off)
     # the LM head's loss chunked over tokens (fp8lab.train.fused_loss)
@@ -304,7 +303,7 @@ FP8_ALL_GATHER_CHECKED = _all_gather_checked()
 def decision_results() -> tuple[Path, ...]:
     """The committed result files ``auto`` decisions read (this check, FP8 attention's crossover and loss check):
     a SageMaker job's code channel carries them (``fp8lab.launch.stage_source``), so the job decides as its plan did."""
-    return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT, fp8stats.TE_DEBUG_CHECK)
+    return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT, fp8_stats.TE_DEBUG_CHECK)
 
 
 def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
@@ -327,55 +326,3 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
     if c.fp8_all_gather == "on":
         raise ValueError(f"--fp8-all-gather on {why_not}; allowed here: auto | off")
     return False, f"auto: off ({why_not})"
-
-
-# FP8 health statistics
-def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool,
-                       grad_accum: int, world_size: int = 1) -> tuple[int, str | None, str]:
-    """(every how many steps the FP8 health statistics are sampled, 0 = off; who reads them, None when off; why),
-    decided once here."""
-    source, why_source = fp8_stats_source(c, backend, world_size)
-    if not c.fp8_stats_every:
-        return 0, None, "--fp8-stats-every 0: off"
-    if c.precision != "fp8" or backend not in fp8stats.DEFAULT_EVERY:
-        return 0, None, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
-    if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
-        return 0, None, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
-                         "--cuda-graphs off to see them")
-    if c.compile:  # compiled blocks guard on the hooks' state: each sample would recompile them
-        return 0, None, "off under --compile (a sampled step would recompile the blocks); --compile False to see them"
-    auto = c.fp8_stats_every == AUTO
-    every = fp8stats.default_every(backend, grad_accum) if auto else c.fp8_stats_every
-    how = (f"auto: {backend} at {grad_accum} micro-batch(es) a step" if auto else "--fp8-stats-every")
-    return every, source, f"every {every} steps ({how}); {why_source}"
-
-
-def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> tuple[str | None, str]:
-    """--fp8-stats-source: who reads the FP8 casts (fp8lab.fp8.stats.SOURCES), and why; a request that cannot be
-    met is refused here, naming the option and what is allowed."""
-    asked = c.fp8_stats_source
-    if backend != "te":
-        if asked == fp8stats.TE_DEBUG and c.precision == "fp8" and c.fp8_stats_every:
-            raise ValueError(f"--fp8-stats-source te-debug reads Transformer Engine's debug API: it needs --backend te "
-                             f"(this run: {backend or 'none'}); allowed here: auto | {fp8stats.OWN}")
-        return (fp8stats.OWN if backend else None), f"{backend or 'no'} backend: fp8lab reads its casts"
-    why_not = ("several processes (TE's debug statistics are gathered per process group; fp8lab samples rank 0)"
-               if world_size > 1 else te_debug.unavailable())
-    if asked == AUTO and not why_not and not fp8stats.TE_DEBUG_CHECKED:
-        check = f"{fp8stats.TE_DEBUG_CHECK.parent.name}/check.json"
-        why_not = ((f"TE's debug API failed its GPU check ({check}: {'; '.join(fp8stats.TE_DEBUG_CHECK_PROBLEMS)})"
-                    if fp8stats.TE_DEBUG_CHECK_PROBLEMS else
-                    f"TE's debug API is installed but its GPU check ({check}: every step recorded, cost <= "
-                    f"{fp8stats.COST_GOAL_PCT:g}%) is not committed yet") + "; --fp8-stats-source te-debug runs it")
-    elif asked == AUTO and not why_not:
-        why_not = te_debug.untested_te(fp8stats.TE_DEBUG_CHECKED_TE)
-    if asked == fp8stats.TE_DEBUG:
-        if why_not and c.precision == "fp8" and c.fp8_stats_every:
-            raise ValueError(f"--fp8-stats-source te-debug cannot run here: {why_not}; allowed here: auto | {fp8stats.OWN}")
-        return fp8stats.TE_DEBUG, ("--fp8-stats-source te-debug: TE's debug API (nvdlfw-inspect) reads every GEMM, "
-                                   "summed over the step's micro-batches")
-    if asked == fp8stats.OWN or why_not:
-        return fp8stats.OWN, ((f"auto: fp8lab's hooks ({why_not})" if asked == AUTO else "--fp8-stats-source fp8lab")
-                              + ": the first micro-batch of the step; fc2's input and fc1's gradient stay inside TE")
-    return fp8stats.TE_DEBUG, ("auto: TE's debug API (nvdlfw-inspect is installed, one process) reads every GEMM, "
-                               "summed over the step's micro-batches")

@@ -25,6 +25,7 @@ from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, files_read_once
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.progress import Counter
 from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
+from fp8lab.analysis import fp8_stats as health_reader
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 from fp8lab.views import plots
@@ -116,7 +117,7 @@ def render_html(runs: pd.DataFrame, config: ReportConfig = ReportConfig(),
                 reference: pd.DataFrame | None = None, health: dict | None = None,
                 summary: pd.DataFrame | None = None, analysed: "Analysed | None" = None) -> str:
     """The report page for a runs table from :func:`fp8lab.analysis.load_runs`; ``health``: run_id -> its
-    FP8 statistics (fp8lab.fp8.stats.of_sources; default: found through the runs' sources); ``summary``: the
+    FP8 statistics (fp8lab.analysis.fp8_stats.of_sources; default: found through the runs' sources); ``summary``: the
     runs' per-run summary at ``config``'s settings, if already made (e.g. the results index's); ``analysed``:
     their analysis at ``config``'s settings, if already made."""
     with Counter("drawing the report", unit="figure") as counter:
@@ -186,7 +187,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are shown.</p>')
     body.append("<h2>Figures</h2>")
     body += [_img(f, alt) for f, alt in figs]
-    body += _health_section(fp8stats.of_runs(runs) if health is None else health)
+    body += _health_section(health_reader.of_runs(runs) if health is None else health)
     runs_table = summary.assign(layout=[analysis.layout_label(r) for _, r in summary.iterrows()])
     body += [
         "<h2>FP8 vs BF16 per model and scale</h2>",
@@ -304,14 +305,14 @@ def _health_section(health: dict) -> list[str]:
            f"{fp8stats.UNDERFLOW_WARN:.0%} underflow for {fp8stats.WARN_SAMPLES} samples in a row (fp8lab.fp8.stats).</p>"]
     if not health:
         return out + ['<p class="muted">No FP8 statistics in these runs (FP8 runs record them unless --fp8-stats-every 0).</p>']
-    for run_id in list(health)[:HEALTH_RUNS]:  # only these runs' statistics are read (fp8stats.StatsFiles)
+    for run_id in list(health)[:HEALTH_RUNS]:  # only these runs' statistics are read (fp8lab.analysis.fp8_stats.StatsFiles)
         recs = health[run_id]
-        t = fp8stats.table(recs)
+        t = health_reader.table(recs)
         out.append(f"<h3>{e(run_id)}</h3>")
-        out.append(f'<p class="muted">{e(fp8stats.source_text(recs).capitalize())}.</p>')
+        out.append(f'<p class="muted">{e(health_reader.source_text(recs).capitalize())}.</p>')
         out.append(_img(plots.fp8_health_figure(t, "both", run_id),  # one figure a run: half the drawing
                         f"FP8 underflow and saturation per decoder block and step, {run_id}"))
-        warns = fp8stats.warnings_of(recs)
+        warns = health_reader.warnings_of(recs)
         out.append("<ul>" + "".join(f"<li>{e(w)}</li>" for w in warns) + "</ul>" if warns else
                    '<p class="muted">No early warning in this run.</p>')
     if len(health) > HEALTH_RUNS:
@@ -357,7 +358,7 @@ def _build_report(sources: object, out: Path, config: ReportConfig, runs: pd.Dat
             runs = idx.runs_of(analysis.loss_run_ids(analysed.answer.rows))
     runs = analysis.load_runs(sources) if runs is None else runs
     out.parent.mkdir(parents=True, exist_ok=True)
-    ownership.write_file(out, render_html(runs, config, health=fp8stats.of_sources(sources) if health is None else health,
+    ownership.write_file(out, render_html(runs, config, health=health_reader.of_sources(sources) if health is None else health,
                                           summary=summary, analysed=analysed))
     return out
 

@@ -172,7 +172,7 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
     return _finish(fig, save)
 
 
-# FP8 health (fp8lab.fp8.stats)
+# FP8 health (recorded by fp8lab.fp8.stats, read by fp8lab.analysis.fp8_stats)
 HEALTH_METRICS = {"underflow": "values flushed to 0", "saturation": "values clipped at the format's max"}
 HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included) share its colour
 
@@ -180,7 +180,7 @@ HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included
 def fp8_health_figure(table: pd.DataFrame, metric: str = "underflow", title: str = "",
                       save: str | Path | None = None) -> Figure:
     """A layer-by-step heatmap per tensor kind (activation, weight, gradient) of ``metric`` (underflow or
-    saturation; ``"both"``: a row of each, one figure) from :func:`fp8lab.fp8.stats.table`: a row per decoder block
+    saturation; ``"both"``: a row of each, one figure) from :func:`fp8lab.analysis.fp8_stats.table`: a row per decoder block
     (the worst of its GEMMs), a column per sampled step, log colour scale from 1e-6 to 1."""
     from matplotlib.colors import LogNorm
 

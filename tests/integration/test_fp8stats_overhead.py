@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8lab.fp8 import stats as fp8stats
+from fp8lab.plan import fp8_stats as fp8stats
 from fp8lab.core.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))

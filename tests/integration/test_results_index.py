@@ -172,7 +172,7 @@ def test_the_committed_report_reads_each_result_file_once_and_draws_the_same_pag
     import re
 
     from fp8lab.core import paths
-    from fp8lab.fp8 import stats as fp8stats
+    from fp8lab.analysis import fp8_stats as fp8stats
     from fp8lab.views import report
 
     _clear_caches()

@@ -7,9 +7,11 @@ import json
 import pytest
 import torch
 
+from fp8lab.analysis import fp8_stats as fp8read
 from fp8lab.fp8 import formats, stats as fp8stats
 from fp8lab.fp8.convert import convert_model
 from fp8lab.model.models import build_model
+from fp8lab.plan import fp8_stats as fp8rule
 
 
 def test_tensor_stats_counts_underflow_and_saturation_of_a_cast():
@@ -118,14 +120,14 @@ def test_the_plan_decides_the_statistics_once_with_a_reason():
 
     h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
     fp8 = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h200)
-    assert fp8.fp8_stats_every == fp8stats.DEFAULT_EVERY["te"] == 25  # auto on TE: the measured <= 2% interval
+    assert fp8.fp8_stats_every == fp8rule.DEFAULT_EVERY["te"] == 25  # auto on TE: the measured <= 2% interval
     assert fp8.layout.grad_accum >= 4 and "every 25 steps (auto: te at" in fp8.all_reasons()["fp8_stats"]
     one = plan_run(TrainConfig(model="llama-1b", precision="fp8", micro_batch_size=16, grad_accum=1), h200)
     assert one.fp8_stats_every == 100  # a sample costs ~one micro-batch: 4x rarer at one micro-batch a step
-    assert [fp8stats.default_every("te", a) for a in (1, 2, 3, 4, 8)] == [100, 50, 50, 25, 25]
+    assert [fp8rule.default_every("te", a) for a in (1, 2, 3, 4, 8)] == [100, 50, 50, 25, 25]
     assert fp8.record()["fp8_stats_every"] == 25
     cpu = plan_run(TrainConfig(model="llama-tiny", precision="fp8"), Machine("cpu", "cpu", 24.0))
-    assert cpu.fp8_stats_every == fp8stats.DEFAULT_EVERY["emulated"] == 10  # emulated: short CPU runs, more columns
+    assert cpu.fp8_stats_every == fp8rule.DEFAULT_EVERY["emulated"] == 10  # emulated: short CPU runs, more columns
     asked = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_stats_every=7), h200)
     assert asked.fp8_stats_every == 7 and "--fp8-stats-every" in asked.all_reasons()["fp8_stats"]
     off = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_stats_every=0), h200)
@@ -157,7 +159,7 @@ def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_p
     assert [r["loss"] for r in fmetrics.read_metrics(on / "metrics.jsonl")] == \
         [r["loss"] for r in fmetrics.read_metrics(off / "metrics.jsonl")]  # watching changes nothing
     assert len(analysis.load_runs(on)) == 4  # one row per step, none for the statistics
-    assert list(fp8stats.of_sources(tmp_path)) == ["on"]
+    assert list(fp8read.of_sources(tmp_path)) == ["on"]
     from fp8lab.views import report
 
     page = report.build_report(tmp_path, tmp_path / "r.html").read_text()
@@ -168,7 +170,7 @@ def test_a_run_writes_the_records_and_the_step_readers_skip_them(prepared, tmp_p
     assert 'alt="FP8 underflow and saturation per decoder block and step, on"' in section
     assert "No early warning in this run." in section
     assert "Read by fp8lab (the emulator&#x27;s quantizers" in section  # who read the casts (te-debug: TE's debug API)
-    assert "debug API" in fp8stats.source_text([{"record": fp8stats.RECORD, "step": 1, "layers": [], "source": "te-debug"}])
+    assert "debug API" in fp8read.source_text([{"record": fp8stats.RECORD, "step": 1, "layers": [], "source": "te-debug"}])
     empty = report.build_report(off, tmp_path / "r2.html").read_text()
     assert "No FP8 statistics in these runs" in empty
 
@@ -231,19 +233,19 @@ def test_the_plan_picks_who_reads_the_casts(monkeypatch):
     with pytest.raises(ValueError, match="--fp8-stats-source te-debug cannot run here: nvdlfw-inspect.*auto | fp8lab"):
         plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200)
     monkeypatch.setattr(te_debug, "unavailable", lambda: None)
-    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", False)  # installed, its GPU check not committed: asked for only
-    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECK_PROBLEMS", [])
+    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED", False)  # installed, its GPU check not committed: asked for only
+    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECK_PROBLEMS", [])
     unchecked = plan_run(TrainConfig(**fp8), h200)
     assert unchecked.fp8_stats_source == fp8stats.OWN and "GPU check" in unchecked.all_reasons()["fp8_stats"]
     assert "not committed yet" in unchecked.all_reasons()["fp8_stats"]
-    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECK_PROBLEMS", ["cost at the default interval (25 steps): 58.7% > 2%"])
+    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECK_PROBLEMS", ["cost at the default interval (25 steps): 58.7% > 2%"])
     failed = plan_run(TrainConfig(**fp8), h200)  # committed, and failed: the reason says why
     assert failed.fp8_stats_source == fp8stats.OWN
     assert "failed its GPU check (fp8stats-sources/check.json: cost at the default interval (25 steps): 58.7% > 2%)" \
         in failed.all_reasons()["fp8_stats"]
     assert plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200).fp8_stats_source == fp8stats.TE_DEBUG
-    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED", True)
-    monkeypatch.setattr(fp8stats, "TE_DEBUG_CHECKED_TE", "2.20.2")
+    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED", True)
+    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED_TE", "2.20.2")
     monkeypatch.setattr(pins, "installed_te", lambda: "2.8.0+abc")  # checked on another TE release: not trusted
     other = plan_run(TrainConfig(**fp8), h200)
     assert other.fp8_stats_source == fp8stats.OWN and "checked on Transformer Engine 2.20.2, this machine has 2.8.0+abc" in \
@@ -266,19 +268,19 @@ def test_the_plan_picks_who_reads_the_casts(monkeypatch):
 
 
 def test_te_debug_check_reads_the_committed_result(tmp_path):
-    assert fp8stats.te_debug_checked(tmp_path / "missing.json") is False
+    assert fp8rule.te_debug_checked(tmp_path / "missing.json") is False
     (tmp_path / "bad.json").write_text("[1, 2]")
-    assert fp8stats.te_debug_checked(tmp_path / "bad.json") is False
+    assert fp8rule.te_debug_checked(tmp_path / "bad.json") is False
     (tmp_path / "no.json").write_text('{"passed": false}')
     (tmp_path / "yes.json").write_text('{"passed": true}')
-    assert [fp8stats.te_debug_checked(tmp_path / f) for f in ("no.json", "yes.json")] == [False, True]
-    committed = json.loads(fp8stats.TE_DEBUG_CHECK.read_text()) if fp8stats.TE_DEBUG_CHECK.exists() else {}
-    assert fp8stats.TE_DEBUG_CHECKED is (committed.get("passed") is True)  # what auto reads is the committed file
-    assert fp8stats.TE_DEBUG_CHECK_PROBLEMS == committed.get("problems", [])
-    assert bool(fp8stats.TE_DEBUG_CHECK_PROBLEMS) is (not fp8stats.TE_DEBUG_CHECKED and bool(committed))
+    assert [fp8rule.te_debug_checked(tmp_path / f) for f in ("no.json", "yes.json")] == [False, True]
+    committed = json.loads(fp8rule.TE_DEBUG_CHECK.read_text()) if fp8rule.TE_DEBUG_CHECK.exists() else {}
+    assert fp8rule.TE_DEBUG_CHECKED is (committed.get("passed") is True)  # what auto reads is the committed file
+    assert fp8rule.TE_DEBUG_CHECK_PROBLEMS == committed.get("problems", [])
+    assert bool(fp8rule.TE_DEBUG_CHECK_PROBLEMS) is (not fp8rule.TE_DEBUG_CHECKED and bool(committed))
     from fp8lab.plan.runplan import decision_results
 
-    assert fp8stats.TE_DEBUG_CHECK in decision_results()  # a SageMaker job carries it and decides as its plan did
+    assert fp8rule.TE_DEBUG_CHECK in decision_results()  # a SageMaker job carries it and decides as its plan did
 
 
 def test_the_committed_te_debug_cost_split_supports_what_docs_training_says():

@@ -76,13 +76,13 @@ def test_the_staged_code_carries_the_results_auto_decisions_read(tmp_path):
     for result in decision_results():  # a check not committed yet (e.g. TE's debug API's) is not there either
         copy = staged / result.relative_to(REPO_ROOT)
         assert copy.read_bytes() == result.read_bytes() if result.exists() else not copy.exists()
-    probe = ("import json; from fp8lab import plan, fp8attn, fp8stats; print(json.dumps([plan.FP8_ALL_GATHER_CHECKED, "
+    probe = ("import json; from fp8lab import plan, fp8attn; from fp8lab.plan import fp8_stats as fp8stats; print(json.dumps([plan.FP8_ALL_GATHER_CHECKED, "
              "fp8attn.loss_checked(), fp8attn.study_crossover(), fp8stats.TE_DEBUG_CHECKED, str(fp8attn.LOSS_RESULT)]))")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FP8LAB_DATA_DIR")}
     out = subprocess.run([sys.executable, "-c", probe], cwd=staged, env={**env, "PYTHONPATH": str(staged)},
                          capture_output=True, text=True, timeout=120, check=True).stdout
     from fp8lab.plan import fp8attn, runplan as plan
-    from fp8lab.fp8 import stats as fp8stats
+    from fp8lab.plan import fp8_stats as fp8stats
 
     checked, loss, crossover, te_debug, where = json.loads(out.strip().splitlines()[-1])
     assert where.startswith(str(staged))  # the staged package, not this checkout
