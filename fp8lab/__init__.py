@@ -32,7 +32,7 @@ _MOVED = {
     "models": "fp8lab.model.models", "families": "fp8lab.model.families", "rope": "fp8lab.model.rope",
     "model_checks": "fp8lab.model.checks", "user_model": "fp8lab.model.user", "formats": "fp8lab.fp8.formats",
     "recipe": "fp8lab.fp8.recipe", "backends": "fp8lab.fp8.backends", "convert": "fp8lab.fp8.convert",
-    "fp8stats": "fp8lab.fp8.stats", "te_debug": "fp8lab.fp8.te_debug", "options": "fp8lab.plan.options",
+    "te_debug": "fp8lab.fp8.te_debug", "options": "fp8lab.plan.options",
     "config": "fp8lab.plan.config", "layout": "fp8lab.plan.layout", "graphs": "fp8lab.plan.graphs",
     "fp8attn": "fp8lab.plan.fp8attn", "data_checks": "fp8lab.data.checks", "trainer": "fp8lab.train.trainer",
     "components": "fp8lab.train.components", "checkpoint": "fp8lab.train.checkpoint",
@@ -45,6 +45,11 @@ _MOVED = {
 }
 
 
+# a top-level module that became a feature's rule, mechanism and reader -> those modules: the old name holds the
+# public names of all three (``fp8lab.fp8stats.table`` keeps working; code inside fp8lab imports the modules)
+_SPLIT = {"fp8stats": ("fp8lab.fp8.stats", "fp8lab.plan.fp8_stats", "fp8lab.analysis.fp8_stats")}
+
+
 def __getattr__(name):  # PEP 562: resolved on first use (torch and transformers load only then)
     import importlib
 
@@ -52,4 +57,12 @@ def __getattr__(name):  # PEP 562: resolved on first use (torch and transformers
         return getattr(importlib.import_module(_NAMES[name]), name)
     if name in _MOVED:
         return importlib.import_module(_MOVED[name])
+    if name in _SPLIT:
+        import types
+
+        merged = types.ModuleType(f"fp8lab.{name}", f"{name}: the names of {', '.join(_SPLIT[name])}")
+        for module in map(importlib.import_module, _SPLIT[name]):
+            merged.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("_")})
+        globals()[name] = merged
+        return merged
     raise AttributeError(f"module 'fp8lab' has no attribute {name!r}")

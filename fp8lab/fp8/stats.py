@@ -206,7 +206,7 @@ def _te_hooks(model) -> list[str]:
 
 def _formats():
     """fp8lab.fp8.formats, imported when a TE module's casts are read: it imports torch, and planning reads this module."""
-    from fp8lab.fp8 import formats
+    from fp8lab.fp8 import formats  # torch: planning reads this module
 
     return formats
 

@@ -73,6 +73,23 @@ def _plan_from(args: argparse.Namespace) -> SweepPlan:
                       **_trainer_options(args), **size)
 
 
+def skip_unused_iri_grammar() -> bool:
+    """Import jsonschema without ``rfc3987_syntax`` when this process has imported neither (True: skipped).
+
+    The SageMaker SDK validates its config with ``jsonschema.validate`` and no format checker, so jsonschema's "iri"
+    format check, whose grammars ``rfc3987_syntax`` compiles when imported (about a second on a 2-core machine), is
+    never used; ``fp8lab launch dry-run`` and ``launch`` skip that import in their own process, where nothing else
+    uses jsonschema. ``rfc3987_syntax`` itself still imports afterwards."""
+    if "jsonschema" in sys.modules or "rfc3987_syntax" in sys.modules:
+        return False
+    sys.modules["rfc3987_syntax"] = None  # an import of it raises ImportError, which jsonschema expects and skips
+    try:
+        import jsonschema  # noqa: F401
+    finally:
+        del sys.modules["rfc3987_syntax"]
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="fp8lab launch", description="BF16 vs FP8 sweeps as SageMaker jobs.")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -95,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.action == "plan":
                 print(format_cost_table(plan))
             else:
+                skip_unused_iri_grammar()  # this command's own process: see there
                 for name in launch(plan, dry_run=args.action == "dry-run"):
                     print(name)
         elif args.action == "wait":

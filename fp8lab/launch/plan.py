@@ -195,7 +195,7 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
     whether it was measured, the run it rests on and the assumption as a sentence (for the figure)."""
     import pandas as pd  # pandas (and the measured estimate, which reads results) stay off `fp8lab launch`'s import path
 
-    from fp8lab.analysis.estimates import MeasuredEstimate, gpu_words
+    from fp8lab.analysis.estimates import MeasuredEstimate, gpu_words  # pandas, as above
     if not (isinstance(tokens, (int, float)) and tokens > 0):
         raise ValueError(f"tokens={tokens!r}; allowed: a number > 0")
     if instance_type not in INSTANCES:

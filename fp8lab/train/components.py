@@ -401,7 +401,7 @@ def plot_loss(output_dir: Path) -> None:
         matplotlib.use("Agg", force=False)
         # up the order, and here only: pandas and matplotlib load when a finished run draws loss.png
         from fp8lab.analysis import load_runs
-        from fp8lab.views.plots import loss_figure
+        from fp8lab.views.plots import loss_figure  # matplotlib, as above
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

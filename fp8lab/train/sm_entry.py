@@ -73,7 +73,7 @@ def _report_failure(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     # run as a script, this file imports fp8lab only once __main__ has put the folder holding it on sys.path
     from fp8lab.plan.runplan import PLANNED_ENV
-    from fp8lab.train.entry import main as train_main
+    from fp8lab.train.entry import main as train_main  # as above
 
     argv = list(sys.argv[1:] if argv is None else argv)
     text = os.environ.get(PLANNED_ENV)  # the launch's plan: the trainer re-plans here and refuses a different one

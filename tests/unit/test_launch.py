@@ -415,3 +415,21 @@ def test_plan_sweep_plans_each_job_once(monkeypatch):
         assert j.spec.max_run_s > 0 and j.spec.plan.decisions() == dataclasses.replace(j.spec).plan.decisions()
     with pytest.raises(ValueError, match="JobSpec.max_run_s=0 is invalid; allowed: a positive integer or None"):
         plan.jobs[0].spec.with_time_limit(0)
+
+
+def test_launch_command_skips_the_unused_iri_grammar_and_the_sdk_still_validates():
+    """`fp8lab launch dry-run`/`launch` import jsonschema without rfc3987_syntax in their own process (about a second
+    of grammar building for a format check the SDK never asks for); the SDK's config still validates, a bad one is
+    still refused, and rfc3987_syntax still imports afterwards. A process that already has jsonschema is left alone."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from fp8lab.launch.cli import skip_unused_iri_grammar as skip; assert skip(); "
+             "assert 'jsonschema' in sys.modules and 'rfc3987_syntax' not in sys.modules; "
+             "from sagemaker.core.config.config_manager import SageMakerConfig as C; "
+             "C.validate_sagemaker_config({'SchemaVersion': '1.0'}); import jsonschema\n"
+             "try:\n    C.validate_sagemaker_config({'SchemaVersion': 1})\nexcept jsonschema.ValidationError:\n    pass\n"
+             "else:\n    raise SystemExit('a bad config passed')\n"
+             "import rfc3987_syntax; assert not skip(); print('ok')")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -373,3 +373,41 @@ def test_the_face_is_small_and_no_module_is_long():
     assert len(top) <= 12, f"{len(top)} modules at fp8lab's top level: {top}"
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 700}
     assert not long, f"modules over 700 lines: {long}"
+
+
+MAX_IMPORTS_IN_FUNCTIONS = 60  # issue 46's ceiling (141 when it was filed)
+
+
+def imports_in_functions(trees: dict[str, ast.AST]) -> list[tuple[str, int, str]]:
+    """(module, line, the comment on that line or the one above it) of each fp8lab import inside a function."""
+    out = []
+    for module, tree in trees.items():
+        lines = MODULES[module].read_text(encoding="utf-8").splitlines()
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in fn.body:
+                for inner in ast.walk(node):
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)) and _targets(module, inner):
+                        here, above = lines[inner.lineno - 1], lines[inner.lineno - 2].strip()
+                        why = here.partition("#")[2] or (above[1:] if above.startswith("#") else "")
+                        out.append((module, inner.lineno, why.strip()))
+    return sorted(set(out))
+
+
+def test_imports_inside_functions_are_few_and_each_says_why():
+    """An fp8lab import inside a function keeps torch, TE, pandas, matplotlib or the SageMaker SDK off an import
+    path, or runs before fp8lab is importable; its line (or the one above) says which."""
+    found = imports_in_functions(_trees())
+    assert len(found) <= MAX_IMPORTS_IN_FUNCTIONS, f"{len(found)} fp8lab imports inside functions"
+    unexplained = [f"{m}:{n}" for m, n, why in found if not why]
+    assert not unexplained, f"imports inside functions without a comment saying why: {unexplained}"
+
+
+def test_a_split_module_s_old_name_holds_all_its_names():
+    import fp8lab
+
+    fs = fp8lab.fp8stats  # FP8 health before it became plan/fp8_stats, fp8/stats and analysis/fp8_stats
+    for name in ("RECORD", "attach", "HealthStats", "default_every", "TE_DEBUG_CHECKED", "fp8_stats_decision",
+                 "table", "of_sources", "warnings_of"):
+        assert hasattr(fs, name), name
