@@ -137,7 +137,10 @@ class MeasuredEstimate(Estimate):
         rates, effs = self._measured()
         info = INSTANCES[instance_type]
         kind = str(recipe).partition(":")[0]
-        mine = rates[(rates["model"] == model) & (rates["precision"] == precision)]
+        groups = self.__dict__.get("_rate_groups")
+        if groups is None:  # the measured rates per (model, precision), split once: a report asks for every run's
+            groups = self.__dict__["_rate_groups"] = {k: g for k, g in rates.groupby(["model", "precision"], sort=False)}
+        mine = groups.get((model, precision), rates.iloc[:0])
         if run_id is not None:
             exact = mine[mine["run_id"] == run_id]
             if not len(exact):
@@ -178,6 +181,14 @@ class MeasuredEstimate(Estimate):
     def _node_efficiency(self, effs: pd.DataFrame, run: pd.Series) -> tuple[float, str]:
         if self.node_efficiency is not None:
             return self.node_efficiency, "given"
+        key = (run["precision"], run["model"], run["layout"])
+        memo = self.__dict__.setdefault("_node_effs", {})  # runs of one model, precision and layout share it
+        if key not in memo:
+            memo[key] = self._measured_node_efficiency(effs, run)
+        return memo[key]
+
+    @staticmethod
+    def _measured_node_efficiency(effs: pd.DataFrame, run: pd.Series) -> tuple[float, str]:
         same = effs[effs["precision"] == run["precision"]]
         model = same[same["model"] == run["model"]]
         layout = model[model["variant"].str.endswith(", " + run["layout"])]

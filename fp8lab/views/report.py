@@ -7,6 +7,7 @@ Images are embedded as base64 PNG and styles inline, so the page has no external
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import sys
 from dataclasses import dataclass
@@ -134,7 +135,7 @@ def report_figures(runs: pd.DataFrame, config: "ReportConfig" = None, analysed: 
     config = config or ReportConfig()
     a = analysed or Analysed.of(runs, config)
     summary, comparison, answer = a.summary, a.comparison, a.answer
-    scaling = analysis.scaling_table(summary)
+    scaling = a.scaling
     loss_runs, _ = analysis.headline_runs(runs, summary, answer.rows)
     shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
     return [
@@ -157,7 +158,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
     summary, comparison, answer = a.summary, a.comparison, a.answer
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
                                 estimate=answer.estimate)
-    scaling = analysis.scaling_table(summary)
+    scaling = a.scaling
     parts = answer.verdict_parts()
     figs = report_figures(runs, config, a)
     n_runs = summary["run_id"].nunique()
@@ -249,7 +250,7 @@ def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -
     README: every number from the run files."""
     a = Analysed.of(runs, config)
     return (_comparison_markdown(a.comparison) + "\n\n" + a.answer.verdict() + "\n"
-            + _scaling_markdown(analysis.scaling_table(a.summary)))
+            + _scaling_markdown(a.scaling))
 
 
 def _comparison_markdown(comparison: pd.DataFrame) -> str:
@@ -555,6 +556,11 @@ class Analysed:
     def headline(self) -> pd.DataFrame:
         return self.answer.rows
 
+    @functools.cached_property
+    def scaling(self) -> pd.DataFrame:
+        """The per-GPU scaling table of the summary (the page's figure and its table read it)."""
+        return analysis.scaling_table(self.summary)
+
     @classmethod
     def of(cls, runs: pd.DataFrame, config: "ReportConfig", reference: pd.DataFrame | None = None,
            summary: pd.DataFrame | None = None) -> "Analysed":
@@ -599,7 +605,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "(micro-batch x sequence, accumulation steps).",
         "",
         _comparison_markdown(comparison),
-        _scaling_markdown(analysis.scaling_table(summary)),
+        _scaling_markdown(a.scaling),
         "## Every run",
         "",
         _runs_markdown(summary),
