@@ -32,11 +32,12 @@ def te_debug_checked(path=None) -> bool:
     return (read_check(TE_DEBUG_CHECK if path is None else path) or {}).get("passed") is True
 
 
-TE_DEBUG_CHECKED = te_debug_checked()
+_CHECK = read_check(TE_DEBUG_CHECK) or {}  # read once
+TE_DEBUG_CHECKED = _CHECK.get("passed") is True
 # why a committed check did not pass (its "problems"); empty when it passed or none is committed
-TE_DEBUG_CHECK_PROBLEMS = [str(p) for p in (read_check(TE_DEBUG_CHECK) or {}).get("problems") or []]
+TE_DEBUG_CHECK_PROBLEMS = [str(p) for p in _CHECK.get("problems") or []]
 # the Transformer Engine the check ran on: auto trusts it on that TE (major.minor) only (fp8lab.fp8.te_debug.untested_te)
-TE_DEBUG_CHECKED_TE = (read_check(TE_DEBUG_CHECK) or {}).get("transformer_engine")
+TE_DEBUG_CHECKED_TE = _CHECK.get("transformer_engine")
 # --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
 # backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s
 # on 1.27 s steps of 4 micro-batches (data/results/fp8stats-overhead/: every 10 steps 2.4% of the mean step
