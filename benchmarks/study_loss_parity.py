@@ -42,11 +42,16 @@ RUNS = {"bf16-s1234": ("te-bf16", 1234), "bf16-s4321": ("te-bf16", 4321),
 # the default is RUNS.
 FOLLOW_UP = {"bf16-s2025": ("te-bf16", 2025), "bf16-s7777": ("te-bf16", 7777),
              "fp8-delayed-s4321": ("te-fp8-delayed", 4321), "fp8-current-s4321": ("te-fp8-current", 4321),
-             "fp8-delayed-s2025": ("te-fp8-delayed", 2025)}
+             "fp8-delayed-s2025": ("te-fp8-delayed", 2025),
+             # issue 51 (benchmarks/studies/fp8_lm_head.md): FP8 delayed with the LM head's GEMM in FP8 too, at the two
+             # seeds whose FP8-delayed twins (same init, same data order, BF16 head) are committed
+             "fp8-delayed-head": ("te-fp8-delayed-head", 1234), "fp8-delayed-head-s4321": ("te-fp8-delayed-head", 4321)}
 ALL_RUNS = {**RUNS, **FOLLOW_UP}
 CPU_VARIANTS = {"te-bf16": ["--precision", "bf16", "--backend", "emulated"],  # the same script path on a CPU
                 "te-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
-                "te-fp8-current": ["--precision", "fp8", "--backend", "emulated", "--recipe", "current"]}
+                "te-fp8-current": ["--precision", "fp8", "--backend", "emulated", "--recipe", "current"],
+                "te-fp8-delayed-head": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
+                                        "--fp8-lm-head", "True"]}
 GRACE_S = 90  # after SIGTERM: time for the checkpoint (~15 GB for llama-1b with its AdamW state)
 
 

@@ -25,6 +25,7 @@ weights; the HF model is left untouched. torchao has no fused form: it always sw
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 from contextlib import nullcontext
@@ -44,7 +45,7 @@ __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
     "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
     "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed", "save_hf_checkpoint",
-    "after_optimizer_step", "edge_blocks_filter",
+    "after_optimizer_step", "edge_blocks_filter", "fp8_lm_head",
 ]
 
 
@@ -130,6 +131,29 @@ def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | 
                    if isinstance(m, (nn.Embedding, nn.Linear)) and n not in fp8)
     info = ConversionInfo(backend, rec, fused, arch, fp8, hp)
     converted.fp8lab_conversion = info
+    return converted
+
+
+def fp8_lm_head(converted: nn.Module) -> nn.Module:
+    """Run the LM head's GEMM in FP8 too (``--fp8-lm-head``, a study: by default the head stays in high precision).
+
+    ``converted``: a model from :func:`convert_model` on a backend with ``fp8_linear`` (te, emulated). Its ``lm_head``
+    becomes the backend's FP8 layer holding the same parameters (a head tied to the embedding stays tied); the
+    conversion record lists it among the FP8 modules. Returns ``converted``, changed in place."""
+    info = _info(converted)
+    if info.backend not in registry.FP8_LM_HEAD_BACKENDS:
+        raise ValueError(f"--fp8-lm-head: the {info.backend} backend has no FP8 LM head; allowed backends: "
+                         + " | ".join(registry.FP8_LM_HEAD_BACKENDS))
+    make = get_backend(info.backend).fp8_linear
+    head = getattr(converted, "lm_head", None)
+    if type(head) is not nn.Linear:
+        raise ValueError(f"--fp8-lm-head: the model's lm_head is {type(head).__name__}, not a high-precision nn.Linear")
+    if head.in_features % 16 or head.out_features % 16:
+        raise ValueError(f"--fp8-lm-head: lm_head has shape (out={head.out_features}, in={head.in_features}); FP8 GEMMs "
+                         "need both divisible by 16 (a vocabulary padded to a multiple of 16, or --fp8-lm-head False)")
+    converted.lm_head = make(head)
+    converted.fp8lab_conversion = dataclasses.replace(
+        info, fp8_modules=(*info.fp8_modules, "lm_head"), high_precision=tuple(n for n in info.high_precision if n != "lm_head"))
     return converted
 
 

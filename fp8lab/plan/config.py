@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
-                            FP8_STATS_SOURCES, FUSED_LOSS,
+                            FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.fp8.backends import fused_problem
@@ -101,6 +101,9 @@ class TrainConfig:
     # the LM head and its loss chunked over tokens (fp8lab.plan.fused_loss: the rule; fp8lab.train.fused_loss: the mechanism)
     fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens, never the full fp32 logits (fp8lab.train.fused_loss: same GEMMs, less memory): auto = on a GPU where vocabulary x tokens per micro-batch reaches fp8lab.plan.fused_loss.AUTO_MIN_LOGITS (measured to pay), off on a CPU | on (any device and backend) | off", choices=FUSED_LOSS)
 
+    # a study (issue 51): the LM head's GEMM in FP8 as well (fp8lab.fp8.convert.fp8_lm_head); off by default
+    fp8_lm_head: bool = option(False, "study: the LM head's GEMM in FP8 too (--backend " + " or ".join(FP8_LM_HEAD_BACKENDS) + ", --precision fp8; the chunked loss runs its head in BF16, so --fused-loss auto turns off); by default the head stays BF16 (benchmarks/studies/fp8_lm_head.md)", check=BOOL)
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -166,6 +169,8 @@ def _validate(c: TrainConfig) -> None:
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | " + " | ".join(FP8_BACKENDS))
     if c.backend in ("te", EMULATED):
         fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
+    if c.fp8_lm_head:
+        fp8_lm_head_check(c, c.backend)
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
     if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:  # a named Llama shape's was raised (shape_overrides)
@@ -197,6 +202,19 @@ def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
         return get_config(c.model, **c.shape_overrides)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--model-override: {exc}") from None
+
+
+def fp8_lm_head_check(c: TrainConfig, backend: str | None) -> None:
+    """Refuse ``--fp8-lm-head`` where it cannot run, before anything is built (an explicit backend here; ``auto`` once
+    resolved, in fp8lab.plan.runplan.plan_run)."""
+    if c.precision != "fp8":
+        raise ValueError(f"--fp8-lm-head needs --precision fp8 (got {c.precision}): a BF16 run has no FP8 GEMM; allowed: "
+                         "--fp8-lm-head False, or --precision fp8")
+    if backend != AUTO and backend not in FP8_LM_HEAD_BACKENDS:
+        raise ValueError(f"--fp8-lm-head with --backend {backend}: allowed backends: " + " | ".join(FP8_LM_HEAD_BACKENDS))
+    if c.fused_loss == "on":
+        raise ValueError("--fp8-lm-head with --fused-loss on: the chunked loss runs the head's GEMM in BF16; allowed: "
+                         "--fused-loss auto or off with --fp8-lm-head")
 
 
 def fused_check(c: TrainConfig, backend: str | None) -> None:

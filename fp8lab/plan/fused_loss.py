@@ -39,12 +39,19 @@ def chunk_tokens(vocab: int, n_tokens: int) -> int:
     return max(1, min(c, n_tokens))
 
 
-def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool) -> tuple[bool, str]:
+def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
+           fp8_head: bool = False) -> tuple[bool, str]:
     """(the fused loss runs, why) for ``--fused-loss choice``. It is pure PyTorch: it runs on any device and
-    backend (TE, torchao, the emulator, the plain model), so ``on`` is never refused; ``auto`` follows the
-    measured rule (AUTO_MIN_LOGITS) on a GPU and stays off on a CPU (its logits are small there)."""
+    backend (TE, torchao, the emulator, the plain model), so ``on`` is refused only beside ``--fp8-lm-head`` (its
+    chunks run the head's GEMM in BF16); ``auto`` follows the measured rule (AUTO_MIN_LOGITS) on a GPU and stays
+    off on a CPU (its logits are small there) and beside an FP8 head."""
     if choice not in CHOICES:
         raise ValueError(f"--fused-loss={choice!r} is invalid; allowed: " + " | ".join(CHOICES))
+    if fp8_head:
+        if choice == "on":
+            raise ValueError("--fused-loss on with --fp8-lm-head: the chunked loss runs the head's GEMM in BF16; "
+                             "allowed: --fused-loss auto | off")
+        return False, f"{'auto: off' if choice == AUTO else '--fused-loss off'}: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
     logits = vocab * tokens_per_micro_batch
     size = f"vocabulary {vocab:,} x {tokens_per_micro_batch:,} tokens per micro-batch = {logits:.3g} logits"
     if choice == "on":

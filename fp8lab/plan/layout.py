@@ -262,7 +262,8 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
 
 def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tuple[bool, str]:
     """(the fused loss runs, why) at this micro-batch (fp8lab.plan.fused_loss.decide: the plan's rule, the estimate's too)."""
-    return fused_loss_decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch, gpu=machine.gpu)
+    return fused_loss_decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch,
+                             gpu=machine.gpu, fp8_head=c.fp8_lm_head)
 
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,

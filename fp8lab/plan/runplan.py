@@ -29,7 +29,7 @@ from fp8lab.plan import fp8attn, graphs
 from fp8lab.plan import layout as flayout
 from fp8lab.plan import fp8_stats
 from fp8lab.plan.fp8_stats import fp8_stats_decision, fp8_stats_source  # noqa: F401 (fp8_stats_source: its old home)
-from fp8lab.plan.config import fused_check
+from fp8lab.plan.config import fp8_lm_head_check, fused_check
 from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
 from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend, auto_refusal  # noqa: F401 (auto_refusal: its old home)
 from fp8lab.core.hardware import Machine
@@ -249,6 +249,8 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     recipe = recipe_for(c, backend)
     if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
         fused_check(c, backend)
+        if c.fp8_lm_head:
+            fp8_lm_head_check(c, backend)
     mcfg = c.model_config  # made once, when the options were validated
     lay = flayout.resolve(c, machine, backend, mcfg=mcfg)  # "auto" options -> this machine's layout (or a clear refusal)
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)

@@ -43,7 +43,7 @@ from fp8lab.data import tokens as fdata
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.fp8 import te_debug
 from fp8lab.fp8.backends import detect_machine, get_backend
-from fp8lab.fp8.convert import convert_model, edge_blocks_filter
+from fp8lab.fp8.convert import convert_model, edge_blocks_filter, fp8_lm_head
 from fp8lab.model.models import MODEL_CONFIGS, build_model, model_flops_per_token
 from fp8lab.model.user import is_user_model
 from fp8lab.plan import graphs
@@ -150,6 +150,8 @@ class Trainer:
             flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
             model = convert_model(model, backend=p.backend, recipe=p.recipe, fuse=c.fuse, module_filter=flt,
                                   fp8_all_gather=p.fp8_all_gather)
+            if c.fp8_lm_head:  # a study: the head's GEMM in FP8 too (fp8lab.fp8.convert.fp8_lm_head)
+                model = fp8_lm_head(model)
             self.conversion = model.fp8lab_conversion
         if p.layout.activation_checkpointing:
             fdist.apply_activation_checkpointing(model, p.backend, self._fp8_context)

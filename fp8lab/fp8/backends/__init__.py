@@ -37,7 +37,8 @@ DEFAULT_RECIPES: dict[str, Recipe] = {
 
 @runtime_checkable
 class Backend(Protocol):
-    """What every backend provides (``after_optimizer_step(model)`` is optional)."""
+    """What every backend provides (``after_optimizer_step(model)`` and ``fp8_linear(linear)``, an nn.Linear as the
+    backend's FP8 layer holding the same parameters, are optional)."""
 
     name: str
     default_recipe: Recipe  # what recipe=None means for this backend
@@ -75,6 +76,7 @@ def available_backends() -> dict[str, str | None]:
     return {n: get_backend(n).available() for n in backend_names()}
 
 
+FP8_LM_HEAD_BACKENDS = ("te", "emulated")  # those with fp8_linear: --fp8-lm-head (fp8lab.fp8.convert.fp8_lm_head)
 FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fsdp_float8_all_gather=True)
 
 

@@ -327,5 +327,10 @@ class EmulatedBackend:
     def autocast(self, recipe: Recipe, enabled: bool = True):
         return _region(enabled, recipe)
 
+    @staticmethod
+    def fp8_linear(lin: nn.Linear) -> nn.Module:
+        """``lin`` as a layer whose GEMM runs in FP8 inside autocast, holding the same parameters (``--fp8-lm-head``)."""
+        return _to_emulinear(lin)
+
 
 BACKEND = EmulatedBackend()

@@ -17,6 +17,7 @@ The model must already be on the CUDA device (``model.to("cuda")``); TE builds i
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 import warnings
 
 import torch
@@ -83,7 +84,11 @@ class TEParts:
         """
         te = _te()
         weights: list[nn.Parameter] = []
+        # a weight two modules hold (a tied LM head in FP8, --fp8-lm-head) also gets the embedding's .grad: not fused
+        owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
         for m in model.modules():
+            if any(owners[id(p)] > 1 for p in m.parameters(recurse=False)):
+                continue
             if isinstance(m, te.LayerNormMLP):
                 names = ("fc1_weight", "fc2_weight")
             elif isinstance(m, (te.LayerNormLinear, te.Linear)):
@@ -168,6 +173,17 @@ class TEBackend:
                     f"(compute capability {cc}): {reason}. Use kind={anywhere}"
                 )
         self.te_recipe(recipe)  # raises for combinations TE has no equivalent of
+
+    @staticmethod
+    def fp8_linear(lin: nn.Linear) -> nn.Module:
+        """``lin`` as TE's Linear (an FP8 GEMM inside autocast) holding the very same parameters, so a head tied
+        to the embedding stays tied (``--fp8-lm-head``)."""
+        new = _te().Linear(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                           params_dtype=lin.weight.dtype, device=lin.weight.device)
+        new.weight = lin.weight
+        if lin.bias is not None:
+            new.bias = lin.bias
+        return new
 
     def convert(self, model, recipe, *, fuse, module_filter):
         self.check_recipe(recipe)

@@ -1,0 +1,103 @@
+"""``--fp8-lm-head`` (issue 51, a study): the LM head's GEMM in FP8 too, on the emulated backend here (TE's in
+tests/gpu/test_fp8_lm_head_gpu.py). Refused where it cannot run, before anything is built; the fused loss steps
+aside for it; the head holds the same parameters (tied heads stay tied), runs in FP8 inside autocast only, and a
+real training run records it, watches its casts and exports a model its HF class loads."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fp8lab.fp8.convert import autocast, convert_model, export_hf_state_dict, fp8_lm_head
+from fp8lab.plan import fused_loss
+from fp8lab.train.entry import TrainConfig, train
+
+
+
+def _tiny(tied: bool, vocab: int = 224):
+    """A real transformers Llama, tiny and fp32; FP8 GEMMs need its vocabulary divisible by 16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        tie_word_embeddings=tied))
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(precision="bf16"), r"--fp8-lm-head needs --precision fp8 \(got bf16\)"),
+    (dict(precision="fp8", backend="torchao"), r"--fp8-lm-head with --backend torchao: allowed backends: te \| emulated"),
+    (dict(precision="fp8", backend="emulated", fused_loss="on"), r"--fused-loss on: .*allowed: --fused-loss auto or off"),
+])
+def test_refused_where_it_cannot_run_before_anything_is_built(options, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(model="llama-tiny", fp8_lm_head=True, **options)
+
+
+def test_the_fused_loss_steps_aside_for_an_fp8_head():
+    """``auto`` would chunk the loss at Llama-3.2-1B's 128K x 32K logits; beside an FP8 head it is off, with the reason."""
+    on, _ = fused_loss.decide("auto", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True)
+    off, why = fused_loss.decide("auto", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True, fp8_head=True)
+    assert on and not off and why == "auto: off: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
+    with pytest.raises(ValueError, match=r"--fused-loss on with --fp8-lm-head.*allowed: --fused-loss auto \| off"):
+        fused_loss.decide("on", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True, fp8_head=True)
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "swapped"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_the_head_runs_in_fp8_inside_autocast_holding_the_same_weights(fuse, tied):
+    hf = _tiny(tied)
+    x = torch.randint(0, 224, (2, 16), generator=torch.Generator().manual_seed(3))
+    model = convert_model(hf, backend="emulated", fuse=fuse)
+    with torch.no_grad(), autocast("emulated"):
+        bf16_head = model(x).logits
+    head = model.lm_head
+    converted = fp8_lm_head(model)
+    assert converted is model and type(model.lm_head).__name__ == "EmuLinear"
+    assert model.lm_head.weight is head.weight  # nothing copied
+    embed = model.embed if fuse else model.model.embed_tokens
+    assert (model.lm_head.weight is embed.weight) == tied
+    info = model.fp8lab_conversion
+    assert "lm_head" in info.fp8_modules and "lm_head" not in info.high_precision
+    with torch.no_grad():
+        with autocast("emulated"):
+            fp8_head = model(x).logits
+        with autocast("emulated", enabled=False):
+            plain = model(x).logits
+        ref = hf(x).logits if not fuse else None
+    err = float((fp8_head - bf16_head).norm() / bf16_head.norm())
+    assert 1e-4 < err < 0.1, err  # quantised (not the same logits) yet close
+    if ref is not None:  # outside autocast the swapped model is the HF model again
+        assert torch.allclose(plain, ref, atol=1e-5)
+    sd = export_hf_state_dict(model)  # the head's weight exports under its HF name
+    assert torch.equal(sd["lm_head.weight"], head.weight.detach()) or tied
+
+
+def test_refused_on_a_model_that_is_not_converted_or_has_no_plain_head():
+    hf = _tiny(False)
+    with pytest.raises(ValueError, match=r"--fp8-lm-head: lm_head has shape \(out=211, in=64\); FP8 GEMMs need both "
+                                         r"divisible by 16"):
+        fp8_lm_head(convert_model(_tiny(False, vocab=211), backend="emulated", fuse=True))
+    with pytest.raises(ValueError, match="not a converted model"):
+        fp8_lm_head(hf)
+    model = fp8_lm_head(convert_model(hf, backend="emulated", fuse=True))
+    with pytest.raises(ValueError, match="--fp8-lm-head: the model's lm_head is EmuLinear, not a high-precision nn.Linear"):
+        fp8_lm_head(model)
+
+
+def test_a_training_run_records_the_fp8_head_and_watches_its_casts(prepared, tmp_path):
+    out = tmp_path / "run"
+    s = train(TrainConfig(model="llama-tiny", precision="fp8", backend="emulated", fp8_lm_head=True, steps=4,
+                          fp8_stats_every=2, data=str(prepared), output_dir=str(out), progress="off",
+                          print_metrics=False, plot=False, checkpoint_every=-1))
+    assert s["status"] == "completed" and s["nonfinite_steps"] == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["fp8_lm_head"] is True and cfg["fused_loss"] == "off"
+    assert "--fp8-lm-head" in cfg["plan"]["reasons"]["fused_loss"]
+    text = (out / "metrics.jsonl").read_text()
+    assert '"lm_head"' in text  # the FP8 health records name the head's casts
+    from transformers import AutoModelForCausalLM
+
+    back = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert back.lm_head.weight.shape[0] == 512
