@@ -226,6 +226,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         # issue 51: the LM head's loss chunked over tokens (fp8lab.train.fused_loss), as the plan decided it
         "fused_loss": plan.get("fused_loss"),
         "fused_loss_reason": (plan.get("reasons") or {}).get("fused_loss"),
+        "fp8_lm_head": bool(cfg.get("fp8_lm_head")),  # issue 51's study: the LM head's GEMM in FP8 too
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,
         "loss_comparable": False,  # tens of steps: too short to compare losses (benchmarks/loss_parity.py runs those)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.analysis import parity
-from fp8lab.analysis.labels import group_key, is_fp8, is_hardware_fp8, is_true, layout_label, model_size_b
+from fp8lab.analysis.labels import group_key, is_flag, is_fp8, is_hardware_fp8, is_true, layout_label, model_size_b
 from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.summary import compare_precisions
 
@@ -98,7 +98,7 @@ def best_runs(summary: pd.DataFrame) -> pd.DataFrame:
 
 def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, recipe: object) -> dict | None:
     """The loss gap a headline quotes for ``model``: from the runs that saw the same tokens, preferring
-    the FP8 recipe of the best FP8 run without loss remedies (own recipe settings, BF16 edge blocks),
+    the FP8 recipe of the best FP8 run without loss remedies (own recipe settings, BF16 edge blocks) or the FP8 head,
     then the most tokens, then the newest study."""
     if not len(comparison):
         return None
@@ -112,7 +112,8 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
         m = meta.loc[r["fp8_run"]] if r["fp8_run"] in meta.index else {}
         spec = m.get("recipe_spec") if isinstance(m.get("recipe_spec"), str) else ""
         edge = m.get("bf16_edge_blocks")
-        plain = ":" not in spec and not (isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0)
+        plain = (":" not in spec and not (isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0)
+                 and not is_flag(m.get("fp8_lm_head")))  # a study's option (the FP8 head) is no plain set-up either
         when = pd.to_datetime(m.get("date"), utc=True, errors="coerce")
         return (m.get("recipe") == recipe, plain, r["tokens_fp8"], when.value if pd.notna(when) else 0)
 

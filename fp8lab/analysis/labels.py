@@ -29,7 +29,7 @@ def math_dtype(row: dict) -> object:
 # the keys variant_label reads (math_dtype's included): rows alike in these have one label
 VARIANT_KEYS = ("precision", "compute_dtype", "gpu_name", "backend", "recipe", "fuse", "recipe_spec", "bf16_edge_blocks",
                 "activation_checkpointing", "compile", "cuda_graphs", "fp8_attention", "nvte_fp8_dpa_bwd", "param_dtype",
-                "parallel", "world_size", "fsdp_keep_weights")
+                "parallel", "world_size", "fsdp_keep_weights", "fp8_lm_head")
 
 
 def variant_label(row: dict) -> str:
@@ -60,6 +60,8 @@ def variant_label(row: dict) -> str:
         parts.append("fp8-attention")
         if str(row.get("nvte_fp8_dpa_bwd")) == "0":  # NVTE_FP8_DPA_BWD=0: its backward in BF16
             parts.append("bf16-attention-backward")
+    if fp8 and is_flag(row.get("fp8_lm_head")):
+        parts.append("fp8-head")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     parallel = row.get("parallel")
@@ -97,6 +99,12 @@ def model_size_b(name: object) -> float:
 def is_true(v: object) -> bool:
     """An explicit True (Python or numpy bool; a missing value or a number is not True)."""
     return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def is_flag(v: object) -> bool:
+    """:func:`is_true`, or 1.0: a column of True and missing values that pandas made float (e.g. ``fp8_lm_head``,
+    which only the FP8-head runs' files set)."""
+    return is_true(v) or (isinstance(v, (float, np.floating)) and v == 1.0)
 
 
 def is_false(v: object) -> bool:

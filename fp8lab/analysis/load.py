@@ -38,6 +38,7 @@ META_COLUMNS = [
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
     "fp8_attention",  # TE's FP8 dot-product attention
     "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
+    "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, issue 51's study)
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]
@@ -325,6 +326,9 @@ def _meta(raw: dict) -> dict:
             if flat.get(n) is not None and not isinstance(flat[n], (dict, list)):
                 meta[canon] = flat[n]
                 break
+    # the FP8 head's first result files say it in their command only (their harness wrote no fp8_lm_head key)
+    if "fp8_lm_head" not in meta and "--fp8-lm-head True" in str(meta.get("command", "")):
+        meta["fp8_lm_head"] = True
     return meta
 
 

@@ -101,3 +101,22 @@ def test_a_training_run_records_the_fp8_head_and_watches_its_casts(prepared, tmp
 
     back = AutoModelForCausalLM.from_pretrained(out / "model")
     assert back.lm_head.weight.shape[0] == 512
+
+
+def test_the_reports_tell_the_fp8_head_runs_apart_and_quote_the_plain_recipe():
+    """The committed FP8-head loss runs (data/results/loss-parity-20m, whose harness wrote the option in the command
+    only) are labelled ``fp8-head``, are their own seeds, and the headline's loss stays the plain recipe's."""
+    from fp8lab import analysis
+    from fp8lab.analysis import headline, parity
+    from fp8lab.analysis.labels import variant_label
+    from fp8lab.core.paths import REPO_ROOT
+
+    assert "fp8-head" in variant_label({"precision": "fp8", "backend": "te", "recipe": "delayed", "fp8_lm_head": 1.0})
+    assert "fp8-head" not in variant_label({"precision": "bf16", "backend": "te", "fp8_lm_head": True})
+    s = analysis.summarize_runs(analysis.load_runs([REPO_ROOT / "data" / "results" / "loss-parity-20m"]))
+    heads = sorted(s.loc[s["variant"].str.contains("fp8-head"), "run_id"])
+    assert heads == ["llama-1b-te-fp8-delayed-head-20m-s1234", "llama-1b-te-fp8-delayed-head-20m-s4321"]
+    assert sorted(parity.seeds_of(s, heads[0])["run_id"]) == heads
+    loss = headline._headline_loss(analysis.compare_precisions(s), s, "llama-1b", "delayed")
+    assert "fp8-head" not in loss["loss_fp8_variant"] and loss["loss_fp8_seeds"] == 3
+    assert "head" not in loss["loss_fp8_runs"]
