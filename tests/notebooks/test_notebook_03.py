@@ -36,9 +36,9 @@ def test_defaults_train_bf16_and_fp8_on_the_same_tokens(tmp_path):
     assert recs[0]["precision"] == "fp8" and recs[0]["backend"] == "emulated"
     nb = nbformat.read(str(res[0].output), as_version=4)
     pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert pngs == 3  # the pair's figure, and the FP8 run's underflow and saturation heatmaps (issue 31)
+    assert pngs == 2  # the pair's figure, and the FP8 run's health: underflow and saturation in one figure (issue 31)
     assert assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem) == [
-        "loss_and_throughput.png", "fp8_underflow_fp8_emulated.png", "fp8_saturation_fp8_emulated.png"]
+        "loss_and_throughput.png", "fp8_health_fp8_emulated.png"]
     assert vals["fp8_stats_steps"] == {"fp8 emulated": [10, 20, 30, 40, 50, 60]}  # the default --fp8-stats-every 10
     health = [r for r in fmetrics.read_metrics(runs / "fp8-emulated" / "metrics.jsonl", "fp8_stats")]
     assert {row["kind"] for row in health[0]["layers"]} == {"activation", "weight", "gradient"}
