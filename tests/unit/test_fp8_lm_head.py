@@ -120,3 +120,14 @@ def test_the_reports_tell_the_fp8_head_runs_apart_and_quote_the_plain_recipe():
     loss = headline._headline_loss(analysis.compare_precisions(s), s, "llama-1b", "delayed")
     assert "fp8-head" not in loss["loss_fp8_variant"] and loss["loss_fp8_seeds"] == 3
     assert "head" not in loss["loss_fp8_runs"]
+
+
+def test_a_sagemaker_job_carries_the_fp8_head_and_is_refused_as_the_trainer_would():
+    from fp8lab import launch as L
+
+    base = dict(role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9)
+    spec = L.JobSpec(model="llama-1b", precision="fp8", options={"fp8_lm_head": True}, **base)
+    hp = L.hyperparameters(spec)
+    assert spec.plan.fused_loss is False and hp["fp8-lm-head"] is True and hp["fused-loss"] == "off"
+    with pytest.raises(ValueError, match=r"the trainer would refuse this job: --fp8-lm-head needs --precision fp8"):
+        L.JobSpec(model="llama-1b", precision="bf16", options={"fp8_lm_head": True}, **base)
