@@ -11,7 +11,10 @@
 #        carry .corpus/linux-6.1.tokens.tar.xz)
 #   H  Llama-3.2-1B plain FP8 command with --fp8-lm-head; HC the same without (--fused-loss off: the same full logits)
 #   S  llama-1b plain FP8 command with --fp8-lm-head; SC the same without (--fused-loss off)
-# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_lm_head.sh T L1 H S   (then L2 HC SC)
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_lm_head.sh T L1 H   (then T L2 HC S SC)
+#   The checkout, the whole TE kit and the corpus are over the 64 MiB a device call carries: carry the kit's
+#   install_te.sh, te_env.sh, payload/te_core_sm90.tar.xz, payload/wheels and the prebuilt
+#   payload/transformer_engine_torch-*.whl (not torchao's wheel), and .corpus/linux-6.1.tokens.tar.xz.
 # Results: $OUT/results.tar.gz (fp8-lm-head-h200/ for data/results/fp8-lm-head-h200/, loss-parity-20m/ for
 #   data/results/loss-parity-20m/, the logs), packed after every part.
 set -uo pipefail
