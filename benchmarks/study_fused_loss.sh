@@ -8,7 +8,8 @@
 # Parts (on a warm machine): A the plain commands for Llama-3.2-1B and Qwen2.5-1.5B (4 runs, ~5 min); B the loss
 #   alone, plain against fp8lab's chunks, liger-kernel and cut-cross-entropy (~2-3 min); T the GPU tests of the fused
 #   loss (~1 min); C llama-1b's plain commands (auto: on from part B's measurement) and the same with --fused-loss off,
-#   the same session's control (~3-4 min); D Llama-3.2-1B BF16 with --fused-loss off (the peak memory control, ~1 min).
+#   the same session's control (~3-4 min); D Llama-3.2-1B BF16 with --fused-loss off (the peak memory control, ~1 min);
+#   E (not run yet) Llama-3.2-1B and Qwen2.5-1.5B at micro-batch 32 x 2048, accumulation 2 (~5 min; compare with A's files).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fused_loss.sh A B T  (or C D)
 # Results: $OUT/results.tar.gz holds fused-loss-h200/ (for data/results/fused-loss-h200/) and the logs.
 set -uo pipefail
@@ -43,7 +44,13 @@ for part in "$@"; do
     [ -d $MODELS/llama-3.2-1b ] || python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b | tee -a $RES/folders.txt
     "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off --models $MODELS/llama-3.2-1b
     ;;
-  *) echo "part must be A, B, T, C or D" >&2 ;;
+  E)  # the next question (issue 51's two missed targets): with the loss's memory small, does a 32 x 2048 micro-batch
+      # (above the resolver's 32,768-token cap, MICRO_BATCH_TOKENS) pay for the 128K+-vocabulary models? Same tokens a step.
+    python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b | tee -a $RES/folders.txt
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '--micro-batch-size 32 --grad-accum 2' --tag mb32 \
+      --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    ;;
+  *) echo "part must be A, B, T, C, D or E" >&2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s"
   pack
