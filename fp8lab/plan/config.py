@@ -206,15 +206,13 @@ def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
 
 def fp8_lm_head_check(c: TrainConfig, backend: str | None) -> None:
     """Refuse ``--fp8-lm-head`` where it cannot run, before anything is built (an explicit backend here; ``auto`` once
-    resolved, in fp8lab.plan.runplan.plan_run)."""
+    resolved, in fp8lab.plan.runplan.plan_run). Beside ``--fused-loss on`` the plan refuses it (fused_loss.decide)."""
     if c.precision != "fp8":
         raise ValueError(f"--fp8-lm-head needs --precision fp8 (got {c.precision}): a BF16 run has no FP8 GEMM; allowed: "
                          "--fp8-lm-head False, or --precision fp8")
     if backend != AUTO and backend not in FP8_LM_HEAD_BACKENDS:
         raise ValueError(f"--fp8-lm-head with --backend {backend}: allowed backends: " + " | ".join(FP8_LM_HEAD_BACKENDS))
-    if c.fused_loss == "on":
-        raise ValueError("--fp8-lm-head with --fused-loss on: the chunked loss runs the head's GEMM in BF16; allowed: "
-                         "--fused-loss auto or off with --fp8-lm-head")
+    # --fused-loss on beside it: refused by the fused loss's own rule (fp8lab.plan.fused_loss.decide), when planned
 
 
 def fused_check(c: TrainConfig, backend: str | None) -> None:

@@ -28,11 +28,26 @@ def _tiny(tied: bool, vocab: int = 224):
 @pytest.mark.parametrize("options,match", [
     (dict(precision="bf16"), r"--fp8-lm-head needs --precision fp8 \(got bf16\)"),
     (dict(precision="fp8", backend="torchao"), r"--fp8-lm-head with --backend torchao: allowed backends: te \| emulated"),
-    (dict(precision="fp8", backend="emulated", fused_loss="on"), r"--fused-loss on: .*allowed: --fused-loss auto or off"),
 ])
 def test_refused_where_it_cannot_run_before_anything_is_built(options, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(model="llama-tiny", fp8_lm_head=True, **options)
+
+
+def test_a_run_asking_for_the_chunked_loss_beside_an_fp8_head_is_refused_before_anything_is_written(tmp_path):
+    """The fused loss's own rule refuses the pair when the run is planned: no folder, no compute."""
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"--fused-loss on with --fp8-lm-head.*allowed: --fused-loss auto \| off"):
+        train(TrainConfig(model="llama-tiny", precision="fp8", backend="emulated", fp8_lm_head=True, fused_loss="on",
+                          steps=2, output_dir=str(out), progress="off", print_metrics=False))
+    assert not out.exists()
+
+
+def test_the_backends_named_for_the_fp8_head_are_those_that_make_one():
+    from fp8lab.fp8.backends import FP8_LM_HEAD_BACKENDS, backend_names, get_backend
+
+    assert [n for n in backend_names() if hasattr(get_backend(n), "fp8_linear")] == [
+        n for n in backend_names() if n in FP8_LM_HEAD_BACKENDS]
 
 
 def test_the_fused_loss_steps_aside_for_an_fp8_head():
