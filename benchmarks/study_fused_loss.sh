@@ -9,7 +9,9 @@
 #   alone, plain against fp8lab's chunks, liger-kernel and cut-cross-entropy (~2-3 min); T the GPU tests of the fused
 #   loss (~1 min); C llama-1b's plain commands (auto: on from part B's measurement) and the same with --fused-loss off,
 #   the same session's control (~3-4 min); D Llama-3.2-1B BF16 with --fused-loss off (the peak memory control, ~1 min);
-#   E (not run yet) Llama-3.2-1B and Qwen2.5-1.5B at micro-batch 32 x 2048, accumulation 2 (~5 min; compare with A's files).
+#   E Llama-3.2-1B at micro-batch 32 x 2048, accumulation 2 (~3 min; compare with A's files); P the chunked loss's pieces
+#   timed alone (~1 min); F the trainer's profile of the plain commands for both models (~3 min); K the plain commands
+#   for both models with the Triton chunk kernel (~4 min); L llama-1b's with it (~2 min).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fused_loss.sh A B T  (or C D)
 # Results: $OUT/results.tar.gz holds fused-loss-h200/ (for data/results/fused-loss-h200/) and the logs.
 set -uo pipefail
@@ -45,12 +47,33 @@ for part in "$@"; do
     "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off --models $MODELS/llama-3.2-1b
     ;;
   E)  # the next question (issue 51's two missed targets): with the loss's memory small, does a 32 x 2048 micro-batch
-      # (above the resolver's 32,768-token cap, MICRO_BATCH_TOKENS) pay for the 128K+-vocabulary models? Same tokens a step.
-    python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b | tee -a $RES/folders.txt
+      # (above the resolver's 32,768-token cap, MICRO_BATCH_TOKENS) pay? Same tokens a step. Llama-3.2-1B only: the
+      # resolver's estimate for Qwen2.5-1.5B at 32 x 2048 is 152.7 GiB (BF16), more than the H200's 140.
+    [ -d $MODELS/llama-3.2-1b ] || python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b | tee -a $RES/folders.txt
     "${H[@]}" --variants default-bf16,default-fp8 --common-args '--micro-batch-size 32 --grad-accum 2' --tag mb32 \
+      --models $MODELS/llama-3.2-1b
+    ;;
+  P)  # where the chunked loss's time goes: each piece of one chunk alone, and the whole function by chunk size
+    python3 benchmarks/fused_loss_pieces.py --out $RES/fused-loss-h200/loss-pieces.json 2>&1 | tee $RES/logs/loss-pieces.log
+    ;;
+  F)  # the trainer's own profile (--profile-steps) of the plain commands for both models: where a step's time goes now
+    for m in llama-3.2-1b qwen2.5-1.5b; do
+      [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
+    done
+    python3 benchmarks/throughput.py --study fused-loss-profiles --out $RES/profiles --work /tmp/bench --timeout 300 \
+      --steps 8 --warmup 3 --variants default-bf16,default-fp8 --common-args '--profile-steps 6' --tag prof \
       --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
-  *) echo "part must be A, B, T, C, D or E" >&2 ;;
+  K)  # A again with fp8lab.train.ce_kernel (the Triton chunk kernel, whole-micro-batch chunks): the plain commands
+    for m in llama-3.2-1b qwen2.5-1.5b; do
+      [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
+    done
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    ;;
+  L)  # llama-1b's plain commands with the Triton chunk kernel (issue 51: no slower than 1.33x)
+    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models llama-1b
+    ;;
+  *) echo "part must be A, B, T, C, D, E, P, F, K or L" >&2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s"
   pack

@@ -226,6 +226,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         # issue 51: the LM head's loss chunked over tokens (fp8lab.train.fused_loss), as the plan decided it
         "fused_loss": plan.get("fused_loss"),
         "fused_loss_reason": (plan.get("reasons") or {}).get("fused_loss"),
+        "fused_loss_kernel": plan.get("fused_loss_kernel"),  # the chunks' kernel (fp8lab.plan.fused_loss.KERNELS)
         "fp8_lm_head": bool(cfg.get("fp8_lm_head")),  # issue 51's study: the LM head's GEMM in FP8 too
         "gpu_name": recs[-1]["gpu_name"], "world_size": recs[-1]["world_size"], "instances": 1,
         "parallel": args.parallel if nproc > 1 else None,

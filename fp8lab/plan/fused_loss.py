@@ -8,12 +8,16 @@ from fp8lab.core.validate import AUTO
 CHOICES = (AUTO, "on", "off")
 IGNORE_INDEX = -100  # targets equal to it add nothing to the loss or the mean's count (HF's convention)
 
-# Tokens per chunk: the chunk's fp32 logits near CHUNK_LOGIT_BYTES (a power of two of tokens, at least
-# MIN_CHUNK_TOKENS): 8,192 tokens at 128K-152K vocabularies, the whole 32,768-token micro-batch at 32K.
-# Measured on one H200 (benchmarks/fused_loss_bench.py, data/results/fused-loss-h200/loss-bench.json, head and
-# loss alone at 32,768 tokens, forward + backward): 8,192-token chunks 91.8 ms (Llama-3.2-1B) and 84.5 ms
-# (Qwen2.5-1.5B), 2,048-token chunks 102.6 and 95.3 ms; the plain loss 128.4 and 127.0 ms.
-CHUNK_LOGIT_BYTES = 5 * 2**30
+# Tokens per chunk: the largest power of two (at least MIN_CHUNK_TOKENS, at most the micro-batch) whose
+# memory, BYTES_PER_LOGIT of the kernel that runs it, stays within CHUNK_BYTES. The kernels
+# (fp8lab.train.fused_loss): "triton", fp8lab.train.ce_kernel on CUDA, writes the logits' gradient over the logits
+# (its bf16 logits are all a chunk holds): the whole 32,768-token micro-batch at 32K-152K vocabularies;
+# "compiled", the torch.compile'd chunk math (its fallback on CUDA), and "eager" (CPUs) hold ~9 bytes per logit:
+# 8,192 tokens at 128K-152K, the whole micro-batch at 32K (the chunk sizes of the runs before the Triton kernel).
+# Measured on one H200, head and loss alone at 32,768 tokens, forward + backward (benchmarks/fused_loss_bench.py,
+# data/results/fused-loss-h200/loss-bench.json; benchmarks/fused_loss_pieces.py, loss-pieces.json): the compiled
+# chunk math in 8,192-token chunks 91.8 ms (Llama-3.2-1B) and 84.5 ms (Qwen2.5-1.5B), the plain loss 128.4 and 127.0.
+CHUNK_BYTES = 16 * 2**30
 MIN_CHUNK_TOKENS = 1024
 
 # --fused-loss auto: on a GPU where vocabulary x tokens per micro-batch reaches this (the logits' elements).
@@ -23,18 +27,25 @@ MIN_CHUNK_TOKENS = 1024
 # llama-7b's 2 x 2048 micro-batch) the plain loss is kept.
 AUTO_MIN_LOGITS = 32_000 * 8192
 # what the layout resolver counts for the fused loss instead of the plain path's logits (fp8lab.plan.layout.LOGIT_BYTES
-# per token and vocabulary entry): per logit of one chunk, and per weight of the head. Fitted to the peaks of the
-# study's runs (data/results/fused-loss-h200; its first runs with 4,096- and 2,048-token chunks, in
-# benchmarks/logs/fused-loss-session/call1-chunk2gib, peaked ~6 bytes per chunk logit lower); 9.0 puts the
-# estimates of its 128K+-vocabulary runs 1-6% above their measured peaks, llama-1b's 7-8%
-CHUNK_BYTES_PER_LOGIT = 9.0  # one chunk: its bf16 logits, their gradient and the compiled kernel's buffers
-WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
+# per token and vocabulary entry): per logit of one chunk, by kernel, and per weight of the head. "compiled" was
+# fitted to the peaks of the first study's runs (data/results/fused-loss-h200, records without "fused_loss_kernel"):
+# 9.0 puts the estimates of its 128K+-vocabulary runs 1-6% above their measured peaks, llama-1b's 7-8%. "triton":
+# the chunk's bf16 logits (2 bytes), overwritten by their gradient, and the GEMMs' room (fitted: see below).
+BYTES_PER_LOGIT = {"triton": 2.5, "compiled": 9.0, "eager": 9.0}
+KERNELS = tuple(BYTES_PER_LOGIT)
+WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and its bf16 copy for autograd
 
 
-def chunk_tokens(vocab: int, n_tokens: int) -> int:
-    """Tokens per chunk for this vocabulary: the chunk's fp32 logits near CHUNK_LOGIT_BYTES, at most all of them."""
+def kernel_for(gpu: bool) -> str:
+    """The chunk kernel a machine runs: the Triton kernel on a GPU (its fallback, "compiled", warns), eager on a CPU."""
+    return "triton" if gpu else "eager"
+
+
+def chunk_tokens(vocab: int, n_tokens: int, kernel: str = "triton") -> int:
+    """Tokens per chunk for this vocabulary and kernel: its memory within CHUNK_BYTES, at most all the tokens."""
+    per_token = vocab * BYTES_PER_LOGIT[kernel]
     c = MIN_CHUNK_TOKENS
-    while c * 2 * vocab * 4 <= CHUNK_LOGIT_BYTES:
+    while c * 2 * per_token <= CHUNK_BYTES:
         c *= 2
     return max(1, min(c, n_tokens))
 
@@ -65,6 +76,7 @@ def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
     return False, f"auto: {size} < {AUTO_MIN_LOGITS:.3g} (the smallest size measured to pay): the plain loss"
 
 
-def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int) -> float:
+def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int, kernel: str = "triton") -> float:
     """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum)."""
-    return CHUNK_BYTES_PER_LOGIT * vocab * chunk_tokens(vocab, tokens_per_micro_batch) + WEIGHT_GRAD_BYTES * vocab * hidden
+    chunk = chunk_tokens(vocab, tokens_per_micro_batch, kernel)
+    return BYTES_PER_LOGIT[kernel] * vocab * chunk + WEIGHT_GRAD_BYTES * vocab * hidden

@@ -55,7 +55,7 @@ from typing import Any
 from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
 from fp8lab.model.models import block_matmul_params, count_parameters
-from fp8lab.plan.fused_loss import decide as fused_loss_decide, loss_bytes
+from fp8lab.plan.fused_loss import decide as fused_loss_decide, kernel_for as loss_kernel_for, loss_bytes
 
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
@@ -124,9 +124,10 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     backend: str | None = "te", fuse: bool = True, world_size: int = 1, parallel: str = "ddp",
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
-                    fused_loss: bool = False) -> MemoryEstimate:
+                    fused_loss: bool = False, loss_kernel: str = "triton") -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
-    LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's."""
+    LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's, held as
+    ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS)."""
     n = count_parameters(mcfg).total
     sharded = is_sharded(parallel, world_size)
     gib = 2.0**30
@@ -151,7 +152,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     acts = per_token * micro_batch_size * seq_len
     if fused_loss:  # one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
         acts += loss_bytes(vocab=mcfg.vocab_size, hidden=mcfg.hidden_size,
-                           tokens_per_micro_batch=micro_batch_size * seq_len) * (FP32_FACTOR if fp32_activations else 1.0)
+                           tokens_per_micro_batch=micro_batch_size * seq_len, kernel=loss_kernel) * (FP32_FACTOR if fp32_activations else 1.0)
     return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib)
 
 
@@ -280,7 +281,8 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                                                       precision=p)[0],
                             activation_checkpointing=activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
-                            workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused) for p in precisions]
+                            workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused,
+                            loss_kernel=loss_kernel_for(machine.gpu)) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 

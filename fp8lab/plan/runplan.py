@@ -28,6 +28,7 @@ from fp8lab.model.models import longer_sequence_note
 from fp8lab.plan import fp8attn, graphs
 from fp8lab.plan import layout as flayout
 from fp8lab.plan import fp8_stats
+from fp8lab.plan.fused_loss import kernel_for as loss_kernel_for
 from fp8lab.plan.fp8_stats import fp8_stats_decision, fp8_stats_source  # noqa: F401 (fp8_stats_source: its old home)
 from fp8lab.plan.config import fp8_lm_head_check, fused_check
 from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
@@ -139,6 +140,7 @@ class RunPlan:
                 # not among decisions() (a job's FP8LAB_PLANNED has 512 characters), since a job passes the
                 # launch's value as --fused-loss on|off (fp8lab.launch.spec) and re-plans nothing of it
                 "fused_loss": self.fused_loss, "tokens_per_step": self.tokens_per_step,
+                "fused_loss_kernel": loss_kernel_for(m.gpu) if self.fused_loss else None,  # its chunks' kernel
                 "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak,
                 "memory_estimate_gib": dataclasses.asdict(self.layout.memory)}

@@ -16,9 +16,14 @@ scales the two stored gradients by the incoming one. The GEMMs are the same thre
 :func:`decide` is ``--fused-loss auto|on|off``, the plan's decision (fp8lab.plan.runplan), and
 :func:`loss_bytes` the memory the layout resolver (fp8lab.plan.layout) counts for it.
 
+The chunk's loss and gradient run in one of three kernels (fp8lab.plan.fused_loss.KERNELS, :func:`kernel_for`):
+on CUDA fp8lab.train.ce_kernel's Triton kernel, which writes the gradient over the logits (checked against the
+eager math once per process; where it cannot run, the torch.compile'd math, in smaller chunks), on a CPU the eager
+math. The chunk size is the plan's (fp8lab.plan.fused_loss.chunk_tokens, by kernel).
+
 Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
-under autocast), cast to fp32 before the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. The
-weight gradient is summed over chunks in fp32. ``tests/unit/test_fused_loss.py`` checks it against the
+under autocast), read as fp32 for the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. The
+weight gradient is summed over chunks in fp32 (one chunk: the GEMM's own fp32 accumulation). ``tests/unit/test_fused_loss.py`` checks it against the
 plain path in fp32 on the CPU; ``benchmarks/fused_loss_bench.py`` in BF16 on the GPU.
 """
 from __future__ import annotations
@@ -26,9 +31,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from fp8lab.train import ce_kernel  # (imports neither torch nor triton at load)
 # the rule (vocabulary, auto, chunk size, memory) lives in the plan; re-exported here for the mechanism's readers
-from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, CHOICES, CHUNK_BYTES_PER_LOGIT, CHUNK_LOGIT_BYTES,  # noqa: F401
-                                    IGNORE_INDEX, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide, loss_bytes)
+from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, BYTES_PER_LOGIT, CHOICES, CHUNK_BYTES, IGNORE_INDEX,  # noqa: F401
+                                    KERNELS, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide, loss_bytes)
 
 
 # ------------------------------------------------------------------------------------------ the function
@@ -43,16 +49,34 @@ def _compute_dtype(h, weight):
 
 
 def _add_weight_grad(acc, g_t, hc) -> None:
-    """acc (fp32) += g_t @ hc, with an fp32 result where the device's GEMM offers one (CUDA: ``out_dtype``)."""
+    """acc (fp32) += g_t @ hc: on CUDA inside the GEMM (``addmm`` with an fp32 result, measured as exact as a GEMM
+    and an add and 0.6 ms faster per 8,192-token chunk at 128K: loss-pieces.json); elsewhere a GEMM and an add."""
     import torch
 
     if g_t.dtype == torch.float32:
         acc.addmm_(g_t, hc)
         return
     try:
+        torch.addmm(acc, g_t, hc, out_dtype=torch.float32, out=acc)
+        return
+    except (RuntimeError, TypeError, NotImplementedError):  # no fp32-output addmm for this dtype/device
+        pass
+    try:
         acc.add_(torch.mm(g_t, hc, out_dtype=torch.float32))
-    except (RuntimeError, TypeError, NotImplementedError):  # no fp32-output GEMM for this dtype/device
+    except (RuntimeError, TypeError, NotImplementedError):  # no fp32-output GEMM either (a CPU)
         acc.add_(g_t @ hc)
+
+
+def _first_weight_grad(g_t, hc):
+    """The fp32 weight-gradient sum's first term, g_t @ hc, without a zeroed buffer where the GEMM gives fp32."""
+    import torch
+
+    if g_t.dtype == torch.float32:
+        return g_t @ hc
+    try:
+        return torch.mm(g_t, hc, out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return (g_t @ hc).float()
 
 
 def _chunk_math_eager(logits, t, v, scale):
@@ -89,10 +113,54 @@ def _chunk_math(logits, t, v, scale):
 
 _COMPILED: dict = {}  # device type -> the compiled chunk math, or None where compiling failed (eager from then on)
 COMPILE_ON = ("cuda",)  # devices whose chunk math is compiled (Inductor's Triton kernels); CPUs run it eagerly
+_TRITON_OK: dict = {}  # device type -> the Triton kernel passed its check against the eager math there (or not)
 
 
-def _math_for(device_type: str, compiled: bool | None):
-    if compiled is False or (compiled is None and device_type not in COMPILE_ON):
+def _triton_checked(device_type: str) -> bool:
+    """fp8lab.train.ce_kernel runs here and agrees with the eager math on a small case (once per device type);
+    a failure warns and the compiled chunk math runs instead."""
+    if device_type in _TRITON_OK:
+        return _TRITON_OK[device_type]
+    ok = ce_kernel.available(device_type)
+    if ok:
+        import torch
+
+        try:
+            gen = torch.Generator(device="cpu").manual_seed(0)
+            x = (torch.randn(6, 5003, generator=gen) * 4).to(device_type)
+            t = torch.randint(0, 5003, (6,), generator=gen).to(device_type)
+            v = torch.tensor([True, True, False, True, True, True], device=device_type)
+            scale = torch.tensor(0.2, device=device_type)
+            want_loss, want_g = _chunk_math_eager(x.clone(), t, v, scale)
+            got_loss, got_g = ce_kernel.chunk_math(x.clone(), t, v, scale)
+            ok = (abs(float(got_loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss))
+                  and float((got_g - want_g).abs().max()) <= 1e-6)
+            why = "its result differs from the eager math"
+        except Exception as exc:  # noqa: BLE001 - a Triton or driver problem must not stop training
+            ok, why = False, f"{type(exc).__name__}: {str(exc)[:200]}"
+        if not ok:
+            import warnings
+
+            warnings.warn(f"fp8lab.train.fused_loss: the Triton chunk kernel is not used ({why}); the compiled chunk "
+                          "math runs instead, in its own (smaller) chunks")
+    _TRITON_OK[device_type] = ok
+    return ok
+
+
+def kernel_for(device_type: str) -> str:
+    """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the Triton kernel
+    where it runs and passed its check, else the compiled math on CUDA, else eager."""
+    if _triton_checked(device_type):
+        return "triton"
+    if device_type in COMPILE_ON and _COMPILED.get(device_type, True) is not None:
+        return "compiled"
+    return "eager"
+
+
+def _math_for(device_type: str, kernel: str):
+    if kernel == "triton":
+        return ce_kernel.chunk_math
+    if kernel == "eager":
         return _chunk_math_eager
     if device_type not in _COMPILED:
         import torch
@@ -101,8 +169,7 @@ def _math_for(device_type: str, compiled: bool | None):
     return _COMPILED[device_type] or _chunk_math_eager
 
 
-def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, ignore_index: int,
-                       compiled: bool | None = None):
+def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, ignore_index: int, kernel: str):
     """(mean loss as fp32, grad of h2 or None, grad of weight or None), chunk by chunk (see the module doc)."""
     import torch
 
@@ -114,8 +181,8 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
     loss = torch.zeros((), device=h2.device, dtype=torch.float32)
     grad_h = torch.empty((n, h2.shape[1]), device=h2.device, dtype=dtype) if need_grad else None
     one_chunk = n <= chunk
-    grad_w = None if not need_grad or one_chunk else torch.zeros(weight.shape, device=h2.device, dtype=torch.float32)
-    math = _math_for(h2.device.type, compiled)
+    grad_w = None
+    math = _math_for(h2.device.type, kernel)
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         hc = h2[s:e].to(dtype)
@@ -129,23 +196,28 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
             continue
         try:
             part, g = math(logits, t, v, scale)
-        except Exception as exc:  # noqa: BLE001 - a compiler problem must not stop training: eager from now on
+        except Exception as exc:  # noqa: BLE001 - a compiler or kernel problem must not stop training: eager from now on
             if math is _chunk_math_eager:
                 raise
             import warnings
 
-            warnings.warn(f"fp8lab.train.fused_loss: torch.compile of the chunk math failed ({type(exc).__name__}: "
+            warnings.warn(f"fp8lab.train.fused_loss: the {kernel} chunk math failed ({type(exc).__name__}: "
                           f"{str(exc)[:200]}); running it eagerly")
+            _TRITON_OK[h2.device.type] = False
             _COMPILED[h2.device.type] = None
             math = _chunk_math_eager
+            logits = hc @ w.t()  # again: an in-place kernel may have written part of it
             part, g = math(logits, t, v, scale)
         loss += part
-        del logits
+        del logits  # (the Triton kernel wrote g over it: then g holds the chunk's only buffer)
         grad_h[s:e] = g @ w
         if one_chunk:
             grad_w = g.t() @ hc
+        elif grad_w is None:
+            grad_w = _first_weight_grad(g.t(), hc)
         else:
             _add_weight_grad(grad_w, g.t(), hc)
+        del g  # before the next chunk's logits: one chunk's buffer at a time
     return loss * scale, grad_h, grad_w
 
 
@@ -158,7 +230,7 @@ class LinearCrossEntropy:
 
     @classmethod
     def apply(cls, h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
-              compiled: bool | None = None):
+              kernel: str | None = None):
         if cls._fn is None:
             cls._fn = _make_function()
         import torch
@@ -168,8 +240,12 @@ class LinearCrossEntropy:
         h2, tgt = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
         if tgt.shape[0] != h2.shape[0]:
             raise ValueError(f"fused loss: {tgt.shape[0]} targets for {h2.shape[0]} hidden states")
-        chunk = chunk or chunk_tokens(weight.shape[0], h2.shape[0])
-        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk), int(ignore_index), compiled)
+        if kernel is None:
+            kernel = kernel_for(h2.device.type)
+        elif kernel not in KERNELS:
+            raise ValueError(f"fused loss: kernel={kernel!r} is invalid; allowed: " + " | ".join(KERNELS))
+        chunk = chunk or chunk_tokens(weight.shape[0], h2.shape[0], kernel)
+        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk), int(ignore_index), kernel)
 
 
 def _make_function():
@@ -177,10 +253,10 @@ def _make_function():
 
     class _LinearCrossEntropyFn(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, compiled):
+        def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, kernel):
             with torch.autocast(h2.device.type, enabled=False):
                 loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, chunk, ignore_index,
-                                                          compiled)
+                                                          kernel)
             ctx.grads = (grad_h, grad_w)
             ctx.dtypes = (h2.dtype, weight.dtype)
             return loss
@@ -200,10 +276,14 @@ def _make_function():
 
 
 def linear_cross_entropy(h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
-                         compiled: bool | None = None):
+                         compiled: bool | None = None, kernel: str | None = None):
     """Mean cross-entropy of ``h @ weight.T`` against ``targets`` without the full logits (see the module doc).
-    ``compiled``: the per-chunk loss and gradient as one torch.compile'd kernel (None: on CUDA, eager elsewhere)."""
-    return LinearCrossEntropy.apply(h, weight, targets, chunk, ignore_index, compiled)
+    ``kernel``: the per-chunk loss and gradient (fp8lab.plan.fused_loss.KERNELS; None: :func:`kernel_for` the
+    device: the Triton kernel on CUDA, eager on a CPU). ``compiled`` (older spelling): True = "compiled",
+    False = "eager". ``chunk``: tokens per chunk (None: fp8lab.plan.fused_loss.chunk_tokens for the kernel)."""
+    if kernel is None and compiled is not None:
+        kernel = "compiled" if compiled else "eager"
+    return LinearCrossEntropy.apply(h, weight, targets, chunk, ignore_index, kernel)
 
 
 # ------------------------------------------------------------------------------------------ the model's head

@@ -28,8 +28,9 @@ def _rel(a, b) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+@pytest.mark.parametrize("kernel", ["triton", "compiled"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_bf16_loss_and_gradients_match_the_plain_path(tied, gpu_record):
+def test_bf16_loss_and_gradients_match_the_plain_path(tied, kernel, gpu_record):
     _cuda_or_skip()
     import torch
     import torch.nn.functional as F
@@ -50,7 +51,7 @@ def test_bf16_loss_and_gradients_match_the_plain_path(tied, gpu_record):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         if fused:
-            loss = linear_cross_entropy(hid, w, y, chunk=2048)
+            loss = linear_cross_entropy(hid, w, y, chunk=2048, kernel=kernel)
         else:
             loss = F.cross_entropy((hid @ w.t()).float(), y)
         (loss * 0.25).backward()
@@ -59,10 +60,38 @@ def test_bf16_loss_and_gradients_match_the_plain_path(tied, gpu_record):
     lp, xp, wp, mp = run(False)
     lf, xf, wf, mf = run(True)
     errs = {"loss": abs(float(lf) - float(lp)) / float(lp), "grad_hidden": _rel(xf, xp), "grad_head": _rel(wf, wp)}
-    gpu_record(tied=tied, **errs, peak_gib_plain=mp, peak_gib_fused=mf)
+    gpu_record(tied=tied, kernel=kernel, **errs, peak_gib_plain=mp, peak_gib_fused=mf)
     assert errs["loss"] < 1e-4 and errs["grad_hidden"] < 1e-3 and errs["grad_head"] < 1e-3, errs
     assert xf.dtype == torch.bfloat16 and wf.dtype == torch.bfloat16
     assert mf < 0.5 * mp, (mf, mp)
+
+
+def test_the_triton_kernel_is_the_eager_chunk_math_at_a_128k_vocabulary(gpu_record):
+    """fp8lab.train.ce_kernel on the GPU against the eager math, in BF16 at Llama-3.2's vocabulary (rows longer than
+    many blocks, a last partial block, ignored targets): the same loss and the same gradient up to bf16 rounding;
+    and the fused loss picks it on CUDA."""
+    _cuda_or_skip()
+    import torch
+
+    from fp8lab.train import ce_kernel, fused_loss
+
+    assert fused_loss.kernel_for("cuda") == "triton"
+    torch.manual_seed(1)
+    n, v = 4096, 128_256
+    logits = (torch.randn(n, v, device="cuda") * 3).to(torch.bfloat16)
+    t = torch.randint(0, v, (n,), device="cuda")
+    valid = torch.rand(n, device="cuda") > 0.1
+    scale = 1.0 / valid.sum().to(torch.float32)
+    want_loss, want_g = fused_loss._chunk_math_eager(logits.clone(), t, valid, scale)
+    buf = logits.clone()
+    got_loss, got_g = ce_kernel.chunk_math(buf, t, valid, scale)
+    assert got_g.data_ptr() == buf.data_ptr()  # in place
+    loss_rel = abs(float(got_loss) - float(want_loss)) / abs(float(want_loss))
+    g_rel = _rel(got_g.float(), want_g.float())
+    ulps = float(((got_g.float() - want_g.float()).abs() / want_g.float().abs().clamp(min=1e-30)).max())
+    gpu_record(loss_rel=loss_rel, grad_rel=g_rel, max_rel_elem=ulps)
+    assert loss_rel < 1e-6 and g_rel < 1e-3, (loss_rel, g_rel)
+    assert float(got_g[~valid].abs().max()) == 0.0
 
 
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, grad_accum=2, lr=2e-3, progress="off",

@@ -121,34 +121,107 @@ def test_decide_rule():
 
 def test_loss_bytes_is_far_below_the_full_logits():
     v, h, n = 128_256, 2048, 32_768
-    assert fused_loss.chunk_tokens(v, n) * v * 4 <= fused_loss.CHUNK_LOGIT_BYTES
-    assert fused_loss.loss_bytes(vocab=v, hidden=h, tokens_per_micro_batch=n) < 0.2 * 16 * v * n
+    for kernel in fused_loss.KERNELS:
+        assert fused_loss.chunk_tokens(v, n, kernel) * v * fused_loss.BYTES_PER_LOGIT[kernel] <= fused_loss.CHUNK_BYTES
+        assert fused_loss.loss_bytes(vocab=v, hidden=h, tokens_per_micro_batch=n, kernel=kernel) < 0.2 * 16 * v * n
 
 
-def test_the_compiled_form_of_the_chunk_math_is_the_same_function():
-    """``_chunk_math`` (what torch.compile gets on CUDA) against the in-place eager form, uncompiled here."""
-    from fp8lab.train.fused_loss import _chunk_math, _chunk_math_eager
-
-    g = torch.Generator().manual_seed(5)
-    logits = torch.randn(13, 41, generator=g)
-    t = torch.randint(0, 41, (13,), generator=g)
-    v = torch.ones(13, dtype=torch.bool)
-    v[4] = False
-    scale = torch.tensor(1.0 / 12)
-    (la, ga), (lb, gb) = _chunk_math(logits, t, v, scale), _chunk_math_eager(logits.clone(), t, v, scale)
-    assert torch.allclose(la, lb, rtol=1e-6) and torch.allclose(ga, gb, atol=1e-7)
-    assert float(ga[4].abs().max()) == 0.0
+def test_chunk_sizes_by_kernel():
+    """The in-place Triton kernel takes the whole 16 x 2048 micro-batch at 32K-152K vocabularies; the compiled
+    math (its fallback) keeps the chunks the first study's runs had: 8,192 tokens at 128K-152K, all at 32K."""
+    for v in (32_000, 128_256, 151_936):
+        assert fused_loss.chunk_tokens(v, 32_768, "triton") == 32_768
+    assert [fused_loss.chunk_tokens(v, 32_768, "compiled") for v in (32_000, 128_256, 151_936)] == [32_768, 8192, 8192]
+    assert fused_loss.chunk_tokens(128_256, 100, "triton") == 100  # at most all the tokens
+    assert fused_loss.kernel_for("cpu") == "eager"
+    with pytest.raises(ValueError, match=r"kernel='fast' is invalid; allowed: triton \| compiled \| eager"):
+        linear_cross_entropy(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(2, dtype=torch.long), kernel="fast")
 
 
-def test_a_sagemaker_job_carries_the_plans_fused_loss_and_takes_an_explicit_one():
-    """JobSpec: ``auto`` becomes the launch plan's on/off (the instance re-plans nothing of it); ``off`` passes as given."""
-    from fp8lab import launch as L
+def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for():
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+    from fp8lab.train.entry import TrainConfig
 
-    base = dict(precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9)
-    spec = L.JobSpec(model="llama-1b", **base)  # P5: 8 x H100, micro-batch x 2048 x 32,000 logits >= the threshold
-    assert spec.plan.fused_loss is True
-    assert L.hyperparameters(spec)["fused-loss"] == "on"
-    off = L.JobSpec(model="llama-1b", options={"fused_loss": "off"}, **base)
-    assert off.plan.fused_loss is False and L.hyperparameters(off)["fused-loss"] == "off"
-    with pytest.raises(ValueError, match="fused"):
-        L.JobSpec(model="llama-1b", options={"fused_loss": "maybe"}, **base)
+    gpu = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
+    on = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu).record()
+    assert on["fused_loss"] is True and on["fused_loss_kernel"] == "triton"
+    cpu = plan_run(TrainConfig(model="llama-tiny", fused_loss="on"), Machine("cpu", "cpu", 24.0)).record()
+    assert cpu["fused_loss_kernel"] == "eager"
+    off = plan_run(TrainConfig(model="llama-tiny"), Machine("cpu", "cpu", 24.0)).record()
+    assert off["fused_loss"] is False and off["fused_loss_kernel"] is None
+
+
+def test_a_kernel_that_fails_midway_falls_back_to_the_eager_math_on_fresh_logits(monkeypatch):
+    """A chunk kernel that raises after writing over part of the logits: a warning, then the eager math on the
+    logits computed again, so the loss and gradients are still the plain path's."""
+    def broken(logits, t, v, scale):
+        logits[:, :5] = 1e4  # an in-place kernel's partial write
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(fused_loss, "_math_for", lambda device_type, kernel: broken)
+    monkeypatch.setattr(fused_loss, "_TRITON_OK", {})
+    monkeypatch.setattr(fused_loss, "_COMPILED", {})
+    g = torch.Generator().manual_seed(3)
+    h0, w0 = torch.randn(40, 16, generator=g), torch.randn(31, 16, generator=g)
+    y = torch.randint(0, 31, (40,), generator=g)
+    h1, w1 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    h2, w2 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    ref = _plain(h1, w1, y)
+    ref.backward()
+    with pytest.warns(UserWarning, match="the triton chunk math failed .*RuntimeError: launch failed.*eagerly"):
+        got = linear_cross_entropy(h2, w2, y, chunk=16, kernel="triton")
+    got.backward()
+    assert abs(got.item() - ref.item()) / ref.item() < 1e-5
+    assert rel(h2.grad, h1.grad) < 1e-4 and rel(w2.grad, w1.grad) < 1e-4
+    assert fused_loss._TRITON_OK == {"cpu": False}  # not tried again in this process
+
+
+def test_a_triton_kernel_that_disagrees_is_not_used(monkeypatch):
+    """The once-per-process check: where ce_kernel runs but disagrees with the eager math (or raises), a warning
+    names why and the fused loss runs the other kernel (a CPU: eager)."""
+    from fp8lab.train import ce_kernel
+
+    monkeypatch.setattr(ce_kernel, "available", lambda device_type: True)
+    monkeypatch.setattr(ce_kernel, "chunk_math", lambda logits, t, v, scale: (torch.tensor(0.0), logits * 0))
+    monkeypatch.setattr(fused_loss, "_TRITON_OK", {})
+    with pytest.warns(UserWarning, match="Triton chunk kernel is not used \\(its result differs from the eager math\\)"):
+        assert fused_loss.kernel_for("cpu") == "eager"
+    assert fused_loss.kernel_for("cpu") == "eager"  # checked once
+
+
+_INTERPRETED_CHECK = """
+import torch
+from fp8lab.train import ce_kernel, fused_loss
+g = torch.Generator().manual_seed(11)
+for dtype in (torch.float32, torch.bfloat16):
+    x = (torch.randn(5, 2 * ce_kernel.BLOCK + 123, generator=g) * 3).to(dtype)
+    t = torch.randint(0, x.shape[1], (5,), generator=g)
+    v = torch.tensor([True, False, True, True, True])
+    scale = torch.tensor(0.25)
+    want_loss, want_g = fused_loss._chunk_math_eager(x.clone(), t, v, scale)
+    buf = x.clone()
+    got_loss, got_g = ce_kernel.chunk_math(buf, t, v, scale)
+    assert got_g.data_ptr() == buf.data_ptr()
+    assert abs(float(got_loss) - float(want_loss)) <= 1e-5 * abs(float(want_loss)), (got_loss, want_loss)
+    tol = 1e-7 if dtype == torch.float32 else 2e-3  # bf16: one rounding step of values up to 0.25
+    err = float((got_g.float() - want_g.float()).abs().max())
+    assert err <= tol, err
+    assert float(got_g[1].abs().max()) == 0.0
+print("interpreted kernel ok")
+"""
+
+
+def test_the_triton_kernel_is_the_eager_math_in_the_interpreter():
+    """fp8lab.train.ce_kernel run by Triton's interpreter on the CPU (TRITON_INTERPRET=1, set before triton is
+    imported: a fresh process) against the eager math: rows of several blocks with a partial last one, an ignored
+    target, fp32 and bf16. The compiled kernel on the GPU: tests/gpu/test_fused_loss_gpu.py."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton", reason="needs triton (its interpreter runs the kernel on a CPU); the GPU suite "
+                        "runs the compiled kernel")
+    r = subprocess.run([sys.executable, "-c", _INTERPRETED_CHECK], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0 and "interpreted kernel ok" in r.stdout, r.stderr[-2000:]

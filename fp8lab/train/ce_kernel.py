@@ -1,0 +1,94 @@
+"""The chunked loss's per-chunk math as one Triton kernel, in place (``--fused-loss``'s kernel on CUDA).
+
+For each row of a chunk's logits (one token), the kernel reads the row once for its running maximum and
+sum of exponentials (the log-sum-exp, in fp32), takes the row's loss (log-sum-exp minus the target's
+logit), and reads the row a second time to write, over the logits themselves, their gradient: (softmax
+minus the one-hot target) times the mean's scale, zero for ignored targets. Two reads and one write of the
+chunk, no second buffer: what :func:`fp8lab.train.fused_loss._chunk_math_eager` computes, in the logits'
+dtype, with a third of the memory traffic of the torch.compile'd version and none of its extra memory.
+
+Measured on one H200 (``benchmarks/fused_loss_pieces.py``, ``data/results/fused-loss-h200/loss-pieces.json``).
+:func:`chunk_math` is the entry; :func:`available` says whether this process can run it (Triton imports and
+the device is CUDA). ``TRITON_INTERPRET=1`` runs the same kernel on a CPU (how the tests check it there).
+"""
+from __future__ import annotations
+
+import functools
+
+BLOCK = 4096  # logits per step of a row's loop (bf16: 8 KiB)
+NUM_WARPS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def ce_grad_in_place(x_ptr, t_ptr, loss_ptr, scale_ptr, n_cols, stride, ignore_index, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        base = x_ptr + row * stride
+        cols = tl.arange(0, BLOCK)
+        # pass 1: the running maximum and sum of exp(x - maximum), a block at a time (one exp per logit)
+        m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)
+        s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+        for off in range(0, n_cols, BLOCK):
+            mask = off + cols < n_cols
+            x = tl.load(base + off + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        t = tl.load(t_ptr + row)
+        valid = t != ignore_index
+        tsafe = tl.where(valid, t, 0)
+        picked = tl.load(base + tsafe).to(tl.float32)
+        tl.store(loss_ptr + row, tl.where(valid, lse - picked, 0.0))
+        coef = tl.where(valid, tl.load(scale_ptr), 0.0)
+        # pass 2: the gradient of the mean loss, over the logits
+        for off in range(0, n_cols, BLOCK):
+            idx = off + cols
+            mask = idx < n_cols
+            x = tl.load(base + idx, mask=mask, other=0.0).to(tl.float32)
+            g = (tl.exp(x - lse) - tl.where(idx == tsafe, 1.0, 0.0)) * coef
+            tl.store(base + idx, g.to(x_ptr.dtype.element_ty), mask=mask)
+
+    return ce_grad_in_place
+
+
+@functools.lru_cache(maxsize=None)
+def _importable() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import problem: not available
+        return False
+    return True
+
+
+def available(device_type: str) -> bool:
+    """Triton imports here and the device is CUDA (or TRITON_INTERPRET=1 is set, for a CPU's tests)."""
+    import os
+
+    if not _importable():
+        return False
+    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def chunk_math(logits, t, v, scale):
+    """(sum of the chunk's losses in fp32, d(mean loss)/d(logits) written over ``logits``); ``t`` the targets,
+    ``v`` which of them count (``t`` is read as ignored where ``v`` is False), ``scale`` 1 / the mean's count (a
+    0-d fp32 tensor on the same device). ``logits`` must be a contiguous (tokens, vocabulary) tensor."""
+    import torch
+
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"ce_kernel.chunk_math: logits must be 2-d with contiguous rows, got {tuple(logits.shape)} "
+                         f"strides {logits.stride()}")
+    n, vocab = logits.shape
+    ignore = -1  # v folded into the targets: -1 is never a token
+    tt = torch.where(v, t, torch.full_like(t, ignore)).to(torch.int64).contiguous()
+    rows = torch.empty(n, device=logits.device, dtype=torch.float32)
+    sc = scale.to(device=logits.device, dtype=torch.float32).reshape(1).contiguous()
+    if n:
+        _kernel()[(n,)](logits, tt, rows, sc, vocab, logits.stride(0), ignore, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    return rows.sum(), logits
