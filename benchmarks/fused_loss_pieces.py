@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-SHAPES = {"llama-3.2-1b": (128_256, 2048), "qwen2.5-1.5b": (151_936, 1536)}
+SHAPES = {"llama-3.2-1b": (128_256, 2048), "qwen2.5-1.5b": (151_936, 1536), "llama-1b": (32_000, 2048)}
 
 
 def _timed(fn, repeats: int, warmup: int) -> float:
@@ -73,6 +73,9 @@ def pieces(v: int, h: int, n: int, repeats: int, warmup: int) -> dict:
     buf = logits.clone()
     rec("chunk math (triton, in place)", lambda: ce_kernel.chunk_math(buf, y, valid, scale))
     del buf
+    tuned = getattr(ce_kernel._kernel(), "cache", {})  # triton.autotune: key -> the config it chose
+    out["triton_configs_chosen"] = {str(k): str(c) for k, c in tuned.items()}
+    print(f"  autotuned: {out['triton_configs_chosen']}", flush=True)
     rec("grad_h = g @ w", lambda: g @ w, gemm)
     rec("grad_h: mm(out=slice)", lambda: torch.mm(g, w, out=grad_h), gemm)
     rec("grad_w: g.t() @ hc (bf16 out)", lambda: g.t() @ hc, gemm)

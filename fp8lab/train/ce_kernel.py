@@ -5,7 +5,8 @@ sum of exponentials (the log-sum-exp, in fp32), takes the row's loss (log-sum-ex
 logit), and reads the row a second time to write, over the logits themselves, their gradient: (softmax
 minus the one-hot target) times the mean's scale, zero for ignored targets. Two reads and one write of the
 chunk, no second buffer: what :func:`fp8lab.train.fused_loss._chunk_math_eager` computes, in the logits'
-dtype, with a third of the memory traffic of the torch.compile'd version and none of its extra memory.
+dtype, in fewer passes over memory than the torch.compile'd version and with none of its extra memory. Its block
+size and warps are autotuned per vocabulary size (CONFIGS) the first time a process runs it.
 
 Measured on one H200 (``benchmarks/fused_loss_pieces.py``, ``data/results/fused-loss-h200/loss-pieces.json``).
 :func:`chunk_math` is the entry; :func:`available` says whether this process can run it (Triton imports and
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import functools
 
-BLOCK = 4096  # logits per step of a row's loop (bf16: 8 KiB)
-NUM_WARPS = 8
+# (logits per step of a row's loop, warps per row): Triton times each once per vocabulary size and keeps the
+# fastest (triton.autotune; the logits are restored between its trials, since the kernel writes over them).
+CONFIGS = ((4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32))
+BLOCK = CONFIGS[0][0]  # the smallest: the tests' rows span several of them
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,7 +56,24 @@ def _kernel():
             g = (tl.exp(x - lse) - tl.where(idx == tsafe, 1.0, 0.0)) * coef
             tl.store(base + idx, g.to(x_ptr.dtype.element_ty), mask=mask)
 
-    return ce_grad_in_place
+    if _interpreted():  # Triton's interpreter (a CPU's tests) cannot time configs: the first one
+        return _first_config(ce_grad_in_place)
+    return triton.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in CONFIGS], key=["n_cols"],
+                           restore_value=["x_ptr"])(ce_grad_in_place)
+
+
+class _first_config:  # kernel[grid](...) with CONFIGS[0], as the autotuned kernel is called
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return functools.partial(self.fn[grid], BLOCK=CONFIGS[0][0], num_warps=CONFIGS[0][1])
+
+
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,11 +88,9 @@ def _importable() -> bool:
 
 def available(device_type: str) -> bool:
     """Triton imports here and the device is CUDA (or TRITON_INTERPRET=1 is set, for a CPU's tests)."""
-    import os
-
     if not _importable():
         return False
-    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return device_type == "cuda" or _interpreted()
 
 
 def chunk_math(logits, t, v, scale):
@@ -90,5 +108,18 @@ def chunk_math(logits, t, v, scale):
     rows = torch.empty(n, device=logits.device, dtype=torch.float32)
     sc = scale.to(device=logits.device, dtype=torch.float32).reshape(1).contiguous()
     if n:
-        _kernel()[(n,)](logits, tt, rows, sc, vocab, logits.stride(0), ignore, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        _kernel()[(n,)](logits, tt, rows, sc, vocab, logits.stride(0), ignore)
     return rows.sum(), logits
+
+
+def warm_up(vocab: int, dtype, device, rows: int = 8192) -> None:
+    """Run the kernel once on ``rows`` random rows of this vocabulary, so that its autotuning (which times every
+    config, restoring a copy of the logits between trials) happens now, while memory is free, not inside the first
+    training step at the activations' peak. The rows fill the GPU many times over, as a micro-batch does."""
+    import torch
+
+    x = torch.randn(rows, vocab, device=device, dtype=torch.float32).to(dtype)
+    t = torch.randint(0, vocab, (rows,), device=device)
+    chunk_math(x, t, torch.ones(rows, dtype=torch.bool, device=device), torch.tensor(1.0 / rows, device=device))
+    del x, t
+

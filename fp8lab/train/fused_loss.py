@@ -39,6 +39,14 @@ from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, BYTES_PER_LOGIT, CHOICES, C
 
 # ------------------------------------------------------------------------------------------ the function
 
+def _head_dtype(weight):
+    """The dtype the head's GEMM runs in for this weight: bf16 for a bf16 or fp32 weight on a GPU (the trainer's
+    autocast), the weight's own otherwise."""
+    import torch
+
+    return torch.bfloat16 if weight.device.type == "cuda" else weight.dtype
+
+
 def _compute_dtype(h, weight):
     import torch
 
@@ -317,6 +325,9 @@ def install(model) -> None:
     if problem:
         raise ValueError(f"--fused-loss: {problem}; allowed: --fused-loss off")
     head.__class__ = _head_class()
+    w = head.weight
+    if w.device.type != "meta" and kernel_for(w.device.type) == "triton":  # tune the kernel now, memory free
+        ce_kernel.warm_up(w.shape[0], _head_dtype(w), w.device)
 
 
 def installed(model) -> bool:
