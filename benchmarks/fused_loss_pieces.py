@@ -37,7 +37,7 @@ def _timed(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def pieces(v: int, h: int, n: int, repeats: int, warmup: int) -> dict:
+def pieces(v: int, h: int, n: int, repeats: int, warmup: int, quick: bool = False) -> dict:
     import torch
 
     from fp8lab.train import fused_loss as fl
@@ -68,7 +68,8 @@ def pieces(v: int, h: int, n: int, repeats: int, warmup: int) -> dict:
         out[name] = {"ms": ms, **({"tflops": flops / (ms / 1e3) / 1e12} if flops else {})}
         print(f"  {name:34s} {ms:8.3f} ms" + (f" {out[name]['tflops']:6.0f} TFLOP/s" if flops else ""), flush=True)
 
-    rec("logits = hc @ w.t()", lambda: hc @ w.t(), gemm)
+    if not quick:
+        rec("logits = hc @ w.t()", lambda: hc @ w.t(), gemm)
     rec("chunk math (compiled)", lambda: math(logits, y, valid, scale))
     buf = logits.clone()
     rec("chunk math (triton, in place)", lambda: ce_kernel.chunk_math(buf, y, valid, scale))
@@ -76,6 +77,8 @@ def pieces(v: int, h: int, n: int, repeats: int, warmup: int) -> dict:
     tuned = getattr(ce_kernel._kernel(), "cache", {})  # triton.autotune: key -> the config it chose
     out["triton_configs_chosen"] = {str(k): str(c) for k, c in tuned.items()}
     print(f"  autotuned: {out['triton_configs_chosen']}", flush=True)
+    if quick:
+        return out
     rec("grad_h = g @ w", lambda: g @ w, gemm)
     rec("grad_h: mm(out=slice)", lambda: torch.mm(g, w, out=grad_h), gemm)
     rec("grad_w: g.t() @ hc (bf16 out)", lambda: g.t() @ hc, gemm)
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", default="8192,16384", help="Triton kernel's chunk sizes timed beside its default")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="only the two chunk kernels and the whole function's default chunks")
     a = p.parse_args(argv)
     import torch
 
@@ -148,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     for shape, (v, h) in SHAPES.items():
         print(f"{shape}: one chunk of {a.chunk_tokens} tokens", flush=True)
         res["shapes"][shape] = {"vocab": v, "hidden": h, "chunk_tokens": a.chunk_tokens,
-                                "pieces": pieces(v, h, a.chunk_tokens, a.repeats, a.warmup)}
+                                "pieces": pieces(v, h, a.chunk_tokens, a.repeats, a.warmup, a.quick)}
         torch.cuda.empty_cache()
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
         print(f"{shape}: the whole function, {a.tokens} tokens", flush=True)
         res["shapes"][shape]["whole"] = {}
-        for kernel, chunks in (("triton", a.chunks), ("compiled", "")):
+        for kernel, chunks in (("triton", "" if a.quick else a.chunks), ("compiled", "")):
             res["shapes"][shape]["whole"].update(whole(v, h, a.tokens, [int(c) for c in chunks.split(",") if c],
                                                        a.repeats, a.warmup, kernel))
         torch.cuda.empty_cache()

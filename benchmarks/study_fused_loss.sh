@@ -54,7 +54,7 @@ for part in "$@"; do
       --models $MODELS/llama-3.2-1b
     ;;
   P)  # where the chunked loss's time goes: each piece of one chunk alone, and the whole function by chunk size
-    python3 benchmarks/fused_loss_pieces.py --out $RES/fused-loss-h200/loss-pieces.json 2>&1 | tee $RES/logs/loss-pieces.log
+    python3 benchmarks/fused_loss_pieces.py --out $RES/fused-loss-h200/loss-pieces.json ${PIECES_ARGS:-} 2>&1 | tee $RES/logs/loss-pieces.log
     ;;
   F)  # the trainer's own profile (--profile-steps) of the plain commands for both models: where a step's time goes now
     for m in llama-3.2-1b qwen2.5-1.5b; do
