@@ -118,7 +118,7 @@ def warm_up(vocab: int, dtype, device, rows: int = 8192) -> None:
     training step at the activations' peak. The rows fill the GPU many times over, as a micro-batch does."""
     import torch
 
-    x = torch.randn(rows, vocab, device=device, dtype=torch.float32).to(dtype)
+    x = torch.randn(rows, vocab, device=device, dtype=dtype)
     t = torch.randint(0, vocab, (rows,), device=device)
     chunk_math(x, t, torch.ones(rows, dtype=torch.bool, device=device), torch.tensor(1.0 / rows, device=device))
     del x, t
