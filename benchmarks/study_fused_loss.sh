@@ -68,10 +68,11 @@ for part in "$@"; do
     for m in llama-3.2-1b qwen2.5-1.5b; do
       [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
     done
-    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    FP8LAB_FUSED_LOSS_KERNEL=triton "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton \
+      --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
   L)  # llama-1b's plain commands with the Triton chunk kernel (issue 51: no slower than 1.33x)
-    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models llama-1b
+    FP8LAB_FUSED_LOSS_KERNEL=triton "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models llama-1b
     ;;
   *) echo "part must be A, B, T, C, D, E, P, F, K or L" >&2 ;;
   esac

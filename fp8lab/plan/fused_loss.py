@@ -12,7 +12,7 @@ IGNORE_INDEX = -100  # targets equal to it add nothing to the loss or the mean's
 # memory, BYTES_PER_LOGIT of the kernel that runs it, stays within CHUNK_BYTES. The kernels
 # (fp8lab.train.fused_loss): "triton", fp8lab.train.ce_kernel on CUDA, writes the logits' gradient over the logits
 # (its bf16 logits are all a chunk holds): the whole 32,768-token micro-batch at 32K-152K vocabularies;
-# "compiled", the torch.compile'd chunk math (its fallback on CUDA), and "eager" (CPUs) hold ~9 bytes per logit:
+# "compiled", the torch.compile'd chunk math (the default on CUDA), and "eager" (CPUs) hold ~9 bytes per logit:
 # 8,192 tokens at 128K-152K, the whole micro-batch at 32K (the chunk sizes of the runs before the Triton kernel).
 # Measured on one H200, head and loss alone at 32,768 tokens, forward + backward (benchmarks/fused_loss_bench.py,
 # data/results/fused-loss-h200/loss-bench.json; benchmarks/fused_loss_pieces.py, loss-pieces.json): the compiled
@@ -30,18 +30,32 @@ AUTO_MIN_LOGITS = 32_000 * 8192
 # per token and vocabulary entry): per logit of one chunk, by kernel, and per weight of the head. "compiled" was
 # fitted to the peaks of the first study's runs (data/results/fused-loss-h200, records without "fused_loss_kernel"):
 # 9.0 puts the estimates of its 128K+-vocabulary runs 1-6% above their measured peaks, llama-1b's 7-8%. "triton":
-# the chunk's bf16 logits (2 bytes), overwritten by their gradient, and the GEMMs' room (fitted: see below).
-BYTES_PER_LOGIT = {"triton": 2.5, "compiled": 9.0, "eager": 9.0}
+# the chunk's bf16 logits (2 bytes), overwritten by their gradient, and the GEMMs' room: 2.6 puts the estimates of
+# session 22's six runs with it (benchmarks/logs/session22/triton-v1) from 0.5% below (llama-1b BF16) to 5.5% above
+# their measured peaks, the 128K+-vocabulary runs' never below.
+BYTES_PER_LOGIT = {"triton": 2.6, "compiled": 9.0, "eager": 9.0}
 KERNELS = tuple(BYTES_PER_LOGIT)
 WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and its bf16 copy for autograd
 
 
+KERNEL_ENV = "FP8LAB_FUSED_LOSS_KERNEL"  # a study's choice of kernel (one of KERNELS); unset: the default below
+
+
 def kernel_for(gpu: bool) -> str:
-    """The chunk kernel a machine runs: the Triton kernel on a GPU (its fallback, "compiled", warns), eager on a CPU."""
-    return "triton" if gpu else "eager"
+    """The chunk kernel a machine runs: the torch.compile'd math on a GPU, eager on a CPU. The Triton kernel
+    (fp8lab.train.ce_kernel) runs where FP8LAB_FUSED_LOSS_KERNEL=triton: it is not the default until its GPU
+    study is done (benchmarks/studies/fused_loss.md, session 22: one whole-step measurement, no GPU tests yet)."""
+    import os
+
+    chosen = os.environ.get(KERNEL_ENV)
+    if chosen:
+        if chosen not in KERNELS:
+            raise ValueError(f"{KERNEL_ENV}={chosen!r} is invalid; allowed: " + " | ".join(KERNELS))
+        return chosen
+    return "compiled" if gpu else "eager"
 
 
-def chunk_tokens(vocab: int, n_tokens: int, kernel: str = "triton") -> int:
+def chunk_tokens(vocab: int, n_tokens: int, kernel: str = "compiled") -> int:
     """Tokens per chunk for this vocabulary and kernel: its memory within CHUNK_BYTES, at most all the tokens."""
     per_token = vocab * BYTES_PER_LOGIT[kernel]
     c = MIN_CHUNK_TOKENS
@@ -76,7 +90,7 @@ def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
     return False, f"auto: {size} < {AUTO_MIN_LOGITS:.3g} (the smallest size measured to pay): the plain loss"
 
 
-def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int, kernel: str = "triton") -> float:
+def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int, kernel: str = "compiled") -> float:
     """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum)."""
     chunk = chunk_tokens(vocab, tokens_per_micro_batch, kernel)
     return BYTES_PER_LOGIT[kernel] * vocab * chunk + WEIGHT_GRAD_BYTES * vocab * hidden

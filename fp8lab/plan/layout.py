@@ -124,7 +124,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     backend: str | None = "te", fuse: bool = True, world_size: int = 1, parallel: str = "ddp",
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
-                    fused_loss: bool = False, loss_kernel: str = "triton") -> MemoryEstimate:
+                    fused_loss: bool = False, loss_kernel: str = "compiled") -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
     LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's, held as
     ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS)."""

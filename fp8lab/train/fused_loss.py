@@ -17,13 +17,14 @@ scales the two stored gradients by the incoming one. The GEMMs are the same thre
 :func:`loss_bytes` the memory the layout resolver (fp8lab.plan.layout) counts for it.
 
 The chunk's loss and gradient run in one of three kernels (fp8lab.plan.fused_loss.KERNELS, :func:`kernel_for`):
-on CUDA fp8lab.train.ce_kernel's Triton kernel, which writes the gradient over the logits (checked against the
-eager math once per process; where it cannot run, the torch.compile'd math, in smaller chunks), on a CPU the eager
-math. The chunk size is the plan's (fp8lab.plan.fused_loss.chunk_tokens, by kernel).
+on CUDA the torch.compile'd math, on a CPU the eager math; and, where a study sets FP8LAB_FUSED_LOSS_KERNEL=triton,
+fp8lab.train.ce_kernel's Triton kernel, which writes the gradient over the logits (checked against the eager math
+once per process; where it cannot run, the compiled math). The chunk size is the plan's
+(fp8lab.plan.fused_loss.chunk_tokens, by kernel).
 
 Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
 under autocast), read as fp32 for the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. The
-weight gradient is summed over chunks in fp32 (one chunk: the GEMM's own fp32 accumulation). ``tests/unit/test_fused_loss.py`` checks it against the
+weight gradient is summed over chunks in fp32. ``tests/unit/test_fused_loss.py`` checks it against the
 plain path in fp32 on the CPU; ``benchmarks/fused_loss_bench.py`` in BF16 on the GPU.
 """
 from __future__ import annotations
@@ -34,7 +35,9 @@ from typing import Any, Iterator
 from fp8lab.train import ce_kernel  # (imports neither torch nor triton at load)
 # the rule (vocabulary, auto, chunk size, memory) lives in the plan; re-exported here for the mechanism's readers
 from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, BYTES_PER_LOGIT, CHOICES, CHUNK_BYTES, IGNORE_INDEX,  # noqa: F401
-                                    KERNELS, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide, loss_bytes)
+                                    KERNEL_ENV, KERNELS, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide,
+                                    loss_bytes)
+from fp8lab.plan.fused_loss import kernel_for as plan_kernel_for
 
 
 # ------------------------------------------------------------------------------------------ the function
@@ -57,34 +60,16 @@ def _compute_dtype(h, weight):
 
 
 def _add_weight_grad(acc, g_t, hc) -> None:
-    """acc (fp32) += g_t @ hc: on CUDA inside the GEMM (``addmm`` with an fp32 result, measured as exact as a GEMM
-    and an add and 0.6 ms faster per 8,192-token chunk at 128K: loss-pieces.json); elsewhere a GEMM and an add."""
+    """acc (fp32) += g_t @ hc, with an fp32 result where the device's GEMM offers one (CUDA: ``out_dtype``)."""
     import torch
 
     if g_t.dtype == torch.float32:
         acc.addmm_(g_t, hc)
         return
     try:
-        torch.addmm(acc, g_t, hc, out_dtype=torch.float32, out=acc)
-        return
-    except (RuntimeError, TypeError, NotImplementedError):  # no fp32-output addmm for this dtype/device
-        pass
-    try:
         acc.add_(torch.mm(g_t, hc, out_dtype=torch.float32))
-    except (RuntimeError, TypeError, NotImplementedError):  # no fp32-output GEMM either (a CPU)
+    except (RuntimeError, TypeError, NotImplementedError):  # no fp32-output GEMM for this dtype/device
         acc.add_(g_t @ hc)
-
-
-def _first_weight_grad(g_t, hc):
-    """The fp32 weight-gradient sum's first term, g_t @ hc, without a zeroed buffer where the GEMM gives fp32."""
-    import torch
-
-    if g_t.dtype == torch.float32:
-        return g_t @ hc
-    try:
-        return torch.mm(g_t, hc, out_dtype=torch.float32)
-    except (RuntimeError, TypeError, NotImplementedError):
-        return (g_t @ hc).float()
 
 
 def _chunk_math_eager(logits, t, v, scale):
@@ -156,13 +141,16 @@ def _triton_checked(device_type: str) -> bool:
 
 
 def kernel_for(device_type: str) -> str:
-    """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the Triton kernel
-    where it runs and passed its check, else the compiled math on CUDA, else eager."""
-    if _triton_checked(device_type):
-        return "triton"
-    if device_type in COMPILE_ON and _COMPILED.get(device_type, True) is not None:
-        return "compiled"
-    return "eager"
+    """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the plan's
+    (fp8lab.plan.fused_loss.kernel_for: the compiled math on CUDA, eager on a CPU, the Triton kernel where a study
+    sets FP8LAB_FUSED_LOSS_KERNEL=triton), or the next one down where that cannot run here: the Triton kernel
+    where it is missing or failed its check, the compiled math where compiling failed or off CUDA."""
+    kernel = plan_kernel_for(device_type == "cuda")
+    if kernel == "triton" and not _triton_checked(device_type):
+        kernel = "compiled"
+    if kernel == "compiled" and (device_type not in COMPILE_ON or _COMPILED.get(device_type, True) is None):
+        kernel = "eager"
+    return kernel
 
 
 def _math_for(device_type: str, kernel: str):
@@ -189,7 +177,7 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
     loss = torch.zeros((), device=h2.device, dtype=torch.float32)
     grad_h = torch.empty((n, h2.shape[1]), device=h2.device, dtype=dtype) if need_grad else None
     one_chunk = n <= chunk
-    grad_w = None
+    grad_w = None if not need_grad or one_chunk else torch.zeros(weight.shape, device=h2.device, dtype=torch.float32)
     math = _math_for(h2.device.type, kernel)
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
@@ -221,8 +209,6 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
         grad_h[s:e] = g @ w
         if one_chunk:
             grad_w = g.t() @ hc
-        elif grad_w is None:
-            grad_w = _first_weight_grad(g.t(), hc)
         else:
             _add_weight_grad(grad_w, g.t(), hc)
         del g  # before the next chunk's logits: one chunk's buffer at a time

@@ -138,18 +138,28 @@ def test_chunk_sizes_by_kernel():
         linear_cross_entropy(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(2, dtype=torch.long), kernel="fast")
 
 
-def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for():
+def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for(monkeypatch):
+    """The compiled math on a GPU by default, eager on a CPU; FP8LAB_FUSED_LOSS_KERNEL=triton (a study) picks the
+    Triton kernel, and a wrong value is refused when the run is planned, naming the allowed ones."""
     from fp8lab.core.hardware import Machine
     from fp8lab.plan.runplan import plan_run
     from fp8lab.train.entry import TrainConfig
 
     gpu = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
+    cpu = Machine("cpu", "cpu", 24.0)
+    monkeypatch.delenv(fused_loss.KERNEL_ENV, raising=False)
     on = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu).record()
-    assert on["fused_loss"] is True and on["fused_loss_kernel"] == "triton"
-    cpu = plan_run(TrainConfig(model="llama-tiny", fused_loss="on"), Machine("cpu", "cpu", 24.0)).record()
-    assert cpu["fused_loss_kernel"] == "eager"
-    off = plan_run(TrainConfig(model="llama-tiny"), Machine("cpu", "cpu", 24.0)).record()
+    assert on["fused_loss"] is True and on["fused_loss_kernel"] == "compiled"
+    assert plan_run(TrainConfig(model="llama-tiny", fused_loss="on"), cpu).record()["fused_loss_kernel"] == "eager"
+    off = plan_run(TrainConfig(model="llama-tiny"), cpu).record()
     assert off["fused_loss"] is False and off["fused_loss_kernel"] is None
+    monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
+    tri = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
+    assert tri.record()["fused_loss_kernel"] == "triton"
+    assert tri.layout.memory.peak < on["memory_estimate_peak_gib"]  # its chunk holds its bf16 logits only
+    monkeypatch.setenv(fused_loss.KERNEL_ENV, "fast")
+    with pytest.raises(ValueError, match=r"FP8LAB_FUSED_LOSS_KERNEL='fast' is invalid; allowed: triton \| compiled \| eager"):
+        plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
 
 
 def test_a_kernel_that_fails_midway_falls_back_to_the_eager_math_on_fresh_logits(monkeypatch):
@@ -178,13 +188,14 @@ def test_a_kernel_that_fails_midway_falls_back_to_the_eager_math_on_fresh_logits
 
 
 def test_a_triton_kernel_that_disagrees_is_not_used(monkeypatch):
-    """The once-per-process check: where ce_kernel runs but disagrees with the eager math (or raises), a warning
-    names why and the fused loss runs the other kernel (a CPU: eager)."""
+    """The once-per-process check: where a study asks for ce_kernel and it runs but disagrees with the eager math (or
+    raises), a warning names why and the fused loss runs the next kernel down (a CPU: eager)."""
     from fp8lab.train import ce_kernel
 
     monkeypatch.setattr(ce_kernel, "available", lambda device_type: True)
     monkeypatch.setattr(ce_kernel, "chunk_math", lambda logits, t, v, scale: (torch.tensor(0.0), logits * 0))
     monkeypatch.setattr(fused_loss, "_TRITON_OK", {})
+    monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
     with pytest.warns(UserWarning, match="Triton chunk kernel is not used \\(its result differs from the eager math\\)"):
         assert fused_loss.kernel_for("cpu") == "eager"
     assert fused_loss.kernel_for("cpu") == "eager"  # checked once
