@@ -1,16 +1,18 @@
-"""The chunked loss's per-chunk math as one Triton kernel, in place (``--fused-loss``'s kernel on CUDA).
+"""The chunked loss's per-chunk math as one Triton kernel, in place: a study's kernel for ``--fused-loss``
+(``FP8LAB_FUSED_LOSS_KERNEL=triton``; the default is the torch.compile'd math, fp8lab.plan.fused_loss.kernel_for).
 
 For each row of a chunk's logits (one token), the kernel reads the row once for its running maximum and
 sum of exponentials (the log-sum-exp, in fp32), takes the row's loss (log-sum-exp minus the target's
 logit), and reads the row a second time to write, over the logits themselves, their gradient: (softmax
 minus the one-hot target) times the mean's scale, zero for ignored targets. Two reads and one write of the
-chunk, no second buffer: what :func:`fp8lab.train.fused_loss._chunk_math_eager` computes, in the logits'
-dtype, in fewer passes over memory than the torch.compile'd version and with none of its extra memory. Its block
-size and warps are autotuned per vocabulary size (CONFIGS) the first time a process runs it.
+chunk and no second buffer, for what :func:`fp8lab.train.fused_loss._chunk_math_eager` computes, in the logits'
+dtype. Its block size and warps are autotuned per vocabulary size (CONFIGS) the first time a process runs it.
 
-Measured on one H200 (``benchmarks/fused_loss_pieces.py``, ``data/results/fused-loss-h200/loss-pieces.json``).
-:func:`chunk_math` is the entry; :func:`available` says whether this process can run it (Triton imports and
-the device is CUDA). ``TRITON_INTERPRET=1`` runs the same kernel on a CPU (how the tests check it there).
+Measured so far (benchmarks/studies/fused_loss.md, session 22): whole training steps with its first version (one
+fixed block size) in benchmarks/logs/session22/triton-v1, +0.5-0.9% at 128K-152K vocabularies and -0.9% at 32K
+against the compiled math; the autotuned version is not yet measured. :func:`chunk_math` is the entry;
+:func:`available` says whether this process can run it (Triton imports and the device is CUDA).
+``TRITON_INTERPRET=1`` runs the same kernel on a CPU (how the tests check it there).
 """
 from __future__ import annotations
 
