@@ -1,7 +1,10 @@
 """The fused linear cross-entropy's rule (``--fused-loss auto|on|off``): its vocabulary, when ``auto``
-turns it on (:func:`decide`, read by the plan), how large its chunks are (:func:`chunk_tokens`) and the memory the
-layout resolver counts for it (:func:`loss_bytes`). The mechanism: :mod:`fp8lab.train.fused_loss`."""
+turns it on (:func:`decide`, read by the plan), which kernel runs its chunks (:func:`kernel_for`), how large they are
+(:func:`chunk_tokens`) and the memory the layout resolver counts for it (:func:`loss_bytes`). The mechanism:
+:mod:`fp8lab.train.fused_loss`."""
 from __future__ import annotations
+
+import os
 
 from fp8lab.core.validate import AUTO
 
@@ -35,7 +38,7 @@ AUTO_MIN_LOGITS = 32_000 * 8192
 # their measured peaks, the 128K+-vocabulary runs' never below.
 BYTES_PER_LOGIT = {"triton": 2.6, "compiled": 9.0, "eager": 9.0}
 KERNELS = tuple(BYTES_PER_LOGIT)
-WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and its bf16 copy for autograd
+WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
 
 
 KERNEL_ENV = "FP8LAB_FUSED_LOSS_KERNEL"  # a study's choice of kernel (one of KERNELS); unset: the default below
@@ -45,8 +48,6 @@ def kernel_for(gpu: bool) -> str:
     """The chunk kernel a machine runs: the torch.compile'd math on a GPU, eager on a CPU. The Triton kernel
     (fp8lab.train.ce_kernel) runs where FP8LAB_FUSED_LOSS_KERNEL=triton: it is not the default until its GPU
     study is done (benchmarks/studies/fused_loss.md, session 22: one whole-step measurement, no GPU tests yet)."""
-    import os
-
     chosen = os.environ.get(KERNEL_ENV)
     if chosen:
         if chosen not in KERNELS:
