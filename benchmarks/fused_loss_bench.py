@@ -95,24 +95,37 @@ def _rel(a, b) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+def cuda_times(run, repeats: int, warmup: int, prepare=lambda i: ()) -> list[float]:
+    """Milliseconds of ``run(*prepare(i))`` for each of ``repeats`` calls after ``warmup`` untimed ones: CUDA events
+    around the call alone (``prepare(i)`` makes its arguments outside the timing). Also benchmarks/fused_loss_pieces.py."""
+    import torch
+
+    for i in range(warmup):
+        run(*prepare(i))
+    torch.cuda.synchronize()
+    times = []
+    for i in range(repeats):
+        args = prepare(i)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run(*args)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+        del args
+    return times
+
+
 def time_and_memory(fn, n, v, h, repeats: int, warmup: int) -> dict:
     import torch
 
     ins = [_inputs(n, v, h, 100 + i) for i in range(2)]  # two input sets, alternated (not one cached buffer)
-    for i in range(warmup):
-        _one(fn, *ins[i % 2])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(repeats):
+
+    def prepare(i):
         x, w, y = ins[i % 2]
-        xl, wl = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        (fn(xl, wl, y) * 0.25).backward()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-        del xl, wl
+        return x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_(), y
+
+    times = cuda_times(lambda x, w, y: (fn(x, w, y) * 0.25).backward(), repeats, warmup, prepare)
     x, w, y = ins[0]
     xl, wl = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
     torch.cuda.synchronize()

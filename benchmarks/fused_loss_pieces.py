@@ -17,24 +17,13 @@ import statistics
 import sys
 from pathlib import Path
 
+from fused_loss_bench import cuda_times  # (this folder: run as a script)
+
 SHAPES = {"llama-3.2-1b": (128_256, 2048), "qwen2.5-1.5b": (151_936, 1536), "llama-1b": (32_000, 2048)}
 
 
 def _timed(fn, repeats: int, warmup: int) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(cuda_times(fn, repeats, warmup))
 
 
 def pieces(v: int, h: int, n: int, repeats: int, warmup: int, quick: bool = False) -> dict:

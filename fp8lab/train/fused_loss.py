@@ -42,14 +42,6 @@ from fp8lab.plan.fused_loss import kernel_for as plan_kernel_for
 
 # ------------------------------------------------------------------------------------------ the function
 
-def _head_dtype(weight):
-    """The dtype the head's GEMM runs in for this weight: bf16 for a bf16 or fp32 weight on a GPU (the trainer's
-    autocast), the weight's own otherwise."""
-    import torch
-
-    return torch.bfloat16 if weight.device.type == "cuda" else weight.dtype
-
-
 def _compute_dtype(h, weight):
     import torch
 
@@ -140,17 +132,48 @@ def _triton_checked(device_type: str) -> bool:
     return ok
 
 
+_DOWN = {"triton": "compiled", "compiled": "eager"}  # the next kernel down, where one cannot run or fails
+
+
+def _usable(device_type: str, kernel: str) -> bool:
+    if kernel == "triton":
+        return _triton_checked(device_type)
+    if kernel == "compiled":
+        return device_type in COMPILE_ON and _COMPILED.get(device_type, True) is not None
+    return True
+
+
 def kernel_for(device_type: str) -> str:
     """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the plan's
     (fp8lab.plan.fused_loss.kernel_for: the compiled math on CUDA, eager on a CPU, the Triton kernel where a study
     sets FP8LAB_FUSED_LOSS_KERNEL=triton), or the next one down where that cannot run here: the Triton kernel
     where it is missing or failed its check, the compiled math where compiling failed or off CUDA."""
     kernel = plan_kernel_for(device_type == "cuda")
-    if kernel == "triton" and not _triton_checked(device_type):
-        kernel = "compiled"
-    if kernel == "compiled" and (device_type not in COMPILE_ON or _COMPILED.get(device_type, True) is None):
-        kernel = "eager"
+    while not _usable(device_type, kernel):
+        kernel = _DOWN[kernel]
     return kernel
+
+
+class _ChunkMathFailed(Exception):
+    """A chunk kernel raised in the middle of a forward (its message: why); the forward runs again one kernel down."""
+
+
+def _fall_back(device_type: str, kernel: str, why: str) -> str:
+    """After ``kernel`` failed mid-run: it is not used again in this process (only it: a failed Triton kernel leaves
+    the compiled math in use where that runs); the kernel to run the loss again with, one down from it."""
+    import warnings
+
+    if kernel == "triton":
+        _TRITON_OK[device_type] = False
+    elif kernel == "compiled":
+        _COMPILED[device_type] = None
+    down = _DOWN[kernel]
+    while not _usable(device_type, down):
+        down = _DOWN[down]
+    how = "eagerly" if down == "eager" else f"with the {down} chunk math"
+    warnings.warn(f"fp8lab.train.fused_loss: the {kernel} chunk math failed ({why}); running it {how} from now on, "
+                  "in that kernel's chunks")
+    return down
 
 
 def _math_for(device_type: str, kernel: str):
@@ -190,20 +213,15 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
             picked = lf.gather(1, safe[:, None]).squeeze(1)
             loss += torch.where(v, torch.logsumexp(lf, dim=-1) - picked, torch.zeros_like(picked)).sum()
             continue
+        failed = None
         try:
             part, g = math(logits, t, v, scale)
-        except Exception as exc:  # noqa: BLE001 - a compiler or kernel problem must not stop training: eager from now on
-            if math is _chunk_math_eager:
+        except Exception as exc:  # noqa: BLE001 - a compiler or kernel problem must not stop training (the caller
+            if kernel == "eager":  # runs the whole loss again, one kernel down: fp8lab.train.fused_loss._fall_back)
                 raise
-            import warnings
-
-            warnings.warn(f"fp8lab.train.fused_loss: the {kernel} chunk math failed ({type(exc).__name__}: "
-                          f"{str(exc)[:200]}); running it eagerly")
-            _TRITON_OK[h2.device.type] = False
-            _COMPILED[h2.device.type] = None
-            math = _chunk_math_eager
-            logits = hc @ w.t()  # again: an in-place kernel may have written part of it
-            part, g = math(logits, t, v, scale)
+            failed = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if failed:  # raised outside the handler: no reference cycle keeps this pass's buffers alive
+            raise _ChunkMathFailed(failed)
         loss += part
         del logits  # (the Triton kernel wrote g over it: then g holds the chunk's only buffer)
         grad_h[s:e] = g @ w
@@ -238,8 +256,7 @@ class LinearCrossEntropy:
             kernel = kernel_for(h2.device.type)
         elif kernel not in KERNELS:
             raise ValueError(f"fused loss: kernel={kernel!r} is invalid; allowed: " + " | ".join(KERNELS))
-        chunk = chunk or chunk_tokens(weight.shape[0], h2.shape[0], kernel)
-        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk), int(ignore_index), kernel)
+        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk or 0), int(ignore_index), kernel)
 
 
 def _make_function():
@@ -249,8 +266,15 @@ def _make_function():
         @staticmethod
         def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, kernel):
             with torch.autocast(h2.device.type, enabled=False):
-                loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, chunk, ignore_index,
-                                                          kernel)
+                while True:  # chunk 0: the kernel's own size (chosen again where a kernel fails and the next runs)
+                    size = chunk or chunk_tokens(weight.shape[0], h2.shape[0], kernel)
+                    try:
+                        loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, size,
+                                                                  ignore_index, kernel)
+                        break
+                    except _ChunkMathFailed as failed:  # (leaving this block frees the failed pass's buffers)
+                        why = str(failed)
+                    kernel = _fall_back(h2.device.type, kernel, why)
             ctx.grads = (grad_h, grad_w)
             ctx.dtypes = (h2.dtype, weight.dtype)
             return loss
@@ -301,11 +325,13 @@ def head_problem(head) -> str | None:
     return None
 
 
-def install(model) -> None:
+def install(model, autocast_dtype=None) -> None:
     """Make ``model``'s LM head return the fused loss while :func:`targets` is set (plain logits otherwise).
 
     The head keeps its parameters, its name in the state dict and its tie to the embedding; only its
-    class becomes :class:`FusedLossHead` (an ``nn.Linear``). ValueError where the head cannot (head_problem)."""
+    class becomes :class:`FusedLossHead` (an ``nn.Linear``). ValueError where the head cannot (head_problem).
+    ``autocast_dtype``: the dtype the trainer's autocast runs the head in (None: no autocast, the weight's own), for
+    which the Triton kernel is tuned here, before the first step."""
     head = head_of(model)
     problem = "the model has no lm_head" if head is None else head_problem(head)
     if problem:
@@ -313,7 +339,7 @@ def install(model) -> None:
     head.__class__ = _head_class()
     w = head.weight
     if w.device.type != "meta" and kernel_for(w.device.type) == "triton":  # tune the kernel now, memory free
-        ce_kernel.warm_up(w.shape[0], _head_dtype(w), w.device)
+        ce_kernel.warm_up(w.shape[0], autocast_dtype or w.dtype, w.device)
 
 
 def installed(model) -> bool:

@@ -158,7 +158,7 @@ class Trainer:
         if c.compile:
             fdist.compile_blocks(model)
         if p.fused_loss:  # the LM head computes the loss chunk by chunk (fp8lab.train.fused_loss)
-            fused_loss.install(model)
+            fused_loss.install(model, self._autocast_dtype())
         self.inner = model
         self.master, self.fused_wgrad = None, []
         if p.master_weights:
@@ -260,10 +260,15 @@ class Trainer:
         """The backend's FP8 region (FP8 off for BF16 runs on converted layers), from the plan's objects."""
         return self.fp8_backend.autocast(self.plan.recipe, self.plan.fp8) if self.fp8_backend else nullcontext()
 
+    def _autocast_dtype(self):
+        """The dtype of the non-FP8 math's autocast (the plan's compute dtype), or None where none runs (fp32)."""
+        return torch.bfloat16 if self.plan.compute_dtype == "bf16" else None
+
     def _forward(self, x, is_first_microbatch: bool | None = None, targets=None):
         """The model's forward (logits; with ``targets`` under ``--fused-loss``, the mean loss), in the compute
         dtype's autocast and the backend's FP8 region: the one place the model is called (training and validation)."""
-        amp = torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.plan.compute_dtype == "bf16")
+        dtype = self._autocast_dtype()
+        amp = torch.autocast(self.env.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
         with amp, self._fp8_context(), fused_loss.targets(self.inner, targets):
             kw = {} if is_first_microbatch is None else {"is_first_microbatch": is_first_microbatch}
             return self.model(x, **kw).logits

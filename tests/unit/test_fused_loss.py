@@ -106,6 +106,22 @@ def test_install_refuses_a_head_with_bias():
         fused_loss.install(m)
 
 
+def test_install_tunes_the_triton_kernel_for_the_trainers_autocast_dtype(monkeypatch):
+    """Where the Triton kernel runs, install tunes it before the first step for the dtype the head's GEMM will run
+    in: the trainer's autocast dtype, or the weight's own where no autocast runs (--compute-dtype fp32)."""
+    from fp8lab.train import ce_kernel
+
+    tuned = []
+    monkeypatch.setattr(fused_loss, "kernel_for", lambda device_type: "triton")
+    monkeypatch.setattr(ce_kernel, "warm_up", lambda vocab, dtype, device: tuned.append((vocab, dtype, device.type)))
+    for dtype in (torch.bfloat16, None):
+        m = torch.nn.Module()
+        m.lm_head = torch.nn.Linear(4, 7, bias=False)
+        fused_loss.install(m, dtype)
+        assert fused_loss.installed(m)
+    assert tuned == [(7, torch.bfloat16, "cpu"), (7, torch.float32, "cpu")]
+
+
 def test_decide_rule():
     on, why = fused_loss.decide("auto", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True)
     assert on and "auto" in why
@@ -169,7 +185,8 @@ def test_a_kernel_that_fails_midway_falls_back_to_the_eager_math_on_fresh_logits
         logits[:, :5] = 1e4  # an in-place kernel's partial write
         raise RuntimeError("launch failed")
 
-    monkeypatch.setattr(fused_loss, "_math_for", lambda device_type, kernel: broken)
+    monkeypatch.setattr(fused_loss, "_math_for",
+                        lambda device_type, kernel: fused_loss._chunk_math_eager if kernel == "eager" else broken)
     monkeypatch.setattr(fused_loss, "_TRITON_OK", {})
     monkeypatch.setattr(fused_loss, "_COMPILED", {})
     g = torch.Generator().manual_seed(3)
@@ -185,6 +202,46 @@ def test_a_kernel_that_fails_midway_falls_back_to_the_eager_math_on_fresh_logits
     assert abs(got.item() - ref.item()) / ref.item() < 1e-5
     assert rel(h2.grad, h1.grad) < 1e-4 and rel(w2.grad, w1.grad) < 1e-4
     assert fused_loss._TRITON_OK == {"cpu": False}  # not tried again in this process
+
+
+def test_a_failed_triton_kernel_leaves_the_compiled_math_in_its_own_chunks(monkeypatch):
+    """Only the kernel that failed is dropped: where the compiled math runs (here: a CPU counted as one), the loss
+    runs again with it, in the compiled math's smaller chunks (the memory the layout counted), not the Triton kernel's."""
+    import fp8lab.plan.fused_loss as rule
+
+    monkeypatch.setattr(rule, "MIN_CHUNK_TOKENS", 4)
+    monkeypatch.setattr(rule, "CHUNK_BYTES", 4000)  # 31 entries: triton (2.6 B/logit) 32 tokens, compiled (9) 8
+    assert (rule.chunk_tokens(31, 40, "triton"), rule.chunk_tokens(31, 40, "compiled")) == (32, 8)
+    sizes = []
+
+    def broken(logits, t, v, scale):
+        raise RuntimeError("launch failed")
+
+    def compiled(logits, t, v, scale):
+        sizes.append(logits.shape[0])
+        return fused_loss._chunk_math_eager(logits, t, v, scale)
+
+    kernels = {"triton": broken, "compiled": compiled, "eager": fused_loss._chunk_math_eager}
+    monkeypatch.setattr(fused_loss, "_math_for", lambda device_type, kernel: kernels[kernel])
+    monkeypatch.setattr(fused_loss, "COMPILE_ON", ("cpu",))
+    monkeypatch.setattr(fused_loss, "_TRITON_OK", {})
+    monkeypatch.setattr(fused_loss, "_COMPILED", {})
+    g = torch.Generator().manual_seed(4)
+    h0, w0 = torch.randn(40, 16, generator=g), torch.randn(31, 16, generator=g)
+    y = torch.randint(0, 31, (40,), generator=g)
+    h1, w1 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    h2, w2 = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    ref = _plain(h1, w1, y)
+    ref.backward()
+    with pytest.warns(UserWarning, match="the triton chunk math failed .*launch failed.*with the compiled chunk math"):
+        got = linear_cross_entropy(h2, w2, y, kernel="triton")
+    got.backward()
+    assert sizes == [8, 8, 8, 8, 8]
+    assert abs(got.item() - ref.item()) / ref.item() < 1e-5
+    assert rel(h2.grad, h1.grad) < 1e-4 and rel(w2.grad, w1.grad) < 1e-4
+    assert fused_loss._TRITON_OK == {"cpu": False} and fused_loss._COMPILED == {}  # the compiled math stays usable
+    monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
+    assert fused_loss.kernel_for("cpu") == "compiled"  # what a study's next loss runs
 
 
 def test_a_triton_kernel_that_disagrees_is_not_used(monkeypatch):
