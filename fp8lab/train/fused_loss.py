@@ -103,7 +103,7 @@ _TRITON_OK: dict = {}  # device type -> the Triton kernel passed its check again
 
 def _triton_checked(device_type: str) -> bool:
     """fp8lab.train.ce_kernel runs here and agrees with the eager math on a small case (once per device type);
-    a failure warns and the compiled chunk math runs instead."""
+    a failure warns and the next kernel down runs instead (:func:`kernel_for`)."""
     if device_type in _TRITON_OK:
         return _TRITON_OK[device_type]
     ok = ce_kernel.available(device_type)
@@ -126,8 +126,8 @@ def _triton_checked(device_type: str) -> bool:
         if not ok:
             import warnings
 
-            warnings.warn(f"fp8lab.train.fused_loss: the Triton chunk kernel is not used ({why}); the compiled chunk "
-                          "math runs instead, in its own (smaller) chunks")
+            warnings.warn(f"fp8lab.train.fused_loss: the Triton chunk kernel is not used ({why}); the next kernel "
+                          "down runs instead (the compiled math on CUDA), in its own (smaller) chunks")
     _TRITON_OK[device_type] = ok
     return ok
 
