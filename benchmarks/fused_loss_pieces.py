@@ -66,6 +66,12 @@ def pieces(v: int, h: int, n: int, repeats: int, warmup: int, quick: bool = Fals
     tuned = getattr(ce_kernel._kernel(), "cache", {})  # triton.autotune: key -> the config it chose
     out["triton_configs_chosen"] = {str(k): str(c) for k, c in tuned.items()}
     print(f"  autotuned: {out['triton_configs_chosen']}", flush=True)
+    # every config's time in the last tuning (triton.autotune's configs_timings: config -> ms), to see how close they are
+    timings = getattr(ce_kernel._kernel(), "configs_timings", None) or {}
+    out["triton_configs_ms"] = {str(c): [round(float(x), 4) for x in (t if isinstance(t, (list, tuple)) else [t])]
+                                for c, t in timings.items()}
+    for c, t in out["triton_configs_ms"].items():
+        print(f"    {c}: {t}", flush=True)
     if quick:
         return out
     rec("grad_h = g @ w", lambda: g @ w, gemm)
