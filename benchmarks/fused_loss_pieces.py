@@ -63,11 +63,11 @@ def pieces(v: int, h: int, n: int, repeats: int, warmup: int, quick: bool = Fals
     buf = logits.clone()
     rec("chunk math (triton, in place)", lambda: ce_kernel.chunk_math(buf, y, valid, scale))
     del buf
-    tuned = getattr(ce_kernel._kernel(), "cache", {})  # triton.autotune: key -> the config it chose
+    tuned = getattr(ce_kernel._autotuned(), "cache", {})  # triton.autotune: key -> the config it chose
     out["triton_configs_chosen"] = {str(k): str(c) for k, c in tuned.items()}
     print(f"  autotuned: {out['triton_configs_chosen']}", flush=True)
     # every config's time in the last tuning (triton.autotune's configs_timings: config -> ms), to see how close they are
-    timings = getattr(ce_kernel._kernel(), "configs_timings", None) or {}
+    timings = getattr(ce_kernel._autotuned(), "configs_timings", None) or {}
     out["triton_configs_ms"] = {str(c): [round(float(x), 4) for x in (t if isinstance(t, (list, tuple)) else [t])]
                                 for c, t in timings.items()}
     for c, t in out["triton_configs_ms"].items():

@@ -97,6 +97,35 @@ def test_the_triton_kernel_is_the_eager_chunk_math_at_a_128k_vocabulary(gpu_reco
     assert float(got_g[~valid].abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("vocab", [32_000, 151_936], ids=["32k-one-block", "152k"])
+def test_every_triton_config_is_the_eager_chunk_math(vocab, gpu_record):
+    """Each of ce_kernel's CONFIGS compiled for the GPU (not only the one autotuning picks on this machine): at
+    llama-1b's vocabulary (a row within one 32,768-logit block: read once, in registers) and Qwen2.5's (many
+    blocks), the program-per-row and the persistent grids, in BF16 against the eager math."""
+    _cuda_or_skip()
+    import torch
+
+    from fp8lab.train import ce_kernel, fused_loss
+
+    if not ce_kernel.available("cuda"):
+        pytest.skip("needs triton")
+    torch.manual_seed(2)
+    n = 1000  # more rows than a persistent grid's programs on any GPU (1-2 per SM)
+    logits = (torch.randn(n, vocab, device="cuda") * 3).to(torch.bfloat16)
+    t = torch.randint(0, vocab, (n,), device="cuda")
+    valid = torch.rand(n, device="cuda") > 0.1
+    scale = 1.0 / valid.sum().to(torch.float32)
+    want_loss, want_g = fused_loss._chunk_math_eager(logits.clone(), t, valid, scale)
+    errs = {}
+    for i, cfg in enumerate(ce_kernel.CONFIGS):
+        got_loss, got_g = ce_kernel.chunk_math(logits.clone(), t, valid, scale, config=i)
+        errs[str(cfg)] = (abs(float(got_loss) - float(want_loss)) / abs(float(want_loss)),
+                          _rel(got_g.float(), want_g.float()), float(got_g[~valid].abs().max()))
+    gpu_record(vocab=vocab, errors=errs)
+    for cfg, (loss_rel, g_rel, ignored) in errs.items():
+        assert loss_rel < 1e-6 and g_rel < 1e-3 and ignored == 0.0, (cfg, loss_rel, g_rel, ignored)
+
+
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, grad_accum=2, lr=2e-3, progress="off",
             print_metrics=False, plot=False, device="cuda", backend="te", param_dtype="bf16", save_model=False,
             checkpoint_every=-1, steps=8, val_every=8, val_batches=1)

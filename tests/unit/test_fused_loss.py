@@ -262,9 +262,11 @@ _INTERPRETED_CHECK = """
 import torch
 from fp8lab.train import ce_kernel, fused_loss
 g = torch.Generator().manual_seed(11)
-for i, dtype in [(i, d) for i in range(len(ce_kernel.CONFIGS)) for d in (torch.float32, torch.bfloat16)]:
-    ce_kernel.INTERPRET_CONFIG = i  # each config the GPU's autotuning may pick
-    x = (torch.randn(5, 2 * ce_kernel.CONFIGS[i][0] + 123, generator=g) * 3).to(dtype)
+cases = [(i, d, cols) for i in range(len(ce_kernel.CONFIGS)) for d in (torch.float32, torch.bfloat16)
+         for cols in (2 * ce_kernel.CONFIGS[i][0] + 123, ce_kernel.CONFIGS[i][0] - 77)]  # several blocks; one (SINGLE)
+for i, dtype, cols in cases:
+    ce_kernel.INTERPRET_CONFIG = i  # each config the GPU's autotuning may pick (PER_SM: 2 "SMs" here, rows shared)
+    x = (torch.randn(5, cols, generator=g) * 3).to(dtype)
     t = torch.randint(0, x.shape[1], (5,), generator=g)
     v = torch.tensor([True, False, True, True, True])
     scale = torch.tensor(0.25)
@@ -283,8 +285,9 @@ print("interpreted kernel ok")
 
 def test_the_triton_kernel_is_the_eager_math_in_the_interpreter():
     """fp8lab.train.ce_kernel run by Triton's interpreter on the CPU (TRITON_INTERPRET=1, set before triton is
-    imported: a fresh process) against the eager math: rows of several blocks with a partial last one, an ignored
-    target, fp32 and bf16, for each of its configs. The compiled kernel on the GPU: tests/gpu/test_fused_loss_gpu.py."""
+    imported: a fresh process) against the eager math: rows of several blocks with a partial last one, and rows of
+    one block (read once), an ignored target, fp32 and bf16, for each of its configs (the persistent ones with
+    fewer programs than rows). The compiled kernel on the GPU: tests/gpu/test_fused_loss_gpu.py."""
     import os
     import subprocess
     import sys
