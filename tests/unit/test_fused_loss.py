@@ -108,18 +108,29 @@ def test_install_refuses_a_head_with_bias():
 
 def test_install_tunes_the_triton_kernel_for_the_trainers_autocast_dtype(monkeypatch):
     """Where the Triton kernel runs, install tunes it before the first step for the dtype the head's GEMM will run
-    in: the trainer's autocast dtype, or the weight's own where no autocast runs (--compute-dtype fp32)."""
+    in (the trainer's autocast dtype, or the weight's own where no autocast runs: --compute-dtype fp32), then checks
+    the config the tuning picked at the head's vocabulary against the eager math; where that fails, a warning, and
+    the next kernel down runs from then on."""
     from fp8lab.train import ce_kernel
 
-    tuned = []
+    tuned, checked, verdict = [], [], [None]
+    monkeypatch.setattr(fused_loss, "_TRITON_OK", {"cpu": True})
     monkeypatch.setattr(fused_loss, "kernel_for", lambda device_type: "triton")
     monkeypatch.setattr(ce_kernel, "warm_up", lambda vocab, dtype, device: tuned.append((vocab, dtype, device.type)))
+    monkeypatch.setattr(fused_loss, "_kernel_agrees",
+                        lambda device_type, vocab, dtype, config: checked.append((vocab, dtype, config)) or verdict[0])
     for dtype in (torch.bfloat16, None):
         m = torch.nn.Module()
         m.lm_head = torch.nn.Linear(4, 7, bias=False)
         fused_loss.install(m, dtype)
         assert fused_loss.installed(m)
     assert tuned == [(7, torch.bfloat16, "cpu"), (7, torch.float32, "cpu")]
+    assert checked == [(7, torch.bfloat16, None), (7, torch.float32, None)]  # None: the autotuned pick
+    assert fused_loss._TRITON_OK == {"cpu": True}
+    verdict[0] = "its result differs from the eager math"
+    with pytest.warns(UserWarning, match="Triton chunk kernel is not used \\(its result differs"):
+        fused_loss.install(m, torch.bfloat16)
+    assert fused_loss._TRITON_OK == {"cpu": False}
 
 
 def test_decide_rule():
@@ -250,7 +261,7 @@ def test_a_triton_kernel_that_disagrees_is_not_used(monkeypatch):
     from fp8lab.train import ce_kernel
 
     monkeypatch.setattr(ce_kernel, "available", lambda device_type: True)
-    monkeypatch.setattr(ce_kernel, "chunk_math", lambda logits, t, v, scale: (torch.tensor(0.0), logits * 0))
+    monkeypatch.setattr(ce_kernel, "chunk_math", lambda logits, t, v, scale, **kw: (torch.tensor(0.0), logits * 0))
     monkeypatch.setattr(fused_loss, "_TRITON_OK", {})
     monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
     with pytest.warns(UserWarning, match="Triton chunk kernel is not used \\(its result differs from the eager math\\)"):
@@ -279,6 +290,9 @@ for i, dtype, cols in cases:
     err = float((got_g.float() - want_g.float()).abs().max())
     assert err <= tol, err
     assert float(got_g[1].abs().max()) == 0.0
+ce_kernel.INTERPRET_CONFIG = 0
+assert fused_loss._kernel_agrees("cpu") is None  # the check at first use, and the one after tuning (bf16)
+assert fused_loss._kernel_agrees("cpu", 40_000, torch.bfloat16, config=None) is None
 print("interpreted kernel ok")
 """
 
