@@ -24,6 +24,8 @@
 #   FP8LAB_TE_KIT      a prebuilt TE kit (its install_te.sh and payload/; default .gpu/te-h200 where
 #                      present), used where it fits this machine (README of the kit)
 #   FP8LAB_CPU=1       the CPU branch even where an NVIDIA GPU is present
+#   FP8LAB_CPU_TRITON=1  CPU: also triton (~640 MB, off the venv's path) for the test whose Triton interpreter runs
+#                      fp8lab's loss kernel on the CPU (.ci/run sets it; elsewhere that test skips, saying why)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -97,6 +99,7 @@ stamp_key() {
   local version; version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' fp8lab/__init__.py)
   echo "fp8lab $version; $(cat "$LOCK" "$PINS" pyproject.toml requirements.txt | sha256sum | cut -c1-16);" \
        "gpu ${GPU:-none}; torch ${FP8LAB_TORCH_SPEC:-default}; extras ${FP8LAB_EXTRAS-default}; wheels ${FP8LAB_WHEELS:-index};" \
+       "cpu-triton ${FP8LAB_CPU_TRITON:-0};" \
        "python $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo none); $(pwd -P)"
 }
 kernel_registered() {  # the kernel in the venv and in the user's Jupyter folder (Linux or macOS)
@@ -150,6 +153,15 @@ if [ -z "$GPU" ]; then  # ------------------------------------------------------
     say "torchao $(pin torchao) for the CPU test of its FSDP2 float8 all-gather (in the venv's cpu-tests/, off its path)"
     "${PIP[@]}" install "${INDEX[@]}" --no-deps --target "$TAO" "torchao==$(pin torchao)" 2>&1 | quiet \
       || say "torchao could not be installed: the CPU test of its all-gather will skip"
+  fi
+  # triton for one CPU test only, where asked (FP8LAB_CPU_TRITON=1): its interpreter runs fp8lab.train.ce_kernel, the
+  # Triton loss kernel, on the CPU. The triton of the GPU stack's torch (2.11: 3.6.0), with numpy 2.2 beside it (that
+  # interpreter fails on numpy 2.4's scalars), off the venv's path. Best effort: without it that test skips.
+  TRI="$VENV/cpu-tests/triton"
+  if [ "${FP8LAB_CPU_TRITON:-0}" = 1 ] && [ ! -d "$TRI/triton" ]; then
+    say "triton 3.6.0 for the CPU test of fp8lab's Triton loss kernel (in the venv's cpu-tests/, off its path)"
+    "${PIP[@]}" install "${INDEX[@]}" --no-deps --no-compile --target "$TRI" triton==3.6.0 numpy==2.2.6 2>&1 | quiet \
+      || say "triton could not be installed: the CPU test of the Triton loss kernel will skip"
   fi
   long_step "installing fp8lab and its requirements${CONSTRAIN:+ (pinned by $LOCK)}" \
     "${PIPV[@]}" install --no-compile "${INDEX[@]}" "${CONSTRAIN[@]}" "${EXTRAS_ARGS[@]}"

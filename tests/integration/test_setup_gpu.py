@@ -244,3 +244,20 @@ def test_no_gpu_puts_torchao_off_the_venv_s_path_for_the_cpu_all_gather_test(tmp
     assert len(tao) == 1 and "--no-deps" in tao[0] and f"torchao=={pins()['torchao']}" in tao[0]
     assert tao[0][tao[0].index("--target") + 1] == str(tmp_path / "venv" / "cpu-tests" / "torchao")
     assert "for the CPU test of its FSDP2 float8 all-gather" in out
+
+
+def test_triton_for_the_cpu_kernel_test_only_where_asked_and_off_the_venv_s_path(tmp_path):
+    """FP8LAB_CPU_TRITON=1 (.ci/run) adds triton and the numpy its interpreter needs to the venv's cpu-tests/;
+    a plain set-up (a workshop's) does not download its ~640 MB."""
+    def triton_installs(calls):
+        return [c for c in _pip_installs(calls) if any(a.startswith("triton==") for a in c)]
+
+    rc, out, calls = _setup(tmp_path / "plain", None, "3.11 2.13.0+cpu -")
+    assert rc == 0, out
+    assert triton_installs(calls) == [] and "Triton loss kernel" not in out
+    rc, out, calls = _setup(tmp_path / "ci", None, "3.11 2.13.0+cpu -", extra_env={"FP8LAB_CPU_TRITON": "1"})
+    assert rc == 0, out
+    (tri,) = triton_installs(calls)
+    assert "--no-deps" in tri and {"triton==3.6.0", "numpy==2.2.6"} <= set(tri)
+    assert tri[tri.index("--target") + 1] == str(tmp_path / "ci" / "venv" / "cpu-tests" / "triton")
+    assert "for the CPU test of fp8lab's Triton loss kernel" in out
