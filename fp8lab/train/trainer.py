@@ -267,8 +267,8 @@ class Trainer:
     def _forward(self, x, is_first_microbatch: bool | None = None, targets=None):
         """The model's forward (logits; with ``targets`` under ``--fused-loss``, the mean loss), in the compute
         dtype's autocast and the backend's FP8 region: the one place the model is called (training and validation)."""
-        dtype = self._autocast_dtype()
-        amp = torch.autocast(self.env.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+        dtype = self._autocast_dtype()  # (a disabled autocast keeps bf16 as its dtype, as it always had)
+        amp = torch.autocast(self.env.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
         with amp, self._fp8_context(), fused_loss.targets(self.inner, targets):
             kw = {} if is_first_microbatch is None else {"is_first_microbatch": is_first_microbatch}
             return self.model(x, **kw).logits
