@@ -76,8 +76,10 @@ class RunPlan:
     # FP8 health statistics every K steps (0: off; the rule: fp8lab.plan.fp8_stats)
     fp8_stats_every: int = 0
     fp8_stats_source: str | None = None  # who reads them: fp8lab.fp8.stats.TE_DEBUG or OWN (None: off)
-    # the LM head's loss chunked over tokens (fp8lab.train.fused_loss)
+    # the LM head's loss chunked over tokens (fp8lab.train.fused_loss), and the kernel its chunks run (None: off;
+    # fp8lab.plan.fused_loss.kernel_for, the kernel whose memory the layout counted)
     fused_loss: bool = False
+    fused_loss_kernel: str | None = None
 
     # the layout's values, read where the trainer needs them
     @property
@@ -140,7 +142,7 @@ class RunPlan:
                 # not among decisions() (a job's FP8LAB_PLANNED has 512 characters), since a job passes the
                 # launch's value as --fused-loss on|off (fp8lab.launch.spec) and re-plans nothing of it
                 "fused_loss": self.fused_loss, "tokens_per_step": self.tokens_per_step,
-                "fused_loss_kernel": loss_kernel_for(m.gpu) if self.fused_loss else None,  # its chunks' kernel
+                "fused_loss_kernel": self.fused_loss_kernel,  # its chunks' kernel
                 "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak,
                 "memory_estimate_gib": dataclasses.asdict(self.layout.memory)}
@@ -286,7 +288,8 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active, keep, cache, wgrad, mcfg, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
-                   fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused)
+                   fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused,
+                   fused_loss_kernel=loss_kernel_for(machine.gpu) if fused else None)
 
 
 # FP8 all-gather under FSDP2 ---------------------------------------------------------------------

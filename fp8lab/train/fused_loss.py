@@ -154,12 +154,13 @@ def _usable(device_type: str, kernel: str) -> bool:
     return True
 
 
-def kernel_for(device_type: str) -> str:
-    """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the plan's
-    (fp8lab.plan.fused_loss.kernel_for: the compiled math on CUDA, eager on a CPU, the Triton kernel where a study
-    sets FP8LAB_FUSED_LOSS_KERNEL=triton), or the next one down where that cannot run here: the Triton kernel
-    where it is missing or failed its check, the compiled math where compiling failed or off CUDA."""
-    kernel = plan_kernel_for(device_type == "cuda")
+def kernel_for(device_type: str, planned: str | None = None) -> str:
+    """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the ``planned`` one
+    (the run plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.kernel_for's rule: the compiled math on CUDA,
+    eager on a CPU, the Triton kernel where a study sets FP8LAB_FUSED_LOSS_KERNEL=triton), or the next one down where
+    that cannot run here: the Triton kernel where it is missing or failed its check, the compiled math where
+    compiling failed or off CUDA."""
+    kernel = planned or plan_kernel_for(device_type == "cuda")
     while not _usable(device_type, kernel):
         kernel = _DOWN[kernel]
     return kernel
@@ -318,6 +319,7 @@ def linear_cross_entropy(h, weight, targets, chunk: int | None = None, ignore_in
 # ------------------------------------------------------------------------------------------ the model's head
 
 _TARGETS = "_fp8lab_fused_targets"
+_KERNEL = "_fp8lab_fused_kernel"  # the plan's chunk kernel, set by install
 
 
 def head_of(model) -> Any:
@@ -336,20 +338,22 @@ def head_problem(head) -> str | None:
     return None
 
 
-def install(model, autocast_dtype=None) -> None:
+def install(model, autocast_dtype=None, kernel: str | None = None) -> None:
     """Make ``model``'s LM head return the fused loss while :func:`targets` is set (plain logits otherwise).
 
     The head keeps its parameters, its name in the state dict and its tie to the embedding; only its
     class becomes :class:`FusedLossHead` (an ``nn.Linear``). ValueError where the head cannot (head_problem).
     ``autocast_dtype``: the dtype the trainer's autocast runs the head in (None: no autocast, the weight's own), for
-    which the Triton kernel is tuned here, before the first step."""
+    which the Triton kernel is tuned here, before the first step. ``kernel``: the plan's chunk kernel (the run plan's
+    ``fused_loss_kernel``; None: :func:`kernel_for`'s rule), which the head runs, or the next one down (kernel_for)."""
     head = head_of(model)
     problem = "the model has no lm_head" if head is None else head_problem(head)
     if problem:
         raise ValueError(f"--fused-loss: {problem}; allowed: --fused-loss off")
     head.__class__ = _head_class()
+    head.__dict__[_KERNEL] = kernel
     w = head.weight
-    if w.device.type != "meta" and kernel_for(w.device.type) == "triton":  # tune the kernel now, memory free
+    if w.device.type != "meta" and kernel_for(w.device.type, kernel) == "triton":  # tune the kernel now, memory free
         dtype = autocast_dtype or w.dtype
         ce_kernel.warm_up(w.shape[0], dtype, w.device)
         why = _kernel_agrees(w.device.type, w.shape[0], dtype, config=None)  # the config it picked, checked
@@ -393,7 +397,8 @@ def _head_class():
                 y = self.__dict__.get(_TARGETS)
                 if y is None:
                     return super().forward(x)
-                return linear_cross_entropy(x, self.weight, y)
+                return linear_cross_entropy(x, self.weight, y,
+                                            kernel=kernel_for(x.device.type, self.__dict__.get(_KERNEL)))
 
         FusedLossHead.__module__, FusedLossHead.__qualname__ = __name__, "FusedLossHead"  # picklable by name
         _HEAD_CLASS = FusedLossHead

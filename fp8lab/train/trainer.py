@@ -158,7 +158,7 @@ class Trainer:
         if c.compile:
             fdist.compile_blocks(model)
         if p.fused_loss:  # the LM head computes the loss chunk by chunk (fp8lab.train.fused_loss)
-            fused_loss.install(model, self._autocast_dtype())
+            fused_loss.install(model, self._autocast_dtype(), kernel=p.fused_loss_kernel)
         self.inner = model
         self.master, self.fused_wgrad = None, []
         if p.master_weights:

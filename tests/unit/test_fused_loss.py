@@ -115,7 +115,7 @@ def test_install_tunes_the_triton_kernel_for_the_trainers_autocast_dtype(monkeyp
 
     tuned, checked, verdict = [], [], [None]
     monkeypatch.setattr(fused_loss, "_TRITON_OK", {"cpu": True})
-    monkeypatch.setattr(fused_loss, "kernel_for", lambda device_type: "triton")
+    monkeypatch.setattr(fused_loss, "kernel_for", lambda device_type, planned=None: "triton")
     monkeypatch.setattr(ce_kernel, "warm_up", lambda vocab, dtype, device: tuned.append((vocab, dtype, device.type)))
     monkeypatch.setattr(fused_loss, "_kernel_agrees",
                         lambda device_type, vocab, dtype, config: checked.append((vocab, dtype, config)) or verdict[0])
@@ -131,6 +131,30 @@ def test_install_tunes_the_triton_kernel_for_the_trainers_autocast_dtype(monkeyp
     with pytest.warns(UserWarning, match="Triton chunk kernel is not used \\(its result differs"):
         fused_loss.install(m, torch.bfloat16)
     assert fused_loss._TRITON_OK == {"cpu": False}
+
+
+def test_the_installed_head_runs_the_plans_kernel(monkeypatch):
+    """The trainer hands install the plan's fused_loss_kernel, and the head runs that kernel (here the compiled math,
+    on a CPU counted as a device that compiles), not the rule's choice for the device (a CPU's: eager)."""
+    ran = []
+
+    def math_for(device_type, kernel):
+        ran.append(kernel)
+        return fused_loss._chunk_math_eager
+
+    monkeypatch.setattr(fused_loss, "_math_for", math_for)
+    monkeypatch.setattr(fused_loss, "COMPILE_ON", ("cpu",))
+    monkeypatch.setattr(fused_loss, "_COMPILED", {})
+    monkeypatch.delenv(fused_loss.KERNEL_ENV, raising=False)
+    assert fused_loss.kernel_for("cpu") == "eager"  # the rule's choice here
+    m = torch.nn.Module()
+    m.lm_head = torch.nn.Linear(8, 11, bias=False)
+    fused_loss.install(m, None, kernel="compiled")
+    h, y = torch.randn(2, 5, 8, requires_grad=True), torch.randint(0, 11, (2, 5))
+    with fused_loss.targets(m, y):
+        loss = m.lm_head(h)
+    assert ran == ["compiled"] and loss.dim() == 0
+    assert abs(loss.item() - _plain(h, m.lm_head.weight, y).item()) < 1e-5
 
 
 def test_decide_rule():
@@ -182,7 +206,7 @@ def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for(monkeypatc
     assert off["fused_loss"] is False and off["fused_loss_kernel"] is None
     monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
     tri = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
-    assert tri.record()["fused_loss_kernel"] == "triton"
+    assert tri.fused_loss_kernel == tri.record()["fused_loss_kernel"] == "triton"
     assert tri.layout.memory.peak < on["memory_estimate_peak_gib"]  # its chunk holds its bf16 logits only
     monkeypatch.setenv(fused_loss.KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"FP8LAB_FUSED_LOSS_KERNEL='fast' is invalid; allowed: triton \| compiled \| eager"):
