@@ -269,7 +269,7 @@ def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tu
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
                   keep: bool, both_precisions: bool, activation_checkpointing: bool = False,
-                  sharded: bool = False) -> MemoryEstimate:
+                  sharded: bool = False, loss_kernel: str = "compiled") -> MemoryEstimate:
     """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both;
     the fused loss, decided by vocabulary and tokens alone, is the same for both)."""
     fused = fused_loss_for(c, machine, mcfg, mb * seq)[0]
@@ -282,15 +282,18 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                             activation_checkpointing=activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused,
-                            loss_kernel=loss_kernel_for(machine.gpu)) for p in precisions]
+                            loss_kernel=loss_kernel) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 
-def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
+def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None) -> Layout:
     """Resolve the ``"auto"`` options of TrainConfig ``c`` for ``machine``; ``backend`` is the resolved
     FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig (default: the one
-    ``c`` made when validated). Raises ValueError when the layout cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
+    ``c`` made when validated); ``loss_kernel``: the fused loss's chunk kernel whose memory is counted (the run
+    plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.kernel_for's rule). Raises ValueError when the layout
+    cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
     mcfg = mcfg or c.model_config
+    loss_kernel = loss_kernel or loss_kernel_for(machine.gpu)
     reasons: dict[str, str] = {}
     gpu = machine.gpu
     param_dtype = c.param_dtype
@@ -327,7 +330,8 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None) -> Layout:
 
     def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
         return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, accum_for(mb), keep,
-                             both_precisions=gpu and both, activation_checkpointing=ckpt, sharded=sharded)
+                             both_precisions=gpu and both, activation_checkpointing=ckpt, sharded=sharded,
+                             loss_kernel=loss_kernel)
 
     if mb_auto and gpu:
         candidates = [2**i for i in range(int(math.log2(max(1, MICRO_BATCH_TOKENS // seq))), -1, -1)]

@@ -256,7 +256,8 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
         if c.fp8_lm_head:
             fp8_lm_head_check(c, backend)
     mcfg = c.model_config  # made once, when the options were validated
-    lay = flayout.resolve(c, machine, backend, mcfg=mcfg)  # "auto" options -> this machine's layout (or a clear refusal)
+    kernel = loss_kernel_for(machine.gpu)  # the fused loss's chunk kernel: read once, its memory counted by the layout
+    lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel)  # "auto" options -> this machine's layout
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
     if problem:
@@ -289,7 +290,7 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active, keep, cache, wgrad, mcfg, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused,
-                   fused_loss_kernel=loss_kernel_for(machine.gpu) if fused else None)
+                   fused_loss_kernel=kernel if fused else None)
 
 
 # FP8 all-gather under FSDP2 ---------------------------------------------------------------------

@@ -208,6 +208,13 @@ def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for(monkeypatc
     tri = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
     assert tri.fused_loss_kernel == tri.record()["fused_loss_kernel"] == "triton"
     assert tri.layout.memory.peak < on["memory_estimate_peak_gib"]  # its chunk holds its bf16 logits only
+    # the layout counts the kernel the plan hands it (the environment is read once, by the plan)
+    from fp8lab.plan.layout import resolve
+    c = TrainConfig(model="llama-1b", precision="bf16", backend="te")
+    monkeypatch.delenv(fused_loss.KERNEL_ENV)
+    assert resolve(c, gpu, "te", loss_kernel="triton").memory.peak == tri.layout.memory.peak
+    assert resolve(c, gpu, "te").memory.peak == resolve(c, gpu, "te", loss_kernel="compiled").memory.peak \
+        == on["memory_estimate_peak_gib"]
     monkeypatch.setenv(fused_loss.KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"FP8LAB_FUSED_LOSS_KERNEL='fast' is invalid; allowed: triton \| compiled \| eager"):
         plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
