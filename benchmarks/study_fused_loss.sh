@@ -11,7 +11,8 @@
 #   the same session's control (~3-4 min); D Llama-3.2-1B BF16 with --fused-loss off (the peak memory control, ~1 min);
 #   E Llama-3.2-1B at micro-batch 32 x 2048, accumulation 2 (~3 min; compare with A's files); P the chunked loss's pieces
 #   timed alone (~1 min); F the trainer's profile of the plain commands for both models (~3 min); K the plain commands
-#   for both models with the Triton chunk kernel (~4 min); L llama-1b's with it (~2 min).
+#   for both models with the Triton chunk kernel (~4 min); L llama-1b's with it (~2 min); M llama-1b's with the compiled
+#   math (L's control on the same machine, ~2 min).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fused_loss.sh A B T  (or C D)
 # Results: $OUT/results.tar.gz holds fused-loss-h200/ (for data/results/fused-loss-h200/) and the logs.
 set -uo pipefail
@@ -71,10 +72,13 @@ for part in "$@"; do
     FP8LAB_FUSED_LOSS_KERNEL=triton "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton \
       --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
+  M)  # llama-1b's plain commands with the compiled chunk math: L's control on the same machine
+    FP8LAB_FUSED_LOSS_KERNEL=compiled "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag compiled --models llama-1b
+    ;;
   L)  # llama-1b's plain commands with the Triton chunk kernel (issue 51: no slower than 1.33x)
     FP8LAB_FUSED_LOSS_KERNEL=triton "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models llama-1b
     ;;
-  *) echo "part must be A, B, T, C, D, E, P, F, K or L" >&2 ;;
+  *) echo "part must be A, B, T, C, D, E, P, F, K, M or L" >&2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s"
   pack

@@ -17,10 +17,10 @@ scales the two stored gradients by the incoming one. The GEMMs are the same thre
 :func:`loss_bytes` the memory the layout resolver (fp8lab.plan.layout) counts for it.
 
 The chunk's loss and gradient run in one of three kernels (fp8lab.plan.fused_loss.KERNELS, :func:`kernel_for`):
-on CUDA the torch.compile'd math, on a CPU the eager math; and, where a study sets FP8LAB_FUSED_LOSS_KERNEL=triton,
-fp8lab.train.ce_kernel's Triton kernel, which writes the gradient over the logits (checked against the eager math
-once per process; where it cannot run, the compiled math). The chunk size is the plan's
-(fp8lab.plan.fused_loss.chunk_tokens, by kernel).
+on CUDA fp8lab.train.ce_kernel's Triton kernel, which writes the gradient over the logits (checked against the
+eager math once per process and at the head's vocabulary when installed; where it cannot run, the torch.compile'd
+math), on a CPU the eager math; FP8LAB_FUSED_LOSS_KERNEL picks another (a study's control). The chunk size is the
+plan's (fp8lab.plan.fused_loss.chunk_tokens, by kernel).
 
 Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
 under autocast), read as fp32 for the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. The
@@ -156,8 +156,8 @@ def _usable(device_type: str, kernel: str) -> bool:
 
 def kernel_for(device_type: str, planned: str | None = None) -> str:
     """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the ``planned`` one
-    (the run plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.kernel_for's rule: the compiled math on CUDA,
-    eager on a CPU, the Triton kernel where a study sets FP8LAB_FUSED_LOSS_KERNEL=triton), or the next one down where
+    (the run plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.kernel_for's rule: the Triton kernel on CUDA,
+    eager on a CPU, another where a study sets FP8LAB_FUSED_LOSS_KERNEL), or the next one down where
     that cannot run here: the Triton kernel where it is missing or failed its check, the compiled math where
     compiling failed or off CUDA."""
     kernel = planned or plan_kernel_for(device_type == "cuda")

@@ -190,31 +190,31 @@ def test_chunk_sizes_by_kernel():
 
 
 def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for(monkeypatch):
-    """The compiled math on a GPU by default, eager on a CPU; FP8LAB_FUSED_LOSS_KERNEL=triton (a study) picks the
-    Triton kernel, and a wrong value is refused when the run is planned, naming the allowed ones."""
+    """The Triton kernel on a GPU by default, eager on a CPU; FP8LAB_FUSED_LOSS_KERNEL=compiled (a study's control)
+    picks the compiled math, and a wrong value is refused when the run is planned, naming the allowed ones."""
     from fp8lab.core.hardware import Machine
+    from fp8lab.plan.layout import resolve
     from fp8lab.plan.runplan import plan_run
     from fp8lab.train.entry import TrainConfig
 
     gpu = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
     cpu = Machine("cpu", "cpu", 24.0)
     monkeypatch.delenv(fused_loss.KERNEL_ENV, raising=False)
-    on = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu).record()
-    assert on["fused_loss"] is True and on["fused_loss_kernel"] == "compiled"
+    tri = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
+    assert tri.fused_loss is True and tri.fused_loss_kernel == tri.record()["fused_loss_kernel"] == "triton"
     assert plan_run(TrainConfig(model="llama-tiny", fused_loss="on"), cpu).record()["fused_loss_kernel"] == "eager"
     off = plan_run(TrainConfig(model="llama-tiny"), cpu).record()
     assert off["fused_loss"] is False and off["fused_loss_kernel"] is None
-    monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
-    tri = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
-    assert tri.fused_loss_kernel == tri.record()["fused_loss_kernel"] == "triton"
-    assert tri.layout.memory.peak < on["memory_estimate_peak_gib"]  # its chunk holds its bf16 logits only
+    monkeypatch.setenv(fused_loss.KERNEL_ENV, "compiled")
+    comp = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu).record()
+    assert comp["fused_loss"] is True and comp["fused_loss_kernel"] == "compiled"
+    assert tri.layout.memory.peak < comp["memory_estimate_peak_gib"]  # its chunk holds its bf16 logits only
     # the layout counts the kernel the plan hands it (the environment is read once, by the plan)
-    from fp8lab.plan.layout import resolve
     c = TrainConfig(model="llama-1b", precision="bf16", backend="te")
     monkeypatch.delenv(fused_loss.KERNEL_ENV)
-    assert resolve(c, gpu, "te", loss_kernel="triton").memory.peak == tri.layout.memory.peak
-    assert resolve(c, gpu, "te").memory.peak == resolve(c, gpu, "te", loss_kernel="compiled").memory.peak \
-        == on["memory_estimate_peak_gib"]
+    assert resolve(c, gpu, "te", loss_kernel="compiled").memory.peak == comp["memory_estimate_peak_gib"]
+    assert resolve(c, gpu, "te").memory.peak == resolve(c, gpu, "te", loss_kernel="triton").memory.peak \
+        == tri.layout.memory.peak
     monkeypatch.setenv(fused_loss.KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"FP8LAB_FUSED_LOSS_KERNEL='fast' is invalid; allowed: triton \| compiled \| eager"):
         plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
