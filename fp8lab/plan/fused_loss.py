@@ -50,7 +50,7 @@ def kernel_for(gpu: bool) -> str:
     """The chunk kernel a machine runs: the Triton kernel (fp8lab.train.ce_kernel) on a GPU, eager on a CPU;
     FP8LAB_FUSED_LOSS_KERNEL picks another (a study's control, e.g. ``compiled``). On one H200 the Triton kernel
     was faster than the compiled math at every vocabulary measured, in whole steps of the plain commands on the
-    same machine (data/results/fused-loss-kernel-h200: +1.5% / +2.2% Llama-3.2-1B BF16 / FP8, +1.3% / +1.4%
+    same machine (data/results/fused-loss-kernel-h200: +1.4% / +2.2% Llama-3.2-1B BF16 / FP8, +1.3% / +1.4%
     Qwen2.5-1.5B, +0.3% / +0.2% llama-1b). Where Triton does not run, the compiled math runs instead
     (fp8lab.train.fused_loss.kernel_for), in its own chunks."""
     chosen = os.environ.get(KERNEL_ENV)
