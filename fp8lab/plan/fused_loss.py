@@ -61,7 +61,7 @@ def kernel_for(gpu: bool) -> str:
     return "triton" if gpu else "eager"
 
 
-def chunk_tokens(vocab: int, n_tokens: int, kernel: str = "compiled") -> int:
+def chunk_tokens(vocab: int, n_tokens: int, kernel: str) -> int:
     """Tokens per chunk for this vocabulary and kernel: its memory within CHUNK_BYTES, at most all the tokens."""
     per_token = vocab * BYTES_PER_LOGIT[kernel]
     c = MIN_CHUNK_TOKENS

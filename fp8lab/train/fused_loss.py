@@ -309,7 +309,7 @@ def linear_cross_entropy(h, weight, targets, chunk: int | None = None, ignore_in
                          compiled: bool | None = None, kernel: str | None = None):
     """Mean cross-entropy of ``h @ weight.T`` against ``targets`` without the full logits (see the module doc).
     ``kernel``: the per-chunk loss and gradient (fp8lab.plan.fused_loss.KERNELS; None: :func:`kernel_for` the
-    device: the compiled math on CUDA, eager on a CPU). ``compiled`` (older spelling): True = "compiled",
+    device: the Triton kernel on CUDA, eager on a CPU). ``compiled`` (older spelling): True = "compiled",
     False = "eager". ``chunk``: tokens per chunk (None: fp8lab.plan.fused_loss.chunk_tokens for the kernel)."""
     if kernel is None and compiled is not None:
         kernel = "compiled" if compiled else "eager"
