@@ -14,7 +14,7 @@
 #   for both models with the Triton chunk kernel (~4 min); L llama-1b's with it (~2 min); M llama-1b's with the compiled
 #   math (L's control on the same machine, ~2 min); O the plain commands for both 128K+ models with --fused-loss off
 #   (A's control on the same machine, ~4 min); G gptneo-1.3b's plain commands capped at P5's H100 80 GB, the new
-#   layout against the old (~4 min).
+#   layout against the old (~4 min); Q the BF16 half of O and A (~3 min).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fused_loss.sh A B T  (or C D)
 # Results: $OUT/results.tar.gz holds fused-loss-h200/ (for data/results/fused-loss-h200/) and the logs.
 set -uo pipefail
@@ -82,6 +82,15 @@ for part in "$@"; do
     "${H[@]}" --variants default-bf16,default-fp8 --common-args '--fused-loss off' --tag fused-off \
       --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
+  Q)  # O and A for BF16 only (the targets FP8 has met by a wide margin are left out), for a call shared with the GPU
+      # suite: each 128K+ model's BF16 plain command with --fused-loss off, then as it is (the Triton kernel)
+    for m in llama-3.2-1b qwen2.5-1.5b; do
+      [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
+    done
+    "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off \
+      --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    "${H[@]}" --variants default-bf16 --common-args '' --tag fused --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    ;;
   G)  # gptneo-1.3b's plain commands capped at P5's H100 (79.2 GiB): the layout the Triton kernel's smaller loss memory
       # gives there (16 x 2048 x 4, estimated 73.3 of 74.2 GiB) against the one before it (8 x 2048 x 8), same machine
     "${H[@]}" --variants default-bf16,default-fp8 --common-args '--gpu-memory-gib 79.2' --tag p5mem --models gptneo-1.3b
@@ -94,7 +103,7 @@ for part in "$@"; do
   L)  # llama-1b's plain commands with the Triton chunk kernel (issue 51: no slower than 1.33x)
     FP8LAB_FUSED_LOSS_KERNEL=triton "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models llama-1b
     ;;
-  *) echo "part must be A, B, T, C, D, E, G, P, F, K, M, O or L" >&2 ;;
+  *) echo "part must be A, B, T, C, D, E, G, P, F, K, M, O, Q or L" >&2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s"
   pack
