@@ -14,7 +14,7 @@
 #   for both models with the Triton chunk kernel (~4 min); L llama-1b's with it (~2 min); M llama-1b's with the compiled
 #   math (L's control on the same machine, ~2 min); O the plain commands for both 128K+ models with --fused-loss off
 #   (A's control on the same machine, ~4 min); G gptneo-1.3b's plain commands capped at P5's H100 80 GB, the new
-#   layout against the old (~4 min); Q the BF16 half of O and A (~3 min).
+#   layout against the old (~4 min). VARIANTS=default-bf16 runs A's and O's BF16 half only (for a shorter call).
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fused_loss.sh A B T  (or C D)
 # Results: $OUT/results.tar.gz holds fused-loss-h200/ (for data/results/fused-loss-h200/) and the logs.
 set -uo pipefail
@@ -24,6 +24,12 @@ MODELS=/tmp/family-models
 mkdir -p $RES/fused-loss-h200 $RES/logs
 H=(python3 benchmarks/throughput.py --study fused-loss-h200 --out $RES/fused-loss-h200 --work /tmp/bench --timeout 300
    --steps 8 --warmup 3)
+folders() {  # the published configs' folders with random weights (benchmarks/family_folders.py), where not made yet
+  for m in "$@"; do
+    [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
+  done
+}
+V=${VARIANTS:-default-bf16,default-fp8}  # parts A and O: VARIANTS=default-bf16 runs their BF16 half only
 pack() { cp /tmp/bench/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
 for part in "$@"; do
@@ -31,7 +37,7 @@ for part in "$@"; do
   case $part in
   A)
     python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b | tee -a $RES/folders.txt
-    "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag fused --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
+    "${H[@]}" --variants $V --common-args '' --tag fused --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
   B)
     python3 benchmarks/fused_loss_bench.py --out $RES/fused-loss-h200/loss-bench.json 2>&1 | tee $RES/logs/loss-bench.log
@@ -46,13 +52,13 @@ for part in "$@"; do
     "${H[@]}" --variants default-bf16,default-fp8 --common-args '--fused-loss off' --tag fused-off --models llama-1b
     ;;
   D)
-    [ -d $MODELS/llama-3.2-1b ] || python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b | tee -a $RES/folders.txt
+    folders llama-3.2-1b
     "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off --models $MODELS/llama-3.2-1b
     ;;
   E)  # the next question (issue 51's two missed targets): with the loss's memory small, does a 32 x 2048 micro-batch
       # (above the resolver's 32,768-token cap, MICRO_BATCH_TOKENS) pay? Same tokens a step. Llama-3.2-1B only: the
       # resolver's estimate for Qwen2.5-1.5B at 32 x 2048 is 152.7 GiB (BF16), more than the H200's 140.
-    [ -d $MODELS/llama-3.2-1b ] || python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b | tee -a $RES/folders.txt
+    folders llama-3.2-1b
     "${H[@]}" --variants default-bf16,default-fp8 --common-args '--micro-batch-size 32 --grad-accum 2' --tag mb32 \
       --models $MODELS/llama-3.2-1b
     ;;
@@ -60,36 +66,21 @@ for part in "$@"; do
     python3 benchmarks/fused_loss_pieces.py --out $RES/fused-loss-h200/loss-pieces.json ${PIECES_ARGS:-} 2>&1 | tee $RES/logs/loss-pieces.log
     ;;
   F)  # the trainer's own profile (--profile-steps) of the plain commands for both models: where a step's time goes now
-    for m in llama-3.2-1b qwen2.5-1.5b; do
-      [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
-    done
+    folders llama-3.2-1b qwen2.5-1.5b
     python3 benchmarks/throughput.py --study fused-loss-profiles --out $RES/profiles --work /tmp/bench --timeout 300 \
       --steps 8 --warmup 3 --variants default-bf16,default-fp8 --common-args '--profile-steps 6' --tag prof \
       --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
   K)  # A again with fp8lab.train.ce_kernel (the Triton chunk kernel, whole-micro-batch chunks): the plain commands
-    for m in llama-3.2-1b qwen2.5-1.5b; do
-      [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
-    done
+    folders llama-3.2-1b qwen2.5-1.5b
     FP8LAB_FUSED_LOSS_KERNEL=triton "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton \
       --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
   O)  # the plain commands with --fused-loss off for both 128K+ models: A's control on the same machine (issue 51's
       # +8% is against the plain loss; the issue's own figures came from another machine)
-    for m in llama-3.2-1b qwen2.5-1.5b; do
-      [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
-    done
-    "${H[@]}" --variants default-bf16,default-fp8 --common-args '--fused-loss off' --tag fused-off \
+    folders llama-3.2-1b qwen2.5-1.5b
+    "${H[@]}" --variants $V --common-args '--fused-loss off' --tag fused-off \
       --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
-    ;;
-  Q)  # O and A for BF16 only (the targets FP8 has met by a wide margin are left out), for a call shared with the GPU
-      # suite: each 128K+ model's BF16 plain command with --fused-loss off, then as it is (the Triton kernel)
-    for m in llama-3.2-1b qwen2.5-1.5b; do
-      [ -d $MODELS/$m ] || python3 benchmarks/family_folders.py --out $MODELS $m | tee -a $RES/folders.txt
-    done
-    "${H[@]}" --variants default-bf16 --common-args '--fused-loss off' --tag fused-off \
-      --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
-    "${H[@]}" --variants default-bf16 --common-args '' --tag fused --models $MODELS/llama-3.2-1b,$MODELS/qwen2.5-1.5b
     ;;
   G)  # gptneo-1.3b's plain commands capped at P5's H100 (79.2 GiB): the layout the Triton kernel's smaller loss memory
       # gives there (16 x 2048 x 4, estimated 73.3 of 74.2 GiB) against the one before it (8 x 2048 x 8), same machine
@@ -103,7 +94,7 @@ for part in "$@"; do
   L)  # llama-1b's plain commands with the Triton chunk kernel (issue 51: no slower than 1.33x)
     FP8LAB_FUSED_LOSS_KERNEL=triton "${H[@]}" --variants default-bf16,default-fp8 --common-args '' --tag triton --models llama-1b
     ;;
-  *) echo "part must be A, B, T, C, D, E, G, P, F, K, M, O, Q or L" >&2 ;;
+  *) echo "part must be A, B, T, C, D, E, G, P, F, K, M, O or L" >&2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s"
   pack
