@@ -18,7 +18,7 @@ from fp8lab.analysis.estimates import MeasuredEstimate
 from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
 from fp8lab.analysis.scaling import instance_table
 from fp8lab.analysis.time_to_loss import time_to_loss as same_loss_table
-from fp8lab.core.hardware import INSTANCES
+from fp8lab.core.hardware import INSTANCES, gpu_model
 from fp8lab.model.models import MODEL_CONFIGS
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args, compare_precisions)
@@ -53,6 +53,14 @@ class Answer:
         head = headline_table(summary, comparison, reference)
         est = MeasuredEstimate.of_summary(summary)
         costs = [_costs(est, r, tokens, price_per_instance_hour, instance_type) for _, r in head.iterrows()]
+        # a model measured on the instance's GPU (P5's H100) is priced from that row, what the plan rests on: its
+        # rows on other GPUs quote that row's time and cost, and say so (one answer, as fp8lab launch plan prints it)
+        target = gpu_model(INSTANCES[instance_type].gpu)
+        on_target = {m: c for m, g, c in zip(head["model"], head["gpu_name"], costs)
+                     if gpu_model(str(g)) == target and not c["cost_note"]}
+        for (_, r), c in zip(head.iterrows(), costs):
+            if r["model"] in on_target and gpu_model(str(r["gpu_name"])) != target:
+                c.update(on_target[r["model"]], cost_note=f"priced from its runs on the {INSTANCES[instance_type].gpu}")
         rows = head.assign(why_bf16=WHY_BF16, why_fp8=WHY_FP8)
         for col in COST_COLUMNS:
             rows[col] = [c[col] for c in costs]
@@ -94,10 +102,23 @@ class Answer:
                                           "world_size", "tokens_per_sec_per_gpu", "cluster_gpus", "hours",
                                           "cost_usd", "projected", "token_budget", "price_per_instance_hour"])
 
+    def row(self, model: str, *, priced: bool = False) -> pd.Series:
+        """``model``'s row. Measured on several GPUs: the row on :func:`main_gpu` (the README's), or with ``priced``
+        the row its time and cost rest on (the instance's GPU, where the model ran there)."""
+        rows = self.rows[self.rows["model"] == model]
+        if not len(rows):
+            raise KeyError(f"model={model!r}: not in the answer; allowed: {', '.join(dict.fromkeys(self.rows['model']))}")
+        if priced:
+            target = gpu_model(INSTANCES[self.instance_type].gpu)
+            pick = rows[[gpu_model(str(g)) == target for g in rows["gpu_name"]]]
+        else:
+            pick = rows[rows["gpu_name"] == main_gpu(self.rows)]
+        return (pick if len(pick) else rows).iloc[0]
+
     def at_scale(self, model: str, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> pd.DataFrame:
         """The budget on several instances, BF16 / FP8 / FP8 all-gather, resting on this answer's
         runs (``fp8lab.analysis.scaling.instance_table``; its one-instance hours are this answer's)."""
-        row = self.rows.set_index("model").loc[model]
+        row = self.row(model, priced=True)
         runs = {p: row[f"{p}_run"] for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}
         return instance_table(self.estimate, model, list(instance_counts), self.tokens, instance_type=self.instance_type,
                               price_per_hour=self.price_per_instance_hour, runs=runs)
@@ -114,7 +135,7 @@ class Answer:
                                   "loss_gap_pct": num(r["loss_gap_pct"]), "loss_study": r["loss_study"] if isinstance(r["loss_study"], str) else None,
                                   "hours_bf16": num(r["hours_bf16"]), "hours_fp8": num(r["hours_fp8"]),
                                   "cost_bf16": num(r["cost_bf16"]), "cost_fp8": num(r["cost_fp8"])}
-                for _, r in self.rows.iterrows()}
+                for r in (self.row(m) for m in dict.fromkeys(self.rows["model"]))}
 
 
 def _unpriced_shape(model: str) -> str | None:
@@ -123,6 +144,14 @@ def _unpriced_shape(model: str) -> str | None:
         return None
     return (f"{model} is a model folder's shape, and P5 plans price fp8lab's named shapes (plan a folder with "
             "fp8lab launch plan --models <folder>)")
+
+
+def main_gpu(rows: pd.DataFrame) -> str | None:
+    """The GPU most of a headline's rows ran on (the first of a tie, in the rows' order): the README's table and
+    figure show its rows, one per model; a model's rows on other GPUs (P5's H100 beside the H200) are in
+    docs/results.md. None: no rows."""
+    gpus = rows["gpu_name"].dropna()
+    return str(gpus.value_counts(sort=True).index[0]) if len(gpus) else None
 
 
 def _budget(est, model: str, precision: str, run: str, tokens: float, price: float, instance_type: str,

@@ -10,6 +10,7 @@ import pandas as pd
 from fp8lab.analysis.labels import model_size_b
 from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.parity import MIN_BAND_PCT, seeds_label
+from fp8lab.core.hardware import INSTANCES
 
 
 def fmt_tokens(n: float) -> str:
@@ -117,8 +118,15 @@ def _bucket(model: str, r: pd.Series, gap_kind: str | None, gap: float,
     return "pays_unknown_loss", model
 
 
+def _instance_gpus(instance_type: str) -> str:
+    """E.g. '8 H100s' for ml.p5.48xlarge."""
+    info = INSTANCES[instance_type]
+    return f"{info.gpus} {info.gpu.split()[0]}s"
+
+
 def _in_short(buckets: dict[str, list[str]], loss_tolerance_pct: float) -> str:
-    """The closing "In short: ..." sentence from the models in each conclusion."""
+    """The closing "In short: ..." sentence from the models in each conclusion (a model measured on two GPUs once)."""
+    buckets = {k: list(dict.fromkeys(v)) for k, v in buckets.items()}
     pays, pays_unknown_loss, faster_worse = buckets["pays"], buckets["pays_unknown_loss"], buckets["faster_worse"]
     slower, emulated = buckets["slower"], buckets["emulated"]
     concl = []
@@ -161,8 +169,10 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
             s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
                   "of FP8 speed or cost")
         elif pd.notna(a["cost_fp8"]):
+            # "priced from its runs on the H100 80GB": the model's row on the instance's GPU gave the cost
+            note = f", {a['cost_note']}" if isinstance(a["cost_note"], str) and a["cost_note"] else ""
             s += (f"; planned on one {answer.instance_type} at ${answer.price_per_instance_hour:,.2f} per "
-                  f"instance-hour (the estimate of fp8lab launch plan), {fmt_tokens(answer.tokens)} tokens would take "
+                  f"instance-hour (the estimate of fp8lab launch plan{note}), {fmt_tokens(answer.tokens)} tokens would take "
                   f"{a['hours_fp8']:,.1f} h and cost ${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h and "
                   f"${a['cost_bf16']:,.0f} ({a['saved_pct']:.0f}% saved)")
         else:
@@ -284,7 +294,8 @@ def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_p
             ratio = a["hours_bf16"] / a["hours_fp8"]
             s += (f"; {fmt_tokens(answer.tokens)} tokens on one {answer.instance_type}: {a['hours_fp8']:,.1f} h "
                   f"${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h ${a['cost_bf16']:,.0f} "
-                  f"({ratio:.2f}x sooner: projected to 8 H100s, not the one H200 measured)")
+                  f"({ratio:.2f}x sooner: projected to {_instance_gpus(answer.instance_type)}, not the one "
+                  f"{str(a['gpu_name']).removeprefix('NVIDIA ')} measured)")
         out.append(s)
         r = pd.Series({"hardware_fp8": bool(a["hardware_fp8"]), "speedup": a["speedup"]})
         key, name = _bucket(a["model"], r, "loss" if pd.notna(gap) else None, gap, loss_tolerance_pct)

@@ -2,7 +2,8 @@
 
 A SageMaker job's time is its token budget over the cluster's tokens/s. The per-GPU rate comes from
 the committed results (``data/results/``): per model and precision, the fastest run on one GPU of the
-job's backend and FP8 recipe. What is measured and what is assumed, in order:
+job's backend and FP8 recipe, among the runs on the job's GPU where there are any (P5's H100: no projection), else
+among all. What is measured and what is assumed, in order:
 
 1. **Per-GPU rate (measured)**: that run's steady tokens/s/GPU, converted to the job's sequence length
    through the model FLOPs per token (the run's achieved FLOP/s are kept).
@@ -36,7 +37,7 @@ from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
 from fp8lab.analysis import scaling
 from fp8lab.analysis.index import committed_summary, is_committed_results
 from fp8lab.analysis.summary import scaling_table, summarize_runs
-from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_spec, peak_bf16_flops
+from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_model, gpu_spec, peak_bf16_flops
 from fp8lab.model.models import model_flops_per_token
 from fp8lab.plan.flops_estimate import Estimate
 
@@ -150,6 +151,9 @@ class MeasuredEstimate(Estimate):
         else:
             exact = mine[mine["backend"] == backend]
         mine = exact if len(exact) else mine
+        if run_id is None:  # measured on the job's GPU (P5's H100) beats projected from another GPU, however fast
+            here = mine[[gpu_model(g) == gpu_model(info.gpu) for g in mine["gpu_name"]]]
+            mine = here if len(here) else mine
         if not len(mine):
             return None
         r = mine.loc[mine["tokens_per_sec_per_gpu"].idxmax()]

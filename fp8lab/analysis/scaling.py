@@ -393,7 +393,7 @@ def plan_lines(plan: Any) -> str:
 def answer_at_scale(answer: Any, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16), most: int = 2) -> pd.DataFrame:
     """:meth:`fp8lab.analysis.Answer.at_scale` of the answer's priced models, the source's sizes (1B, 7B)
     first, at most ``most`` of them (a readable figure: three lines per model)."""
-    priced = [m for m, h in zip(answer.rows["model"], answer.rows["hours_fp8"]) if not pd.isna(h)]
+    priced = list(dict.fromkeys(m for m, h in zip(answer.rows["model"], answer.rows["hours_fp8"]) if not pd.isna(h)))
     priced.sort(key=lambda m: (model_size_b(m) not in (1.0, 7.0), model_size_b(m) or 0))
     tables = [answer.at_scale(m, instance_counts) for m in priced[:most]]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()

@@ -96,6 +96,12 @@ def gpu_spec(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
     return None
 
 
+def gpu_model(gpu_name: str | None) -> str | None:
+    """The row of :data:`GPUS` a GPU's name matches first (its fragment, e.g. "H100 80GB" for both "NVIDIA H100 80GB
+    HBM3" and P5's "H100 80GB"): two names of one GPU model give the same; None where no row matches."""
+    return next((g.fragment for g in GPUS if gpu_name and g.fragment.lower() in gpu_name.lower()), None)
+
+
 def generation(gpu: str | tuple[int, int] | None) -> str | None:
     """The generation of a GPU by name (:data:`GPUS`) or by compute capability ``(major, minor)``; None: before
     Ampere, or a name the table does not know."""

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis import is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth, variant_kind
+from fp8lab.analysis import (group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth,
+                             variant_kind)
 from fp8lab.analysis.summary import same_seed
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLINE_PANELS, MAX_LEGEND_KINDS,  # noqa: F401
@@ -503,14 +504,17 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     if not len(best):
         return _finish(_empty(title), save)
     # the headline table's models (analysis.headline_table): FP8 runs with no BF16 run to compare against head nothing
-    groups = [(m, g[g["role"] != "best FP8"]) for m, g in best.groupby("model", sort=False)  # best FP8: its recipe's bar
-              if (g["role"] == "best BF16").any()]
+    # one panel per model and GPU, as the table has a row per model and GPU (a GPU's runs are never mixed with another's)
+    gpu = best["gpu_name"].map(group_key)
+    groups = [(m, g[g["role"] != "best FP8"]) for (m, _), g in best.groupby([best["model"], gpu], sort=False)
+              if (g["role"] == "best BF16").any()]  # best FP8: its recipe's bar
     if len(groups) > MAX_HEADLINE_PANELS:  # a screen's worth: the models with the most bars (comparisons) first
         n_models = len(groups)
         def bars(x):  # measured roles, and the source's reported bar where there is one
             return x[1]["role"].nunique() + bool(reference is not None and len(reference_for(reference, x[0])))
         groups = sorted(groups, key=lambda x: -bars(x))[:MAX_HEADLINE_PANELS]  # stable: ties keep the table's order
-        title += f" (the {len(groups)} of {n_models} models with the most bars; all {n_models} in the table)"
+        what = "models" if gpu.nunique() == 1 else "models and GPUs"
+        title += f" (the {len(groups)} of {n_models} {what} with the most bars; all {n_models} in the table)"
     has_ref = reference is not None and len(reference)
     roles = sorted({r for _, g in groups for r in g["role"]}, key=_slot_order)
     with_ref = has_ref and any(len(reference_for(reference, m)) for m, _ in groups)

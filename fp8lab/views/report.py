@@ -457,13 +457,17 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss gap | "
              f"{budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
+    several_gpus = headline["gpu_name"].nunique() > 1  # then each row names its GPU (one table, never a mixed row)
     for _, r in headline.iterrows():
         gap = "-" if pd.isna(r["loss_gap_pct"]) else f"{r['loss_gap_pct']:+.2f}%"
         src = "-" if pd.isna(r["source_speedup"]) else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% loss"
         speed = "-" if pd.isna(r["speedup"]) else f"**{r['speedup']:.2f}x**"
         gpus = "" if r["world_size"] == 1 else f" ({int(r['world_size'])} GPUs)"
+        if several_gpus:
+            gpus += f" on {str(r['gpu_name']).removeprefix('NVIDIA ')}"
         cost = ("-" if pd.isna(r["cost_fp8"]) else
-                f"{r['hours_bf16']:,.1f} h ${r['cost_bf16']:,.0f} -> {r['hours_fp8']:,.1f} h ${r['cost_fp8']:,.0f}")
+                f"{r['hours_bf16']:,.1f} h ${r['cost_bf16']:,.0f} -> {r['hours_fp8']:,.1f} h ${r['cost_fp8']:,.0f}"
+                + (f" ({r['cost_note']})" if isinstance(r.get("cost_note"), str) and r["cost_note"] else ""))
         lines.append(f"| {r['model']}{gpus} | {_tps(r['tps_hf'])} | {_tps(r['tps_bf16'])} | {_tps(r['tps_fp8'])} | {speed} | "
                      f"{_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {cost} | {src} |")
         parts = [f"best BF16 `{r['bf16_variant']}` {r['bf16_layout']}", f"best FP8 `{r['fp8_variant']}` {r['fp8_layout']}"]
@@ -480,10 +484,19 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
-def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = ()) -> str:
+readme_gpu = analysis.answer.main_gpu  # the GPU of the README's headline rows
+
+
+def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = (),
+                  main: str | None = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
-    each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss)."""
-    table = headline_markdown(headline, tokens).split("\n\n")[0]
+    each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss).
+    ``main``: the one GPU whose rows the table shows (:func:`readme_gpu`); the others are counted under it."""
+    others = headline[headline["gpu_name"] != main] if main else headline.iloc[:0]
+    table = headline_markdown(headline.drop(others.index), tokens).split("\n\n")[0]
+    elsewhere = "" if not len(others) else (
+        f" The table's rows are on {main}; {len(others)} more on "
+        f"{', '.join(sorted(map(str, others['gpu_name'].unique())))} ({', '.join(others['model'])}): [`{RESULTS_MD}`]({RESULTS_MD}).")
     loss = ("; ".join(same_loss) + ".") if same_loss else "no loss study with a BF16 and an FP8 run yet."
     return "\n".join([
         README_BEGIN,
@@ -491,7 +504,7 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         "",
         f"- **Speed**: tokens/s/GPU of {n_runs} measured runs on {gpus}, one GPU unless a row says otherwise: each "
         "model's plain `transformers` BF16 run and the fastest BF16 and FP8 runs fp8lab measured; MFU over the dense "
-        "BF16 peak for both.",
+        f"BF16 peak for both.{elsewhere}",
         "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
         f"- **Time to the same loss**: {loss}",
         f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` estimates "
@@ -622,8 +635,10 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
     summary, headline = a.summary, a.headline
+    main = readme_gpu(headline)  # the README's table and figure: one row per model, on the GPU most rows ran on
+    best = analysis.best_runs(summary)
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
-           HEADLINE_PNG: plots.headline_figure(analysis.best_runs(summary), a.reference)}
+           HEADLINE_PNG: plots.headline_figure(best[best["gpu_name"] == main] if main else best, a.reference)}
     if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), from the same read
         settings = {"warmup_steps": config.warmup_steps, "smoothing": config.smoothing,
                     "smoothing_span": config.smoothing_span}  # the summary too, where made at the index's settings
@@ -639,7 +654,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         same = [f"{r['model']}: {sentence(r, analysis.fmt_tokens(config.tokens))}"
                 for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
         out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
-                                                same) + tail
+                                                same, main) + tail
     return out
 
 

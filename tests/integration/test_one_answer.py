@@ -25,26 +25,38 @@ def _num(text: str) -> float:
     return float(text.replace(",", "").replace("$", "").rstrip("x%h ").strip())
 
 
-def _headline_rows(markdown: str) -> dict[str, list[str]]:
-    """model -> cells of the headline table (README block or docs/results.md)."""
+def _answer_rows() -> pd.DataFrame:
+    """The answer's rows by (model, GPU): a model measured on two GPUs heads a row for each (session 26)."""
+    rows = _answer().rows
+    return rows.set_index([rows["model"], rows["gpu_name"].str.removeprefix("NVIDIA ")])
+
+
+def _headline_rows(markdown: str) -> dict[tuple[str, str], list[str]]:
+    """(model, GPU) -> cells of the headline table (README block or docs/results.md); a row names its GPU ("m on
+    H200") where the answer spans several, else the answer's one GPU is the row's."""
     lines = markdown.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("| model | plain transformers BF16 |"))
+    main = report.readme_gpu(_answer().rows).removeprefix("NVIDIA ")  # the GPU of a table whose rows name none
     rows = {}
     for line in lines[start + 2:]:
         if not line.startswith("| "):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0].split(" (")[0]] = cells
+        model, _, gpu = re.sub(r" \(\d+ GPUs\)", "", cells[0]).partition(" on ")
+        rows[model, gpu or main] = cells
     return rows
 
 
 def _check_headline(markdown: str, where: str) -> None:
-    a = _answer().rows.set_index("model")
+    a = _answer_rows()
     rows = _headline_rows(markdown)
-    assert sorted(rows) == sorted(a.index), where
+    main = report.readme_gpu(_answer().rows).removeprefix("NVIDIA ")
+    named = any(" on " in cells[0] for cells in rows.values())
+    # docs/results.md: every row of the answer, each naming its GPU; README: the rows of one GPU (others counted)
+    assert sorted(rows) == sorted(k for k in a.index if named or k[1] == main), where
     cost = re.compile(r"([\d.,]+) h \$([\d,]+) -> ([\d.,]+) h \$([\d,]+)")
-    for model, cells in rows.items():
-        r = a.loc[model]
+    for (model, gpu), cells in rows.items():
+        r = a.loc[model, gpu]
         assert cells[2] == f"{r['tps_bf16']:,.0f}" and cells[3] == f"{r['tps_fp8']:,.0f}", (where, model)
         assert _num(cells[4].strip("*")) == pytest.approx(round(r["speedup"], 2)), (where, model)
         assert _num(cells[5]) == pytest.approx(round(100 * r["mfu_bf16"], 1)), (where, model)
@@ -54,44 +66,59 @@ def _check_headline(markdown: str, where: str) -> None:
         if pd.isna(r["cost_fp8"]):  # a model folder's shape (e.g. the families study): the plan prices named shapes only
             assert cells[8] == "-" and model not in MODEL_CONFIGS, (where, model, cells[8])
             continue
-        m = cost.fullmatch(cells[8])
+        # a model's row on another GPU than P5's quotes the cost of its row on P5's H100, and says so
+        priced = _priced_on_p5(a, model, gpu)
+        assert cells[8].endswith(" (priced from its runs on the H100 80GB)") == priced, (where, model, cells[8])
+        m = cost.fullmatch(cells[8].removesuffix(" (priced from its runs on the H100 80GB)"))
         assert m, (where, model, cells[8])
         got = [_num(g) for g in m.groups()]
         want = [round(r["hours_bf16"], 1), round(r["cost_bf16"]), round(r["hours_fp8"], 1), round(r["cost_fp8"])]
         assert got == pytest.approx(want), (where, model)
 
 
-_SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on .*? \(run (?P<fp8>[^)]+)\) ran at (?P<speedup>[\d.]+)x the tokens/s/GPU "
-                       r"of .*? \(run (?P<bf16>[^)]+)\) \((?P<tps_fp8>[\d,]+) vs (?P<tps_bf16>[\d,]+)\); planned on one "
-                       r"\S+ at \$[\d.,]+ per instance-hour \(the estimate of fp8lab launch plan\), [\w.]+ tokens would take "
+def _priced_on_p5(a: pd.DataFrame, model: str, gpu: str) -> bool:
+    """Whether ``model`` has a priced row measured on P5's H100 and ``gpu`` is another GPU."""
+    p5 = [g for m, g in a.index if m == model and g.startswith("H100 80GB") and pd.notna(a.loc[m, g]["cost_fp8"])]
+    if p5 and not gpu.startswith("H100 80GB"):  # then this row quotes that row's time and cost
+        assert a.loc[model, gpu]["cost_fp8"] == a.loc[model, p5[0]]["cost_fp8"], (model, gpu)
+        return True
+    return False
+
+
+_SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on \d+ GPUs? of (?:NVIDIA )?(?P<gpu>[^,]+), .*? \(run (?P<fp8>[^)]+)\) "
+                       r"ran at (?P<speedup>[\d.]+)x the tokens/s/GPU of .*? \(run (?P<bf16>[^)]+)\) \((?P<tps_fp8>[\d,]+) vs (?P<tps_bf16>[\d,]+)\); planned on one "
+                       r"\S+ at \$[\d.,]+ per instance-hour \(the estimate of fp8lab launch plan(?P<priced>, priced from its "
+                       r"runs on the H100 80GB)?\), [\w.]+ tokens would take "
                        r"(?P<h_fp8>[\d.,]+) h and cost \$(?P<c_fp8>[\d,]+) instead of (?P<h_bf16>[\d.,]+) h and "
                        r"\$(?P<c_bf16>[\d,]+)")
 
 
-_FOLDER_SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on .*? \(run (?P<fp8>[^)]+)\) ran at (?P<speedup>[\d.]+)x the "
+_FOLDER_SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on \d+ GPUs? of (?:NVIDIA )?(?P<gpu>[^,]+), .*? \(run (?P<fp8>[^)]+)\) "
+                              r"ran at (?P<speedup>[\d.]+)x the "
                               r"tokens/s/GPU of .*? \(run (?P<bf16>[^)]+)\) \((?P<tps_fp8>[\d,]+) vs (?P<tps_bf16>[\d,]+)\); "
                               r"no time or cost: (?P=model) is a model folder's shape")
 
 
 def _check_verdict(text: str, where: str) -> None:
-    a = _answer().rows.set_index("model")
+    a = _answer_rows()
     # one sentence per model, each starting "For <model> on": matched one at a time, so none runs into the next
     sentences = [t for t in re.split(r"(?=For [\w.-]+ on )", text) if t.startswith("For ")]
     found = {}
     for t in sentences:
         m = _SENTENCE.match(t) or _FOLDER_SENTENCE.match(t)
         assert m, (where, t[:120])
-        found[m["model"]] = m
+        found[m["model"], m["gpu"]] = m
     hardware = a[a["hardware_fp8"] == True]  # noqa: E712
     assert sorted(found) == sorted(hardware.index), (where, sorted(found))
-    for model, m in found.items():
-        r = a.loc[model]
+    for (model, gpu), m in found.items():
+        r = a.loc[model, gpu]
         assert (m["fp8"], m["bf16"]) == (r["fp8_run"], r["bf16_run"]), (where, model)
         assert float(m["speedup"]) == pytest.approx(round(r["speedup"], 2)), (where, model)
         assert _num(m["tps_fp8"]) == round(r["tps_fp8"]) and _num(m["tps_bf16"]) == round(r["tps_bf16"]), (where, model)
         if "h_fp8" not in m.groupdict():  # a model folder's shape: no plan prices it, and the answer has no cost
             assert pd.isna(r["cost_fp8"]) and model not in MODEL_CONFIGS, (where, model)
             continue
+        assert bool(m["priced"]) == _priced_on_p5(a, model, gpu), (where, model, gpu)
         assert [_num(m[k]) for k in ("h_fp8", "c_fp8", "h_bf16", "c_bf16")] == pytest.approx(
             [round(r["hours_fp8"], 1), round(r["cost_fp8"]), round(r["hours_bf16"], 1), round(r["cost_bf16"])]), (where, model)
 

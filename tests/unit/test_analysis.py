@@ -583,6 +583,33 @@ def test_the_headline_leaves_out_a_model_with_fp8_runs_and_no_bf16_run():
     assert "only-fp8" in set(analysis.best_runs(pd.DataFrame(rows))["model"])  # still a measured run, not a headline row
 
 
+def test_a_model_measured_on_two_gpus_heads_a_row_and_a_panel_per_gpu():
+    """Session 26: llama-3.2-1b ran on an H100 and on an H200. The table names each row's GPU and the figure draws a
+    panel per model and GPU, each with its own GPU's runs (the figure grouped by model alone: its title named the
+    first GPU while its bars showed the other's)."""
+    pytest.importorskip("matplotlib")
+    from fp8lab.views import plots, report
+
+    base = dict(instances=1, world_size=1, study="s", micro_batch_size=8, grad_accum=1, seq_len=2048, tokens=2e7,
+                loss_comparable=False, smoothed_loss=3.0, final_loss=3.0, val_loss=None)
+    base = {**{c: None for c in analysis.load.META_COLUMNS}, "mfu": 0.5, "nonfinite_losses": 0, **base, "model": "m"}
+    rows = [{**base, "gpu_name": gpu, "run_id": f"{p}-{tag}", "variant": p, "precision": p, "backend": "te",
+             "recipe": "delayed" if p == "fp8" else None, "tokens_per_sec_per_gpu": tps}
+            for gpu, tag, bf16, fp8 in (("NVIDIA H100 80GB HBM3", "h100", 10, 12), ("NVIDIA H200", "h200", 20, 30))
+            for p, tps in (("bf16", bf16), ("fp8", fp8))]
+    head = analysis.headline_table(pd.DataFrame(rows))
+    assert sorted(zip(head["gpu_name"], head["speedup"])) == [("NVIDIA H100 80GB HBM3", pytest.approx(1.2)),
+                                                              ("NVIDIA H200", pytest.approx(1.5))]
+    table = report.headline_markdown(head.assign(cost_fp8=np.nan)).split("\n\n")[0]
+    assert "| m on H100 80GB HBM3 | - | 10 | 12 | **1.20x** |" in table and "| m on H200 | - | 20 | 30 | **1.50x** |" in table
+    fig = plots.headline_figure(analysis.best_runs(pd.DataFrame(rows)))
+    panels = {ax.get_title(): sorted(t.get_text().split("\n")[0] for t in ax.texts if "x\n" in t.get_text())
+              for ax in fig.axes if ax.get_visible() and ax.get_title()}  # each bar's label: its ratio first
+    assert panels == {"m (NVIDIA H100 80GB HBM3)": ["1.00x", "1.20x"], "m (NVIDIA H200)": ["1.00x", "1.50x"]}
+    one = analysis.headline_table(pd.DataFrame(rows[2:]))  # one GPU: the rows name none, as before
+    assert "| m | - | 20 | 30 |" in report.headline_markdown(one.assign(cost_fp8=np.nan))
+
+
 def test_the_committed_parity_study_is_the_llama_1b_loss_gap_with_its_noise_band():
     """The README's llama-1b loss cell comes from data/results/loss-parity-20m: 20.02M tokens, FP8 delayed (the mean
     of its seeds) against the mean of the BF16 seeds, their spread beside it (the figures parity.json holds, written by

@@ -32,6 +32,8 @@ def test_default_plan_rests_on_the_fastest_committed_one_gpu_run_of_each_model_a
         mine = one_gpu[(one_gpu["model"] == s.model) & (one_gpu["precision"] == s.precision) & (one_gpu["backend"] == "te")]
         if s.precision == "fp8":
             mine = mine[(mine["recipe"] == "delayed") & (mine["fuse"] == True)]  # noqa: E712
+        p5 = mine[mine["gpu_name"].str.contains("H100 80GB")]  # a run on P5's GPU first (none of these models yet)
+        mine = p5 if len(p5) else mine
         best = mine.loc[mine["tokens_per_sec_per_gpu"].idxmax()]
         assert basis.startswith(f"measured {best['run_id']} ({best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
         r = plan.estimate.rate(s.model, s.precision, instance_count=s.instance_count)
@@ -89,6 +91,26 @@ def test_sequence_length_and_gpu_peak_scale_the_measured_rate(tmp_path):
     assert est.rate("llama-1b", "bf16") is None  # nothing measured in BF16 here
     assert estimates.MeasuredEstimate(results=str(tmp_path), node_efficiency=0.8).rate("llama-1b", "fp8", seq_len=1024)[
         "tokens_per_sec_per_gpu"] == pytest.approx(800.0)
+
+
+def test_a_run_on_the_jobs_gpu_beats_a_faster_run_projected_from_another(tmp_path):
+    """Session 26: P5's plan rests on a run measured on an H100 where there is one (no projection between GPUs), even
+    where an H200 run is faster; a job on another GPU (P5e's H200) still takes the fastest of its own; a named run
+    is taken as named."""
+    _bench(tmp_path, "h200", 1000.0, 1, "2026-11-29T10:00:00Z")  # fake_runs' GPU: an H200
+    h100 = "NVIDIA H100 80GB HBM3"
+    analysis.write_result_file(tmp_path / "h100.jsonl", run_meta("llama-1b", "fp8", run_id="h100", variant="h100",
+                                                                 gpu_name=h100, date="2026-11-29T10:05:00Z"),
+                               [{**r, "gpu_name": h100} for r in step_records(12, 950.0, "fp8")])
+    est = estimates.MeasuredEstimate(results=str(tmp_path), node_efficiency=1.0)
+    p5 = est.rate("llama-1b", "fp8", seq_len=1024)
+    assert p5["run_id"] == "h100" and p5["gpu_scale"] == pytest.approx(1.0)
+    assert p5["tokens_per_sec_per_gpu"] == pytest.approx(950.0)
+    p5e = est.rate("llama-1b", "fp8", seq_len=1024, instance_type="ml.p5e.48xlarge")
+    assert p5e["run_id"] == "h200" and p5e["tokens_per_sec_per_gpu"] == pytest.approx(1000.0)
+    assert est.rate("llama-1b", "fp8", seq_len=1024, run_id="h200")["run_id"] == "h200"
+    b200 = est.rate("llama-1b", "fp8", seq_len=1024, instance_type="ml.p6-b200.48xlarge")  # measured on neither:
+    assert b200["run_id"] == "h200"  # the fastest, projected
 
 
 def test_emulated_and_cpu_runs_are_not_measurements(tmp_path):
