@@ -295,7 +295,8 @@ def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_p
             s += (f"; {fmt_tokens(answer.tokens)} tokens on one {answer.instance_type}: {a['hours_fp8']:,.1f} h "
                   f"${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h ${a['cost_bf16']:,.0f} "
                   f"({ratio:.2f}x sooner: projected to {_instance_gpus(answer.instance_type)}, not the one "
-                  f"{str(a['gpu_name']).removeprefix('NVIDIA ')} measured)")
+                  f"{str(a['gpu_name']).removeprefix('NVIDIA ')} measured"
+                  + (f"; {a['cost_note']})" if isinstance(a["cost_note"], str) and a["cost_note"] else ")"))
         out.append(s)
         r = pd.Series({"hardware_fp8": bool(a["hardware_fp8"]), "speedup": a["speedup"]})
         key, name = _bucket(a["model"], r, "loss" if pd.notna(gap) else None, gap, loss_tolerance_pct)
