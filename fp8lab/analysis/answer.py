@@ -18,7 +18,7 @@ from fp8lab.analysis.estimates import MeasuredEstimate
 from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
 from fp8lab.analysis.scaling import instance_table
 from fp8lab.analysis.time_to_loss import time_to_loss as same_loss_table
-from fp8lab.core.hardware import INSTANCES, gpu_model
+from fp8lab.core.hardware import INSTANCES, on_instance_gpu
 from fp8lab.model.models import MODEL_CONFIGS
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args, compare_precisions)
@@ -55,11 +55,10 @@ class Answer:
         costs = [_costs(est, r, tokens, price_per_instance_hour, instance_type) for _, r in head.iterrows()]
         # a model measured on the instance's GPU (P5's H100) is priced from that row, what the plan rests on: its
         # rows on other GPUs quote that row's time and cost, and say so (one answer, as fp8lab launch plan prints it)
-        target = gpu_model(INSTANCES[instance_type].gpu)
         on_target = {m: c for m, g, c in zip(head["model"], head["gpu_name"], costs)
-                     if gpu_model(str(g)) == target and not c["cost_note"]}
+                     if on_instance_gpu(g, instance_type) and not c["cost_note"]}
         for (_, r), c in zip(head.iterrows(), costs):
-            if r["model"] in on_target and gpu_model(str(r["gpu_name"])) != target:
+            if r["model"] in on_target and not on_instance_gpu(r["gpu_name"], instance_type):
                 c.update(on_target[r["model"]], cost_note=f"priced from its runs on the {INSTANCES[instance_type].gpu}")
         rows = head.assign(why_bf16=WHY_BF16, why_fp8=WHY_FP8)
         for col in COST_COLUMNS:
@@ -109,8 +108,7 @@ class Answer:
         if not len(rows):
             raise KeyError(f"model={model!r}: not in the answer; allowed: {', '.join(dict.fromkeys(self.rows['model']))}")
         if priced:
-            target = gpu_model(INSTANCES[self.instance_type].gpu)
-            pick = rows[[gpu_model(str(g)) == target for g in rows["gpu_name"]]]
+            pick = rows[[on_instance_gpu(g, self.instance_type) for g in rows["gpu_name"]]]
         else:
             pick = rows[rows["gpu_name"] == main_gpu(self.rows)]
         return (pick if len(pick) else rows).iloc[0]

@@ -10,7 +10,7 @@ import pandas as pd
 from fp8lab.analysis.labels import model_size_b
 from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.parity import MIN_BAND_PCT, seeds_label
-from fp8lab.core.hardware import INSTANCES
+from fp8lab.core.hardware import INSTANCES, gpu_label
 
 
 def fmt_tokens(n: float) -> str:
@@ -169,8 +169,7 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
             s += (", but its FP8 was emulated in PyTorch or ran on a CPU: a numerics study, not a measurement "
                   "of FP8 speed or cost")
         elif pd.notna(a["cost_fp8"]):
-            # "priced from its runs on the H100 80GB": the model's row on the instance's GPU gave the cost
-            note = f", {a['cost_note']}" if isinstance(a["cost_note"], str) and a["cost_note"] else ""
+            note = f", {a['cost_note']}" if a["cost_note"] else ""  # a priced row's note: which row's runs priced it
             s += (f"; planned on one {answer.instance_type} at ${answer.price_per_instance_hour:,.2f} per "
                   f"instance-hour (the estimate of fp8lab launch plan{note}), {fmt_tokens(answer.tokens)} tokens would take "
                   f"{a['hours_fp8']:,.1f} h and cost ${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h and "
@@ -295,8 +294,7 @@ def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_p
             s += (f"; {fmt_tokens(answer.tokens)} tokens on one {answer.instance_type}: {a['hours_fp8']:,.1f} h "
                   f"${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h ${a['cost_bf16']:,.0f} "
                   f"({ratio:.2f}x sooner: projected to {_instance_gpus(answer.instance_type)}, not the one "
-                  f"{str(a['gpu_name']).removeprefix('NVIDIA ')} measured"
-                  + (f"; {a['cost_note']})" if isinstance(a["cost_note"], str) and a["cost_note"] else ")"))
+                  f"{gpu_label(a['gpu_name'])} measured" + (f"; {a['cost_note']})" if a["cost_note"] else ")"))
         out.append(s)
         r = pd.Series({"hardware_fp8": bool(a["hardware_fp8"]), "speedup": a["speedup"]})
         key, name = _bucket(a["model"], r, "loss" if pd.notna(gap) else None, gap, loss_tolerance_pct)

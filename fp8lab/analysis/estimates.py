@@ -37,7 +37,7 @@ from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
 from fp8lab.analysis import scaling
 from fp8lab.analysis.index import committed_summary, is_committed_results
 from fp8lab.analysis.summary import scaling_table, summarize_runs
-from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_model, gpu_spec, peak_bf16_flops
+from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_label, gpu_spec, on_instance_gpu, peak_bf16_flops
 from fp8lab.model.models import model_flops_per_token
 from fp8lab.plan.flops_estimate import Estimate
 
@@ -152,7 +152,7 @@ class MeasuredEstimate(Estimate):
             exact = mine[mine["backend"] == backend]
         mine = exact if len(exact) else mine
         if run_id is None:  # measured on the job's GPU (P5's H100) beats projected from another GPU, however fast
-            here = mine[[gpu_model(g) == gpu_model(info.gpu) for g in mine["gpu_name"]]]
+            here = mine[[on_instance_gpu(g, instance_type) for g in mine["gpu_name"]]]
             mine = here if len(here) else mine
         if not len(mine):
             return None
@@ -259,7 +259,7 @@ def _basis_text(r: dict[str, Any]) -> str:
         parts.append(f"nearest variant: {r['variant']}")
     if abs(r["seq_scale"] - 1) > 1e-9:
         parts.append(f"x{r['seq_scale']:.3f} for the job's sequence length")
-    parts.append(f"x{r['gpu_scale']:.2f} {r['target_gpu']}/{r['gpu_name'].removeprefix('NVIDIA ')} (kernels of "
+    parts.append(f"x{r['gpu_scale']:.2f} {r['target_gpu']}/{gpu_label(r['gpu_name'])} (kernels of "
                  f"{r['gpu_split_from']}: GEMMs by FP8/BF16 peak, the rest by HBM bandwidth)")
     parts.append(f"x{r['node_efficiency']:.3f} 8 GPUs/node ({r['node_efficiency_from']}, assumed for 8)")
     if r["instances"] > 1:

@@ -102,6 +102,17 @@ def gpu_model(gpu_name: str | None) -> str | None:
     return next((g.fragment for g in GPUS if gpu_name and g.fragment.lower() in gpu_name.lower()), None)
 
 
+def on_instance_gpu(gpu_name: object, instance_type: str) -> bool:
+    """Whether a run on ``gpu_name`` ran on the GPU model of ``instance_type`` (:data:`INSTANCES`), e.g. a run on an
+    "NVIDIA H100 80GB HBM3" for ml.p5.48xlarge: its speed needs no projection to that instance."""
+    return isinstance(gpu_name, str) and gpu_model(gpu_name) == gpu_model(INSTANCES[instance_type].gpu)
+
+
+def gpu_label(gpu_name: object) -> str:
+    """A GPU's name as tables and sentences write it: "H100 80GB HBM3" for "NVIDIA H100 80GB HBM3"."""
+    return str(gpu_name).removeprefix("NVIDIA ")
+
+
 def generation(gpu: str | tuple[int, int] | None) -> str | None:
     """The generation of a GPU by name (:data:`GPUS`) or by compute capability ``(major, minor)``; None: before
     Ampere, or a name the table does not know."""

@@ -22,6 +22,7 @@ from fp8lab.analysis.index import (INDEX_DOC, SUMMARY_DEFAULTS, committed_index,
                                    render_index)
 from fp8lab.analysis.scaling import answer_at_scale
 from fp8lab.analysis.time_to_loss import sentence, time_to_loss
+from fp8lab.core.hardware import gpu_label
 from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, files_read_once
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.progress import Counter
@@ -464,7 +465,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
         speed = "-" if pd.isna(r["speedup"]) else f"**{r['speedup']:.2f}x**"
         gpus = "" if r["world_size"] == 1 else f" ({int(r['world_size'])} GPUs)"
         if several_gpus:
-            gpus += f" on {str(r['gpu_name']).removeprefix('NVIDIA ')}"
+            gpus += f" on {gpu_label(r['gpu_name'])}"
         cost = ("-" if pd.isna(r["cost_fp8"]) else
                 f"{r['hours_bf16']:,.1f} h ${r['cost_bf16']:,.0f} -> {r['hours_fp8']:,.1f} h ${r['cost_fp8']:,.0f}"
                 + (f" ({r['cost_note']})" if isinstance(r.get("cost_note"), str) and r["cost_note"] else ""))
@@ -484,14 +485,11 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
-readme_gpu = analysis.answer.main_gpu  # the GPU of the README's headline rows
-
-
 def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = (),
                   main: str | None = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
     each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss).
-    ``main``: the one GPU whose rows the table shows (:func:`readme_gpu`); the others are counted under it."""
+    ``main``: the one GPU whose rows the table shows (:func:`fp8lab.analysis.answer.main_gpu`); the others are counted under it."""
     others = headline[headline["gpu_name"] != main] if main else headline.iloc[:0]
     table = headline_markdown(headline.drop(others.index), tokens).split("\n\n")[0]
     elsewhere = "" if not len(others) else (
@@ -635,7 +633,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
     summary, headline = a.summary, a.headline
-    main = readme_gpu(headline)  # the README's table and figure: one row per model, on the GPU most rows ran on
+    main = analysis.answer.main_gpu(headline)  # the README's table and figure: one row per model, on the GPU most rows ran on
     best = analysis.best_runs(summary)
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
            HEADLINE_PNG: plots.headline_figure(best[best["gpu_name"] == main] if main else best, a.reference)}

@@ -53,7 +53,7 @@ def test_readme_leads_with_the_answer():
     rows = [l for l in block.splitlines() if l.startswith("| ") and not l.startswith("| model ")]
     assert 1 <= len(rows) <= 10  # one row per model measured: readable at a glance
     headline = analysis.headline_table(analysis.summarize_runs(analysis.load_runs()), reference=analysis.load_reference())
-    main = report.readme_gpu(headline)  # the README's rows are of one GPU (session 26: P5's H100 rows beside them)
+    main = analysis.answer.main_gpu(headline)  # the README's rows are of one GPU (session 26: P5's H100 rows beside them)
     assert [r.split("|")[1].strip() for r in rows] == list(headline.loc[headline["gpu_name"] == main, "model"])
     # the source's figures sit in the rows of the models of their size, labelled as reported
     assert "1.13x" in [r for r in rows if r.startswith("| llama-1b ")][0]

@@ -36,7 +36,7 @@ def _headline_rows(markdown: str) -> dict[tuple[str, str], list[str]]:
     H200") where the answer spans several, else the answer's one GPU is the row's."""
     lines = markdown.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("| model | plain transformers BF16 |"))
-    main = report.readme_gpu(_answer().rows).removeprefix("NVIDIA ")  # the GPU of a table whose rows name none
+    main = analysis.answer.main_gpu(_answer().rows).removeprefix("NVIDIA ")  # the GPU of a table whose rows name none
     rows = {}
     for line in lines[start + 2:]:
         if not line.startswith("| "):
@@ -50,7 +50,7 @@ def _headline_rows(markdown: str) -> dict[tuple[str, str], list[str]]:
 def _check_headline(markdown: str, where: str) -> None:
     a = _answer_rows()
     rows = _headline_rows(markdown)
-    main = report.readme_gpu(_answer().rows).removeprefix("NVIDIA ")
+    main = analysis.answer.main_gpu(_answer().rows).removeprefix("NVIDIA ")
     named = any(" on " in cells[0] for cells in rows.values())
     # docs/results.md: every row of the answer, each naming its GPU; README: the rows of one GPU (others counted)
     assert sorted(rows) == sorted(k for k in a.index if named or k[1] == main), where
