@@ -41,6 +41,10 @@ AUTO_MIN_LOGITS = 32_000 * 8192
 BYTES_PER_LOGIT = {"triton": 2.6, "compiled": 9.0, "eager": 9.0}
 KERNELS = tuple(BYTES_PER_LOGIT)
 WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
+# Without gradients (validation) a chunk's loss is read from its logits in fp32, as the plain loss reads them: the
+# bf16 logits, their fp32 copy and log-sum-exp's fp32 temporary. Its chunks are cut so that they hold no more than a
+# training chunk of the same kernel: evaluation never needs more memory than the step the layout was sized for.
+NO_GRAD_BYTES_PER_LOGIT = 10.0
 
 
 KERNEL_ENV = "FP8LAB_FUSED_LOSS_KERNEL"  # a study's choice of kernel (one of KERNELS: a control); unset: the default below
@@ -68,6 +72,13 @@ def chunk_tokens(vocab: int, n_tokens: int, kernel: str) -> int:
     while c * 2 * per_token <= CHUNK_BYTES:
         c *= 2
     return max(1, min(c, n_tokens))
+
+
+def no_grad_chunk_tokens(vocab: int, n_tokens: int, kernel: str) -> int:
+    """Tokens per chunk of a loss without gradients: a training chunk's memory (:func:`chunk_tokens` of ``kernel``)
+    read at NO_GRAD_BYTES_PER_LOGIT, at least one token."""
+    budget = BYTES_PER_LOGIT[kernel] * vocab * chunk_tokens(vocab, n_tokens, kernel)
+    return max(1, min(n_tokens, int(budget // (NO_GRAD_BYTES_PER_LOGIT * vocab))))
 
 
 def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
@@ -100,3 +111,8 @@ def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int, kernel: 
     """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum)."""
     chunk = chunk_tokens(vocab, tokens_per_micro_batch, kernel)
     return BYTES_PER_LOGIT[kernel] * vocab * chunk + WEIGHT_GRAD_BYTES * vocab * hidden
+
+
+def no_grad_loss_bytes(*, vocab: int, tokens_per_micro_batch: int, kernel: str = "compiled") -> float:
+    """Bytes the fused loss holds without gradients (validation): one no-grad chunk's logits read in fp32."""
+    return NO_GRAD_BYTES_PER_LOGIT * vocab * no_grad_chunk_tokens(vocab, tokens_per_micro_batch, kernel)

@@ -23,7 +23,7 @@ On a CPU the small, quick defaults stay (fp32 parameters, sequence 256, micro-ba
 accumulation). A layout whose estimate exceeds the device's memory is refused with the estimate,
 before anything is allocated.
 
-The memory model, per GPU, is the larger of two peaks:
+The memory model, per GPU, is the largest of three peaks:
 
 * forward/backward: model states (16 bytes per parameter: bf16 parameter and gradient, fp32
   master and two AdamW moments, or the fp32 equivalents; divided by the ranks under FSDP2) + the
@@ -31,7 +31,11 @@ The memory model, per GPU, is the larger of two peaks:
   weights under FSDP2 + activations + 1 GiB of workspace;
 * optimizer step: 18 bytes per parameter with bf16 parameters (the fp32 master gradients exist
   while the bf16 ones are freed one by one). Under CUDA graphs the step is streamed and the graphs
-  hold activations for the whole run: :func:`graphs_memory_problem` has that model.
+  hold activations for the whole run: :func:`graphs_memory_problem` has that model;
+* validation: the states + the loss's logits of one micro-batch read in fp32 (with the fused loss, one
+  no-grad chunk, cut to a training chunk's memory) + one block's forward. Below the training peak
+  wherever the layout fits, it is counted so that the final evaluation never meets a wall the
+  training steps did not (and under CUDA graphs it comes on top of what the graphs hold).
 
 Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` = 3 for SwiGLU
 (gate, up, product) and 2 for GELU, ``kv`` = key/value width; ``a`` and ``b`` were fitted to the
@@ -55,7 +59,8 @@ from typing import Any
 from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
 from fp8lab.model.models import block_matmul_params, count_parameters
-from fp8lab.plan.fused_loss import decide as fused_loss_decide, kernel_for as loss_kernel_for, loss_bytes
+from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, loss_bytes, no_grad_loss_bytes
+from fp8lab.plan.fused_loss import decide as fused_loss_decide, kernel_for as loss_kernel_for
 
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
@@ -88,14 +93,22 @@ class MemoryEstimate:
     activations: float  # saved for backward, for one micro-batch (incl. logits and loss)
     step: float  # peak of the optimizer step (master gradients)
     workspace: float = WORKSPACE_GIB
+    # validation's working set on top of the states: the loss's logits of one micro-batch (or one no-grad chunk of
+    # the fused loss) read in fp32, and one block's forward (nothing is saved for a backward)
+    evaluation: float = 0.0
 
     @property
     def train(self) -> float:
         return self.states + self.fp8_cache + self.kept_weights + self.activations + self.workspace
 
     @property
+    def validation(self) -> float:
+        """Peak of a validation pass: the states stay (the FP8 weight cache is released after each step)."""
+        return self.states + self.kept_weights + self.evaluation + self.workspace
+
+    @property
     def peak(self) -> float:
-        return max(self.train, self.step + self.workspace)
+        return max(self.train, self.step + self.workspace, self.validation)
 
     def describe(self) -> str:
         return (f"{self.peak:.{0 if self.peak >= 10 else 2}f} GiB (states {self.states:.1f}, activations {self.activations:.1f}"
@@ -149,11 +162,17 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     per_token = layers + (0.0 if fused_loss else LOGIT_BYTES[kind] * mcfg.vocab_size)
     if fp32_activations:
         per_token *= FP32_FACTOR
-    acts = per_token * micro_batch_size * seq_len
+    tokens = micro_batch_size * seq_len
+    acts = per_token * tokens
+    widen = FP32_FACTOR if fp32_activations else 1.0
     if fused_loss:  # one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
         acts += loss_bytes(vocab=mcfg.vocab_size, hidden=mcfg.hidden_size,
-                           tokens_per_micro_batch=micro_batch_size * seq_len, kernel=loss_kernel) * (FP32_FACTOR if fp32_activations else 1.0)
-    return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib)
+                           tokens_per_micro_batch=tokens, kernel=loss_kernel) * widen
+        val_loss = no_grad_loss_bytes(vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens, kernel=loss_kernel) * widen
+    else:
+        val_loss = NO_GRAD_BYTES_PER_LOGIT * mcfg.vocab_size * tokens * widen
+    evaluation = val_loss + per_layer * tokens * widen
+    return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib, evaluation / gib)
 
 
 @dataclass(frozen=True)
@@ -190,6 +209,24 @@ class Layout:
                 + f"; memory estimate {self.memory.describe()} of {where}" + (f" | auto: {why}" if why else ""))
 
 
+def fixed_gib(e: MemoryEstimate) -> float:
+    """What no batch layout changes: the model states (and the FP8 cache, kept weights and workspace beside them),
+    or the optimizer step's peak, whichever is larger."""
+    return max(e.states + e.fp8_cache + e.kept_weights + e.workspace, e.step + e.workspace)
+
+
+def remedies(e: MemoryEstimate, budget: float, *, sharded: bool, ckpt_tried: bool, explicit_batch: bool = False) -> str:
+    """The remedies that change the term that does not fit: where the states alone exceed ``budget`` GiB, only fewer
+    states per GPU help (sharding them over more GPUs, a larger GPU); otherwise less activation memory does too."""
+    fsdp = "more GPUs with --parallel fsdp (shards the model states)" if not sharded else "more GPUs (FSDP2 shards the states over them)"
+    if fixed_gib(e) > budget:
+        return (f"the model states alone need {fixed_gib(e):.0f} GiB of the {budget:.0f} usable, which no batch layout, "
+                f"sequence length or activation checkpointing changes; allowed: {fsdp}, or a GPU with more memory")
+    batch = ("a smaller --micro-batch-size or --seq-len (or 'auto' for the largest that fits), " if explicit_batch
+             else "a shorter --seq-len, ")
+    return ("allowed: " + batch + ("" if ckpt_tried else "--activation-checkpointing, ") + f"{fsdp}, or a larger GPU")
+
+
 def _budget(machine: Machine) -> float:
     return machine.memory_gib - max(HEADROOM_GIB, HEADROOM_FRACTION * machine.memory_gib)
 
@@ -198,9 +235,10 @@ GRAPH_HOLD_FACTOR = 1.25  # margin on the activations CUDA graphs keep for the w
 
 
 def _graphs_base(layout: "Layout") -> float:
-    """What a graphed run needs besides what its graphs hold: model states, one streamed chunk, workspace."""
+    """What a graphed run needs besides what its graphs hold: model states, workspace, and the larger of one
+    streamed chunk of the step and a validation pass (it runs the eager blocks while the graphs' pools stay held)."""
     m = layout.memory
-    return m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace
+    return m.states + m.kept_weights + max(STREAM_CHUNK_BYTES / 2**30, m.evaluation) + m.workspace
 
 
 def _graphs_held(layout: "Layout", mcfg, fp8: bool) -> float:
@@ -353,9 +391,8 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
             tried = " with activation checkpointing" if ckpt else ""
             raise ValueError(
                 f"--micro-batch-size auto: {c.model} does not fit {machine.name} ({machine.memory_gib:.0f} GiB per GPU) "
-                f"even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; allowed: more GPUs with "
-                f"--parallel fsdp (shards the model states), "
-                + ("" if ckpt else "--activation-checkpointing, ") + "a shorter --seq-len, or a larger GPU")
+                f"even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; "
+                + remedies(e, budget, sharded=sharded, ckpt_tried=ckpt))
         mb, keep, e = chosen
         ga = accum_for(mb)
         reasons["micro_batch_size"] = (f"micro-batch {mb}: fits {e.peak:.0f} of {machine.memory_gib:.0f} GiB"
@@ -368,8 +405,8 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
         if e.peak > machine.memory_gib:
             raise ValueError(
                 f"--micro-batch-size={mb} with --seq-len={seq}: estimated peak memory {e.describe()} exceeds the "
-                f"{machine.memory_gib:.0f} GiB of {machine.name}; allowed: a smaller --micro-batch-size or --seq-len "
-                f"(or 'auto' for the largest that fits), --activation-checkpointing, or more GPUs with --parallel fsdp")
+                f"{machine.memory_gib:.0f} GiB of {machine.name}; "
+                + remedies(e, machine.memory_gib, sharded=sharded, ckpt_tried=ckpt, explicit_batch=True))
     if ga_auto and gpu:
         reasons["grad_accum"] = f"accumulation {ga}: {ga * mb * seq:,} tokens/GPU/step (target {TOKENS_PER_GPU_STEP:,})"
     if keep_auto and keep:

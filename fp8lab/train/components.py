@@ -360,7 +360,7 @@ class StepMetrics:
         steady = [r["tokens_per_sec_per_gpu"] for r in good[min(10, len(good) // 2):]]
         mfus = [r["mfu"] for r in good[min(10, len(good) // 2):] if r.get("mfu") is not None]
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
-        exported = status == "completed" and c.save_model
+        exported = status in ("completed", "eval_failed") and c.save_model
         return {
             "status": status, "message": message, "model": fpaths.shareable_path(c.model, paths.output_dir),
             "precision": c.precision, "backend": i.backend, "recipe": i.recipe, "world_size": self.env.world_size,

@@ -63,6 +63,7 @@ from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES,
 from fp8lab.train.run_paths import resolve_paths
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
+EXIT_EVAL_FAILED = 5  # trained, checkpointed and exported; only the final validation loss is missing
 _opt = flag  # --seq-len for seq_len (the old name of fp8lab.plan.options.flag)
 # TrainConfig and its checks live in fp8lab.plan.config; their names stay importable from here
 from fp8lab.plan.config import CHECKPOINT_EVERY, TrainConfig, option_problem  # noqa: E402,F401
@@ -149,7 +150,8 @@ def where_it_writes(config) -> str:
 
 
 def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None) -> int:
-    """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop.
+    """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop, 4 a checkpoint,
+    export or summary not written, 5 trained and exported but the final evaluation failed.
 
     ``planned``: as for :func:`train` (fp8lab.train.sm_entry passes a SageMaker job's plan)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
     return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED, "export_failed": EXIT_CHECKPOINT_FAILED,
-            "summary_failed": EXIT_CHECKPOINT_FAILED}.get(summary["status"], 0)
+            "summary_failed": EXIT_CHECKPOINT_FAILED, "eval_failed": EXIT_EVAL_FAILED}.get(summary["status"], 0)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from fp8lab.train import ce_kernel  # (imports neither torch nor triton at load)
 # the rule (vocabulary, auto, chunk size, memory) lives in the plan; re-exported here for the mechanism's readers
 from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, BYTES_PER_LOGIT, CHOICES, CHUNK_BYTES, IGNORE_INDEX,  # noqa: F401
                                     KERNEL_ENV, KERNELS, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide,
-                                    loss_bytes)
+                                    loss_bytes, no_grad_chunk_tokens)
 from fp8lab.plan.fused_loss import kernel_for as plan_kernel_for
 
 
@@ -219,11 +219,13 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
         hc = h2[s:e].to(dtype)
         logits = hc @ w.t()  # (c, V) in the compute dtype: the plain path's head GEMM for these tokens
         t, v = tgt[s:e], valid[s:e]
-        if not need_grad:
+        if not need_grad:  # (chunks cut by no_grad_chunk_tokens: the fp32 copy fits a training chunk's memory)
             lf = logits.float()
+            del logits
             safe = torch.where(v, t, torch.zeros_like(t))
             picked = lf.gather(1, safe[:, None]).squeeze(1)
             loss += torch.where(v, torch.logsumexp(lf, dim=-1) - picked, torch.zeros_like(picked)).sum()
+            del lf
             continue
         failed = None
         try:
@@ -279,7 +281,8 @@ def _make_function():
         def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, kernel):
             with torch.autocast(h2.device.type, enabled=False):
                 while True:  # chunk 0: the kernel's own size (chosen again where a kernel fails and the next runs)
-                    size = chunk or chunk_tokens(weight.shape[0], h2.shape[0], kernel)
+                    size = chunk or (chunk_tokens if need_grad else no_grad_chunk_tokens)(weight.shape[0], h2.shape[0],
+                                                                                          kernel)
                     try:
                         loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, size,
                                                                   ignore_index, kernel)

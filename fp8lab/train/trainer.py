@@ -76,6 +76,7 @@ class Trainer:
         self.wall0 = time.perf_counter()
         self.resumed_from: int | None = None
         self.last_val: float | None = None
+        self.val_error: str | None = None  # why the last evaluation failed (None: none failed)
         self.stop = StopFlag()  # SIGTERM/SIGINT seen; fit() installs and uninstalls its handler
         self.graphs_captured = None
         # the backend object and its FP8 region, looked up once (not per micro-batch)
@@ -339,6 +340,23 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
 
+    def _validate(self, step: int) -> float | None:
+        """:meth:`evaluate`, or None when it fails (out of memory, a kernel error): a failed evaluation never costs
+        the training, so the reason is logged and kept (``val_error``) and the run goes on."""
+        why = None
+        try:
+            return self.evaluate()
+        except (RuntimeError, torch.OutOfMemoryError) as exc:  # (OutOfMemoryError is a RuntimeError; named for readers)
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        self.model.train()  # (outside the handler: the failed pass's tensors are freed with the exception)
+        if self.env.device.type == "cuda":
+            torch.cuda.empty_cache()
+        why = fdist.broadcast_object(why, self.env)
+        self.val_error = why
+        self.metrics.emit(f"fp8lab: the evaluation at step {step} failed ({why}); training goes on, its "
+                          f"val_loss is missing")
+        return None
+
     def evaluate(self) -> float:
         """Mean validation loss over ``--val-batches`` global batches: the same windows at any layout."""
         c, env, p = self.c, self.env, self.plan
@@ -378,15 +396,22 @@ class Trainer:
                 state.advance()
                 profiled = profiler.done(step, dt)
                 last = step == total
+                failed = saved = None
+                if last and not self.guard.stop:  # the last step is kept before its evaluation, which may fail
+                    failed = self.checkpointer.maybe_save(step, last=True, stopping=r.stop, healthy=self.guard.healthy)
+                    saved = True
                 val = None
-                if (c.val_every and step % c.val_every == 0) or (last and not r.skipped):
-                    val = self.last_val = self.evaluate()
+                if not failed and ((c.val_every and step % c.val_every == 0) or (last and not r.skipped)):
+                    val = self._validate(step)
+                    if last:
+                        self.last_val = val
                 self.metrics.record(state, r, dt, profiled=profiled, val_loss=val,
                                     skip_line=self.guard.skip_line(step) if r.skipped else None)
                 if self.guard.stop:
                     status, message = "stopped_nonfinite", self.guard.stop_message(step)
                     break
-                failed = self.checkpointer.maybe_save(step, last=last, stopping=r.stop, healthy=self.guard.healthy)
+                if not saved:
+                    failed = self.checkpointer.maybe_save(step, last=last, stopping=r.stop, healthy=self.guard.healthy)
                 if r.stop:
                     status = "interrupted"
                     message = f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a restart resumes here)"
@@ -394,6 +419,11 @@ class Trainer:
                     status, message = "checkpoint_failed", self.checkpointer.failure_message(step, failed)
                 if r.stop or failed:
                     break
+            if status == "completed" and self.val_error is not None and self.last_val is None:
+                status = "eval_failed"
+                message = (f"fp8lab: the final evaluation failed ({self.val_error}); the training is kept: the last "
+                           f"checkpoint and the exported model are written, summary.json has no val_loss. Re-running "
+                           f"the same command evaluates again without training (e.g. with a smaller --val-batches)")
         finally:
             profiler.close()
             self.metrics.close()
@@ -414,13 +444,17 @@ class Trainer:
                      f"{total}); config.json, summary.json, metrics.jsonl and the model are kept as they are")
             return self.finished
         if status == "completed" and self.resumed_from == total:
-            self.last_val = self.evaluate()  # finished before, its export or summary missing: written now
-        if status == "completed" and c.save_model:
+            self.last_val = self._validate(total)  # finished before, its export or summary missing: written now
+            if self.last_val is None:
+                status = "eval_failed"
+                message = f"fp8lab: the final evaluation failed again ({self.val_error}); the model is exported without it"
+        if status in ("completed", "eval_failed") and c.save_model:
             failed = self._export()
             if failed:
                 status, message = "export_failed", failed
         summary = self.metrics.summary(self.paths, status, message, self.state, total, self.last_val,
                                        self.resumed_from, time.perf_counter() - self.wall0)
+        summary["val_error"] = self.val_error  # why the (last) evaluation failed; None: every one ran
         if env.is_main:
             failed = self.metrics.write_summary(summary, plot=c.plot)
             if failed:

@@ -257,3 +257,26 @@ def test_jobspec_carries_any_trainer_option_and_copies_resolve_identically():
     assert hp["fp8-weight-cache"] is False and hp["max-bad-steps"] == 7
     again = dataclasses.replace(spec, max_run_s=7200)
     assert L.hyperparameters(again) == hp and again.layout.options() == spec.layout.options()
+
+
+def test_a_refusal_names_only_remedies_that_change_the_term_that_does_not_fit():
+    # llama-7b's states alone exceed an 80 GB GPU: a shorter sequence or recomputation cannot help
+    with pytest.raises(ValueError) as states_bound:
+        _resolve(H100, model="llama-7b")
+    msg = str(states_bound.value)
+    assert "model states alone need" in msg and "--parallel fsdp" in msg and "more memory" in msg
+    assert "--seq-len" not in msg and "--activation-checkpointing" not in msg
+    # llama-1b at an explicit micro-batch 64 is bound by its activations: the batch remedies are named
+    with pytest.raises(ValueError) as acts_bound:
+        _resolve(H200, micro_batch_size=64)
+    msg = str(acts_bound.value)
+    assert "a smaller --micro-batch-size or --seq-len" in msg and "--activation-checkpointing" in msg
+
+
+def test_the_estimate_counts_the_validation_pass():
+    mcfg = get_config("llama-1b")
+    e = fl.estimate_memory(mcfg, precision="fp8", micro_batch_size=16, seq_len=2048, fused_loss=True, loss_kernel="triton")
+    assert 0 < e.evaluation and e.validation == pytest.approx(e.states + e.kept_weights + e.evaluation + e.workspace)
+    assert e.peak >= e.validation and e.validation < e.train  # a pass without saved activations stays below training
+    plain = fl.estimate_memory(mcfg, precision="bf16", micro_batch_size=16, seq_len=2048)
+    assert plain.evaluation > e.evaluation  # the plain loss reads the whole micro-batch's logits in fp32
