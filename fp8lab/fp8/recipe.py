@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 FORMATS = ("hybrid", "e4m3")
+ROW = 2**31 - 1  # a block as wide as any row: one scale per row (rowwise scaling)
 
 
 @dataclass(frozen=True)
 class RecipeKind:
     """One recipe kind: what it is on each backend and where it runs."""
 
-    te_class: str  # transformer_engine.common.recipe.<te_class> (Recipe.to_te)
+    te_class: str | None  # transformer_engine.common.recipe.<te_class> (Recipe.to_te); None: TE has no such recipe
     te_check: str | None  # transformer_engine.pytorch.<te_check>(return_reason=True) before use (None: FP8 suffices)
     torchao: str | None  # torchao's float8 recipe it maps to (None: torchao cannot run it; Recipe.to_torchao)
     quantizer: str  # the emulator's quantizer: its name in fp8lab.fp8.formats (fp8lab.fp8.backends.emulated)
@@ -34,6 +35,7 @@ class RecipeKind:
     needs: str  # the first GPU generation TE runs it on (fp8lab.core.hardware.GENERATIONS)
     fp8_attention: tuple[str, ...]  # GPU generations where TE's FP8 dot-product attention runs with it (fp8lab.plan.fp8attn)
     style: tuple[str, str]  # (colour, bar hatch) in the figures (fp8lab.views.plots)
+    wgrad_fp8: bool = True  # the weight-gradient GEMM runs in FP8 (False: in the compute dtype, torchao's _gw_hp)
 
     @property
     def per_tensor(self) -> bool:
@@ -58,6 +60,17 @@ TABLE: dict[str, RecipeKind] = {
     "block": RecipeKind(te_class="Float8BlockScaling", te_check="is_fp8_block_scaling_available", torchao=None,
                         quantizer="quantize_blockwise", blocks=((1, 128), (128, 128)), formats=("e4m3",),
                         history=False, needs="hopper", fp8_attention=(), style=("#7570b3", "..")),
+    # one power-of-two scale per row along each GEMM's reduction dimension, E4M3 everywhere: torchao's rowwise recipes
+    # (TE has none: its nearest is 'block'). The emulator scales each tensor along its last dimension once for all
+    # three GEMMs, where torchao re-scales along each GEMM's own reduction dimension
+    "rowwise": RecipeKind(te_class=None, te_check=None, torchao="rowwise", quantizer="quantize_blockwise",
+                          blocks=((1, ROW), (1, ROW)), formats=("e4m3",), history=False, needs="hopper",
+                          fp8_attention=(), style=("#66a61e", "\\\\")),
+    # as rowwise, with the weight-gradient GEMM in high precision (its gradient keeps full precision)
+    "rowwise_with_gw_hp": RecipeKind(te_class=None, te_check=None, torchao="rowwise_with_gw_hp",
+                                     quantizer="quantize_blockwise", blocks=((1, ROW), (1, ROW)), formats=("e4m3",),
+                                     history=False, needs="hopper", fp8_attention=(), style=("#a6761d", "++"),
+                                     wgrad_fp8=False),
     # 32-element blocks along the last dimension, power-of-two scales
     "mxfp8": RecipeKind(te_class="MXFP8BlockScaling", te_check="is_mxfp8_available", torchao=None,
                         quantizer="quantize_mxfp8", blocks=(32, 32), formats=("e4m3",), history=False,
@@ -85,8 +98,9 @@ class Recipe:
 
     kind: ``delayed`` (per tensor, scale from an amax history of earlier steps; TE's default),
     ``current`` (per tensor, scale from this tensor's own amax), ``block`` (1x128 activation and
-    gradient blocks, 128x128 weight blocks), ``mxfp8`` (32-element blocks, power-of-two scales;
-    needs Blackwell in TE).
+    gradient blocks, 128x128 weight blocks), ``rowwise`` / ``rowwise_with_gw_hp`` (one scale per row,
+    torchao only; the second keeps the weight-gradient GEMM in high precision), ``mxfp8`` (32-element
+    blocks, power-of-two scales; needs Blackwell in TE).
     """
 
     kind: str = "delayed"
@@ -179,9 +193,12 @@ class Recipe:
 
     def to_te(self) -> Any:
         """The Transformer Engine recipe object (imports TE: call only where it is installed)."""
+        row = self.row
+        if row.te_class is None:
+            raise ValueError(f"Transformer Engine has no {self.kind!r} recipe (a torchao recipe: --backend torchao); "
+                             f"on TE use {_names(kinds_where(lambda r: r.te_class is not None))}")
         from transformer_engine.common import recipe as te_recipe
 
-        row = self.row
         cls = getattr(te_recipe, row.te_class)
         fmt = te_recipe.Format.HYBRID if self.format == "hybrid" else te_recipe.Format.E4M3
         attn = {"fp8_dpa": True} if self.fp8_attention else {}  # TE's FP8 dot-product attention (fp8lab.plan.fp8attn)
@@ -196,14 +213,15 @@ class Recipe:
         return cls(fp8_format=fmt, **attn)
 
     def to_torchao(self) -> Any:
-        """The torchao ``Float8LinearConfig``: torchao implements dynamic (current) scaling only.
+        """The torchao ``Float8LinearConfig``: torchao implements dynamic scaling, per tensor (current) or per row (rowwise).
 
         ``current`` + ``hybrid`` -> the default ``tensorwise`` recipe (E5M2 gradients); ``current``
-        + ``e4m3`` -> ``tensorwise`` with E4M3 gradients. Other kinds raise with the alternatives.
+        + ``e4m3`` -> ``tensorwise`` with E4M3 gradients. ``rowwise`` and
+        ``rowwise_with_gw_hp`` -> torchao's recipes of those names. Other kinds raise with the alternatives.
         """
         if self.row.torchao is None:
             raise ValueError(
-                f"torchao float8 training supports dynamic per-tensor scaling only "
+                f"torchao float8 training scales dynamically, per tensor or per row "
                 f"(Recipe(kind={_names(kinds_where(lambda r: r.torchao is not None))})); "
                 f"{self.kind!r} scaling is available on the 'te' backend (and 'emulated' for study)"
             )
@@ -211,6 +229,9 @@ class Recipe:
             raise ValueError("torchao float8 has no margin setting; use margin=0")
         import torch
         from torchao.float8.config import CastConfig, Float8LinearConfig
+
+        if self.row.torchao != "tensorwise":  # torchao's named rowwise recipes (E4M3, power-of-two scales)
+            return Float8LinearConfig.from_recipe_name(self.row.torchao)
 
         if self.format == "hybrid":  # torchao's default: E4M3 input/weight, E5M2 grad_output
             return Float8LinearConfig()

@@ -35,7 +35,7 @@ from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
 from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend, auto_refusal  # noqa: F401 (auto_refusal: its old home)
 from fp8lab.core.hardware import Machine
 from fp8lab.core.paths import REPO_ROOT, read_check
-from fp8lab.fp8.recipe import Recipe
+from fp8lab.fp8.recipe import Recipe, kinds_where
 
 if TYPE_CHECKING:
     from fp8lab.model.config import ModelConfig
@@ -184,7 +184,16 @@ def recipe_for(c: "TrainConfig", backend: str | None) -> Recipe | None:
     """The FP8 recipe: ``--recipe``, or the backend's default for ``auto``."""
     if backend is None:
         return None
-    return DEFAULT_RECIPES[backend] if c.recipe == "auto" else Recipe.parse(c.recipe)
+    recipe = DEFAULT_RECIPES[backend] if c.recipe == "auto" else Recipe.parse(c.recipe)
+    if c.precision == "fp8":  # refused here, before anything is built: a kind the backend has no recipe for
+        if backend == "te":
+            if recipe.row.te_class is None:
+                raise ValueError(f"--recipe {recipe.kind} is a torchao recipe: use --backend torchao, or on TE --recipe "
+                                 + " | ".join(kinds_where(lambda r: r.te_class is not None)))
+        elif backend == "torchao" and recipe.row.torchao is None:
+            raise ValueError("--backend torchao runs --recipe " + " | ".join(kinds_where(lambda r: r.torchao is not None))
+                             + f" (torchao scales dynamically, per tensor or per row); {recipe.kind!r} runs on --backend te")
+    return recipe
 
 
 def fsdp_te_problem(c: "TrainConfig", backend: str | None, distributed: bool, param_dtype: str | None = None) -> str | None:
@@ -318,8 +327,11 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
     """(FSDP2 all-gathers the block linears' weights in FP8, why); ValueError for ``on`` where it cannot."""
     if c.fp8_all_gather == "off":
         return False, "--fp8-all-gather off"
+    per_tensor = c.recipe == "auto" or Recipe.parse(c.recipe).row.per_tensor
     why_not = ("needs --precision fp8" if c.precision != "fp8" else
                "needs --parallel fsdp on several ranks (FSDP2 shards the weights)" if not sharded else
+               f"needs per-tensor scaling (torchao all-gathers tensorwise-scaled weights only; --recipe {c.recipe} "
+               f"scales per row or block)" if not per_tensor else
                None if backend in FP8_ALL_GATHER_BACKENDS else
                f"needs --backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}: fp8lab wires torchao's float8 FSDP2 all-gather; "
                f"{backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are not wired)")

@@ -93,6 +93,30 @@ def test_torchao_fp8_training_and_round_trip(name):
     assert all(torch.equal(v, ref.state_dict()[k]) for k, v in sd.items())
 
 
+@pytest.mark.parametrize("kind", ["rowwise", "rowwise_with_gw_hp"])
+def test_torchao_rowwise_recipes_train_with_per_row_scales(kind):
+    _need("torchao")
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_linear import Float8Linear
+
+    ref, hf = _pair("llama-tiny")
+    conv = convert_model(hf, backend="torchao", recipe=kind)
+    lin = conv.get_submodule(conv.fp8lab_conversion.fp8_modules[0])
+    assert isinstance(lin, Float8Linear)
+    assert lin.config.cast_config_input.scaling_granularity is ScalingGranularity.AXISWISE
+    hp = lin.config.cast_config_grad_output_for_grad_weight.target_dtype in (None, torch.bfloat16, torch.float32) or (
+        lin.config.cast_config_grad_output_for_grad_weight.scaling_type.name == "DISABLED")
+    assert hp == (kind == "rowwise_with_gw_hp")  # the weight gradient's GEMM in high precision, or not
+    on = check_equivalence(ref, conv, _ids(), fp8=True)
+    assert 0 < on.logits_rel_diff < 0.3, on
+    ids = _ids()
+    with autocast("torchao"):
+        conv(input_ids=ids, labels=ids).loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in conv.parameters() if p.grad is not None)
+    with pytest.raises(ValueError, match="Transformer Engine has no"):
+        convert_model(copy.deepcopy(ref), backend="te", recipe=kind)
+
+
 def test_recipes_on_this_gpu():
     _need("te")
     import transformer_engine.pytorch as te
@@ -109,7 +133,7 @@ def test_recipes_on_this_gpu():
         name = torch.cuda.get_device_name()
         with pytest.raises(ValueError, match=f"not supported on {name}.*compute capability"):
             convert_model(copy.deepcopy(ref), backend="te", recipe="mxfp8")
-    with pytest.raises(ValueError, match="dynamic per-tensor scaling only"):
+    with pytest.raises(ValueError, match="per tensor or per row"):
         convert_model(copy.deepcopy(ref), backend="torchao", recipe="delayed")
 
 

@@ -207,7 +207,7 @@ def test_recipe_validation_and_mapping():
     with pytest.raises(ValueError, match="margin"):
         Recipe(margin=-1)
     assert Recipe.parse("block") == Recipe(kind="block", format="e4m3")
-    with pytest.raises(ValueError, match="dynamic per-tensor scaling only"):
+    with pytest.raises(ValueError, match="per tensor or per row"):
         Recipe().to_torchao()
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.kind = "current"

@@ -88,15 +88,17 @@ class TensorQuantizers:
             return self.delayed[role].step(t)
         if quantizer == "quantize_current":
             return formats.quantize_current(t, fmt, margin=margin)
-        if quantizer == "quantize_blockwise":
-            return formats.quantize_blockwise(t, fmt, block=self.row.block(role), margin=margin)
+        if quantizer == "quantize_blockwise":  # (a block wider than the row, rowwise's, is the row: no padding)
+            br, bc = self.row.block(role)
+            return formats.quantize_blockwise(t, fmt, block=(br, min(bc, t.shape[-1])), margin=margin)
         if quantizer == "quantize_mxfp8":
             return formats.quantize_mxfp8(t, fmt, block=self.row.block(role))
         raise ValueError(f"the emulator has no quantizer {quantizer!r} (Recipe(kind={self.recipe.kind!r}))")
 
 
 class _FP8Linear(torch.autograd.Function):
-    """y = Q(x) @ Q(w)^T + b; backward with Q(grad_y) (E5M2 under HYBRID) in both gradient GEMMs.
+    """y = Q(x) @ Q(w)^T + b; backward with Q(grad_y) (E5M2 under HYBRID) in both gradient GEMMs (the weight
+    gradient's GEMM from the unquantized grad_y and x where the recipe row says wgrad_fp8=False).
 
     Under ``torch.autocast`` the three GEMMs run in the autocast dtype (as the forward would), and
     the gradients come back in the dtypes of x, w and b.
@@ -107,18 +109,19 @@ class _FP8Linear(torch.autograd.Function):
         dev = x.device.type
         cd = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         xq, wq = q("x", x), q("w", w)
-        ctx.save_for_backward(xq, wq)
+        ctx.save_for_backward(xq, wq, x if not q.row.wgrad_fp8 else None)  # x: a high-precision weight gradient
         ctx.q, ctx.cd, ctx.dtypes = q, cd, (x.dtype, w.dtype, b.dtype if b is not None else None)
         with torch.autocast(dev, enabled=False):
             return F.linear(xq.to(cd), wq.to(cd), b.to(cd) if b is not None else None)
 
     @staticmethod
     def backward(ctx, gy):
-        xq, wq = ctx.saved_tensors
+        xq, wq, x = ctx.saved_tensors
         cd, (xd, wd, bd) = ctx.cd, ctx.dtypes
         gq = ctx.q("g", gy).to(cd)
         gx = (gq @ wq.to(cd)).to(xd)
-        gw = (gq.reshape(-1, gq.shape[-1]).t() @ xq.to(cd).reshape(-1, xq.shape[-1])).to(wd)
+        gw_in, x_in = (gq, xq) if x is None else (gy.to(cd), x)  # (x kept: the weight gradient's GEMM unquantized)
+        gw = (gw_in.reshape(-1, gw_in.shape[-1]).t() @ x_in.to(cd).reshape(-1, x_in.shape[-1])).to(wd)
         gb = gy.reshape(-1, gy.shape[-1]).sum(0).to(bd) if bd is not None else None
         return gx, gw, gb, None
 
