@@ -96,7 +96,7 @@ def run_variant(a: argparse.Namespace) -> dict:
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or "cpu"
     peak = peak_bf16_flops(gpu) if dev.type == "cuda" else None
     med = statistics.median(tps)
-    run = {"record": "run", "run_id": f"{a.model}-peer-{a.variant}{a.suffix}", "study": a.study, "model": a.model,
+    run = {"record": "run", "peer": True, "run_id": f"{a.model}-peer-{a.variant}{a.suffix}", "study": a.study, "model": a.model,
            "variant": f"peer-{a.variant}", "precision": "fp8" if recipe else "bf16", "backend": "torchao" if recipe else "compile",
            "recipe": recipe, "fuse": False, "compile": a.compile, "param_dtype": "fp32", "optimizer": "AdamW(fused)",
            "attention": "sdpa", "gpu_name": gpu, "world_size": 1, "instances": 1, "micro_batch_size": a.micro_batch_size,
@@ -109,7 +109,7 @@ def run_variant(a: argparse.Namespace) -> dict:
                "timed_steps": a.steps, "warmup_steps": a.warmup, "step_time_s": statistics.median(times),
                "mfu": med * model_flops_per_token(a.model_config, a.seq_len) / peak if peak else None,
                "mfu_peak_tflops": peak / 1e12 if peak else None, "tokens": tokens * (a.warmup + a.steps),
-               "loss": float(loss)}
+               "loss": float(loss.detach())}
     if dev.type == "cuda":
         summary["max_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         summary["max_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30

@@ -26,10 +26,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 for part in "$@"; do
   t0=$(date +%s)
   case $part in
-  P)
+  P)  # (P2: the peers alone, after P on the same warm machine)
     python3 benchmarks/throughput.py --out $RES/peers-h100 --study peers-h100 --work /tmp/bench --timeout 300 --steps 8 \
       --warmup 3 --variants default-bf16,default-fp8 --common-args '' --tag h100 --models llama-1b; pack
-    python3 benchmarks/peers.py --model llama-1b --out $RES/peers-h100 --study peers-h100 --suffix -h100 2>&1 | tee $RES/logs/peers.log; pack
+    python3 benchmarks/peers.py --model llama-1b --out $RES/peers-h100 --study peers-h100 --suffix=-h100 2>&1 | tee $RES/logs/peers.log; pack
+    ;;
+  P2)
+    python3 benchmarks/peers.py --model llama-1b --out $RES/peers-h100 --study peers-h100 --suffix=-h100 2>&1 | tee $RES/logs/peers.log; pack
     ;;
   Q)
     python3 benchmarks/family_folders.py --out $MODELS qwen2.5-3b | tee -a $RES/folders.txt

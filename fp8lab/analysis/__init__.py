@@ -40,5 +40,6 @@ from fp8lab.analysis.conclusion import fmt_tokens, verdict  # noqa: F401
 from fp8lab.analysis.parity import parity_curves  # noqa: F401
 from fp8lab.analysis.answer import ANSWER_COLUMNS, Answer, cost_table  # noqa: F401
 from fp8lab.analysis.index import summary_for  # noqa: F401
+from fp8lab.analysis.peers import lead_over_peers, peers_table  # noqa: F401
 from fp8lab.core.hardware import PRICE_SOURCE  # noqa: F401 (one statement of the assumed price, the launcher's)
 

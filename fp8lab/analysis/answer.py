@@ -110,7 +110,7 @@ class Answer:
         if priced:
             pick = rows[[on_instance_gpu(g, self.instance_type) for g in rows["gpu_name"]]]
         else:
-            pick = rows[rows["gpu_name"] == main_gpu(self.rows)]
+            pick = rows[rows["gpu_name"] == main_gpu(self.rows, self.instance_type)]
         return (pick if len(pick) else rows).iloc[0]
 
     def at_scale(self, model: str, instance_counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> pd.DataFrame:
@@ -144,11 +144,13 @@ def _unpriced_shape(model: str) -> str | None:
             "fp8lab launch plan --models <folder>)")
 
 
-def main_gpu(rows: pd.DataFrame) -> str | None:
-    """The GPU most of a headline's rows ran on (the first of a tie, in the rows' order): the README's table and
-    figure show its rows, one per model; a model's rows on other GPUs (P5's H100 beside the H200) are in
-    docs/results.md. None: no rows."""
+def main_gpu(rows: pd.DataFrame, instance_type: str = ANSWER_INSTANCE) -> str | None:
+    """The GPU whose rows the README's table and figure show, one per model: the GPU of ``instance_type`` (P5's
+    H100) where any row ran on it, else the GPU most rows ran on (the first of a tie, in the rows' order); a
+    model's rows on other GPUs (the H200 beside P5's H100) are in docs/results.md. None: no rows."""
     gpus = rows["gpu_name"].dropna()
+    on = gpus[[on_instance_gpu(g, instance_type) for g in gpus]]
+    gpus = on if len(on) else gpus
     return str(gpus.value_counts(sort=True).index[0]) if len(gpus) else None
 
 

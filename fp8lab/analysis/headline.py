@@ -12,6 +12,7 @@ import pandas as pd
 from fp8lab.analysis import parity
 from fp8lab.analysis.labels import group_key, is_flag, is_fp8, is_hardware_fp8, is_true, layout_label, model_size_b
 from fp8lab.analysis.load import reference_for
+from fp8lab.analysis.peers import peer_rows
 from fp8lab.analysis.summary import compare_precisions
 
 # What a reader needs first, per model: the plain `transformers` BF16 run a user starts from, the
@@ -54,6 +55,8 @@ def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     """(model, GPU) groups at their smallest measured scale (one GPU where measured) and at one sequence
     length (:func:`_same_sequence`), smallest model first."""
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
+    if len(s):  # a peer's runs (fp8lab.analysis.peers) are not fp8lab's: their own table shows them
+        s = s[~peer_rows(s)]
     out = []
     for (model, gpu), g in s.groupby([s["model"].map(group_key), s["gpu_name"].map(group_key)], sort=False):
         inst = g["instances"].fillna(1)

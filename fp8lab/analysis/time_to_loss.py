@@ -41,7 +41,8 @@ def time_to_loss(answer, runs: pd.DataFrame) -> pd.DataFrame:
     token budget for BF16 and for FP8 scaled by the token ratio. ``runs``: the loss study's runs
     (:func:`fp8lab.analysis.headline_runs`' first value, or any runs table holding them)."""
     rows = []
-    for _, a in answer.rows.iterrows():
+    # one row per model: the row its time and cost are priced from (the instance's GPU where the model ran there)
+    for a in (answer.row(m, priced=True) for m in dict.fromkeys(answer.rows["model"])):
         if not isinstance(a.get("loss_study"), str) or pd.isna(a["speedup"]):
             continue
         bf16_ids = [r.strip() for r in str(a.get("loss_bf16_runs") or a["loss_baseline_run"]).split(",") if r.strip()]
