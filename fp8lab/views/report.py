@@ -31,6 +31,7 @@ from fp8lab.analysis import fp8_stats as health_reader
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 from fp8lab.views import plots
+from fp8lab.views.peers import peers_markdown, peers_sentence
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -485,18 +486,6 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
-def peers_sentence(summary: pd.DataFrame) -> str | None:
-    """One line on fp8lab beside its peers (docs/results.md's section), or None where no peer ran."""
-    lead = analysis.lead_over_peers(analysis.peers_table(summary, analysis.layout_label))
-    if not len(lead):
-        return None
-    parts = [f"{r['model']} on {r['gpu_name']}: fp8lab's FP8 {_tps(r['fp8lab_fp8_tps'])} tokens/s/GPU, "
-             f"{r['lead']:.2f}x the fastest peer ({r['fastest_peer']}, {_tps(r['fastest_peer_tps'])})"
-             for _, r in lead.iterrows()]
-    return ("; ".join(parts) + ": plain `transformers` + `torch.compile`, BF16 and torchao float8, same GPU and call "
-            f"([`{RESULTS_MD}`]({RESULTS_MD}#beside-the-peers))")
-
-
 def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = (),
                   main: str | None = None, peers: str | None = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
@@ -527,31 +516,6 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         f"Runs, layouts, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
         README_END,
     ])
-
-
-def _peers_markdown(summary: pd.DataFrame) -> str:
-    """docs/results.md's peers section: fp8lab's plain commands beside what a user would run instead, one GPU, one call."""
-    table = analysis.peers_table(summary, analysis.layout_label)
-    if not len(table):
-        return ""
-    lines = ["## Beside the peers", "",
-             "What a user would run instead, measured on the same GPU in the same call as fp8lab's plain commands "
-             "(`benchmarks/peers.py`): plain `transformers` with each decoder block `torch.compile`d, fp32 parameters "
-             "under bf16 autocast, fused AdamW, in BF16 and with torchao float8 (its tensorwise, rowwise and "
-             "rowwise_with_gw_hp recipes), at the same tokens per optimizer step. Relative: tokens/s/GPU over "
-             "fp8lab's FP8.", ""]
-    for (study, model, gpu), g in table.groupby(["study", "model", "gpu_name"], sort=True):
-        lead = analysis.lead_over_peers(g)
-        lines += [f"**{model}** on {gpu} (`{study}`)" + (
-            f": fp8lab's FP8 is {lead['lead'].iloc[0]:.2f}x the fastest peer ({lead['fastest_peer'].iloc[0]})."
-            if len(lead) else "."), "",
-            "| who | variant | layout | tokens/s/GPU | MFU | peak GiB | relative |", "|---|---|---|---|---|---|---|"]
-        for _, r in g.iterrows():
-            mem = "-" if pd.isna(r["max_mem_gib"]) else f"{r['max_mem_gib']:.1f}"
-            lines.append(f"| {r['who']} | {r['variant']} | {r['layout']} | {_tps(r['tokens_per_sec_per_gpu'])} | "
-                         f"{_pct(r['mfu'])} | {mem} | {r['relative_to_fp8lab_fp8']:.2f}x |")
-        lines.append("")
-    return "\n".join(lines) + "\n"
 
 
 def _runs_markdown(summary: pd.DataFrame) -> str:
@@ -654,7 +618,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "(micro-batch x sequence, accumulation steps).",
         "",
         _comparison_markdown(comparison),
-        _peers_markdown(summary),
+        peers_markdown(summary),
         _scaling_markdown(a.scaling),
         "## Every run",
         "",
@@ -691,7 +655,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         same = [f"{r['model']}: {sentence(r, analysis.fmt_tokens(config.tokens))}"
                 for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
         out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
-                                                same, main, peers_sentence(summary)) + tail
+                                                same, main, peers_sentence(summary, RESULTS_MD)) + tail
     return out
 
 

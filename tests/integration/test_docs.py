@@ -57,7 +57,11 @@ def test_readme_leads_with_the_answer():
     assert [r.split("|")[1].strip() for r in rows] == list(headline.loc[headline["gpu_name"] == main, "model"])
     # the source's figures sit in the rows of the models of their size, labelled as reported
     assert "1.13x" in [r for r in rows if r.startswith("| llama-1b ")][0]
-    assert "1.18x" in [r for r in rows if r.startswith("| llama-7b ")][0]
+    # the README's rows are P5's GPU (an H100): llama-7b, measured on an H200 only until it fits one H100, keeps its
+    # labelled row (and the source's 7B figure) in docs/results.md
+    seven = [r for r in rows if r.startswith("| llama-7b ")] or [
+        r for r in (REPO_ROOT / report.RESULTS_MD).read_text(encoding="utf-8").splitlines() if r.startswith("| llama-7b ")]
+    assert "1.18x" in seven[0]
     assert "not measured here" in block
 
 

@@ -128,7 +128,7 @@ def test_the_answer_rests_on_the_headline_runs_and_the_plans_estimate():
     rows = a.rows.set_index("model")
     assert {"llama-1b", "llama-7b"} <= set(rows.index)
     for model in ("llama-1b", "llama-7b"):
-        r = rows.loc[model]
+        r = a.row(model, priced=True)  # (llama-1b ran on P5's H100 and an H200: the row its cost rests on)
         assert r["speedup"] == pytest.approx(r["tps_fp8"] / r["tps_bf16"])
         for prec in ("bf16", "fp8"):  # the plan's formula, by hand: tokens over 8 GPUs at the planned rate + start-up
             rate = a.estimate.rate(model, prec, run_id=r[f"{prec}_run"])
@@ -176,10 +176,11 @@ def test_markdown_report_quotes_the_answer():
 
 
 def test_launch_plan_prints_the_answers_time_and_cost(capsys):
-    a = _answer().rows.set_index("model")
+    answer = _answer()
     assert L.main(["plan", "--models", "llama-1b", "llama-7b", "--instance-counts", "1"]) == 0  # default budget: 24e9
     out = capsys.readouterr().out
     for model in ("llama-1b", "llama-7b"):
+        a = answer.row(model, priced=True).to_frame().T.set_index("model")  # the row the plan prices from (P5's GPU)
         for prec in ("bf16", "fp8"):
             row = next(l for l in out.splitlines() if re.search(rf"\b{model}\s+{prec}\s+1\s+8\s+24000000000\b", l))
             cells = row.split()

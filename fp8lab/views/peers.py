@@ -1,0 +1,52 @@
+"""fp8lab beside its peers, in words: docs/results.md's section and the README's line (the table itself:
+:mod:`fp8lab.analysis.peers`)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from fp8lab import analysis
+
+
+def tps(v: float) -> str:
+    return "-" if pd.isna(v) else f"{v:,.0f}"
+
+
+def pct(v: float) -> str:
+    return "-" if pd.isna(v) else f"{100 * v:.1f}%"
+
+
+def peers_sentence(summary: pd.DataFrame, results_md: str) -> str | None:
+    """One line on fp8lab beside its peers (docs/results.md's section), or None where no peer ran."""
+    lead = analysis.lead_over_peers(analysis.peers_table(summary, analysis.layout_label))
+    if not len(lead):
+        return None
+    parts = [f"{r['model']} on {r['gpu_name']}: fp8lab's FP8 {tps(r['fp8lab_fp8_tps'])} tokens/s/GPU, "
+             f"{r['lead']:.2f}x the fastest peer ({r['fastest_peer']}, {tps(r['fastest_peer_tps'])})"
+             for _, r in lead.iterrows()]
+    return ("; ".join(parts) + ": plain `transformers` + `torch.compile`, BF16 and torchao float8, same GPU and call "
+            f"([`{results_md}`]({results_md}#beside-the-peers))")
+
+
+def peers_markdown(summary: pd.DataFrame) -> str:
+    """docs/results.md's peers section: fp8lab's plain commands beside what a user would run instead, one GPU, one call."""
+    table = analysis.peers_table(summary, analysis.layout_label)
+    if not len(table):
+        return ""
+    lines = ["## Beside the peers", "",
+             "What a user would run instead, measured on the same GPU in the same call as fp8lab's plain commands "
+             "(`benchmarks/peers.py`): plain `transformers` with each decoder block `torch.compile`d, fp32 parameters "
+             "under bf16 autocast, fused AdamW, in BF16 and with torchao float8 (its tensorwise, rowwise and "
+             "rowwise_with_gw_hp recipes), at the same tokens per optimizer step. Relative: tokens/s/GPU over "
+             "fp8lab's FP8.", ""]
+    for (study, model, gpu), g in table.groupby(["study", "model", "gpu_name"], sort=True):
+        lead = analysis.lead_over_peers(g)
+        lines += [f"**{model}** on {gpu} (`{study}`)" + (
+            f": fp8lab's FP8 is {lead['lead'].iloc[0]:.2f}x the fastest peer ({lead['fastest_peer'].iloc[0]})."
+            if len(lead) else "."), "",
+            "| who | variant | layout | tokens/s/GPU | MFU | peak GiB | relative |", "|---|---|---|---|---|---|---|"]
+        for _, r in g.iterrows():
+            mem = "-" if pd.isna(r["max_mem_gib"]) else f"{r['max_mem_gib']:.1f}"
+            lines.append(f"| {r['who']} | {r['variant']} | {r['layout']} | {tps(r['tokens_per_sec_per_gpu'])} | "
+                         f"{pct(r['mfu'])} | {mem} | {r['relative_to_fp8lab_fp8']:.2f}x |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
