@@ -107,6 +107,10 @@ SLOW: dict[str, str | set[str]] = {
         "test_cli_json_and_text",
         "test_env_check_on_this_cpu_machine_passes",
     },
+    "test_evidence.py": {
+        "test_report_docs_writes_the_evidence",  # renders every generated doc (~40 s)
+        "test_a_fresh_wheel_plans_as_the_checkout",  # builds and installs the wheel in a fresh venv
+    },
     "test_estimates.py": {
         "test_default_plan_rests_on_the_fastest_committed_one_gpu_run_of_each_model_and_precision",
         "test_node_efficiency_is_the_measured_two_gpu_median_of_the_same_layout",

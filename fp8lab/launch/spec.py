@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fp8lab.launch import limits
+from fp8lab.launch.image import te_release
 from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo, Machine, at_least
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.model import user as user_model
@@ -319,7 +320,8 @@ class JobSpec:
                              + f"; allowed: {', '.join(sorted(set(_TRAINER_DEFAULTS) - JOB_OWNED_OPTIONS))}")
         try:
             with _local_model(self) as local:  # the model channel's path exists only inside the job
-                machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
+                machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8,
+                                          te_release=te_release(self.install_te, self.framework_version))
                 plan = runplan.plan_run(self.trainer_config(model=local), machine)
         except ValueError as exc:
             raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x {self.instance_type}): "

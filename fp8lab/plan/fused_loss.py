@@ -4,8 +4,7 @@ turns it on (:func:`decide`, read by the plan), which kernel runs its chunks (:f
 :mod:`fp8lab.train.fused_loss`."""
 from __future__ import annotations
 
-import os
-
+from fp8lab.core.hardware import LOSS_KERNEL_ENV, Machine
 from fp8lab.core.validate import AUTO
 
 CHOICES = (AUTO, "on", "off")
@@ -43,22 +42,26 @@ KERNELS = tuple(BYTES_PER_LOGIT)
 WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
 
 
-KERNEL_ENV = "FP8LAB_FUSED_LOSS_KERNEL"  # a study's choice of kernel (one of KERNELS: a control); unset: the default below
+KERNEL_ENV = LOSS_KERNEL_ENV  # a study's choice of kernel (one of KERNELS: a control), as Machine.detect reads it
 
 
-def kernel_for(gpu: bool) -> str:
-    """The chunk kernel a machine runs: the Triton kernel (fp8lab.train.ce_kernel) on a GPU, eager on a CPU;
-    FP8LAB_FUSED_LOSS_KERNEL picks another (a study's control, e.g. ``compiled``). On one H200 the Triton kernel
-    was faster than the compiled math at every vocabulary measured, in whole steps of the plain commands on the
-    same machine (data/results/fused-loss-kernel-h200: +1.4% / +2.2% Llama-3.2-1B BF16 / FP8, +1.3% / +1.4%
-    Qwen2.5-1.5B, +0.3% / +0.2% llama-1b). Where Triton does not run, the compiled math runs instead
+def default_kernel(gpu: bool) -> str:
+    """The chunk kernel a device runs unless a study chose another: the Triton kernel (fp8lab.train.ce_kernel) on a
+    GPU, measured faster than the compiled math at every vocabulary in whole steps
+    (benchmarks/studies/fused_loss.md), eager on a CPU. Where Triton does not run, the compiled math runs instead
     (fp8lab.train.fused_loss.kernel_for), in its own chunks."""
-    chosen = os.environ.get(KERNEL_ENV)
+    return "triton" if gpu else "eager"
+
+
+def kernel_for(machine: Machine) -> str:
+    """The chunk kernel ``machine`` runs: its ``loss_kernel`` (a study's control, e.g. ``compiled``), else
+    :func:`default_kernel`; ValueError for a kernel not in KERNELS."""
+    chosen = machine.loss_kernel
     if chosen:
         if chosen not in KERNELS:
             raise ValueError(f"{KERNEL_ENV}={chosen!r} is invalid; allowed: " + " | ".join(KERNELS))
         return chosen
-    return "triton" if gpu else "eager"
+    return default_kernel(machine.gpu)
 
 
 def chunk_tokens(vocab: int, n_tokens: int, kernel: str) -> int:

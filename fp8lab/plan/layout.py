@@ -293,7 +293,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.kernel_for's rule). Raises ValueError when the layout
     cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
     mcfg = mcfg or c.model_config
-    loss_kernel = loss_kernel or loss_kernel_for(machine.gpu)
+    loss_kernel = loss_kernel or loss_kernel_for(machine)
     reasons: dict[str, str] = {}
     gpu = machine.gpu
     param_dtype = c.param_dtype
