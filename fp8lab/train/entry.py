@@ -56,14 +56,12 @@ from typing import Any
 
 from fp8lab.core import validate as fvalidate
 from fp8lab.core.errors import OptionError
-from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (its old name here: tests/unit/test_layering.py)
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
 from fp8lab.train.run_paths import resolve_paths
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
-_opt = flag  # --seq-len for seq_len (the old name of fp8lab.plan.options.flag)
 # TrainConfig and its checks live in fp8lab.plan.config; their names stay importable from here
 from fp8lab.plan.config import CHECKPOINT_EVERY, TrainConfig, option_problem  # noqa: E402,F401
 

@@ -12,6 +12,7 @@ from fp8lab.data import tokens as fdata
 from fp8lab.records import metrics as fmetrics
 from fp8lab.train import run_paths
 from fp8lab.train import entry as ftrain
+from fp8lab.plan.options import flag
 from fp8lab.train.entry import TrainConfig, main, train
 
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False,
@@ -351,7 +352,7 @@ def test_help_lists_every_option_with_its_default(capsys):
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
     for f in ftrain.dataclasses.fields(TrainConfig):
-        assert (ftrain._opt(f.name) if f.name != "model_overrides" else "--model-override") in text
+        assert (flag(f.name) if f.name != "model_overrides" else "--model-override") in text
     # layout options default to "auto" (fp8lab.plan.layout); the help says what auto means on a CPU
     assert ('sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU '
             '(default: "auto")') in " ".join(text.split())

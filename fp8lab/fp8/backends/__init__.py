@@ -38,8 +38,8 @@ DEFAULT_RECIPES: dict[str, Recipe] = {
 
 @runtime_checkable
 class Backend(Protocol):
-    """What every backend provides (``after_optimizer_step(model)`` and ``fp8_linear(linear)``, an nn.Linear as the
-    backend's FP8 layer holding the same parameters, are optional)."""
+    """What every backend provides (``fp8_linear(linear)``, an nn.Linear as the backend's FP8 layer holding the same
+    parameters, is optional)."""
 
     name: str
     default_recipe: Recipe  # what recipe=None means for this backend
