@@ -326,9 +326,6 @@ def _meta(raw: dict) -> dict:
             if flat.get(n) is not None and not isinstance(flat[n], (dict, list)):
                 meta[canon] = flat[n]
                 break
-    # the FP8 head's first result files say it in their command only (their harness wrote no fp8_lm_head key)
-    if "fp8_lm_head" not in meta and "--fp8-lm-head True" in str(meta.get("command", "")):
-        meta["fp8_lm_head"] = True
     return meta
 
 
@@ -402,7 +399,7 @@ def _load_result_file(path: Path) -> pd.DataFrame:
         raise RunFileError(
             f"{path}: line {first_line} must be the run record {{\"record\": \"run\", ...}}; "
             f"found record={first.get('record')!r} (see data/results/README.md)")
-    meta = _meta({k: v for k, v in first.items() if k != "record"})
+    meta = _meta(normalize_config({k: v for k, v in first.items() if k != "record"}))  # old records' keys too
     check_record_fields(path, first_line, meta)
     for lineno, rec in records[1:]:
         check_record_fields(path, lineno, rec)

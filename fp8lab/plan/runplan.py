@@ -130,10 +130,14 @@ class RunPlan:
                 "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}
 
     def options(self) -> dict[str, Any]:
-        """The options the plan decided, spelled as options (config.json's flat keys hold these values: what ran)."""
-        return {**self.layout.options(), "fp8_attention": "on" if self.fp8_attention else "off",
-                "fp8_stats_every": self.fp8_stats_every, "fp8_stats_source": self.fp8_stats_source,
-                "fused_loss": "on" if self.fused_loss else "off"}
+        """Every option the plan decides, spelled as the option (config.json's flat keys hold these values: what
+        ran, never "auto"). ``recipe``: what ran in FP8 (None for a BF16 run or the plain model)."""
+        onoff = {True: "on", False: "off"}
+        return {**self.layout.options(), "backend": self.backend_label,
+                "recipe": self.recipe.spec() if self.recipe_kind else None, "compute_dtype": self.compute_dtype,
+                "cuda_graphs": onoff[bool(self.graphs.active)], "fp8_attention": onoff[self.fp8_attention],
+                "fp8_all_gather": onoff[self.fp8_all_gather], "fp8_stats_every": self.fp8_stats_every,
+                "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss]}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
