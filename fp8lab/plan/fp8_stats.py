@@ -45,11 +45,6 @@ def default_every(backend: str, grad_accum: int) -> int:
     return DEFAULT_EVERY["te"] * -(-TE_MEASURED_ACCUM // max(int(grad_accum), 1))
 
 
-DEFAULT_EVERY_TEXT = (f"te every {DEFAULT_EVERY['te']} steps at {TE_MEASURED_ACCUM}+ micro-batches a step, proportionally "
-                      f"less often below (a sample costs about one micro-batch; every 25 steps measured +1.40% of the mean step time), "
-                      f"emulated every {DEFAULT_EVERY['emulated']}")
-
-
 def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool, grad_accum: int,
                        machine: Machine, evidence: Evidence) -> tuple[int, str | None, str]:
     """(every how many steps the FP8 health statistics are sampled, 0 = off; who reads them, None when off; why),

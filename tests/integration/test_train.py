@@ -142,7 +142,7 @@ def test_nan_step_is_skipped_and_counted(prepared, tmp_path, capsys):
 def test_nan_run_stops_cleanly_with_last_good_checkpoint(prepared, tmp_path, capsys):
     out = tmp_path / "nans"
     argv = ["--model", "llama-tiny", "--seq-len", "32", "--micro-batch-size", "2", "--compute-dtype", "fp32",
-            "--steps", "10", "--checkpoint-every", "2", "--max-bad-steps", "3", "--inject-nan-at-steps", "4,5,6",
+            "--steps", "10", "--checkpoint-every", "2", "--max-bad-steps", "3", "--study", "--inject-nan-at-steps", "4,5,6",
             "--data", str(prepared), "--output-dir", str(out), "--progress", "off", "--plot", "False"]
     assert main(argv) == ftrain.EXIT_OVERFLOW
     err = capsys.readouterr().err
@@ -304,7 +304,7 @@ def test_unusable_backend_and_device_rejected_before_compute(capsys, tmp_path, m
 def test_cli_spellings_and_sagemaker_booleans():
     c = ftrain.parse_args(["--micro_batch_size", "3", "--grad-accum", "2", "--compile", "--fuse", "False",
                            "--model-override", "num_layers=1,hidden_size=32", "--model-override", "num_heads=2",
-                           "--steps", "None", "--tokens", "5000", "--inject-nan-at-steps", "2,7"])
+                           "--steps", "None", "--tokens", "5000", "--study", "--inject-nan-at-steps", "2,7"])
     assert (c.micro_batch_size, c.grad_accum, c.compile, c.fuse, c.steps, c.tokens) == (3, 2, True, False, None, 5000)
     assert c.model_overrides == {"num_layers": 1, "hidden_size": 32, "num_heads": 2}
     assert c.inject_nan_at_steps == (2, 7)
