@@ -38,7 +38,7 @@ META_COLUMNS = [
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
     "fp8_attention",  # TE's FP8 dot-product attention
     "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
-    "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, issue 51's study)
+    "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, a study)
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
 ]

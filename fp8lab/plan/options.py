@@ -43,7 +43,7 @@ PARAM_DTYPES = (AUTO, "fp32", "bf16")
 DEVICES = (AUTO, "cpu", "cuda")
 PROGRESS = (AUTO, "on", "off")
 CUDA_GRAPHS = GRAPH_CHOICES  # auto | on | off, declared where they are decided
-FP8_ATTENTION = FP8_ATTENTION_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fp8attn, #34)
+FP8_ATTENTION = FP8_ATTENTION_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fp8attn)
 EMULATED = "emulated"  # fp8lab's pure-PyTorch backend: any device, never for speed claims
 # discovered (every module of fp8lab.fp8.backends): the tensor-core ones first, the emulator last
 HARDWARE_BACKENDS = tuple(b for b in backend_names() if b != EMULATED)  # FP8 on tensor cores (SageMaker jobs)
