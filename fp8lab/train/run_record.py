@@ -43,7 +43,7 @@ def config_record(plan, *, built: dict[str, Any], sources: dict[str, Any], argv:
     flat = {**requested, **plan.options(), "device": m.device,
             "progress": "on" if show_progress(c.progress, True) else "off"}
     # the Python API's equivalent command: the layout as it ran, --activation-checkpointing as asked (auto, the
-    # default, left out) and the other decided options as asked, as it read before they became the plan's
+    # default, left out) and the other decided options as asked
     as_typed = {**requested, **plan.layout.options(), "activation_checkpointing": c.activation_checkpointing}
     shared = fpaths.shareable_run_record(as_typed, type(c)().as_dict(), argv, output_dir, SHARED)
     record = {**flat, **fmetrics.provenance(m.name, m.world_size, argv), **shared,

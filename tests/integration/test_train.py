@@ -351,11 +351,13 @@ def test_tokens_budget_sets_the_number_of_steps(prepared, tmp_path):
 def test_help_lists_every_option_with_its_default(capsys):
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
+    assert main(["--study", "--help"]) == 0
+    with_study = capsys.readouterr().out
     for f in ftrain.dataclasses.fields(TrainConfig):
-        assert (flag(f.name) if f.name != "model_overrides" else "--model-override") in text
-    # layout options default to "auto" (fp8lab.plan.layout); the help says what auto means on a CPU
-    assert ('sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU '
-            '(default: "auto")') in " ".join(text.split())
+        name = flag(f.name) if f.name != "model_overrides" else "--model-override"
+        assert name in with_study and (name in text) is (ftrain.section_of(f) != ftrain.STUDY)
+    # layout options default to "auto" (fp8lab.plan.layout): the help says what it does, the run says what it chose
+    assert 'sequences per GPU per forward/backward; auto: the largest that fits (default: "auto")' in " ".join(text.split())
 
 
 def test_only_the_newest_checkpoints_are_kept_and_partial_ones_ignored(prepared, tmp_path):
