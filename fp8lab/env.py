@@ -165,8 +165,9 @@ def _auto_choice() -> tuple[str | None, str | None]:
 
 
 def _fp8_stats_choice(backend: str | None) -> tuple[str | None, str | None]:
-    """(source, why) that the plan's one rule (fp8lab.plan.fp8_stats.fp8_stats_source) picks for a one-process FP8 run on
-    ``backend`` with every option at its default; (None, why) when that cannot be said."""
+    """(source, why) that the plan's one rule (fp8lab.plan.fp8_stats.fp8_stats_source) picks for a one-process FP8 run
+    on ``backend`` with every option at its default (this machine's facts, the packaged evidence); (None, why) when
+    that cannot be said."""
     if backend is None:
         return None, "no FP8 backend 'auto' runs here"
     try:

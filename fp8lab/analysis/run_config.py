@@ -19,7 +19,8 @@ from typing import Any
 OLD_PLAN_KEYS = {"backend_resolved": "backend", "recipe_resolved": "recipe", "total_steps": "total_steps",
                  "warmup_steps_resolved": "warmup_steps", "compute_dtype_resolved": "compute_dtype",
                  "tokens_per_step": "tokens_per_step", "cuda_graphs_active": "cuda_graphs"}
-OLD_BUILT_KEYS = {"fp8_weight_cache_active": "fp8_weight_cache", "fuse_wgrad_accumulation_active": "fuse_wgrad_accumulation",
+OLD_BUILT_KEYS = {"fp8_weight_cache_active": "fp8_weight_cache",
+                  "fuse_wgrad_accumulation_active": "fuse_wgrad_accumulation",
                   "fsdp_keep_weights_active": "fsdp_keep_weights", "adamw_impl": "adamw_impl",
                   "cuda_graphs_captured": "cuda_graphs_captured"}
 OLD_NESTED = ("cuda_graphs_reason", "requested_layout", "layout")

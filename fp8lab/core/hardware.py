@@ -214,7 +214,8 @@ class Machine:
         (``te_debug_problem`` None: the job installs nvdlfw-inspect); the loss kernel is the GPU's default."""
         mem = gpu_memory_gib(gpu_name)
         if mem is None:
-            raise ValueError(f"no memory size known for GPU {gpu_name!r}; known: {', '.join(k for k, _ in GPU_MEMORY_GIB)}")
+            known = ", ".join(k for k, _ in GPU_MEMORY_GIB)
+            raise ValueError(f"no memory size known for GPU {gpu_name!r}; known: {known}")
         return cls("cuda", gpu_name, mem, world_size, te_usable=True, fp8=fp8, te_release=te_release,
                    te_debug_problem=te_debug_problem)
 

@@ -67,21 +67,10 @@ def files_read_once():
 
 
 def read_result_text(path: str | Path) -> str:
-    """``Path(path).read_text(encoding="utf-8")`` (newlines translated as it does), through :func:`read_result_bytes`."""
+    """``Path(path).read_text(encoding="utf-8")`` (newlines translated as it does), through
+    :func:`read_result_bytes`."""
     text = read_result_bytes(path).decode("utf-8")
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
-
-
-def read_check(path: str | Path) -> dict | None:
-    """A committed GPU check's JSON object (the result files ``auto`` decisions read: fp8lab.plan.runplan, fp8lab.plan.fp8attn),
-    or None where it is missing, unreadable or not an object: as if not committed."""
-    import json
-
-    try:
-        check = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return check if isinstance(check, dict) else None
 
 
 def is_inside(path: str | Path, root: str | Path) -> bool:

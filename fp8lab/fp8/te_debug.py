@@ -44,7 +44,8 @@ _NAME = re.compile(r"^(?P<layer>.+)_(?P<tensor>" + "|".join(TENSORS) + r")_(?P<s
 def unavailable() -> str | None:
     """None when TE's debug API can be used here, else why not (nothing is imported: see the module's note)."""
     if importlib.util.find_spec("nvdlfw_inspect") is None:
-        return f"{PACKAGE} is not installed (pip install {PACKAGE}; scripts/setup.sh installs it beside Transformer Engine)"
+        return (f"{PACKAGE} is not installed (pip install {PACKAGE}; scripts/setup.sh installs it beside "
+                "Transformer Engine)")
     try:
         if importlib.util.find_spec("transformer_engine.debug") is None:
             return "this Transformer Engine has no debug API (transformer_engine.debug)"

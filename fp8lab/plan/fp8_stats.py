@@ -2,8 +2,8 @@
 ``--fp8-stats-source``), decided once per run by :func:`fp8_stats_decision` with the reason.
 
 The interval ``--fp8-stats-every auto`` picks (:func:`default_every`, from the measured per-sample cost) and the
-committed GPU check of Transformer Engine's debug API (the evidence's ``te_debug``) that ``--fp8-stats-source auto`` needs
-before it picks it live here. The vocabulary (``SOURCES``, ``TE_DEBUG``, ``OWN``) and the mechanism are
+committed GPU check of Transformer Engine's debug API (the evidence's ``te_debug``) that ``--fp8-stats-source auto``
+needs before it picks it live here. The vocabulary (``SOURCES``, ``TE_DEBUG``, ``OWN``) and the mechanism are
 fp8lab.fp8.stats (and fp8lab.fp8.te_debug); the reader is fp8lab.analysis.fp8_stats.
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ COST_GOAL_PCT = 2.0  # what the statistics may cost at the default interval, in 
 
 # auto picks TE's debug API only once its GPU check is committed and passed (the evidence's ``te_debug``,
 # benchmarks/fp8stats_overhead.py --check: every sampled step recorded, and its cost at the default interval
-# <= COST_GOAL_PCT), on the Transformer Engine release it ran on; otherwise --fp8-stats-source te-debug runs it on request.
+# <= COST_GOAL_PCT), on the Transformer Engine release it ran on; otherwise --fp8-stats-source te-debug runs it on
+# request.
 # --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
 # backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s
 # on 1.27 s steps of 4 micro-batches (data/results/fp8stats-overhead/: every 10 steps 2.4% of the mean step
@@ -53,7 +54,8 @@ def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: boo
     if not c.fp8_stats_every:
         return 0, None, "--fp8-stats-every 0: off"
     if c.precision != "fp8" or backend not in DEFAULT_EVERY:
-        return 0, None, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
+        return 0, None, ("off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated "
+                         "have them)")
     if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
         return 0, None, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
                          "--cuda-graphs off to see them")

@@ -16,8 +16,8 @@ What TE 2.20 can run (``transformer_engine/common/fused_attn/fused_attn.cpp``,
 * Ada and older GPUs: no FP8 fused attention; block scaling: never.
 
 ``--fp8-attention auto`` turns it on only where it was measured to pay: a Hopper GPU, the conditions
-above, and a sequence of at least the measured crossover (:func:`crossover_seq_len`, from the evidence). ``on`` refuses, before anything
-is built, where it cannot run; ``off`` never uses it.
+above, and a sequence of at least the measured crossover (:func:`crossover_seq_len`, from the evidence). ``on``
+refuses, before anything is built, where it cannot run; ``off`` never uses it.
 
 TE's ``NVTE_FP8_DPA_BWD`` (default 1) chooses the backward: 1 = FP8 attention forward and backward,
 0 = FP8 forward, BF16 backward. fp8lab sets 1 explicitly (:data:`FP8_DPA_BWD`, where the environment does not
@@ -70,7 +70,8 @@ def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str
     if backend != "te":
         return f"it needs --backend te (TE's FP8 dot-product attention); the run's backend is {backend or 'none'}"
     if not fuse:
-        return "it needs --fuse True: only fp8lab's fused blocks run te.DotProductAttention (the swapped layers keep HF's attention)"
+        return ("it needs --fuse True: only fp8lab's fused blocks run te.DotProductAttention (the swapped layers keep "
+                "HF's attention)")
     gen = generation(gpu_name) if gpu else None
     if gen is None:
         return (f"{gpu_name if gpu else 'a CPU'} has no FP8 fused attention in TE (cuDNN's FP8 attention needs "
@@ -113,7 +114,8 @@ def decide(choice: str, *, seq_len: int, evidence: Evidence = Evidence(), **setu
     if loss is not True:
         return False, (f"auto: off at sequence {seq_len}: FP8 attention pays from {crossover} tokens on "
                        f"({source}), but " + ("its loss check is not committed yet" if loss is None else
-                                              "its committed loss check is outside the bound (max(0.5%, the seed noise))")
+                                              "its committed loss check is outside the bound "
+                                              "(max(0.5%, the seed noise))")
                        + " (pass --fp8-attention on to use it)")
     return True, f"auto: on at sequence {seq_len} >= {crossover}, head_dim 128 ({source}; loss checked)"
 

@@ -77,7 +77,8 @@ def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
         if choice == "on":
             raise ValueError("--fused-loss on with --fp8-lm-head: the chunked loss runs the head's GEMM in BF16; "
                              "allowed: --fused-loss auto | off")
-        return False, f"{'auto: off' if choice == AUTO else '--fused-loss off'}: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
+        asked = "auto: off" if choice == AUTO else "--fused-loss off"
+        return False, f"{asked}: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
     logits = vocab * tokens_per_micro_batch
     size = f"vocabulary {vocab:,} x {tokens_per_micro_batch:,} tokens per micro-batch = {logits:.3g} logits"
     if choice == "on":
