@@ -27,13 +27,10 @@ COST_GOAL_PCT = 2.0  # what the statistics may cost at the default interval, in 
 # <= COST_GOAL_PCT), on the Transformer Engine release it ran on; otherwise --fp8-stats-source te-debug runs it on
 # request.
 # --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
-# backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s
-# on 1.27 s steps of 4 micro-batches (data/results/fp8stats-overhead/: every 10 steps 2.4% of the mean step
-# time, every 25 steps 1.4%) and +0.30 s (delayed) / +0.42 s (current) on 0.34 s steps of one micro-batch (the
-# sampled steps of data/results/loss-parity-20m/). So auto samples every 25 steps at 4+ micro-batches a step and
-# proportionally less often below (100 at one micro-batch): about 1% of step time, by the measured per-sample
-# cost (0.32 s); the mean step time of the every-25 run was 1.40% above the off run's (the goal: <= 2%).
-# The emulated backend (CPU teaching runs of a few dozen steps, never timed) keeps 10, enough for a heatmap.
+# backward (a few elementwise passes per GEMM operand), whatever the accumulation; so auto samples every 25 steps at
+# 4+ micro-batches a step and proportionally less often below (100 at one micro-batch), within COST_GOAL_PCT (the
+# measured cost: benchmarks/studies/loss_parity_20m.md, data/results/fp8stats-overhead/). The emulated backend (CPU
+# teaching runs of a few dozen steps, never timed) keeps 10, enough for a heatmap.
 DEFAULT_EVERY = {"te": 25, "emulated": 10}
 TE_MEASURED_ACCUM = 4  # the accumulation DEFAULT_EVERY["te"] was measured at
 
