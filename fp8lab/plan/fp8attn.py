@@ -21,9 +21,8 @@ refuses, before anything is built, where it cannot run; ``off`` never uses it.
 
 TE's ``NVTE_FP8_DPA_BWD`` (default 1) chooses the backward: 1 = FP8 attention forward and backward,
 0 = FP8 forward, BF16 backward. fp8lab sets 1 explicitly (:data:`FP8_DPA_BWD`, where the environment does not
-set it) so a run records what ran. The study compared both (``benchmarks/study_long_context.sh`` L, 160 steps,
-``loss.json``'s ``earlier``): 0 has the smaller gradient error at one step, yet its run became unstable after ~100 steps
-(gradient norms up to ~4e4, loss rising again); 1 trained like FP8 with BF16 attention.
+set it) so a run records what ran. The study compared both: 0 became unstable where 1 trained like FP8 with BF16
+attention (benchmarks/studies/long_context.md).
 """
 from __future__ import annotations
 
