@@ -108,7 +108,6 @@ SLOW: dict[str, str | set[str]] = {
         "test_env_check_on_this_cpu_machine_passes",
     },
     "test_evidence.py": {
-        "test_report_docs_writes_the_evidence",  # renders every generated doc (~40 s)
         "test_a_fresh_wheel_plans_as_the_checkout",  # builds and installs the wheel in a fresh venv
     },
     "test_estimates.py": {

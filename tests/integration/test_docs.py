@@ -29,6 +29,9 @@ def test_committed_results_block_and_results_doc_are_current():
     hint = "stale: run `fp8lab report --docs` and commit the result"
     assert README.read_text(encoding="utf-8") == docs["README.md"], f"README.md results block {hint}"
     assert (REPO_ROOT / report.RESULTS_MD).read_text(encoding="utf-8") == docs[report.RESULTS_MD], f"{report.RESULTS_MD} {hint}"
+    from fp8lab.plan import evidence  # the plan's evidence, package data written by the same command
+
+    assert (REPO_ROOT / evidence.DOC).read_text(encoding="utf-8") == docs[evidence.DOC], f"{evidence.DOC} {hint}"
 
 
 def test_committed_headline_png_is_the_generated_figure_and_readable():

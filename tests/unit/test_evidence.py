@@ -67,14 +67,6 @@ def test_the_package_list_is_the_tree_and_ships_the_data_and_evidence():
     assert all((REPO_ROOT / "data" / f).is_file() for f in SHIPPED_FILES)
 
 
-def test_report_docs_writes_the_evidence(tmp_path):
-    from fp8lab.views import report
-
-    docs = report.render_docs()
-    assert docs[evidence.DOC] == evidence.render(RESULTS_DIR)
-    assert Path(evidence.DOC).parts[:2] == ("fp8lab", "plan")
-
-
 # the configs whose plans differed between the wheel and the checkout when the evidence was read from data/results
 WHEEL_CASES = {
     "llama-7b-4-layers-fp8-8192-h100": (dict(model="llama-7b", precision="fp8", seq_len=8192,
