@@ -30,7 +30,13 @@ from fp8lab.plan.runplan import PLANNED_ENV
 # installs it (fp8lab.launch.image.installs_te: asked for, or the image's TE is too old or unknown),
 # because it compiles against the image's CUDA (minutes). nvdlfw-inspect (pure Python, pinned there too) is
 # TE's debug API: --fp8-stats-source auto reads a TE job's FP8 health through it, as on a set-up GPU machine.
-JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm", requirement("nvdlfw-inspect"))
+JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm")
+JOB_PINNED = ("nvdlfw-inspect",)  # at the version fp8lab/constraints-gpu.txt pins (read when a job is staged)
+
+
+def job_base_requirements() -> list[str]:
+    """What every job's requirements.txt holds (TE, where the job installs it, comes after)."""
+    return [*JOB_REQUIREMENTS, *map(requirement, JOB_PINNED)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -68,7 +74,7 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
         if source.resolve() != target.resolve():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version)
+    reqs = job_base_requirements() + job_requirements(install_te, framework_version)
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 

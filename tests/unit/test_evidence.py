@@ -43,14 +43,15 @@ def test_the_plan_is_a_function_of_what_it_is_given():
 
 
 def test_nothing_is_read_at_import():
-    """Importing the planner opens no result file and no evidence: the first plan reads the packaged evidence."""
+    """Importing fp8lab's commands opens none of its files (no result file, no evidence, no pins): the first plan
+    reads the packaged evidence."""
     probe = ("import builtins, io, pathlib; opened = []\n"
              "real = io.open\n"
              "def spy(f, *a, **k):\n"
              "    opened.append(str(f)); return real(f, *a, **k)\n"
              "io.open = builtins.open = spy\n"
-             "import fp8lab, fp8lab.plan.runplan, fp8lab.plan.config, fp8lab.launch\n"
-             "print([f for f in opened if f.endswith('.json')])\n")
+             "import fp8lab, fp8lab.plan.runplan, fp8lab.plan.config, fp8lab.launch, fp8lab.train.entry, fp8lab.cli\n"
+             f"print([f for f in opened if f.startswith({str(REPO_ROOT)!r}) or f.endswith('.json')])\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

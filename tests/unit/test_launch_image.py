@@ -40,7 +40,7 @@ def test_the_default_image_s_te_is_too_old_so_the_job_installs_the_pinned_one(tm
     staged = L.stage_source(tmp_path / "code", image.installs_te(spec), spec.framework_version)
     # the default image (2.9) is built on CUDA 13: the job installs TE's core for CUDA 13
     assert (staged / "requirements.txt").read_text().splitlines() == [
-        *L.JOB_REQUIREMENTS, f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
+        *L.job_base_requirements(), f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
     assert image.job_requirements(True, "2.8") == [f"transformer-engine[pytorch,core_cu12]=={pins()['transformer-engine']}"]
     assert image.job_requirements(True, "2.99") == [f"transformer-engine[pytorch]=={pins()['transformer-engine']}"]
     assert (staged / "fp8lab" / "constraints-gpu.txt").is_file()  # the pins travel with the package
