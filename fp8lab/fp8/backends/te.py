@@ -149,7 +149,7 @@ class TEBackend:
         return self._te_recipes[recipe]
 
     def available(self) -> str | None:
-        problem = install_or_gpu_problem("transformer_engine", "Transformer Engine", install_hint())  # the one install command (fp8lab.core.pins)
+        problem = install_or_gpu_problem("transformer_engine", "Transformer Engine", install_hint())
         if problem is not None:
             return problem
         try:

@@ -37,7 +37,7 @@ class TorchaoBackend:
         self._converted: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # for autocast(enabled=False)
 
     def available(self) -> str | None:
-        problem = install_or_gpu_problem("torchao", "torchao", install_hint())  # the one install command (fp8lab.core.pins)
+        problem = install_or_gpu_problem("torchao", "torchao", install_hint())
         if problem is not None:
             return problem
         try:
