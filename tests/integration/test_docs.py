@@ -67,7 +67,9 @@ def test_readme_leads_with_the_answer():
 def test_docs_command_writes_into_a_checkout(tmp_path):
     shutil.copy(README, tmp_path / "README.md")
     written = report.write_docs(root=tmp_path)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == ["README.md", "data/results-index.json", "docs/headline.png", "docs/results.md"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "README.md", "data/results-index.json", "docs/headline.png", "docs/results.md", "fp8lab/plan/evidence.json"]
+    assert (tmp_path / "fp8lab" / "plan" / "evidence.json").read_text() == (REPO_ROOT / "fp8lab/plan/evidence.json").read_text()
     assert (tmp_path / "README.md").read_text() == README.read_text()  # the committed one is current
     (tmp_path / "docs" / "results.md").unlink()
     proc = subprocess.run([sys.executable, "-m", "fp8lab", "report", "--docs", "--docs-root", str(tmp_path)],
