@@ -6,7 +6,7 @@ the step time. ``sample_cost_s``: within one run, the mean sampled step minus th
 
     python benchmarks/fp8stats_overhead.py RESULTS_DIR OUT.json [--skip 10] [--check CHECK.json]
 
-``--check``: the GPU check that lets ``--fp8-stats-source auto`` pick TE's debug API (fp8lab.plan.fp8_stats.TE_DEBUG_CHECK),
+``--check``: the GPU check that lets ``--fp8-stats-source auto`` pick TE's debug API (fp8lab/plan/evidence.json: `fp8lab report --docs` reads data/results/fp8stats-sources/check.json),
 from the ``te-debug`` run: ``passed`` when every sampled step wrote a record read by TE's debug API with an
 activation, a weight and a gradient row for each GEMM, and one sample, spread over the interval ``auto`` would use
 at that run's accumulation, costs at most fp8lab.plan.fp8_stats.COST_GOAL_PCT of the step time.

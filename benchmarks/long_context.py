@@ -117,7 +117,7 @@ def _compare(runs: dict[str, dict], tag: str) -> dict:
             "within_bound": gap is not None and abs(gap) <= BOUND,
             "seed_noise": noise, "band": band,
             "within_seed_noise": None if noise is None or gap is None else abs(gap) <= noise,
-            # what --fp8-attention auto reads (fp8lab.plan.fp8attn.loss_checked): |gap| <= max(bound, seed noise), the
+            # what --fp8-attention auto reads (through fp8lab/plan/evidence.json, fp8lab.plan.evidence.from_results): |gap| <= max(bound, seed noise), the
             # band rule of the BF16 seeds in the loss-parity study (fp8lab.analysis.parity.band_pct)
             "holds": gap is not None and abs(gap) <= band,
             "runs_by_role": rows}

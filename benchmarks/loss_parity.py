@@ -31,7 +31,7 @@ LOSS_VARIANTS: dict[str, list[str]] = {
                                   "--recipe", "delayed:amax_history_len=16,amax_compute_algo=most_recent"],
     "te-fp8-delayed-margin1": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed:margin=1", "--fuse", "True"],
     "te-fp8-delayed-edge1": [*VARIANTS["te-fp8-delayed"], "--bf16-edge-blocks", "1"],
-    "te-fp8-delayed-head": [*VARIANTS["te-fp8-delayed"], "--fp8-lm-head", "True"],  # issue 51: the LM head in FP8 too
+    "te-fp8-delayed-head": [*VARIANTS["te-fp8-delayed"], "--study", "--fp8-lm-head", "True"],  # the LM head in FP8 too
     "te-fp8-current-edge1": [*VARIANTS["te-fp8-current"], "--bf16-edge-blocks", "1"],
     "emulated-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
     "emulated-fp8-delayed-edge1": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",

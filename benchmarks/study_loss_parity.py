@@ -51,7 +51,7 @@ CPU_VARIANTS = {"te-bf16": ["--precision", "bf16", "--backend", "emulated"],  # 
                 "te-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
                 "te-fp8-current": ["--precision", "fp8", "--backend", "emulated", "--recipe", "current"],
                 "te-fp8-delayed-head": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
-                                        "--fp8-lm-head", "True"]}
+                                        "--study", "--fp8-lm-head", "True"]}
 GRACE_S = 90  # after SIGTERM: time for the checkpoint (~15 GB for llama-1b with its AdamW state)
 
 

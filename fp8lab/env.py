@@ -14,7 +14,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from fp8lab.core.pins import install_hint
-from fp8lab.fp8.backends import fp8_gpu_problem
+from fp8lab.fp8.backends import detect_machine, fp8_gpu_problem
+from fp8lab.plan import evidence
 from fp8lab.plan.config import TrainConfig
 from fp8lab.plan.fp8_stats import fp8_stats_source
 
@@ -164,12 +165,16 @@ def _auto_choice() -> tuple[str | None, str | None]:
 
 
 def _fp8_stats_choice(backend: str | None) -> tuple[str | None, str | None]:
-    """(source, why) that the plan's one rule (fp8lab.plan.fp8_stats.fp8_stats_source) picks for a one-process FP8 run on
-    ``backend`` with every option at its default; (None, why) when that cannot be said."""
+    """(source, why) that the plan's one rule (fp8lab.plan.fp8_stats.fp8_stats_source) picks for a one-process FP8 run
+    on ``backend`` with every option at its default (this machine's facts, the packaged evidence); (None, why) when
+    that cannot be said."""
     if backend is None:
         return None, "no FP8 backend 'auto' runs here"
     try:
-        return fp8_stats_source(TrainConfig(precision="fp8"), backend, 1)
+        import torch  # as in report()
+
+        here = detect_machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        return fp8_stats_source(TrainConfig(precision="fp8"), backend, here, evidence.load())
     except Exception as exc:  # never crash the report
         return None, f"could not be decided: {type(exc).__name__}: {exc}"
 

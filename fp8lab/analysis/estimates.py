@@ -114,7 +114,7 @@ class MeasuredEstimate(Estimate):
         notebook shows) instead of from result files."""
         est = cls(**fields)
         object.__setattr__(est, "given_tables", _tables(summary))  # not a field: plans print fields
-        object.__setattr__(est, "given_summary", summary)  # the scaling model's profiles and calibration (#32)
+        object.__setattr__(est, "given_summary", summary)  # the scaling model's profiles and calibration
         return est
 
     def _measured(self) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -15,13 +15,9 @@ import pandas as pd
 
 def math_dtype(row: dict) -> object:
     """What a run's non-FP8 math ran in: its precision, except that a "bf16" run whose trainer computed
-    in fp32 (``compute_dtype`` fp32, or auto on a CPU) is named "fp32": what it was."""
+    in fp32 (``compute_dtype`` fp32, as its record says) is named "fp32": what it was."""
     precision = row.get("precision")
-    compute = row.get("compute_dtype")
-    gpu = row.get("gpu_name")
-    on_cpu = isinstance(gpu, str) and gpu.lower() == "cpu"
-    if precision == "bf16" and (compute == "fp32" or (on_cpu and compute in (None, "auto") or
-                                                    (on_cpu and isinstance(compute, float) and math.isnan(compute)))):
+    if precision == "bf16" and row.get("compute_dtype") == "fp32":
         return "fp32"
     return precision
 

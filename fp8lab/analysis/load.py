@@ -38,7 +38,7 @@ META_COLUMNS = [
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
     "fp8_attention",  # TE's FP8 dot-product attention
     "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
-    "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, issue 51's study)
+    "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, a study)
     "peer",  # true: a peer's run (benchmarks/peers.py), not fp8lab's; shown beside it (fp8lab.analysis.peers)
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
@@ -327,9 +327,6 @@ def _meta(raw: dict) -> dict:
             if flat.get(n) is not None and not isinstance(flat[n], (dict, list)):
                 meta[canon] = flat[n]
                 break
-    # the FP8 head's first result files say it in their command only (their harness wrote no fp8_lm_head key)
-    if "fp8_lm_head" not in meta and "--fp8-lm-head True" in str(meta.get("command", "")):
-        meta["fp8_lm_head"] = True
     return meta
 
 
@@ -403,7 +400,7 @@ def _load_result_file(path: Path) -> pd.DataFrame:
         raise RunFileError(
             f"{path}: line {first_line} must be the run record {{\"record\": \"run\", ...}}; "
             f"found record={first.get('record')!r} (see data/results/README.md)")
-    meta = _meta({k: v for k, v in first.items() if k != "record"})
+    meta = _meta(normalize_config({k: v for k, v in first.items() if k != "record"}))  # old records' keys too
     check_record_fields(path, first_line, meta)
     for lineno, rec in records[1:]:
         check_record_fields(path, lineno, rec)

@@ -1,7 +1,7 @@
 """The long-context study's result files read back: per sequence length, BF16 and FP8 with FP8 attention
 off and on (``study_runs``), and their tokens/s and speed-ups as a table (``speedup_table``), which
 ``fp8lab.views.plots.long_context_figure`` draws and ``benchmarks/long_context.py`` turns into the crossover that
-``--fp8-attention auto`` follows (``fp8lab/plan/fp8attn.py``: ``CROSSOVER_SEQ_LEN``, ``study_crossover``)."""
+``--fp8-attention auto`` follows (through the packaged evidence: ``fp8lab.plan.evidence``)."""
 from __future__ import annotations
 
 import re
@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 
 from fp8lab.analysis.load import read_jsonl
-from fp8lab.plan.fp8attn import STUDY_RESULT
+from fp8lab.core.paths import RESULTS_DIR
+from fp8lab.plan.evidence import FP8_ATTENTION_STUDY
 
-STUDY_DIR = STUDY_RESULT.parent  # data/results/long-context-h200/
+STUDY_DIR = RESULTS_DIR / FP8_ATTENTION_STUDY  # data/results/long-context-h200/
 ROLES = {"default-bf16": "bf16", "default-fp8-noattn": "fp8", "default-fp8-attn": "fp8_attn"}  # throughput.py variants
 
 

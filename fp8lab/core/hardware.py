@@ -150,13 +150,21 @@ def cpu_memory_gib() -> float:
         return 16.0
 
 
+# A study's choice of the fused loss's chunk kernel on this machine (a control): read by Machine.detect only
+LOSS_KERNEL_ENV = "FP8LAB_FUSED_LOSS_KERNEL"
+TE_DEBUG_UNKNOWN = "nvdlfw-inspect is not known to be installed there"  # a Machine made by hand
+
+
 @dataclass(frozen=True)
 class Machine:
-    """Where a run goes: what the layout resolver needs to know about it.
+    """Where a run goes: what the plan needs to know about it, this process's or a planned instance's.
 
     ``memory_gib`` is per device (one GPU, or the whole machine on a CPU). ``te_usable``: Transformer
-    Engine imports and runs here (its layers are then the fastest BF16 fp8lab has as well).
-    ``fp8``: the GPU has FP8 tensor cores.
+    Engine imports and runs there (its layers are then the fastest BF16 fp8lab has as well).
+    ``fp8``: the GPU has FP8 tensor cores. The software facts the plan reads are fields too, so a plan is
+    a function of what it is given: ``te_release`` (Transformer Engine's version there, None: none or
+    unknown), ``te_debug_problem`` (why TE's debug API cannot run there, None: it can) and ``loss_kernel``
+    (the fused loss's chunk kernel a study chose there with :data:`LOSS_KERNEL_ENV`; None: the device's default).
     """
 
     device: str  # "cpu" | "cuda"
@@ -166,6 +174,9 @@ class Machine:
     te_usable: bool = False
     fp8: bool = False
     unusable: tuple[tuple[str, str], ...] = ()  # (backend, why it cannot run here), as Machine.detect found them
+    te_release: str | None = None
+    te_debug_problem: str | None = TE_DEBUG_UNKNOWN
+    loss_kernel: str | None = None
 
     @property
     def gpu(self) -> bool:
@@ -177,26 +188,36 @@ class Machine:
 
     @classmethod
     def detect(cls, device, world_size: int = 1, memory_gib: float = 0.0, *,
-               unusable: tuple[tuple[str, str], ...]) -> "Machine":
+               unusable: tuple[tuple[str, str], ...], te_release: str | None = None,
+               te_debug_problem: str | None = TE_DEBUG_UNKNOWN) -> "Machine":
         """This process's device (a ``torch.device``); ``memory_gib`` > 0 caps it (an emulated smaller GPU);
-        ``unusable``: (backend, why) of the backends that cannot run here (``fp8lab.fp8.backends.detect_machine``)."""
+        ``unusable``: (backend, why) of the backends that cannot run here, ``te_release`` and ``te_debug_problem``
+        as this process finds them (``fp8lab.fp8.backends.detect_machine``); the loss kernel from
+        :data:`LOSS_KERNEL_ENV`."""
+        facts = {"unusable": unusable, "te_release": te_release, "te_debug_problem": te_debug_problem,
+                 "loss_kernel": os.environ.get(LOSS_KERNEL_ENV) or None}
         if getattr(device, "type", device) != "cuda":
-            return cls("cpu", "cpu", memory_gib or cpu_memory_gib(), world_size, unusable=unusable)
+            return cls("cpu", "cpu", memory_gib or cpu_memory_gib(), world_size, **facts)
         import torch
 
         props = torch.cuda.get_device_properties(device)
         total = props.total_memory / 2**30
         te_ok = "te" not in dict(unusable)
         return cls("cuda", props.name, min(total, memory_gib) if memory_gib else total, world_size,
-                   te_usable=te_ok, fp8=has_fp8((props.major, props.minor)), unusable=unusable)
+                   te_usable=te_ok, fp8=has_fp8((props.major, props.minor)), **facts)
 
     @classmethod
-    def planned(cls, gpu_name: str, world_size: int, fp8: bool) -> "Machine":
-        """A GPU this process cannot see (a SageMaker instance's): Transformer Engine assumed installed there."""
+    def planned(cls, gpu_name: str, world_size: int, fp8: bool, te_release: str | None = None,
+                te_debug_problem: str | None = None) -> "Machine":
+        """A GPU this process cannot see (a SageMaker instance's): Transformer Engine installed there, at
+        ``te_release`` (the launcher passes the pinned one, what the job installs), with TE's debug API
+        (``te_debug_problem`` None: the job installs nvdlfw-inspect); the loss kernel is the GPU's default."""
         mem = gpu_memory_gib(gpu_name)
         if mem is None:
-            raise ValueError(f"no memory size known for GPU {gpu_name!r}; known: {', '.join(k for k, _ in GPU_MEMORY_GIB)}")
-        return cls("cuda", gpu_name, mem, world_size, te_usable=True, fp8=fp8)
+            known = ", ".join(k for k, _ in GPU_MEMORY_GIB)
+            raise ValueError(f"no memory size known for GPU {gpu_name!r}; known: {known}")
+        return cls("cuda", gpu_name, mem, world_size, te_usable=True, fp8=fp8, te_release=te_release,
+                   te_debug_problem=te_debug_problem)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Where the repository's shipped files are, independent of the working directory.
 
-Notebooks run with their cwd under ``outputs/``; the library finds ``data/`` from here.
+Notebooks run with their cwd under ``outputs/``; the library finds ``data/`` from here. The default corpus and
+tokenizers also ship inside the package (``fp8lab/shipped/``, package data of a wheel mapped from ``data/``):
+:func:`shipped_path` finds them in ``DATA_DIR`` first (a checkout, or FP8LAB_DATA_DIR holding them), then there.
 """
 from __future__ import annotations
 
@@ -12,6 +14,19 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # FP8LAB_DATA_DIR lets an installed copy (or a SageMaker job) point at another data folder.
 DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
 RESULTS_DIR = DATA_DIR / "results"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fp8lab/
+SHIPPED_DIR = PACKAGE_DIR / "shipped"  # an installed package's copy of data/'s default corpus and tokenizers
+# what that copy holds, relative to data/ (pyproject.toml's package data for fp8lab.shipped lists the same)
+SHIPPED_FILES = ("corpus/kjv.txt.xz", "tokenizer.json", "tokenizer-512.json")
+
+
+def shipped_path(name: str) -> Path:
+    """``data/<name>`` (``corpus``, ``tokenizer.json``, ...): in DATA_DIR where it is there, else the checkout's
+    ``data/`` (FP8LAB_DATA_DIR elsewhere), else the package's copy; DATA_DIR's path where none has it."""
+    for base in (DATA_DIR, REPO_ROOT / "data", SHIPPED_DIR):
+        if (base / name).exists():
+            return base / name
+    return DATA_DIR / name
 
 # The committed result files are read in several places by one command (the results index's digest, the runs, the
 # FP8 statistics): each is opened once per process while unchanged (size and mtime), its bytes kept here. Only files
@@ -52,21 +67,10 @@ def files_read_once():
 
 
 def read_result_text(path: str | Path) -> str:
-    """``Path(path).read_text(encoding="utf-8")`` (newlines translated as it does), through :func:`read_result_bytes`."""
+    """``Path(path).read_text(encoding="utf-8")`` (newlines translated as it does), through
+    :func:`read_result_bytes`."""
     text = read_result_bytes(path).decode("utf-8")
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
-
-
-def read_check(path: str | Path) -> dict | None:
-    """A committed GPU check's JSON object (the result files ``auto`` decisions read: fp8lab.plan.runplan, fp8lab.plan.fp8attn),
-    or None where it is missing, unreadable or not an object: as if not committed."""
-    import json
-
-    try:
-        check = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return check if isinstance(check, dict) else None
 
 
 def is_inside(path: str | Path, root: str | Path) -> bool:

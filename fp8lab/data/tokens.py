@@ -34,7 +34,7 @@ from fp8lab.records.data_format import (  # noqa: F401 - the on-disk facts, re-e
 from fp8lab.data import checks as data_checks
 from fp8lab.records import ownership
 from fp8lab.core.validate import Check, OneLineParser, is_count, parse_count
-from fp8lab.core.paths import DATA_DIR
+from fp8lab.core.paths import shipped_path
 from fp8lab.core.probes import check_member, check_writable_dir
 
 EOS_TOKEN = "<|endoftext|>"  # appended after every document, so windows can span documents
@@ -162,7 +162,7 @@ def train_tokenizer(source: Any = None, vocab_size: int = DEFAULT_VOCAB, out_pat
 def shipped_tokenizer_path(vocab_size: int = DEFAULT_VOCAB) -> Path:
     """Where the shipped tokenizer for a vocabulary size lives (tokenizer.json is the 32000 one)."""
     name = "tokenizer.json" if vocab_size == DEFAULT_VOCAB else f"tokenizer-{vocab_size}.json"
-    return DATA_DIR / name
+    return shipped_path(name)
 
 
 def load_tokenizer(tokenizer: Any = None, vocab_size: int = DEFAULT_VOCAB):

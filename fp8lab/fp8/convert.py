@@ -45,7 +45,7 @@ __all__ = [
     "convert_model", "autocast", "available_backends", "Recipe", "export_hf_state_dict", "export_hf_model",
     "check_equivalence", "EquivalenceReport", "ConversionInfo", "BackendUnavailableError", "pick_backend",
     "describe_modules", "weight_mapping", "time_forward_backward", "compare_speed", "save_hf_checkpoint",
-    "after_optimizer_step", "edge_blocks_filter", "fp8_lm_head",
+    "edge_blocks_filter", "fp8_lm_head",
 ]
 
 
@@ -265,16 +265,6 @@ def save_hf_checkpoint(converted: nn.Module, directory) -> list[str]:
     cfg.save_pretrained(out)
     save_file({k: v.contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     return [str(out / "config.json"), str(out / "model.safetensors")]
-
-
-def after_optimizer_step(model: nn.Module) -> None:
-    """Call the backend's post-optimizer hook, if it has one (keeps training loops backend-agnostic)."""
-    info = getattr(model, "fp8lab_conversion", None)
-    if info is None:
-        return
-    hook = getattr(get_backend(info.backend), "after_optimizer_step", None)
-    if hook is not None:
-        hook(model)
 
 
 # --------------------------------------------------------------------------------------------

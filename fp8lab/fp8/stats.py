@@ -19,7 +19,7 @@ Where the numbers come from:
   and fc2's output gradient are visible (fc2's input and fc1's gradient stay inside TE's kernel).
   That is ``--fp8-stats-source fp8lab``.
 * ``--fp8-stats-source te-debug`` (auto's choice on TE, one process, only where nvdlfw-inspect is installed and the
-  committed GPU check fp8lab.plan.fp8_stats.TE_DEBUG_CHECK passed; on TE 2.20.2 it failed on cost, 18.7 s a sample
+  committed GPU check (the plan's evidence, fp8lab.plan.evidence) passed; the committed one failed on cost
   at llama-1b):
   TE's own debug API (LogFp8TensorStats, LogTensorStats) sees every GEMM of the fused modules, fc2's input and
   fc1's gradient included, summed over the sampled step's micro-batches (fp8lab.fp8.te_debug).

@@ -28,7 +28,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fp8lab.core import pins
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 
@@ -45,7 +44,8 @@ _NAME = re.compile(r"^(?P<layer>.+)_(?P<tensor>" + "|".join(TENSORS) + r")_(?P<s
 def unavailable() -> str | None:
     """None when TE's debug API can be used here, else why not (nothing is imported: see the module's note)."""
     if importlib.util.find_spec("nvdlfw_inspect") is None:
-        return f"{PACKAGE} is not installed (pip install {PACKAGE}; scripts/setup.sh installs it beside Transformer Engine)"
+        return (f"{PACKAGE} is not installed (pip install {PACKAGE}; scripts/setup.sh installs it beside "
+                "Transformer Engine)")
     try:
         if importlib.util.find_spec("transformer_engine.debug") is None:
             return "this Transformer Engine has no debug API (transformer_engine.debug)"
@@ -54,11 +54,10 @@ def unavailable() -> str | None:
     return None
 
 
-def untested_te(checked: str | None) -> str | None:
-    """None when the installed Transformer Engine is the release (major.minor) that the committed GPU check ran on
-    (``checked``: fp8lab.plan.fp8_stats.TE_DEBUG_CHECKED_TE), else why auto does not rely on the check here: TE's debug
-    features and their statistics' names change between releases."""
-    here = pins.installed_te()  # looked up at call time: tests stand in another installed release
+def untested_te(checked: str | None, here: str | None) -> str | None:
+    """None when Transformer Engine ``here`` is the release (major.minor) that the committed GPU check ran on
+    (``checked``: the plan's evidence), else why auto does not rely on the check there: TE's debug features and
+    their statistics' names change between releases."""
     release = lambda v: ".".join(re.findall(r"\d+", v or "")[:2])  # noqa: E731
     if checked and here and release(here) == release(checked):
         return None

@@ -48,7 +48,7 @@ from fp8lab.launch.plan import (PlannedJob, SweepPlan, default_estimate, format_
                                 plan_sweep)
 from fp8lab.launch.redaction import redact  # noqa: F401
 from fp8lab.launch.requests import (JOB_REQUIREMENTS, build_requests, build_trainer, input_data,  # noqa: F401
-                                    request_diff, s3_paths, stage_source, training_image)
+                                    job_base_requirements, request_diff, s3_paths, stage_source, training_image)
 from fp8lab.launch.spec import (BACKENDS, JOB_OWNED_OPTIONS, LAYOUT_FIELDS, LAYOUT_OPTIONS,  # noqa: F401
                                 MAX_INSTANCES_PER_JOB, MAX_RUNTIME_CAP_S, MODEL_CHANNEL, MODEL_CHANNEL_PATH,
                                 PARALLEL, PRECISIONS, RECIPES, SOURCE_NAME_MAX, SPEC_OPTIONS, JobSpec, hyperparameters,

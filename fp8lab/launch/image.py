@@ -42,6 +42,13 @@ def installs_te(spec) -> bool:
     return bool(spec.install_te) or (spec.plan.backend == "te" and not te_supported(image_te(spec.framework_version)))
 
 
+def te_release(install_te: bool, framework_version: str) -> str:
+    """The Transformer Engine a job's TE backend runs on: the pinned one where the job installs it (asked for, or the
+    image's is older than fp8lab needs or unknown), else the image's (the planned machine's ``te_release``)."""
+    have = image_te(framework_version)
+    return pins()["transformer-engine"] if install_te or not te_supported(have) else have
+
+
 def te_in_job(spec) -> str:
     """One line for the plan: the image, its TE, and what the job does about it."""
     have = image_te(spec.framework_version)

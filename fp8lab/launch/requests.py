@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
-from fp8lab.core.paths import DATA_DIR, REPO_ROOT
+from fp8lab.core.paths import PACKAGE_DIR, SHIPPED_DIR, SHIPPED_FILES, shipped_path
 from fp8lab.core.pins import requirement
 from fp8lab.core.progress import Counter
 from fp8lab.launch.image import TE_BUILD_ENV, installs_te, job_requirements
@@ -23,14 +23,20 @@ from fp8lab.launch.metric_line import METRIC_DEFINITIONS
 from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, MODEL_CHANNEL, JobSpec, hyperparameters, job_name
-from fp8lab.plan.runplan import PLANNED_ENV, decision_results
+from fp8lab.plan.runplan import PLANNED_ENV
 
 # pip-installed in every job before training (the job's requirements.txt). torch comes with the
 # image and is not pinned; Transformer Engine, pinned by fp8lab/constraints-gpu.txt, where the job
 # installs it (fp8lab.launch.image.installs_te: asked for, or the image's TE is too old or unknown),
 # because it compiles against the image's CUDA (minutes). nvdlfw-inspect (pure Python, pinned there too) is
 # TE's debug API: --fp8-stats-source auto reads a TE job's FP8 health through it, as on a set-up GPU machine.
-JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm", requirement("nvdlfw-inspect"))
+JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm")
+JOB_PINNED = ("nvdlfw-inspect",)  # at the version fp8lab/constraints-gpu.txt pins (read when a job is staged)
+
+
+def job_base_requirements() -> list[str]:
+    """What every job's requirements.txt holds (TE, where the job installs it, comes after)."""
+    return [*JOB_REQUIREMENTS, *map(requirement, JOB_PINNED)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -53,26 +59,22 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
 
 
 def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None) -> Path:
-    """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, the result files
-    the plan's ``auto`` decisions read (``fp8lab.plan.runplan.decision_results``), requirements.txt.
+    """Lay out the code channel in ``dest``: the fp8lab package (its package data included: the evidence the plan's
+    ``auto`` decisions follow, and the default corpus and tokenizers in ``fp8lab/shipped/``), requirements.txt.
 
-    In the job ``fp8lab.core.paths.DATA_DIR`` resolves next to the package, so ``data/`` travels along:
-    without a ``data_s3_uri`` the trainer reads the shipped corpus, as on a laptop.
+    In the job the trainer finds the default data in the package (``fp8lab.core.paths.shipped_path``): without a
+    ``data_s3_uri`` it reads the shipped corpus, as on a laptop.
     """
-    pkg = Path(__file__).resolve().parents[1]  # the fp8lab package
+    pkg = PACKAGE_DIR
     dest = Path(dest)
     shutil.copytree(pkg, dest / "fp8lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"),
                     dirs_exist_ok=True)
-    (dest / "data").mkdir(parents=True, exist_ok=True)
-    if (DATA_DIR / "corpus").is_dir():
-        shutil.copytree(DATA_DIR / "corpus", dest / "data" / "corpus", dirs_exist_ok=True)
-    for tok in sorted(DATA_DIR.glob("tokenizer*.json")):
-        shutil.copy2(tok, dest / "data" / tok.name)
-    for result in decision_results():  # the committed checks auto decisions read: the job decides as its plan did
-        if result.exists():
-            (dest / result.relative_to(REPO_ROOT)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(result, dest / result.relative_to(REPO_ROOT))
-    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version)
+    for name in SHIPPED_FILES:  # from a checkout's data/ (or FP8LAB_DATA_DIR), or an installed package's copy
+        source, target = shipped_path(name), dest / "fp8lab" / SHIPPED_DIR.name / name
+        if source.resolve() != target.resolve():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    reqs = job_base_requirements() + job_requirements(install_te, framework_version)
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fp8lab.launch import limits
+from fp8lab.launch.image import te_release
 from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo, Machine, at_least
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, config_from_hf, get_config
 from fp8lab.plan.layout import AUTO_FIELDS
 from fp8lab.plan.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
+from fp8lab.plan.options import STUDY, section_of
 from fp8lab.plan.config import TrainConfig, option_problem, recipe_problem  # trainer options: the trainer's own checks
 from fp8lab.plan import runplan  # runplan.plan_run looked up at call time (tests count its calls)
 from fp8lab.core.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
@@ -319,7 +321,8 @@ class JobSpec:
                              + f"; allowed: {', '.join(sorted(set(_TRAINER_DEFAULTS) - JOB_OWNED_OPTIONS))}")
         try:
             with _local_model(self) as local:  # the model channel's path exists only inside the job
-                machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8)
+                machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8,
+                                          te_release=te_release(self.install_te, self.framework_version))
                 plan = runplan.plan_run(self.trainer_config(model=local), machine)
         except ValueError as exc:
             raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x {self.instance_type}): "
@@ -449,6 +452,10 @@ def _planned_options(spec: JobSpec) -> dict[str, Any]:
             "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs, **fused}}
 
 
+# the trainer's study and test switches: a job that sets one passes --study too
+STUDY_OPTIONS = frozenset(f.name for f in dataclasses.fields(TrainConfig) if section_of(f) == STUDY)
+
+
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:
     """The trainer's CLI options; the torchrun driver passes each as ``--key value``.
 
@@ -467,4 +474,6 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
         hp["model"] = MODEL_CHANNEL_PATH  # the "model" channel: the user's folder
     for name, value in planned["options"].items():
         hp[name.replace("_", "-")] = value
+    if any(name in STUDY_OPTIONS for name in spec.options):  # the trainer accepts them behind --study
+        hp["study"] = True
     return hp

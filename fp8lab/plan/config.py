@@ -19,7 +19,6 @@ from fp8lab.fp8.backends import fused_problem
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
 from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
-from fp8lab.plan.fp8_stats import DEFAULT_EVERY_TEXT as DEFAULT_STATS_TEXT
 from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
                              STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
@@ -38,71 +37,108 @@ class TrainConfig:
     naming the option (``--seq-len``) and what is allowed, before anything is built or downloaded.
     """
 
-    model: str = option("llama-tiny", "fp8lab.model.models name (llama-tiny/1b/7b, gptneo-tiny/125m/1.3b), a model folder (config.json + optional *.safetensors) or hf:<repo id>")
-    model_overrides: dict = option(help="ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)", factory=dict,
-                                   metavar="KEY=VALUE", flags=("--model-override", "--model_override"))
-    precision: str = option("bf16", "bf16 | fp8", choices=PRECISIONS)
-    backend: str = option("auto", "auto (fp8: te where Transformer Engine is usable, else emulated; bf16: te's layers with FP8 off where TE is usable, else the plain HF model; fp8lab.plan.runplan.select_backend) | none | " + " | ".join(FP8_BACKENDS), choices=BACKENDS)
-    recipe: str = option("auto", "auto (backend default: TE delayed scaling) | " + " | ".join(KINDS) + ", optionally kind:key=value,... (fp8lab.fp8.recipe.Recipe.parse)")
-    bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8 (a loss remedy)")
-    fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers", check=BOOL)
-    steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", check=optional(STEP_COUNT))
-    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(TOKEN_COUNT))
-    micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
-    grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
-    seq_len: AutoInt = option(AUTO, "tokens per sequence; auto: 2048 on a GPU, 256 on a CPU. Longer than a named Llama shape's max_seq_len: trained from scratch with it raised; GPT-Neo (learned positions) and model folders: at most their max_seq_len / max_position_embeddings", check=AUTO_OR_POSITIVE_INT)
-    lr: float = option(3e-4, "peak learning rate of AdamW", check=UNIT_OPEN)
-    min_lr: float = option(3e-5, "end of the cosine decay")
-    warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)", check=optional(NONNEG_INT))
-    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", check=NONNEG_NUM)
-    beta1: float = option(0.9, "AdamW's first-moment decay", check=UNIT_HALF_OPEN)
-    beta2: float = option(0.95, "0.95 rather than 0.999: steadier for LLM pre-training", check=UNIT_HALF_OPEN)
-    grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)", check=NONNEG_NUM)
-    activation_checkpointing: AutoBool = option(AUTO, "recompute each block in backward: less memory, ~1/3 more compute; auto: on only where the layout fits nothing without it (fp8lab.plan.layout; the same for both runs of a BF16/FP8 pair)", check=AUTO_BOOL)
-    compile: bool = option(False, "torch.compile each decoder block", check=BOOL)
-    cuda_graphs: str = option(AUTO, "replay each decoder block's forward and backward as CUDA graphs (TE fused layers, bf16 parameters, one GPU): auto = on where the step is launch-bound (small micro-batch) and the set-up supports it (fp8lab.plan.graphs)", choices=CUDA_GRAPHS)
-    seed: int = option(1234, "model init and data order", check=NONNEG_INT)
-    data: str | None = option(None, "prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus", check=optional(PATH))
-    output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>", check=optional(PATH))
-    checkpoint_dir: str | None = option(None, "default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints", check=optional(PATH))
-    model_dir: str | None = option(None, "final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model", check=optional(PATH))
-    checkpoint_every: int = option(0, "steps between checkpoints; 0 = only at the end and on SIGTERM; -1 = never", check=CHECKPOINT_EVERY)
-    keep_checkpoints: int = option(2, "newest complete checkpoints kept", check=POSITIVE_INT)
-    resume: bool = option(True, "continue from the newest complete checkpoint in the checkpoint folder", check=BOOL)
-    resume_with_new_settings: bool = option(False, "resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.train.resume)", check=BOOL)
-    val_every: int = option(0, "validation loss every N steps (0: only at the end)", check=NONNEG_INT)
-    val_batches: int = option(4, "validation size in global batches (micro-batch x grad-accum x ranks sequences each)", check=POSITIVE_INT)
-    parallel: str = option("ddp", "under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)", choices=PARALLEL)
-    compute_dtype: str = option(AUTO, "torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32", choices=COMPUTE_DTYPES)
-    param_dtype: str = option(AUTO, "auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)", choices=PARAM_DTYPES)
-    fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers (FSDP2: with --fsdp-keep-weights): cast weights to FP8 once per step, not per micro-batch", check=BOOL)
-    fsdp_keep_weights: AutoBool = option(AUTO, "auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)", check=AUTO_BOOL)
-    fuse_wgrad_accumulation: bool = option(True, "TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place", check=BOOL)
-    device: str = option(AUTO, "auto | cpu | cuda", choices=DEVICES)
-    gpu_memory_gib: float = option(0.0, "0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it", check=NONNEG_NUM)
-    dry_run: bool = option(False, "print the resolved layout and memory estimate, build nothing, train nothing", check=BOOL)
-    max_bad_steps: int = option(5, "K: this many non-finite steps in a row stop the run", check=POSITIVE_INT)
-    peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.records.metrics table)", check=NONNEG_NUM)
-    save_model: bool = option(True, "write the final HF model (save_pretrained) to the model folder", check=BOOL)
-    plot: bool = option(True, "write loss.png next to metrics.jsonl at the end", check=BOOL)
-    progress: str = option(AUTO, "tqdm bar: auto (terminal or notebook) | on | off", choices=PROGRESS)
-    print_metrics: bool = option(True, "the fp8lab-metrics line per step on stdout (rank 0)", check=BOOL)
-    profile_steps: Steps = option((), "record these steps (smallest to largest) with torch.profiler; writes profile.json (time by kernel category)",
-                                  check=step_numbers("comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 are recorded)"))
-    inject_nan_at_steps: Steps = option((), "FOR TESTS ONLY: make the loss of these steps NaN (overflow guard)",
+    # each option's section (fp8lab.plan.options.SECTIONS) orders --help; the fields keep their order
+    model: str = option("llama-tiny", "a named shape (" + ", ".join(MODEL_CONFIGS) + "), a model folder (config.json, "
+                        "optional *.safetensors) or hf:<repo id>", section="model")
+    model_overrides: dict = option(help="a ModelConfig field, e.g. num_layers=2 (repeat, or comma-separate)",
+                                   section="model", factory=dict, metavar="KEY=VALUE",
+                                   flags=("--model-override", "--model_override"))
+    precision: str = option("bf16", "the precision of the block GEMMs", section="fp8", choices=PRECISIONS)
+    backend: str = option("auto", "the layers that run: none (the plain HF model) | " + " | ".join(FP8_BACKENDS),
+                          section="fp8", choices=BACKENDS)
+    recipe: str = option("auto", "FP8 scaling: " + " | ".join(KINDS) + ", optionally kind:key=value,...",
+                         section="fp8")
+    bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8", section="fp8")
+    fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False: swap Linear layers",
+                        section="kernels", check=BOOL)
+    steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", section="data",
+                               check=optional(STEP_COUNT))
+    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", section="data",
+                                check=optional(TOKEN_COUNT))
+    micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits",
+                                       section="layout", check=AUTO_OR_POSITIVE_INT)
+    grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step", section="layout",
+                                 check=AUTO_OR_POSITIVE_INT)
+    seq_len: AutoInt = option(AUTO, "tokens per sequence (longer than a named Llama shape's: trained from scratch)",
+                              section="layout", check=AUTO_OR_POSITIVE_INT)
+    lr: float = option(3e-4, "peak learning rate of AdamW", section="optimiser", check=UNIT_OPEN)
+    min_lr: float = option(3e-5, "end of the cosine decay", section="optimiser")
+    warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)",
+                                      section="optimiser", check=optional(NONNEG_INT))
+    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", section="optimiser", check=NONNEG_NUM)
+    beta1: float = option(0.9, "AdamW's first-moment decay", section="optimiser", check=UNIT_HALF_OPEN)
+    beta2: float = option(0.95, "AdamW's second-moment decay", section="optimiser", check=UNIT_HALF_OPEN)
+    grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)",
+                              section="optimiser", check=NONNEG_NUM)
+    activation_checkpointing: AutoBool = option(AUTO, "recompute each block in backward: less memory, more compute",
+                                                section="layout", check=AUTO_BOOL)
+    compile: bool = option(False, "torch.compile each decoder block", section="kernels", check=BOOL)
+    cuda_graphs: str = option(AUTO, "replay each decoder block's forward and backward as CUDA graphs",
+                              section="kernels", choices=CUDA_GRAPHS)
+    seed: int = option(1234, "model init and data order", section="model", check=NONNEG_INT)
+    data: str | None = option(None, "prepared token folder, text file or folder, or hf:<dataset>; default: "
+                              "SM_CHANNEL_TRAIN, else the shipped corpus", section="data", check=optional(PATH))
+    output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>",
+                                    section="outputs", check=optional(PATH))
+    checkpoint_dir: str | None = option(None, "default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, "
+                                        "else <output-dir>/checkpoints", section="outputs", check=optional(PATH))
+    model_dir: str | None = option(None, "final HF model; default: SM_MODEL_DIR on SageMaker, else <output-dir>/model",
+                                   section="outputs", check=optional(PATH))
+    checkpoint_every: int = option(0, "steps between checkpoints; 0: only at the end and on SIGTERM; -1: never",
+                                   section="outputs", check=CHECKPOINT_EVERY)
+    keep_checkpoints: int = option(2, "newest complete checkpoints kept", section="outputs", check=POSITIVE_INT)
+    resume: bool = option(True, "continue from the newest complete checkpoint in the checkpoint folder",
+                          section="outputs", check=BOOL)
+    resume_with_new_settings: bool = option(False, "resume although the schedule, AdamW or clipping differ from the "
+                                            "checkpoint's", section="outputs", check=BOOL)
+    val_every: int = option(0, "validation loss every N steps (0: only at the end)", section="data",
+                            check=NONNEG_INT)
+    val_batches: int = option(4, "validation size in global batches", section="data", check=POSITIVE_INT)
+    parallel: str = option("ddp", "under torchrun: DDP, or FSDP2 fully_shard per decoder block", section="layout",
+                           choices=PARALLEL)
+    compute_dtype: str = option(AUTO, "torch.autocast dtype of the non-FP8 math", section="kernels",
+                                choices=COMPUTE_DTYPES)
+    param_dtype: str = option(AUTO, "dtype of parameters and gradients (bf16: fp32 master weights in the optimizer)",
+                              section="layout", choices=PARAM_DTYPES)
+    fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step",
+                                    section="fp8", check=BOOL)
+    fsdp_keep_weights: AutoBool = option(AUTO, "--parallel fsdp: all-gather the weights once per step, not per "
+                                         "micro-batch", section="layout", check=AUTO_BOOL)
+    fuse_wgrad_accumulation: bool = option(True, "TE fused layers, bf16 parameters, one process: weight gradients "
+                                           "added in place", section="kernels", check=BOOL)
+    device: str = option(AUTO, "where to train", section="layout", choices=DEVICES)
+    gpu_memory_gib: float = option(0.0, "cap this process's GPU memory to this many GiB and size the layout for it "
+                                   "(0: the GPU's own)", section="layout", check=NONNEG_NUM)
+    dry_run: bool = option(False, "print the plan and memory estimate; build and train nothing", section="outputs",
+                           check=BOOL)
+    max_bad_steps: int = option(5, "this many non-finite steps in a row stop the run", section="optimiser",
+                                check=POSITIVE_INT)
+    peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0: from the GPU name", section="outputs",
+                                check=NONNEG_NUM)
+    save_model: bool = option(True, "write the final HF model (save_pretrained) to the model folder",
+                              section="outputs", check=BOOL)
+    plot: bool = option(True, "write loss.png next to metrics.jsonl at the end", section="outputs", check=BOOL)
+    progress: str = option(AUTO, "tqdm bar (auto: in a terminal or notebook)", section="outputs", choices=PROGRESS)
+    print_metrics: bool = option(True, "the fp8lab-metrics line per step on stdout (rank 0)", section="outputs",
+                                 check=BOOL)
+    profile_steps: Steps = option((), "record these steps with torch.profiler into profile.json", section="outputs",
+                                  check=step_numbers("comma-separated positive step numbers, e.g. 5,6 (steps 5 to 6 "
+                                                     "are recorded)"))
+    inject_nan_at_steps: Steps = option((), "tests: make the loss of these steps NaN (the overflow guard)",
+                                        section="study",
                                         check=step_numbers("comma-separated positive step numbers (testing only)"))
-    # --- #34 long sequences: FP8 attention
-    fp8_attention: str = option(AUTO, "TE's FP8 dot-product attention (fp8_dpa; fused TE blocks, --precision fp8): auto = on where it was measured to pay (Hopper, head_dim 128, delayed recipe, sequence >= fp8lab.plan.fp8attn.CROSSOVER_SEQ_LEN) | on (refused where it cannot run) | off", choices=FP8_ATTENTION)
-    # FP8 all-gather under FSDP2 (a plan decision: fp8lab.plan.runplan.fp8_all_gather_decision)
-    fp8_all_gather: str = option(AUTO, "--parallel fsdp with --precision fp8: all-gather the block linears' weights in FP8, half the bytes of bf16 (torchao's float8 FSDP2 all-gather; --backend torchao only): auto (on where it can run) | on | off", choices=FP8_ALL_GATHER)
-    # FP8 health statistics (the rule: fp8lab.plan.fp8_stats)
-    fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: every K steps, per layer, the amax, scale, underflow and saturation of activations, weights and gradients (metrics.jsonl records fp8_stats; a warning names a layer past its threshold); 0 = off; auto: " + DEFAULT_STATS_TEXT, check=AUTO_OR_NONNEG_INT)
-    fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: auto (te-debug where nvdlfw-inspect is installed, one process trains and TE's debug API passed its committed GPU check on this TE release, else fp8lab) | te-debug (Transformer Engine's own debug API: every GEMM of the fused layers, the sampled step's micro-batches summed) | fp8lab (fp8lab's hooks on TE's modules: the first micro-batch; fc2's input and fc1's gradient not seen). The emulated backend always reports from its own quantizers", choices=FP8_STATS_SOURCES)
-    # the LM head and its loss chunked over tokens (fp8lab.plan.fused_loss: the rule; fp8lab.train.fused_loss: the mechanism)
-    fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens, never the full fp32 logits (fp8lab.train.fused_loss: same GEMMs, less memory): auto = on a GPU where vocabulary x tokens per micro-batch reaches fp8lab.plan.fused_loss.AUTO_MIN_LOGITS (measured to pay), off on a CPU | on (any device and backend) | off", choices=FUSED_LOSS)
-
-    # a study (issue 51): the LM head's GEMM in FP8 as well (fp8lab.fp8.convert.fp8_lm_head); off by default
-    fp8_lm_head: bool = option(False, "study: the LM head's GEMM in FP8 too (--backend " + " or ".join(FP8_LM_HEAD_BACKENDS) + ", --precision fp8; the chunked loss runs its head in BF16, so --fused-loss auto turns off); by default the head stays BF16 (benchmarks/studies/fp8_lm_head.md)", check=BOOL)
+    fp8_attention: str = option(AUTO, "TE's FP8 dot-product attention (fused TE blocks, --precision fp8)",
+                                section="fp8", choices=FP8_ATTENTION)
+    fp8_all_gather: str = option(AUTO, "--parallel fsdp: all-gather the block linears' weights in FP8 (torchao)",
+                                 section="fp8", choices=FP8_ALL_GATHER)
+    fp8_stats_every: AutoInt = option(AUTO, "FP8 runs: per-layer amax, scale, underflow and saturation every K steps "
+                                      "(0: off)", section="fp8", check=AUTO_OR_NONNEG_INT)
+    fp8_stats_source: str = option(AUTO, "who reads the FP8 casts on --backend te: te-debug (TE's debug API) | fp8lab "
+                                   "(fp8lab's hooks)", section="fp8", choices=FP8_STATS_SOURCES)
+    fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens (never the full fp32 logits)",
+                             section="kernels", choices=FUSED_LOSS)
+    fp8_lm_head: bool = option(False, "the LM head's GEMM in FP8 too (--backend " + " or ".join(FP8_LM_HEAD_BACKENDS)
+                               + "; benchmarks/studies/fp8_lm_head.md)", section="study", check=BOOL)
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -2,18 +2,19 @@
 ``--fp8-stats-source``), decided once per run by :func:`fp8_stats_decision` with the reason.
 
 The interval ``--fp8-stats-every auto`` picks (:func:`default_every`, from the measured per-sample cost) and the
-committed GPU check of Transformer Engine's debug API (``TE_DEBUG_CHECK``) that ``--fp8-stats-source auto`` needs
-before it picks it live here. The vocabulary (``SOURCES``, ``TE_DEBUG``, ``OWN``) and the mechanism are
+committed GPU check of Transformer Engine's debug API (the evidence's ``te_debug``) that ``--fp8-stats-source auto``
+needs before it picks it live here. The vocabulary (``SOURCES``, ``TE_DEBUG``, ``OWN``) and the mechanism are
 fp8lab.fp8.stats (and fp8lab.fp8.te_debug); the reader is fp8lab.analysis.fp8_stats.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fp8lab.core.paths import RESULTS_DIR, read_check
+from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO
-from fp8lab.fp8 import te_debug  # its checks looked up at call time (tests stand in for them)
+from fp8lab.fp8 import te_debug
 from fp8lab.fp8.stats import OWN, TE_DEBUG
+from fp8lab.plan.evidence import TE_DEBUG_STUDY, Evidence
 
 if TYPE_CHECKING:
     from fp8lab.plan.config import TrainConfig
@@ -21,31 +22,15 @@ if TYPE_CHECKING:
 COST_GOAL_PCT = 2.0  # what the statistics may cost at the default interval, in % of the mean step time
 
 
-# auto picks TE's debug API only once its GPU check is committed and passed (benchmarks/fp8stats_overhead.py --check:
-# on an H200, llama-1b FP8 at the default layout, every sampled step recorded, and its cost at the default interval
-# <= COST_GOAL_PCT); otherwise --fp8-stats-source te-debug runs it on request. The committed check (H200, TE 2.20.2)
-# recorded every GEMM but failed on cost: a sample added 18.7 s to a 1.28 s step (the hooks: 0.29 s)
-TE_DEBUG_CHECK = RESULTS_DIR / "fp8stats-sources" / "check.json"
-
-
-def te_debug_checked(path=None) -> bool:
-    return (read_check(TE_DEBUG_CHECK if path is None else path) or {}).get("passed") is True
-
-
-_CHECK = read_check(TE_DEBUG_CHECK) or {}  # read once
-TE_DEBUG_CHECKED = _CHECK.get("passed") is True
-# why a committed check did not pass (its "problems"); empty when it passed or none is committed
-TE_DEBUG_CHECK_PROBLEMS = [str(p) for p in _CHECK.get("problems") or []]
-# the Transformer Engine the check ran on: auto trusts it on that TE (major.minor) only (fp8lab.fp8.te_debug.untested_te)
-TE_DEBUG_CHECKED_TE = _CHECK.get("transformer_engine")
+# auto picks TE's debug API only once its GPU check is committed and passed (the evidence's ``te_debug``,
+# benchmarks/fp8stats_overhead.py --check: every sampled step recorded, and its cost at the default interval
+# <= COST_GOAL_PCT), on the Transformer Engine release it ran on; otherwise --fp8-stats-source te-debug runs it on
+# request.
 # --fp8-stats-every auto, per backend. On TE a sampled step's statistics cost about one micro-batch's forward and
-# backward (a few elementwise passes per GEMM operand), whatever the accumulation: on the H200, llama-1b FP8, +0.31 s
-# on 1.27 s steps of 4 micro-batches (data/results/fp8stats-overhead/: every 10 steps 2.4% of the mean step
-# time, every 25 steps 1.4%) and +0.30 s (delayed) / +0.42 s (current) on 0.34 s steps of one micro-batch (the
-# sampled steps of data/results/loss-parity-20m/). So auto samples every 25 steps at 4+ micro-batches a step and
-# proportionally less often below (100 at one micro-batch): about 1% of step time, by the measured per-sample
-# cost (0.32 s); the mean step time of the every-25 run was 1.40% above the off run's (the goal: <= 2%).
-# The emulated backend (CPU teaching runs of a few dozen steps, never timed) keeps 10, enough for a heatmap.
+# backward (a few elementwise passes per GEMM operand), whatever the accumulation; so auto samples every 25 steps at
+# 4+ micro-batches a step and proportionally less often below (100 at one micro-batch), within COST_GOAL_PCT (the
+# measured cost: benchmarks/studies/loss_parity_20m.md, data/results/fp8stats-overhead/). The emulated backend (CPU
+# teaching runs of a few dozen steps, never timed) keeps 10, enough for a heatmap.
 DEFAULT_EVERY = {"te": 25, "emulated": 10}
 TE_MEASURED_ACCUM = 4  # the accumulation DEFAULT_EVERY["te"] was measured at
 
@@ -58,20 +43,16 @@ def default_every(backend: str, grad_accum: int) -> int:
     return DEFAULT_EVERY["te"] * -(-TE_MEASURED_ACCUM // max(int(grad_accum), 1))
 
 
-DEFAULT_EVERY_TEXT = (f"te every {DEFAULT_EVERY['te']} steps at {TE_MEASURED_ACCUM}+ micro-batches a step, proportionally "
-                      f"less often below (a sample costs about one micro-batch; every 25 steps measured +1.40% of the mean step time), "
-                      f"emulated every {DEFAULT_EVERY['emulated']}")
-
-
-def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool,
-                       grad_accum: int, world_size: int = 1) -> tuple[int, str | None, str]:
+def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: bool, grad_accum: int,
+                       machine: Machine, evidence: Evidence) -> tuple[int, str | None, str]:
     """(every how many steps the FP8 health statistics are sampled, 0 = off; who reads them, None when off; why),
     decided once here."""
-    source, why_source = fp8_stats_source(c, backend, world_size)
+    source, why_source = fp8_stats_source(c, backend, machine, evidence)
     if not c.fp8_stats_every:
         return 0, None, "--fp8-stats-every 0: off"
     if c.precision != "fp8" or backend not in DEFAULT_EVERY:
-        return 0, None, "off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated have them)"
+        return 0, None, ("off: no FP8 casts to watch (a BF16 run, or a backend without statistics: te and emulated "
+                         "have them)")
     if graphs_active:  # replayed graphs run no Python: the hooks that read the casts would never fire
         return 0, None, ("off under CUDA graphs (a replayed graph runs none of the statistics' hooks); "
                          "--cuda-graphs off to see them")
@@ -83,9 +64,11 @@ def fp8_stats_decision(c: "TrainConfig", backend: str | None, graphs_active: boo
     return every, source, f"every {every} steps ({how}); {why_source}"
 
 
-def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> tuple[str | None, str]:
+def fp8_stats_source(c: "TrainConfig", backend: str | None, machine: Machine,
+                     evidence: Evidence) -> tuple[str | None, str]:
     """--fp8-stats-source: who reads the FP8 casts (fp8lab.fp8.stats.SOURCES), and why; a request that cannot be
-    met is refused here, naming the option and what is allowed."""
+    met is refused here, naming the option and what is allowed. ``machine``: where TE's debug API would run (its
+    ``te_debug_problem`` and ``te_release``); ``evidence``: its committed GPU check."""
     asked = c.fp8_stats_source
     if backend != "te":
         if asked == TE_DEBUG and c.precision == "fp8" and c.fp8_stats_every:
@@ -93,15 +76,15 @@ def fp8_stats_source(c: "TrainConfig", backend: str | None, world_size: int) -> 
                              f"(this run: {backend or 'none'}); allowed here: auto | {OWN}")
         return (OWN if backend else None), f"{backend or 'no'} backend: fp8lab reads its casts"
     why_not = ("several processes (TE's debug statistics are gathered per process group; fp8lab samples rank 0)"
-               if world_size > 1 else te_debug.unavailable())
-    if asked == AUTO and not why_not and not TE_DEBUG_CHECKED:
-        check = f"{TE_DEBUG_CHECK.parent.name}/check.json"
-        why_not = ((f"TE's debug API failed its GPU check ({check}: {'; '.join(TE_DEBUG_CHECK_PROBLEMS)})"
-                    if TE_DEBUG_CHECK_PROBLEMS else
+               if machine.world_size > 1 else machine.te_debug_problem)
+    if asked == AUTO and not why_not and not evidence.te_debug:
+        check = f"{TE_DEBUG_STUDY}/check.json"
+        problems = evidence.te_debug_problems
+        why_not = ((f"TE's debug API failed its GPU check ({check}: {'; '.join(problems)})" if problems else
                     f"TE's debug API is installed but its GPU check ({check}: every step recorded, cost <= "
                     f"{COST_GOAL_PCT:g}%) is not committed yet") + "; --fp8-stats-source te-debug runs it")
     elif asked == AUTO and not why_not:
-        why_not = te_debug.untested_te(TE_DEBUG_CHECKED_TE)
+        why_not = te_debug.untested_te(evidence.te_debug_te, machine.te_release)
     if asked == TE_DEBUG:
         if why_not and c.precision == "fp8" and c.fp8_stats_every:
             raise ValueError(f"--fp8-stats-source te-debug cannot run here: {why_not}; allowed here: auto | {OWN}")

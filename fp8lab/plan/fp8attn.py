@@ -1,4 +1,4 @@
-"""FP8 attention (issue #34): whether a run computes its dot-product attention in FP8, and why.
+"""FP8 attention: whether a run computes its dot-product attention in FP8, and why.
 
 Transformer Engine's FP8 dot-product attention (``fp8_dpa=True`` on the TE recipe) casts Q, K and V
 to FP8 inside ``te.DotProductAttention`` and runs cuDNN's FP8 fused-attention kernel; the
@@ -16,38 +16,32 @@ What TE 2.20 can run (``transformer_engine/common/fused_attn/fused_attn.cpp``,
 * Ada and older GPUs: no FP8 fused attention; block scaling: never.
 
 ``--fp8-attention auto`` turns it on only where it was measured to pay: a Hopper GPU, the conditions
-above, and a sequence of at least :data:`CROSSOVER_SEQ_LEN` tokens. ``on`` refuses, before anything
-is built, where it cannot run; ``off`` never uses it.
+above, and a sequence of at least the measured crossover (:func:`crossover_seq_len`, from the evidence). ``on``
+refuses, before anything is built, where it cannot run; ``off`` never uses it.
 
 TE's ``NVTE_FP8_DPA_BWD`` (default 1) chooses the backward: 1 = FP8 attention forward and backward,
 0 = FP8 forward, BF16 backward. fp8lab sets 1 explicitly (:data:`FP8_DPA_BWD`, where the environment does not
-set it) so a run records what ran. The study compared both (``benchmarks/study_long_context.sh`` L, 160 steps,
-``loss.json``'s ``earlier``): 0 has the smaller gradient error at one step, yet its run became unstable after ~100 steps
-(gradient norms up to ~4e4, loss rising again); 1 trained like FP8 with BF16 attention.
+set it) so a run records what ran. The study compared both: 0 became unstable where 1 trained like FP8 with BF16
+attention (benchmarks/studies/long_context.md).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from fp8lab.core import hardware
-from fp8lab.core.paths import REPO_ROOT
 from fp8lab.core.validate import AUTO
-from fp8lab.core.paths import read_check
+from fp8lab.plan.evidence import FP8_ATTENTION_STUDY, Evidence
 from fp8lab.fp8.recipe import kinds_where
 from fp8lab.model.models import layer_windows
 
 CHOICES = (AUTO, "on", "off")
 
-# Measured (benchmarks/study_long_context.sh S, one H200, TE 2.20.2, a Llama-3.2-3B shape, whole training
-# steps): FP8 attention over FP8 with BF16 attention 0.97x at 2048, 0.98x at 4096, 1.04x at 8192, 1.08x at
-# 16384, so it pays from 8192 on. STUDY_RESULT holds it; tests/unit/test_long_context.py ties this to it.
+# ``auto`` turns it on from the sequence length where it was measured to pay: the evidence's crossover
+# (fp8lab.plan.evidence, from data/results/long-context-h200/crossover.json; the study:
+# benchmarks/studies/long_context.md), this value where none is committed. ``auto`` also waits for the loss check
+# (the same short run with and without FP8 attention at two seeds): faster attention is no default until its loss
+# is shown to hold.
 CROSSOVER_SEQ_LEN = 8192
-STUDY_RESULT = REPO_ROOT / "data" / "results" / "long-context-h200" / "crossover.json"
-# ``auto`` also waits for the loss check (the study's part E: the final validation loss of the same short run with
-# and without FP8 attention at two seeds, its ``holds``): faster attention is no default until its loss is shown to hold.
-LOSS_RESULT = STUDY_RESULT.with_name("loss.json")
 
 BWD_ENV = "NVTE_FP8_DPA_BWD"
 FP8_DPA_BWD = "1"  # TE's own default: FP8 backward too; 0 (BF16 backward) diverged in the study's loss check
@@ -75,7 +69,8 @@ def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str
     if backend != "te":
         return f"it needs --backend te (TE's FP8 dot-product attention); the run's backend is {backend or 'none'}"
     if not fuse:
-        return "it needs --fuse True: only fp8lab's fused blocks run te.DotProductAttention (the swapped layers keep HF's attention)"
+        return ("it needs --fuse True: only fp8lab's fused blocks run te.DotProductAttention (the swapped layers keep "
+                "HF's attention)")
     gen = generation(gpu_name) if gpu else None
     if gen is None:
         return (f"{gpu_name if gpu else 'a CPU'} has no FP8 fused attention in TE (cuDNN's FP8 attention needs "
@@ -92,10 +87,11 @@ def problem(*, precision: str, backend: str | None, fuse: bool, recipe_kind: str
     return None
 
 
-def decide(choice: str, *, seq_len: int, **setup: Any) -> tuple[bool, str]:
+def decide(choice: str, *, seq_len: int, evidence: Evidence = Evidence(), **setup: Any) -> tuple[bool, str]:
     """(FP8 attention on, why) for ``--fp8-attention choice``; ValueError for ``on`` where it cannot run.
 
-    ``setup``: the keywords of :func:`problem` (precision, backend, fuse, recipe_kind, mcfg, gpu, gpu_name)."""
+    ``evidence``: the committed study's crossover and loss check; ``setup``: the keywords of :func:`problem`
+    (precision, backend, fuse, recipe_kind, mcfg, gpu, gpu_name)."""
     if choice == "off":
         return False, "--fp8-attention off"
     why_not = problem(**setup)
@@ -107,36 +103,27 @@ def decide(choice: str, *, seq_len: int, **setup: Any) -> tuple[bool, str]:
         return False, f"auto: off, {why_not}"
     gen = generation(setup["gpu_name"])
     if gen not in MEASURED:
-        return False, f"auto: off, FP8 attention's speed-up is not measured on {gen.title()} (pass --fp8-attention on to try it)"
-    if seq_len < CROSSOVER_SEQ_LEN:
-        return False, f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on ({_source()})"
-    loss = loss_checked()
+        return False, (f"auto: off, FP8 attention's speed-up is not measured on {gen.title()} "
+                       "(pass --fp8-attention on to try it)")
+    crossover = crossover_seq_len(evidence)
+    source = _source(evidence)
+    if seq_len < crossover:
+        return False, f"auto: off at sequence {seq_len}: FP8 attention pays from {crossover} tokens on ({source})"
+    loss = evidence.fp8_attention_loss
     if loss is not True:
-        return False, (f"auto: off at sequence {seq_len}: FP8 attention pays from {CROSSOVER_SEQ_LEN} tokens on "
-                       f"({_source()}), but " + ("its loss check is not committed yet" if loss is None else
-                                                 "its committed loss check is outside the bound (max(0.5%, the seed noise))")
+        return False, (f"auto: off at sequence {seq_len}: FP8 attention pays from {crossover} tokens on "
+                       f"({source}), but " + ("its loss check is not committed yet" if loss is None else
+                                              "its committed loss check is outside the bound "
+                                              "(max(0.5%, the seed noise))")
                        + " (pass --fp8-attention on to use it)")
-    return True, f"auto: on at sequence {seq_len} >= {CROSSOVER_SEQ_LEN}, head_dim 128 ({_source()}; loss checked)"
+    return True, f"auto: on at sequence {seq_len} >= {crossover}, head_dim 128 ({source}; loss checked)"
 
 
-def loss_checked(path: Path | None = None) -> bool | None:
-    """Whether the committed loss check holds, or None before it is committed: its ``holds`` (FP8 attention's gap
-    within max(0.5%, the seed noise), ``benchmarks/long_context.py loss``), or, in a file without it, the 0.5%
-    bound alone (``within_bound``)."""
-    check = read_check(LOSS_RESULT if path is None else path)
-    if check is None:  # missing or unreadable: as if not committed
-        return None
-    return bool(check["holds"] if "holds" in check else check.get("within_bound", False))
+def crossover_seq_len(evidence: Evidence) -> int:
+    """The sequence length from which ``auto`` turns FP8 attention on: the measured one, else the provisional."""
+    return evidence.fp8_attention_crossover or CROSSOVER_SEQ_LEN
 
 
-def _source() -> str:
-    return "measured: " + STUDY_RESULT.parent.name if STUDY_RESULT.exists() else "provisional: TE layer stacks on an H200"
-
-
-# ------------------------------------------------------------------------------ the study's result files
-
-def study_crossover(path: Path = STUDY_RESULT) -> int | None:
-    """The crossover the committed study measured (its ``crossover_seq_len``), or None before it exists."""
-    if not path.exists():
-        return None
-    return int(json.loads(path.read_text())["crossover_seq_len"])
+def _source(evidence: Evidence) -> str:
+    return ("measured: " + FP8_ATTENTION_STUDY if evidence.fp8_attention_crossover is not None
+            else "provisional: TE layer stacks on an H200")

@@ -4,8 +4,7 @@ turns it on (:func:`decide`, read by the plan), which kernel runs its chunks (:f
 :mod:`fp8lab.train.fused_loss`."""
 from __future__ import annotations
 
-import os
-
+from fp8lab.core.hardware import LOSS_KERNEL_ENV, Machine
 from fp8lab.core.validate import AUTO
 
 CHOICES = (AUTO, "on", "off")
@@ -16,28 +15,20 @@ IGNORE_INDEX = -100  # targets equal to it add nothing to the loss or the mean's
 # (fp8lab.train.fused_loss): "triton", fp8lab.train.ce_kernel (the default on CUDA), writes the logits' gradient over
 # the logits (its bf16 logits are all a chunk holds): the whole 32,768-token micro-batch at 32K-152K vocabularies;
 # "compiled", the torch.compile'd chunk math (CUDA's next kernel down), and "eager" (CPUs) hold ~9 bytes per logit:
-# 8,192 tokens at 128K-152K, the whole micro-batch at 32K.
-# Measured on one H200, head and loss alone at 32,768 tokens, forward + backward (benchmarks/fused_loss_pieces.py,
-# benchmarks/logs/session24): the Triton kernel in whole-micro-batch chunks 85.2 ms (Llama-3.2-1B), 76.1 ms
-# (Qwen2.5-1.5B), 21.1 ms (llama-1b); the compiled chunk math 89.7, 82.0 and 21.6. The plain loss: 128.4 and 127.0
-# (data/results/fused-loss-h200/loss-bench.json). Whole training steps: data/results/fused-loss-kernel-h200.
+# 8,192 tokens at 128K-152K, the whole micro-batch at 32K. Their speed, alone and in whole training steps:
+# benchmarks/studies/fused_loss.md.
 CHUNK_BYTES = 16 * 2**30
 MIN_CHUNK_TOKENS = 1024
 
-# --fused-loss auto: on a GPU where vocabulary x tokens per micro-batch reaches this (the logits' elements).
-# The same benchmark: the chunked loss was faster than the plain one at every size measured, from the
-# smallest, llama-1b's 32,000 x 8,192 (2.6e8 logits: 5.3 against 7.5 ms), to Qwen2.5-1.5B's 151,936 x 32,768;
-# whole training steps agree (benchmarks/studies/fused_loss.md). Below the smallest size measured (e.g.
-# llama-7b's 2 x 2048 micro-batch) the plain loss is kept.
+# --fused-loss auto: on a GPU where vocabulary x tokens per micro-batch reaches this (the logits' elements): the
+# smallest size where the chunked loss was measured faster than the plain one, llama-1b's 32,000 x 8,192
+# (benchmarks/studies/fused_loss.md). Below it (e.g. llama-7b's 2 x 2048 micro-batch) the plain loss is kept.
 AUTO_MIN_LOGITS = 32_000 * 8192
 # what the layout resolver counts for the fused loss instead of the plain path's logits (fp8lab.plan.layout.LOGIT_BYTES
-# per token and vocabulary entry): per logit of one chunk, by kernel, and per weight of the head. "compiled" was
-# fitted to the peaks of the first study's runs (data/results/fused-loss-h200, records without "fused_loss_kernel"):
-# 9.0 puts the estimates of its 128K+-vocabulary runs 1-6% above their measured peaks, llama-1b's 7-8%. "triton":
-# the chunk's bf16 logits (2 bytes), overwritten by their gradient, and the GEMMs' room: 2.6 puts the estimates of
-# session 22's six runs with it (benchmarks/logs/session22/triton-v1) from 0.5% below (llama-1b BF16) to 5.5% above
-# their measured peaks, the 128K+-vocabulary runs' never below; session 24's (data/results/fused-loss-kernel-h200)
-# from 0.6% below (llama-1b BF16) to 7.3% above.
+# per token and vocabulary entry): per logit of one chunk, by kernel, and per weight of the head. "triton": the
+# chunk's bf16 logits (2 bytes), overwritten by their gradient, and the GEMMs' room. Each is fitted to the measured
+# peaks of the study's runs with that kernel (data/results/fused-loss-h200, fused-loss-kernel-h200; how close the
+# estimates came: benchmarks/studies/fused_loss.md).
 BYTES_PER_LOGIT = {"triton": 2.6, "compiled": 9.0, "eager": 9.0}
 KERNELS = tuple(BYTES_PER_LOGIT)
 WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk's fp32 GEMM result
@@ -47,22 +38,26 @@ WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk'
 NO_GRAD_BYTES_PER_LOGIT = 10.0
 
 
-KERNEL_ENV = "FP8LAB_FUSED_LOSS_KERNEL"  # a study's choice of kernel (one of KERNELS: a control); unset: the default below
+KERNEL_ENV = LOSS_KERNEL_ENV  # a study's choice of kernel (one of KERNELS: a control), as Machine.detect reads it
 
 
-def kernel_for(gpu: bool) -> str:
-    """The chunk kernel a machine runs: the Triton kernel (fp8lab.train.ce_kernel) on a GPU, eager on a CPU;
-    FP8LAB_FUSED_LOSS_KERNEL picks another (a study's control, e.g. ``compiled``). On one H200 the Triton kernel
-    was faster than the compiled math at every vocabulary measured, in whole steps of the plain commands on the
-    same machine (data/results/fused-loss-kernel-h200: +1.4% / +2.2% Llama-3.2-1B BF16 / FP8, +1.3% / +1.4%
-    Qwen2.5-1.5B, +0.3% / +0.2% llama-1b). Where Triton does not run, the compiled math runs instead
+def default_kernel(gpu: bool) -> str:
+    """The chunk kernel a device runs unless a study chose another: the Triton kernel (fp8lab.train.ce_kernel) on a
+    GPU, measured faster than the compiled math at every vocabulary in whole steps
+    (benchmarks/studies/fused_loss.md), eager on a CPU. Where Triton does not run, the compiled math runs instead
     (fp8lab.train.fused_loss.kernel_for), in its own chunks."""
-    chosen = os.environ.get(KERNEL_ENV)
+    return "triton" if gpu else "eager"
+
+
+def kernel_for(machine: Machine) -> str:
+    """The chunk kernel ``machine`` runs: its ``loss_kernel`` (a study's control, e.g. ``compiled``), else
+    :func:`default_kernel`; ValueError for a kernel not in KERNELS."""
+    chosen = machine.loss_kernel
     if chosen:
         if chosen not in KERNELS:
             raise ValueError(f"{KERNEL_ENV}={chosen!r} is invalid; allowed: " + " | ".join(KERNELS))
         return chosen
-    return "triton" if gpu else "eager"
+    return default_kernel(machine.gpu)
 
 
 def chunk_tokens(vocab: int, n_tokens: int, kernel: str) -> int:
@@ -93,7 +88,8 @@ def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
         if choice == "on":
             raise ValueError("--fused-loss on with --fp8-lm-head: the chunked loss runs the head's GEMM in BF16; "
                              "allowed: --fused-loss auto | off")
-        return False, f"{'auto: off' if choice == AUTO else '--fused-loss off'}: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
+        asked = "auto: off" if choice == AUTO else "--fused-loss off"
+        return False, f"{asked}: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
     logits = vocab * tokens_per_micro_batch
     size = f"vocabulary {vocab:,} x {tokens_per_micro_batch:,} tokens per micro-batch = {logits:.3g} logits"
     if choice == "on":

@@ -17,7 +17,7 @@ The policy, on a GPU:
 * gradient accumulation: ``TOKENS_PER_GPU_STEP`` tokens per GPU per optimizer step, with at most
   ``MAX_GLOBAL_TOKENS_PER_STEP`` over all GPUs and at most ``MAX_GRAD_ACCUM`` micro-batches;
 * FSDP2 keeps the weights gathered for the whole step when they fit (``--fsdp-keep-weights``);
-* activation checkpointing off, unless no micro-batch fits without it (``--activation-checkpointing``, #34).
+* activation checkpointing off, unless no micro-batch fits without it (``--activation-checkpointing``).
 
 On a CPU the small, quick defaults stay (fp32 parameters, sequence 256, micro-batch 4, no
 accumulation). A layout whose estimate exceeds the device's memory is refused with the estimate,
@@ -80,7 +80,7 @@ FP32_FACTOR = 2.0  # activations in fp32 (CPU runs, --compute-dtype fp32)
 # options whose "auto" the resolver decides (TrainConfig field names)
 INT_FIELDS = ("seq_len", "micro_batch_size", "grad_accum")  # integers or "auto"
 AUTO_FIELDS = ("param_dtype", *INT_FIELDS, "fsdp_keep_weights",
-               "activation_checkpointing")  # #34: a layout decision like the others (Layout.options, JobSpec pins it)
+               "activation_checkpointing")  # a layout decision like the others (Layout.options, JobSpec pins it)
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class Layout:
     memory: MemoryEstimate
     machine: Machine
     reasons: dict = dataclasses.field(default_factory=dict)
-    activation_checkpointing: bool = False  # #34: recompute each block in backward (--activation-checkpointing, or auto)
+    activation_checkpointing: bool = False  # recompute each block in backward (--activation-checkpointing, or auto)
     sharded: bool = False  # FSDP2 really shards (is_sharded: --parallel fsdp on several ranks)
 
     @property
@@ -267,12 +267,8 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
     before the optimizer step. Under graphs the trainer's master weights run their streamed step
     (``fp8lab.train.master_weights``): the step needs one chunk of fp32 gradients, not a full copy. Estimate:
     the model states + one chunk + workspace + GRAPH_HOLD_FACTOR x activations + the FP8 weights, against
-    the GPU's memory less HEADROOM_GIB (``_graphs_budget``). Measured peaks of reserved memory on the H200
-    (``data/results/graphs-h200/*-s8*``): llama-7b 1 x 2048 x 8 graphed 124.7 GiB in FP8 (estimate 124.8)
-    and 113.0 GiB in BF16 (estimate 113.7); Mistral-7B-v0.3 1 x 2048 x 32 in FP8 131.0 GiB (estimate 133.5,
-    ``benchmarks/logs/families-session10/mistral-7b-v0.3-graphs-calibration.json``); with the plain step (full fp32
-    gradients at the step) the llama-7b FP8 run had run out of 139.8 GiB at its first optimizer step.
-    The rule is loosest where activations dominate (llama-1b 16 x 2048: 50.6 GiB reserved, 82.9)."""
+    the GPU's memory less HEADROOM_GIB (``_graphs_budget``). The measured peaks it was fitted to, and how close
+    its estimates came: ``benchmarks/studies/cuda_graphs.md`` (``data/results/graphs-h200/``)."""
     held = _graphs_held(layout, mcfg, fp8)
     need = _graphs_base(layout) + held
     budget = _graphs_budget(machine)
@@ -331,7 +327,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.kernel_for's rule). Raises ValueError when the layout
     cannot fit. ``c`` is not changed: fp8lab.plan.runplan keeps both."""
     mcfg = mcfg or c.model_config
-    loss_kernel = loss_kernel or loss_kernel_for(machine.gpu)
+    loss_kernel = loss_kernel or loss_kernel_for(machine)
     reasons: dict[str, str] = {}
     gpu = machine.gpu
     param_dtype = c.param_dtype
@@ -360,7 +356,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
             return bool(c.fsdp_keep_weights)
         return gpu and sharded and ga > 1  # CPUs keep today's plain FSDP2
 
-    # #34: activation checkpointing "auto" is on only where no micro-batch fits without it (--micro-batch-size auto
+    # activation checkpointing "auto" is on only where no micro-batch fits without it (--micro-batch-size auto
     # on a GPU; decided on the larger of the BF16 and FP8 estimates, as the micro-batch is, so both runs of a pair
     # recompute alike); an explicit micro-batch that does not fit is refused, as before
     ckpt_options = (False, True) if c.activation_checkpointing == AUTO and gpu and mb_auto else (c.activation_checkpointing is True,)

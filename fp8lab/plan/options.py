@@ -5,7 +5,8 @@ A field made with :func:`option` carries its help, its choices and its check (a
 field's type annotation (``bool``, ``int | None``, ``AutoInt`` ...). From that one declaration:
 
 * the CLI parser (:func:`add_arguments`: one ``--kebab-case`` flag per field, plus the underscore
-  spelling, with ``help (default: ...)``);
+  spelling, with ``help (default: ...)``, under its section's heading: :data:`SECTIONS`); the options of the
+  ``study`` section (study and test switches) only where asked for (``fp8lab train --study``);
 * the conversion of command-line words and SageMaker hyperparameters (:func:`from_text`, and
   :func:`to_text` for the way back: what ``fp8lab.launch`` passes and ``SM_HPS`` holds);
 * the per-field validation (:func:`check_fields`); checks across fields stay in ``fp8lab.train.entry``.
@@ -14,8 +15,10 @@ The vocabularies (precisions, parallel modes, dtypes, backend names from the ``f
 registry, recipe kinds from ``fp8lab.fp8.recipe.KINDS``) are declared here once; the trainer, the
 launcher and the notebooks import them.
 
-Adding an option: one field in ``TrainConfig`` with ``option(default, "help", choices=... or
-check=...)``; nothing else is needed for the CLI, SageMaker or ``JobSpec(options={...})``.
+Adding an option: one field in ``TrainConfig`` with ``option(default, "help", section=..., choices=... or
+check=...)``; nothing else is needed for the CLI, SageMaker or ``JobSpec(options={...})``. Its help says what it
+does; why the plan chose a value is the run's first lines (``RunPlan.reasons``). ``tests/unit/test_cli_options.py``
+lists the user's options by section, so a new one is a decision.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ PARAM_DTYPES = (AUTO, "fp32", "bf16")
 DEVICES = (AUTO, "cpu", "cuda")
 PROGRESS = (AUTO, "on", "off")
 CUDA_GRAPHS = GRAPH_CHOICES  # auto | on | off, declared where they are decided
-FP8_ATTENTION = FP8_ATTENTION_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fp8attn, #34)
+FP8_ATTENTION = FP8_ATTENTION_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fp8attn)
 EMULATED = "emulated"  # fp8lab's pure-PyTorch backend: any device, never for speed claims
 # discovered (every module of fp8lab.fp8.backends): the tensor-core ones first, the emulator last
 HARDWARE_BACKENDS = tuple(b for b in backend_names() if b != EMULATED)  # FP8 on tensor cores (SageMaker jobs)
@@ -59,12 +62,23 @@ AutoBool = Union[bool, str]  # True | False, or "auto"
 Steps = tuple  # step numbers, written 5,6 on the command line
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple = (), check: Check | None = None,
-           factory: Callable[[], Any] | None = None, metavar: str | None = None, flags: tuple = ()) -> Any:
-    """A dataclass field declaring one option: default, help, choices (or another check); ``flags``:
-    more CLI spellings, listed first."""
-    meta = {"help": help, "choices": tuple(choices), "check": check or (one_of(choices) if choices else None),
-            "metavar": metavar, "flags": tuple(flags)}
+# the --help sections, in order: section -> heading. "study" holds the study and test switches, off the user's CLI:
+# `fp8lab train --study` accepts and lists them (tests and benchmarks pass it); the Python API takes them always
+SECTIONS = {
+    "model": "model", "data": "data and steps", "optimiser": "optimiser", "layout": "layout (batch, memory, processes)",
+    "fp8": "FP8", "kernels": "kernels", "outputs": "outputs, checkpoints and logs",
+    "study": "study and test switches (fp8lab train --study)",
+}
+STUDY = "study"
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, section: str | None = None, choices: tuple = (),
+           check: Check | None = None, factory: Callable[[], Any] | None = None, metavar: str | None = None,
+           flags: tuple = ()) -> Any:
+    """A dataclass field declaring one option: default, help (what it does), its ``--help`` section (one of
+    :data:`SECTIONS`), choices (or another check); ``flags``: more CLI spellings, listed first."""
+    meta = {"help": help, "section": section, "choices": tuple(choices),
+            "check": check or (one_of(choices) if choices else None), "metavar": metavar, "flags": tuple(flags)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -201,21 +215,46 @@ def _default_text(f: dataclasses.Field, defaults: dict[str, Any]) -> str:
     return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
+def section_of(f: dataclasses.Field) -> str:
+    """The ``--help`` section of option ``f`` ("other" where its field names none)."""
+    return f.metadata.get("section") or "other"
+
+
+def user_options(cls: type) -> list[dataclasses.Field]:
+    """The options of ``cls`` on the user's CLI: all but the study section's."""
+    return [f for f in dataclasses.fields(cls) if section_of(f) != STUDY]
+
+
 def add_arguments(p: argparse.ArgumentParser, cls: type, only: tuple[str, ...] | None = None,
-                  defaults: dict[str, Any] | None = None) -> None:
-    """One flag per field of ``cls`` (and its underscore spelling); values stay text (``default=None``:
-    not given), for :func:`from_text`. Booleans also work alone (``--compile``). ``only``: these fields
-    (``fp8lab launch`` takes a job's trainer options this way); ``defaults``: defaults shown in the help
-    where the caller's differ from the field's (a job's ``--parallel``)."""
-    for f in dataclasses.fields(cls):
+                  defaults: dict[str, Any] | None = None, study: bool = False) -> None:
+    """One flag per field of ``cls`` (and its underscore spelling), under its section's heading; values stay text
+    (``default=None``: not given), for :func:`from_text`. Booleans also work alone (``--compile``). ``only``: these
+    fields, under ``p`` itself (``fp8lab launch`` takes a job's trainer options this way); ``defaults``: defaults
+    shown in the help where the caller's differ from the field's (a job's ``--parallel``); ``study``: the study
+    section's options too."""
+    groups: dict[str, Any] = {}
+    fields = sorted(dataclasses.fields(cls), key=lambda f: list(SECTIONS).index(section_of(f))
+                    if section_of(f) in SECTIONS else len(SECTIONS))
+    for f in fields:
         if only is not None and f.name not in only:
             continue
+        if only is None and section_of(f) == STUDY and not study:
+            continue
+        if only is None:
+            section = section_of(f)
+            if section not in groups:
+                groups[section] = p.add_argument_group(SECTIONS.get(section, "other options"))
+            target = groups[section]
+        else:
+            target = p
         names = [*f.metadata.get("flags", ()), flag(f.name)] + ([f"--{f.name}"] if "_" in f.name else [])
+        choices = " | ".join(map(str, f.metadata.get("choices") or ()))
+        default = f"{choices + '; ' if choices else ''}default: {_default_text(f, defaults or {})}"
         kw: dict[str, Any] = {"dest": f.name, "default": None, "metavar": f.metadata.get("metavar") or f.name.upper(),
-                              "help": f"{f.metadata['help']} (default: {_default_text(f, defaults or {})})".replace("%", "%%")}
+                              "help": f"{f.metadata['help']} ({default})".replace("%", "%%")}
         kind = _annotation(f)
         if kind in ("bool", "AutoBool"):
             kw.update(nargs="?", const="True")  # `--compile` alone, or `--compile False` (SageMaker)
         elif kind == "dict":
             kw.update(action="append")  # repeat it, or comma-separate
-        p.add_argument(*names, **kw)
+        target.add_argument(*names, **kw)

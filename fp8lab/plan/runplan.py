@@ -1,8 +1,10 @@
 """Plan a run once: every effective decision of a ``TrainConfig`` on a ``Machine``, each with its reason.
 
-``plan_run(config, machine) -> RunPlan`` is a pure function and imports no torch, so the trainer
-(on the machine it runs on), ``JobSpec`` (on a SageMaker instance it cannot see) and ``--dry-run``
-make the same decisions the same way. ``TrainConfig`` stays what was requested ("auto" included);
+``plan_run(config, machine, evidence) -> RunPlan`` is a pure function of what it is given and imports no torch,
+so the trainer (on the machine it runs on), ``JobSpec`` (on a SageMaker instance it cannot see) and ``--dry-run``
+make the same decisions the same way. ``machine`` carries the facts of where the run goes (its GPU, Transformer
+Engine's release, TE's debug API, the fused loss's kernel); ``evidence`` the committed GPU checks some ``auto``
+rules wait for (fp8lab.plan.evidence: the packaged values unless given). ``TrainConfig`` stays what was requested ("auto" included);
 the plan holds what runs:
 
 * the backend and its FP8 recipe (:func:`select_backend`: ``--backend auto`` picks one here);
@@ -21,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fp8lab.model.models import longer_sequence_note
@@ -29,12 +30,13 @@ from fp8lab.plan import fp8attn, graphs
 from fp8lab.plan import layout as flayout
 from fp8lab.plan import fp8_stats
 from fp8lab.plan.fused_loss import kernel_for as loss_kernel_for
-from fp8lab.plan.fp8_stats import fp8_stats_decision, fp8_stats_source  # noqa: F401 (fp8_stats_source: its old home)
+from fp8lab.plan.fp8_stats import fp8_stats_decision
 from fp8lab.plan.config import fp8_lm_head_check, fused_check
 from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
-from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend, auto_refusal  # noqa: F401 (auto_refusal: its old home)
+from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend
 from fp8lab.core.hardware import Machine
-from fp8lab.core.paths import REPO_ROOT, read_check
+from fp8lab.plan import evidence as fevidence
+from fp8lab.plan.evidence import FP8_ALL_GATHER_STUDY, Evidence
 from fp8lab.fp8.recipe import Recipe, kinds_where
 
 if TYPE_CHECKING:
@@ -69,7 +71,6 @@ class RunPlan:
     # --model-override, or a user's folder's config): the trainer, the export and the layout read this one
     model_config: "ModelConfig"
     reasons: dict = field(default_factory=dict)
-    # --- #34 long sequences
     fp8_attention: bool = False  # TE's FP8 dot-product attention (fp8lab.plan.fp8attn); also on ``recipe``
     # FSDP2 all-gathers the block linears' weights in FP8 (torchao)
     fp8_all_gather: bool = False
@@ -129,10 +130,14 @@ class RunPlan:
                 "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}
 
     def options(self) -> dict[str, Any]:
-        """The options the plan decided, spelled as options (config.json's flat keys hold these values: what ran)."""
-        return {**self.layout.options(), "fp8_attention": "on" if self.fp8_attention else "off",
-                "fp8_stats_every": self.fp8_stats_every, "fp8_stats_source": self.fp8_stats_source,
-                "fused_loss": "on" if self.fused_loss else "off"}
+        """Every option the plan decides, spelled as the option (config.json's flat keys hold these values: what
+        ran, never "auto"). ``recipe``: what ran in FP8 (None for a BF16 run or the plain model)."""
+        onoff = {True: "on", False: "off"}
+        return {**self.layout.options(), "backend": self.backend_label,
+                "recipe": self.recipe.spec() if self.recipe_kind else None, "compute_dtype": self.compute_dtype,
+                "cuda_graphs": onoff[bool(self.graphs.active)], "fp8_attention": onoff[self.fp8_attention],
+                "fp8_all_gather": onoff[self.fp8_all_gather], "fp8_stats_every": self.fp8_stats_every,
+                "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss]}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -250,14 +255,17 @@ def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_
 
 
 def fp8_attention(c: "TrainConfig", machine: Machine, backend: str | None, recipe: Recipe | None,
-                  lay: flayout.Layout, mcfg) -> tuple[bool, str]:
+                  lay: flayout.Layout, mcfg, evidence: Evidence) -> tuple[bool, str]:
     """Whether attention runs in FP8 too (fp8lab.plan.fp8attn's measured rule); ValueError for an ``on`` that cannot run."""
-    return fp8attn.decide(c.fp8_attention, seq_len=lay.seq_len, precision=c.precision, backend=backend, fuse=c.fuse,
+    return fp8attn.decide(c.fp8_attention, seq_len=lay.seq_len, evidence=evidence, precision=c.precision,
+                          backend=backend, fuse=c.fuse,
                           recipe_kind=recipe.kind if recipe else None, mcfg=mcfg, gpu=machine.gpu, gpu_name=machine.name)
 
 
-def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
-    """Every effective decision of the run ``c`` on ``machine`` (see the module doc); ValueError if it cannot run."""
+def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = None) -> RunPlan:
+    """Every effective decision of the run ``c`` on ``machine`` given ``evidence`` (default: the packaged one, read
+    on the first call); see the module doc. ValueError if it cannot run."""
+    evidence = fevidence.load() if evidence is None else evidence
     backend, why_backend = select_backend(c, machine)
     recipe = recipe_for(c, backend)
     if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
@@ -265,7 +273,7 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
         if c.fp8_lm_head:
             fp8_lm_head_check(c, backend)
     mcfg = c.model_config  # made once, when the options were validated
-    kernel = loss_kernel_for(machine.gpu)  # the fused loss's chunk kernel: read once, its memory counted by the layout
+    kernel = loss_kernel_for(machine)  # the fused loss's chunk kernel: read once, its memory counted by the layout
     lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel)  # "auto" options -> this machine's layout
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
@@ -283,17 +291,17 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
                                   "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 parameters"),
                "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
-    # --- #34 long sequences: a named shape's raised max_seq_len; FP8 attention, carried by the recipe TE runs
+    # long sequences: a named shape's raised max_seq_len; FP8 attention, carried by the recipe TE runs
     if note := longer_sequence_note(c.model, c.model_overrides, c.seq_len):
         reasons["max_seq_len"] = note
-    attn, reasons["fp8_attention"] = fp8_attention(c, machine, backend, recipe, lay, mcfg)
+    attn, reasons["fp8_attention"] = fp8_attention(c, machine, backend, recipe, lay, mcfg, evidence)
     if attn:
         recipe = dataclasses.replace(recipe, fp8_attention=True)
     # FP8 all-gather under FSDP2
-    fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded)
+    fp8_ag, reasons["fp8_all_gather"] = fp8_all_gather_decision(c, backend, sharded, evidence)
     # FP8 health statistics
     stats_every, stats_source, reasons["fp8_stats"] = fp8_stats_decision(c, backend, decision.active, lay.grad_accum,
-                                                                         machine.world_size)
+                                                                         machine, evidence)
     # the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
     fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
@@ -304,26 +312,12 @@ def plan_run(c: "TrainConfig", machine: Machine) -> RunPlan:
 
 # FP8 all-gather under FSDP2 ---------------------------------------------------------------------
 # torchao's float8 FSDP2 all-gather (fp8lab.fp8.convert): ``auto`` turns it on only once the GPU check of its gathered
-# bytes, dtype and loss is committed and holds (benchmarks/fp8_all_gather_check.py on an H200, its ``check.json``);
-# ``on`` runs it regardless.
-FP8_ALL_GATHER_CHECK = REPO_ROOT / "data" / "results" / "fp8-all-gather-h200" / "check.json"
+# bytes, dtype and loss is committed and holds (benchmarks/fp8_all_gather_check.py, the evidence's
+# ``fp8_all_gather``); ``on`` runs it regardless.
 
 
-def _all_gather_checked(path: Path = FP8_ALL_GATHER_CHECK) -> bool:
-    """Whether the committed GPU check holds (its ``passed``); False where it is missing or unreadable."""
-    return (read_check(path) or {}).get("passed") is True
-
-
-FP8_ALL_GATHER_CHECKED = _all_gather_checked()
-
-
-def decision_results() -> tuple[Path, ...]:
-    """The committed result files ``auto`` decisions read (this check, FP8 attention's crossover and loss check):
-    a SageMaker job's code channel carries them (``fp8lab.launch.stage_source``), so the job decides as its plan did."""
-    return (FP8_ALL_GATHER_CHECK, fp8attn.STUDY_RESULT, fp8attn.LOSS_RESULT, fp8_stats.TE_DEBUG_CHECK)
-
-
-def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool) -> tuple[bool, str]:
+def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool,
+                            evidence: Evidence) -> tuple[bool, str]:
     """(FSDP2 all-gathers the block linears' weights in FP8, why); ValueError for ``on`` where it cannot."""
     if c.fp8_all_gather == "off":
         return False, "--fp8-all-gather off"
@@ -338,11 +332,11 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
     if why_not is None:
         if c.fp8_all_gather == "on":
             return True, "--fp8-all-gather on"
-        if not FP8_ALL_GATHER_CHECKED:
+        if not evidence.fp8_all_gather:
             return False, ("auto: off until its GPU check is committed (tests/gpu/test_fp8_all_gather_gpu.py); "
                            "--fp8-all-gather on all-gathers the weights in FP8, half the bytes of bf16")
         return True, ("auto: FP8 under FSDP2 on torchao: weights all-gathered in FP8, half the bytes of bf16 "
-                      f"(checked on a GPU: {FP8_ALL_GATHER_CHECK.parent.name})")
+                      f"(checked on a GPU: {FP8_ALL_GATHER_STUDY})")
     if c.fp8_all_gather == "on":
         raise ValueError(f"--fp8-all-gather on {why_not}; allowed here: auto | off")
     return False, f"auto: off ({why_not})"

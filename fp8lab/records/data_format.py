@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from fp8lab.core.paths import DATA_DIR
+from fp8lab.core.paths import DATA_DIR, shipped_path
 
-CORPUS_DIR = DATA_DIR / "corpus"
+CORPUS_DIR = DATA_DIR / "corpus"  # in a checkout; default_corpus() also finds the package's copy
 MANIFEST = "manifest.json"
 FORMAT = "fp8lab-tokens"
 FORMAT_VERSION = 1
@@ -23,9 +23,10 @@ TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz") + JSON
 
 def default_corpus() -> list[Path]:
     """The shipped corpus files (sorted, so every machine reads them in the same order)."""
-    files = sorted(p for p in CORPUS_DIR.iterdir() if p.name.endswith(TEXT_SUFFIXES)) if CORPUS_DIR.is_dir() else []
+    corpus = shipped_path("corpus")
+    files = sorted(p for p in corpus.iterdir() if p.name.endswith(TEXT_SUFFIXES)) if corpus.is_dir() else []
     if not files:
-        raise FileNotFoundError(f"no corpus text in {CORPUS_DIR.name}/ (expected kjv.txt.xz; see data/README.md)")
+        raise FileNotFoundError(f"no corpus text in {corpus.name}/ (expected kjv.txt.xz; see data/README.md)")
     return files
 
 

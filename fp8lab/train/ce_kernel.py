@@ -9,9 +9,8 @@ chunk and no second buffer, for what :func:`fp8lab.train.fused_loss._chunk_math_
 dtype; one read where a row fits in one block. Its block size, warps and grid are autotuned per vocabulary size
 (CONFIGS) the first time a process runs it; Triton keeps the timings in its cache, so later processes skip them.
 
-Measured on one H200 (benchmarks/studies/fused_loss.md, session 24): whole training steps of the plain commands
-against the compiled math on the same machine (data/results/fused-loss-kernel-h200), +1.3% to +2.2% at 128K-152K
-vocabularies and +0.2-0.3% at 32K; autotuning picked (8192, 8, 0, 0) at all three. :func:`chunk_math` is the entry;
+Its speed against the compiled math, in whole training steps: benchmarks/studies/fused_loss.md
+(data/results/fused-loss-kernel-h200). :func:`chunk_math` is the entry;
 :func:`available` says whether this process can run it (Triton imports and the device is CUDA).
 ``TRITON_INTERPRET=1`` runs the same kernel on a CPU (how the tests check it there).
 """
@@ -25,8 +24,8 @@ import functools
 # so that fewer rows are in flight and the second pass may find its row still in L2). Where a row fits in one
 # block (llama-1b's 32,000 in 32,768), the kernel reads it once, keeps it in registers and writes the gradient from
 # them: one read instead of two. Triton times each once per vocabulary size and keeps the fastest (triton.autotune;
-# the logits are restored between its trials, since the kernel writes over them). Each config's time on an H200,
-# per vocabulary: benchmarks/logs/session24 (loss-pieces.json, "triton_configs_ms").
+# the logits are restored between its trials, since the kernel writes over them). Each config's measured time:
+# benchmarks/studies/fused_loss.md.
 CONFIGS = ((4096, 8, 0, 0), (8192, 8, 0, 0), (8192, 16, 0, 0), (16384, 16, 0, 0), (16384, 32, 0, 0),
            (32768, 16, 0, 0), (32768, 32, 0, 0), (4096, 8, 1, 0), (8192, 16, 1, 0),
            (8192, 16, 0, 2), (16384, 32, 0, 1), (32768, 32, 0, 1))

@@ -56,15 +56,14 @@ from typing import Any
 
 from fp8lab.core import validate as fvalidate
 from fp8lab.core.errors import OptionError
-from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (its old name here: tests/unit/test_layering.py)
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
-                            add_arguments, check_fields, check_schema, flag, from_text, option, to_text)
+                            STUDY, add_arguments, check_fields, check_schema, flag, from_text, option, section_of,
+                            to_text)
 from fp8lab.train.run_paths import resolve_paths
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 EXIT_EVAL_FAILED = 5  # trained, checkpointed and exported; only the final validation loss is missing
-_opt = flag  # --seq-len for seq_len (the old name of fp8lab.plan.options.flag)
 # TrainConfig and its checks live in fp8lab.plan.config; their names stay importable from here
 from fp8lab.plan.config import CHECKPOINT_EVERY, TrainConfig, option_problem  # noqa: E402,F401
 
@@ -77,20 +76,45 @@ from fp8lab.plan.config import CHECKPOINT_EVERY, TrainConfig, option_problem  # 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one clear line instead of usage + exit inside a library call
+        study = [flag(f.name) for f in dataclasses.fields(TrainConfig) if section_of(f) == STUDY]
+        if "unrecognized arguments" in message and any(s in message for s in study):
+            message += f" ({', '.join(study)} are study and test switches: pass {STUDY_FLAG} to use them)"
         raise ValueError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fp8lab train", description=__doc__.splitlines()[0], allow_abbrev=False,
+STUDY_FLAG = "--study"  # accepts (and lists in --help) the study and test switches: fp8lab.plan.options.STUDY
+
+
+def build_parser(study: bool = False) -> argparse.ArgumentParser:
+    """``fp8lab train``'s parser: the options by section; ``study``: the study and test switches too."""
+    p = _Parser(prog="fp8lab train", usage="fp8lab train [--OPTION VALUE ...]", description=__doc__.splitlines()[0],
+                allow_abbrev=False,
                 epilog="Booleans accept True/False (SageMaker passes hyperparameters as strings); "
-                       "every option also has an underscore spelling (--micro_batch_size).")
-    add_arguments(p, TrainConfig)
+                       "every option also has an underscore spelling (--micro_batch_size). 'auto' is decided for "
+                       "the machine: the run's first lines say what and why.")
+    p.add_argument(STUDY_FLAG, nargs="?", const="True", default=None, metavar="TRUE",
+                   help="also accept (and list) the study and test switches")
+    add_arguments(p, TrainConfig, study=study)
     return p
+
+
+def _study(argv: list[str]) -> bool:
+    """Whether ``argv`` asks for the study switches (``--study``, ``--study True``)."""
+    yes = ("true", "1", "yes", "on")
+    words = [str(w) for w in argv]
+    for i, w in enumerate(words):
+        if w == STUDY_FLAG:
+            nxt = words[i + 1] if i + 1 < len(words) else ""
+            return nxt.startswith("--") or nxt == "" or nxt.lower() in yes
+        if w.startswith(STUDY_FLAG + "="):
+            return w.partition("=")[2].lower() in yes
+    return False
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
     """TrainConfig from CLI-style arguments; every value is converted and checked with a clear message."""
-    args = vars(build_parser().parse_args(argv))
+    args = vars(build_parser(_study(argv)).parse_args(argv))
+    args.pop("study")
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     kwargs = {name: from_text(fields[name], raw) for name, raw in args.items() if raw is not None}
     config = TrainConfig(**kwargs)
@@ -156,7 +180,7 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
     ``planned``: as for :func:`train` (fp8lab.train.sm_entry passes a SageMaker job's plan)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
-        build_parser().print_help()
+        build_parser(_study(argv)).print_help()
         return 0
     try:
         if not argv and os.environ.get("SM_HPS"):

@@ -19,7 +19,8 @@ scales the two stored gradients by the incoming one. The GEMMs are the same thre
 The chunk's loss and gradient run in one of three kernels (fp8lab.plan.fused_loss.KERNELS, :func:`kernel_for`):
 on CUDA fp8lab.train.ce_kernel's Triton kernel, which writes the gradient over the logits (checked against the
 eager math once per process and at the head's vocabulary when installed; where it cannot run, the torch.compile'd
-math), on a CPU the eager math; FP8LAB_FUSED_LOSS_KERNEL picks another (a study's control). The chunk size is the
+math), on a CPU the eager math; a study picks another for a run (FP8LAB_FUSED_LOSS_KERNEL, the machine's
+``loss_kernel`` in its plan). The chunk size is the
 plan's (fp8lab.plan.fused_loss.chunk_tokens, by kernel).
 
 Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
@@ -37,7 +38,7 @@ from fp8lab.train import ce_kernel  # (imports neither torch nor triton at load)
 from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, BYTES_PER_LOGIT, CHOICES, CHUNK_BYTES, IGNORE_INDEX,  # noqa: F401
                                     KERNEL_ENV, KERNELS, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide,
                                     loss_bytes, no_grad_chunk_tokens)
-from fp8lab.plan.fused_loss import kernel_for as plan_kernel_for
+from fp8lab.plan.fused_loss import default_kernel
 
 
 # ------------------------------------------------------------------------------------------ the function
@@ -156,11 +157,11 @@ def _usable(device_type: str, kernel: str) -> bool:
 
 def kernel_for(device_type: str, planned: str | None = None) -> str:
     """The chunk kernel this process runs on ``device_type`` (fp8lab.plan.fused_loss.KERNELS): the ``planned`` one
-    (the run plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.kernel_for's rule: the Triton kernel on CUDA,
-    eager on a CPU, another where a study sets FP8LAB_FUSED_LOSS_KERNEL), or the next one down where
+    (the run plan's ``fused_loss_kernel``; None: fp8lab.plan.fused_loss.default_kernel: the Triton kernel on CUDA,
+    eager on a CPU), or the next one down where
     that cannot run here: the Triton kernel where it is missing or failed its check, the compiled math where
     compiling failed or off CUDA."""
-    kernel = planned or plan_kernel_for(device_type == "cuda")
+    kernel = planned or default_kernel(device_type == "cuda")
     while not _usable(device_type, kernel):
         kernel = _DOWN[kernel]
     return kernel

@@ -6,8 +6,8 @@ itself before its first step. It owns
 * ``--dry-run``'s summary;
 * ``config.json``, made by one function, :func:`config_record`, from the plan.
 
-config.json's shape: the options as flat keys, each decided one (``RunPlan.options()``) at the value that ran, as
-readers of config.json (fp8lab.analysis) expect; the provenance and the command; the run's facts (parameters,
+config.json's shape: the options as flat keys, each decided one (``RunPlan.options()``, the device and the progress
+bar) at the value that ran, never "auto", as readers of config.json (fp8lab.analysis) expect; the provenance and the command; the run's facts (parameters,
 FLOPs per token, the step it resumed from) and sources (the model's, the data's, the conversion); then
 ``requested`` (what was asked, "auto" included), ``plan`` (``RunPlan.record()``: every decision and why) and
 ``built`` (what the trainer refined when it built the plan: a weight cache or kept weights the model could not
@@ -29,6 +29,7 @@ from fp8lab.model.models import count_parameters
 from fp8lab.plan.fp8attn import BWD_ENV, FP8_DPA_BWD
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
+from fp8lab.train.components import show_progress
 
 SHARED = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")  # paths config.json keeps shareable
 
@@ -39,9 +40,10 @@ def config_record(plan, *, built: dict[str, Any], sources: dict[str, Any], argv:
     sources, ``requested``, ``plan`` and ``built``. ``environ``: where TE's FP8-attention backward is read."""
     c, m = plan.config, plan.machine
     requested = c.as_dict()
-    flat = {**requested, **plan.options()}
+    flat = {**requested, **plan.options(), "device": m.device,
+            "progress": "on" if show_progress(c.progress, True) else "off"}
     # the Python API's equivalent command: the layout as it ran, --activation-checkpointing as asked (auto, the
-    # default, left out) and the other decided options as asked, as it read before they became the plan's
+    # default, left out) and the other decided options as asked
     as_typed = {**requested, **plan.layout.options(), "activation_checkpointing": c.activation_checkpointing}
     shared = fpaths.shareable_run_record(as_typed, type(c)().as_dict(), argv, output_dir, SHARED)
     record = {**flat, **fmetrics.provenance(m.name, m.world_size, argv), **shared,

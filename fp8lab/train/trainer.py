@@ -18,8 +18,7 @@ optimizer, resume, and last the CUDA graphs of the blocks (``--cuda-graphs``, fp
 read the resumed weights and FP8 scaling state in place.
 The loop only calls components (fp8lab.train.components): the step metrics, the profiler, the
 non-finite guard and the checkpointer. FP8 is the backend's autocast region around
-:meth:`Trainer._forward` (the one place the model is called) plus the backend's optional
-``after_optimizer_step``, called after every optimizer step the guard lets through. The helpers
+:meth:`Trainer._forward` (the one place the model is called). The helpers
 beside it: fp8lab.train.optim (AdamW, the LR schedule), fp8lab.train.export (the HF model at the end),
 ``fp8lab.train.distributed.apply_activation_checkpointing`` and ``compile_blocks``.
 """
@@ -81,7 +80,6 @@ class Trainer:
         self.graphs_captured = None
         # the backend object and its FP8 region, looked up once (not per micro-batch)
         self.fp8_backend = get_backend(plan.backend) if plan.backend else None
-        self.after_step = getattr(self.fp8_backend, "after_optimizer_step", None)
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
         self.lock = None  # the output folder's run lock (fp8lab.records.runlock), rank 0, from _prepare_data to close()
         self.te_debug = None  # TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
@@ -317,8 +315,6 @@ class Trainer:
         result.skipped = self.guard.skip(result.loss, result.grad_norm)
         if not result.skipped:  # the FP8 overflow guard drops the update and keeps the weights
             self.optimizer.step()
-            if self.after_step is not None:  # e.g. FP8 scales of the new weights (a backend's optional hook)
-                self.after_step(self.inner)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return result

@@ -29,6 +29,7 @@ from fp8lab.core.progress import Counter
 from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 from fp8lab.analysis import fp8_stats as health_reader
 from fp8lab.fp8 import stats as fp8stats
+from fp8lab.plan import evidence
 from fp8lab.records import ownership
 from fp8lab.views import plots
 from fp8lab.views.peers import peers_markdown, peers_sentence
@@ -632,7 +633,8 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
 def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), readme: str | None = None) -> dict:
     """{'README.md': the README with its results block regenerated (``readme``: its current text),
     'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/); for the
-    committed results also 'data/results-index.json', the index planning reads (:mod:`fp8lab.analysis.index`)."""
+    committed results also 'data/results-index.json', the index planning reads (:mod:`fp8lab.analysis.index`), and
+    'fp8lab/plan/evidence.json', the committed GPU checks' values the plan's ``auto`` rules follow."""
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
     summary, headline = a.summary, a.headline
@@ -641,6 +643,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
            HEADLINE_PNG: plots.headline_figure(best[best["gpu_name"] == main] if main else best, a.reference)}
     if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), from the same read
+        out[evidence.DOC] = evidence.render(RESULTS_DIR)  # the values the plan's auto rules follow (package data)
         settings = {"warmup_steps": config.warmup_steps, "smoothing": config.smoothing,
                     "smoothing_span": config.smoothing_span}  # the summary too, where made at the index's settings
         out[INDEX_DOC] = render_index(runs=runs, summary=summary if settings == SUMMARY_DEFAULTS else None)

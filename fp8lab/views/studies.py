@@ -20,7 +20,7 @@ LONG_CONTEXT_ROLES = {"fp8": ("FP8 GEMMs, BF16 attention", ""), "fp8_attn": ("FP
 
 
 def long_context_figure(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
-    """FP8/BF16 tokens/s against the sequence length, FP8 attention off and on: two bars per length (#34), one
+    """FP8/BF16 tokens/s against the sequence length, FP8 attention off and on: two bars per length, one
     panel per model, from ``fp8lab.analysis.long_context.speedup_table`` (the long-context study's committed result files)."""
     title = "FP8 speed-up over BF16 against the sequence length"
     if not len(table):

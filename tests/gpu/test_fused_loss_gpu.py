@@ -76,10 +76,8 @@ def test_the_triton_kernel_is_the_eager_chunk_math_at_a_128k_vocabulary(gpu_reco
 
     from fp8lab.train import ce_kernel, fused_loss
 
-    monkeypatch.setenv(fused_loss.KERNEL_ENV, "compiled")
-    assert fused_loss.kernel_for("cuda") == "compiled"  # a study's control
-    monkeypatch.delenv(fused_loss.KERNEL_ENV)
-    assert fused_loss.kernel_for("cuda") == "triton"  # the default on CUDA (session 24's study)
+    assert fused_loss.kernel_for("cuda", "compiled") == "compiled"  # a study's control (the plan's kernel)
+    assert fused_loss.kernel_for("cuda") == "triton"  # the default on CUDA
     torch.manual_seed(1)
     n, v = 4096, 128_256
     logits = (torch.randn(n, v, device="cuda") * 3).to(torch.bfloat16)

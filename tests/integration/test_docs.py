@@ -29,6 +29,9 @@ def test_committed_results_block_and_results_doc_are_current():
     hint = "stale: run `fp8lab report --docs` and commit the result"
     assert README.read_text(encoding="utf-8") == docs["README.md"], f"README.md results block {hint}"
     assert (REPO_ROOT / report.RESULTS_MD).read_text(encoding="utf-8") == docs[report.RESULTS_MD], f"{report.RESULTS_MD} {hint}"
+    from fp8lab.plan import evidence  # the plan's evidence, package data written by the same command
+
+    assert (REPO_ROOT / evidence.DOC).read_text(encoding="utf-8") == docs[evidence.DOC], f"{evidence.DOC} {hint}"
 
 
 def test_committed_headline_png_is_the_generated_figure_and_readable():
@@ -68,7 +71,9 @@ def test_readme_leads_with_the_answer():
 def test_docs_command_writes_into_a_checkout(tmp_path):
     shutil.copy(README, tmp_path / "README.md")
     written = report.write_docs(root=tmp_path)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == ["README.md", "data/results-index.json", "docs/headline.png", "docs/results.md"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "README.md", "data/results-index.json", "docs/headline.png", "docs/results.md", "fp8lab/plan/evidence.json"]
+    assert (tmp_path / "fp8lab" / "plan" / "evidence.json").read_text() == (REPO_ROOT / "fp8lab/plan/evidence.json").read_text()
     assert (tmp_path / "README.md").read_text() == README.read_text()  # the committed one is current
     (tmp_path / "docs" / "results.md").unlink()
     proc = subprocess.run([sys.executable, "-m", "fp8lab", "report", "--docs", "--docs-root", str(tmp_path)],

@@ -57,7 +57,9 @@ def job_run(tmp_path_factory):
 def test_code_channel_layout(job_run):
     code = job_run["code"]
     assert (code / "fp8lab" / "train" / "sm_entry.py").is_file() and (code / "fp8lab" / "train" / "entry.py").is_file()
-    assert list((code / "data" / "corpus").iterdir()) and (code / "data" / "tokenizer.json").is_file()
+    shipped = code / "fp8lab" / "shipped"  # the default data, inside the package as a wheel has it
+    assert list((shipped / "corpus").iterdir()) and (shipped / "tokenizer.json").is_file()
+    assert not (code / "data").exists() and (code / "fp8lab" / "plan" / "evidence.json").is_file()
     assert "transformers" in (code / "requirements.txt").read_text()
     assert not list(code.rglob("__pycache__"))
 

@@ -121,11 +121,12 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
     code_prefix = f"fp8lab/p5-sweep/code/{req['TrainingJobName']}/input/code/"
     code = sorted(k.removeprefix(code_prefix) for k in keys if k.startswith(code_prefix))
     assert {"fp8lab/train/sm_entry.py", "fp8lab/launch/__init__.py", "fp8lab/__init__.py", "fp8lab/train/entry.py", "requirements.txt",
-            "data/tokenizer.json"} <= set(code) and any(k.startswith("data/corpus/") for k in code)
+            "fp8lab/shipped/tokenizer.json", "fp8lab/plan/evidence.json"} <= set(code)
+    assert any(k.startswith("fp8lab/shipped/corpus/") for k in code)
     assert not [k for k in code if "__pycache__" in k or k.endswith(".pyc")]
     assert channels["code"] == f"s3://{BUCKET}/{code_prefix.rstrip('/')}"
     reqs = _s3_text(boto, BUCKET, code_prefix + "requirements.txt")
-    assert reqs.splitlines() == [*L.JOB_REQUIREMENTS, f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
+    assert reqs.splitlines() == [*L.job_base_requirements(), f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
     drivers = channels["sm_drivers"]
     src_json = json.loads(_s3_text(boto, drivers + "/sourcecode.json"))
     assert src_json["entry_script"] == "fp8lab/train/sm_entry.py" and src_json["requirements"] == "requirements.txt"

@@ -233,7 +233,7 @@ def test_a_second_run_on_a_locked_output_folder_is_refused_and_a_dead_holder_is_
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from fp8lab import runlock; held = runlock.acquire('--output-dir', sys.argv[1]);"
+        [sys.executable, "-c", "import sys, time; from fp8lab.records import runlock; held = runlock.acquire('--output-dir', sys.argv[1]);"
          " print('locked', flush=True); time.sleep(120)", str(out)],
         env={**ENV, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, text=True)
     try:

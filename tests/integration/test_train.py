@@ -12,6 +12,7 @@ from fp8lab.data import tokens as fdata
 from fp8lab.records import metrics as fmetrics
 from fp8lab.train import run_paths
 from fp8lab.train import entry as ftrain
+from fp8lab.plan.options import flag
 from fp8lab.train.entry import TrainConfig, main, train
 
 TINY = dict(model="llama-tiny", seq_len=32, micro_batch_size=2, compute_dtype="fp32", plot=False,
@@ -141,7 +142,7 @@ def test_nan_step_is_skipped_and_counted(prepared, tmp_path, capsys):
 def test_nan_run_stops_cleanly_with_last_good_checkpoint(prepared, tmp_path, capsys):
     out = tmp_path / "nans"
     argv = ["--model", "llama-tiny", "--seq-len", "32", "--micro-batch-size", "2", "--compute-dtype", "fp32",
-            "--steps", "10", "--checkpoint-every", "2", "--max-bad-steps", "3", "--inject-nan-at-steps", "4,5,6",
+            "--steps", "10", "--checkpoint-every", "2", "--max-bad-steps", "3", "--study", "--inject-nan-at-steps", "4,5,6",
             "--data", str(prepared), "--output-dir", str(out), "--progress", "off", "--plot", "False"]
     assert main(argv) == ftrain.EXIT_OVERFLOW
     err = capsys.readouterr().err
@@ -303,7 +304,7 @@ def test_unusable_backend_and_device_rejected_before_compute(capsys, tmp_path, m
 def test_cli_spellings_and_sagemaker_booleans():
     c = ftrain.parse_args(["--micro_batch_size", "3", "--grad-accum", "2", "--compile", "--fuse", "False",
                            "--model-override", "num_layers=1,hidden_size=32", "--model-override", "num_heads=2",
-                           "--steps", "None", "--tokens", "5000", "--inject-nan-at-steps", "2,7"])
+                           "--steps", "None", "--tokens", "5000", "--study", "--inject-nan-at-steps", "2,7"])
     assert (c.micro_batch_size, c.grad_accum, c.compile, c.fuse, c.steps, c.tokens) == (3, 2, True, False, None, 5000)
     assert c.model_overrides == {"num_layers": 1, "hidden_size": 32, "num_heads": 2}
     assert c.inject_nan_at_steps == (2, 7)
@@ -350,11 +351,13 @@ def test_tokens_budget_sets_the_number_of_steps(prepared, tmp_path):
 def test_help_lists_every_option_with_its_default(capsys):
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
+    assert main(["--study", "--help"]) == 0
+    with_study = capsys.readouterr().out
     for f in ftrain.dataclasses.fields(TrainConfig):
-        assert (ftrain._opt(f.name) if f.name != "model_overrides" else "--model-override") in text
-    # layout options default to "auto" (fp8lab.plan.layout); the help says what auto means on a CPU
-    assert ('sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU '
-            '(default: "auto")') in " ".join(text.split())
+        name = flag(f.name) if f.name != "model_overrides" else "--model-override"
+        assert name in with_study and (name in text) is (ftrain.section_of(f) != ftrain.STUDY)
+    # layout options default to "auto" (fp8lab.plan.layout): the help says what it does, the run says what it chose
+    assert 'sequences per GPU per forward/backward; auto: the largest that fits (default: "auto")' in " ".join(text.split())
 
 
 def test_only_the_newest_checkpoints_are_kept_and_partial_ones_ignored(prepared, tmp_path):

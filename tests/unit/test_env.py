@@ -140,18 +140,18 @@ def test_env_check_on_this_cpu_machine_passes():
 
 
 def test_env_says_who_reads_the_fp8_casts_by_the_plans_rule(monkeypatch):
-    from fp8lab.fp8 import stats as fp8stats, te_debug
-    from fp8lab.plan import fp8_stats as fp8rule
+    from fp8lab.fp8 import backends, stats as fp8stats, te_debug
+    from fp8lab.plan import evidence
 
     rep = env.report()
     if rep.auto_backend == "emulated":  # this CPU machine: the emulator's own quantizers
         assert rep.fp8_stats_source == fp8stats.OWN and "emulated backend" in rep.fp8_stats_reason
         assert "FP8 health read by   fp8lab (emulated backend" in str(rep)
-    monkeypatch.setattr(te_debug, "unavailable", lambda: None)
-    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED", True)
-    monkeypatch.setattr(te_debug, "untested_te", lambda checked: None)  # the TE release the check ran on
+    monkeypatch.setattr(te_debug, "unavailable", lambda: None)  # this machine as Machine.detect would see it
+    monkeypatch.setattr(backends, "installed_te", lambda: "2.20.2")
+    monkeypatch.setattr(evidence, "load", lambda: evidence.Evidence(te_debug=True, te_debug_te="2.20.2"))
     assert env._fp8_stats_choice("te")[0] == fp8stats.TE_DEBUG
-    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED", False)  # installed, but its GPU check not committed
+    monkeypatch.setattr(evidence, "load", lambda: evidence.Evidence())  # installed, but its GPU check not committed
     source, why = env._fp8_stats_choice("te")
     assert source == fp8stats.OWN and "check.json" in why
     monkeypatch.setattr(te_debug, "unavailable", lambda: "nvdlfw-inspect is not installed (pip install nvdlfw-inspect)")

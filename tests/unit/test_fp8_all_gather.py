@@ -1,4 +1,4 @@
-"""The FP8 all-gather decision (issue 32): on for FP8 under FSDP2 on torchao, off (with why) elsewhere,
+"""The FP8 all-gather decision: on for FP8 under FSDP2 on torchao, off (with why) elsewhere,
 ``on`` refused with the reason where it cannot run; convert_model refuses it for other backends."""
 from __future__ import annotations
 
@@ -8,24 +8,24 @@ from fp8lab.plan.config import TrainConfig
 from fp8lab.fp8.convert import convert_model
 from fp8lab.core.hardware import Machine
 from fp8lab.model.models import build_model
+from fp8lab.plan.evidence import Evidence
 from fp8lab.plan.runplan import plan_run
 
 P5 = Machine.planned("H100 80GB", 8, True)  # a P5 node's eight ranks, as a SageMaker job plans it
 
 
-def _plan(machine=P5, **kw):
-    return plan_run(TrainConfig(model="llama-1b", precision="fp8", parallel="fsdp", **kw), machine)
+CHECKED = Evidence(fp8_all_gather=True)
 
 
-def test_auto_is_on_for_fp8_under_fsdp2_on_torchao_and_off_with_the_reason_elsewhere(monkeypatch):
-    from fp8lab.plan import runplan as fplan
+def _plan(machine=P5, evidence=CHECKED, **kw):
+    return plan_run(TrainConfig(model="llama-1b", precision="fp8", parallel="fsdp", **kw), machine, evidence)
 
-    monkeypatch.setattr(fplan, "FP8_ALL_GATHER_CHECKED", False)
-    p = _plan(backend="torchao", recipe="current")  # before the GPU check is committed: auto waits, on runs it
+
+def test_auto_is_on_for_fp8_under_fsdp2_on_torchao_and_off_with_the_reason_elsewhere():
+    p = _plan(backend="torchao", recipe="current", evidence=Evidence())  # no GPU check committed: auto waits
     assert p.fp8_all_gather is False and "off until its GPU check is committed" in p.reasons["fp8_all_gather"]
-    on = _plan(backend="torchao", recipe="current", fp8_all_gather="on")
+    on = _plan(backend="torchao", recipe="current", fp8_all_gather="on", evidence=Evidence())
     assert on.fp8_all_gather is True and on.reasons["fp8_all_gather"] == "--fp8-all-gather on"
-    monkeypatch.setattr(fplan, "FP8_ALL_GATHER_CHECKED", True)
     p = _plan(backend="torchao", recipe="current")
     assert p.fp8_all_gather is True and p.decisions()["fp8_all_gather"] is True
     assert "half the bytes" in p.reasons["fp8_all_gather"]
@@ -60,21 +60,23 @@ def test_convert_model_refuses_fp8_all_gather_without_torchao():
 def test_the_committed_gpu_check_holds_and_is_what_auto_reads():
     import json
 
-    from fp8lab.plan import runplan as fplan
+    from fp8lab.core.paths import RESULTS_DIR
+    from fp8lab.plan import evidence
 
-    check = json.loads(fplan.FP8_ALL_GATHER_CHECK.read_text())
+    check = json.loads((RESULTS_DIR / evidence.FP8_ALL_GATHER_STUDY / "check.json").read_text())
     assert check["gpu"].startswith("NVIDIA") and check["result"]["world"] >= 1 and check["command"]
     fp8, bf16 = check["result"]["fp8_all_gather"], check["result"]["bf16_all_gather"]
     assert "torch.float8_e4m3fn" in fp8["gathered_dtypes"] and fp8["gathered_bytes"] < 0.75 * bf16["gathered_bytes"]
-    assert check["passed"] is True and check["problems"] == [] and fplan.FP8_ALL_GATHER_CHECKED is True
-    p = _plan(backend="torchao", recipe="current")  # so auto is on for FP8 under FSDP2 on torchao, and says why
+    assert check["passed"] is True and check["problems"] == [] and evidence.load().fp8_all_gather is True
+    p = plan_run(TrainConfig(model="llama-1b", precision="fp8", parallel="fsdp", backend="torchao", recipe="current"), P5)
     assert p.fp8_all_gather is True and "checked on a GPU: fp8-all-gather-h200" in p.reasons["fp8_all_gather"]
 
 
 def test_a_failed_or_missing_gpu_check_leaves_auto_off(tmp_path):
-    from fp8lab.plan import runplan as fplan
+    from fp8lab.plan import evidence
 
-    assert fplan._all_gather_checked(tmp_path / "none.json") is False
-    failed = tmp_path / "check.json"
-    failed.write_text('{"passed": false, "problems": ["the same loss within 2%"]}')
-    assert fplan._all_gather_checked(failed) is False
+    assert evidence.from_results(tmp_path)["fp8_all_gather"]["passed"] is False
+    (tmp_path / evidence.FP8_ALL_GATHER_STUDY).mkdir()
+    (tmp_path / evidence.FP8_ALL_GATHER_STUDY / "check.json").write_text(
+        '{"passed": false, "problems": ["the same loss within 2%"]}')
+    assert evidence.from_results(tmp_path)["fp8_all_gather"]["passed"] is False

@@ -218,69 +218,52 @@ def test_te_debug_scalars_become_fp8stats_rows():
     assert len(warn) == 1 and "blocks.0.qkv gradient (E5M2)" in warn[0] and "underflow" in warn[0]
 
 
-def test_the_plan_picks_who_reads_the_casts(monkeypatch):
-    from fp8lab.core import pins
-    from fp8lab.fp8 import te_debug
+def test_the_plan_picks_who_reads_the_casts():
+    """Who reads the casts is a function of the machine's facts (TE's debug API there, its TE release) and the
+    evidence (TE's debug API's committed GPU check), both given to the plan: nothing of this process is read."""
+    import dataclasses
+
     from fp8lab.core.hardware import Machine
+    from fp8lab.plan.evidence import Evidence
     from fp8lab.plan.runplan import plan_run
     from fp8lab.train.entry import TrainConfig
 
-    h200 = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
     fp8 = dict(model="llama-1b", precision="fp8")
-    monkeypatch.setattr(te_debug, "unavailable", lambda: "nvdlfw-inspect is not installed")
-    without = plan_run(TrainConfig(**fp8), h200)
+    without_inspect = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True,
+                              te_debug_problem="nvdlfw-inspect is not installed", te_release="2.20.2")
+    passed = Evidence(te_debug=True, te_debug_te="2.20.2")
+    without = plan_run(TrainConfig(**fp8), without_inspect, passed)
     assert without.fp8_stats_source == fp8stats.OWN and "nvdlfw-inspect is not installed" in without.all_reasons()["fp8_stats"]
     with pytest.raises(ValueError, match="--fp8-stats-source te-debug cannot run here: nvdlfw-inspect.*auto | fp8lab"):
-        plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200)
-    monkeypatch.setattr(te_debug, "unavailable", lambda: None)
-    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED", False)  # installed, its GPU check not committed: asked for only
-    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECK_PROBLEMS", [])
-    unchecked = plan_run(TrainConfig(**fp8), h200)
+        plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), without_inspect, passed)
+    h200 = dataclasses.replace(without_inspect, te_debug_problem=None)
+    unchecked = plan_run(TrainConfig(**fp8), h200, Evidence())  # installed, its GPU check not committed: asked for only
     assert unchecked.fp8_stats_source == fp8stats.OWN and "GPU check" in unchecked.all_reasons()["fp8_stats"]
     assert "not committed yet" in unchecked.all_reasons()["fp8_stats"]
-    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECK_PROBLEMS", ["cost at the default interval (25 steps): 58.7% > 2%"])
-    failed = plan_run(TrainConfig(**fp8), h200)  # committed, and failed: the reason says why
+    failed_check = Evidence(te_debug_problems=("cost at the default interval (25 steps): 58.7% > 2%",))
+    failed = plan_run(TrainConfig(**fp8), h200, failed_check)  # committed, and failed: the reason says why
     assert failed.fp8_stats_source == fp8stats.OWN
     assert "failed its GPU check (fp8stats-sources/check.json: cost at the default interval (25 steps): 58.7% > 2%)" \
         in failed.all_reasons()["fp8_stats"]
-    assert plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200).fp8_stats_source == fp8stats.TE_DEBUG
-    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED", True)
-    monkeypatch.setattr(fp8rule, "TE_DEBUG_CHECKED_TE", "2.20.2")
-    monkeypatch.setattr(pins, "installed_te", lambda: "2.8.0+abc")  # checked on another TE release: not trusted
-    other = plan_run(TrainConfig(**fp8), h200)
+    assert plan_run(TrainConfig(**fp8, fp8_stats_source="te-debug"), h200, failed_check).fp8_stats_source == fp8stats.TE_DEBUG
+    other_te = dataclasses.replace(h200, te_release="2.8.0+abc")  # checked on another TE release: not trusted
+    other = plan_run(TrainConfig(**fp8), other_te, passed)
     assert other.fp8_stats_source == fp8stats.OWN and "checked on Transformer Engine 2.20.2, this machine has 2.8.0+abc" in \
         other.all_reasons()["fp8_stats"]
-    monkeypatch.setattr(pins, "installed_te", lambda: "2.20.1")  # the same release (major.minor)
-    auto = plan_run(TrainConfig(**fp8), h200)
+    auto = plan_run(TrainConfig(**fp8), dataclasses.replace(h200, te_release="2.20.1"), passed)  # the same release
     assert auto.fp8_stats_source == fp8stats.TE_DEBUG and "TE's debug API" in auto.all_reasons()["fp8_stats"]
     assert auto.record()["fp8_stats_source"] == "te-debug" and "fp8_stats_source" not in auto.decisions()  # not a job's check
-    asked = plan_run(TrainConfig(**fp8, fp8_stats_source="fp8lab"), h200)
+    asked = plan_run(TrainConfig(**fp8, fp8_stats_source="fp8lab"), h200, passed)
     assert asked.fp8_stats_source == fp8stats.OWN and "--fp8-stats-source fp8lab" in asked.all_reasons()["fp8_stats"]
-    two = plan_run(TrainConfig(**fp8), Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True, world_size=2))
+    two = plan_run(TrainConfig(**fp8), dataclasses.replace(h200, world_size=2), passed)
     assert two.fp8_stats_source == fp8stats.OWN and "several processes" in two.all_reasons()["fp8_stats"]
-    assert plan_run(TrainConfig(**fp8, fp8_stats_every=0), h200).fp8_stats_source is None
+    assert plan_run(TrainConfig(**fp8, fp8_stats_every=0), h200, passed).fp8_stats_source is None
     cpu = Machine("cpu", "cpu", 24.0)
     assert plan_run(TrainConfig(model="llama-tiny", precision="fp8"), cpu).fp8_stats_source == fp8stats.OWN  # emulated
     with pytest.raises(ValueError, match="--fp8-stats-source te-debug .* needs --backend te .*allowed here: auto | fp8lab"):
         plan_run(TrainConfig(model="llama-tiny", precision="fp8", fp8_stats_source="te-debug"), cpu)
     with pytest.raises(ValueError, match="--fp8-stats-source"):
         TrainConfig(fp8_stats_source="tensorboard")
-
-
-def test_te_debug_check_reads_the_committed_result(tmp_path):
-    assert fp8rule.te_debug_checked(tmp_path / "missing.json") is False
-    (tmp_path / "bad.json").write_text("[1, 2]")
-    assert fp8rule.te_debug_checked(tmp_path / "bad.json") is False
-    (tmp_path / "no.json").write_text('{"passed": false}')
-    (tmp_path / "yes.json").write_text('{"passed": true}')
-    assert [fp8rule.te_debug_checked(tmp_path / f) for f in ("no.json", "yes.json")] == [False, True]
-    committed = json.loads(fp8rule.TE_DEBUG_CHECK.read_text()) if fp8rule.TE_DEBUG_CHECK.exists() else {}
-    assert fp8rule.TE_DEBUG_CHECKED is (committed.get("passed") is True)  # what auto reads is the committed file
-    assert fp8rule.TE_DEBUG_CHECK_PROBLEMS == committed.get("problems", [])
-    assert bool(fp8rule.TE_DEBUG_CHECK_PROBLEMS) is (not fp8rule.TE_DEBUG_CHECKED and bool(committed))
-    from fp8lab.plan.runplan import decision_results
-
-    assert fp8rule.TE_DEBUG_CHECK in decision_results()  # a SageMaker job carries it and decides as its plan did
 
 
 def test_the_committed_te_debug_cost_split_supports_what_docs_training_says():

@@ -145,7 +145,6 @@ def test_the_installed_head_runs_the_plans_kernel(monkeypatch):
     monkeypatch.setattr(fused_loss, "_math_for", math_for)
     monkeypatch.setattr(fused_loss, "COMPILE_ON", ("cpu",))
     monkeypatch.setattr(fused_loss, "_COMPILED", {})
-    monkeypatch.delenv(fused_loss.KERNEL_ENV, raising=False)
     assert fused_loss.kernel_for("cpu") == "eager"  # the rule's choice here
     m = torch.nn.Module()
     m.lm_head = torch.nn.Linear(8, 11, bias=False)
@@ -190,8 +189,11 @@ def test_chunk_sizes_by_kernel():
 
 
 def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for(monkeypatch):
-    """The Triton kernel on a GPU by default, eager on a CPU; FP8LAB_FUSED_LOSS_KERNEL=compiled (a study's control)
-    picks the compiled math, and a wrong value is refused when the run is planned, naming the allowed ones."""
+    """The Triton kernel on a GPU by default, eager on a CPU; a machine whose study chose the compiled math
+    (FP8LAB_FUSED_LOSS_KERNEL=compiled, read by Machine.detect into ``loss_kernel``) plans it, and a wrong value is
+    refused when the run is planned, naming the allowed ones."""
+    import dataclasses
+
     from fp8lab.core.hardware import Machine
     from fp8lab.plan.layout import resolve
     from fp8lab.plan.runplan import plan_run
@@ -199,25 +201,24 @@ def test_the_plan_records_the_chunk_kernel_its_memory_was_counted_for(monkeypatc
 
     gpu = Machine("cuda", "NVIDIA H200", 139.8, te_usable=True, fp8=True)
     cpu = Machine("cpu", "cpu", 24.0)
-    monkeypatch.delenv(fused_loss.KERNEL_ENV, raising=False)
+    monkeypatch.setenv(fused_loss.KERNEL_ENV, "compiled")  # this process's environment: not read by the plan
     tri = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
     assert tri.fused_loss is True and tri.fused_loss_kernel == tri.record()["fused_loss_kernel"] == "triton"
     assert plan_run(TrainConfig(model="llama-tiny", fused_loss="on"), cpu).record()["fused_loss_kernel"] == "eager"
     off = plan_run(TrainConfig(model="llama-tiny"), cpu).record()
     assert off["fused_loss"] is False and off["fused_loss_kernel"] is None
-    monkeypatch.setenv(fused_loss.KERNEL_ENV, "compiled")
-    comp = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu).record()
+    assert Machine.detect("cpu", unusable=()).loss_kernel == "compiled"  # where it is read: this machine's facts
+    comp = plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"),
+                    dataclasses.replace(gpu, loss_kernel="compiled")).record()
     assert comp["fused_loss"] is True and comp["fused_loss_kernel"] == "compiled"
     assert tri.layout.memory.peak < comp["memory_estimate_peak_gib"]  # its chunk holds its bf16 logits only
-    # the layout counts the kernel the plan hands it (the environment is read once, by the plan)
+    # the layout counts the kernel the plan hands it
     c = TrainConfig(model="llama-1b", precision="bf16", backend="te")
-    monkeypatch.delenv(fused_loss.KERNEL_ENV)
     assert resolve(c, gpu, "te", loss_kernel="compiled").memory.peak == comp["memory_estimate_peak_gib"]
     assert resolve(c, gpu, "te").memory.peak == resolve(c, gpu, "te", loss_kernel="triton").memory.peak \
         == tri.layout.memory.peak
-    monkeypatch.setenv(fused_loss.KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"FP8LAB_FUSED_LOSS_KERNEL='fast' is invalid; allowed: triton \| compiled \| eager"):
-        plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), gpu)
+        plan_run(TrainConfig(model="llama-1b", precision="bf16", backend="te"), dataclasses.replace(gpu, loss_kernel="fast"))
 
 
 def _falls_back_to_the_plain_result(seed: int, warning: str, **kw) -> None:
@@ -279,8 +280,7 @@ def test_a_failed_triton_kernel_leaves_the_compiled_math_in_its_own_chunks(monke
                                     kernel="triton")
     assert sizes == [8, 8, 8, 8, 8]
     assert fused_loss._TRITON_OK == {"cpu": False} and fused_loss._COMPILED == {}  # the compiled math stays usable
-    monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
-    assert fused_loss.kernel_for("cpu") == "compiled"  # what a study's next loss runs
+    assert fused_loss.kernel_for("cpu", "triton") == "compiled"  # what a study's next loss runs
 
 
 def test_a_triton_kernel_that_disagrees_is_not_used(monkeypatch):
@@ -291,10 +291,9 @@ def test_a_triton_kernel_that_disagrees_is_not_used(monkeypatch):
     monkeypatch.setattr(ce_kernel, "available", lambda device_type: True)
     monkeypatch.setattr(ce_kernel, "chunk_math", lambda logits, t, v, scale, **kw: (torch.tensor(0.0), logits * 0))
     monkeypatch.setattr(fused_loss, "_TRITON_OK", {})
-    monkeypatch.setenv(fused_loss.KERNEL_ENV, "triton")
     with pytest.warns(UserWarning, match="Triton chunk kernel is not used \\(its result differs from the eager math\\)"):
-        assert fused_loss.kernel_for("cpu") == "eager"
-    assert fused_loss.kernel_for("cpu") == "eager"  # checked once
+        assert fused_loss.kernel_for("cpu", "triton") == "eager"
+    assert fused_loss.kernel_for("cpu", "triton") == "eager"  # checked once
 
 
 _INTERPRETED_CHECK = """

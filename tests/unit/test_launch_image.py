@@ -2,6 +2,8 @@
 job's requirements (the real staged code folder and the real SDK request of a dry run)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fp8lab import launch as L
@@ -38,7 +40,7 @@ def test_the_default_image_s_te_is_too_old_so_the_job_installs_the_pinned_one(tm
     staged = L.stage_source(tmp_path / "code", image.installs_te(spec), spec.framework_version)
     # the default image (2.9) is built on CUDA 13: the job installs TE's core for CUDA 13
     assert (staged / "requirements.txt").read_text().splitlines() == [
-        *L.JOB_REQUIREMENTS, f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
+        *L.job_base_requirements(), f"transformer-engine[pytorch,core_cu13]=={pins()['transformer-engine']}"]
     assert image.job_requirements(True, "2.8") == [f"transformer-engine[pytorch,core_cu12]=={pins()['transformer-engine']}"]
     assert image.job_requirements(True, "2.99") == [f"transformer-engine[pytorch]=={pins()['transformer-engine']}"]
     assert (staged / "fp8lab" / "constraints-gpu.txt").is_file()  # the pins travel with the package
@@ -61,30 +63,35 @@ def test_an_unknown_image_installs_the_pinned_te():
     assert "does not know" in image.te_in_job(spec)
 
 
-def test_the_staged_code_carries_the_results_auto_decisions_read(tmp_path):
-    """A job re-plans on its instance: the committed checks behind --fp8-all-gather and --fp8-attention auto travel
-    with the code, so the job decides as `fp8lab launch plan` did, whatever the instance's data/ holds."""
+def test_the_staged_code_plans_as_the_launch_did_with_the_data_folder_elsewhere(tmp_path):
+    """A job re-plans on its instance: the evidence the plan's auto rules follow and the default corpus and
+    tokenizers travel inside the staged package, so the job decides as `fp8lab launch plan` did and finds its
+    data, whatever the instance's data/ holds; staging works with FP8LAB_DATA_DIR outside the checkout."""
     import json
     import os
     import subprocess
     import sys
 
-    from fp8lab.core.paths import REPO_ROOT
-    from fp8lab.plan.runplan import decision_results
+    from fp8lab.core.paths import SHIPPED_FILES, shipped_path
 
-    staged = L.stage_source(tmp_path / "code")
-    for result in decision_results():  # a check not committed yet (e.g. TE's debug API's) is not there either
-        copy = staged / result.relative_to(REPO_ROOT)
-        assert copy.read_bytes() == result.read_bytes() if result.exists() else not copy.exists()
-    probe = ("import json; from fp8lab import plan, fp8attn; from fp8lab.plan import fp8_stats as fp8stats; print(json.dumps([plan.FP8_ALL_GATHER_CHECKED, "
-             "fp8attn.loss_checked(), fp8attn.study_crossover(), fp8stats.TE_DEBUG_CHECKED, str(fp8attn.LOSS_RESULT)]))")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FP8LAB_DATA_DIR")}
-    out = subprocess.run([sys.executable, "-c", probe], cwd=staged, env={**env, "PYTHONPATH": str(staged)},
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    stage = ("import sys; from fp8lab.launch.requests import stage_source; print(stage_source(sys.argv[1]))")
+    subprocess.run([sys.executable, "-c", stage, str(tmp_path / "code")], env={**env, "FP8LAB_DATA_DIR": str(elsewhere)},
+                   capture_output=True, text=True, timeout=120, check=True)
+    staged = tmp_path / "code"
+    for name in SHIPPED_FILES:
+        assert (staged / "fp8lab" / "shipped" / name).read_bytes() == shipped_path(name).read_bytes()
+    probe = ("import json; from fp8lab.plan import evidence; from fp8lab.data.tokens import shipped_tokenizer_path; "
+             "from fp8lab.records.data_format import default_corpus; import dataclasses; "
+             "print(json.dumps([dataclasses.asdict(evidence.load()), str(shipped_tokenizer_path()), "
+             "[str(p) for p in default_corpus()]]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=staged,
+                         env={**{k: v for k, v in env.items() if k != "FP8LAB_DATA_DIR"}, "PYTHONPATH": str(staged)},
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    from fp8lab.plan import fp8attn, runplan as plan
-    from fp8lab.plan import fp8_stats as fp8stats
+    from fp8lab.plan import evidence
 
-    checked, loss, crossover, te_debug, where = json.loads(out.strip().splitlines()[-1])
-    assert where.startswith(str(staged))  # the staged package, not this checkout
-    assert [checked, loss, crossover, te_debug] == [plan.FP8_ALL_GATHER_CHECKED, fp8attn.loss_checked(),
-                                                    fp8attn.study_crossover(), fp8stats.TE_DEBUG_CHECKED]
+    there, tokenizer, corpus = json.loads(out.strip().splitlines()[-1])
+    assert there == json.loads(json.dumps(dataclasses.asdict(evidence.load())))  # the same values as here
+    assert tokenizer.startswith(str(staged / "fp8lab" / "shipped")) and corpus[0].startswith(str(staged / "fp8lab"))

@@ -261,7 +261,6 @@ def test_private_use_checker_sees_both_forms(tmp_path):
     ("fp8lab.records.metrics", ["PEAK_BF16_DENSE", "peak_bf16_flops"]),
     ("fp8lab.launch", ["InstanceInfo", "INSTANCES", "DEFAULT_PRICES_USD_PER_HOUR", "PRICE_SOURCE",
                        "CHECKPOINT_LOCAL_PATH", "PLACEHOLDER_ROLE", "PLACEHOLDER_BUCKET"]),
-    ("fp8lab.train.entry", ["SAGEMAKER_CHECKPOINT_DIR"]),
 ])
 def test_hardware_facts_have_one_home_and_old_names_import(module, names):
     import importlib
@@ -402,12 +401,3 @@ def test_imports_inside_functions_are_few_and_each_says_why():
     assert len(found) <= MAX_IMPORTS_IN_FUNCTIONS, f"{len(found)} fp8lab imports inside functions"
     unexplained = [f"{m}:{n}" for m, n, why in found if not why]
     assert not unexplained, f"imports inside functions without a comment saying why: {unexplained}"
-
-
-def test_a_split_module_s_old_name_holds_all_its_names():
-    import fp8lab
-
-    fs = fp8lab.fp8stats  # FP8 health before it became plan/fp8_stats, fp8/stats and analysis/fp8_stats
-    for name in ("RECORD", "attach", "HealthStats", "default_every", "TE_DEBUG_CHECKED", "fp8_stats_decision",
-                 "table", "of_sources", "warnings_of"):
-        assert hasattr(fs, name), name

@@ -41,15 +41,18 @@ def test_source_is_named_with_its_title_and_link():
 
 
 @pytest.mark.parametrize("row, label", [
-    ({"precision": "bf16", "backend": "hf", "gpu_name": "cpu"}, "fp32 hf"),  # auto: fp32 on a CPU
+    ({"precision": "bf16", "backend": "hf", "gpu_name": "cpu", "compute_dtype": "fp32"}, "fp32 hf"),  # what ran
+    # an old folder's config.json said "auto": its normalised form says what ran (fp32 on a CPU)
     ({"precision": "bf16", "backend": "hf", "gpu_name": "cpu", "compute_dtype": "auto"}, "fp32 hf"),
     ({"precision": "bf16", "backend": "hf", "gpu_name": "cpu", "compute_dtype": "bf16"}, "bf16 hf"),  # as asked
     ({"precision": "bf16", "backend": "te", "gpu_name": "NVIDIA H200", "compute_dtype": "fp32"}, "fp32 te"),
-    ({"precision": "bf16", "backend": "te", "gpu_name": "NVIDIA H200"}, "bf16 te"),
+    ({"precision": "bf16", "backend": "te", "gpu_name": "NVIDIA H200", "compute_dtype": "auto"}, "bf16 te"),
     ({"precision": "fp8", "backend": "emulated", "recipe": "delayed", "gpu_name": "cpu"}, "fp8 emulated delayed"),
 ])
 def test_cpu_runs_are_named_for_the_precision_they_computed_in(row, label):
-    assert analysis.variant_label(row) == label
+    from fp8lab.analysis.run_config import normalize_config
+
+    assert analysis.variant_label(normalize_config(row)) == label
 
 
 def test_pair_figure_shows_every_curve():

@@ -1,4 +1,4 @@
-"""Issue #34: sequences past a named shape's max_seq_len, --fp8-attention's plan decision, the layout at 4K-16K."""
+"""Sequences past a named shape's max_seq_len, --fp8-attention's plan decision, the layout at 4K-16K."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +8,7 @@ from fp8lab.plan import fp8attn
 from fp8lab.plan.config import TrainConfig
 from fp8lab.core.hardware import Machine
 from fp8lab.core.paths import REPO_ROOT
+from fp8lab.plan.evidence import Evidence
 from fp8lab.plan.runplan import plan_run
 from fp8lab.fp8.recipe import Recipe
 
@@ -19,9 +20,13 @@ SHAPE_3B = dict(hidden_size=3072, intermediate_size=8192, num_layers=28, num_hea
                 vocab_size=128256, tie_embeddings=True, rope_theta=500000.0)
 
 
-def _plan(machine=H200, **kw):
+MEASURED = Evidence(fp8_attention_crossover=8192, fp8_attention_loss=True)
+CROSSOVER = MEASURED.fp8_attention_crossover
+
+
+def _plan(machine=H200, evidence=MEASURED, **kw):
     kw = {"model": "llama-1b", "precision": "fp8", "backend": "te", **kw}
-    return plan_run(TrainConfig(**kw), machine)
+    return plan_run(TrainConfig(**kw), machine, evidence)
 
 
 # ------------------------------------------------------------------------------ sequence length
@@ -55,26 +60,29 @@ def test_a_user_model_folder_is_limited_to_its_max_position_embeddings(tmp_path)
 
 # ------------------------------------------------------------------------------ FP8 attention
 
-def test_auto_waits_for_the_loss_check_before_turning_fp8_attention_on(tmp_path, monkeypatch):
+def test_auto_waits_for_the_loss_check_before_turning_fp8_attention_on():
     """Past the measured crossover, auto stays off until a committed loss check holds, and says so."""
-    monkeypatch.setattr(fp8attn, "LOSS_RESULT", tmp_path / "loss.json")
-    off = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN, model_overrides=SHAPE_3B)
+    off = _plan(seq_len=CROSSOVER, model_overrides=SHAPE_3B, evidence=Evidence(fp8_attention_crossover=CROSSOVER))
     assert not off.fp8_attention and "its loss check is not committed yet (pass --fp8-attention on" in off.reasons["fp8_attention"]
-    (tmp_path / "loss.json").write_text('{"within_bound": false, "bound": 0.005}')
-    off = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN, model_overrides=SHAPE_3B)
+    failed = Evidence(fp8_attention_crossover=CROSSOVER, fp8_attention_loss=False)
+    off = _plan(seq_len=CROSSOVER, model_overrides=SHAPE_3B, evidence=failed)
     assert not off.fp8_attention and "its committed loss check is outside the bound" in off.reasons["fp8_attention"]
 
 
-def test_auto_turns_fp8_attention_on_from_the_crossover_for_head_dim_128_on_hopper(tmp_path, monkeypatch):
-    (tmp_path / "loss.json").write_text('{"within_bound": true, "bound": 0.005}')
-    monkeypatch.setattr(fp8attn, "LOSS_RESULT", tmp_path / "loss.json")
-    short = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN // 2, model_overrides=SHAPE_3B)
-    long = _plan(seq_len=fp8attn.CROSSOVER_SEQ_LEN, model_overrides=SHAPE_3B)
-    assert not short.fp8_attention and short.reasons["fp8_attention"].startswith(f"auto: off at sequence {fp8attn.CROSSOVER_SEQ_LEN // 2}")
+def test_auto_turns_fp8_attention_on_from_the_crossover_for_head_dim_128_on_hopper():
+    short = _plan(seq_len=CROSSOVER // 2, model_overrides=SHAPE_3B)
+    long = _plan(seq_len=CROSSOVER, model_overrides=SHAPE_3B)
+    assert not short.fp8_attention and short.reasons["fp8_attention"].startswith(f"auto: off at sequence {CROSSOVER // 2}")
     assert long.fp8_attention and long.recipe == Recipe(fp8_attention=True)
-    assert long.reasons["fp8_attention"].startswith(f"auto: on at sequence {fp8attn.CROSSOVER_SEQ_LEN} >= ")
+    assert long.reasons["fp8_attention"].startswith(f"auto: on at sequence {CROSSOVER} >= ")
+    assert "measured: long-context-h200" in long.reasons["fp8_attention"]
     assert long.decisions()["fp8_attention"] is True and long.decisions()["recipe"].endswith(", FP8 attention")
     assert long.record()["reasons"]["fp8_attention"] == long.reasons["fp8_attention"]
+    later = _plan(seq_len=CROSSOVER, model_overrides=SHAPE_3B,  # the crossover is the evidence's
+                  evidence=Evidence(fp8_attention_crossover=2 * CROSSOVER, fp8_attention_loss=True))
+    assert not later.fp8_attention and f"pays from {2 * CROSSOVER} tokens" in later.reasons["fp8_attention"]
+    provisional = _plan(seq_len=CROSSOVER, model_overrides=SHAPE_3B, evidence=Evidence(fp8_attention_loss=True))
+    assert provisional.fp8_attention and "provisional" in provisional.reasons["fp8_attention"]
 
 
 @pytest.mark.parametrize("kw,machine,why", [
@@ -107,17 +115,18 @@ def test_the_option_is_in_the_schema_and_refuses_other_values():
         TrainConfig(fp8_attention="maybe")
 
 
-def test_the_crossover_is_the_committed_study_result():
-    measured = fp8attn.study_crossover()
-    if measured is None:
-        pytest.skip(f"{fp8attn.STUDY_RESULT.name} not committed yet: CROSSOVER_SEQ_LEN is the provisional layer-stack figure")
-    assert fp8attn.CROSSOVER_SEQ_LEN == measured
+def test_the_crossover_is_the_committed_study_result(tmp_path):
+    import json
 
+    from fp8lab.core.paths import RESULTS_DIR
+    from fp8lab.plan import evidence
 
-def test_study_crossover_reads_the_study_file(tmp_path):
-    f = tmp_path / "crossover.json"
-    f.write_text('{"crossover_seq_len": 8192, "command": "benchmarks/study_long_context.sh A"}')
-    assert fp8attn.study_crossover(f) == 8192 and fp8attn.study_crossover(tmp_path / "none.json") is None
+    measured = json.loads((RESULTS_DIR / evidence.FP8_ATTENTION_STUDY / "crossover.json").read_text())
+    assert evidence.load().fp8_attention_crossover == measured["crossover_seq_len"] == fp8attn.CROSSOVER_SEQ_LEN
+    (tmp_path / evidence.FP8_ATTENTION_STUDY).mkdir()
+    (tmp_path / evidence.FP8_ATTENTION_STUDY / "crossover.json").write_text('{"crossover_seq_len": 4096}')
+    assert evidence.from_results(tmp_path)["fp8_attention"]["crossover_seq_len"] == 4096
+    assert evidence.from_results(tmp_path / "none")["fp8_attention"]["crossover_seq_len"] is None
 
 
 def test_the_recipe_carries_fp8_attention_and_refuses_non_bools():
@@ -171,13 +180,13 @@ def test_the_layout_on_an_h100(seq):
         assert p.layout.memory.peak <= H100.memory_gib - 5
         # below the measured crossover (8192): off, saying why; from it on, on (the committed loss check holds:
         # test_the_committed_loss_check_is_what_auto_reads)
-        state = "on" if seq >= fp8attn.CROSSOVER_SEQ_LEN else "off"
+        state = "on" if seq >= CROSSOVER else "off"
         assert p.fp8_attention is (state == "on") and p.reasons["fp8_attention"].startswith(f"auto: {state} at sequence {seq}")
         assert p.layout.activation_checkpointing == (seq == 8192)
     else:  # 16K x 128K-vocabulary logits (~30 GiB) stay whatever the blocks recompute, unless the loss is chunked
         with pytest.raises(ValueError, match=r"even at micro-batch 1 x 16384 with activation checkpointing"):
             _plan(H100, model_overrides=SHAPE_3B, seq_len=seq, fused_loss="off")
-        p = _plan(H100, model_overrides=SHAPE_3B, seq_len=seq)  # auto: the fused loss (issue 51) makes it fit
+        p = _plan(H100, model_overrides=SHAPE_3B, seq_len=seq)  # auto: the fused loss makes it fit
         assert p.fused_loss and p.layout.memory.peak <= H100.memory_gib - 5
 
 
@@ -295,24 +304,32 @@ def test_the_committed_loss_check_is_what_auto_reads():
     whether it holds, as --fp8-attention auto reads it."""
     import json
 
-    check = json.loads(fp8attn.LOSS_RESULT.read_text())
+    check = json.loads((long_context.STUDY_DIR / "loss.json").read_text())
     assert check["chosen_nvte_fp8_dpa_bwd"] == fp8attn.FP8_DPA_BWD and check["runs_tag"] == "loss450"
     gap, noise, rows = check["fp8_attention_gap"], check["seed_noise"], check["runs_by_role"]
     pairs = [rows["fp8_attn"]["loss"] / rows["fp8"]["loss"] - 1, rows["fp8_attn_seed"]["loss"] / rows["fp8_seed"]["loss"] - 1]
     assert gap == pytest.approx(sum(pairs) / 2) and sorted(check["gap_by_pair"].values()) == pytest.approx(sorted(pairs))
     assert noise > 0
     assert check["within_bound"] is (abs(gap) <= 0.005) and check["holds"] is (abs(gap) <= max(0.005, noise))
-    assert fp8attn.loss_checked() is check["holds"]
+    from fp8lab.plan import evidence
+
+    assert evidence.load().fp8_attention_loss is check["holds"]
     assert {r["steps"] for r in check["runs_by_role"].values()} == {450}
     assert check["runs_by_role"]["fp8_seed"]["seed"] != check["runs_by_role"]["fp8"]["seed"]
 
 
 def test_a_loss_check_that_fails_its_band_leaves_auto_off(tmp_path):
-    f = tmp_path / "loss.json"
+    from fp8lab.plan import evidence
+
+    (tmp_path / evidence.FP8_ATTENTION_STUDY).mkdir()
+    f = tmp_path / evidence.FP8_ATTENTION_STUDY / "loss.json"
     f.write_text('{"within_bound": false, "holds": false, "bound": 0.005}')
-    assert fp8attn.loss_checked(f) is False
+    assert evidence.from_results(tmp_path)["fp8_attention"]["loss_holds"] is False
     f.write_text('{"within_bound": false, "holds": true, "bound": 0.005}')
-    assert fp8attn.loss_checked(f) is True
+    assert evidence.from_results(tmp_path)["fp8_attention"]["loss_holds"] is True
+    f.write_text('{"within_bound": true, "bound": 0.005}')  # an earlier file without "holds": the bound alone
+    assert evidence.from_results(tmp_path)["fp8_attention"]["loss_holds"] is True
+    assert evidence.from_results(tmp_path / "none")["fp8_attention"]["loss_holds"] is None
 
 
 def test_the_figure_has_one_panel_per_model(tmp_path):

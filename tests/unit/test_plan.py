@@ -132,3 +132,22 @@ def test_fp8lab_launch_takes_the_trainers_flags_from_its_schema(capsys):
     assert "JobSpec.lr=3.0 is invalid" in capsys.readouterr().err
     assert L.main(argv + ["--backend", "apex"]) == 1
     assert "JobSpec.backend='apex' is invalid; allowed: auto, te, torchao" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_the_cpu_rules(precision):
+    """Every "auto" a CPU run decides, with the GPU's answer beside it: a change of a CPU rule fails here."""
+    cpu = plan_run(TrainConfig(model="llama-tiny", precision=precision), CPU)
+    gpu = plan_run(TrainConfig(model="llama-tiny", precision=precision), H200)
+    assert (cpu.compute_dtype, gpu.compute_dtype) == ("fp32", "bf16")
+    assert "fp32 on a CPU" in cpu.reasons["compute_dtype"]
+    assert (cpu.param_dtype, cpu.seq_len, cpu.micro_batch_size, cpu.grad_accum) == ("fp32", 256, 4, 1)
+    assert gpu.param_dtype == "bf16"
+    assert cpu.backend == ("emulated" if precision == "fp8" else None) and gpu.backend == "te"
+    assert cpu.recipe_kind == ("delayed" if precision == "fp8" else None)
+    assert not cpu.graphs.active and not cpu.fp8_attention and not cpu.fp8_all_gather
+    assert not cpu.master_weights and not cpu.streamed_step and not cpu.fused_wgrad
+    assert cpu.fused_loss is False and "off on a CPU" in cpu.reasons["fused_loss"]
+    assert plan_run(TrainConfig(model="llama-tiny", precision=precision, fused_loss="on"), CPU).fused_loss_kernel == "eager"
+    assert cpu.fp8_stats_every == (10 if precision == "fp8" else 0)
+    assert "auto" not in {v for v in cpu.options().values() if isinstance(v, str)}

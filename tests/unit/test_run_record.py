@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from fp8lab.analysis.load import load_runs
 from fp8lab.analysis.run_config import normalize_config, read_config
@@ -49,9 +50,24 @@ def test_config_json_holds_each_decision_once(tmp_path):
     for k, v in plan.options().items():
         assert rec[k] == v, k
     assert rec["fp8_attention"] == "off" and rec["fused_loss"] == "off" and rec["seq_len"] == plan.seq_len
-    assert rec["backend"] == "auto" and rec["lr"] == c.lr
+    assert rec["backend"] == "emulated" and rec["recipe"] == "delayed" and rec["compute_dtype"] == "fp32"
+    assert rec["cuda_graphs"] == "off" and rec["device"] == "cpu" and rec["lr"] == c.lr
     assert rec["params"] == count_parameters(plan.model_config).total
     assert normalize_config(rec) is rec  # today's form needs no shim
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_a_cpu_run_s_flat_keys_say_what_ran_never_auto(tmp_path, precision):
+    """Every option at its default ("auto" wherever it has one): the flat keys are the values that ran, and a
+    reader (analysis.labels.math_dtype) reads what ran from them instead of deciding again."""
+    from fp8lab.analysis.labels import math_dtype, variant_label
+
+    rec = _record(TrainConfig(precision=precision), tmp_path)
+    flat = {k: v for k, v in rec.items() if not isinstance(v, (dict, list))}
+    assert [k for k, v in flat.items() if v == "auto"] == []
+    assert rec["requested"]["compute_dtype"] == "auto" and flat["compute_dtype"] == "fp32"  # the CPU rule, applied once
+    assert math_dtype(flat) == ("fp32" if precision == "bf16" else "fp8")
+    assert variant_label(flat) == ("fp32" if precision == "bf16" else "fp8 emulated delayed fused")
 
 
 def test_an_old_config_json_reads_in_todays_form():
@@ -66,8 +82,12 @@ def test_an_old_config_json_reads_in_todays_form():
     assert new["built"]["cuda_graphs_captured"] == old["cuda_graphs_captured"]
     assert new["requested"]["micro_batch_size"] == old["requested_layout"]["micro_batch_size"]
     moved = {"total_steps", "tokens_per_step", "adamw_impl", "cuda_graphs_reason"}
-    assert {k: v for k, v in new.items() if not isinstance(v, dict)} == {  # the flat keys stay as they were
-        k: v for k, v in old.items() if not isinstance(v, dict) and not k.endswith(("_resolved", "_active")) and k not in moved}
+    ran = {k: new["plan"][k] for k in ("backend", "compute_dtype") if old[k] == "auto"}  # its "auto" keys: what ran
+    assert ran == {"backend": "te", "compute_dtype": "bf16"} and new["recipe"] == old["plan"]["recipe"].split()[0]
+    assert new["cuda_graphs"] == ("on" if old["cuda_graphs_active"] else "off")
+    assert {k: v for k, v in new.items() if not isinstance(v, dict)} == {  # the other flat keys stay as they were
+        **{k: v for k, v in old.items() if not isinstance(v, dict) and not k.endswith(("_resolved", "_active"))
+           and k not in moved}, **ran, "recipe": new["recipe"], "cuda_graphs": new["cuda_graphs"]}
     assert normalize_config(new) == new
 
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from fp8lab.core.hardware import FP8_CAPABILITY_TEXT, Machine, has_fp8
 from fp8lab.fp8.recipe import Recipe
-from fp8lab.core.pins import install_hint
+from fp8lab.core.pins import install_hint, installed_te
+from fp8lab.fp8 import te_debug
 
 if TYPE_CHECKING:  # torch loads with a backend, not with the registry (fp8lab.plan.options reads the names)
     from torch import nn
@@ -37,8 +38,8 @@ DEFAULT_RECIPES: dict[str, Recipe] = {
 
 @runtime_checkable
 class Backend(Protocol):
-    """What every backend provides (``after_optimizer_step(model)`` and ``fp8_linear(linear)``, an nn.Linear as the
-    backend's FP8 layer holding the same parameters, are optional)."""
+    """What every backend provides (``fp8_linear(linear)``, an nn.Linear as the backend's FP8 layer holding the same
+    parameters, is optional)."""
 
     name: str
     default_recipe: Recipe  # what recipe=None means for this backend
@@ -83,7 +84,8 @@ FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fs
 def detect_machine(device, world_size: int = 1, memory_gib: float = 0.0) -> Machine:
     """This process's machine (``Machine.detect``) with the backends that cannot run on it, as this registry finds them."""
     unusable = tuple((n, why) for n, why in available_backends().items() if why is not None)
-    return Machine.detect(device, world_size, memory_gib, unusable=unusable)
+    return Machine.detect(device, world_size, memory_gib, unusable=unusable, te_release=installed_te(),
+                          te_debug_problem=te_debug.unavailable())
 
 
 def auto_fp8_backend(machine: Machine) -> tuple[str, str]:

@@ -34,7 +34,6 @@ from fp8lab.fp8.recipe import Recipe, kinds_where
 JAX_WARNING = r"Detected a Jax installation but could not find the shared object file for the Transformer Engine Jax"
 warnings.filterwarnings("ignore", message=JAX_WARNING, category=RuntimeWarning, module=r"transformer_engine")
 
-INSTALL = install_hint()  # the one install command (fp8lab.core.pins), as README and setup.sh
 
 
 def _te():
@@ -150,7 +149,7 @@ class TEBackend:
         return self._te_recipes[recipe]
 
     def available(self) -> str | None:
-        problem = install_or_gpu_problem("transformer_engine", "Transformer Engine", INSTALL)
+        problem = install_or_gpu_problem("transformer_engine", "Transformer Engine", install_hint())
         if problem is not None:
             return problem
         try:

@@ -20,7 +20,6 @@ from fp8lab.fp8.backends import DEFAULT_RECIPES, install_or_gpu_problem, linear_
 from fp8lab.core.pins import install_hint
 from fp8lab.fp8.recipe import Recipe
 
-INSTALL = install_hint()  # the one install command (fp8lab.core.pins), as README and setup.sh
 
 # A known-harmless warning of torchao's import, silenced by its message and the files that raise it:
 # Python 3.12 compiles torchao 0.18's quantization/quant_api.py (a regex in a plain string) with
@@ -38,7 +37,7 @@ class TorchaoBackend:
         self._converted: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # for autocast(enabled=False)
 
     def available(self) -> str | None:
-        problem = install_or_gpu_problem("torchao", "torchao", INSTALL)
+        problem = install_or_gpu_problem("torchao", "torchao", install_hint())
         if problem is not None:
             return problem
         try:
