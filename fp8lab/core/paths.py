@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,19 @@ def shareable_path(value: object, base: str | Path | None = None) -> object:
         except ValueError:
             pass
     return f"{ABSOLUTE_PLACEHOLDER}/{p.name}" if p.name else ABSOLUTE_PLACEHOLDER
+
+
+_ABSOLUTE_IN_TEXT = re.compile(r"(?:^|(?<=[\s'\"(=\[]))/[^\s'\"()\],]+")
+
+
+def shareable_text(text: str) -> str:
+    """A message (an OSError's, torch's) with every absolute path in it written ``<abs>/<name>``: summaries and
+    logs are shared, and a checkpoint folder's full path names the user and the machine."""
+    def share(m: re.Match) -> str:
+        path = m.group(0).rstrip(".")  # a sentence's full stop stays the sentence's
+        return str(shareable_path(path)) + m.group(0)[len(path):]
+
+    return _ABSOLUTE_IN_TEXT.sub(share, text)
 
 
 def shareable_argv(argv: list[str], base: str | Path | None = None) -> list[str]:

@@ -20,8 +20,8 @@ from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
 from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
 from fp8lab.plan.fp8_stats import DEFAULT_EVERY_TEXT as DEFAULT_STATS_TEXT
-from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
-                             STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
+from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_BATCH_COUNT, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BATCH_COUNT, BOOL, DECAY,
+                             MEMORY_GIB, NONNEG_INT, NONNEG_NUM, PATH, PEAK_TFLOPS, POSITIVE_INT, SEED, STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
 
 if TYPE_CHECKING:
     from fp8lab.model.config import ModelConfig
@@ -48,20 +48,20 @@ class TrainConfig:
     fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False = swap Linear layers", check=BOOL)
     steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", check=optional(STEP_COUNT))
     tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", check=optional(TOKEN_COUNT))
-    micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU", check=AUTO_OR_POSITIVE_INT)
-    grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_POSITIVE_INT)
+    micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits the GPU (fp8lab.plan.layout), 4 on a CPU", check=AUTO_OR_BATCH_COUNT)
+    grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step; auto: 131,072 tokens per GPU per step on a GPU (at most ~4M over all GPUs), 1 on a CPU", check=AUTO_OR_BATCH_COUNT)
     seq_len: AutoInt = option(AUTO, "tokens per sequence; auto: 2048 on a GPU, 256 on a CPU. Longer than a named Llama shape's max_seq_len: trained from scratch with it raised; GPT-Neo (learned positions) and model folders: at most their max_seq_len / max_position_embeddings", check=AUTO_OR_POSITIVE_INT)
     lr: float = option(3e-4, "peak learning rate of AdamW", check=UNIT_OPEN)
     min_lr: float = option(3e-5, "end of the cosine decay")
     warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)", check=optional(NONNEG_INT))
-    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", check=NONNEG_NUM)
+    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", check=DECAY)
     beta1: float = option(0.9, "AdamW's first-moment decay", check=UNIT_HALF_OPEN)
     beta2: float = option(0.95, "0.95 rather than 0.999: steadier for LLM pre-training", check=UNIT_HALF_OPEN)
     grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)", check=NONNEG_NUM)
     activation_checkpointing: AutoBool = option(AUTO, "recompute each block in backward: less memory, ~1/3 more compute; auto: on only where the layout fits nothing without it (fp8lab.plan.layout; the same for both runs of a BF16/FP8 pair)", check=AUTO_BOOL)
     compile: bool = option(False, "torch.compile each decoder block", check=BOOL)
     cuda_graphs: str = option(AUTO, "replay each decoder block's forward and backward as CUDA graphs (TE fused layers, bf16 parameters, one GPU): auto = on where the step is launch-bound (small micro-batch) and the set-up supports it (fp8lab.plan.graphs)", choices=CUDA_GRAPHS)
-    seed: int = option(1234, "model init and data order", check=NONNEG_INT)
+    seed: int = option(1234, "model init and data order", check=SEED)
     data: str | None = option(None, "prepared folder (manifest.json), text file/folder, or hf:<dataset>; default: SM_CHANNEL_TRAIN, else the shipped corpus", check=optional(PATH))
     output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>", check=optional(PATH))
     checkpoint_dir: str | None = option(None, "default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, else <output-dir>/checkpoints", check=optional(PATH))
@@ -71,7 +71,7 @@ class TrainConfig:
     resume: bool = option(True, "continue from the newest complete checkpoint in the checkpoint folder", check=BOOL)
     resume_with_new_settings: bool = option(False, "resume even though steps/tokens, lr, min-lr, warm-up, AdamW or clipping differ from the checkpoint's; the LR then follows the new schedule from the checkpoint's step (fp8lab.train.resume)", check=BOOL)
     val_every: int = option(0, "validation loss every N steps (0: only at the end)", check=NONNEG_INT)
-    val_batches: int = option(4, "validation size in global batches (micro-batch x grad-accum x ranks sequences each)", check=POSITIVE_INT)
+    val_batches: int = option(4, "validation size in global batches (micro-batch x grad-accum x ranks sequences each)", check=BATCH_COUNT)
     parallel: str = option("ddp", "under torchrun: ddp | fsdp (FSDP2 fully_shard per decoder block)", choices=PARALLEL)
     compute_dtype: str = option(AUTO, "torch.autocast dtype of non-FP8 math: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32", choices=COMPUTE_DTYPES)
     param_dtype: str = option(AUTO, "auto (bf16 on a GPU, fp32 on a CPU) | fp32 | bf16 (bf16 parameters and gradients, fp32 master weights in the optimizer; FSDP2: bf16 all-gathers)", choices=PARAM_DTYPES)
@@ -79,10 +79,10 @@ class TrainConfig:
     fsdp_keep_weights: AutoBool = option(AUTO, "auto (on when several ranks shard with --grad-accum > 1 and it fits) | True | False; --parallel fsdp with --grad-accum > 1: all-gather weights once per step, not twice per micro-batch (unsharded-weight memory, as DDP)", check=AUTO_BOOL)
     fuse_wgrad_accumulation: bool = option(True, "TE fused layers, --param-dtype bf16, one process: weight-gradient GEMMs add into the gradient buffer in place", check=BOOL)
     device: str = option(AUTO, "auto | cpu | cuda", choices=DEVICES)
-    gpu_memory_gib: float = option(0.0, "0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it", check=NONNEG_NUM)
+    gpu_memory_gib: float = option(0.0, "0 = the GPU's own memory; less caps this process to it (emulates a smaller GPU, e.g. 79.2 for P5's H100 80 GB) and sizes the layout for it", check=MEMORY_GIB)
     dry_run: bool = option(False, "print the resolved layout and memory estimate, build nothing, train nothing", check=BOOL)
     max_bad_steps: int = option(5, "K: this many non-finite steps in a row stop the run", check=POSITIVE_INT)
-    peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.records.metrics table)", check=NONNEG_NUM)
+    peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0 = from the GPU name (fp8lab.records.metrics table)", check=PEAK_TFLOPS)
     save_model: bool = option(True, "write the final HF model (save_pretrained) to the model folder", check=BOOL)
     plot: bool = option(True, "write loss.png next to metrics.jsonl at the end", check=BOOL)
     progress: str = option(AUTO, "tqdm bar: auto (terminal or notebook) | on | off", choices=PROGRESS)
