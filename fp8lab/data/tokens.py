@@ -222,15 +222,21 @@ class _ShardWriter:
                 self.close()
                 self._open()
             take = ids[: self.shard_tokens - self._n]
-            self._fh.write(take.astype(self.dtype).tobytes())
+            try:
+                self._fh.write(take.astype(self.dtype).tobytes())
+            except OSError as exc:  # a full disk, a file-size limit: the error names the shard
+                raise OSError(exc.errno, exc.strerror, str(self.out_dir / self.shards[-1]["file"])) from None
             self._n += len(take)
             self.shards[-1]["tokens"] = self._n
             ids = ids[len(take):]
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()
+            except OSError as exc:  # its last bytes did not fit: the error names the shard
+                raise OSError(exc.errno, exc.strerror, str(self.out_dir / self.shards[-1]["file"])) from None
 
     @property
     def tokens(self) -> int:
@@ -398,7 +404,10 @@ def _prepare_into(out: Path, docs, source_desc, tok, eos, dtype, n_vocab, val_fr
         return _finish_manifest(out, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers)
     except BaseException:  # a full disk, a size limit, Ctrl-C: no partial shard stays behind (no manifest: not prepared)
         for w in writers.values():
-            w.close()
+            try:
+                w.close()
+            except OSError:  # the same full disk: the shard goes below in any case
+                pass
         ownership.remove_own(out, "tokens")
         raise
 

@@ -225,13 +225,13 @@ def _owned(folder: Path, kind: str, name: str, m: dict[str, Any] | None) -> bool
     p = folder / name
     if name.startswith(TMP_PREFIX):
         return True  # never read or written through; left by a crash
+    if name == LOCK:  # fp8lab.records.runlock's, in a run, checkpoint or token folder
+        return kind in ("run", "checkpoints", "tokens") and not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1
     if kind == "checkpoints":  # a checkpoint without fp8lab's manifest is no reason to refuse: it never loads or goes
         return own_checkpoint(p) or (bool(_STEP.fullmatch(name)) and not p.is_symlink() and p.is_dir()
                                      and _checkpoint_shaped(p))
     if name in SUBFOLDERS.get(kind, ()):
         return p.is_dir() and not p.is_symlink()
-    if kind in ("run", "checkpoints", "tokens") and name == LOCK:
-        return not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1
     return m is not None and _owned_file(folder, name, m)
 
 

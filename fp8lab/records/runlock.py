@@ -125,8 +125,18 @@ def _open(option: str, folder: str | Path):
 
 
 def _holder(text: str) -> str:
+    """Who holds the lock, as its file says; a holder of this host that is gone (killed: the file kept its line while
+    readers, who write none, hold the lock now) is no holder."""
     try:
         d = json.loads(text)
-        return f"pid {int(d['pid'])} on {str(d['host'])[:64]}"
+        pid, host = int(d["pid"]), str(d["host"])[:64]
     except (ValueError, KeyError, TypeError):
         return "a live process"
+    if host == socket.gethostname()[:64]:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "a live process"
+        except OSError:
+            pass
+    return f"pid {pid} on {host}"
