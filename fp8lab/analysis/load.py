@@ -126,9 +126,13 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
     trainer_dirs = {f.parent for f in files if f.name == "metrics.jsonl"}
     # any other .jsonl is a result file, unless it lives inside a trainer output folder
     results = [f for f in files if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
-    return [_load_trainer_dir(s) if s in trainer_dirs else _load_result_file(s)
-            for s in progress(sorted(trainer_dirs) + results, f"reading runs in {path.name or path}",
-                              total=len(trainer_dirs) + len(results), unit="run")]
+    # each run's rows as dicts, one table and one pass of _finish for all (a frame per run was most of the time a
+    # report of thousands of runs took); "_file" keeps each run's rows apart and in the order the files are read
+    rows: list[dict] = []
+    for i, s in enumerate(progress(sorted(trainer_dirs) + results, f"reading runs in {path.name or path}",
+                                   total=len(trainer_dirs) + len(results), unit="run")):
+        rows.extend({**r, _FILE: i} for r in (_trainer_rows(s) if s in trainer_dirs else _result_rows(s)))
+    return [_finish(pd.DataFrame(rows))] if rows else []
 
 
 def load_profiles(sources: object = None) -> pd.DataFrame:
@@ -332,24 +336,28 @@ def _meta(raw: dict) -> dict:
     return meta
 
 
-def _step_frame(path: Path, records: list[tuple[int, dict]], meta: dict) -> pd.DataFrame:
+_FILE = "_file"  # a folder's runs read together: which file (or trainer folder) a row came from, dropped by _finish
+_NA = object()
+
+
+def _step_rows(path: Path, records: list[tuple[int, dict]], meta: dict) -> list[dict]:
+    """A run's step records as rows: per-step values say what ran; the run's metadata fills what they leave out."""
     for lineno, rec in records:
         if "step" not in rec:
             raise RunFileError(f"{path}: line {lineno} has no 'step' key (keys: {', '.join(sorted(rec))[:120]})")
-    df = pd.DataFrame([rec for _, rec in records])
-    df = df.drop(columns=[c for c in ("record",) if c in df])
-    # a NaN/Infinity written in the file (not a missing value): flagged, so it is never taken for "not logged"
-    df["loss_nonfinite"] = [_nonfinite(rec.get("loss")) or _nonfinite(rec.get("val_loss")) for _, rec in records]
-    new = {}
-    for k, v in meta.items():  # per-step values say what ran; the config fills what they leave out
-        if k in META_COLUMNS:
-            if k in df:
-                df[k] = df[k].where(df[k].notna(), v)
-            else:
-                new[k] = v
-    df = _with_columns(df, new)  # added at once: a column at a time is most of the reading time
-    df["record"] = "step"
-    return df
+    fill = [(k, v) for k, v in meta.items() if k in META_COLUMNS]
+    rows = []
+    for _, rec in records:
+        row = {k: v for k, v in rec.items() if k != "record"}
+        # a NaN/Infinity written in the file (not a missing value): flagged, so it is never taken for "not logged"
+        row["loss_nonfinite"] = _nonfinite(rec.get("loss")) or _nonfinite(rec.get("val_loss"))
+        for k, v in fill:
+            cur = row.get(k, _NA)
+            if cur is _NA or cur is None or (isinstance(cur, float) and cur != cur):
+                row[k] = v
+        row["record"] = "step"
+        rows.append(row)
+    return rows
 
 
 def _with_columns(df: pd.DataFrame, values: dict) -> pd.DataFrame:
@@ -369,7 +377,8 @@ def _nonfinite(v: object) -> bool:
     return isinstance(v, float) and not math.isfinite(v)
 
 
-def _load_trainer_dir(folder: Path) -> pd.DataFrame:
+def _trainer_rows(folder: Path) -> list[dict]:
+    """A trainer output folder's rows: its metrics.jsonl steps with its config.json's metadata."""
     meta: dict = {}
     cfg = folder / "config.json"
     if cfg.exists():
@@ -388,15 +397,26 @@ def _load_trainer_dir(folder: Path) -> pd.DataFrame:
         check_record_fields(folder / "metrics.jsonl", lineno, rec)
     if not records:
         warnings.warn(f"{folder / 'metrics.jsonl'}: no complete records yet; run skipped", RunFileWarning, stacklevel=3)
-        return pd.DataFrame()
-    return _finish(_step_frame(folder / "metrics.jsonl", records, meta))
+        return []
+    return _step_rows(folder / "metrics.jsonl", records, meta)
+
+
+def _load_trainer_dir(folder: Path) -> pd.DataFrame:
+    rows = _trainer_rows(folder)
+    return _finish(pd.DataFrame(rows)) if rows else pd.DataFrame()
 
 
 def _load_result_file(path: Path) -> pd.DataFrame:
+    rows = _result_rows(path)
+    return _finish(pd.DataFrame(rows)) if rows else pd.DataFrame()
+
+
+def _result_rows(path: Path) -> list[dict]:
+    """A result file's rows: its step records, then its last summary record (none: [] with a warning)."""
     records = read_jsonl(path)
     if not records:
         warnings.warn(f"{path}: empty result file; skipped", RunFileWarning, stacklevel=3)
-        return pd.DataFrame()
+        return []
     first_line, first = records[0]
     if first.get("record") != "run":
         raise RunFileError(
@@ -420,18 +440,14 @@ def _load_result_file(path: Path) -> pd.DataFrame:
             continue
         else:
             raise RunFileError(f"{path}: line {lineno} has record={kind!r}; allowed after line 1: 'step', 'summary'")
-    frames = []
-    if steps:
-        frames.append(_step_frame(path, steps, meta))
+    rows = _step_rows(path, steps, meta) if steps else []
     if summaries:
-        rows = [{k: v for k, v in rec.items() if k != "record" and not isinstance(v, (dict, list))} for _, rec in summaries]
-        # the last summary wins (a rerun may append a newer one); the run record's metadata over it, in one step
-        s = pd.DataFrame([{**rows[-1], **{k: v for k, v in meta.items() if k in META_COLUMNS}, "record": "summary"}])
-        frames.append(s)
-    if not frames:
+        last = {k: v for k, v in summaries[-1][1].items() if k != "record" and not isinstance(v, (dict, list))}
+        # the last summary wins (a rerun may append a newer one); the run record's metadata over it
+        rows.append({**last, **{k: v for k, v in meta.items() if k in META_COLUMNS}, "record": "summary"})
+    if not rows:
         warnings.warn(f"{path}: run record only, no step or summary records; skipped", RunFileWarning, stacklevel=3)
-        return pd.DataFrame()
-    return _finish(pd.concat(frames, ignore_index=True, sort=False))
+    return rows
 
 
 def _from_collect_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -470,12 +486,14 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
     for c in METRIC_COLUMNS + ["world_size", "instances", "micro_batch_size", "grad_accum", "seq_len"]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     steps = df[df["record"] == "step"]
-    if len(steps) and steps.duplicated(["run_id", "step"]).any():
+    per = [_FILE] if _FILE in df else []  # several files read together: each file's runs on their own
+    if len(steps) and steps.duplicated(per + ["run_id", "step"]).any():
         # a validation record may come as its own line for the same step: merge, first non-null wins
-        merged = steps.groupby(["run_id", "step"], sort=False, as_index=False).first()
+        merged = steps.groupby(per + ["run_id", "step"], sort=False, as_index=False).first()
         df = pd.concat([merged, df[df["record"] != "step"]], ignore_index=True, sort=False)
     df["variant"] = _variants(df)
-    return df.sort_values(["run_id", "record", "step"], na_position="last", kind="stable")
+    df = df.sort_values(per + ["run_id", "record", "step"], na_position="last", kind="stable")
+    return df.drop(columns=per) if per else df
 
 
 def _variants(df: pd.DataFrame) -> list[str]:

@@ -5,6 +5,7 @@ Notebooks run with their cwd under ``outputs/``; the library finds ``data/`` fro
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from pathlib import Path
@@ -26,19 +27,25 @@ def read_result_bytes(path: str | Path) -> bytes:
     :func:`files_read_once` block, any file once per block."""
     path = Path(path)
     st = os.stat(path)
-    if is_inside(path, RESULTS_DIR):
+    key = os.path.realpath(path)  # once: resolving is most of the cost where a report reads thousands of files
+    if key == _results_root() or key.startswith(_results_root() + os.sep):
         kept = _RESULT_BYTES
     elif _CALL_BYTES:
         kept = _CALL_BYTES[0]
     else:
         return path.read_bytes()
-    key, stamp = str(path.resolve()), (st.st_size, st.st_mtime_ns)
+    stamp = (st.st_size, st.st_mtime_ns)
     hit = kept.get(key)
     if hit is None or hit[0] != stamp:
         data = path.read_bytes()
         kept[key] = (stamp, data)
         return data
     return hit[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _results_root() -> str:
+    return os.path.realpath(RESULTS_DIR)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from fp8lab.analysis import fp8_stats as health_reader
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
 from fp8lab.views import plots
+from fp8lab.views.html_table import fmt as _fmt, table as _table
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -55,22 +56,6 @@ class ReportConfig:
     smoothing: str = "ema"  # "ema", "window" or "none"
     smoothing_span: int = 20  # EMA span or window length, in logged steps
     title: str = "fp8lab: BF16 vs FP8 training results"
-
-
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        if v != v:  # NaN
-            return "-"
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
-    return str(v)
-
-
-def _table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
-    if not len(df):
-        return '<p class="muted">(none)</p>'
-    d = df[[c for c in (columns or df.columns) if c in df]]
-    return ('<div class="wide">' + d.to_html(index=False, escape=True, na_rep="-",
-                                             formatters={c: _fmt for c in d.columns}, border=0) + "</div>")
 
 
 _DRAWN: list = []  # the progress counter of the page being drawn (fp8lab.core.progress.Counter), if any
