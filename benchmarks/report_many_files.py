@@ -5,8 +5,8 @@
 
 Each file is one run in the result-file format (data/results/README.md): a ``run`` record, ``--steps`` step
 records and a ``summary`` record, BF16 and FP8 runs of a few models, as a folder of a few thousand runs holds.
-Writes a JSON file with every run's seconds, the median, the machine (CPUs), the load average (1 min) before each
-run and the commit. Timings on a machine shared with other work are slower than on an idle one.
+Writes a JSON file with every run's wall and CPU seconds, their medians, the machine (CPUs), the load average (1 min)
+before each run and the commit. Timings on a machine shared with other work are slower than on an idle one.
 """
 from __future__ import annotations
 
@@ -60,18 +60,21 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "fp8lab", "report", str(runs), "--out", str(Path(tmp) / "report.html")]
         env = {**os.environ, "PYTHONPYCACHEPREFIX": str(Path(tmp) / "pycache")}
         subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=tmp)  # warm-up: caches as after an install
-        seconds, loads = [], []
+        seconds, cpu, loads = [], [], []
         for _ in range(args.repeats):
             loads.append(os.getloadavg()[0])
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), os.times()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
             seconds.append(time.perf_counter() - t0)
+            c1 = os.times()
+            cpu.append(c1.children_user + c1.children_system - c0.children_user - c0.children_system)
             if proc.returncode != 0:
                 print(proc.stderr[-2000:], file=sys.stderr)
                 return 1
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     result = {"command": "fp8lab report RUNS --out report.html", "files": args.files, "steps_per_file": args.steps,
               "seconds": [round(s, 2) for s in seconds], "median_s": round(statistics.median(seconds), 2),
+              "cpu_seconds": [round(s, 2) for s in cpu], "median_cpu_s": round(statistics.median(cpu), 2),
               "load_average_1min_before": [round(x, 2) for x in loads], "cpus": os.cpu_count(),
               "platform": platform.platform(), "python": platform.python_version(), "commit": commit}
     print(json.dumps(result, indent=1))

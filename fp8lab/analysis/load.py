@@ -8,6 +8,7 @@ was loaded (``describe``) and choosing runs by model, study and variant (``selec
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -182,15 +183,20 @@ def load_profiles(sources: object = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+@functools.lru_cache(maxsize=16)
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
 def display_path(path: Path) -> str:
     """A path as shown in tables: relative to the repository or the working folder, never absolute."""
-    path = Path(path).resolve()
-    for base in (REPO_ROOT, Path.cwd()):
-        try:
-            return path.relative_to(base.resolve()).as_posix()
-        except ValueError:
-            continue
-    return "/".join(path.parts[-2:])
+    real = os.path.realpath(path)  # the bases resolved once, not per file of a folder of thousands
+    for base in (_real(str(REPO_ROOT)), _real(os.getcwd())):
+        if real == base:
+            return "."
+        if real.startswith(base.rstrip(os.sep) + os.sep):
+            return Path(real[len(base.rstrip(os.sep)) + 1:]).as_posix()
+    return "/".join(Path(real).parts[-2:])
 
 
 def _read_regular(path: Path) -> str:
@@ -235,9 +241,19 @@ def _field_problem(name: str, v: object) -> str | None:
     return None
 
 
+# each field's plain case, tested first (a folder of thousands of runs has millions of fields): an int or float in range
+_PLAIN = {**{n: (lambda v, top=top, low=0 if n == "tokens" else 1: low <= v <= top and (type(v) is int or v.is_integer()))
+             for n, top in _SIZE_LIMITS.items()},
+          **{n: (lambda v: 0 < v < math.inf) for n in _POSITIVE_RATES},
+          **{n: (lambda v: 0 <= v < math.inf) for n in _NONNEG_NUMBERS}}
+
+
 def check_record_fields(path: Path, lineno: int | str, rec: dict) -> None:
     """RunFileError naming the file, line and field when a record's size or rate field is out of range."""
-    for name in (*_SIZE_LIMITS, *_POSITIVE_RATES, *_NONNEG_NUMBERS):
+    for name, plain in _PLAIN.items():
+        v = rec.get(name, _NA)
+        if v is _NA or v is None or (type(v) in (int, float) and plain(v)):
+            continue
         if name in rec:
             why = _field_problem(name, rec[name])
             if why:
@@ -338,6 +354,7 @@ def _meta(raw: dict) -> dict:
 
 _FILE = "_file"  # a folder's runs read together: which file (or trainer folder) a row came from, dropped by _finish
 _NA = object()
+_NAN = object()  # a NaN, as a key: NaN never equals itself
 
 
 def _step_rows(path: Path, records: list[tuple[int, dict]], meta: dict) -> list[dict]:
@@ -500,13 +517,18 @@ def _variants(df: pd.DataFrame) -> list[str]:
     """:func:`variant_label` of each row, computed once per distinct set of the values it reads
     (:data:`VARIANT_KEYS`; a run's steps share them), not once per step."""
     keys = [k for k in VARIANT_KEYS if k in df]
+    cols = [df[k].tolist() for k in keys]
+    # built a column at a time (a folder of thousands of runs has ~10^5 rows): each value with its type, NaN as one
+    # marker that equals itself, so equal rows find their label with one look-up
+    marked = [[_NAN if type(v) is float and v != v else v for v in c] for c in cols]
+    types = [list(map(type, c)) for c in cols]
     seen: dict = {}
     out = []
-    for values in df[keys].itertuples(index=False, name=None):
-        key = tuple((type(v), None if isinstance(v, float) and v != v else v) for v in values)
-        if key not in seen:
-            seen[key] = variant_label(dict(zip(keys, values)))
-        out.append(seen[key])
+    for values, key in zip(zip(*cols), zip(zip(*types), zip(*marked))):
+        label = seen.get(key)
+        if label is None:
+            label = seen[key] = variant_label(dict(zip(keys, values)))
+        out.append(label)
     return out
 
 
