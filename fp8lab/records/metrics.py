@@ -117,7 +117,10 @@ class MetricsLog:
             self._record(line.encode("utf-8"))
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError as exc:  # the last line did not fit either: named as the write's error is
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
 
 
 def read_metrics(path: str | Path, record: str | None = None) -> list[dict[str, Any]]:

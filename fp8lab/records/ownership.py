@@ -94,11 +94,13 @@ def write_file(path: str | Path, data: bytes | str) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(name, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(name)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not exc.filename:  # a full disk, a size limit: the error names the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
 
 

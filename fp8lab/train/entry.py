@@ -57,6 +57,7 @@ import sys
 from typing import Any
 
 from fp8lab.core import validate as fvalidate
+from fp8lab.core.paths import shareable_path
 from fp8lab.core.errors import OptionError
 from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR  # noqa: F401 (its old name here: tests/unit/test_layering.py)
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
@@ -153,8 +154,6 @@ def where_it_writes(config) -> str:
 
 def write_failure(exc: OSError, config) -> str:
     """One line for an OSError: what it is and the file it concerns, that file relative to the run's folder."""
-    from fp8lab.core.paths import shareable_path
-
     name = shareable_path(str(exc.filename), resolve_paths(config).output_dir) if exc.filename else None
     what = exc.strerror or str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {what}" + (f" ({name})" if name else "")

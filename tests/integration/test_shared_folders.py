@@ -181,12 +181,14 @@ def test_a_file_size_limit_on_the_runs_own_files_is_one_line(prepared, tmp_path,
 
 def test_ctrl_c_twice_in_training_is_one_line_and_the_same_command_resumes(prepared, tmp_path):
     out = tmp_path / "run"
-    cmd = argv("--steps", "100000", "--checkpoint-every", "1", "--save-model", "False", "--data", str(prepared),
-               "--output-dir", str(out))
+    # steps of a second or so, so the second Ctrl-C lands inside the step the first one asked to end
+    cmd = argv("--steps", "100000", "--checkpoint-every", "1", "--save-model", "False", "--model-override",
+               "hidden_size=512", "--model-override", "num_layers=8", "--data", str(prepared), "--output-dir", str(out))
     proc = start(cmd)
     try:
         wait_for_steps(out, 3, proc)
         proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)  # two signals at once are one to Python: the first is handled before the second comes
         proc.send_signal(signal.SIGINT)  # the second, before the first's checkpoint: stop at once
     finally:
         stdout, stderr = finish(proc, None)
@@ -234,7 +236,7 @@ def test_ctrl_c_during_the_export_is_one_line_and_the_same_command_exports(prepa
 
 def test_prepare_data_into_the_data_of_a_running_training_is_refused(prepared, tmp_path, capsys):
     data = tmp_path / "tokens"
-    fdata.prepare_data(None, data, None, vocab_size=512)
+    before = fdata.prepare_data(None, data, None, vocab_size=512)
     out = tmp_path / "run"
     proc = start(argv("--steps", "100000", "--checkpoint-every", "-1", "--save-model", "False", "--data", str(data),
                       "--output-dir", str(out)))
@@ -246,7 +248,8 @@ def test_prepare_data_into_the_data_of_a_running_training_is_refused(prepared, t
     finally:
         stdout, stderr = finish(proc)
     assert proc.returncode == 0, stderr[-3000:]
-    assert json.loads((out / "summary.json").read_text())["val_loss"] is not None  # its final evaluation ran whole
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+    assert fdata.read_manifest(data) == before  # the shards it read stayed as they were
 
 
 def test_a_run_whose_every_step_was_skipped_is_not_completed(prepared, tmp_path, capsys):
