@@ -152,8 +152,8 @@ class Trainer:
         it is refused (rank 0, under the output folder's lock); and a step folder of another tool that this run
         might save over is refused now, not at that save."""
         c, root = self.c, self.paths.checkpoint_dir
-        if not (c.checkpoint_every >= 0 or c.resume):
-            return
+        if c.checkpoint_every < 0 and not (c.resume and root.is_dir()):
+            return  # it writes no checkpoint and reads none: no folder is made for it
         root.mkdir(parents=True, exist_ok=True)
         self.locks.append(runlock.acquire("--checkpoint-dir", root))
         if c.checkpoint_every >= 0:
