@@ -121,8 +121,9 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
 def _replace_earlier(folder: Path) -> None:
     """A pair trains afresh in its own run folders: a run it completed there before (which the trainer never starts
     over silently) gives way, with a line saying so; only the files fp8lab wrote there go (fp8lab.records.ownership)."""
-    try:
-        done = json.loads((folder / "summary.json").read_text()).get("status") == "completed"
+    summary = folder / "summary.json"
+    try:  # a regular file only (a FIFO would wait for a writer)
+        done = summary.is_file() and json.loads(summary.read_text()).get("status") == "completed"
     except (OSError, ValueError, AttributeError):
         return
     if done and ownership.marker_kind(folder) == "run" and not ownership.foreign(folder, "run"):

@@ -169,8 +169,9 @@ class Trainer:
         c, out = self.c, self.paths.output_dir
         if c.resume and fckpt.complete_checkpoints(self.paths.checkpoint_dir):
             return  # it resumes (or keeps a finished run as it is: finish)
-        try:
-            ended = json.loads((out / "summary.json").read_text()).get("status")
+        summary = out / "summary.json"
+        try:  # a regular file only (a FIFO would wait for a writer; check_run_folders refused one already)
+            ended = json.loads(summary.read_text()).get("status") if summary.is_file() else None
         except (OSError, ValueError, AttributeError):
             return
         if ended != "completed" or ownership.foreign(out, "run"):
