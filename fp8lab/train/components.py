@@ -209,6 +209,7 @@ class StopFlag:
 
     def __init__(self):
         self.set = False
+        self.forced = False  # a second Ctrl-C came
         self.name = "SIGTERM"  # the signal that set it
         self._old: dict[int, Any] = {}
 
@@ -218,6 +219,7 @@ class StopFlag:
 
     def _handle(self, signum, frame) -> None:
         if self.set and signum == signal.SIGINT:
+            self.forced = True  # a checkpoint it cut short is no failure of the disk: the run stops at once
             raise KeyboardInterrupt
         self.set, self.name = True, signal.Signals(signum).name
 

@@ -430,6 +430,8 @@ class Trainer:
                     status, message = "stopped_nonfinite", self.guard.stop_message(step)
                     break
                 failed = self.checkpointer.maybe_save(step, last=last, stopping=r.stop, healthy=self.guard.healthy)
+                if failed and self.stop.forced:  # the second Ctrl-C landed in the save (torch wraps it): stop at once
+                    raise KeyboardInterrupt
                 if r.stop:
                     status = "interrupted"
                     message = f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a restart resumes here)"
