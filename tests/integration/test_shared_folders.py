@@ -199,8 +199,12 @@ def test_ctrl_c_twice_in_training_is_one_line_and_the_same_command_resumes(prepa
     assert last.startswith("fp8lab train: interrupted (Ctrl-C); the files written so far and checkpoint step_") and \
         "the same command resumes from step" in last, last
     step = int(last.split("resumes from step ")[1])
+    first = os.stat(out / "metrics.jsonl").st_ino  # the resumed run writes its metrics.jsonl anew (a new file)
     again = start(cmd)
     try:
+        deadline = time.time() + 300
+        while time.time() < deadline and again.poll() is None and os.stat(out / "metrics.jsonl").st_ino == first:
+            time.sleep(0.1)
         wait_for_steps(out, step + 1, again)
     finally:
         stdout, stderr = finish(again)
