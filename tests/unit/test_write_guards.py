@@ -203,7 +203,7 @@ def test_an_executed_notebooks_outputs_name_no_absolute_folder(tmp_path):
 
 @pytest.mark.parametrize("option, value, allowed", [
     ("--val-batches", "1e30", "at most 100,000"), ("--grad-accum", "1e30", "at most 100,000"),
-    ("--micro-batch-size", "1e30", "at most 100,000"), ("--weight-decay", "1e30", "a number in [0, 1]"),
+    ("--weight-decay", "1e30", "a number in [0, 1]"),
     ("--seed", "1e30", "2**32 - 1"), ("--seed", "99999999999999999999", "2**32 - 1"),
     ("--peak-tflops", "1e30", "TFLOP/s of one GPU"), ("--gpu-memory-gib", "1e30", "GiB of one GPU"),
     ("--output-dir", " ", "a non-empty path"), ("--output-dir", "", "a non-empty path"),
