@@ -165,7 +165,8 @@ def test_prepare_data_again_replaces_only_its_own_files(tmp_path):
     m = fdata.prepare_data(corpus(tmp_path / "b.txt", 3), out, None, vocab_size=512, shard_tokens=1000)
     assert m["source"]["files"] == ["b.txt"] and len(m["splits"]["train"]["shards"]) > 1
     written = {s["file"] for sp in m["splits"].values() for s in sp["shards"]}
-    assert {p.name for p in out.iterdir()} == written | {"manifest.json", "tokenizer.json", ".fp8lab-owner.json"}
+    assert {p.name for p in out.iterdir()} == written | {"manifest.json", "tokenizer.json", ".fp8lab-owner.json",
+                                                        ".fp8lab-lock"}  # the lock one writer at a time takes
 
 
 # ------------------------------------------------------------------------------ 2. checkpoints run no code
@@ -223,7 +224,9 @@ def test_a_checkpoint_without_fp8labs_manifest_does_not_load(prepared, tmp_path,
     args = argv("--steps", "2", "--save-model", "False", "--data", str(prepared), "--output-dir", str(out))
     assert ftrain.main(args) == 0
     (out / "checkpoints" / "step_00000002" / fckpt.MANIFEST).unlink()
-    err = refused(args, capsys)
+    err = refused(args, capsys)  # a step this run may save over: refused at the start
+    assert "holds step_00000002, not written by fp8lab, where this run of 2 steps may save its own" in err
+    err = refused(args + ["--checkpoint-every", "-1"], capsys)  # only read: it does not load
     assert "no checkpoint in 'checkpoints' loads (step_00000002: ValueError: not written by fp8lab" in err
 
 
@@ -428,7 +431,8 @@ def test_checkpoint_rotation_never_deletes_the_users_step_folders(prepared, tmp_
     mine.rename(ck / "step_00000009")
     before = {k: v for k, v in tree(ck).items() if k.startswith("step_00000009/")}
     assert ftrain.main(argv(*base, "--output-dir", str(tmp_path / "o2"), "--checkpoint-dir", str(ck))) == 0
-    assert sorted(p.name for p in ck.iterdir()) == ["step_00000003", "step_00000004", "step_00000009"]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step_")) == ["step_00000003", "step_00000004",
+                                                                                   "step_00000009"]
     assert {k: v for k, v in tree(ck).items() if k.startswith("step_00000009/")} == before
 
 
