@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fp8lab: unknown command {name!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[name]
-    result = getattr(importlib.import_module(module), func)(rest)
+    try:
+        result = getattr(importlib.import_module(module), func)(rest)
+    except KeyboardInterrupt:  # Ctrl-C where a command has no handling of its own: one line, not a traceback
+        print(f"fp8lab {name}: interrupted (Ctrl-C); run it again to finish", file=sys.stderr)
+        return 130
     return int(result or 0)
 
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from fp8lab.core.paths import REPO_ROOT, shareable_path
+from fp8lab.core.paths import ABSOLUTE_PLACEHOLDER, REPO_ROOT, shareable_path
 from fp8lab.core.probes import check_writable_dir
+from fp8lab.records import runlock
 from fp8lab.core.validate import OneLineParser
 
 GLUE_MIME = "application/x.fp8lab.glue+json"
@@ -203,7 +204,59 @@ def _shareable_metadata(executed: Path, source: Path) -> None:
         if "injected-parameters" in cell.metadata.get("tags", []):
             for old, new in sorted(renamed.items(), key=lambda kv: -len(kv[0])):
                 cell.source = cell.source.replace(old, new)
+        for o in cell.get("outputs", []):  # a cell that shows a path (PosixPath('/home/...')) shows it relative
+            _share_output(o, workdir)
     nbformat.write(nb, str(executed))
+
+
+def _share_output(output: dict, workdir: Path) -> None:
+    """The text of one cell output with the absolute folders it names made shareable: the notebook's working folder
+    as ``.``, the checkout and the home folder as ``<abs>`` (fp8lab.core.paths)."""
+    bases = sorted({(str(workdir.resolve()), "."), (str(workdir.parent.resolve()), ".."),
+                    (str(REPO_ROOT), ABSOLUTE_PLACEHOLDER), (str(Path.home()), ABSOLUTE_PLACEHOLDER)},
+                   key=lambda b: -len(b[0]))
+
+    def share(text: Any) -> Any:
+        if isinstance(text, list):
+            return [share(t) for t in text]
+        if not isinstance(text, str):
+            return text
+        for base, shown in bases:
+            if len(base) > 1:
+                text = text.replace(base, shown)
+        return text
+
+    if "text" in output:
+        output["text"] = share(output["text"])
+    for key in ("text/plain", "text/html", "text/markdown"):
+        if key in output.get("data", {}):
+            output["data"][key] = share(output["data"][key])
+
+
+def _executed_copy(path: Path) -> bool:
+    """``path`` is a notebook this runner executed (papermill's record, made shareable by it), so a re-run may replace it."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+        return meta.get("papermill", {}).get("output_path") == path.name
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_targets(paths: list[Path], out: Path) -> None:
+    """Before any notebook runs: each executed copy goes to a new name or over one this runner wrote; never over a
+    user's notebook of that name, nor over the tutorial's own source (``-o notebooks``)."""
+    for path in paths:
+        executed = out / path.name
+        if not os.path.lexists(executed):
+            continue
+        if executed.resolve() == path.resolve():
+            raise ValueError(f"--output-dir={str(out)!r} holds the notebook {path.name} itself; its executed copy "
+                             "would replace it; allowed: another folder, e.g. outputs")
+        if not _executed_copy(executed):
+            raise ValueError(f"--output-dir={str(out)!r} holds {path.name}, which is not a copy fp8lab notebooks "
+                             "executed; fp8lab never replaces it; allowed: another folder, or move that file away")
 
 
 def _failure_message(nb_name: str, exc: Exception, executed: Path) -> str:
@@ -272,7 +325,9 @@ def run(
     for p in paths:
         check_values(p, {k: v for k, v in params.items() if k in declared[p]}, declared[p])
     out = check_writable_dir("--output-dir", output_dir)
+    _check_targets(paths, out)
     out.mkdir(parents=True, exist_ok=True)
+    lock = runlock.acquire("--output-dir", out, user="notebooks run")  # one runner per folder: none replaces another's
     # a kernel inherits MPLBACKEND; 'Agg' (set by test runners) would hide every figure
     saved_backend = os.environ.pop("MPLBACKEND", None)
     try:
@@ -280,6 +335,7 @@ def run(
             return _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout,
                             _local_socket_kernel_manager(Path(sockets)))
     finally:
+        lock.release()
         if saved_backend is not None:
             os.environ["MPLBACKEND"] = saved_backend
 

@@ -15,6 +15,7 @@ an emulation: its loss is meaningful, its speed is not.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +24,7 @@ from fp8lab.data import tokens as fdata
 from fp8lab.fp8.convert import pick_backend
 from fp8lab.model.models import count_parameters
 from fp8lab.records import metrics as fmetrics
+from fp8lab.records import ownership
 from fp8lab.train import distributed as fdist
 from fp8lab.train.entry import TrainConfig, train
 from fp8lab.train.trainer import plan_here
@@ -99,6 +101,7 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
         configs = {k: dataclasses.replace(c, data=data) for k, c in configs.items()}
     runs, summaries, losses = {}, {}, {}
     for label, cfg in configs.items():
+        _replace_earlier(Path(cfg.output_dir))
         summaries[label] = once(train, cfg)  # the layout line both runs share is printed once
         runs[label] = Path(cfg.output_dir)
         losses[label] = [r.get("loss") for r in fmetrics.read_metrics(runs[label] / "metrics.jsonl")]
@@ -113,6 +116,19 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
         f"{device}: tokens/s/GPU is the median after warm-up; MFU divides by the GPU's dense BF16 peak "
         "for both precisions (so FP8 is not flattered by a higher FP8 peak).")
     return PairResult(runs, summaries, table, device, note, losses, layouts)
+
+
+def _replace_earlier(folder: Path) -> None:
+    """A pair trains afresh in its own run folders: a run it completed there before (which the trainer never starts
+    over silently) gives way, with a line saying so; only the files fp8lab wrote there go (fp8lab.records.ownership)."""
+    summary = folder / "summary.json"
+    try:  # a regular file only (a FIFO would wait for a writer)
+        done = summary.is_file() and json.loads(summary.read_text()).get("status") == "completed"
+    except (OSError, ValueError, AttributeError):
+        return
+    if done and ownership.marker_kind(folder) == "run" and not ownership.foreign(folder, "run"):
+        print(f"fp8lab: the pair trains afresh: replacing the earlier run in {folder.name!r}", flush=True)
+        ownership.remove_own(folder, "run")
 
 
 def _plan(c: TrainConfig):

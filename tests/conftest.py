@@ -192,6 +192,7 @@ SLOW: dict[str, str | set[str]] = {
         "test_the_kernel_talks_over_private_local_sockets_without_a_warning",
     },
     "test_nothing_lost.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_shared_folders.py": ALL,  # tiny training runs in real processes: seconds to a minute each
     "test_one_answer.py": ALL,  # not measured before the cut-off: all of it, until measured
     "test_plan.py": {
         "test_planning_a_job_imports_no_torch",

@@ -208,7 +208,7 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
     est = estimate if estimate is not None else MeasuredEstimate.of_summary(summary)
     rows = []
-    for _, r in summary.iterrows():
+    for r in summary.to_dict("records"):  # rows as dicts: iterrows made a Series of each, most of the time of thousands
         job, why = _budget(est, r["model"], r["precision"], r["run_id"], tokens, price_per_instance_hour,
                            instance_type, gpus_per_instance) if isinstance(r["model"], str) else (None, "no model")
         rows.append({**{k: r[k] for k in COST_TABLE_COLUMNS[:8]}, "cluster_gpus": gpus_per_instance,

@@ -142,10 +142,14 @@ class MeasuredEstimate(Estimate):
         if groups is None:  # the measured rates per (model, precision), split once: a report asks for every run's
             groups = self.__dict__["_rate_groups"] = {k: g for k, g in rates.groupby(["model", "precision"], sort=False)}
         mine = groups.get((model, precision), rates.iloc[:0])
-        if run_id is not None:
-            exact = mine[mine["run_id"] == run_id]
-            if not len(exact):
+        if run_id is not None:  # a report asks for every run's: each group's runs found by id, not by a scan each
+            ids = self.__dict__.setdefault("_rate_ids", {})
+            if (model, precision) not in ids:
+                ids[(model, precision)] = mine.groupby("run_id", sort=False).indices if len(mine) else {}
+            pos = ids[(model, precision)].get(run_id)
+            if pos is None:
                 return None
+            exact = mine.iloc[pos]
         elif precision == "fp8":
             exact = mine[(mine["backend"] == backend) & (mine["recipe"] == kind)]
         else:

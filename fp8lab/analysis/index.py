@@ -153,8 +153,8 @@ def committed_index() -> ResultsIndex | None:
     if not INDEX_PATH.exists():
         return None
 
-    try:
-        raw = json.loads(INDEX_PATH.read_text(encoding="utf-8"))
+    try:  # a regular file only: opening a FIFO would wait for a writer that never comes
+        raw = json.loads(INDEX_PATH.read_text(encoding="utf-8")) if INDEX_PATH.is_file() else None
         ok = isinstance(raw, dict) and raw.get("format") == INDEX_FORMAT
     except (OSError, ValueError):
         ok = False

@@ -8,6 +8,7 @@ was loaded (``describe``) and choosing runs by model, study and variant (``selec
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -127,9 +128,13 @@ def _load_path(path: Path) -> list[pd.DataFrame]:
     trainer_dirs = {f.parent for f in files if f.name == "metrics.jsonl"}
     # any other .jsonl is a result file, unless it lives inside a trainer output folder
     results = [f for f in files if f.name != "metrics.jsonl" and not trainer_dirs.intersection(f.parents)]
-    return [_load_trainer_dir(s) if s in trainer_dirs else _load_result_file(s)
-            for s in progress(sorted(trainer_dirs) + results, f"reading runs in {path.name or path}",
-                              total=len(trainer_dirs) + len(results), unit="run")]
+    # each run's rows as dicts, one table and one pass of _finish for all (a frame per run was most of the time a
+    # report of thousands of runs took); "_file" keeps each run's rows apart and in the order the files are read
+    rows: list[dict] = []
+    for i, s in enumerate(progress(sorted(trainer_dirs) + results, f"reading runs in {path.name or path}",
+                                   total=len(trainer_dirs) + len(results), unit="run")):
+        rows.extend({**r, _FILE: i} for r in (_trainer_rows(s) if s in trainer_dirs else _result_rows(s)))
+    return [_finish(pd.DataFrame(rows))] if rows else []
 
 
 def load_profiles(sources: object = None) -> pd.DataFrame:
@@ -179,15 +184,20 @@ def load_profiles(sources: object = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+@functools.lru_cache(maxsize=16)
+def _real(path: str) -> str:
+    return os.path.realpath(path)
+
+
 def display_path(path: Path) -> str:
     """A path as shown in tables: relative to the repository or the working folder, never absolute."""
-    path = Path(path).resolve()
-    for base in (REPO_ROOT, Path.cwd()):
-        try:
-            return path.relative_to(base.resolve()).as_posix()
-        except ValueError:
-            continue
-    return "/".join(path.parts[-2:])
+    real = os.path.realpath(path)  # the bases resolved once, not per file of a folder of thousands
+    for base in (_real(str(REPO_ROOT)), _real(os.getcwd())):
+        if real == base:
+            return "."
+        if real.startswith(base.rstrip(os.sep) + os.sep):
+            return Path(real[len(base.rstrip(os.sep)) + 1:]).as_posix()
+    return "/".join(Path(real).parts[-2:])
 
 
 def _read_regular(path: Path) -> str:
@@ -232,9 +242,19 @@ def _field_problem(name: str, v: object) -> str | None:
     return None
 
 
+# each field's plain case, tested first (a folder of thousands of runs has millions of fields): an int or float in range
+_PLAIN = {**{n: (lambda v, top=top, low=0 if n == "tokens" else 1: low <= v <= top and (type(v) is int or v.is_integer()))
+             for n, top in _SIZE_LIMITS.items()},
+          **{n: (lambda v: 0 < v < math.inf) for n in _POSITIVE_RATES},
+          **{n: (lambda v: 0 <= v < math.inf) for n in _NONNEG_NUMBERS}}
+
+
 def check_record_fields(path: Path, lineno: int | str, rec: dict) -> None:
     """RunFileError naming the file, line and field when a record's size or rate field is out of range."""
-    for name in (*_SIZE_LIMITS, *_POSITIVE_RATES, *_NONNEG_NUMBERS):
+    for name, plain in _PLAIN.items():
+        v = rec.get(name, _NA)
+        if v is _NA or v is None or (type(v) in (int, float) and plain(v)):
+            continue
         if name in rec:
             why = _field_problem(name, rec[name])
             if why:
@@ -330,24 +350,29 @@ def _meta(raw: dict) -> dict:
     return meta
 
 
-def _step_frame(path: Path, records: list[tuple[int, dict]], meta: dict) -> pd.DataFrame:
+_FILE = "_file"  # a folder's runs read together: which file (or trainer folder) a row came from, dropped by _finish
+_NA = object()
+_NAN = object()  # a NaN, as a key: NaN never equals itself
+
+
+def _step_rows(path: Path, records: list[tuple[int, dict]], meta: dict) -> list[dict]:
+    """A run's step records as rows: per-step values say what ran; the run's metadata fills what they leave out."""
     for lineno, rec in records:
         if "step" not in rec:
             raise RunFileError(f"{path}: line {lineno} has no 'step' key (keys: {', '.join(sorted(rec))[:120]})")
-    df = pd.DataFrame([rec for _, rec in records])
-    df = df.drop(columns=[c for c in ("record",) if c in df])
-    # a NaN/Infinity written in the file (not a missing value): flagged, so it is never taken for "not logged"
-    df["loss_nonfinite"] = [_nonfinite(rec.get("loss")) or _nonfinite(rec.get("val_loss")) for _, rec in records]
-    new = {}
-    for k, v in meta.items():  # per-step values say what ran; the config fills what they leave out
-        if k in META_COLUMNS:
-            if k in df:
-                df[k] = df[k].where(df[k].notna(), v)
-            else:
-                new[k] = v
-    df = _with_columns(df, new)  # added at once: a column at a time is most of the reading time
-    df["record"] = "step"
-    return df
+    fill = [(k, v) for k, v in meta.items() if k in META_COLUMNS]
+    rows = []
+    for _, rec in records:
+        row = {k: v for k, v in rec.items() if k != "record"}
+        # a NaN/Infinity written in the file (not a missing value): flagged, so it is never taken for "not logged"
+        row["loss_nonfinite"] = _nonfinite(rec.get("loss")) or _nonfinite(rec.get("val_loss"))
+        for k, v in fill:
+            cur = row.get(k, _NA)
+            if cur is _NA or cur is None or (isinstance(cur, float) and cur != cur):
+                row[k] = v
+        row["record"] = "step"
+        rows.append(row)
+    return rows
 
 
 def _with_columns(df: pd.DataFrame, values: dict) -> pd.DataFrame:
@@ -367,7 +392,8 @@ def _nonfinite(v: object) -> bool:
     return isinstance(v, float) and not math.isfinite(v)
 
 
-def _load_trainer_dir(folder: Path) -> pd.DataFrame:
+def _trainer_rows(folder: Path) -> list[dict]:
+    """A trainer output folder's rows: its metrics.jsonl steps with its config.json's metadata."""
     meta: dict = {}
     cfg = folder / "config.json"
     if cfg.exists():
@@ -386,15 +412,26 @@ def _load_trainer_dir(folder: Path) -> pd.DataFrame:
         check_record_fields(folder / "metrics.jsonl", lineno, rec)
     if not records:
         warnings.warn(f"{folder / 'metrics.jsonl'}: no complete records yet; run skipped", RunFileWarning, stacklevel=3)
-        return pd.DataFrame()
-    return _finish(_step_frame(folder / "metrics.jsonl", records, meta))
+        return []
+    return _step_rows(folder / "metrics.jsonl", records, meta)
+
+
+def _load_trainer_dir(folder: Path) -> pd.DataFrame:
+    rows = _trainer_rows(folder)
+    return _finish(pd.DataFrame(rows)) if rows else pd.DataFrame()
 
 
 def _load_result_file(path: Path) -> pd.DataFrame:
+    rows = _result_rows(path)
+    return _finish(pd.DataFrame(rows)) if rows else pd.DataFrame()
+
+
+def _result_rows(path: Path) -> list[dict]:
+    """A result file's rows: its step records, then its last summary record (none: [] with a warning)."""
     records = read_jsonl(path)
     if not records:
         warnings.warn(f"{path}: empty result file; skipped", RunFileWarning, stacklevel=3)
-        return pd.DataFrame()
+        return []
     first_line, first = records[0]
     if first.get("record") != "run":
         raise RunFileError(
@@ -418,18 +455,14 @@ def _load_result_file(path: Path) -> pd.DataFrame:
             continue
         else:
             raise RunFileError(f"{path}: line {lineno} has record={kind!r}; allowed after line 1: 'step', 'summary'")
-    frames = []
-    if steps:
-        frames.append(_step_frame(path, steps, meta))
+    rows = _step_rows(path, steps, meta) if steps else []
     if summaries:
-        rows = [{k: v for k, v in rec.items() if k != "record" and not isinstance(v, (dict, list))} for _, rec in summaries]
-        # the last summary wins (a rerun may append a newer one); the run record's metadata over it, in one step
-        s = pd.DataFrame([{**rows[-1], **{k: v for k, v in meta.items() if k in META_COLUMNS}, "record": "summary"}])
-        frames.append(s)
-    if not frames:
+        last = {k: v for k, v in summaries[-1][1].items() if k != "record" and not isinstance(v, (dict, list))}
+        # the last summary wins (a rerun may append a newer one); the run record's metadata over it
+        rows.append({**last, **{k: v for k, v in meta.items() if k in META_COLUMNS}, "record": "summary"})
+    if not rows:
         warnings.warn(f"{path}: run record only, no step or summary records; skipped", RunFileWarning, stacklevel=3)
-        return pd.DataFrame()
-    return _finish(pd.concat(frames, ignore_index=True, sort=False))
+    return rows
 
 
 def _from_collect_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -468,25 +501,32 @@ def _finish(df: pd.DataFrame) -> pd.DataFrame:
     for c in METRIC_COLUMNS + ["world_size", "instances", "micro_batch_size", "grad_accum", "seq_len"]:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     steps = df[df["record"] == "step"]
-    if len(steps) and steps.duplicated(["run_id", "step"]).any():
+    per = [_FILE] if _FILE in df else []  # several files read together: each file's runs on their own
+    if len(steps) and steps.duplicated(per + ["run_id", "step"]).any():
         # a validation record may come as its own line for the same step: merge, first non-null wins
-        merged = steps.groupby(["run_id", "step"], sort=False, as_index=False).first()
+        merged = steps.groupby(per + ["run_id", "step"], sort=False, as_index=False).first()
         df = pd.concat([merged, df[df["record"] != "step"]], ignore_index=True, sort=False)
     df["variant"] = _variants(df)
-    return df.sort_values(["run_id", "record", "step"], na_position="last", kind="stable")
+    df = df.sort_values(per + ["run_id", "record", "step"], na_position="last", kind="stable")
+    return df.drop(columns=per) if per else df
 
 
 def _variants(df: pd.DataFrame) -> list[str]:
     """:func:`variant_label` of each row, computed once per distinct set of the values it reads
     (:data:`VARIANT_KEYS`; a run's steps share them), not once per step."""
     keys = [k for k in VARIANT_KEYS if k in df]
+    cols = [df[k].tolist() for k in keys]
+    # built a column at a time (a folder of thousands of runs has ~10^5 rows): each value with its type, NaN as one
+    # marker that equals itself, so equal rows find their label with one look-up
+    marked = [[_NAN if type(v) is float and v != v else v for v in c] for c in cols]
+    types = [list(map(type, c)) for c in cols]
     seen: dict = {}
     out = []
-    for values in df[keys].itertuples(index=False, name=None):
-        key = tuple((type(v), None if isinstance(v, float) and v != v else v) for v in values)
-        if key not in seen:
-            seen[key] = variant_label(dict(zip(keys, values)))
-        out.append(seen[key])
+    for values, key in zip(zip(*cols), zip(zip(*types), zip(*marked))):
+        label = seen.get(key)
+        if label is None:
+            label = seen[key] = variant_label(dict(zip(keys, values)))
+        out.append(label)
     return out
 
 

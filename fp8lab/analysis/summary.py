@@ -52,44 +52,68 @@ def smooth(values: Sequence[float] | pd.Series, smoothing: str = "ema", span: in
     return s
 
 
-def _throughput_stats(steps: pd.DataFrame, steady: pd.DataFrame) -> dict:
-    """Step-derived throughput (median, quartiles), MFU, step time, memory and tokens of one run."""
-    tps = steady["tokens_per_sec_per_gpu"]
+def _last_ema(values: np.ndarray, span: int) -> float:
+    """``smooth(values, "ema", span).iloc[-1]`` of finite ``values``, without a pandas call per run: the same
+    recursion pandas' ewm (adjust=True) runs, operation for operation."""
+    alpha = 2.0 / (span + 1.0)
+    old_wt_factor, new_wt = 1.0 - alpha, 1.0
+    weighted, old_wt = float(values[0]), 1.0
+    for cur in values[1:].tolist():
+        old_wt *= old_wt_factor
+        if weighted != cur:  # as pandas: no rounding drift on a constant series
+            weighted = old_wt * weighted + new_wt * cur
+            weighted /= old_wt + new_wt
+        old_wt += new_wt
+    return weighted
+
+
+def _nanmedian(x: np.ndarray) -> float:
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if len(x) else np.nan
+
+
+def _nanmax(x: np.ndarray) -> float:
+    x = x[~np.isnan(x)]
+    return x.max() if len(x) else np.nan
+
+
+def _throughput_stats(steps: dict, steady: np.ndarray) -> dict:
+    """Step-derived throughput (median, quartiles), MFU, step time, memory and tokens of one run (``steps``: its
+    step columns as arrays; ``steady``: which steps count for throughput)."""
+    tps = steps["tokens_per_sec_per_gpu"][steady]
     return dict(
-        tokens_per_sec_per_gpu=tps.median() if len(tps) else np.nan,
-        tps_p25=tps.quantile(0.25) if len(tps) else np.nan,
-        tps_p75=tps.quantile(0.75) if len(tps) else np.nan,
+        tokens_per_sec_per_gpu=float(np.median(tps)) if len(tps) else np.nan,
+        tps_p25=float(np.percentile(tps, 25)) if len(tps) else np.nan,
+        tps_p75=float(np.percentile(tps, 75)) if len(tps) else np.nan,
         steady_steps=len(tps),
-        mfu=steady["mfu"].median() if steady["mfu"].notna().any() else np.nan,
-        step_time_s=steady["step_time_s"].median() if steady["step_time_s"].notna().any() else np.nan,
-        max_mem_gib=steps["max_mem_gib"].max() if steps["max_mem_gib"].notna().any() else np.nan,
-        tokens=steps["tokens"].max() if steps["tokens"].notna().any() else np.nan,
+        mfu=_nanmedian(steps["mfu"][steady]),
+        step_time_s=_nanmedian(steps["step_time_s"][steady]),
+        max_mem_gib=_nanmax(steps["max_mem_gib"]),
+        tokens=_nanmax(steps["tokens"]),
     )
 
 
-def _loss_stats(steps: pd.DataFrame, smoothing: str, smoothing_span: int) -> tuple[dict, str | None]:
+def _loss_stats(steps: dict, smoothing: str, smoothing_span: int) -> tuple[dict, str | None]:
     """Final, smoothed and validation loss of one run, blanked (with a note) if any loss is non-finite."""
     row = {}
     loss = steps["loss"][np.isfinite(steps["loss"])]  # skipped (overflow) steps may carry no loss
-    row["final_loss"] = loss.iloc[-1] if len(loss) else np.nan
-    row["smoothed_loss"] = smooth(loss, smoothing, smoothing_span).iloc[-1] if len(loss) else np.nan
-    val = steps[["step", "val_loss"]].dropna()
-    row["val_loss"] = val["val_loss"].iloc[-1] if len(val) else np.nan
+    row["final_loss"] = loss[-1] if len(loss) else np.nan
+    row["smoothed_loss"] = (np.nan if not len(loss) else _last_ema(loss, smoothing_span) if smoothing == "ema"
+                            else smooth(loss, smoothing, smoothing_span).iloc[-1])
+    val = steps["val_loss"][~np.isnan(steps["val_loss"]) & ~np.isnan(steps["step"])]
+    row["val_loss"] = val[-1] if len(val) else np.nan
     # NaN/Inf losses: the run is flagged and shows no loss, rather than an older or another loss
-    bad = (steps["loss_nonfinite"].astype("boolean").fillna(False).to_numpy(bool) if "loss_nonfinite" in steps
-           else np.zeros(len(steps), bool))
-    for col in ("loss", "val_loss"):
-        bad |= np.isinf(pd.to_numeric(steps[col], errors="coerce").to_numpy(float))
+    bad = steps["loss_nonfinite"] | np.isinf(steps["loss"]) | np.isinf(steps["val_loss"])
     row["nonfinite_losses"] = int(bad.sum())
     note = None
     if bad.any():
         note = (f"{int(bad.sum())} non-finite loss value(s) (NaN/Inf), the first at step "
-                f"{steps['step'].to_numpy()[bad].min():g}: loss not reported or compared")
+                f"{steps['step'][bad].min():g}: loss not reported or compared")
         row["final_loss"] = row["smoothed_loss"] = row["val_loss"] = np.nan
     return row, note
 
 
-def _apply_summary_record(row: dict, summ: pd.Series, throughput_from: str) -> str:
+def _apply_summary_record(row: dict, summ: dict, throughput_from: str) -> str:
     """Let a benchmark's summary record override the step-derived numbers; returns where throughput came from."""
     if pd.notna(summ.get("tokens_per_sec_per_gpu")):
         row["tokens_per_sec_per_gpu"] = summ["tokens_per_sec_per_gpu"]
@@ -111,21 +135,52 @@ def _apply_summary_record(row: dict, summ: pd.Series, throughput_from: str) -> s
     return throughput_from
 
 
-def _summarize_run(run_id: object, g: pd.DataFrame, warmup_steps: int, smoothing: str,
+# the step columns a run's summary reads, as float arrays; a summary record's keys it may take over
+_STEP_COLUMNS = ("step", "tokens_per_sec_per_gpu", "mfu", "step_time_s", "max_mem_gib", "tokens", "loss", "val_loss")
+_SUMMARY_KEYS = ("tokens_per_sec_per_gpu", "tokens_per_sec_per_gpu_p25", "tokens_per_sec_per_gpu_p75", "timed_steps",
+                 "tokens_per_sec_per_gpu_min", "tokens_per_sec_per_gpu_max", "mfu", "max_mem_gib", "step_time_s",
+                 "tokens", "val_loss", "final_loss", "loss")
+
+
+class _Columns:
+    """The run table as NumPy arrays, read once: a run's summary takes its rows by position (a pandas frame per
+    run was most of a report's time on thousands of runs)."""
+
+    def __init__(self, runs: pd.DataFrame):
+        meta = [c for c in META_COLUMNS if c != "run_id"]
+        # each run's first non-null value of each metadata column, for all runs in one pass
+        self.firsts = runs.groupby("run_id", sort=False)[meta].first().to_dict("index") if len(runs) else None
+        self.floats = {c: pd.to_numeric(runs[c], errors="coerce").to_numpy(float) if c in runs else
+                       np.full(len(runs), np.nan) for c in _STEP_COLUMNS}
+        self.nonfinite = (runs["loss_nonfinite"].astype("boolean").fillna(False).to_numpy(bool)
+                          if "loss_nonfinite" in runs else np.zeros(len(runs), bool))
+        record = runs["record"].to_numpy(object)
+        self.is_step, self.is_summary = record == "step", record == "summary"
+        self.summary = {k: runs[k].to_numpy(object) for k in _SUMMARY_KEYS if k in runs}
+
+    def run(self, run_id: object, pos: np.ndarray) -> tuple[dict, dict, dict | None]:
+        """(first non-null metadata, step columns sorted by step, last summary record or None) of the rows ``pos``."""
+        meta = self.firsts.get(run_id, {}) if self.firsts is not None else {}
+        steps = pos[self.is_step[pos]]
+        steps = steps[np.argsort(self.floats["step"][steps], kind="stable")]
+        cols = {c: a[steps] for c, a in self.floats.items()}
+        cols["loss_nonfinite"] = self.nonfinite[steps]
+        summ = pos[self.is_summary[pos]]
+        return meta, cols, ({k: v[summ[-1]] for k, v in self.summary.items()} if len(summ) else None)
+
+
+def _summarize_run(run_id: object, meta: dict, steps: dict, summ: dict | None, warmup_steps: int, smoothing: str,
                    smoothing_span: int) -> dict:
     """The summary row of one run's records (see ``summarize_runs``)."""
-    meta = {c: g[c].dropna().iloc[0] if g[c].notna().any() else np.nan for c in META_COLUMNS if c != "run_id"}
-    steps = g[g["record"] == "step"].sort_values("step")
-    summ = g[g["record"] == "summary"]
-    summ = summ.iloc[-1] if len(summ) else None
-    timed = steps[steps["tokens_per_sec_per_gpu"].notna()]
+    timed = ~np.isnan(steps["tokens_per_sec_per_gpu"])
     # by step number, not position: downsampled files keep exact step numbers
-    steady = timed[timed["step"] >= timed["step"].min() + warmup_steps] if len(timed) else timed
-    row = {"run_id": run_id, **meta, "n_steps": int(steps["step"].nunique())}
+    steady = timed & (steps["step"] >= steps["step"][timed].min() + warmup_steps) if timed.any() else timed
+    known = steps["step"][~np.isnan(steps["step"])]
+    row = {"run_id": run_id, **meta, "n_steps": int(len(np.unique(known)))}
     row.update(_throughput_stats(steps, steady))
     note = []
-    if len(timed) and not len(steady):
-        note.append(f"all {len(timed)} timed steps fall within warmup_steps={warmup_steps}")
+    if timed.any() and not steady.any():
+        note.append(f"all {int(timed.sum())} timed steps fall within warmup_steps={warmup_steps}")
     n_tps = row["steady_steps"]
     throughput_from = f"median of {n_tps} steps after {warmup_steps} warm-up" if n_tps else "none"
     loss_row, loss_note = _loss_stats(steps, smoothing, smoothing_span)
@@ -154,9 +209,11 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
     if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r}; allowed: an integer >= 0")
     _check_smoothing(smoothing, smoothing_span)
-    groups = runs.groupby("run_id", sort=False)
-    rows = [_summarize_run(run_id, g, warmup_steps, smoothing, smoothing_span)
-            for run_id, g in progress(groups, "summarising runs", total=groups.ngroups, unit="run")]
+    groups = runs.groupby("run_id", sort=False).indices  # run -> its rows' positions
+    order = [r for r in pd.unique(runs["run_id"]) if r in groups]  # as groupby(sort=False) lists them: first seen first
+    table = _Columns(runs)
+    rows = [_summarize_run(run_id, *table.run(run_id, groups[run_id]), warmup_steps, smoothing, smoothing_span)
+            for run_id in progress(order, "summarising runs", total=len(order), unit="run")]
     cols = (["run_id"] + [c for c in META_COLUMNS if c != "run_id"] +
             ["n_steps", "steady_steps", "tokens", "tokens_per_sec_per_gpu", "tps_p25", "tps_p75", "tps_iqr",
              "tps_spread_pct", "mfu", "step_time_s", "max_mem_gib", "final_loss", "smoothed_loss", "val_loss",

@@ -89,7 +89,10 @@ GPU_GENERATION = _column("generation")
 
 
 def gpu_spec(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
-    """A value of one of the columns above for a GPU by (a fragment of) its name; None where unknown."""
+    """A value of one of the columns above for a GPU by (a fragment of) its name; None where unknown (a run whose
+    records name no GPU has NaN there, read from a bare metrics.jsonl)."""
+    if not isinstance(gpu_name, str):
+        return None
     for key, value in table:
         if gpu_name and key.lower() in gpu_name.lower():
             return value
@@ -99,7 +102,8 @@ def gpu_spec(table: tuple[tuple[str, Any], ...], gpu_name: str | None) -> Any:
 def gpu_model(gpu_name: str | None) -> str | None:
     """The row of :data:`GPUS` a GPU's name matches first (its fragment, e.g. "H100 80GB" for both "NVIDIA H100 80GB
     HBM3" and P5's "H100 80GB"): two names of one GPU model give the same; None where no row matches."""
-    return next((g.fragment for g in GPUS if gpu_name and g.fragment.lower() in gpu_name.lower()), None)
+    return next((g.fragment for g in GPUS if isinstance(gpu_name, str) and gpu_name
+                 and g.fragment.lower() in gpu_name.lower()), None)
 
 
 def on_instance_gpu(gpu_name: object, instance_type: str) -> bool:

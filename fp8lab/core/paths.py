@@ -7,7 +7,9 @@ tokenizers also ship inside the package (``fp8lab/shipped/``, package data of a 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,19 +42,25 @@ def read_result_bytes(path: str | Path) -> bytes:
     :func:`files_read_once` block, any file once per block."""
     path = Path(path)
     st = os.stat(path)
-    if is_inside(path, RESULTS_DIR):
+    key = os.path.realpath(path)  # once: resolving is most of the cost where a report reads thousands of files
+    if key == _results_root() or key.startswith(_results_root() + os.sep):
         kept = _RESULT_BYTES
     elif _CALL_BYTES:
         kept = _CALL_BYTES[0]
     else:
         return path.read_bytes()
-    key, stamp = str(path.resolve()), (st.st_size, st.st_mtime_ns)
+    stamp = (st.st_size, st.st_mtime_ns)
     hit = kept.get(key)
     if hit is None or hit[0] != stamp:
         data = path.read_bytes()
         kept[key] = (stamp, data)
         return data
     return hit[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _results_root() -> str:
+    return os.path.realpath(RESULTS_DIR)
 
 
 @contextlib.contextmanager
@@ -105,6 +113,19 @@ def shareable_path(value: object, base: str | Path | None = None) -> object:
         except ValueError:
             pass
     return f"{ABSOLUTE_PLACEHOLDER}/{p.name}" if p.name else ABSOLUTE_PLACEHOLDER
+
+
+_ABSOLUTE_IN_TEXT = re.compile(r"(?:^|(?<=[\s'\"(=\[]))/[^\s'\"()\],]+")
+
+
+def shareable_text(text: str) -> str:
+    """A message (an OSError's, torch's) with every absolute path in it written ``<abs>/<name>``: summaries and
+    logs are shared, and a checkpoint folder's full path names the user and the machine."""
+    def share(m: re.Match) -> str:
+        path = m.group(0).rstrip(".")  # a sentence's full stop stays the sentence's
+        return str(shareable_path(path)) + m.group(0)[len(path):]
+
+    return _ABSOLUTE_IN_TEXT.sub(share, text)
 
 
 def shareable_argv(argv: list[str], base: str | Path | None = None) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fp8lab.core.paths import is_inside
 
@@ -76,3 +76,24 @@ def check_member(folder: Path, name: Any, option: str = "--data") -> Path:
                          "allowed: file names inside the prepared folder (re-create it with fp8lab prepare-data)")
     return folder / name
 
+
+
+def refuse_replacing(option: str, value: Any, ours: Callable[[str], bool], what: str) -> None:
+    """ValueError naming ``option`` unless ``value`` is new or a regular file whose first 4 KiB ``ours`` accepts (a file
+    fp8lab wrote, ``what`` says which): a user's file, a link, a folder, a device (``/dev/null`` as root) or a FIFO is
+    never replaced."""
+    p = Path(value)
+    if not os.path.lexists(p):
+        return
+    if p.is_symlink() or not p.is_file():
+        kind = "a symlink" if p.is_symlink() else "a folder" if p.is_dir() else "a device, FIFO or socket"
+        raise ValueError(f"{option}={str(value)!r} is {kind}, not {what}; fp8lab never replaces it; allowed: a new "
+                         f"file name, or {what}")
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(4096).decode("utf-8", "replace")
+    except OSError as exc:
+        raise ValueError(f"{option}={str(value)!r} cannot be read ({exc.strerror}); allowed: a new file name") from None
+    if not ours(head):
+        raise ValueError(f"{option}={str(value)!r} exists and is not {what}; fp8lab never replaces it; allowed: a new "
+                         f"file name, or {what}")

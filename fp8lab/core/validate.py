@@ -71,7 +71,16 @@ AUTO_OR_NONNEG_INT = Check(lambda v: v == AUTO or is_count(v, 0), "auto or an in
 NONNEG_NUM = Check(lambda v: is_num(v) and v >= 0, "a number >= 0")
 UNIT_OPEN = Check(lambda v: is_num(v) and 0 < v < 1, "a number in (0, 1)")  # a learning rate
 UNIT_HALF_OPEN = Check(lambda v: is_num(v) and 0 <= v < 1, "a number in [0, 1)")  # an AdamW beta
-PATH = Check(lambda v: isinstance(v, str) and bool(v), "a non-empty path")
+PATH = Check(lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty path")
+# Bounds past which a value is a typo (1e30 for 1e3), each checked where the option is parsed: a count of batches
+# beyond them never ends (a validation of 1e30 batches), a seed past numpy's 32 bits fails deep inside torch
+MAX_BATCHES = 10**5
+BATCH_COUNT = Check(lambda v: is_count(v) and v <= MAX_BATCHES, "a positive integer, at most 100,000")
+AUTO_OR_BATCH_COUNT = Check(lambda v: v == AUTO or BATCH_COUNT(v), "auto or a positive integer, at most 100,000")
+SEED = Check(lambda v: is_count(v, 0) and v < 2**32, "an integer from 0 to 4294967295 (2**32 - 1)")
+DECAY = Check(lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1]")
+PEAK_TFLOPS = Check(lambda v: is_num(v) and 0 <= v <= 1e5, "a number from 0 to 100000 (TFLOP/s of one GPU)")
+MEMORY_GIB = Check(lambda v: is_num(v) and 0 <= v <= 4096, "a number from 0 to 4096 (GiB of one GPU)")
 # A run's length, bounded: more steps than any LLM run has taken (Llama 3 405B: ~1.2M), more tokens
 # than any has seen (~15e12); beyond that it is a typo (1e23 for 1e3) that would run until stopped.
 MAX_STEPS = 10**8

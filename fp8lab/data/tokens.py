@@ -32,7 +32,7 @@ from fp8lab.records.data_format import (  # noqa: F401 - the on-disk facts, re-e
     text_files, tokenized_here,
 )
 from fp8lab.data import checks as data_checks
-from fp8lab.records import ownership
+from fp8lab.records import ownership, runlock
 from fp8lab.core.validate import Check, OneLineParser, is_count, parse_count
 from fp8lab.core.paths import shipped_path
 from fp8lab.core.probes import check_member, check_writable_dir
@@ -222,15 +222,21 @@ class _ShardWriter:
                 self.close()
                 self._open()
             take = ids[: self.shard_tokens - self._n]
-            self._fh.write(take.astype(self.dtype).tobytes())
+            try:
+                self._fh.write(take.astype(self.dtype).tobytes())
+            except OSError as exc:  # a full disk, a file-size limit: the error names the shard
+                raise OSError(exc.errno, exc.strerror, str(self.out_dir / self.shards[-1]["file"])) from None
             self._n += len(take)
             self.shards[-1]["tokens"] = self._n
             ids = ids[len(take):]
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()
+            except OSError as exc:  # its last bytes did not fit: the error names the shard
+                raise OSError(exc.errno, exc.strerror, str(self.out_dir / self.shards[-1]["file"])) from None
 
     @property
     def tokens(self) -> int:
@@ -376,11 +382,37 @@ def prepare_data(
     n_vocab = tok.get_vocab_size()
     dtype = _dtype_for(n_vocab)
     out = Path(out_dir)
+    ownership.refuse_foreign("out_dir", out, "tokens")
+    out.mkdir(parents=True, exist_ok=True)
+    # one writer at a time, and none while a training run reads the folder (fp8lab.records.runlock.acquire_shared)
+    lock = runlock.acquire("OUT_DIR", out, user="prepare-data")
+    try:
+        return _prepare_into(out, docs, source_desc, tok, eos, dtype, n_vocab, val_fraction, shard_tokens,
+                             batch_documents)
+    finally:
+        lock.release()
+
+
+def _prepare_into(out: Path, docs, source_desc, tok, eos, dtype, n_vocab, val_fraction, shard_tokens,
+                  batch_documents) -> dict[str, Any]:
     writers = _fresh_writers(out, dtype, shard_tokens)
-    index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
-    if writers["val"].tokens == 0 or writers["train"].tokens == 0:
-        raise ValueError(f"source has too few documents ({index}) for a train/val split with val_fraction={val_fraction}")
-    ownership.write_file(out / "tokenizer.json", tok.to_str())
+    try:
+        index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
+        if writers["val"].tokens == 0 or writers["train"].tokens == 0:
+            raise ValueError(f"source has too few documents ({index}) for a train/val split with val_fraction={val_fraction}")
+        ownership.write_file(out / "tokenizer.json", tok.to_str())
+        return _finish_manifest(out, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers)
+    except BaseException:  # a full disk, a size limit, Ctrl-C: no partial shard stays behind (no manifest: not prepared)
+        for w in writers.values():
+            try:
+                w.close()
+            except OSError:  # the same full disk: the shard goes below in any case
+                pass
+        ownership.remove_own(out, "tokens")
+        raise
+
+
+def _finish_manifest(out: Path, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers) -> dict[str, Any]:
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -586,6 +618,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
         print(f"fp8lab prepare-data: error: {exc}", file=sys.stderr)
         return 2
+    except (OSError, KeyboardInterrupt) as exc:  # a full disk, a file-size limit, Ctrl-C: the partial shards are gone
+        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else (
+            f"{exc.strerror or exc}" + (f" ({Path(exc.filename).name})" if getattr(exc, "filename", None) else ""))
+        print(f"fp8lab prepare-data: error: {why}; the partial shards were removed, so OUT_DIR holds no prepared data "
+              "(files of the user's are untouched): free space if needed and run it again", file=sys.stderr)
+        return 1
     print(describe(args.out_dir))
     return 0 if m else 1
 

@@ -309,3 +309,24 @@ def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
             shutil.copyfile(folder / name, model_dir / name)
             copied.append(name)
     return copied
+
+
+def tokenizer_differs(spec: str, data_tokenizer: Path) -> bool:
+    """The user's folder ``spec`` has a tokenizer (tokenizer.json, else vocab.json) that maps tokens to other ids than
+    ``data_tokenizer`` (the tokenizer.json the run's data were tokenized with). Training then learns the data's ids,
+    so the folder's tokenizer would decode the exported model's outputs as garbage."""
+    if not is_user_model(spec):
+        return False
+    folder = folder_of(spec)
+    from tokenizers import Tokenizer  # a dependency of transformers: loads where a user's folder is exported
+
+    try:
+        if (folder / "tokenizer.json").is_file():
+            theirs = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
+        elif (folder / "vocab.json").is_file():
+            theirs = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        else:
+            return False
+        return theirs != Tokenizer.from_file(str(data_tokenizer)).get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer that does not read cannot be the data's
+        return True

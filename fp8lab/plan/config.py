@@ -19,8 +19,10 @@ from fp8lab.fp8.backends import fused_problem
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
 from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
-from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT, BOOL, NONNEG_INT, NONNEG_NUM, PATH, POSITIVE_INT,
-                             STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_int, is_num, optional, step_numbers)
+from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_BATCH_COUNT, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT,
+                                  BATCH_COUNT, BOOL, DECAY, MEMORY_GIB, NONNEG_INT, NONNEG_NUM, PATH, PEAK_TFLOPS,
+                                  POSITIVE_INT, SEED, STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count,
+                                  is_int, is_num, optional, step_numbers)
 
 if TYPE_CHECKING:
     from fp8lab.model.config import ModelConfig
@@ -58,14 +60,14 @@ class TrainConfig:
     micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits",
                                        section="layout", check=AUTO_OR_POSITIVE_INT)
     grad_accum: AutoInt = option(AUTO, "micro-batches per optimizer step", section="layout",
-                                 check=AUTO_OR_POSITIVE_INT)
+                                 check=AUTO_OR_BATCH_COUNT)
     seq_len: AutoInt = option(AUTO, "tokens per sequence (longer than a named Llama shape's: trained from scratch)",
                               section="layout", check=AUTO_OR_POSITIVE_INT)
     lr: float = option(3e-4, "peak learning rate of AdamW", section="optimiser", check=UNIT_OPEN)
     min_lr: float = option(3e-5, "end of the cosine decay", section="optimiser")
     warmup_steps: int | None = option(None, "linear warm-up; default 5% of the steps (at most 1000)",
                                       section="optimiser", check=optional(NONNEG_INT))
-    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", section="optimiser", check=NONNEG_NUM)
+    weight_decay: float = option(0.1, "on matrices only (not norms, biases)", section="optimiser", check=DECAY)
     beta1: float = option(0.9, "AdamW's first-moment decay", section="optimiser", check=UNIT_HALF_OPEN)
     beta2: float = option(0.95, "AdamW's second-moment decay", section="optimiser", check=UNIT_HALF_OPEN)
     grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping (the norm is still logged)",
@@ -75,7 +77,7 @@ class TrainConfig:
     compile: bool = option(False, "torch.compile each decoder block", section="kernels", check=BOOL)
     cuda_graphs: str = option(AUTO, "replay each decoder block's forward and backward as CUDA graphs",
                               section="kernels", choices=CUDA_GRAPHS)
-    seed: int = option(1234, "model init and data order", section="model", check=NONNEG_INT)
+    seed: int = option(1234, "model init and data order", section="model", check=SEED)
     data: str | None = option(None, "prepared token folder, text file or folder, or hf:<dataset>; default: "
                               "SM_CHANNEL_TRAIN, else the shipped corpus", section="data", check=optional(PATH))
     output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>",
@@ -93,7 +95,7 @@ class TrainConfig:
                                             "checkpoint's", section="outputs", check=BOOL)
     val_every: int = option(0, "validation loss every N steps (0: only at the end)", section="data",
                             check=NONNEG_INT)
-    val_batches: int = option(4, "validation size in global batches", section="data", check=POSITIVE_INT)
+    val_batches: int = option(4, "validation size in global batches", section="data", check=BATCH_COUNT)
     parallel: str = option("ddp", "under torchrun: DDP, or FSDP2 fully_shard per decoder block", section="layout",
                            choices=PARALLEL)
     compute_dtype: str = option(AUTO, "torch.autocast dtype of the non-FP8 math", section="kernels",
@@ -108,13 +110,13 @@ class TrainConfig:
                                            "added in place", section="kernels", check=BOOL)
     device: str = option(AUTO, "where to train", section="layout", choices=DEVICES)
     gpu_memory_gib: float = option(0.0, "cap this process's GPU memory to this many GiB and size the layout for it "
-                                   "(0: the GPU's own)", section="layout", check=NONNEG_NUM)
+                                   "(0: the GPU's own)", section="layout", check=MEMORY_GIB)
     dry_run: bool = option(False, "print the plan and memory estimate; build and train nothing", section="outputs",
                            check=BOOL)
     max_bad_steps: int = option(5, "this many non-finite steps in a row stop the run", section="optimiser",
                                 check=POSITIVE_INT)
     peak_tflops: float = option(0.0, "dense BF16 peak for MFU; 0: from the GPU name", section="outputs",
-                                check=NONNEG_NUM)
+                                check=PEAK_TFLOPS)
     save_model: bool = option(True, "write the final HF model (save_pretrained) to the model folder",
                               section="outputs", check=BOOL)
     plot: bool = option(True, "write loss.png next to metrics.jsonl at the end", section="outputs", check=BOOL)

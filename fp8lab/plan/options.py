@@ -104,6 +104,10 @@ def _to_bool(name: str, s: str) -> bool:
 
 def _to_int(name: str, s: str) -> int:
     try:
+        return int(str(s).strip())  # digits exactly (a seed of 20 digits stays itself, for the check to show)
+    except (TypeError, ValueError):
+        pass
+    try:
         f = float(s)
         if not f.is_integer():
             raise ValueError

@@ -108,13 +108,19 @@ class MetricsLog:
 
     def write(self, rec: dict[str, Any]) -> None:
         line = json.dumps(rec, allow_nan=False) + "\n"
-        self._fh.write(line)
-        self._fh.flush()
+        try:
+            self._fh.write(line)
+            self._fh.flush()
+        except OSError as exc:  # a full disk, a file-size limit: the error names the file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         if self._recorded == 0:  # its first record: the marker's digest covers it from now on
             self._record(line.encode("utf-8"))
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError as exc:  # the last line did not fit either: named as the write's error is
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
 
 
 def read_metrics(path: str | Path, record: str | None = None) -> list[dict[str, Any]]:

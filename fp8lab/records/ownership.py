@@ -31,11 +31,14 @@ in or around the ``--data``/``--model`` the run reads, and the repository checko
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -76,26 +79,41 @@ def _umask() -> int:
     return mask
 
 
-_UMASK = _umask()
+UMASK = _umask()  # this process's, read once (os.umask can only be read by setting it)
 
 
 def write_file(path: str | Path, data: bytes | str) -> None:
     """``path`` written whole: into a fresh temporary file fp8lab creates beside it, then renamed over it
     (a link at ``path`` is replaced, never written through; on any error the temporary file goes and
-    ``path`` stays as it was)."""
+    ``path`` stays as it was). A device, FIFO, socket or folder at ``path`` is never replaced (OSError)."""
     path = Path(path)
+    refuse_special(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it (mkstemp's files are private)
+        os.fchmod(fd, 0o666 & ~UMASK)  # as open() would create it (mkstemp's files are private)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(name, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(name)
         except OSError:
             pass
+        if isinstance(exc, OSError) and not exc.filename:  # a full disk, a size limit: the error names the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
+
+
+def refuse_special(path: str | Path) -> None:
+    """OSError (EEXIST) when ``path`` exists as anything but a regular file or a symlink: a device node (``/dev/null``
+    for root), a FIFO, a socket or a folder is no file fp8lab may replace."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+        raise FileExistsError(errno.EEXIST, f"{Path(path).name} is {kind}, not a file fp8lab may replace; it is kept")
 
 
 def sha256_of(path: Path, limit: int | None = None) -> str:
@@ -180,15 +198,14 @@ def _owned_file(folder: Path, name: str, m: dict[str, Any]) -> bool:
 
 
 def own_checkpoint(path: Path) -> bool:
-    """``path`` is a checkpoint folder fp8lab wrote, holding only the files a checkpoint has: a
-    ``step_NNNNNNNN`` with fp8lab's manifest, an unfinished ``step_NNNNNNNN.tmp``, or a node's share of a
-    checkpoint on a disk rank 0 does not write (shards, no metadata)."""
+    """``path`` is a checkpoint folder fp8lab wrote, holding only the files a checkpoint has and fp8lab's
+    manifest: a ``step_NNNNNNNN``, an unfinished ``step_NNNNNNNN.tmp`` (the manifest is written first, its
+    digest when the save completes), or a node's share of a checkpoint on a disk rank 0 does not write
+    (shards and the node's own manifest, no metadata). Shards without the manifest are another job's."""
     if path.is_symlink() or not path.is_dir() or not (_STEP.fullmatch(path.name) or _STEP_TMP.fullmatch(path.name)):
         return False
     if not _checkpoint_shaped(path):
         return False
-    if _STEP_TMP.fullmatch(path.name) or not (path / CHECKPOINT_METADATA).exists():
-        return True
     m = _json_file(path / CHECKPOINT_MANIFEST)
     return m.get("written_by") == "fp8lab"  # its digests are checked when it loads (fp8lab.train.checkpoint.verify)
 
@@ -210,13 +227,13 @@ def _owned(folder: Path, kind: str, name: str, m: dict[str, Any] | None) -> bool
     p = folder / name
     if name.startswith(TMP_PREFIX):
         return True  # never read or written through; left by a crash
+    if name == LOCK:  # fp8lab.records.runlock's, in a run, checkpoint or token folder
+        return kind in ("run", "checkpoints", "tokens") and not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1
     if kind == "checkpoints":  # a checkpoint without fp8lab's manifest is no reason to refuse: it never loads or goes
         return own_checkpoint(p) or (bool(_STEP.fullmatch(name)) and not p.is_symlink() and p.is_dir()
                                      and _checkpoint_shaped(p))
     if name in SUBFOLDERS.get(kind, ()):
         return p.is_dir() and not p.is_symlink()
-    if kind == "run" and name == LOCK:
-        return not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1
     return m is not None and _owned_file(folder, name, m)
 
 
@@ -243,13 +260,27 @@ def refuse_foreign(option: str, folder: str | Path, kind: str) -> None:
                          f"overwrites or deletes them; allowed: a new or empty folder, or one fp8lab wrote")
 
 
-def claim(folder: str | Path, kind: str) -> Path:
-    """Create ``folder`` if needed and mark it as fp8lab's (after :func:`refuse_foreign` said it may)."""
+def claim(folder: str | Path, kind: str, run: str | None = None) -> Path:
+    """Create ``folder`` if needed and mark it as fp8lab's (after :func:`refuse_foreign` said it may). A run folder's
+    marker gets the run's id (:func:`run_id`); ``run``: that id, noted in a model folder as the run it holds."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if marker_kind(folder) is None:
-        _write_marker(folder, {"written_by": "fp8lab", "kind": kind, "files": {}})
+    old = _marker(folder)
+    m = dict(old or {"written_by": "fp8lab", "kind": kind, "files": {}})
+    if kind == "run" and not m.get("run_id"):
+        m["run_id"] = uuid.uuid4().hex
+    elif run:
+        m["run_id"] = run
+    if m != old:
+        _write_marker(folder, m)
     return folder
+
+
+def run_id(folder: str | Path) -> str | None:
+    """The id of the run whose folder (or whose exported model folder) ``folder`` is, or None (none noted)."""
+    m = _marker(Path(folder))
+    v = m.get("run_id") if m else None
+    return v if isinstance(v, str) else None
 
 
 def remove_own(folder: str | Path, kind: str) -> None:
@@ -295,6 +326,11 @@ def check_run_folders(c, paths, source: str | None, *, model_folder: str | None)
     _check_overlaps(resolved, [(o, Path(p).resolve()) for o, p in reads])
     for (option, _, kind), (_, shown, _) in zip(resolved, writes):
         refuse_foreign(option, shown, kind)
+    holder = run_id(paths.model_dir) if c.save_model else None
+    if holder is not None and holder != run_id(paths.output_dir):
+        raise ValueError(f"--model-dir={str(paths.model_dir)!r} holds the model another run exported (its "
+                         f"{MARKER} names another run folder); this run would replace it; allowed: a new --model-dir, "
+                         "or that run's own --output-dir")
 
 
 def _check_overlaps(writes: list[tuple[str, Path, str]], reads: list[tuple[str, Path]]) -> None:

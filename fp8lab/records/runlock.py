@@ -25,8 +25,8 @@ from fp8lab.records.ownership import LOCK
 class RunLock:
     """The held lock; :meth:`release` (idempotent) clears and frees it."""
 
-    def __init__(self, fh):
-        self._fh = fh
+    def __init__(self, fh, shared: bool = False):
+        self._fh, self._shared = fh, shared
 
     def release(self) -> None:
         if self._fh is None:
@@ -34,9 +34,10 @@ class RunLock:
         import fcntl
 
         try:
-            self._fh.seek(0)
-            self._fh.truncate()
-            self._fh.flush()
+            if not self._shared:  # a reader's shared lock names no holder
+                self._fh.seek(0)
+                self._fh.truncate()
+                self._fh.flush()
         except OSError:
             pass
         fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
@@ -44,8 +45,9 @@ class RunLock:
         self._fh = None
 
 
-def acquire(option: str, folder: str | Path) -> RunLock:
-    """Lock ``folder`` (it exists) for this process; ValueError naming ``option`` when a live run holds it."""
+def acquire(option: str, folder: str | Path, user: str = "run") -> RunLock:
+    """Lock ``folder`` (it exists) for this process; ValueError naming ``option`` when a live process holds it
+    (``user``: what this process is, as the refusal says it)."""
     try:
         import fcntl
     except ImportError:  # not POSIX
@@ -57,7 +59,9 @@ def acquire(option: str, folder: str | Path) -> RunLock:
         fh.seek(0)
         holder = _holder(fh.read())
         fh.close()
-        raise ValueError(f"{option}={str(folder)!r} is in use by another fp8lab run ({holder}); allowed: wait for it "
+        if holder == "a live process" and user == "prepare-data":  # readers name no holder
+            holder = "a training run reads it"
+        raise ValueError(f"{option}={str(folder)!r} is in use by another fp8lab {user} ({holder}); allowed: wait for it "
                          f"to finish, or another {option}") from None
     except OSError as exc:  # no flock here (e.g. some network file systems)
         print(f"fp8lab: note: {option} cannot be locked ({exc.strerror}); make sure no other run uses it", flush=True)
@@ -68,6 +72,36 @@ def acquire(option: str, folder: str | Path) -> RunLock:
     fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
     fh.flush()
     return RunLock(fh)
+
+
+def acquire_shared(option: str, folder: str | Path) -> RunLock:
+    """A reader's lock on ``folder`` (a prepared ``--data``): shared with other readers, refused (ValueError naming
+    ``option``) while a writer holds it (``fp8lab prepare-data`` replacing its shards), and a writer refused while
+    it is held. A folder without fp8lab's lock file, or one that cannot be opened (read-only, no flock), is read
+    unlocked: nothing is created in a folder the run only reads."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return RunLock(None)
+    try:
+        fd = os.open(Path(folder) / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return RunLock(None)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return RunLock(None)
+    fh = os.fdopen(fd, "r")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fh.read())
+        fh.close()
+        raise ValueError(f"{option}={str(folder)!r} is being written by fp8lab prepare-data ({holder}); allowed: wait "
+                         f"for it to finish, then run again") from None
+    except OSError:
+        fh.close()
+        return RunLock(None)
+    return RunLock(fh, shared=True)
 
 
 def _open(option: str, folder: str | Path):
@@ -91,8 +125,18 @@ def _open(option: str, folder: str | Path):
 
 
 def _holder(text: str) -> str:
+    """Who holds the lock, as its file says; a holder of this host that is gone (killed: the file kept its line while
+    readers, who write none, hold the lock now) is no holder."""
     try:
         d = json.loads(text)
-        return f"pid {int(d['pid'])} on {str(d['host'])[:64]}"
+        pid, host = int(d["pid"]), str(d["host"])[:64]
     except (ValueError, KeyError, TypeError):
         return "a live process"
+    if host == socket.gethostname()[:64]:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "a live process"
+        except OSError:
+            pass
+    return f"pid {pid} on {host}"

@@ -122,6 +122,10 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
             _remove_own(tmp)
     fdist.barrier(env)
     tmp.mkdir(parents=True, exist_ok=True)  # each node's local disk needs the folder (multi-node jobs)
+    if env.local_rank == 0 and not (tmp / MANIFEST).exists():
+        # first, so a save cut short leaves a folder that says it is fp8lab's (fp8lab.records.ownership.own_checkpoint)
+        _write_manifest(tmp, step, pending=True)
+    fdist.barrier(env)
     model_sd, optim_sd = _model_and_optim_state(model, optimizer)
     with _quiet_single_process(env):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
@@ -156,8 +160,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_manifest(folder: Path, step: int) -> None:
-    manifest = {"written_by": "fp8lab", "step": step, "sha256": {METADATA: _sha256(folder / METADATA)}}
+def _write_manifest(folder: Path, step: int, pending: bool = False) -> None:
+    manifest = {"written_by": "fp8lab", "step": step,
+                "sha256": {METADATA: None if pending else _sha256(folder / METADATA)}}
     ownership.write_file(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
@@ -356,6 +361,24 @@ def _te_pickled_state_allowed() -> Iterator[None]:
             os.environ.pop(_TE_UNSAFE_PICKLE, None)
         else:
             os.environ[_TE_UNSAFE_PICKLE] = old
+
+
+def remove_unfinished(root: str | Path, step: int) -> None:
+    """After a failed save: its ``step_NNNNNNNN.tmp`` goes (fp8lab's, by its manifest), freeing the space it took."""
+    tmp = step_dir(Path(root), step).with_name(f"step_{step:08d}.tmp")
+    if ownership.own_checkpoint(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def foreign_steps(root: str | Path, last_step: int) -> list[str]:
+    """``step_NNNNNNNN`` folders in ``root`` that fp8lab did not write and that a run of ``last_step`` steps might
+    save over (a step <= ``last_step``: periodic, final or on SIGTERM): such a save would fail, so the run is refused
+    before it trains."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (m := _NAME.match(p.name)) and int(m.group(1)) <= last_step
+                  and not ownership.own_checkpoint(p))
 
 
 def remove_partial(root: str | Path) -> list[Path]:

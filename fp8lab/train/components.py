@@ -96,6 +96,8 @@ class Checkpointer:
             fckpt.save(self.root, step, self.model, self.optimizer, trainer_state, self.env, keep=self.keep)
         except (OSError, RuntimeError, CheckpointException) as exc:  # e.g. read-only folder, full disk (torch.save's
             # RuntimeError): stop, keep metrics + summary
+            if self.env.local_rank == 0:  # its half-written folder would only hold the space a summary needs
+                fckpt.remove_unfinished(self.root, step)
             return fresume.failure_reason(exc)
         return None
 
@@ -184,6 +186,12 @@ class NonFiniteGuard:
         return (f"fp8lab: step {step} skipped: non-finite loss or gradient "
                 f"({self.in_a_row} in a row, {self.state.nonfinite_steps} in total; limit {self.max_bad} in a row)")
 
+    def nothing_trained_message(self, steps: int) -> str:
+        """A run whose every step was skipped, fewer than ``max_bad`` of them: it trained nothing."""
+        return (f"fp8lab: all {steps} steps had a non-finite loss or gradient and were skipped: nothing was trained "
+                f"(the weights are the initial ones; fewer steps than --max-bad-steps {self.max_bad}, so the guard "
+                "did not stop it). Try --recipe current, a larger margin, a lower --lr, or --precision bf16.")
+
     def stop_message(self, step: int) -> str:
         return (f"fp8lab: stopped at step {step}: {self.in_a_row} steps in a row had a non-finite loss or "
                 f"gradient (--max-bad-steps {self.max_bad}). Weights are those of step {step - self.in_a_row}; "
@@ -201,6 +209,7 @@ class StopFlag:
 
     def __init__(self):
         self.set = False
+        self.forced = False  # a second Ctrl-C came
         self.name = "SIGTERM"  # the signal that set it
         self._old: dict[int, Any] = {}
 
@@ -210,6 +219,7 @@ class StopFlag:
 
     def _handle(self, signum, frame) -> None:
         if self.set and signum == signal.SIGINT:
+            self.forced = True  # a checkpoint it cut short is no failure of the disk: the run stops at once
             raise KeyboardInterrupt
         self.set, self.name = True, signal.Signals(signum).name
 
@@ -375,16 +385,20 @@ class StepMetrics:
             "wall_s": wall_s,
         }
 
-    def write_summary(self, summary: dict[str, Any], plot: bool) -> str | None:
+    def write_summary(self, summary: dict[str, Any], plot: bool, checkpoints: list[int] = ()) -> str | None:
         """summary.json, atomically (a temporary file, then a rename), and loss.png; None, or why
-        summary.json could not be written (the one before, if any, stays whole)."""
+        summary.json could not be written (the one before, if any, stays whole), after the run's own stop
+        message (a failed checkpoint's), saying which ``checkpoints`` (steps) are kept."""
         path = self.output_dir / "summary.json"
         try:
             ownership.write_file(path, json.dumps(summary, indent=2) + "\n")
             ownership.record(self.output_dir, path.name, "metrics.jsonl")
         except OSError as exc:
-            return (f"fp8lab: writing summary.json in {self.output_dir.name!r} failed ({fresume.failure_reason(exc)}); "
-                    f"metrics.jsonl and the checkpoints are kept: free space and re-run the same command")
+            kept = (f"checkpoint step_{max(checkpoints):08d} is kept" if checkpoints else "no checkpoint is complete")
+            before = f"{summary['message']} " if summary.get("message") else ""
+            return (f"{before}fp8lab: writing summary.json in {self.output_dir.name!r} failed "
+                    f"({fresume.failure_reason(exc)}); metrics.jsonl is kept and {kept}: free space and re-run the "
+                    "same command")
         if plot:
             plot_loss(self.output_dir)
         return None

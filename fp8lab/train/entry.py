@@ -43,7 +43,9 @@ plus the tokenizer) unless SageMaker or the options place them elsewhere.
 Exit codes of ``main``: 0 done (or stopped by SIGTERM or Ctrl-C after a checkpoint), 2 bad options,
 3 stopped by the FP8 overflow guard (too many non-finite steps in a row), 4 stopped because a
 checkpoint could not be written (metrics.jsonl and summary.json are still written), or the final
-model export or summary.json could not be written (the weights then kept in a checkpoint).
+model export or summary.json could not be written (the weights then kept in a checkpoint), or another
+write failed (a full disk, a file-size limit: one line naming the file); 130 stopped at once by a second
+Ctrl-C or one outside the training loop (the newest checkpoint kept: the same command resumes from it).
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ import sys
 from typing import Any
 
 from fp8lab.core import validate as fvalidate
+from fp8lab.core.paths import shareable_path
 from fp8lab.core.errors import OptionError
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
@@ -64,6 +67,7 @@ from fp8lab.train.run_paths import resolve_paths
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 EXIT_EVAL_FAILED = 5  # trained, checkpointed and exported; only the final validation loss is missing
+EXIT_INTERRUPTED = 130  # stopped at once by Ctrl-C (a second one, or one outside the training loop): the shell's 128 + SIGINT
 # TrainConfig and its checks live in fp8lab.plan.config; their names stay importable from here
 from fp8lab.plan.config import CHECKPOINT_EVERY, TrainConfig, option_problem  # noqa: E402,F401
 
@@ -173,6 +177,25 @@ def where_it_writes(config) -> str:
             f"checkpoints to {p.checkpoint_dir}/{model}")
 
 
+def write_failure(exc: OSError, config) -> str:
+    """One line for an OSError: what it is and the file it concerns, that file relative to the run's folder."""
+    name = shareable_path(str(exc.filename), resolve_paths(config).output_dir) if exc.filename else None
+    what = exc.strerror or str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {what}" + (f" ({name})" if name else "")
+
+
+def _kept(config) -> str:
+    """What an interrupted or failed run leaves: its newest complete checkpoint, which the same command resumes from."""
+    from fp8lab.train import checkpoint as fckpt  # torch: loaded already when a run was under way
+
+    p = resolve_paths(config)
+    done = [s for s, _ in fckpt.complete_checkpoints(p.checkpoint_dir)] if config.resume or config.checkpoint_every >= 0 else []
+    if not done:
+        return "the files written so far are kept; no checkpoint is complete, so the same command starts again"
+    return (f"the files written so far and checkpoint step_{done[0]:08d} are kept: the same command resumes from "
+            f"step {done[0]}")
+
+
 def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None) -> int:
     """``fp8lab train`` / ``python -m fp8lab.train``: 0 done, 2 bad options, 3 overflow guard stop, 4 a checkpoint,
     export or summary not written, 5 trained and exported but the final evaluation failed.
@@ -196,6 +219,12 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
+    except KeyboardInterrupt:  # a second Ctrl-C in a step, or one in the export: stopped at once
+        print(f"fp8lab train: interrupted (Ctrl-C); {_kept(config)}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except OSError as exc:  # a write the run could not make (full disk, file-size limit) outside its own handling
+        print(f"fp8lab train: error: {write_failure(exc, config)}; stopped; {_kept(config)}", file=sys.stderr, flush=True)
+        return EXIT_CHECKPOINT_FAILED
     return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED, "export_failed": EXIT_CHECKPOINT_FAILED,
             "summary_failed": EXIT_CHECKPOINT_FAILED, "eval_failed": EXIT_EVAL_FAILED}.get(summary["status"], 0)
 

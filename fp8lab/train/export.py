@@ -40,7 +40,8 @@ def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
     return hf_state_dict_from(inner, full)
 
 
-def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Path, env, master=None) -> None:
+def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Path, env, master=None,
+                  run: str | None = None) -> None:
     """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
 
     ``plan``: the run's (fp8lab.plan.runplan.RunPlan: its model and ModelConfig). ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
@@ -56,16 +57,21 @@ def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Pat
     hf = build_model(name, device="meta", config=plan.model_config if name in MODEL_CONFIGS else None)
     ownership.refuse_foreign("--model-dir", model_dir, "model")  # as at the start: nothing of the user's is replaced
     # written whole into a fresh folder fp8lab creates, then moved in file by file
-    stage = Path(tempfile.mkdtemp(dir=ownership.claim(model_dir, "model"), prefix=ownership.TMP_PREFIX))
+    # the model folder notes the run it holds (``run``: its id), so another run is refused it at its start
+    stage = Path(tempfile.mkdtemp(dir=ownership.claim(model_dir, "model", run=run), prefix=ownership.TMP_PREFIX))
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
     try:
         hf.save_pretrained(str(stage), state_dict=sd)
-        # the user's folder had a tokenizer: it goes back along (the data were tokenized with fp8lab's: fp8lab.model.user)
-        if not user_model.copy_tokenizer(name, stage):
-            tok = PreTrainedTokenizerFast(tokenizer_file=str(data_dir / "tokenizer.json"), eos_token=fdata.EOS_TOKEN)
+        # the user's folder had a tokenizer that maps tokens as the data's does: it goes back along; one that maps them
+        # otherwise would decode the trained ids wrongly, so the data's goes instead (said at the start: the trainer)
+        data_tokenizer = data_dir / "tokenizer.json"
+        if user_model.tokenizer_differs(name, data_tokenizer) or not user_model.copy_tokenizer(name, stage):
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(data_tokenizer), eos_token=fdata.EOS_TOKEN)
             tok.save_pretrained(str(stage))
         names = sorted(f.name for f in stage.iterdir())
+        for f in stage.iterdir():  # as open() makes files (safetensors writes its own private): one mode for all
+            os.chmod(f, 0o666 & ~ownership.UMASK)
         ownership.refuse_foreign("--model-dir", model_dir, "model")
         for name in names:
             os.replace(stage / name, model_dir / name)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fp8lab.core.paths import shareable_text
 from fp8lab.model.user import identity
 
 # fingerprint keys that --resume-with-new-settings may change
@@ -72,14 +73,14 @@ def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int,
             f"afresh in a new --output-dir (or another --checkpoint-dir)")
     if fixed:
         raise ValueError(
-            f"checkpoint {where} was written by a different run ({listed}); use the same options, another "
-            f"--checkpoint-dir, or --resume False" + (f" ({', '.join(fixed)} cannot change with {NEW_SETTINGS_FLAG})"
+            f"checkpoint {where} was written by a different run ({listed}); use the same options, or start "
+            f"afresh in a new --output-dir (and --checkpoint-dir)" + (f" ({', '.join(fixed)} cannot change with {NEW_SETTINGS_FLAG})"
                                                        if allow_new else ""))
     if not allow_new:
         raise ValueError(
             f"checkpoint {where} was written with other settings ({listed}); resume with the same options, pass "
             f"{NEW_SETTINGS_FLAG} to continue from step {step} on the new schedule (see fp8lab.train.resume), "
-            "another --checkpoint-dir, or --resume False")
+            "or start afresh in a new --output-dir (and --checkpoint-dir)")
     if current["total_steps"] <= step:
         raise ValueError(f"--steps/--tokens give {current['total_steps']} steps but checkpoint {where} is at step "
                          f"{step}; allowed with {NEW_SETTINGS_FLAG}: more than {step} steps")
@@ -105,7 +106,7 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         rank, inner = next(iter(failures.items()))
         inner = inner[0] if isinstance(inner, tuple) and inner else getattr(inner, "exc", inner)  # (exception, traceback)
-        text = str(inner).strip().split(". ")[0].splitlines()
+        text = shareable_text(str(inner)).strip().split(". ")[0].splitlines()
         return f"{type(exc).__name__} on rank {rank}: {type(inner).__name__}: {text[0] if text else ''}"[:300]
-    text = str(exc).strip().split(". ")[0].splitlines()
+    text = shareable_text(str(exc)).strip().split(". ")[0].splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

@@ -45,6 +45,7 @@ from fp8lab.fp8.backends import detect_machine, get_backend
 from fp8lab.fp8.convert import convert_model, edge_blocks_filter, fp8_lm_head
 from fp8lab.model.models import MODEL_CONFIGS, build_model, model_flops_per_token
 from fp8lab.model.user import is_user_model
+from fp8lab.model.user import tokenizer_differs as user_tokenizer_differs
 from fp8lab.plan import graphs
 from fp8lab.plan.runplan import plan_run
 from fp8lab.records import metrics as fmetrics
@@ -81,7 +82,7 @@ class Trainer:
         # the backend object and its FP8 region, looked up once (not per micro-batch)
         self.fp8_backend = get_backend(plan.backend) if plan.backend else None
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
-        self.lock = None  # the output folder's run lock (fp8lab.records.runlock), rank 0, from _prepare_data to close()
+        self.locks: list = []  # the output and checkpoint folders' run locks (fp8lab.records.runlock), rank 0, to close()
         self.te_debug = None  # TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
 
     @property
@@ -123,7 +124,11 @@ class Trainer:
         if env.local_rank == 0:
             self.paths.output_dir.mkdir(parents=True, exist_ok=True)
             if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
-                self.lock = runlock.acquire("--output-dir", self.paths.output_dir)
+                self.locks.append(runlock.acquire("--output-dir", self.paths.output_dir))
+                self._lock_checkpoints()
+                self._keep_an_ended_run()
+                if source is not None and fdata.is_prepared(source):  # prepare-data is refused it while the run reads
+                    self.locks.append(runlock.acquire_shared("--data", source))
             ownership.claim(self.paths.output_dir, "run")
             self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
         fdist.barrier(env)
@@ -131,12 +136,50 @@ class Trainer:
             self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
         self.manifest = m = fdata.read_manifest(self.data_dir)
         data_checks.check_prepared_size(m, self.plan.seq_len)
+        if c.save_model and env.is_main and user_tokenizer_differs(c.model, self.data_dir / m["tokenizer"]):
+            self.log(f"fp8lab: note: --model's tokenizer maps tokens to other ids than --data's; the run learns --data's "
+                     "ids, so the export ships --data's tokenizer (the folder's would decode its outputs wrongly)")
         if m["vocab_size"] > mcfg.vocab_size:
             fix = (f"use --model-override vocab_size={m['vocab_size']}" if c.model in MODEL_CONFIGS else
                    f"use a model whose config.json has vocab_size >= {m['vocab_size']}")
             raise ValueError(
                 f"--data: its tokenizer has {m['vocab_size']} tokens but {c.model} has vocab_size "
                 f"{mcfg.vocab_size}; {fix} or data prepared with a smaller tokenizer")
+
+    def _lock_checkpoints(self) -> None:
+        """One run per checkpoint folder too: it rotates and removes what it wrote there, so a second run sharing
+        it is refused (rank 0, under the output folder's lock); and a step folder of another tool that this run
+        might save over is refused now, not at that save."""
+        c, root = self.c, self.paths.checkpoint_dir
+        if c.checkpoint_every < 0 and not (c.resume and root.is_dir()):
+            return  # it writes no checkpoint and reads none: no folder is made for it
+        root.mkdir(parents=True, exist_ok=True)
+        self.locks.append(runlock.acquire("--checkpoint-dir", root))
+        if c.checkpoint_every >= 0:
+            theirs = fckpt.foreign_steps(root, self.plan.total_steps)
+            if theirs:
+                raise ValueError(f"--checkpoint-dir={str(root)!r} holds {', '.join(theirs[:3])}, not written by fp8lab, "
+                                 f"where this run of {self.plan.total_steps} steps may save its own; fp8lab never replaces "
+                                 "it; allowed: another --checkpoint-dir, or move that folder away")
+
+    def _keep_an_ended_run(self) -> None:
+        """A run that would start afresh (``--resume False``, or nothing to resume) in an output folder holding
+        the summary of a completed run is refused: its metrics.jsonl, summary.json and model would be replaced."""
+        c, out = self.c, self.paths.output_dir
+        if c.resume and fckpt.complete_checkpoints(self.paths.checkpoint_dir):
+            return  # it resumes (or keeps a finished run as it is: finish)
+        summary = out / "summary.json"
+        try:  # a regular file only (a FIFO would wait for a writer; check_run_folders refused one already)
+            ended = json.loads(summary.read_text()).get("status") if summary.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            return
+        if ended != "completed" or ownership.foreign(out, "run"):
+            return  # a run that stopped early starts again; not fp8lab's summary: check_run_folders refused the folder
+        why = "with --resume False" if not c.resume else "with no checkpoint to resume from"
+        raise ValueError(f"--output-dir={str(out)!r} holds a completed run (its metrics.jsonl, summary.json"
+                         f"{' and model' if (self.paths.model_dir / 'config.json').is_file() else ''}); starting afresh "
+                         f"{why} would replace them; allowed: a new --output-dir, or the same command with --resume True "
+                         "and its checkpoints")
 
     def _build_model(self) -> None:
         """build -> convert -> activation checkpointing -> compile -> master weights -> wrap."""
@@ -408,6 +451,8 @@ class Trainer:
                     break
                 if not saved:
                     failed = self.checkpointer.maybe_save(step, last=last, stopping=r.stop, healthy=self.guard.healthy)
+                if failed and self.stop.forced:  # the second Ctrl-C landed in the save (torch wraps it): stop at once
+                    raise KeyboardInterrupt
                 if r.stop:
                     status = "interrupted"
                     message = f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a restart resumes here)"
@@ -424,6 +469,8 @@ class Trainer:
             profiler.close()
             self.metrics.close()
             self.stop.uninstall()
+        if status == "completed" and state.step and state.nonfinite_steps >= state.step:
+            status, message = "stopped_nonfinite", self.guard.nothing_trained_message(state.step)
         return status, message
 
     # ------------------------------------------------------------------------------------ the end
@@ -452,7 +499,8 @@ class Trainer:
                                        self.resumed_from, time.perf_counter() - self.wall0)
         summary["val_error"] = self.val_error  # why the (last) evaluation failed; None: every one ran
         if env.is_main:
-            failed = self.metrics.write_summary(summary, plot=c.plot)
+            done = [s for s, _ in fckpt.complete_checkpoints(self.paths.checkpoint_dir)]
+            failed = self.metrics.write_summary(summary, plot=c.plot, checkpoints=done)
             if failed:
                 summary.update(status="summary_failed", message=failed)
             if summary["message"]:
@@ -479,7 +527,7 @@ class Trainer:
         why = None
         try:
             fexport.save_hf_model(self.model, self.inner, self.conversion, self.plan, self.paths.model_dir, self.data_dir,
-                                  env, master=self.master)
+                                  env, master=self.master, run=ownership.run_id(self.paths.output_dir))
         except (OSError, ValueError, *fexport.WRITE_ERRORS) as exc:  # e.g. disk full: the staged files are removed
             why = fresume.failure_reason(exc)
         why = fdist.broadcast_object(why, env)
@@ -499,9 +547,8 @@ class Trainer:
         if self.te_debug is not None:
             self.te_debug.close()
             self.te_debug = None
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        while self.locks:
+            self.locks.pop().release()
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from fp8lab.analysis.scaling import answer_at_scale
 from fp8lab.analysis.time_to_loss import sentence, time_to_loss
 from fp8lab.core.hardware import gpu_label
 from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, files_read_once
-from fp8lab.core.probes import check_writable_file
+from fp8lab.core.probes import check_writable_file, refuse_replacing
 from fp8lab.core.progress import Counter
 from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
 from fp8lab.analysis import fp8_stats as health_reader
@@ -32,6 +32,7 @@ from fp8lab.fp8 import stats as fp8stats
 from fp8lab.plan import evidence
 from fp8lab.records import ownership
 from fp8lab.views import plots
+from fp8lab.views.html_table import fmt as _fmt, table as _table
 from fp8lab.views.peers import peers_markdown, peers_sentence
 
 _CSS = """
@@ -56,22 +57,6 @@ class ReportConfig:
     smoothing: str = "ema"  # "ema", "window" or "none"
     smoothing_span: int = 20  # EMA span or window length, in logged steps
     title: str = "fp8lab: BF16 vs FP8 training results"
-
-
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        if v != v:  # NaN
-            return "-"
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
-    return str(v)
-
-
-def _table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
-    if not len(df):
-        return '<p class="muted">(none)</p>'
-    d = df[[c for c in (columns or df.columns) if c in df]]
-    return ('<div class="wide">' + d.to_html(index=False, escape=True, na_rep="-",
-                                             formatters={c: _fmt for c in d.columns}, border=0) + "</div>")
 
 
 _DRAWN: list = []  # the progress counter of the page being drawn (fp8lab.core.progress.Counter), if any
@@ -216,7 +201,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         f"<p>{_md_link_html(analysis.source_link())}</p>",
         _table(a.reference),
     ]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + GENERATOR_META +
             f"<title>{e(config.title)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
 
@@ -339,6 +324,16 @@ def refuse_input(option: str, value: str | Path, sources: Iterable[str | Path]) 
                              f"over its inputs; allowed: a file outside them, e.g. report.html")
 
 
+GENERATOR_META = '<meta name="generator" content="fp8lab report">'  # says the page is fp8lab's: a re-run may replace it
+_PAGE_HEAD = '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>fp8lab'  # pages written before it
+
+
+def _ours(head: str, markdown: bool) -> bool:
+    """The first bytes of a file fp8lab report wrote: its page (``markdown``: its table)."""
+    return (head.startswith("| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |") if markdown
+            else GENERATOR_META in head or head.startswith(_PAGE_HEAD))
+
+
 def build_report(sources: object = None, out: str | Path = "report.html",
                  config: ReportConfig = ReportConfig(), runs: pd.DataFrame | None = None) -> Path:
     """Load ``sources`` (see :func:`fp8lab.analysis.load_runs`) and write the HTML page to ``out``; ``runs``:
@@ -388,11 +383,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     config = ReportConfig(args.tokens, args.price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
                           args.smoothing_span)
     try:  # where the page goes, before anything is read or written
+        if args.markdown is not None and not args.docs and Path(args.out).resolve() == Path(args.markdown).resolve():
+            raise ValueError(f"--out={args.out!r} and --markdown={args.markdown!r} name one file; the table would "
+                             "replace the page; allowed: two file names, e.g. report.html and report.md")
         for option, value in (("--out", args.out), ("--markdown", args.markdown)):
-            if value is not None:
+            if value is not None and not args.docs:
                 check_writable_file(option, value)
-                if not args.docs:
-                    refuse_input(option, value, args.runs or [RESULTS_DIR])
+                refuse_input(option, value, args.runs or [RESULTS_DIR])
+                refuse_replacing(option, value, lambda head, md=option == "--markdown": _ours(head, md),
+                                 "a report fp8lab wrote")
     except ValueError as exc:
         print(f"fp8lab report: error: {exc}", file=sys.stderr)
         return 2
@@ -426,6 +425,10 @@ def _report_main(args, config: ReportConfig) -> int:
             ownership.write_file(args.markdown, render_markdown(analysis.load_runs(args.runs or None), config))
     except (ValueError, FileNotFoundError) as exc:
         print(f"fp8lab report: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a full disk, a file-size limit: the page's temporary file is gone, the old page whole
+        print(f"fp8lab report: error: {exc.strerror or exc} ({Path(exc.filename).name if exc.filename else args.out}); "
+              "nothing half-written is left and a page written before stays as it was", file=sys.stderr)
         return 1
     print(f"wrote {out}" + (f" and {args.markdown}" if args.markdown else ""))
     return 0

@@ -285,7 +285,7 @@ NOTEBOOK_BAD = [  # (notebook, parameter, value as typed, phrase); exit code 1 (
     ("03", "micro_batch_size", "0", "parameter micro_batch_size=0 is invalid; allowed: auto or a positive integer"),
     ("03", "lr", "2", "parameter lr=2 is invalid; allowed: a number in (0, 1)"),
     ("03", "lr", "fast", "parameter lr='fast' is invalid; allowed: a number"),
-    ("03", "seed", "-1", "parameter seed=-1 is invalid; allowed: an integer >= 0"),
+    ("03", "seed", "-1", "parameter seed=-1 is invalid; allowed: an integer from 0 to 4294967295 (2**32 - 1)"),
     ("03", "model", "gpt5", "parameter model='gpt5' is invalid; allowed: llama-tiny"),
     ("03", "recipe", "bogus", "parameter recipe='bogus' is invalid; allowed: auto | delayed"),
     ("03", "backends", "te", "parameter backends='te' is invalid; allowed: a list"),

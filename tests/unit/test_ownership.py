@@ -17,7 +17,7 @@ def test_write_file_replaces_a_link_and_never_writes_through_it(tmp_path):
     ownership.write_file(tmp_path / "run" / "summary.json", "{}\n")
     assert victim.read_text() == "years of work\n"
     assert not (tmp_path / "run" / "summary.json").is_symlink() and (tmp_path / "run" / "summary.json").read_text() == "{}\n"
-    assert oct((tmp_path / "run" / "summary.json").stat().st_mode & 0o777) == oct(0o666 & ~ownership._UMASK)
+    assert oct((tmp_path / "run" / "summary.json").stat().st_mode & 0o777) == oct(0o666 & ~ownership.UMASK)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["summary.json"]  # no temporary file left
 
 
