@@ -25,7 +25,8 @@ from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLIN
                                  NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new, _shared_legend, _tick_name,
                                  figure_name, figure_stats, save_figure, show, to_png)
 from fp8lab.views.studies import (HEALTH_FLOOR, HEALTH_METRICS, LONG_CONTEXT_ROLES,  # noqa: F401 (every figure
-                                  fp8_health_figure, instances_figure, long_context_figure, parity_figure)  # is found here)
+                                  blog_gap_figure, fp8_health_figure, instances_figure, long_context_figure,
+                                  parity_figure)  # is found here)
 
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
 
@@ -433,6 +434,7 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
             ax.scatter(g[by], g["efficiency"], s=12, color=colors[var], alpha=0.6)
     ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
     ax.set_xlabel(_SCALE_LABEL[by])
+    ax.set_xticks(sorted({int(v) for v in scaling[by].dropna()}))  # GPU and instance counts are whole numbers
     ax.set_ylabel("tokens/s/GPU over the same set-up at the smallest scale\n(reference: the run closest in time)", fontsize=8)
     ax.set_ylim(0, max(1.1, float(scaling["efficiency"].max()) * 1.05))
     ax.set_title(title)
