@@ -14,6 +14,7 @@ pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
 from fp8lab.launch.redaction import _public_registry_accounts  # noqa: E402
 from fp8lab.notebooks import NOTEBOOK_DIR, default_kernel, read_glued, run  # noqa: E402
+from prose import assert_notebook_prose_short
 
 import moto_env as menv  # noqa: E402  (tests/sagemaker/, on sys.path through tests/conftest.py)
 
@@ -60,6 +61,7 @@ def _check(vals, plan, executed: Path):
 @pytest.mark.slow
 def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
     res = run(["04"], {}, output_dir=tmp_path, progress=False)
+    assert_notebook_prose_short(res[0].output)
     vals = read_glued(res[0].output)
     plan = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 2, 4], tokens=24_000_000_000,
                         role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET)

@@ -13,6 +13,7 @@ import torch
 from fp8lab.views import formats as V
 from figure_outputs import assert_figures_readable_and_saved
 from fp8lab.notebooks import NOTEBOOK_DIR, read_glued, run
+from prose import assert_notebook_prose_short
 
 # same model, tokens and seed; only the format and the margin change
 OTHER = {"fmt": "E5M2", "margin": 1}
@@ -37,6 +38,7 @@ def _png_count(path) -> int:
 
 def test_default_run_values(default_run):
     path, g = default_run
+    assert_notebook_prose_short(path)  # every paragraph, the run's own summary included, at most 600 characters
     assert len(assert_figures_readable_and_saved(path, path.with_suffix(""))) == _png_count(path)
     assert g["e4m3_max"] == 448.0 and g["e5m2_max"] == 57344.0
     assert g["n_values_e4m3"] == 253 and g["n_values_e5m2"] == 247
