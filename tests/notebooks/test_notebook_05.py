@@ -87,9 +87,10 @@ def test_detail_all_shows_every_run(tmp_path):
     res = run(["05"], {"detail": "all"}, output_dir=tmp_path, progress=False)
     vals = read_glued(res[0].output)
     assert vals["detail"] == "all" and vals["n_runs"] == analysis.load_runs()["run_id"].nunique()
-    # headline, loss, cost, throughput, speedup, MFU, scaling, profile, long sequences (#34): drawn even with no runs
-    assert _images(res[0].output) == 10  # issue 31: + loss against the BF16 seeds
-    assert len(assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem)) == 10
+    # headline, loss, loss against the BF16 seeds, cost, why faster than the blog, throughput, speedup, MFU, scaling,
+    # profile, long sequences: drawn even with no runs
+    assert _images(res[0].output) == 11
+    assert len(assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem)) == 11
 
 
 def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):
