@@ -2,6 +2,7 @@
 to the trainer pass the trainer's own checks (``fp8lab.notebooks`` calls these before running one)."""
 from __future__ import annotations
 
+import ast
 import math
 import re
 from typing import Any, Callable
@@ -9,6 +10,16 @@ from typing import Any, Callable
 from fp8lab.core.validate import is_int, is_num
 from fp8lab.plan.config import TrainConfig
 from fp8lab.plan.options import FP8_BACKENDS
+
+
+def _listed(v: Any) -> Any:
+    """A string holding a list (plain papermill's ``-p name "[1, 2]"``) as that list; else ``v``."""
+    if isinstance(v, str):
+        try:
+            return ast.literal_eval(v.strip())
+        except (ValueError, SyntaxError):
+            return v
+    return v
 
 
 def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
@@ -20,7 +31,7 @@ def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
         return "a number", is_num
     # a string default is left to the notebook's own checks: it may stand for "auto" or a number
     if isinstance(default, list):
-        return "a list, e.g. " + repr(default), lambda v: isinstance(v, (list, tuple))
+        return "a list, e.g. " + repr(default), lambda v: isinstance(_listed(v), (list, tuple))
     return None
 
 
@@ -39,7 +50,7 @@ def _train_pair_check(values: dict[str, Any]) -> None:
     (fp8lab.train.entry.TrainConfig)."""
     import dataclasses
 
-    backends = values.get("backends")
+    backends = _listed(values.get("backends"))
     choices = ("auto", *FP8_BACKENDS)
     if isinstance(backends, str) or not isinstance(backends, (list, tuple)) or not backends or any(
             b not in choices for b in backends):

@@ -26,6 +26,9 @@ GLUE_MIME = "application/x.fp8lab.glue+json"
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "fp8lab"  # the Jupyter kernel scripts/setup.sh registers; every notebook's kernelspec names it
 OUTPUTS = "outputs"  # beside notebooks/: each notebook works in outputs/<its name>/ (as `fp8lab notebooks run`)
+# notebook parameters once named otherwise -> their one name across the notebooks (notebook 04's); the old name
+# is refused with the new one, by the runner and by the notebook itself under plain papermill
+RENAMED = {"token_budget": "tokens", "price_per_instance_hour": "price_per_hour"}
 
 
 class NotebookError(RuntimeError):
@@ -76,6 +79,30 @@ def glue(name: str, value: Any, display: bool = False) -> None:
     if display:
         data["text/plain"] = f"{name} = {value!r}"
     ipy_display(data, raw=True)
+
+
+def as_list(name: str, value: Any) -> list:
+    """A list parameter as a list: plain papermill passes ``-p name "[1, 2, 4]"`` as the string "[1, 2, 4]"
+    (``-y 'name: [1, 2, 4]'`` passes a list), so a string holding a Python or JSON list is read as that
+    list; anything else is a clear error naming the parameter."""
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{name}={value!r} is invalid; allowed: a list, e.g. -y '{name}: [...]' or "
+                             f"-p {name} \"[...]\"") from None
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name}={value!r} is invalid; allowed: a list, e.g. [{value!r}]")
+    return list(value)
+
+
+def check_renamed(names: Iterable[str]) -> None:
+    """Refuse a parameter under its old name (:data:`RENAMED`), naming the new one: plain papermill would
+    inject it as an unused variable, and the run would silently use the default."""
+    old = [n for n in names if n in RENAMED]
+    if old:
+        raise ValueError("; ".join(f"parameter {n} was renamed {RENAMED[n]} (one name per quantity across the "
+                                   f"notebooks): pass -p {RENAMED[n]} <value>" for n in old))
 
 
 def read_glued(path: str | Path) -> dict[str, Any]:
@@ -148,6 +175,7 @@ def declared_parameters(path: str | Path) -> dict[str, Any]:
 def check_parameters(path: str | Path, params: dict[str, Any]) -> None:
     """Reject parameter names the notebook does not declare, listing the valid ones."""
     valid = declared_parameters(path)
+    check_renamed(set(params) - set(valid))
     unknown = sorted(set(params) - set(valid))
     if unknown:
         raise ValueError(
@@ -316,6 +344,7 @@ def run(
         check_parameters(paths[0], params)
     else:
         everything = set().union(*declared.values())
+        check_renamed(set(params) - everything)
         unknown = sorted(set(params) - everything)
         if unknown:
             raise ValueError(

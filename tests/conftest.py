@@ -194,6 +194,7 @@ SLOW: dict[str, str | set[str]] = {
     "test_nothing_lost.py": ALL,  # not measured before the cut-off: all of it, until measured
     "test_shared_folders.py": ALL,  # tiny training runs in real processes: seconds to a minute each
     "test_one_answer.py": ALL,  # not measured before the cut-off: all of it, until measured
+    "test_one_story.py": ALL,  # reads every committed run (about a minute on the 2-core machine)
     "test_plan.py": {
         "test_planning_a_job_imports_no_torch",
     },

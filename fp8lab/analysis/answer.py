@@ -154,6 +154,13 @@ def main_gpu(rows: pd.DataFrame, instance_type: str = ANSWER_INSTANCE) -> str | 
     return str(gpus.value_counts(sort=True).index[0]) if len(gpus) else None
 
 
+def on_main_gpu(best: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """The runs of ``best`` (:func:`best_runs`) on :func:`main_gpu` of the answer's ``rows``: what the headline
+    figure draws, in docs/headline.png and notebook 05 alike (one panel per model, as the README's table)."""
+    main = main_gpu(rows)
+    return best[best["gpu_name"] == main] if main else best
+
+
 def _budget(est, model: str, precision: str, run: str, tokens: float, price: float, instance_type: str,
             gpus_per_instance: int | None = None) -> tuple[dict | None, str]:
     """The plan's time and cost of ``tokens`` resting on run ``run`` (``est.run_budget``), or None and why not:

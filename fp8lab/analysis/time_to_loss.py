@@ -70,17 +70,14 @@ def time_to_loss(answer, runs: pd.DataFrame) -> pd.DataFrame:
                                        "cost_fp8_same_loss"])
 
 
-def sentence(row: pd.Series, tokens_label: str) -> str:
-    """One row of :func:`time_to_loss` in words."""
+def sentence(row: pd.Series) -> str:
+    """One row of :func:`time_to_loss` in words. No cost: the budget's cost is the speed-up's (the results table's
+    column), and a second cost beside it, scaled by the token ratio, read as a contradiction."""
     who = f"FP8 (mean of {row['fp8_seeds']} seeds)" if row["fp8_seeds"] > 1 else "FP8"
     target = (f"BF16's final validation loss ({row['target_val_loss']:.4f}"
               + (f", mean of {row['bf16_seeds']} seeds)" if row["bf16_seeds"] > 1 else ")"))
     if np.isnan(row["fp8_tokens"]):
         return (f"{who} did not reach {target} within {fmt_tokens(row['bf16_tokens'])} tokens "
                 f"({row['fp8_final_gap_pct']:+.2f}% at the end)")
-    s = (f"{who} reached {target} after {row['token_ratio']:.2f}x its tokens ({fmt_tokens(row['fp8_tokens'])} of "
-         f"{fmt_tokens(row['bf16_tokens'])}): {row['time_ratio']:.2f}x BF16's time at {row['speedup']:.2f}x the tokens/s")
-    if pd.notna(row["hours_fp8_same_loss"]):
-        s += (f"; {tokens_label} tokens, if the ratio holds: {row['hours_fp8_same_loss']:,.1f} h ${row['cost_fp8_same_loss']:,.0f} "
-              f"instead of {row['hours_bf16']:,.1f} h ${row['cost_bf16']:,.0f}")
-    return s
+    return (f"{who} reached {target} after {row['token_ratio']:.2f}x its tokens ({fmt_tokens(row['fp8_tokens'])} of "
+            f"{fmt_tokens(row['bf16_tokens'])}): {row['time_ratio']:.2f}x BF16's time at {row['speedup']:.2f}x the tokens/s")

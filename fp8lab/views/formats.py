@@ -366,6 +366,12 @@ def plot_scaling_comparison(df, title: str = ""):
     w = 0.4
     axes[-1].barh([i - w / 2 for i in y], 100 * df["underflow_frac"], height=w, color="0.5", label="underflow to 0")
     axes[-1].barh([i + w / 2 for i in y], 100 * df["clipped_frac"], height=w, color="C3", label="clipped at max")
+    for i, (u, c) in enumerate(zip(100 * df["underflow_frac"], 100 * df["clipped_frac"])):
+        # the share as text too: a clipped 0.01% has no visible bar, and it is the point of the panel
+        for dy, v in ((-w / 2, u), (w / 2, c)):
+            if v > 0:
+                axes[-1].annotate(f"{v:.3g}%", (v, i + dy), xytext=(3, 0), textcoords="offset points", va="center",
+                                  fontsize=8)
     axes[-1].set_xlabel("% of values")
     axes[-1].legend()
     axes[0].set_yticks(y, names)
@@ -509,7 +515,7 @@ def explorer_widget(x: torch.Tensor, fmt: str = "E4M3", margin: int = 0, history
     controls = {
         "fmt": w.Dropdown(options=["E4M3", "E5M2"], value=F.get_format(fmt).name, description="format"),
         "margin": w.IntSlider(value=int(margin), min=0, max=8, description="margin"),
-        "history": w.IntSlider(value=int(history_len), min=1, max=40, description="history"),
+        "history": w.IntSlider(value=int(history_len), min=1, max=1024, description="history"),  # the parameter's range
     }
     stats_line = w.HTML(value="Move a control to draw the figure for that setting.")
     out = w.Output()

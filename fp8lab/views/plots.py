@@ -25,7 +25,8 @@ from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLIN
                                  NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new, _shared_legend, _tick_name,
                                  figure_name, figure_stats, save_figure, show, to_png)
 from fp8lab.views.studies import (HEALTH_FLOOR, HEALTH_METRICS, LONG_CONTEXT_ROLES,  # noqa: F401 (every figure
-                                  fp8_health_figure, instances_figure, long_context_figure, parity_figure)  # is found here)
+                                  blog_gap_figure, fp8_health_figure, instances_figure, long_context_figure,
+                                  parity_figure)  # is found here)
 
 REFERENCE_LABEL = "source blog (H100, P5): reported, not measured here"
 
@@ -433,6 +434,7 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
             ax.scatter(g[by], g["efficiency"], s=12, color=colors[var], alpha=0.6)
     ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
     ax.set_xlabel(_SCALE_LABEL[by])
+    ax.set_xticks(sorted({int(v) for v in scaling[by].dropna()}))  # GPU and instance counts are whole numbers
     ax.set_ylabel("tokens/s/GPU over the same set-up at the smallest scale\n(reference: the run closest in time)", fontsize=8)
     ax.set_ylim(0, max(1.1, float(scaling["efficiency"].max()) * 1.05))
     ax.set_title(title)
@@ -557,14 +559,16 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     return _finish(fig, save)
 
 
-def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
+def plan_figure(curve: pd.DataFrame, planned: list[int] | None = None, save: str | Path | None = None) -> Figure:
     """Time and cost to train the token budget against the number of instances, BF16 against FP8, per
-    model, from ``fp8lab.launch.plan_curve``. The basis (measured rate, assumed multi-node scaling)
-    is written under the panels."""
+    model, from ``fp8lab.launch.plan_curve``; ``planned``: the instance counts of the jobs planned, drawn
+    as large filled points (the rest of the curve small). Cost on a linear axis, so its rise with the
+    instance count shows; what each estimate rests on is the cost table's ``basis`` column."""
     title = "Planned sweep: time and cost to train the token budget"
     if not len(curve):
         return _finish(_empty(title, "nothing planned"), save)
     tokens, itype = curve["tokens"].iloc[0], curve["instance_type"].iloc[0]
+    planned = sorted(set(planned or ()))
     fig, axes = _new(ncols=2, width=6.0, height=4.6)
     models = _models(curve)
     styles = ["-", "--", ":", "-."]
@@ -572,26 +576,28 @@ def plan_figure(curve: pd.DataFrame, save: str | Path | None = None) -> Figure:
         for prec, g in curve[curve["model"] == model].groupby("precision", sort=True):
             g = g.sort_values("instances")
             color = matplotlib.colormaps["Oranges" if is_fp8(prec) else "Blues"](0.55 + 0.4 * mi / max(len(models) - 1, 1))
-            kind = (f"{g['node_efficiency'].iloc[0]:.0%} at 8 GPUs" if g["measured"].all()
+            kind = (f"one instance at {g['node_efficiency'].iloc[0]:.0%} of 8 x one GPU" if g["measured"].all()
                     else "assumed MFU, no measurement")
+            mine = g[g["instances"].isin(planned)]
             for ax, col in ((axes[0, 0], "hours"), (axes[0, 1], "cost_usd")):
                 ax.plot(g["instances"], g[col], styles[mi % 4], marker="o", ms=3, color=color,
                         label=f"{model} {prec.upper()} ({kind})")
-    for ax, ylabel in ((axes[0, 0], "hours (wall clock)"), (axes[0, 1], "cost (USD)")):
-        ax.set_xlabel(f"{itype} instances")
+                ax.plot(mine["instances"], mine[col], "o", ms=8, color=color, mec="black", mew=0.8, zorder=4)
+    for ax, ylabel in ((axes[0, 0], "hours (wall clock, log axis)"), (axes[0, 1], "cost (USD)")):
+        ax.set_xlabel(f"{itype} instances" + (" (large points: the jobs planned)" if planned else ""))
         ax.set_ylabel(ylabel)
         ax.set_xticks(sorted(curve["instances"].unique()))
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3, which="both")
-    axes[0, 0].set_title("time", fontsize=10)
-    axes[0, 1].set_title(f"cost at ${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour", fontsize=10)
+    hours = axes[0, 0]
+    hours.set_yscale("log")  # hours fall by the instance count: a log axis keeps every point readable
+    hours.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    hours.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
+    hours.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    cost = axes[0, 1]  # linear from 0: the cost's rise with more instances (start-up per instance) stays visible
+    cost.set_ylim(0, 1.08 * float(curve["cost_usd"].max()))
+    cost.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"${v:,.0f}"))
+    hours.set_title("time", fontsize=10)
+    cost.set_title(f"cost at ${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour", fontsize=10)
     _shared_legend(fig, axes)
-    import textwrap
-
-    notes = [textwrap.fill(n, 150) for n in dict.fromkeys([*curve["assumption"].dropna(),
-                                                            *curve.get("gpu_scaling", pd.Series(dtype=object)).dropna()])]
-    fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens), projected from measured runs\n" + "\n".join(notes), fontsize=8)
+    fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens), projected from measured one-GPU runs", fontsize=10)
     return _finish(fig, save)

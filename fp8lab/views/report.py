@@ -20,6 +20,8 @@ import pandas as pd
 from fp8lab import analysis
 from fp8lab.analysis.index import (INDEX_DOC, SUMMARY_DEFAULTS, committed_index, committed_summary, is_committed_results,
                                    render_index)
+from fp8lab.analysis import blog_gap
+from fp8lab.analysis.conclusion import verdict_bullets
 from fp8lab.analysis.scaling import answer_at_scale
 from fp8lab.analysis.time_to_loss import sentence, time_to_loss
 from fp8lab.core.hardware import gpu_label
@@ -33,6 +35,7 @@ from fp8lab.plan import evidence
 from fp8lab.records import ownership
 from fp8lab.views import plots
 from fp8lab.views.html_table import fmt as _fmt, table as _table
+from fp8lab.views.caveats import CAVEATS
 from fp8lab.views.peers import peers_markdown, peers_sentence
 
 _CSS = """
@@ -122,13 +125,16 @@ def report_figures(runs: pd.DataFrame, config: "ReportConfig" = None, analysed: 
     heatmaps aside). The figure check of the tests draws these."""
     config = config or ReportConfig()
     a = analysed or Analysed.of(runs, config)
-    summary, comparison, answer = a.summary, a.comparison, a.answer
+    summary, answer = a.summary, a.answer
     scaling = a.scaling
     loss_runs, _ = analysis.headline_runs(runs, summary, answer.rows)
-    shown = summary[summary["run_id"].isin(analysis.best_runs(summary)["run_id"])]
+    best = analysis.best_runs(summary)
+    shown = summary[summary["run_id"].isin(best["run_id"])]
+    main = analysis.answer.on_main_gpu(answer.rows, answer.rows)  # the answer's pairs: the speed-ups its table quotes
     return [
-        (plots.throughput_figure(shown), "tokens/s/GPU: the best run of each kind per model"),
-        (plots.speedup_figure(comparison, reference=a.reference), "FP8 speedup per model, with the source's reported values"),
+        (plots.headline_figure(analysis.answer.on_main_gpu(best, answer.rows), a.reference),
+         "tokens/s/GPU relative to the best BF16 run, per model: the figure of the README and notebook 05"),
+        (plots.speedup_figure(main, reference=a.reference), "FP8 speedup per model (the answer's pairs), with the source's reported values"),
         (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
         (plots.parity_figure(analysis.parity_curves(loss_runs)),
          "validation loss against the BF16 seeds' mean and the band of their spread"),
@@ -147,7 +153,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
     costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
                                 estimate=answer.estimate)
     scaling = a.scaling
-    parts = answer.verdict_parts()
+    parts = _verdict(runs, a)
     figs = report_figures(runs, config, a)
     n_runs = summary["run_id"].nunique()
     e = html.escape
@@ -206,13 +212,20 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def _verdict_html(parts: tuple[list[str], list[str]]) -> str:
-    """The verdict, one list item per model, then the conclusion and the source's figures as paragraphs
-    (seven models in one block were hard to read)."""
-    per_model, closing = parts
-    items = "".join(f"<li>{html.escape(p)}</li>" for p in per_model)
-    return ('<div class="verdict">' + (f"<ul>{items}</ul>" if items else "")
-            + "".join(f"<p>{html.escape(p)}</p>" for p in closing) + "</div>")
+def _verdict(runs: pd.DataFrame, a: "Analysed") -> list[str]:
+    """The verdict as Markdown bullets (:func:`fp8lab.analysis.conclusion.verdict_bullets`): a bullet per model, the
+    conclusion and the source's figures; the same bullets as notebook 05's, each a line a person reads."""
+    loss_runs, _ = analysis.headline_runs(runs, a.summary, a.answer.rows)
+    return verdict_bullets(a.answer, analysis.parity_curves(loss_runs), same_loss=a.answer.time_to_loss(loss_runs))
+
+
+def _verdict_html(bullets: list[str]) -> str:
+    """The verdict's bullets as a list; their Markdown bold as bold."""
+    import re
+
+    items = "".join("<li>" + re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(b.removeprefix("- "))) + "</li>"
+                    for b in bullets)
+    return f'<div class="verdict"><ul>{items}</ul></div>'
 
 
 def _md_link_html(markdown: str) -> str:
@@ -491,7 +504,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
 
 
 def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = (),
-                  main: str | None = None, peers: str | None = None) -> str:
+                  main: str | None = None, blog: str = "", peers: str | None = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
     each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss).
     ``main``: the one GPU whose rows the table shows (:func:`fp8lab.analysis.answer.main_gpu`); the others are counted under it."""
@@ -511,9 +524,10 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
         f"- **Time to the same loss**: {loss}",
         *([f"- **Beside the peers**: {peers}."] if peers else []),
-        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` estimates "
-        "them, projected to its 8 H100s: a little less than the H200 speed-up (the H100's kernel mix, 8-GPU "
-        f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
+        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` estimates them "
+        "from the table's one-H100 runs, projected to its 8 H100s (8-GPU efficiency). **Source**: reported on H100 "
+        f"P5, not measured here: {analysis.source_link()}.",
+        f"- **Why faster than the blog**: {blog}" if blog else "",
         "",
         table,
         "",
@@ -544,20 +558,6 @@ def _study_notes(summary: pd.DataFrame, results_dir: Path) -> str:
         text = about.read_text(encoding="utf-8").strip() if about.exists() else "(no notes for this study)"
         out.append(f"### `{study}` ({n} runs)\n\n{text}\n")
     return "\n".join(out)
-
-
-CAVEATS = """\
-- One GPU of one machine is not a P5 cluster: the per-GPU rates here are the upper end of what
-  an 8-GPU instance reaches; the two-GPU runs (scaling table) are the only measurement past one GPU.
-- H200s differ by a few percent from machine to machine, so pairs measured in one session are the
-  fair comparison; the headline takes the fastest run of each kind, which may come from different
-  sessions (the full table pairs each FP8 run with the BF16 run of its own study and layout).
-- MFU divides model FLOPs by the dense BF16 peak for BF16 and FP8 runs alike, so FP8 is not
-  flattered by its higher peak.
-- The loss studies are short runs on a small corpus, not the source's 24 billion tokens; their
-  gaps say whether FP8 tracks BF16 early in training, not where it ends after an epoch.
-- The source blog's figures are reported by the source (H100 on P5, its own BF16 baseline), not
-  measured here."""
 
 
 @dataclass(frozen=True)
@@ -596,7 +596,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
     notes and the caveats; all numbers from ``runs`` (``analysed``: their analysis, if already made)."""
     a = analysed or Analysed.of(runs, config)
     summary, comparison, headline = a.summary, a.comparison, a.headline
-    text = a.answer.verdict()
+    text = "\n".join(_verdict(runs, a))
     return "\n".join([
         "# fp8lab: measured results",
         "",
@@ -612,6 +612,11 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "",
         text,
         "",
+        "## Why faster than the blog",
+        "",
+        "llama-7b on one GPU, one change at a time from a plain script's layout to the resolver's (notebook 05 draws it):",
+        "",
+        blog_gap.markdown(blog_gap.blog_gap_table(summary, a.reference)),
         "## Caveats",
         "",
         CAVEATS,
@@ -642,9 +647,9 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     a = Analysed.of(runs, config)
     summary, headline = a.summary, a.headline
     main = analysis.answer.main_gpu(headline)  # the README's table and figure: one row per model, on the GPU most rows ran on
-    best = analysis.best_runs(summary)
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
-           HEADLINE_PNG: plots.headline_figure(best[best["gpu_name"] == main] if main else best, a.reference)}
+           HEADLINE_PNG: plots.headline_figure(analysis.answer.on_main_gpu(analysis.best_runs(summary), headline),
+                                               a.reference)}
     if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), from the same read
         out[evidence.DOC] = evidence.render(RESULTS_DIR)  # the values the plan's auto rules follow (package data)
         settings = {"warmup_steps": config.warmup_steps, "smoothing": config.smoothing,
@@ -658,10 +663,10 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         tail = rest.split(README_END, 1)[1]
 
         loss_runs, _ = analysis.headline_runs(runs, summary, headline)
-        same = [f"{r['model']}: {sentence(r, analysis.fmt_tokens(config.tokens))}"
-                for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
+        same = [f"{r['model']}: {sentence(r)}" for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
+        blog = blog_gap.sentence(blog_gap.blog_gap_table(summary, a.reference))
         out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
-                                                same, main, peers_sentence(summary, RESULTS_MD)) + tail
+                                                same, main, blog, peers_sentence(summary, RESULTS_MD)) + tail
     return out
 
 

@@ -1,6 +1,6 @@
 """Figures of the studies: long context and FP8 attention (``long_context_figure``), throughput against
 instances (``instances_figure``), loss parity against BF16's seeds (``parity_figure``), FP8 health per layer
-(``fp8_health_figure``). Re-exported by :mod:`fp8lab.views.plots`, where every figure is found."""
+(``fp8_health_figure``), why faster than the source blog (``blog_gap_figure``). Re-exported by :mod:`fp8lab.views.plots`, where every figure is found."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from fp8lab.analysis import group_key, is_fp8, reference_for
 from fp8lab.analysis.parity import MIN_BAND_PCT
+from fp8lab.core.hardware import gpu_label
 from fp8lab.views.figure import _empty, _finish, _grid, _models, _new, _shared_legend
 
 
@@ -227,4 +228,35 @@ def fp8_health_figure(table: pd.DataFrame, metric: str = "underflow", title: str
     else:
         fig.colorbar(image, ax=axes, shrink=0.8, label=f"fraction ({metric})")
     fig.suptitle(head)
+    return _finish(fig, save)
+
+
+# why fp8lab's speed-up exceeds the source blog's (fp8lab.analysis.blog_gap) --------------------------------------
+def blog_gap_figure(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
+    """FP8/BF16 tokens/s of one model at the layouts that separate fp8lab's headline from the blog's
+    (:func:`fp8lab.analysis.blog_gap.blog_gap_table`), one bar per step, with the blog's reported speed-up
+    as a dashed level (reported, not measured here)."""
+    title = "Why faster than the blog: the same model, one change at a time (measured, one GPU)"
+    if not len(table):
+        return _finish(_empty(title, "the study's result files are not in these runs"), save)
+    fig, axes = _new(ncols=1, width=7.5, height=3.6)
+    ax = axes[0, 0]
+    y = list(range(len(table)))
+    ax.barh(y, table["speedup"], color="#d9822b")
+    for i, v in zip(y, table["speedup"]):
+        ax.annotate(f"{v:.2f}x", (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=9)
+    ax.set_yticks(y, list(table["step"]))
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="0.3", lw=0.8)
+    blog = table["source_speedup"].dropna()
+    if len(blog):
+        level = float(blog.iloc[0])
+        ax.axvline(level, color="0.3", lw=1.2, ls=(0, (3, 2)))
+        ax.set_ylim(len(table) - 0.5, -1.3)  # a row of room above the bars for the level's label
+        ax.annotate(f"the blog's {level:.2f}x (reported on P5, not measured here)", (level, -0.9), xytext=(-4, 0),
+                    textcoords="offset points", va="center", ha="right", fontsize=8, color="0.3")
+    ax.set_xlim(0, 1.15 * float(table["speedup"].max()))
+    ax.set_xlabel(f"FP8 / BF16 tokens/s/GPU ({table['model'].iloc[0]}, {gpu_label(table['gpu_name'].iloc[0])})")
+    ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(title, fontsize=10)
     return _finish(fig, save)

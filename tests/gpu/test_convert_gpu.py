@@ -243,3 +243,19 @@ def test_te_bf16_is_at_least_as_close_to_fp32_as_hf_bf16_at_real_widths(name, hi
     else:  # the swap keeps HF's attention and RoPE: HF's bf16 forward with TE's GEMMs, within rounding of it
         assert t.converted_logits_rel_diff <= 1.05 * t.reference_logits_rel_diff, rep
     assert t.converted_loss_abs_diff <= t.reference_loss_abs_diff + 2e-2, rep
+
+
+def test_notebook_02_raw_te_cell_runs_fp8_on_the_gpu(tmp_path):
+    """Notebook 02's cell in Transformer Engine's own API (te.Linear, DelayedScaling, te.autocast) runs an FP8
+    forward and backward where TE runs, and the notebook's timings come from this GPU."""
+    import json
+
+    from fp8lab.notebooks import read_glued, run
+
+    _need("te")
+    res = run(["02"], {}, output_dir=tmp_path, progress=False)
+    nb = json.loads(res[0].output.read_text())
+    raw = next(c for c in nb["cells"] if c["cell_type"] == "code" and "te.autocast(" in "".join(c["source"]))
+    text = "".join("".join(o.get("text", "")) for o in raw["outputs"])
+    assert "te.Linear in FP8: output (32, 1024) torch.bfloat16, weight gradient (1024, 1024)" in text, text
+    assert read_glued(res[0].output)["timings"]  # measured here, on the GPU

@@ -97,6 +97,10 @@ def test_notebook_03_pair_figure_shows_the_gap(tmp_path):
     gap_ax = fig.axes[1]
     (gap,) = [line for line in gap_ax.get_lines() if not line.get_label().startswith("_")]
     assert gap.get_label() == "fp8 emulated vs fp32" and len(gap.get_ydata()) == 6
+    # emulated FP8 on a CPU: no tokens/s bar and no speed-up ratio, the final validation loss instead
+    right = fig.axes[2]
+    assert "validation loss" in right.get_ylabel() and "no speed" in right.get_title()
+    assert not any(t.get_text().endswith("x") for t in right.texts)
 
 
 def test_notebook_02_error_figure_names_the_zero_series_instead_of_a_floor():

@@ -123,6 +123,32 @@ def _check_verdict(text: str, where: str) -> None:
             [round(r["hours_fp8"], 1), round(r["cost_fp8"]), round(r["hours_bf16"], 1), round(r["cost_bf16"])]), (where, model)
 
 
+_BULLET = re.compile(r"- \*\*(?P<model>[\w.-]+)\*\*: FP8 \*\*(?P<speedup>[\d.]+)x\*\* BF16's tokens/s/GPU "
+                     r"\((?:NVIDIA )?(?P<gpu>[^)]+)\)(?P<rest>.*)")
+_BULLET_COST = re.compile(r"tokens on one \S+: (?P<h_fp8>[\d.,]+) h \$(?P<c_fp8>[\d,]+) instead of "
+                          r"(?P<h_bf16>[\d.,]+) h \$(?P<c_bf16>[\d,]+)")
+
+
+def _check_bullets(text: str, where: str) -> None:
+    """The verdict's bullets (docs/results.md, the HTML report, notebook 05): a bullet per row of the answer, each with
+    its speed-up and, where priced, the answer's time and cost."""
+    a = _answer_rows()
+    found = {}
+    for line in text.splitlines():
+        m = _BULLET.match(line.strip())
+        if m:
+            found[m["model"], m["gpu"]] = m
+    assert sorted(found) == sorted(a[a["speedup"].notna()].index), (where, sorted(found))
+    for (model, gpu), m in found.items():
+        r = a.loc[model, gpu]
+        assert float(m["speedup"]) == pytest.approx(round(r["speedup"], 2)), (where, model, gpu)
+        cost = _BULLET_COST.search(m["rest"])
+        assert bool(cost) == pd.notna(r["cost_fp8"]), (where, model, gpu)
+        if cost:
+            assert [_num(cost[k]) for k in ("h_fp8", "c_fp8", "h_bf16", "c_bf16")] == pytest.approx(
+                [round(r["hours_fp8"], 1), round(r["cost_fp8"]), round(r["hours_bf16"], 1), round(r["cost_bf16"])]), (where, model)
+
+
 def test_the_answer_rests_on_the_headline_runs_and_the_plans_estimate():
     a = _answer()
     rows = a.rows.set_index("model")
@@ -143,19 +169,19 @@ def test_readme_and_results_doc_quote_the_answer():
     _check_headline(block, "README.md")
     results = (REPO_ROOT / report.RESULTS_MD).read_text(encoding="utf-8")
     _check_headline(results, report.RESULTS_MD)
-    verdict = results.split("## Verdict")[1].split("## Caveats")[0]
-    _check_verdict(verdict, report.RESULTS_MD + " verdict")
-    assert _answer().verdict() in results
+    verdict = results.split("## Verdict")[1].split("## Why faster than the blog")[0]
+    _check_bullets(verdict, report.RESULTS_MD + " verdict")
+    assert "For comparison, the source blog reported" in verdict and "In short: " in verdict
 
 
 def test_html_report_quotes_the_answer():
     page = report.render_html(analysis.load_runs())
     block = page.split('<div class="verdict">')[1].split("</div>")[0]
-    items = [html.unescape(t) for t in re.findall(r"<li>(.*?)</li>", block)]  # one list item per model
-    closing = [html.unescape(t) for t in re.findall(r"<p>(.*?)</p>", block)]  # the conclusion, the source's figures
-    assert items and all(len(re.findall(r"For [\w.-]+ on ", t)) == 1 and t.startswith("For ") for t in items), items
-    assert closing[0].startswith("In short: ") and " ".join(items + closing) == _answer().verdict()
-    _check_verdict(" ".join(items), "HTML report")
+    items = [re.sub(r"</?b>", "**", html.unescape(t)) for t in re.findall(r"<li>(.*?)</li>", block)]  # a bullet each
+    _check_bullets("\n".join(f"- {t}" for t in items), "HTML report")
+    results = (REPO_ROOT / report.RESULTS_MD).read_text(encoding="utf-8")
+    verdict = results.split("## Verdict")[1].split("## Why faster than the blog")[0]
+    assert [f"- {t}" for t in items] == [line for line in verdict.splitlines() if line.startswith("- ")]  # one text
     table = html.unescape(page.split("The answer per model")[1].split("</table>")[0])
     for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
         row = table.split(f"<td>{r['model']}</td>")[1].split("</tr>")[0]

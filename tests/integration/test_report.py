@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from html.parser import HTMLParser
 
 from fp8lab import analysis, cli
+from fp8lab.analysis.conclusion import verdict_bullets
 from fp8lab.views import report
 from fake_runs import make_pair
 
@@ -49,11 +51,11 @@ def test_cli_writes_a_self_contained_report(tmp_path, capsys):
     # the numbers in the page are the analysis's numbers, and the reference is labelled
     summary = analysis.summarize_runs(analysis.load_runs(runs), warmup_steps=5)
     answer = analysis.Answer.of(summary, reference=analysis.load_reference(), tokens=1e9, price_per_instance_hour=100.0)
-    per_model, closing = answer.verdict_parts()  # the one answer every view renders, a list item per model
+    loss_runs, _ = analysis.headline_runs(analysis.load_runs(runs), summary, answer.rows)
+    bullets = verdict_bullets(answer, analysis.parity_curves(loss_runs), same_loss=answer.time_to_loss(loss_runs))
     block = text.split('<div class="verdict">')[1].split("</div>")[0]
-    assert block == "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in per_model) + "</ul>" + "".join(
-        f"<p>{html.escape(p)}</p>" for p in closing)
-    assert " ".join(per_model + closing) == answer.verdict() and "1.25x" in per_model[0]
+    items = [re.sub(r"</?b>", "**", html.unescape(t)) for t in re.findall(r"<li>(.*?)</li>", block)]
+    assert items == [b.removeprefix("- ") for b in bullets] and "**1.25x**" in items[0]
     assert "not measured here" in text and "1.13" in str(analysis.load_reference()["speedup"].tolist())
     assert "$100.00 per instance-hour" in text and "1,000,000,000" in text
     assert str(tmp_path) not in text  # no machine paths in the page

@@ -13,7 +13,8 @@ from fp8lab.views.cell_text import MAX_CELL_LINES
 pytest.importorskip("sagemaker.train")
 from fp8lab import launch as L  # noqa: E402
 from fp8lab.launch.redaction import _public_registry_accounts  # noqa: E402
-from fp8lab.notebooks import read_glued, run  # noqa: E402
+from fp8lab.notebooks import NOTEBOOK_DIR, default_kernel, read_glued, run  # noqa: E402
+from prose import assert_notebook_prose_short
 
 import moto_env as menv  # noqa: E402  (tests/sagemaker/, on sys.path through tests/conftest.py)
 
@@ -60,6 +61,7 @@ def _check(vals, plan, executed: Path):
 @pytest.mark.slow
 def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
     res = run(["04"], {}, output_dir=tmp_path, progress=False)
+    assert_notebook_prose_short(res[0].output)
     vals = read_glued(res[0].output)
     plan = L.plan_sweep(["llama-1b", "llama-7b"], ["bf16", "fp8"], [1, 2, 4], tokens=24_000_000_000,
                         role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET)
@@ -80,8 +82,9 @@ def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
     nb = json.loads(res[0].output.read_text())
     figs = [o["metadata"]["fp8lab"] for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(figs) == 2 and figs[0]["legend_entries"] == 4 and figs[0]["width_px"] <= 1600
-    title = figs[0]["title"].replace("\n", " ")  # wrapped
-    assert "the only measurement" in title and "assumed for 8" in title and "scaling model's multi-node factor" in title
+    assert "\n" not in figs[0]["title"]  # one line; the basis is the cost table's column
+    basis = " ".join(vals["basis"])
+    assert "measured " in basis and "two-GPU" in basis
     # issue 32: the source's chart, tokens/s/GPU against instances, from the scaling model; a handful of lines
     # projections labelled as such; FP8 with FP8 all-gather coincides with FP8 here, so it is drawn once (issue 49)
     assert figs[1]["title"].startswith("Past one node, projected") and figs[1]["legend_entries"] == 4
@@ -89,9 +92,29 @@ def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
 
     assert assert_figures_readable_and_saved(res[0].output, res[0].output.with_suffix("")) == ["plan.png", "past_one_node.png"]
     at = {(r["model"], r["instances"], r["mode"]): r for r in vals["at_scale"]}
-    assert {n for _, n, _ in at} == {1, 2, 4, 8, 16} and {m for *_, m in at} == {"bf16", "fp8", "fp8 + fp8 all-gather"}
+    assert {n for _, n, _ in at} == {1, 2, 4} and {m for *_, m in at} == {"bf16", "fp8", "fp8 + fp8 all-gather"}
     for j in plan.jobs:  # the scaling table's BF16/FP8 rows are the plan's own hours
         assert at[j.spec.model, j.spec.instance_count, j.spec.precision]["hours"] == pytest.approx(j.est_hours)
+
+
+@pytest.mark.slow
+def test_notebook_04_under_plain_papermill_takes_a_list_as_a_string(tmp_path):
+    """``papermill -p instance_counts "[1, 2, 4, 8]"`` hands the notebook a string: it is read as the list, and
+    the plan, the chart's planned points and the scaling table follow it; an old parameter name is refused."""
+    import papermill as pm
+
+    out = tmp_path / "04.ipynb"
+    pm.execute_notebook(str(NOTEBOOK_DIR / "04_launch_p5_sweep.ipynb"), str(out), cwd=str(tmp_path),
+                        parameters={"instance_counts": "[1, 2, 4, 8]"}, kernel_name=default_kernel(), progress_bar=False)
+    vals = read_glued(out)
+    assert vals["n_jobs"] == 16 and {r["instances"] for r in vals["at_scale"]} == {1, 2, 4, 8}
+    nb = json.loads(out.read_text())
+    shown = "".join("".join(o["data"]["text/markdown"]) for c in nb["cells"] for o in c.get("outputs", [])
+                    if "text/markdown" in o.get("data", {}))
+    assert "16 jobs" in shown and "the start-up paid per instance" in shown
+    with pytest.raises(pm.PapermillExecutionError, match="token_budget was renamed tokens"):
+        pm.execute_notebook(str(NOTEBOOK_DIR / "04_launch_p5_sweep.ipynb"), str(tmp_path / "old.ipynb"), cwd=str(tmp_path),
+                            parameters={"token_budget": 1e9}, kernel_name=default_kernel(), progress_bar=False)
 
 
 def test_notebook_04_custom_sweep(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 
 from figure_outputs import assert_figures_readable_and_saved
 from fp8lab.notebooks import NotebookError, read_glued, run
+from prose import assert_notebook_prose_short
 
 
 def _run(tmp_path, params):
@@ -21,6 +22,7 @@ def _has_png(path) -> bool:
 
 def test_notebook_02_defaults(tmp_path):
     vals, out = _run(tmp_path, {})
+    assert_notebook_prose_short(out)
     assert vals["model"] == "llama-tiny" and vals["fuse"] is True and vals["recipe"] == "delayed"
     if vals["backend"] == "emulated":  # CPU, float32: the emulated model is the HF computation
         assert vals["fp8_off_logits_rel_diff"] < 1e-5 and vals["fp8_off_loss_abs_diff"] < 1e-5

@@ -7,6 +7,7 @@ import nbformat
 from fp8lab.records import metrics as fmetrics
 from figure_outputs import assert_figures_readable_and_saved
 from fp8lab.notebooks import NOTEBOOK_DIR, declared_parameters, read_glued, run
+from prose import assert_notebook_prose_short
 
 NB = NOTEBOOK_DIR / "03_train_bf16_vs_fp8.ipynb"
 
@@ -19,6 +20,7 @@ def test_parameters_are_declared():
 
 def test_defaults_train_bf16_and_fp8_on_the_same_tokens(tmp_path):
     res = run(["03"], {}, output_dir=tmp_path, progress=False)
+    assert_notebook_prose_short(res[0].output)
     vals = read_glued(res[0].output)
     assert vals["device"] == "cpu" and vals["labels"] == ["fp32", "fp8 emulated"]  # a CPU computes the baseline in fp32
     assert "only the loss comparison is meaningful" in vals["note"]

@@ -11,7 +11,9 @@ import pytest
 from fp8lab import analysis
 from figure_outputs import assert_figures_readable_and_saved, longest_cell_output
 from fp8lab.views.cell_text import MAX_CELL_LINES
+from fp8lab import notebooks
 from fp8lab.notebooks import NOTEBOOK_DIR, NotebookError, declared_parameters, read_glued, run
+from prose import assert_notebook_prose_short
 from fake_runs import make_pair
 
 NB = NOTEBOOK_DIR / "05_analyze_results.ipynb"
@@ -33,6 +35,7 @@ def _figures(path) -> list[tuple[dict, bytes]]:
 
 def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
     res = run(["05"], {}, output_dir=tmp_path, progress=False)
+    assert_notebook_prose_short(res[0].output)
     vals = read_glued(res[0].output)
     committed = analysis.load_runs()  # whatever is committed now: the notebook must agree with the library
     assert vals["n_runs"] == committed["run_id"].nunique()
@@ -50,14 +53,14 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
     assert vals["headline"] == {m: {"best_bf16": b, "best_fp8": f, "speedup": pytest.approx(s)} for m, b, f, s in
                                 zip(headline["model"], headline["bf16_run"], headline["fp8_run"], headline["speedup"])}
     figures = _figures(res[0].output)
-    assert len(figures) == 4  # headline, loss study, loss against the BF16 seeds (issue 31), time and cost
+    assert len(figures) == 5  # headline, loss study, loss against the BF16 seeds, time and cost, why faster than the blog
     for stats, png in figures:  # readable at a glance: measured on the figures the notebook drew
         width, height = struct.unpack(">II", png[16:24])
         assert (width, height) == (stats["width_px"], stats["height_px"]), stats
         assert width <= 1600 and height <= 900, stats
         assert max(stats["bars_per_panel"], default=0) <= 12 and stats["legend_entries"] <= 8, stats
     assert assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem) == [
-        "headline.png", "loss.png", "parity.png", "cost.png"]
+        "headline.png", "loss.png", "parity.png", "cost.png", "blog_gap.png"]
     text = res[0].output.read_text()
     assert "set detail = 'all'" in text
     # a person reads each cell in seconds: the full verdict and headline go to files, bullets and a short table stay
@@ -84,9 +87,10 @@ def test_detail_all_shows_every_run(tmp_path):
     res = run(["05"], {"detail": "all"}, output_dir=tmp_path, progress=False)
     vals = read_glued(res[0].output)
     assert vals["detail"] == "all" and vals["n_runs"] == analysis.load_runs()["run_id"].nunique()
-    # headline, loss, cost, throughput, speedup, MFU, scaling, profile, long sequences (#34): drawn even with no runs
-    assert _images(res[0].output) == 10  # issue 31: + loss against the BF16 seeds
-    assert len(assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem)) == 10
+    # headline, loss, loss against the BF16 seeds, cost, why faster than the blog, throughput, speedup, MFU, scaling,
+    # profile, long sequences: drawn even with no runs
+    assert _images(res[0].output) == 11
+    assert len(assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem)) == 11
 
 
 def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):
@@ -104,7 +108,7 @@ def test_filters_narrow_the_runs_and_bad_values_are_named(tmp_path):
 
 def test_user_run_folders_are_analysed(tmp_path):
     runs = make_pair(tmp_path / "my-runs", 1000.0, 1250.0)
-    res = run(["05"], {"runs": [str(runs)], "price_per_instance_hour": 10.0, "token_budget": 1e9,
+    res = run(["05"], {"runs": [str(runs)], "price_per_hour": 10.0, "tokens": 1e9,
                        "warmup_steps": 5, "smoothing": "window", "smoothing_span": 5, "save_figures": True,
                        "detail": "all"},
               output_dir=tmp_path / "out", progress=False)
@@ -152,8 +156,9 @@ def test_notebook_is_thin_and_its_defaults_match_the_library():
     assert all(not c.outputs and c.execution_count is None for c in code)
     assert not any("def " in c.source for c in code)
     params = declared_parameters(NB)
-    assert params["runs"] == [] and params["token_budget"] == analysis.DEFAULT_TOKEN_BUDGET
-    assert params["price_per_instance_hour"] == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR
+    assert params["runs"] == [] and params["tokens"] == analysis.DEFAULT_TOKEN_BUDGET
+    assert params["price_per_hour"] == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR
+    assert not set(notebooks.RENAMED) & set(params)  # one name per quantity: notebook 04's
     assert params["gpus_per_instance"] == analysis.DEFAULT_GPUS_PER_INSTANCE
     assert params["smoothing"] in analysis.SMOOTHING_METHODS
     assert params["detail"] == "headline" and params["detail"] in analysis.DETAILS

@@ -154,3 +154,30 @@ def test_work_folder_moves_a_kernel_started_beside_the_notebook_into_outputs(tmp
     from pathlib import Path
     assert Path.cwd() == tmp_path / "outputs" / "02_x"
     assert notebooks.work_folder("02_x") == Path.cwd()  # the runner's folder (or any other) stays
+
+
+def test_list_parameters_take_plain_papermills_string():
+    """``papermill -p instance_counts "[1, 2, 4, 8]"`` hands a notebook the string; ``as_list`` reads it as the list and
+    names the parameter when it is none; the runner's value check accepts the same string."""
+    assert notebooks.as_list("instance_counts", "[1, 2, 4, 8]") == [1, 2, 4, 8]
+    assert notebooks.as_list("models", ["llama-1b"]) == ["llama-1b"] and notebooks.as_list("runs", "[]") == []
+    for bad in ("[1, 2", "llama-1b", 3):
+        with pytest.raises(ValueError, match="is invalid; allowed: a list"):
+            notebooks.as_list("instance_counts", bad)
+    nb04 = notebooks.resolve(["04"])[0]
+    notebooks.check_values(nb04, {"instance_counts": "[1, 2, 4, 8]"})
+    with pytest.raises(ValueError, match="instance_counts='8' is invalid; allowed: a list"):
+        notebooks.check_values(nb04, {"instance_counts": "8"})
+
+
+def test_an_old_parameter_name_is_refused_with_the_new_one():
+    """One name per quantity across the notebooks: notebook 05 takes notebook 04's ``tokens`` and ``price_per_hour``;
+    the old names are refused before anything runs, by the runner and (plain papermill) by the notebook."""
+    for names in (["05"], ["04", "05"]):
+        with pytest.raises(ValueError, match="token_budget was renamed tokens"):
+            notebooks.run(names, {"token_budget": 1e9}, progress=False)
+    with pytest.raises(ValueError, match="price_per_instance_hour was renamed price_per_hour"):
+        notebooks.check_renamed({"price_per_instance_hour": 1.0, "tokens": 1})
+    notebooks.check_renamed({"tokens": 1, "price_per_hour": 2})  # the new names pass
+    for path in notebooks.list_notebooks():  # no notebook declares an old name
+        assert not set(notebooks.RENAMED) & set(notebooks.declared_parameters(path)), path.name

@@ -147,9 +147,18 @@ def test_plan_curve_matches_the_plan_and_draws_readably():
     fig = plots.plan_figure(curve)
     stats = plots.figure_stats(fig)
     assert stats["legend_entries"] == 4 and stats["width_px"] <= 1600 and stats["height_px"] <= 900
-    title = stats["title"].replace("\n", " ")  # wrapped
-    assert "the only measurement" in title and "the scaling model's multi-node factor" in title
-    assert "measured on NVIDIA H200, projected to H100 80GB by kernel class" in title and "4.8 against 3.35 TB/s" in title
+    assert "\n" not in stats["title"] and "projected from measured one-GPU runs" in stats["title"]  # one line
+    # hours on a log axis; cost linear from 0, so the rise with more instances shows
+    assert fig.axes[0].get_yscale() == "log" and fig.axes[1].get_yscale() == "linear" and fig.axes[1].get_ylim()[0] == 0
+    # the basis the figure's title once carried in seven lines: the curve's columns, which the cost table prints
+    notes = " ".join(dict.fromkeys([*curve["assumption"], *curve["gpu_scaling"]]))
+    assert "the only measurement" in notes and "the scaling model's multi-node factor" in notes
+    assert "measured on NVIDIA H200, projected to H100 80GB by kernel class" in notes and "4.8 against 3.35 TB/s" in notes
+    # the planned jobs' instance counts are drawn as their own points: the figure follows instance_counts
+    def planned_points(counts):
+        f = plots.plan_figure(curve, planned=counts)
+        return sorted({x for line in f.axes[1].get_lines() if line.get_markersize() > 5 for x in line.get_xdata()})
+    assert planned_points([1, 2, 4]) == [1, 2, 4] and planned_points([1, 2, 4, 8]) == [1, 2, 4, 8]
 
 
 def test_plan_curve_takes_rate_and_hours_from_the_plan():

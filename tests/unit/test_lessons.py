@@ -61,10 +61,13 @@ def test_pair_figure_shows_every_curve():
     from fp8lab import trainpair
 
     losses = {"fp32": [5.0 - 0.01 * i for i in range(40)], "fp8 emulated": [5.0 - 0.01 * i for i in range(40)]}
-    table = pd.DataFrame({"tokens_per_sec_per_gpu": [100.0, 90.0], "speedup_vs_bf16": [1.0, 0.9]},
-                         index=["fp32", "fp8 emulated"])
+    table = pd.DataFrame({"tokens_per_sec_per_gpu": [100.0, 90.0], "speedup_vs_bf16": [1.0, 0.9],
+                          "backend": ["none", "emulated"], "final_val_loss": [4.6, 4.61]}, index=["fp32", "fp8 emulated"])
     pair = trainpair.PairResult({k: None for k in losses}, {}, table, "cpu", "", losses)
-    ax = trainpair.pair_figure(pair).axes[0]
+    fig = trainpair.pair_figure(pair)
+    ax = fig.axes[0]
+    # emulated on a CPU: the right panel is the loss the runs measured, no speed-up ratio drawn
+    assert [t.get_text() for t in fig.axes[2].texts] == ["4.600", "4.610"]
     smoothed = [l for l in ax.lines if l.get_label() in losses]
     assert len(smoothed) == 2  # identical curves: told apart by line style and markers, baseline on top
     assert len({l.get_linestyle() for l in smoothed}) == 2 and len({l.get_marker() for l in smoothed}) == 2

@@ -1,0 +1,40 @@
+"""Prose a person reads: no paragraph over 600 characters in README.md, docs/*.md, the notebooks' Markdown and the
+HTML report's text (the executed notebooks' displayed Markdown is checked in each notebook's own test)."""
+from __future__ import annotations
+
+import pytest
+
+from fp8lab.core.paths import REPO_ROOT
+from fp8lab.notebooks import list_notebooks
+from prose import (MAX_PARAGRAPH, html_paragraphs, markdown_paragraphs, notebook_markdown, too_long)
+
+
+def test_the_checker_finds_a_long_paragraph_and_splits_lists_and_skips_code():
+    long = "word " * 130
+    md = f"# title\n\n{long}\n\n- short item\n- {long}\n\n```\n{long}\n```\n\n| {long} |\n\nshort\n"
+    paras = markdown_paragraphs(md)
+    assert [len(p) > MAX_PARAGRAPH for p in paras] == [True, False, True, False]
+    assert len(too_long(paras, "x")) == 2
+    assert [len(p) for p in html_paragraphs(f"<h1>t</h1><p>{long}</p><ul><li>a <b>b</b></li></ul>")] == [len(long.strip()), 3]
+
+
+@pytest.mark.parametrize("path", ["README.md", *sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "docs").glob("*.md"))])
+def test_readme_and_docs_paragraphs_are_short(path):
+    long = too_long(markdown_paragraphs((REPO_ROOT / path).read_text(encoding="utf-8")), path)
+    assert not long, "\n".join(long)
+
+
+@pytest.mark.parametrize("path", list_notebooks(), ids=lambda p: p.stem)
+def test_notebook_markdown_cells_are_short(path):
+    long = too_long(markdown_paragraphs(notebook_markdown(path)), path.name)
+    assert not long, "\n".join(long)
+
+
+@pytest.mark.slow
+def test_the_html_report_text_is_short():
+    from fp8lab import analysis
+    from fp8lab.views import report
+
+    page = report.render_html(analysis.load_runs())
+    long = too_long(html_paragraphs(page), "HTML report")
+    assert not long, "\n".join(long)
