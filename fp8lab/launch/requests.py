@@ -18,7 +18,7 @@ from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PA
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT
 from fp8lab.core.pins import requirement
 from fp8lab.core.progress import Counter
-from fp8lab.launch.image import TE_BUILD_ENV, installs_te, job_requirements
+from fp8lab.launch.image import IMAGES, TE_BUILD_ENV, installs_te, job_requirements
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS
 from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
@@ -39,11 +39,25 @@ JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm", requiremen
 
 
 def training_image(spec: JobSpec) -> str:
-    """The AWS PyTorch training image for the spec's region and GPU, resolved offline from the SDK's tables."""
+    """The job's training image: ``image_uri`` as given; a ``pytorch-training`` image resolved offline by the SDK's
+    table; a ``pytorch`` (Amazon Linux 2023) image, which that table does not list, in the region's DLC registry as the
+    SDK's table names it for ``pytorch-training`` (one registry account per region for both repositories)."""
     from sagemaker.core import image_uris
+    from sagemaker.core.common_utils import get_domain_for_region
 
-    return image_uris.retrieve("pytorch", region=spec.region, version=spec.framework_version,
-                               py_version=spec.py_version, instance_type=spec.instance_type, image_scope="training")
+    if spec.image_uri:
+        return spec.image_uri
+    im = IMAGES[spec.framework_version]
+    if im.tag is None:
+        return image_uris.retrieve("pytorch", region=spec.region, version=spec.framework_version,
+                                   py_version=spec.py_version, instance_type=spec.instance_type, image_scope="training")
+    training = image_uris.config_for_framework("pytorch")["training"]
+    newest = max(training["versions"], key=lambda v: tuple(int(x) for x in v.split(".")))
+    registries = training["versions"][newest]["registries"]
+    if spec.region not in registries:
+        raise ValueError(f"JobSpec.region={spec.region!r}: the SageMaker SDK's table lists no Deep Learning Container "
+                         f"registry there; allowed: {', '.join(sorted(registries))}, or pass image_uri")
+    return f"{registries[spec.region]}.dkr.ecr.{spec.region}.{get_domain_for_region(spec.region)}/{im.name}"
 
 
 def s3_paths(spec: JobSpec) -> dict[str, str]:
@@ -52,7 +66,8 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
     return {"output": f"{base}/output", "checkpoints": f"{base}/checkpoints/{name}"}
 
 
-def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None) -> Path:
+def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None,
+                 image_uri: str | None = None) -> Path:
     """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, the result files
     the plan's ``auto`` decisions read (``fp8lab.plan.runplan.decision_results``), requirements.txt.
 
@@ -72,7 +87,7 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
         if result.exists():
             (dest / result.relative_to(REPO_ROOT)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(result, dest / result.relative_to(REPO_ROOT))
-    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version)
+    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version, image_uri)
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 
@@ -257,12 +272,13 @@ def sdk_config_checked_once():
         SageMakerConfig.validate_sagemaker_config = original
 
 
-def staged_source(staged: dict[tuple, Path], tmp: str, install_te: bool, framework_version: str | None = None) -> Path:
+def staged_source(staged: dict[tuple, Path], tmp: str, install_te: bool, framework_version: str | None = None,
+                  image_uri: str | None = None) -> Path:
     """The job's source folder, staged once per sweep for each kind of job: with or without TE in its
     requirements (and, with it, the image whose CUDA its TE core is built for)."""
-    key = (install_te, framework_version if install_te else None)
+    key = (install_te, (framework_version, image_uri) if install_te else None)
     if key not in staged:
-        staged[key] = stage_source(Path(tmp) / f"te{int(install_te)}-{key[1] or 'image'}", install_te, key[1])
+        staged[key] = stage_source(Path(tmp) / f"src{len(staged)}", install_te, framework_version, image_uri)
     return staged[key]
 
 
@@ -286,8 +302,8 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
             where = (spec.region, spec.bucket)
             if where not in sessions:
                 sessions[where] = _offline_session(*where)
-            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version),
-                                    sessions[where])
+            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version,
+                                                        spec.image_uri), sessions[where])
             try:
                 submit(trainer, spec)
             except _Captured as cap:

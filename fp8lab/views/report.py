@@ -22,11 +22,13 @@ from fp8lab.analysis.index import (INDEX_DOC, SUMMARY_DEFAULTS, committed_index,
                                    render_index)
 from fp8lab.analysis.scaling import answer_at_scale
 from fp8lab.analysis.time_to_loss import sentence, time_to_loss
+from fp8lab.analysis.estimates import price_words
 from fp8lab.core.hardware import gpu_label
+from fp8lab.core.prices import parse_price, price_of
 from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, files_read_once
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.progress import Counter
-from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
+from fp8lab.core.validate import OneLineParser, nonneg_int, positive_float, positive_int
 from fp8lab.analysis import fp8_stats as health_reader
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.records import ownership
@@ -48,7 +50,7 @@ class ReportConfig:
     """What the report assumes; every value is printed in the page."""
 
     tokens: float = analysis.DEFAULT_TOKEN_BUDGET  # token budget for time/cost (source's epoch: 24B)
-    price_per_instance_hour: float = analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR  # USD, an assumption
+    price_per_instance_hour: object = analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR  # USD (an assumption), or a dated Price
     gpus_per_instance: int = analysis.DEFAULT_GPUS_PER_INSTANCE  # P5: 8
     warmup_steps: int = 10  # steps left out of steady-state throughput
     smoothing: str = "ema"  # "ema", "window" or "none"
@@ -157,7 +159,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
                  summary: pd.DataFrame | None, analysed: "Analysed | None" = None) -> str:
     a = analysed or Analysed.of(runs, config, reference, summary)
     summary, comparison, answer = a.summary, a.comparison, a.answer
-    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
+    costs = analysis.cost_table(summary, config.tokens, answer.price, config.gpus_per_instance,
                                 estimate=answer.estimate)
     scaling = a.scaling
     parts = answer.verdict_parts()
@@ -173,9 +175,8 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
     body = [
         f"<h1>{e(config.title)}</h1>",
         f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
-        f"run(s). Assumptions: token budget {config.tokens:,.0f}; price ${config.price_per_instance_hour:,.2f} per "
-        f"instance-hour with {config.gpus_per_instance} GPUs per instance ("
-        f"{e(analysis.PRICE_SOURCE if config.price_per_instance_hour == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR else 'price given by the caller')}); "
+        f"run(s). Assumptions: token budget {config.tokens:,.0f}; price {e(price_words(answer.price, full=True))} "
+        f"with {config.gpus_per_instance} GPUs per instance; "
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
         "<h2>Verdict</h2>", _verdict_html(parts),
@@ -371,8 +372,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("runs", nargs="*", help="trainer output folders, result files or folders (default: data/results)")
     p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     p.add_argument("--tokens", type=positive_float, default=d.tokens, help="token budget for time/cost (default: 24e9)")
-    p.add_argument("--price", type=nonneg_float, default=d.price_per_instance_hour,
-                   help=f"USD per instance-hour (default: {d.price_per_instance_hour}, an assumption)")
+    p.add_argument("--price-per-hour", "--price", dest="price", type=parse_price, default=None, metavar="USD|lookup",
+                   help="USD per instance-hour, or 'lookup' (the AWS Price List API's on-demand price), as for "
+                        f"fp8lab launch plan (default: {price_words(None, full=True)})")
     p.add_argument("--gpus-per-instance", type=positive_int, default=d.gpus_per_instance)
     p.add_argument("--warmup-steps", type=nonneg_int, default=d.warmup_steps)
     p.add_argument("--smoothing", choices=analysis.SMOOTHING_METHODS, default=d.smoothing)
@@ -383,7 +385,12 @@ def main(argv: Iterable[str] | None = None) -> int:
                         "from the runs (default: data/results), instead of the HTML page")
     p.add_argument("--docs-root", metavar="DIR", help="with --docs: the checkout to write into (default: this one)")
     args = p.parse_args(list(argv) if argv is not None else None)
-    config = ReportConfig(args.tokens, args.price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
+    try:  # the price first (a lookup asks AWS): every cost stands beside it
+        price = price_of(analysis.answer.ANSWER_INSTANCE, args.price)
+    except ValueError as exc:
+        print(f"fp8lab report: error: {exc}", file=sys.stderr)
+        return 2
+    config = ReportConfig(args.tokens, price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
                           args.smoothing_span)
     try:  # where the page goes, before anything is read or written
         for option, value in (("--out", args.out), ("--markdown", args.markdown)):
@@ -450,11 +457,11 @@ def _pct(v: float) -> str:
     return "-" if pd.isna(v) else f"{100 * v:.1f}%"
 
 
-def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET) -> str:
+def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET, price: object = None) -> str:
     """The headline table (tokens/s/GPU on one GPU unless the row says otherwise; an
-    :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens``) and, below
-    it, the configuration and run behind each number."""
-    budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5: BF16 -> FP8"
+    :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens`` at ``price``, named with its
+    date in the column's header) and, below it, the configuration and run behind each number."""
+    budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5 at {price_words(price)}: BF16 -> FP8"
     lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss gap | "
              f"{budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
@@ -486,12 +493,12 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
 
 
 def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = (),
-                  main: str | None = None) -> str:
+                  main: str | None = None, price: object = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
     each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss).
     ``main``: the one GPU whose rows the table shows (:func:`fp8lab.analysis.answer.main_gpu`); the others are counted under it."""
     others = headline[headline["gpu_name"] != main] if main else headline.iloc[:0]
-    table = headline_markdown(headline.drop(others.index), tokens).split("\n\n")[0]
+    table = headline_markdown(headline.drop(others.index), tokens, price).split("\n\n")[0]
     elsewhere = "" if not len(others) else (
         f" The table's rows are on {main}; {len(others)} more on "
         f"{', '.join(sorted(map(str, others['gpu_name'].unique())))} ({', '.join(others['model'])}): [`{RESULTS_MD}`]({RESULTS_MD}).")
@@ -505,8 +512,9 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         f"BF16 peak for both.{elsewhere}",
         "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
         f"- **Time to the same loss**: {loss}",
-        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` estimates "
-        "them, projected to its 8 H100s: a little less than the H200 speed-up (the H100's kernel mix, 8-GPU "
+        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge at {price_words(price, full=True)}, as "
+        "`fp8lab launch plan` estimates them (`--price-per-hour` N or `lookup` for today's), projected to its 8 H100s: "
+        "a little less than the H200 speed-up (the H100's kernel mix, 8-GPU "
         f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
         "",
         table,
@@ -601,7 +609,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "",
         "![FP8 against BF16 per model](headline.png)",
         "",
-        headline_markdown(headline, config.tokens),
+        headline_markdown(headline, config.tokens, a.answer.price),
         "## Verdict",
         "",
         text,
@@ -652,7 +660,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         same = [f"{r['model']}: {sentence(r, analysis.fmt_tokens(config.tokens))}"
                 for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
         out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
-                                                same, main) + tail
+                                                same, main, a.answer.price) + tail
     return out
 
 

@@ -181,7 +181,7 @@ def test_plan_costs_add_up_and_follow_the_price():
     table = plan.table()
     assert table.iloc[-1]["job"] == "TOTAL" and table.iloc[-1]["cost_usd"] == pytest.approx(plan.total_cost_usd, abs=0.01)
     assert plan.summary()["n_jobs"] == 8
-    assert "113.07 USD per instance-hour" in L.format_cost_table(plan)
+    assert "price: $113.07 per instance-hour (ml.p5.48xlarge, us-east-1, as of 2024-11" in L.format_cost_table(plan)
 
 
 def test_plan_rejects_bad_sweeps():
