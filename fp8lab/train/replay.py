@@ -6,17 +6,18 @@ A run's config.json keeps what it was asked (``requested``: every option, "auto"
 (:data:`NOT_REPLAYED`); options given explicitly win over the record's. A record of an older fp8lab without
 ``requested`` is replayed from its flat option keys. A path the record could not keep (written ``<abs>/<name>``,
 outside the run's folder) must be given again; the error names the flag. The new run's config.json says it was
-replayed (``replayed_from``: the record's path as shared, its SHA-256 and its command).
+replayed (``replayed_from``: the record's path relative to the new run's folder, its SHA-256 and its command).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from fp8lab.core.paths import ABSOLUTE_PLACEHOLDER, shareable_path
+from fp8lab.core.paths import ABSOLUTE_PLACEHOLDER
 from fp8lab.plan.config import TrainConfig
 from fp8lab.plan.options import flag
 
@@ -76,5 +77,6 @@ def replayed_from(path: str | Path | None, output_dir: Path) -> dict[str, Any] |
         return None
     p = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     record = read_record(p)
-    return {"config": shareable_path(str(p.resolve()), output_dir) if p.is_absolute() else str(p),
+    # relative to the new run's folder: where the record sits beside it, without this machine's folders
+    return {"config": os.path.relpath(p.resolve(), Path(output_dir).resolve()),
             "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "command": record.get("command")}
