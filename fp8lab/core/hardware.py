@@ -284,6 +284,8 @@ PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
 
 # The folder SageMaker syncs with a job's checkpoint S3 URI (the trainer's default checkpoint folder there)
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+# The folder SageMaker copies to a job's TensorBoardOutputConfig S3 path (the SDK's default local_path)
+SAGEMAKER_TENSORBOARD_DIR = "/opt/ml/output/tensorboard"
 
 
 # ----------------------------------------------------------------------------------------------

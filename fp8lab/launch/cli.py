@@ -12,14 +12,14 @@ from fp8lab.launch.image import DEFAULT_VERSION, IMAGES
 from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
 from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
 from fp8lab.launch.redaction import redact
-from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS
+from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS, JobSpec
 from fp8lab.model.models import MODEL_CONFIGS
 from fp8lab.plan.config import TrainConfig
 from fp8lab.plan.options import PRECISIONS, add_arguments, from_text
 
 # the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
 # precision are the sweep's --models / --precisions)
-TRAINER_FLAGS = tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision")) + ("checkpoint_every",)
+TRAINER_FLAGS = tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision")) + ("checkpoint_every", "tracker")
 
 
 def _trainer_options(args: argparse.Namespace) -> dict:
@@ -70,6 +70,9 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="the training image by its full URI (default: the newest SageMaker PyTorch image with TE "
                         f"compiled in that fp8lab is tested with, fp8lab.launch.image: {IMAGES[DEFAULT_VERSION].name}); an image "
                         "fp8lab.launch.image does not list gets the pinned TE built in the job")
+    p.add_argument("--mlflow-tracking-uri", default=None,
+                   help="with --tracker mlflow: the jobs' MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the tracking "
+                        "server's ARN); default: a local MLflow store in each job's output")
     p.add_argument("--allow-large", action="store_true",
                    help=f"allow more than {MAX_INSTANCES_PER_JOB} instances per job (a sanity limit against typos)")
 
@@ -81,7 +84,17 @@ def _plan_from(args: argparse.Namespace) -> SweepPlan:
                       instance_type=args.instance_type, role=args.role, bucket=args.bucket, region=args.region,
                       spot=args.spot, install_te=args.install_te, allow_large=args.allow_large,
                       **({"image_uri": args.image_uri} if args.image_uri else {}),
-                      **_trainer_options(args), **size)
+                      **({"mlflow_tracking_uri": args.mlflow_tracking_uri} if args.mlflow_tracking_uri else {}),
+                      **_spec_fields(_trainer_options(args)), **size)
+
+
+def _spec_fields(options: dict) -> dict:
+    """The trainer options as JobSpec takes them: its own fields by name, the others in ``options``."""
+    from dataclasses import fields
+
+    own = {f.name for f in fields(JobSpec)}
+    other = {k: v for k, v in options.items() if k not in own}
+    return {**{k: v for k, v in options.items() if k in own}, **({"options": other} if other else {})}
 
 
 def skip_unused_iri_grammar() -> bool:

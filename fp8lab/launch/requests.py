@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
+from fp8lab.core.hardware import SAGEMAKER_TENSORBOARD_DIR
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT
 from fp8lab.core.pins import requirement
 from fp8lab.core.progress import Counter
@@ -31,6 +32,9 @@ from fp8lab.plan.runplan import PLANNED_ENV, decision_results
 # because it compiles against the image's CUDA (minutes). nvdlfw-inspect (pure Python, pinned there too) is
 # TE's debug API: --fp8-stats-source auto reads a TE job's FP8 health through it, as on a set-up GPU machine.
 JOB_REQUIREMENTS = ("transformers>=4.45", "tokenizers>=0.19", "tqdm", requirement("nvdlfw-inspect"))
+# what --tracker needs in the job (fp8lab.train.trackers); sagemaker-mlflow: MLflow's plugin for a SageMaker tracking
+# server's ARN as the tracking URI
+TRACKER_REQUIREMENTS = {"none": (), "tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sagemaker-mlflow")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -67,7 +71,7 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
 
 
 def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None,
-                 image_uri: str | None = None) -> Path:
+                 image_uri: str | None = None, tracker: str = "none") -> Path:
     """Lay out the code channel in ``dest``: the fp8lab package, the shipped corpus and tokenizers, the result files
     the plan's ``auto`` decisions read (``fp8lab.plan.runplan.decision_results``), requirements.txt.
 
@@ -87,7 +91,8 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
         if result.exists():
             (dest / result.relative_to(REPO_ROOT)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(result, dest / result.relative_to(REPO_ROOT))
-    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version, image_uri)
+    reqs = list(JOB_REQUIREMENTS) + job_requirements(install_te, framework_version, image_uri) + list(
+        TRACKER_REQUIREMENTS[tracker])
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 
@@ -95,7 +100,7 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
 def build_trainer(spec: JobSpec, source_dir: str | Path, session):
     """A ``ModelTrainer`` for one spec (nothing is called until ``train()``)."""
     from sagemaker.core.training.configs import (CheckpointConfig, Compute, MetricDefinition, OutputDataConfig,
-                                                 SourceCode, StoppingCondition, Tag)
+                                                 SourceCode, StoppingCondition, Tag, TensorBoardOutputConfig)
     from sagemaker.train import ModelTrainer
     from sagemaker.train.distributed import Torchrun
 
@@ -123,11 +128,15 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         # otherwise the same for BF16 and FP8 jobs (only the precision hyperparameter differs)
         environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false",
                      PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True),
-                     **(TE_BUILD_ENV if installs_te(spec) else {})},
+                     **(TE_BUILD_ENV if installs_te(spec) else {}),
+                     **({"MLFLOW_TRACKING_URI": spec.mlflow_tracking_uri} if spec.mlflow_tracking_uri else {})},
         tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),
               Tag(key="fp8lab:precision", value=spec.precision), Tag(key="fp8lab:model", value=spec.model_label)],
     )
     trainer.with_metric_definitions([MetricDefinition(name=k, regex=v) for k, v in METRIC_DEFINITIONS.items()])
+    if spec.plan.config.tracker == "tensorboard":  # SageMaker copies the event files to S3 while the job runs
+        trainer.with_tensorboard_output_config(TensorBoardOutputConfig(
+            s3_output_path=f"{paths['output']}/tensorboard/{job_name(spec)}", local_path=SAGEMAKER_TENSORBOARD_DIR))
     return trainer
 
 
@@ -273,12 +282,12 @@ def sdk_config_checked_once():
 
 
 def staged_source(staged: dict[tuple, Path], tmp: str, install_te: bool, framework_version: str | None = None,
-                  image_uri: str | None = None) -> Path:
+                  image_uri: str | None = None, tracker: str = "none") -> Path:
     """The job's source folder, staged once per sweep for each kind of job: with or without TE in its
-    requirements (and, with it, the image whose CUDA its TE core is built for)."""
-    key = (install_te, (framework_version, image_uri) if install_te else None)
+    requirements (and, with it, the image whose CUDA its TE core is built for), and its tracker's packages."""
+    key = (install_te, (framework_version, image_uri) if install_te else None, tracker)
     if key not in staged:
-        staged[key] = stage_source(Path(tmp) / f"src{len(staged)}", install_te, framework_version, image_uri)
+        staged[key] = stage_source(Path(tmp) / f"src{len(staged)}", install_te, framework_version, image_uri, tracker)
     return staged[key]
 
 
@@ -303,7 +312,7 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
             if where not in sessions:
                 sessions[where] = _offline_session(*where)
             trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version,
-                                                        spec.image_uri), sessions[where])
+                                                        spec.image_uri, spec.plan.config.tracker), sessions[where])
             try:
                 submit(trainer, spec)
             except _Captured as cap:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fp8lab.launch import image, limits
-from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo, Machine, at_least
+from fp8lab.core.hardware import (INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, SAGEMAKER_TENSORBOARD_DIR, InstanceInfo,
+                                  Machine, at_least)
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, config_from_hf, get_config
@@ -163,6 +164,7 @@ class JobSpec:
     py_version: str = "py312"  # the SDK-resolved pytorch-training images (2.8, 2.9) only
     install_te: bool = False  # always install the pinned TE in the job (it does anyway where the image's TE is too old or unknown: fp8lab.launch.image)
     image_uri: str | None = None  # any other training image by its full URI (framework_version is then not used)
+    mlflow_tracking_uri: str | None = None  # options={"tracker": "mlflow"}: the job's MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the tracking server's ARN); None: a local store in the job's output
     model_config: dict | None = None  # s3:// model only: its config.json contents (the plan validates them; nothing is read from S3)
     options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
     allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
@@ -264,6 +266,11 @@ class JobSpec:
             raise bad("prefix", self.prefix, "an S3 key prefix of letters, digits, - _ / (no leading or trailing /)")
         if not re.fullmatch(r"[a-z0-9][a-z0-9\-]{0,40}", self.study):
             raise bad("study", self.study, "lowercase letters, digits and -, at most 41 characters")
+        if self.mlflow_tracking_uri is not None and (
+                not isinstance(self.mlflow_tracking_uri, str) or not self.mlflow_tracking_uri.strip()
+                or (self.options if isinstance(self.options, dict) else {}).get("tracker") != "mlflow"):
+            raise bad("mlflow_tracking_uri", self.mlflow_tracking_uri, "None, or with options={'tracker': 'mlflow'} "
+                      "the job's MLflow tracking URI (e.g. a SageMaker MLflow tracking server's ARN)")
         if self.data_s3_uri is not None and (allowed := limits.s3_uri_problem(self.data_s3_uri)) is not None:
             raise bad("data_s3_uri", self.data_s3_uri, allowed + ", or None")
         regions = _sagemaker_regions()
@@ -403,7 +410,8 @@ class JobSpec:
 
         A local folder model counts by its config.json's hash and, when it has weights, a SHA-256 of
         the weight files' bytes (fp8lab.model.checks.weights_digest), not by where it sits."""
-        skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
+        skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large",
+                "mlflow_tracking_uri"}
         out = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         out.update(_planned_options(self))  # what runs ("auto" as the plan resolved it), so equal jobs get equal names
         if self.model_config is None:
@@ -461,7 +469,8 @@ LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in SPEC_OPTIONS)  # and t
 # trainer options a job does not take from JobSpec.options: those fields, the run length and checkpoints (also
 # JobSpec fields), SageMaker's folders and channels, the log style, test hooks
 JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "checkpoint_every", "data", "output_dir",
-                                              "checkpoint_dir", "model_dir", "device", "dry_run", "inject_nan_at_steps"}
+                                              "checkpoint_dir", "model_dir", "device", "dry_run", "inject_nan_at_steps",
+                                              "tracker_dir"}  # the tracker writes where SageMaker collects it
 
 
 def _planned_options(spec: JobSpec) -> dict[str, Any]:
@@ -498,6 +507,8 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
         hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
     if spec.is_folder_model:
         hp["model"] = MODEL_CHANNEL_PATH  # the "model" channel: the user's folder
+    if spec.plan.config.tracker == "tensorboard":
+        hp["tracker-dir"] = SAGEMAKER_TENSORBOARD_DIR  # the job's TensorBoard output path (fp8lab.launch.requests)
     for name, value in planned["options"].items():
         hp[name.replace("_", "-")] = value
     return hp

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
                             FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
-                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
+                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TRACKERS, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.fp8.backends import fused_problem
 from fp8lab.model import user as user_model
@@ -103,6 +103,10 @@ class TrainConfig:
 
     # a study (issue 51): the LM head's GEMM in FP8 as well (fp8lab.fp8.convert.fp8_lm_head); off by default
     fp8_lm_head: bool = option(False, "study: the LM head's GEMM in FP8 too (--backend " + " or ".join(FP8_LM_HEAD_BACKENDS) + ", --precision fp8; the chunked loss runs its head in BF16, so --fused-loss auto turns off); by default the head stays BF16 (benchmarks/studies/fp8_lm_head.md)", check=BOOL)
+
+    # where users keep runs (fp8lab.train.trackers): metrics.jsonl mirrored into TensorBoard or MLflow
+    tracker: str = option("none", "also write metrics.jsonl's metrics (loss, tokens/s/GPU, MFU, FP8 health) to: none | tensorboard (event files in --tracker-dir, default <output-dir>/tensorboard; a SageMaker job: its TensorBoard output path) | mlflow (MLFLOW_TRACKING_URI of the environment, else a file store in --tracker-dir, default <output-dir>/mlruns); each needs its package (pip install 'fp8lab[tensorboard]' / 'fp8lab[mlflow]')", choices=TRACKERS)
+    tracker_dir: str | None = option(None, "where --tracker writes (see --tracker)", check=optional(PATH))
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -48,6 +48,7 @@ from fp8lab.model.models import MODEL_CONFIGS, build_model, model_flops_per_toke
 from fp8lab.model.user import is_user_model
 from fp8lab.plan import graphs
 from fp8lab.plan.runplan import plan_run
+from fp8lab.train import trackers as ftrackers
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership, runlock
 from fp8lab.train import checkpoint as fckpt
@@ -508,6 +509,7 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
         with setup_errors(paths, env):
             source = frun_paths.data_source(c)
             frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
+            ftrackers.check_available(c.tracker)  # --tracker's package importable: before any compute
             scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
             folder = c.model if is_user_model(c.model) and not c.model.startswith("hf:") else None
             ownership.check_run_folders(c, paths, source, model_folder=folder)  # no overlaps, nothing of the user's overwritten

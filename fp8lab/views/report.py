@@ -492,6 +492,13 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
+def _price_caveat(price: object) -> str:
+    """Beside the assumed default price: that it is one, and how to price today's."""
+    p = price_of(analysis.answer.ANSWER_INSTANCE, price)
+    return "" if p.given or not p.source.startswith("assumed") else (
+        " (assumed; P5 prices were cut in 2025: `--price-per-hour N` or `--price-per-hour lookup` prices today's)")
+
+
 def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = (),
                   main: str | None = None, price: object = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
@@ -512,8 +519,8 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         f"BF16 peak for both.{elsewhere}",
         "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
         f"- **Time to the same loss**: {loss}",
-        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge at {price_words(price, full=True)}, as "
-        "`fp8lab launch plan` estimates them (`--price-per-hour` N or `lookup` for today's), projected to its 8 H100s: "
+        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge at {price_words(price)}{_price_caveat(price)}, "
+        "as `fp8lab launch plan` estimates them, projected to its 8 H100s: "
         "a little less than the H200 speed-up (the H100's kernel mix, 8-GPU "
         f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
         "",
