@@ -248,8 +248,8 @@ PRICE_SOURCE = (
     "(SageMaker AI pricing page, as of 2024-11); check current pricing and pass your own price"
 )
 PRICE_SOURCES: dict[str, str] = {
-    "ml.p5.48xlarge": "assumed: SageMaker AI on-demand training in us-east-1, pricing page as of 2024-11; "
-                      "P5 prices were cut in 2025: pass your own price or look it up",
+    "ml.p5.48xlarge": "assumed: the SageMaker AI pricing page's on-demand training price; P5 prices were cut in "
+                      "2025: pass your own price or look it up",
     "ml.p5.4xlarge": "assumed: an eighth of ml.p5.48xlarge's assumed price (one of its 8 GPUs); "
                      "pass your own price or look it up",
 }

@@ -68,6 +68,16 @@ def parse_price(text: Any) -> float | str:
     return value
 
 
+def price_arg(text: str) -> float | str:
+    """``--price-per-hour``'s converter: :func:`parse_price` as argparse reports it (``argument --price-per-hour: ...``)."""
+    import argparse
+
+    try:
+        return parse_price(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {PRICE_CHOICES_TEXT}") from None
+
+
 def default_price(instance_type: str) -> Price | None:
     """The assumed default price of an instance type, with its date (None where there is none)."""
     if instance_type not in DEFAULT_PRICES_USD_PER_HOUR:

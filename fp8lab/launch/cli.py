@@ -6,7 +6,7 @@ import sys
 
 from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.core.probes import check_writable_file
-from fp8lab.core.prices import LOOKUP, parse_price
+from fp8lab.core.prices import LOOKUP, price_arg
 from fp8lab.core.validate import OneLineParser, parse_count
 from fp8lab.launch.image import DEFAULT_VERSION, IMAGES
 from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
@@ -55,7 +55,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET,
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
-    p.add_argument("--price-per-hour", "--price", type=parse_price, metavar="USD|lookup",
+    p.add_argument("--price-per-hour", "--price", type=price_arg, metavar="USD|lookup",
                    help=f"USD per instance-hour, or {LOOKUP!r}: the on-demand SageMaker training price of the instance "
                         "type and --region from the AWS Price List API (needs credentials; says so when it cannot). "
                         "Default: the assumed price of fp8lab.core.hardware with its date; every cost is printed "

@@ -59,9 +59,10 @@ def replayed_options(path: str | Path, explicit: dict[str, Any] | None = None) -
         if isinstance(value, str) and value.startswith(ABSOLUTE_PLACEHOLDER):
             raise ValueError(f"--config {path}: the record keeps {name} only as {value!r} (a path outside its run "
                              f"folder); pass {flag(name)} as well")
-        if name in PATH_OPTIONS and isinstance(value, str) and not Path(value).is_absolute() \
-                and (folder / value).exists():
-            value = str(folder / value)  # written relative to the run's folder (fp8lab.core.paths.shareable_path)
+        if name in PATH_OPTIONS and isinstance(value, str) and not Path(value).is_absolute() and not Path(value).exists():
+            # written relative to the run's folder, or as typed where the run started (one of its folder's parents)
+            value = next((str(base / value) for base in (folder, *folder.resolve().parents) if (base / value).exists()),
+                         value)
         out[name] = tuple(value) if isinstance(value, list) else value
     return {**out, **explicit}
 

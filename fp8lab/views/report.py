@@ -24,7 +24,7 @@ from fp8lab.analysis.scaling import answer_at_scale
 from fp8lab.analysis.time_to_loss import sentence, time_to_loss
 from fp8lab.analysis.estimates import price_words
 from fp8lab.core.hardware import gpu_label
-from fp8lab.core.prices import parse_price, price_of
+from fp8lab.core.prices import price_arg, price_of
 from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, files_read_once
 from fp8lab.core.probes import check_writable_file
 from fp8lab.core.progress import Counter
@@ -372,7 +372,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("runs", nargs="*", help="trainer output folders, result files or folders (default: data/results)")
     p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     p.add_argument("--tokens", type=positive_float, default=d.tokens, help="token budget for time/cost (default: 24e9)")
-    p.add_argument("--price-per-hour", "--price", dest="price", type=parse_price, default=None, metavar="USD|lookup",
+    p.add_argument("--price-per-hour", "--price", dest="price", type=price_arg, default=None, metavar="USD|lookup",
                    help="USD per instance-hour, or 'lookup' (the AWS Price List API's on-demand price), as for "
                         f"fp8lab launch plan (default: {price_words(None, full=True)})")
     p.add_argument("--gpus-per-instance", type=positive_int, default=d.gpus_per_instance)
