@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
@@ -24,9 +25,6 @@ TRAINER_FLAGS = tuple(name for name in SPEC_OPTIONS if name not in ("model", "pr
 
 def _trainer_options(args: argparse.Namespace) -> dict:
     """The trainer options given on the command line, converted by their fields (fp8lab.plan.options.from_text)."""
-    import dataclasses
-
-
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     return {name: from_text(fields[name], getattr(args, name)) for name in TRAINER_FLAGS
             if getattr(args, name) is not None}
@@ -90,9 +88,7 @@ def _plan_from(args: argparse.Namespace) -> SweepPlan:
 
 def _spec_fields(options: dict) -> dict:
     """The trainer options as JobSpec takes them: its own fields by name, the others in ``options``."""
-    from dataclasses import fields
-
-    own = {f.name for f in fields(JobSpec)}
+    own = {f.name for f in dataclasses.fields(JobSpec)}
     other = {k: v for k, v in options.items() if k not in own}
     return {**{k: v for k, v in options.items() if k in own}, **({"options": other} if other else {})}
 
