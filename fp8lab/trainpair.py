@@ -15,6 +15,7 @@ an emulation: its loss is meaningful, its speed is not.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from fp8lab.model.models import count_parameters
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
 from fp8lab.train import distributed as fdist
+from fp8lab.train import replay
 from fp8lab.train.entry import TrainConfig, train
 from fp8lab.train.trainer import plan_here
 
@@ -51,18 +53,31 @@ class PairResult:
         return bool(self.losses)
 
 
+# options a replayed pair keeps its own (where the runs write and how they report, not what they train)
+PAIR_OWN = ("progress", "print_metrics", "plot", "save_model", "resume")
 TINY_LR = 2e-3  # lr="auto": tiny models (< 50M parameters) like it high; others get the trainer's default --lr
 
 
 def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str] = ("auto",), recipe: str = "auto",
-             output_dir: str | Path = "runs", dry_run: bool = False, **options: Any) -> PairResult:
+             output_dir: str | Path = "runs", dry_run: bool = False, config: str | Path | None = None,
+             **options: Any) -> PairResult:
     """One BF16 run and one FP8 run per backend, same seed and data; ``options`` go to TrainConfig.
+
+    ``config``: a run's config.json (or its folder) to replay (fp8lab.train.replay): its options (model, steps,
+    recipe, layout, lr, seed, ...) replace ``model``, ``steps``, ``recipe`` and ``options``; each run's precision and
+    backend stay the pair's, and each run's config.json says what it replayed.
 
     Layout options left out (or "auto") are chosen by ``fp8lab.plan.layout`` for this machine, the same
     for both runs, as ``fp8lab train`` does. ``dry_run``: resolve and return the layouts, train nothing.
     ``lr="auto"``: 2e-3 for models under 50M parameters, else the trainer's default ``--lr``."""
     import pandas as pd  # pandas loads only when a pair runs
 
+    if config:
+        recorded = replay.replayed_options(config)
+        model, steps, recipe = recorded.pop("model"), recorded.pop("steps", None), recorded.pop("recipe", recipe)
+        for own in ("precision", "backend", *PAIR_OWN):  # the pair's: which runs, and how they report
+            recorded.pop(own, None)
+        options = recorded
     if isinstance(backends, str) or not backends:
         raise ValueError(f"backends must be a non-empty list such as ['auto'] or ['te', 'torchao'], got {backends!r}")
     for forbidden in ("precision", "backend", "output_dir", "recipe", "steps", "model"):
@@ -86,7 +101,8 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     if lr_auto and count_parameters(mcfg).total < 50e6:
         configs = {k: dataclasses.replace(c, lr=TINY_LR) for k, c in configs.items()}
     once = _PrintOnce()
-    layouts = pd.DataFrame([{"run": label, **_layout_row(once(train, dataclasses.replace(cfg, dry_run=True)))}
+    train_ = functools.partial(train, replayed_from=str(config)) if config else train
+    layouts = pd.DataFrame([{"run": label, **_layout_row(once(train_, dataclasses.replace(cfg, dry_run=True)))}
                             for label, cfg in configs.items()]).set_index("run")
     if baseline.compute_dtype == "fp32":
         # a CPU computes the "bf16" baseline in fp32: name it for what it is (label and run folder)
@@ -102,7 +118,7 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     runs, summaries, losses = {}, {}, {}
     for label, cfg in configs.items():
         _replace_earlier(Path(cfg.output_dir))
-        summaries[label] = once(train, cfg)  # the layout line both runs share is printed once
+        summaries[label] = once(train_, cfg)  # the layout line both runs share is printed once
         runs[label] = Path(cfg.output_dir)
         losses[label] = [r.get("loss") for r in fmetrics.read_metrics(runs[label] / "metrics.jsonl")]
     baseline = next(iter(configs))  # "bf16", or "fp32" on a CPU

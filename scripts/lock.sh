@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 LOCK=requirements-cpu.lock
 CPU_TORCH=torch==2.13.0  # the CPU build set-up installs on a machine without an NVIDIA GPU
 PYTHON_FLOOR=3.11        # the oldest Python the lock resolves for (set-up resolves afresh below it)
-EXTRAS=(dev aws notebooks)
+EXTRAS=(dev aws notebooks tensorboard mlflow)
 UV=${UV:-uv}
 command -v "$UV" >/dev/null 2>&1 || { echo "[lock] needs uv: pip install uv (or set UV)" >&2; exit 1; }
 SOURCES=()

@@ -19,7 +19,7 @@
 #   FP8LAB_VENV        the venv (.venv)
 #   FP8LAB_TORCH_SPEC  the torch to install instead of the CPU build / the pinned one (CPU: resolved
 #                      without the lock, whose pins are for its own torch)
-#   FP8LAB_EXTRAS      fp8lab's pip extras (default: requirements.txt + dev,aws,notebooks)
+#   FP8LAB_EXTRAS      fp8lab's pip extras (default: requirements.txt + dev,aws,notebooks,tensorboard,mlflow)
 #   FP8LAB_WHEELS      offline: a folder of wheels; every pip call uses --no-index --find-links it
 #   FP8LAB_TE_KIT      a prebuilt TE kit (its install_te.sh and payload/; default .gpu/te-h200 where
 #                      present), used where it fits this machine (README of the kit)
@@ -46,7 +46,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 PIPV=("$VENV/bin/python" -m pip --disable-pip-version-check)  # long steps: pip's own lines show progress
 # (the CPU branch's installs add --no-compile: byte-compiling every module of ~250 packages takes minutes
 # on 2 cores; Python compiles what is imported, once, on first import)
-EXTRAS_ARGS=(-r requirements.txt -e ".[dev,aws,notebooks]")
+EXTRAS_ARGS=(-r requirements.txt -e ".[dev,aws,notebooks,tensorboard,mlflow]")
 if [ -n "${FP8LAB_EXTRAS+set}" ]; then EXTRAS_ARGS=(-e ".${FP8LAB_EXTRAS:+[$FP8LAB_EXTRAS]}"); fi
 
 # The log's last line, printable ASCII only (pip's progress bars are not); pip's long silent phase, the

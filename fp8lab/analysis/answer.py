@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.analysis.conclusion import verdict_parts
-from fp8lab.analysis.estimates import MeasuredEstimate
+from fp8lab.analysis.estimates import MeasuredEstimate, price_words
 from fp8lab.analysis.headline import HEADLINE_COLUMNS, headline_table
 from fp8lab.analysis.scaling import instance_table
 from fp8lab.analysis.time_to_loss import time_to_loss as same_loss_table
 from fp8lab.core.hardware import INSTANCES, on_instance_gpu
+from fp8lab.core.prices import Price, price_of
 from fp8lab.model.models import MODEL_CONFIGS
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR, DEFAULT_TOKEN_BUDGET,
                                      check_cost_args, compare_precisions)
@@ -41,13 +42,17 @@ class Answer:
     price_per_instance_hour: float
     instance_type: str
     estimate: object  # the MeasuredEstimate the costs come from
+    price: Price | None = None  # price_per_instance_hour with its date and source (fp8lab.core.prices)
 
     @classmethod
     def of(cls, summary: pd.DataFrame, comparison: pd.DataFrame | None = None,
            reference: pd.DataFrame | None = None, tokens: float = DEFAULT_TOKEN_BUDGET,
-           price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
+           price_per_instance_hour: float | str | Price | None = DEFAULT_PRICE_PER_INSTANCE_HOUR,
            instance_type: str = ANSWER_INSTANCE) -> "Answer":
-        """The answer of a per-run summary (:func:`summarize_runs`); costs on one ``instance_type``."""
+        """The answer of a per-run summary (:func:`summarize_runs`); costs on one ``instance_type`` at
+        ``price_per_instance_hour`` (a number, None for the default, "lookup" or a Price: fp8lab.core.prices)."""
+        price = price_of(instance_type, price_per_instance_hour, name="price_per_instance_hour")
+        price_per_instance_hour = price.usd_per_hour
         check_cost_args(tokens, price_per_instance_hour, DEFAULT_GPUS_PER_INSTANCE)
         comparison = compare_precisions(summary) if comparison is None else comparison
         head = headline_table(summary, comparison, reference)
@@ -64,7 +69,12 @@ class Answer:
         for col in COST_COLUMNS:
             rows[col] = [c[col] for c in costs]
         return cls(rows[ANSWER_COLUMNS], comparison, reference, float(tokens), float(price_per_instance_hour),
-                   instance_type, est)
+                   instance_type, est, price)
+
+    @property
+    def price_note(self) -> str:
+        """The price these costs stand beside, with its date (fp8lab.analysis.estimates.price_words)."""
+        return price_words(self.price if self.price is not None else self.price_per_instance_hour, self.instance_type)
 
     def verdict(self, loss_tolerance_pct: float = 1.0) -> str:
         """The verdict paragraph, written from these rows (:func:`fp8lab.analysis.verdict`)."""
@@ -96,10 +106,11 @@ class Answer:
                             "world_size": r["world_size"], "tokens_per_sec_per_gpu": r[f"tps_{prec}"],
                             "cluster_gpus": gpus, "hours": r[f"hours_{prec}"], "cost_usd": r[f"cost_{prec}"],
                             "projected": True, "token_budget": self.tokens,
-                            "price_per_instance_hour": self.price_per_instance_hour})
+                            "price_per_instance_hour": self.price_per_instance_hour, "price_note": self.price_note})
         return pd.DataFrame(out, columns=["run_id", "model", "precision", "variant", "gpu_name", "instances",
                                           "world_size", "tokens_per_sec_per_gpu", "cluster_gpus", "hours",
-                                          "cost_usd", "projected", "token_budget", "price_per_instance_hour"])
+                                          "cost_usd", "projected", "token_budget", "price_per_instance_hour",
+                                          "price_note"])
 
     def row(self, model: str, *, priced: bool = False) -> pd.Series:
         """``model``'s row. Measured on several GPUs: the row on :func:`main_gpu` (the README's), or with ``priced``
@@ -199,11 +210,11 @@ def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str)
 
 COST_TABLE_COLUMNS = ["run_id", "model", "precision", "variant", "gpu_name", "instances", "world_size",
                       "tokens_per_sec_per_gpu", "cluster_gpus", "hours", "cost_usd", "projected", "token_budget",
-                      "price_per_instance_hour", "cost_note"]
+                      "price_per_instance_hour", "cost_note", "price_note"]
 
 
 def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
-               price_per_instance_hour: float = DEFAULT_PRICE_PER_INSTANCE_HOUR,
+               price_per_instance_hour: float | str | Price | None = DEFAULT_PRICE_PER_INSTANCE_HOUR,
                gpus_per_instance: int = DEFAULT_GPUS_PER_INSTANCE,
                instance_type: str = ANSWER_INSTANCE, estimate=None) -> pd.DataFrame:
     """Time and cost to train ``tokens`` on one instance resting on each run, as the plan estimates a job
@@ -211,7 +222,10 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
     two-GPU efficiency, ``gpus_per_instance`` GPUs, plus the start-up). Runs no estimate rests on
     (several GPUs, a CPU, emulated FP8, a model folder) have no time or cost and say why (``cost_note``);
     ``projected``: the run used fewer GPUs than the instance priced. ``estimate``: the MeasuredEstimate of
-    ``summary`` where the caller has one (an Answer's), so it is not calibrated again."""
+    ``summary`` where the caller has one (an Answer's), so it is not calibrated again. ``price_per_instance_hour``:
+    as :meth:`Answer.of` takes it; each row names it with its date (``price_note``)."""
+    price = price_of(instance_type, price_per_instance_hour, name="price_per_instance_hour")
+    price_per_instance_hour, note = price.usd_per_hour, price_words(price, instance_type)
     check_cost_args(tokens, price_per_instance_hour, gpus_per_instance)
     est = estimate if estimate is not None else MeasuredEstimate.of_summary(summary)
     rows = []
@@ -222,5 +236,5 @@ def cost_table(summary: pd.DataFrame, tokens: float = DEFAULT_TOKEN_BUDGET,
                      "hours": job["hours"] if job else np.nan, "cost_usd": job["cost_usd"] if job else np.nan,
                      "projected": r["world_size"] != gpus_per_instance if pd.notna(r["world_size"]) else True,
                      "token_budget": float(tokens), "price_per_instance_hour": float(price_per_instance_hour),
-                     "cost_note": "" if job else f"no time or cost: {why}"})
+                     "cost_note": "" if job else f"no time or cost: {why}", "price_note": note})
     return pd.DataFrame(rows, columns=COST_TABLE_COLUMNS)

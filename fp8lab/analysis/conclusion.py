@@ -170,8 +170,8 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
                   "of FP8 speed or cost")
         elif pd.notna(a["cost_fp8"]):
             note = f", {a['cost_note']}" if a["cost_note"] else ""  # a priced row's note: which row's runs priced it
-            s += (f"; planned on one {answer.instance_type} at ${answer.price_per_instance_hour:,.2f} per "
-                  f"instance-hour (the estimate of fp8lab launch plan{note}), {fmt_tokens(answer.tokens)} tokens would take "
+            s += (f"; planned on one {answer.instance_type} at {answer.price_note} "
+                  f"(the estimate of fp8lab launch plan{note}), {fmt_tokens(answer.tokens)} tokens would take "
                   f"{a['hours_fp8']:,.1f} h and cost ${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h and "
                   f"${a['cost_bf16']:,.0f} ({a['saved_pct']:.0f}% saved)")
         else:
@@ -293,6 +293,7 @@ def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_p
             ratio = a["hours_bf16"] / a["hours_fp8"]
             s += (f"; {fmt_tokens(answer.tokens)} tokens on one {answer.instance_type}: {a['hours_fp8']:,.1f} h "
                   f"${a['cost_fp8']:,.0f} instead of {a['hours_bf16']:,.1f} h ${a['cost_bf16']:,.0f} "
+                  f"at {answer.price_note} "
                   f"({ratio:.2f}x sooner: projected to {_instance_gpus(answer.instance_type)}, not the one "
                   f"{gpu_label(a['gpu_name'])} measured" + (f"; {a['cost_note']})" if a["cost_note"] else ")"))
         out.append(s)

@@ -38,6 +38,7 @@ from fp8lab.analysis import scaling
 from fp8lab.analysis.index import committed_summary, is_committed_results
 from fp8lab.analysis.summary import scaling_table, summarize_runs
 from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_label, gpu_spec, on_instance_gpu, peak_bf16_flops
+from fp8lab.core.prices import price_of
 from fp8lab.model.models import model_flops_per_token
 from fp8lab.plan.flops_estimate import Estimate
 
@@ -174,7 +175,7 @@ class MeasuredEstimate(Estimate):
                 "measured_tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"], "variant": r["variant"],
                 "layout": r["layout"], "gpu_name": r["gpu_name"], "seq_scale": seq_scale,
                 "target_gpu": info.gpu, "node_efficiency": node_eff, "node_efficiency_from": node_from,
-                "internode_efficiency": inter, "instances": n,
+                "internode_efficiency": inter, "instances": n, "gpus_per_instance": info.gpus,
                 "exact_match": bool(len(exact)), **model}
 
     def _scaling(self, run: pd.Series, instance_type: str, instances: int, fp8_all_gather: bool) -> dict[str, Any]:
@@ -220,7 +221,9 @@ class MeasuredEstimate(Estimate):
         r = self.job_rate(spec)
         if r is None:
             return super().seconds(spec)
-        return self.seconds_at(spec.total_tokens, r["tokens_per_sec_per_gpu"], spec.world_size)
+        # the start-up of seconds_at is startup_s: the job's own adds the TE build where its image needs one
+        return self.seconds_at(spec.total_tokens, r["tokens_per_sec_per_gpu"], spec.world_size) + \
+            self.startup(spec) - self.startup_s
 
     def seconds_at(self, tokens: float, tokens_per_sec_per_gpu: float, gpus: int) -> float:
         """The one formula of a job's wall time: tokens over the cluster's rate, plus the start-up."""
@@ -253,7 +256,17 @@ class MeasuredEstimate(Estimate):
     def describe(self) -> str:
         return (f"estimate: measured tokens/s/GPU per model and precision (column basis: the run, x GPU peak "
                 f"ratio, x the measured two-GPU efficiency for a full instance, x {self.internode_text()}), "
-                f"+{self.startup_s} s start-up per job; models without measurements: {Estimate.describe(self)}")
+                f"+{self.startup_s} s start-up per job (+{self.te_build_s} s where a job compiles TE); models without "
+                f"measurements: {Estimate.describe(self)}")
+
+
+def price_words(price: Any = None, instance_type: str = "ml.p5.48xlarge", *, full: bool = False) -> str:
+    """The price a cost stands beside, with its date: "$113.07/instance-hour, as of 2024-11" (``full``: with the
+    instance type, region and source). ``price``: None (the assumed default), a number, "lookup" or a
+    ``fp8lab.core.prices.Price``, as every view and ``fp8lab launch plan`` take it. The one place the README,
+    notebooks 04 and 05, the verdict and the report get that text."""
+    p = price_of(instance_type, price)
+    return p.text() if full else p.short()
 
 
 def _basis_text(r: dict[str, Any]) -> str:
@@ -265,7 +278,8 @@ def _basis_text(r: dict[str, Any]) -> str:
         parts.append(f"x{r['seq_scale']:.3f} for the job's sequence length")
     parts.append(f"x{r['gpu_scale']:.2f} {r['target_gpu']}/{gpu_label(r['gpu_name'])} (kernels of "
                  f"{r['gpu_split_from']}: GEMMs by FP8/BF16 peak, the rest by HBM bandwidth)")
-    parts.append(f"x{r['node_efficiency']:.3f} 8 GPUs/node ({r['node_efficiency_from']}, assumed for 8)")
+    if r.get("gpus_per_instance", 8) > 1:  # a one-GPU instance (ml.p5.4xlarge) runs at the measured one-GPU rate
+        parts.append(f"x{r['node_efficiency']:.3f} 8 GPUs/node ({r['node_efficiency_from']}, assumed for 8)")
     if r["instances"] > 1:
         parts.append(f"x{r['internode_efficiency']:.3f} {r['instances']} nodes ({_internode_words(r)})")
     return "; ".join(parts)

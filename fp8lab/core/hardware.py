@@ -253,6 +253,7 @@ class InstanceInfo:
 
 INSTANCES: dict[str, InstanceInfo] = {
     "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", 989.0),
+    "ml.p5.4xlarge": InstanceInfo(1, "H100 80GB", 989.0),  # one H100 of P5: one process, no FSDP (JobSpec's parallel)
     "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", 989.0),
     "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", 989.0),
     "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", 2250.0),
@@ -260,21 +261,30 @@ INSTANCES: dict[str, InstanceInfo] = {
     "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", 312.0),
 }
 
-# On-demand USD per instance-hour used when no price is passed. ASSUMPTION, not a quote:
-# the published SageMaker AI on-demand *training* price of ml.p5.48xlarge in US East
-# (N. Virginia) as listed on aws.amazon.com/sagemaker/pricing around the source blog's date.
-# Prices differ by region and change (AWS cut P5 prices during 2025): pass price_per_hour.
-DEFAULT_PRICES_USD_PER_HOUR: dict[str, float] = {"ml.p5.48xlarge": 113.07}
+# On-demand USD per instance-hour used when no price is passed, with the date each holds for. ASSUMPTIONS, not
+# quotes: the published SageMaker AI on-demand *training* price of ml.p5.48xlarge in US East (N. Virginia) as listed
+# on aws.amazon.com/sagemaker/pricing around the source blog's date; ml.p5.4xlarge (one of P5's 8 GPUs) at an eighth
+# of it. Prices differ by region and change (AWS cut P5 prices during 2025): pass price_per_hour, or look the
+# current one up (fp8lab.core.prices: --price-per-hour lookup). Every cost is printed beside its price and date.
+DEFAULT_PRICES_USD_PER_HOUR: dict[str, float] = {"ml.p5.48xlarge": 113.07, "ml.p5.4xlarge": round(113.07 / 8, 2)}
+PRICE_AS_OF: dict[str, str] = {"ml.p5.48xlarge": "2024-11", "ml.p5.4xlarge": "2024-11"}
 PRICE_SOURCE = (
     "assumed on-demand price of ml.p5.48xlarge SageMaker training in us-east-1 "
     "(SageMaker AI pricing page, as of 2024-11); check current pricing and pass your own price"
 )
+PRICE_SOURCES: dict[str, str] = {
+    "ml.p5.48xlarge": "assumed: the SageMaker AI pricing page's on-demand training price; P5 prices were cut in "
+                      "2025: pass your own price or look it up",
+    "ml.p5.4xlarge": "assumed: an eighth of ml.p5.48xlarge's assumed price (one of its 8 GPUs); "
+                     "pass your own price or look it up",
+}
 
 
 def price_for(instance_types: Iterable[str], price_per_hour: float | None) -> tuple[float, str]:
     """(USD per instance-hour, where that number comes from) for jobs on ``instance_types``.
 
-    ``price_per_hour`` wins when given; else the assumed default, which exists for one type only.
+    ``price_per_hour`` wins when given; else the assumed default, with its date. (fp8lab.core.prices.price_of
+    returns the same as a ``Price``, and takes ``lookup``.)
     """
     if price_per_hour is not None:
         if isinstance(price_per_hour, bool) or not isinstance(price_per_hour, (int, float)) or not (
@@ -287,7 +297,8 @@ def price_for(instance_types: Iterable[str], price_per_hour: float | None) -> tu
     if unknown or len(types) != 1:
         raise ValueError(f"no default price for {', '.join(unknown or sorted(types))}: pass price_per_hour "
                          f"(USD per instance-hour); defaults exist for {', '.join(DEFAULT_PRICES_USD_PER_HOUR)}")
-    return DEFAULT_PRICES_USD_PER_HOUR[types.pop()], PRICE_SOURCE
+    t = types.pop()
+    return DEFAULT_PRICES_USD_PER_HOUR[t], f"{PRICE_SOURCES[t]} (as of {PRICE_AS_OF[t]})"
 
 
 # Obvious placeholders that pass every validation, so a dry run works with no account:
@@ -298,6 +309,8 @@ PLACEHOLDER_BUCKET = "amzn-s3-demo-bucket"
 
 # The folder SageMaker syncs with a job's checkpoint S3 URI (the trainer's default checkpoint folder there)
 SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+# The folder SageMaker copies to a job's TensorBoardOutputConfig S3 path (the SDK's default local_path)
+SAGEMAKER_TENSORBOARD_DIR = "/opt/ml/output/tensorboard"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,7 +318,8 @@ SAGEMAKER_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 # ----------------------------------------------------------------------------------------------
 
 # EFA network bandwidth per instance in bit/s (AWS instance pages: P5 and P5e/P5en 3,200 Gbps;
-# P4d 400 Gbps; P6-B200 3,200 Gbps).
-EFA_GBPS: dict[str, float] = {"ml.p5.48xlarge": 3200.0, "ml.p5e.48xlarge": 3200.0, "ml.p5en.48xlarge": 3200.0,
+# P4d 400 Gbps; P6-B200 3,200 Gbps). ml.p5.4xlarge: ASSUMED to be P5's per-GPU share (400 Gbps for its one GPU),
+# not read from AWS's page; it enters only plans of several such instances.
+EFA_GBPS: dict[str, float] = {"ml.p5.48xlarge": 3200.0, "ml.p5.4xlarge": 3200.0 / 8, "ml.p5e.48xlarge": 3200.0, "ml.p5en.48xlarge": 3200.0,
                               "ml.p6-b200.48xlarge": 3200.0, "ml.p4d.24xlarge": 400.0, "ml.p4de.24xlarge": 400.0}
 

@@ -129,7 +129,8 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
                 out(f"skip {job.name}: already launched as {live[0]['TrainingJobName']} ({live[0]['TrainingJobStatus']})")
                 names.append(live[0]["TrainingJobName"])
                 continue
-            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version), sess)
+            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version, spec.image_uri,
+                                                        spec.plan.config.tracker), sess)
             call_with_backoff(lambda: submit(trainer, spec), **backoff)
             # The SDK chose the timestamped name; read it back from SageMaker (public API only).
             before = {j["TrainingJobName"] for j in existing}

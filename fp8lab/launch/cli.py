@@ -2,29 +2,29 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
 from fp8lab.core.probes import check_writable_file
-from fp8lab.core.validate import OneLineParser, parse_count, positive_float
+from fp8lab.core.prices import LOOKUP, price_arg
+from fp8lab.core.validate import OneLineParser, parse_count
+from fp8lab.launch.image import DEFAULT_VERSION, IMAGES
 from fp8lab.launch.aws import TrainingJobFailed, collect, launch, wait
 from fp8lab.launch.plan import SweepPlan, format_cost_table, plan_sweep
 from fp8lab.launch.redaction import redact
-from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS
+from fp8lab.launch.spec import JOB_DEFAULTS, MAX_INSTANCES_PER_JOB, SPEC_OPTIONS, JobSpec
 from fp8lab.model.models import MODEL_CONFIGS
 from fp8lab.plan.config import TrainConfig
 from fp8lab.plan.options import PRECISIONS, add_arguments, from_text
 
 # the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
 # precision are the sweep's --models / --precisions)
-TRAINER_FLAGS = tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision")) + ("checkpoint_every",)
+TRAINER_FLAGS = tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision")) + ("checkpoint_every", "tracker")
 
 
 def _trainer_options(args: argparse.Namespace) -> dict:
     """The trainer options given on the command line, converted by their fields (fp8lab.plan.options.from_text)."""
-    import dataclasses
-
-
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     return {name: from_text(fields[name], getattr(args, name)) for name in TRAINER_FLAGS
             if getattr(args, name) is not None}
@@ -53,13 +53,24 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET,
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
-    p.add_argument("--price-per-hour", type=positive_float, help="USD per instance-hour (default: see PRICE_SOURCE)")
+    p.add_argument("--price-per-hour", "--price", type=price_arg, metavar="USD|lookup",
+                   help=f"USD per instance-hour, or {LOOKUP!r}: the on-demand SageMaker training price of the instance "
+                        "type and --region from the AWS Price List API (needs credentials; says so when it cannot). "
+                        "Default: the assumed price of fp8lab.core.hardware with its date; every cost is printed "
+                        "beside the price and its date")
 
     g = p.add_argument_group("trainer options (as for fp8lab train; every job of the sweep gets them)")
     add_arguments(g, TrainConfig, only=TRAINER_FLAGS, defaults=JOB_DEFAULTS)
     p.add_argument("--spot", action="store_true", help="managed spot training (cheaper, may wait; checkpoints resume it)")
     p.add_argument("--install-te", action="store_true",
                    help="add transformer-engine[pytorch] to the job's requirements (if the image lacks it)")
+    p.add_argument("--image-uri", default=None,
+                   help="the training image by its full URI (default: the newest SageMaker PyTorch image with TE "
+                        f"compiled in that fp8lab is tested with, fp8lab.launch.image: {IMAGES[DEFAULT_VERSION].name}); an image "
+                        "fp8lab.launch.image does not list gets the pinned TE built in the job")
+    p.add_argument("--mlflow-tracking-uri", default=None,
+                   help="with --tracker mlflow: the jobs' MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the tracking "
+                        "server's ARN); default: a local MLflow store in each job's output")
     p.add_argument("--allow-large", action="store_true",
                    help=f"allow more than {MAX_INSTANCES_PER_JOB} instances per job (a sanity limit against typos)")
 
@@ -70,7 +81,16 @@ def _plan_from(args: argparse.Namespace) -> SweepPlan:
     return plan_sweep(args.models, args.precisions, args.instance_counts, price_per_hour=args.price_per_hour,
                       instance_type=args.instance_type, role=args.role, bucket=args.bucket, region=args.region,
                       spot=args.spot, install_te=args.install_te, allow_large=args.allow_large,
-                      **_trainer_options(args), **size)
+                      **({"image_uri": args.image_uri} if args.image_uri else {}),
+                      **({"mlflow_tracking_uri": args.mlflow_tracking_uri} if args.mlflow_tracking_uri else {}),
+                      **_spec_fields(_trainer_options(args)), **size)
+
+
+def _spec_fields(options: dict) -> dict:
+    """The trainer options as JobSpec takes them: its own fields by name, the others in ``options``."""
+    own = {f.name for f in dataclasses.fields(JobSpec)}
+    other = {k: v for k, v in options.items() if k not in own}
+    return {**{k: v for k, v in options.items() if k in own}, **({"options": other} if other else {})}
 
 
 def skip_unused_iri_grammar() -> bool:
@@ -110,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action in ("plan", "dry-run", "launch"):
             plan = _plan_from(args)
             if args.action == "plan":
-                print(format_cost_table(plan))
+                print(redact(format_cost_table(plan)))  # a given image URI may name an account
             else:
                 skip_unused_iri_grammar()  # this command's own process: see there
                 for name in launch(plan, dry_run=args.action == "dry-run"):

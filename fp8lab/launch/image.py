@@ -1,28 +1,67 @@
 """The SageMaker job's training image and the Transformer Engine (TE) it carries.
 
-The launcher runs the AWS Deep Learning Container (DLC) for PyTorch training,
-``pytorch-training:<JobSpec.framework_version>-gpu-<py_version>`` (default 2.9, py312), resolved by
-the SDK's own table (``requests.training_image``). Which TE each image ships is read from that
-image's Dockerfile in github.com/aws/deep-learning-containers: ``ARG TE_VERSION``, installed with
-``pip install git+https://github.com/NVIDIA/TransformerEngine.git@release_v${TE_VERSION}``.
+Two families of AWS Deep Learning Containers (DLC) for PyTorch training, both in github.com/aws/deep-learning-containers:
 
-fp8lab needs TE >= 2.9 (``fp8lab.core.pins.MIN_TE``: ``te.autocast``). A job whose backend is ``te`` on
-an image with an older TE, or one this table does not know, installs the pinned TE of
-``fp8lab/constraints-gpu.txt`` from its requirements, as ``JobSpec(install_te=True)`` always does.
+* ``pytorch-training:<version>-gpu-<py>`` (Ubuntu; 2.8, 2.9): the SageMaker SDK's ``image_uris`` table resolves
+  them (``requests.training_image``). Their TE is the Dockerfile's ``ARG TE_VERSION``, older than fp8lab needs.
+* ``pytorch:<version>-cu<cuda>-amzn2023-sagemaker`` (Amazon Linux 2023; 2.11 on): TE compiled in. The SDK's table
+  (sagemaker-core 2.27) does not know them, so the job names the image by its URI: the DLC registry of the region
+  (the SDK's own registry table, as for ``pytorch-training``), repository ``pytorch``, the tag below. Bundled
+  versions: the repository's ``docs/pytorch/changelog`` (2.11-2.13) and ``docs/pytorch/index.md`` (2.14).
+
+The default (:data:`DEFAULT_VERSION`) is the newest image whose torch fp8lab is tested with (at most
+:data:`NEWEST_TESTED_TORCH`: the CPU tier's torch of ``requirements-cpu.lock``; the GPU stack pins 2.11) and whose
+TE fp8lab supports (``fp8lab.core.pins.MIN_TE``): its TE is used as it is, so a ``te`` job builds nothing.
+``JobSpec(image_uri=...)`` runs any other image; one this table does not know is assumed to lack a usable TE, and the
+job installs the pinned TE of ``fp8lab/constraints-gpu.txt`` from its requirements (it compiles: the start-up
+estimate adds :data:`TE_BUILD_S`), as ``JobSpec(install_te=True)`` always does.
 """
 from __future__ import annotations
 
-from fp8lab.core.pins import MIN_TE, pins, requirement, te_supported
+from dataclasses import dataclass
 
-# framework_version -> (TE version in the image, where that is stated in aws/deep-learning-containers)
-IMAGE_TE: dict[str, tuple[str, str]] = {
-    "2.8": ("2.5", "pytorch/training/docker/2.8/py3/cu129/Dockerfile.gpu (ARG TE_VERSION=2.5)"),
-    "2.9": ("2.8", "pytorch/training/docker/2.9/py3/cu130/Dockerfile.gpu (ARG TE_VERSION=2.8)"),
+from fp8lab.core.pins import MIN_TE, pins, requirement, te_supported
+from fp8lab.plan.flops_estimate import TE_BUILD_S  # the start-up a TE build adds (an assumption, declared there)
+
+DLC = "github.com/aws/deep-learning-containers"
+
+
+@dataclass(frozen=True)
+class Image:
+    """One PyTorch training image: where it is, the torch, TE and CUDA it ships, and where that is stated."""
+
+    repository: str  # ECR repository of the DLC registry
+    tag: str | None  # None: the SDK's image_uris table resolves it (pytorch-training)
+    torch: str
+    te: str | None
+    cuda: str  # the CUDA major: the TE core a job that installs TE gets (core_cu12 / core_cu13)
+    source: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.repository}:{self.tag}" if self.tag else self.repository
+
+
+_CHANGELOG = f"{DLC} docs/pytorch/changelog/index.md"
+# framework_version -> the image
+IMAGES: dict[str, Image] = {
+    "2.8": Image("pytorch-training", None, "2.8.0", "2.5", "12",
+                 f"{DLC} pytorch/training/docker/2.8/py3/cu129/Dockerfile.gpu (ARG TE_VERSION=2.5)"),
+    "2.9": Image("pytorch-training", None, "2.9.0", "2.8", "13",
+                 f"{DLC} pytorch/training/docker/2.9/py3/cu130/Dockerfile.gpu (ARG TE_VERSION=2.8)"),
+    "2.11": Image("pytorch", "2.11-cu130-amzn2023-sagemaker", "2.11.0", "2.12.0", "13",
+                  f"{_CHANGELOG} (PyTorch 2.11, 2026-04-30: Transformer Engine 2.12.0)"),
+    "2.12": Image("pytorch", "2.12-cu130-amzn2023-sagemaker", "2.12.1", "2.12.0", "13",
+                  f"{_CHANGELOG} (PyTorch 2.12, 2026-07-02: Transformer Engine 2.12.0)"),
+    "2.13": Image("pytorch", "2.13-cu133-amzn2023-sagemaker", "2.13.0", "2.17.0", "13",
+                  f"{_CHANGELOG} (PyTorch 2.13, 2026-07-20: Transformer Engine 2.17.0)"),
+    "2.14": Image("pytorch", "2.14-cu133-amzn2023-sagemaker", "2.14.0", "2.18.0", "13",
+                  f"{DLC} docs/pytorch/index.md (PyTorch 2.14.0, Transformer Engine 2.18.0)"),
 }
 
-# framework_version -> the CUDA major its image is built on (the Dockerfile's folder above: cu129, cu130):
-# the job installs the TE core built for it (setup.sh picks core_cu12 / core_cu13 the same way)
-IMAGE_CUDA: dict[str, str] = {"2.8": "12", "2.9": "13"}
+# The newest torch fp8lab's tests run on (requirements-cpu.lock's cpu-torch; tests/unit/test_launch_image.py checks
+# they agree): a newer image's torch is untested here, so it is no default (image_uri= or framework_version= run it).
+NEWEST_TESTED_TORCH = (2, 13)
 
 # The job's pip reads these while it installs the requirements: TE's PyTorch part is a source
 # package that must build against the image's torch, so without build isolation (pip's inverted
@@ -30,16 +69,47 @@ IMAGE_CUDA: dict[str, str] = {"2.8": "12", "2.9": "13"}
 TE_BUILD_ENV = {"PIP_NO_BUILD_ISOLATION": "false", "NVTE_FRAMEWORK": "pytorch"}
 
 
-def image_te(framework_version: str) -> str | None:
-    """The TE version the PyTorch training image ships, or None where this table does not know it."""
-    hit = IMAGE_TE.get(str(framework_version))
-    return hit[0] if hit else None
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(".")[:2])
+
+
+def default_version() -> str:
+    """The newest image whose torch is at most :data:`NEWEST_TESTED_TORCH` and whose TE fp8lab supports."""
+    fits = [v for v, im in IMAGES.items() if _version(im.torch) <= NEWEST_TESTED_TORCH and te_supported(im.te)]
+    return max(fits, key=_version)
+
+
+DEFAULT_VERSION = default_version()
+
+
+def image_of(framework_version: str, image_uri: str | None = None) -> Image | None:
+    """The table's image of a job: by ``image_uri`` where given (matched by repository and tag; None where the table
+    does not know it), else by ``framework_version``."""
+    if image_uri:
+        tail = image_uri.rsplit("/", 1)[-1]
+        return next((im for im in IMAGES.values() if im.tag and tail == im.name), None)
+    return IMAGES.get(str(framework_version))
+
+
+def image_te(framework_version: str, image_uri: str | None = None) -> str | None:
+    """The TE version the job's image ships, or None where this table does not know the image."""
+    im = image_of(framework_version, image_uri)
+    return im.te if im else None
 
 
 def installs_te(spec) -> bool:
     """Whether the job installs the pinned TE: asked for (``install_te``), or its planned backend is ``te`` and
     the image's TE is older than fp8lab needs or unknown."""
-    return bool(spec.install_te) or (spec.plan.backend == "te" and not te_supported(image_te(spec.framework_version)))
+    return bool(spec.install_te) or (
+        spec.plan.backend == "te" and not te_supported(image_te(spec.framework_version, spec.image_uri)))
+
+
+def image_label(spec) -> str:
+    """The job's image as the plan names it: the table's repository:tag, or the URI given."""
+    if spec.image_uri:
+        return spec.image_uri
+    im = IMAGES[spec.framework_version]
+    return im.name if im.tag else f"{im.repository}:{spec.framework_version}-gpu-{spec.py_version}"
 
 
 def te_release(install_te: bool, framework_version: str) -> str:
@@ -51,18 +121,24 @@ def te_release(install_te: bool, framework_version: str) -> str:
 
 def te_in_job(spec) -> str:
     """One line for the plan: the image, its TE, and what the job does about it."""
-    have = image_te(spec.framework_version)
-    image = f"pytorch-training:{spec.framework_version}-gpu-{spec.py_version}"
+    have = image_te(spec.framework_version, spec.image_uri)
+    image = image_label(spec)
     shipped = f"ships TE {have}" if have else "ships a TE this table does not know"
     if installs_te(spec):
         why = "asked (install_te=True)" if spec.install_te else f"fp8lab needs TE >= {'.'.join(map(str, MIN_TE))}"
-        return f"{image} {shipped}; the job installs transformer-engine {pins()['transformer-engine']} ({why})"
+        return (f"{image} {shipped}; the job installs transformer-engine {pins()['transformer-engine']} ({why}; "
+                f"compiling it adds {TE_BUILD_S // 60} min to the start-up estimate, assumed)")
     backend = spec.plan.backend
-    return f"{image} {shipped}, which fp8lab supports" if backend == "te" else f"{image}; backend {backend}"
+    if backend != "te":
+        return f"{image}; backend {backend}"
+    default = " (the default: the newest image of a torch fp8lab is tested with)" if (
+        not spec.image_uri and spec.framework_version == DEFAULT_VERSION) else ""
+    return f"{image} {shipped}, which fp8lab supports: no TE build in the job{default}"
 
 
-def job_requirements(install_te: bool, framework_version: str | None = None) -> list[str]:
+def job_requirements(install_te: bool, framework_version: str | None = None, image_uri: str | None = None) -> list[str]:
     """The requirement lines TE adds to the job's requirements.txt (torch stays the image's): its PyTorch
-    part and, where the image's CUDA is known (``IMAGE_CUDA``), the core built for that CUDA."""
-    cuda = IMAGE_CUDA.get(str(framework_version)) if framework_version is not None else None
+    part and, where the image's CUDA is known (:data:`IMAGES`), the core built for that CUDA."""
+    im = image_of(framework_version, image_uri) if framework_version is not None or image_uri else None
+    cuda = im.cuda if im else None
     return [requirement("transformer-engine", "pytorch" + (f",core_cu{cuda}" if cuda else ""))] if install_te else []

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, price_for
+from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE
+from fp8lab.core.prices import Price, price_of
 from fp8lab.plan.flops_estimate import Estimate
 from fp8lab.launch.limits import runtime_problem
 from fp8lab.launch.spec import MAX_RUNTIME_CAP_S, JobSpec, job_name
@@ -47,6 +48,7 @@ class SweepPlan:
     price_per_hour: float
     price_source: str
     estimate: Estimate
+    price: Price | None = None  # the price with its date (price_source is its text)
 
     @property
     def total_cost_usd(self) -> float:
@@ -88,6 +90,7 @@ class SweepPlan:
             "n_jobs": len(self.jobs), "names": self.names,
             "total_gpu_hours": round(self.total_gpu_hours, 3), "total_cost_usd": round(self.total_cost_usd, 2),
             "price_per_hour": self.price_per_hour, "price_source": self.price_source,
+            "price_as_of": self.price.as_of if self.price else None,
             "assumptions": dataclasses.asdict(self.estimate),
             "transformer_engine": self.te_lines(),
         }
@@ -117,8 +120,12 @@ def plan_job(spec: JobSpec, price: float, est: Estimate, seconds: float | None =
 
 
 def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], *,
-               price_per_hour: float | None = None, estimate: Estimate | None = None, **common: Any) -> SweepPlan:
+               price_per_hour: float | str | Price | None = None, estimate: Estimate | None = None,
+               **common: Any) -> SweepPlan:
     """Every model x precision x instance count as a validated JobSpec with name, time and cost.
+
+    ``price_per_hour``: None (the assumed default, dated), a number, ``"lookup"`` (the AWS Price List API) or a
+    ``Price`` (fp8lab.core.prices.price_of).
 
     ``common`` are JobSpec fields shared by all jobs (tokens or steps, role, bucket, ...), so BF16
     and FP8 runs differ only in precision. Order is deterministic (models, then precisions, then counts).
@@ -134,7 +141,7 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
         raise ValueError(f"plan_sweep: unknown or reserved JobSpec field(s) {', '.join(bad)}")
     specs = [JobSpec(model=m, precision=p, instance_count=n, **common)
              for m, p, n in itertools.product(models, precisions, instance_counts)]
-    price, source = price_for((s.instance_type for s in specs), price_per_hour)
+    price = price_of([s.instance_type for s in specs], price_per_hour, region=specs[0].region)
     est = estimate or default_estimate()
     seconds = [est.seconds(s) for s in specs]  # the time limit does not enter the estimate
     if "max_run_s" not in common:
@@ -145,11 +152,11 @@ def plan_sweep(models: Sequence[str], precisions: Sequence[str], instance_counts
             key = (s.model, s.instance_count)
             longest[key] = max(longest.get(key, 0.0), sec)
         specs = [s.with_time_limit(_max_run(longest[s.model, s.instance_count])) for s in specs]  # planned once
-    jobs = tuple(plan_job(s, price, est, sec) for s, sec in zip(specs, seconds))
+    jobs = tuple(plan_job(s, price.usd_per_hour, est, sec) for s, sec in zip(specs, seconds))
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):  # cannot happen with distinct inputs; guard the invariant
         raise ValueError(f"plan_sweep produced duplicate job names: {names}")
-    return SweepPlan(jobs, price, source, est)
+    return SweepPlan(jobs, price.usd_per_hour, price.text(), est, price)
 
 
 def as_plan(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], price_per_hour: float | None = None) -> SweepPlan:
@@ -160,11 +167,14 @@ def as_plan(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], price_per_hou
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise ValueError("launch() takes a JobSpec, a list of JobSpecs or a SweepPlan from plan_sweep()")
     try:
-        price, source = price_for((s.instance_type for s in specs), price_per_hour)
+        price = price_of([s.instance_type for s in specs], price_per_hour, region=specs[0].region)
     except ValueError:
-        price, source = float("nan"), "no price known for this instance type (pass price_per_hour)"
+        if price_per_hour is not None:  # asked for (a number or a lookup) and refused: say so
+            raise
+        price = Price(float("nan"), "unknown", "no price known for this instance type (pass price_per_hour)")
     est = default_estimate()
-    return SweepPlan(tuple(plan_job(s, price, est) for s in specs), price, source, est)
+    return SweepPlan(tuple(plan_job(s, price.usd_per_hour, est) for s in specs), price.usd_per_hour, price.text(),
+                     est, price)
 
 
 def format_cost_table(plan: SweepPlan) -> str:
@@ -173,7 +183,7 @@ def format_cost_table(plan: SweepPlan) -> str:
     text = df.drop(columns="basis").to_string(index=False, na_rep="")
     basis = "\n".join(f"  {j.spec.model_label} {j.spec.precision} x{j.spec.instance_count}: {plan.estimate.basis(j.spec)}"
                       for j in plan.jobs)
-    return (f"{text}\nprice: {plan.price_per_hour} USD per instance-hour ({plan.price_source})\n"
+    return (f"{text}\nprice: {plan.price_source}\n"
             f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}\n"
             f"image and Transformer Engine: {'; '.join(plan.te_lines())}" + _scaling_section(plan))
 
@@ -187,7 +197,7 @@ def _scaling_section(plan: SweepPlan) -> str:
 
 
 def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts: Sequence[int], tokens: int, *,
-               instance_type: str = "ml.p5.48xlarge", price_per_hour: float | None = None,
+               instance_type: str = "ml.p5.48xlarge", price_per_hour: float | str | Price | None = None,
                estimate: Estimate | None = None, backend: str = "te", recipe: str = "delayed",
                seq_len: int | None = None) -> "pd.DataFrame":
     """Time and cost to train ``tokens`` per model, precision and instance count, as ``plan_sweep``
@@ -203,7 +213,8 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
     bad = [n for n in instance_counts if isinstance(n, bool) or not isinstance(n, int) or n < 1]
     if bad or not list(instance_counts):
         raise ValueError(f"instance_counts={list(instance_counts)!r}; allowed: integers >= 1")
-    price, _ = price_for([instance_type], price_per_hour)
+    priced = price_of([instance_type], price_per_hour)
+    price = priced.usd_per_hour
     est = estimate or MeasuredEstimate()
     info = INSTANCES[instance_type]
 
@@ -229,6 +240,7 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
                              "instance_type": instance_type, "tokens": float(tokens),
                              "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"] if r else float("nan"),
                              "hours": hours, "cost_usd": hours * n * price, "price_per_hour": price,
+                             "price_note": priced.short(),
                              "measured": r is not None, "run_id": r["run_id"] if r else None,
                              "node_efficiency": r["node_efficiency"] if r else float("nan"),
                              "gpu_scaling": gpu_words(r, info.gpu) if r else None,

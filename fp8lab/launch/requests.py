@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR as CHECKPOINT_LOCAL_PATH
+from fp8lab.core.hardware import SAGEMAKER_TENSORBOARD_DIR
 from fp8lab.core.paths import PACKAGE_DIR, SHIPPED_DIR, SHIPPED_FILES, shipped_path
 from fp8lab.core.pins import requirement
 from fp8lab.core.progress import Counter
-from fp8lab.launch.image import TE_BUILD_ENV, installs_te, job_requirements
+from fp8lab.launch.image import IMAGES, TE_BUILD_ENV, installs_te, job_requirements
 from fp8lab.launch.metric_line import METRIC_DEFINITIONS
 from fp8lab.launch.plan import SweepPlan, as_plan
 from fp8lab.launch.redaction import redacted_sdk_logs
@@ -37,6 +38,9 @@ JOB_PINNED = ("nvdlfw-inspect",)  # at the version fp8lab/constraints-gpu.txt pi
 def job_base_requirements() -> list[str]:
     """What every job's requirements.txt holds (TE, where the job installs it, comes after)."""
     return [*JOB_REQUIREMENTS, *map(requirement, JOB_PINNED)]
+# what --tracker needs in the job (fp8lab.train.trackers); sagemaker-mlflow: MLflow's plugin for a SageMaker tracking
+# server's ARN as the tracking URI
+TRACKER_REQUIREMENTS = {"none": (), "tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sagemaker-mlflow")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -45,11 +49,25 @@ def job_base_requirements() -> list[str]:
 
 
 def training_image(spec: JobSpec) -> str:
-    """The AWS PyTorch training image for the spec's region and GPU, resolved offline from the SDK's tables."""
+    """The job's training image: ``image_uri`` as given; a ``pytorch-training`` image resolved offline by the SDK's
+    table; a ``pytorch`` (Amazon Linux 2023) image, which that table does not list, in the region's DLC registry as the
+    SDK's table names it for ``pytorch-training`` (one registry account per region for both repositories)."""
     from sagemaker.core import image_uris
+    from sagemaker.core.common_utils import get_domain_for_region
 
-    return image_uris.retrieve("pytorch", region=spec.region, version=spec.framework_version,
-                               py_version=spec.py_version, instance_type=spec.instance_type, image_scope="training")
+    if spec.image_uri:
+        return spec.image_uri
+    im = IMAGES[spec.framework_version]
+    if im.tag is None:
+        return image_uris.retrieve("pytorch", region=spec.region, version=spec.framework_version,
+                                   py_version=spec.py_version, instance_type=spec.instance_type, image_scope="training")
+    training = image_uris.config_for_framework("pytorch")["training"]
+    newest = max(training["versions"], key=lambda v: tuple(int(x) for x in v.split(".")))
+    registries = training["versions"][newest]["registries"]
+    if spec.region not in registries:
+        raise ValueError(f"JobSpec.region={spec.region!r}: the SageMaker SDK's table lists no Deep Learning Container "
+                         f"registry there; allowed: {', '.join(sorted(registries))}, or pass image_uri")
+    return f"{registries[spec.region]}.dkr.ecr.{spec.region}.{get_domain_for_region(spec.region)}/{im.name}"
 
 
 def s3_paths(spec: JobSpec) -> dict[str, str]:
@@ -58,7 +76,8 @@ def s3_paths(spec: JobSpec) -> dict[str, str]:
     return {"output": f"{base}/output", "checkpoints": f"{base}/checkpoints/{name}"}
 
 
-def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None) -> Path:
+def stage_source(dest: str | Path, install_te: bool = False, framework_version: str | None = None,
+                 image_uri: str | None = None, tracker: str = "none") -> Path:
     """Lay out the code channel in ``dest``: the fp8lab package (its package data included: the evidence the plan's
     ``auto`` decisions follow, and the default corpus and tokenizers in ``fp8lab/shipped/``), requirements.txt.
 
@@ -74,7 +93,8 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
         if source.resolve() != target.resolve():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-    reqs = job_base_requirements() + job_requirements(install_te, framework_version)
+    reqs = (job_base_requirements() + job_requirements(install_te, framework_version, image_uri)
+            + list(TRACKER_REQUIREMENTS[tracker]))
     (dest / "requirements.txt").write_text("".join(r + "\n" for r in reqs))
     return dest
 
@@ -82,7 +102,7 @@ def stage_source(dest: str | Path, install_te: bool = False, framework_version: 
 def build_trainer(spec: JobSpec, source_dir: str | Path, session):
     """A ``ModelTrainer`` for one spec (nothing is called until ``train()``)."""
     from sagemaker.core.training.configs import (CheckpointConfig, Compute, MetricDefinition, OutputDataConfig,
-                                                 SourceCode, StoppingCondition, Tag)
+                                                 SourceCode, StoppingCondition, Tag, TensorBoardOutputConfig)
     from sagemaker.train import ModelTrainer
     from sagemaker.train.distributed import Torchrun
 
@@ -110,11 +130,15 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         # otherwise the same for BF16 and FP8 jobs (only the precision hyperparameter differs)
         environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false",
                      PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True),
-                     **(TE_BUILD_ENV if installs_te(spec) else {})},
+                     **(TE_BUILD_ENV if installs_te(spec) else {}),
+                     **({"MLFLOW_TRACKING_URI": spec.mlflow_tracking_uri} if spec.mlflow_tracking_uri else {})},
         tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),
               Tag(key="fp8lab:precision", value=spec.precision), Tag(key="fp8lab:model", value=spec.model_label)],
     )
     trainer.with_metric_definitions([MetricDefinition(name=k, regex=v) for k, v in METRIC_DEFINITIONS.items()])
+    if spec.plan.config.tracker == "tensorboard":  # SageMaker copies the event files to S3 while the job runs
+        trainer.with_tensorboard_output_config(TensorBoardOutputConfig(
+            s3_output_path=f"{paths['output']}/tensorboard/{job_name(spec)}", local_path=SAGEMAKER_TENSORBOARD_DIR))
     return trainer
 
 
@@ -259,12 +283,13 @@ def sdk_config_checked_once():
         SageMakerConfig.validate_sagemaker_config = original
 
 
-def staged_source(staged: dict[tuple, Path], tmp: str, install_te: bool, framework_version: str | None = None) -> Path:
+def staged_source(staged: dict[tuple, Path], tmp: str, install_te: bool, framework_version: str | None = None,
+                  image_uri: str | None = None, tracker: str = "none") -> Path:
     """The job's source folder, staged once per sweep for each kind of job: with or without TE in its
-    requirements (and, with it, the image whose CUDA its TE core is built for)."""
-    key = (install_te, framework_version if install_te else None)
+    requirements (and, with it, the image whose CUDA its TE core is built for), and its tracker's packages."""
+    key = (install_te, (framework_version, image_uri) if install_te else None, tracker)
     if key not in staged:
-        staged[key] = stage_source(Path(tmp) / f"te{int(install_te)}-{key[1] or 'image'}", install_te, key[1])
+        staged[key] = stage_source(Path(tmp) / f"src{len(staged)}", install_te, framework_version, image_uri, tracker)
     return staged[key]
 
 
@@ -288,8 +313,8 @@ def build_requests(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec]) -> lis
             where = (spec.region, spec.bucket)
             if where not in sessions:
                 sessions[where] = _offline_session(*where)
-            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version),
-                                    sessions[where])
+            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version,
+                                                        spec.image_uri, spec.plan.config.tracker), sessions[where])
             try:
                 submit(trainer, spec)
             except _Captured as cap:

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fp8lab.launch import limits
+from fp8lab.launch import image, limits
 from fp8lab.launch.image import te_release
-from fp8lab.core.hardware import INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, InstanceInfo, Machine, at_least
+from fp8lab.core.hardware import (INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, SAGEMAKER_TENSORBOARD_DIR, InstanceInfo,
+                                  Machine, at_least)
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, config_from_hf, get_config
@@ -56,8 +57,18 @@ MAX_INSTANCES_PER_JOB = 64
 _TRAINER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 # where a job's default differs from ``fp8lab train``'s, and why (every other trainer option: TrainConfig's default)
 JOB_DEFAULTS = {
-    "parallel": "fsdp",  # 8 GPUs per instance: FSDP2 shards the model states (a 7B model with AdamW does not fit DDP on P5)
+    # auto: FSDP2 where the job has several GPUs (it shards the model states: a 7B model with AdamW does not fit DDP
+    # on P5), DDP where it has one (ml.p5.4xlarge: nothing to shard over); job_parallel
+    "parallel": AUTO,
 }
+JOB_PARALLEL = (AUTO, *PARALLEL)
+
+
+def job_parallel(parallel: str, world_size: int) -> str:
+    """The trainer's --parallel of a job: ``auto`` is fsdp on several GPUs and ddp (one process: plain) on one."""
+    if parallel != AUTO:
+        return parallel
+    return "fsdp" if world_size > 1 else "ddp"
 
 
 def _default(name: str) -> Any:
@@ -107,6 +118,10 @@ def _known_regions(instance_type: str) -> set[str] | None:
     return regions or None
 
 
+# a container image reference: registry host, repository path, then a tag or a digest
+IMAGE_URI = re.compile(r"[a-z0-9.\-]+(:\d+)?/[a-z0-9._/\-]+(:[A-Za-z0-9_.\-]{1,128}|@sha256:[0-9a-f]{64})")
+
+
 def _bad(name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"JobSpec.{name}={value!r} is invalid; allowed: {allowed}")
 
@@ -134,7 +149,7 @@ class JobSpec:
     lr: float = _default("lr")
     fuse: bool = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = _default("compile")  # torch.compile each block
-    parallel: str = _default("parallel")  # ddp | fsdp (FSDP2; JOB_DEFAULTS)
+    parallel: str = _default("parallel")  # auto (fsdp on several GPUs, ddp on one: job_parallel) | ddp | fsdp (FSDP2)
     activation_checkpointing: bool | str = _default("activation_checkpointing")  # auto: on where nothing fits without it (fp8lab.plan.layout)
     seed: int = _default("seed")
     checkpoint_every: int = _default("checkpoint_every")  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
@@ -147,9 +162,11 @@ class JobSpec:
     prefix: str = "fp8lab"  # S3 key prefix under the bucket
     study: str = "p5-sweep"  # groups the jobs (tag and S3 folder)
     region: str = "us-east-1"
-    framework_version: str = "2.9"  # PyTorch training image (AWS Deep Learning Container)
-    py_version: str = "py312"
-    install_te: bool = False  # always install the pinned TE in the job (it does anyway where the image's TE is too old: fp8lab.launch.image)
+    framework_version: str = image.DEFAULT_VERSION  # PyTorch training image (AWS Deep Learning Container; fp8lab.launch.image.IMAGES)
+    py_version: str = "py312"  # the SDK-resolved pytorch-training images (2.8, 2.9) only
+    install_te: bool = False  # always install the pinned TE in the job (it does anyway where the image's TE is too old or unknown: fp8lab.launch.image)
+    image_uri: str | None = None  # any other training image by its full URI (framework_version is then not used)
+    mlflow_tracking_uri: str | None = None  # options={"tracker": "mlflow"}: the job's MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the tracking server's ARN); None: a local store in the job's output
     model_config: dict | None = None  # s3:// model only: its config.json contents (the plan validates them; nothing is read from S3)
     options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
     allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
@@ -168,7 +185,7 @@ class JobSpec:
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
-        for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", PARALLEL)):
+        for name, choices in (("precision", PRECISIONS), ("backend", BACKENDS), ("parallel", JOB_PARALLEL)):
             if not one_of(choices)(getattr(self, name)):
                 raise bad(name, getattr(self, name), ", ".join(choices))
         for name in (*LAYOUT_FIELDS, "tokens", "steps", "seed", "lr", "fuse", "compile"):
@@ -176,6 +193,13 @@ class JobSpec:
                 raise bad(name, getattr(self, name), allowed)
         if (why := recipe_problem(self.recipe)) is not None:
             raise ValueError(f"JobSpec.recipe={self.recipe!r} is invalid{why}")
+        if self.image_uri is not None:
+            if not isinstance(self.image_uri, str) or not IMAGE_URI.fullmatch(self.image_uri):
+                raise bad("image_uri", self.image_uri, "None (the table's image) or a container image URI like "
+                          "<registry>/<repository>:<tag> or <registry>/<repository>@sha256:<digest>")
+        elif self.framework_version not in image.IMAGES:
+            raise bad("framework_version", self.framework_version,
+                      ", ".join(image.IMAGES) + " (fp8lab.launch.image.IMAGES), or pass image_uri= for another image")
 
     def _check_instance(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The instance type (and whether its GPU can run the precision and recipe) and the instance count."""
@@ -194,6 +218,9 @@ class JobSpec:
                              f"{self.instance_type} has {info.gpu}")
         if not is_count(self.instance_count):
             raise bad("instance_count", self.instance_count, "an integer >= 1")
+        if self.parallel == "fsdp" and self.world_size == 1:
+            raise bad("parallel", self.parallel, f"auto or ddp: {self.instance_type} has one GPU, so one instance has "
+                      "nothing to shard over (FSDP needs several GPUs)")
         if (allowed := limits.volume_problem(self.volume_gb)) is not None:
             raise bad("volume_gb", self.volume_gb, allowed)
         if not isinstance(self.allow_large, bool):
@@ -241,6 +268,11 @@ class JobSpec:
             raise bad("prefix", self.prefix, "an S3 key prefix of letters, digits, - _ / (no leading or trailing /)")
         if not re.fullmatch(r"[a-z0-9][a-z0-9\-]{0,40}", self.study):
             raise bad("study", self.study, "lowercase letters, digits and -, at most 41 characters")
+        if self.mlflow_tracking_uri is not None and (
+                not isinstance(self.mlflow_tracking_uri, str) or not self.mlflow_tracking_uri.strip()
+                or (self.options if isinstance(self.options, dict) else {}).get("tracker") != "mlflow"):
+            raise bad("mlflow_tracking_uri", self.mlflow_tracking_uri, "None, or with options={'tracker': 'mlflow'} "
+                      "the job's MLflow tracking URI (e.g. a SageMaker MLflow tracking server's ARN)")
         if self.data_s3_uri is not None and (allowed := limits.s3_uri_problem(self.data_s3_uri)) is not None:
             raise bad("data_s3_uri", self.data_s3_uri, allowed + ", or None")
         regions = _sagemaker_regions()
@@ -332,6 +364,7 @@ class JobSpec:
     def trainer_config(self, **override: Any) -> TrainConfig:
         """The trainer options this job requests (its TrainConfig; "auto" as given), ``override`` applied."""
         kw = {name: getattr(self, name) for name in SPEC_OPTIONS}
+        kw["parallel"] = job_parallel(self.parallel, self.world_size)
         kw.update(tokens=self.tokens, steps=self.steps, checkpoint_every=self.checkpoint_every, progress="off",
                   **self.options)
         return TrainConfig(**{**kw, **override})
@@ -355,6 +388,11 @@ class JobSpec:
         return self._plan.layout
 
     @property
+    def builds_te(self) -> bool:
+        """Whether the job compiles TE at start-up (fp8lab.launch.image.installs_te): the estimates add its time."""
+        return image.installs_te(self)
+
+    @property
     def info(self) -> InstanceInfo:
         return INSTANCES[self.instance_type]
 
@@ -375,11 +413,14 @@ class JobSpec:
 
         A local folder model counts by its config.json's hash and, when it has weights, a SHA-256 of
         the weight files' bytes (fp8lab.model.checks.weights_digest), not by where it sits."""
-        skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large"}
+        skip = {"role", "bucket", "prefix", "region", "keep_alive_s", "max_wait_s", "study", "allow_large",
+                "mlflow_tracking_uri"}
         out = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         out.update(_planned_options(self))  # what runs ("auto" as the plan resolved it), so equal jobs get equal names
         if self.model_config is None:
             out.pop("model_config")  # named models: the identity (and job names) as before
+        if self.image_uri is None:
+            out.pop("image_uri")  # the table's image: framework_version names it
         if self.is_folder_model and not self.model.startswith("s3://"):
             out["model"] = user_model.identity(self.model)  # the config, not where the folder sits on this machine
             weights = user_model.weights_digest(self.model)  # and the weights: same config, other weights, other job
@@ -431,7 +472,8 @@ LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in SPEC_OPTIONS)  # and t
 # trainer options a job does not take from JobSpec.options: those fields, the run length and checkpoints (also
 # JobSpec fields), SageMaker's folders and channels, the log style, test hooks
 JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "checkpoint_every", "data", "output_dir",
-                                              "checkpoint_dir", "model_dir", "device", "dry_run", "inject_nan_at_steps"}
+                                              "checkpoint_dir", "model_dir", "device", "dry_run", "inject_nan_at_steps",
+                                              "tracker_dir"}  # the tracker writes where SageMaker collects it
 
 
 def _planned_options(spec: JobSpec) -> dict[str, Any]:
@@ -448,7 +490,7 @@ def _planned_options(spec: JobSpec) -> dict[str, Any]:
     graphs = {"cuda_graphs": "on" if plan.graphs.active else "off"} if c.cuda_graphs == AUTO else {}
     # the fused loss follows the layout's micro-batch (decided above from the launch's memory): carried too
     fused = {"fused_loss": "on" if plan.fused_loss else "off"} if c.fused_loss == AUTO else {}
-    return {"backend": plan.backend_label, "recipe": recipe, **layout,
+    return {"backend": plan.backend_label, "recipe": recipe, "parallel": c.parallel, **layout,
             "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs, **fused}}
 
 
@@ -472,6 +514,8 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
         hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
     if spec.is_folder_model:
         hp["model"] = MODEL_CHANNEL_PATH  # the "model" channel: the user's folder
+    if spec.plan.config.tracker == "tensorboard":
+        hp["tracker-dir"] = SAGEMAKER_TENSORBOARD_DIR  # the job's TensorBoard output path (fp8lab.launch.requests)
     for name, value in planned["options"].items():
         hp[name.replace("_", "-")] = value
     if any(name in STUDY_OPTIONS for name in spec.options):  # the trainer accepts them behind --study

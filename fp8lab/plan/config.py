@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
                             FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
-                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
+                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TRACKERS, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.fp8.backends import fused_problem
 from fp8lab.model import user as user_model
@@ -141,6 +141,13 @@ class TrainConfig:
                              section="kernels", choices=FUSED_LOSS)
     fp8_lm_head: bool = option(False, "the LM head's GEMM in FP8 too (--backend " + " or ".join(FP8_LM_HEAD_BACKENDS)
                                + "; benchmarks/studies/fp8_lm_head.md)", section="study", check=BOOL)
+
+    # where users keep runs (fp8lab.train.trackers): metrics.jsonl mirrored into TensorBoard or MLflow
+    tracker: str = option("none", "also write the metrics to TensorBoard event files or MLflow (each needs its "
+                          "package: pip install 'fp8lab[tensorboard]' / 'fp8lab[mlflow]')", section="outputs",
+                          choices=TRACKERS)
+    tracker_dir: str | None = option(None, "where --tracker writes; default <output-dir>/tensorboard or "
+                                     "<output-dir>/mlflow", section="outputs", check=optional(PATH))
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -10,6 +10,10 @@ from fp8lab.model.models import model_flops_per_token
 if TYPE_CHECKING:
     from fp8lab.launch.spec import JobSpec
 
+# Compiling Transformer Engine's PyTorch part in a job whose image has no usable TE (fp8lab.launch.image): an
+# ASSUMPTION, not a measurement (fp8lab has not timed it on SageMaker; set-up says "several minutes" on a GPU machine)
+TE_BUILD_S = 1200
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -18,6 +22,7 @@ class Estimate:
     assumed_mfu: float = 0.35  # of the BF16 dense peak; typical for well-tuned dense LLM training
     fp8_speedup: float = 1.15  # FP8 over BF16 end to end; the source blog reports 13% (1B) to 18% (7B)
     startup_s: int = 600  # provisioning, image pull, pip install: billed or not, it is wall time
+    te_build_s: int = TE_BUILD_S  # added where the job compiles TE (JobSpec.builds_te: an image without a usable TE)
 
     def __post_init__(self) -> None:
         if not 0 < self.assumed_mfu <= 1:
@@ -26,13 +31,19 @@ class Estimate:
             raise ValueError(f"fp8_speedup={self.fp8_speedup!r} must be > 0")
         if self.startup_s < 0:
             raise ValueError(f"startup_s={self.startup_s!r} must be >= 0")
+        if self.te_build_s < 0:
+            raise ValueError(f"te_build_s={self.te_build_s!r} must be >= 0")
+
+    def startup(self, spec: JobSpec) -> float:
+        """A job's start-up: ``startup_s``, plus ``te_build_s`` where the job compiles TE (its image has none usable)."""
+        return self.startup_s + (self.te_build_s if getattr(spec, "builds_te", False) else 0)
 
     def seconds(self, spec: JobSpec) -> float:
         flops = model_flops_per_token(spec.model_cfg, spec.layout.seq_len) * spec.total_tokens
         rate = spec.world_size * spec.info.bf16_tflops * 1e12 * self.assumed_mfu
         if spec.precision == "fp8":
             rate *= self.fp8_speedup
-        return flops / rate + self.startup_s
+        return flops / rate + self.startup(spec)
 
     def basis(self, spec: JobSpec) -> str:
         """What a job's estimate rests on (the plan table's ``basis`` column)."""
@@ -40,4 +51,5 @@ class Estimate:
 
     def describe(self) -> str:
         return (f"estimate: MFU {self.assumed_mfu} of BF16 peak, FP8 speed-up x{self.fp8_speedup}, "
-                f"+{self.startup_s} s start-up per job (planning numbers, not measurements)")
+                f"+{self.startup_s} s start-up per job, +{self.te_build_s} s where a job compiles TE "
+                f"(planning numbers, not measurements)")

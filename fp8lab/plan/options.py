@@ -42,6 +42,7 @@ COMPUTE_DTYPES = (AUTO, "bf16", "fp32")
 PARAM_DTYPES = (AUTO, "fp32", "bf16")
 DEVICES = (AUTO, "cpu", "cuda")
 PROGRESS = (AUTO, "on", "off")
+TRACKERS = ("none", "tensorboard", "mlflow")  # where metrics.jsonl is mirrored (fp8lab.train.trackers)
 CUDA_GRAPHS = GRAPH_CHOICES  # auto | on | off, declared where they are decided
 FP8_ATTENTION = FP8_ATTENTION_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fp8attn)
 EMULATED = "emulated"  # fp8lab's pure-PyTorch backend: any device, never for speed claims

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -35,6 +36,7 @@ from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
 from fp8lab.core import paths as fpaths
 from fp8lab.train import resume as fresume
+from fp8lab.train import trackers as ftrackers
 
 
 # ---------------------------------------------------------------------------------------- train state
@@ -289,6 +291,7 @@ class StepMetrics:
         self.c, self.env, self.output_dir, self.info = c, env, output_dir, info
         self.log = None
         self.bar = None
+        self.mirror = ftrackers.Mirror(None)  # --tracker: metrics.jsonl's records mirrored (rank 0)
         self._t0 = 0.0
 
     def open(self, total_steps: int, first_step: int, resumed_from: int | None) -> None:
@@ -299,6 +302,10 @@ class StepMetrics:
             if self.log.torn:
                 print(f"fp8lab: metrics.jsonl: dropped {self.log.torn} incomplete line(s) (a write cut off by a kill); "
                       f"the records up to step {resumed_from} (the checkpoint) are kept, later steps are redone", flush=True)
+            # the process's environment names MLflow's tracking server, as MLflow itself reads it (SageMaker's managed
+            # MLflow sets MLFLOW_TRACKING_URI in the job)
+            self.mirror = ftrackers.start(self.c.tracker, output_dir=self.output_dir, tracker_dir=self.c.tracker_dir,
+                                          run_name=Path(self.output_dir).name, params=self.c.as_dict(), environ=os.environ)
         self.bar = tqdm(total=total_steps, initial=first_step - 1, unit="step", dynamic_ncols=True,
                         disable=not show_progress(self.c.progress, self.env.is_main),
                         desc=f"{self.info.model} {self.c.precision}")
@@ -313,6 +320,7 @@ class StepMetrics:
         """Another record of this step (e.g. fp8lab.fp8.stats'), rank 0; written before the step's own."""
         if self.log is not None:
             self.log.write(rec)
+            self.mirror.write(rec)
 
     def start(self) -> None:
         self._t0 = time.perf_counter()
@@ -347,6 +355,7 @@ class StepMetrics:
         if not self.env.is_main:
             return
         self.log.write(rec)
+        self.mirror.write(rec)
         if self.c.print_metrics:
             self.emit(fmetrics.step_line({**rec, "loss": r.loss, "grad_norm": gn}))
             if val_loss is not None:
@@ -361,6 +370,7 @@ class StepMetrics:
             self.bar.close()
         if self.log is not None:
             self.log.close()
+        self.mirror.close()
 
     def summary(self, paths, status: str, message: str | None, state: TrainState, total_steps: int,
                 val_loss: float | None, resumed_from: int | None, wall_s: float) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             STUDY, add_arguments, check_fields, check_schema, flag, from_text, option, section_of,
                             to_text)
+from fp8lab.train import replay
 from fp8lab.train.run_paths import resolve_paths
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
@@ -99,6 +100,8 @@ def build_parser(study: bool = False) -> argparse.ArgumentParser:
     p.add_argument(STUDY_FLAG, nargs="?", const="True", default=None, metavar="TRUE",
                    help="also accept (and list) the study and test switches")
     add_arguments(p, TrainConfig, study=study)
+    p.add_argument(replay.CONFIG_FLAG, dest=replay.CONFIG_DEST, metavar="RUN/config.json",
+                   help="replay a run: its recorded options plan the same run again; flags given here win")
     return p
 
 
@@ -117,14 +120,22 @@ def _study(argv: list[str]) -> bool:
 
 def parse_args(argv: list[str]) -> TrainConfig:
     """TrainConfig from CLI-style arguments; every value is converted and checked with a clear message."""
+    return parse_command(argv)[0]
+
+
+def parse_command(argv: list[str]) -> tuple[TrainConfig, str | None]:
+    """(TrainConfig, the config.json it replays or None) from CLI-style arguments (:func:`parse_args`)."""
     args = vars(build_parser(_study(argv)).parse_args(argv))
     args.pop("study")
+    source = args.pop(replay.CONFIG_DEST, None)
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     kwargs = {name: from_text(fields[name], raw) for name, raw in args.items() if raw is not None}
+    if source is not None:
+        kwargs = replay.replayed_options(source, kwargs)
     config = TrainConfig(**kwargs)
     fvalidate.check_cli_recipe(config, "recipe" in kwargs)
     fvalidate.check_cli_fp8_stats(config, "fp8_stats_every" in kwargs)
-    return config
+    return config, source
 
 
 def _sagemaker_argv() -> list[str]:
@@ -149,11 +160,12 @@ def _sagemaker_argv() -> list[str]:
 # ----------------------------------------------------------------------------------------------
 
 def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
-          planned: dict[str, Any] | None = None) -> dict[str, Any]:
+          planned: dict[str, Any] | None = None, replayed_from: str | None = None) -> dict[str, Any]:
     """Run one training job as configured; returns the summary (also written to summary.json).
 
     ``planned``: the decisions of the plan made for this run elsewhere (a SageMaker job's, at launch:
-    ``RunPlan.decisions()``); the run is refused when this machine plans it differently."""
+    ``RunPlan.decisions()``); the run is refused when this machine plans it differently. ``replayed_from``: the
+    config.json ``config`` was replayed from (fp8lab.train.replay.config_of), recorded in this run's config.json."""
     from fp8lab.train import distributed as fdist  # torch: loads when a run starts (fp8lab train --help stays light)
 
     c = config or TrainConfig()
@@ -164,7 +176,7 @@ def train(config: TrainConfig | None = None, *, argv: list[str] | None = None,
     try:
         from fp8lab.train.trainer import run  # the Trainer (torch, as above): setup, fit, finish
 
-        return run(c, env, argv, expected=planned)
+        return run(c, env, argv, expected=planned, replayed_from=replayed_from)
     finally:
         fdist.teardown(env)
 
@@ -208,14 +220,14 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
     try:
         if not argv and os.environ.get("SM_HPS"):
             argv = _sagemaker_argv()
-        config = parse_args(argv)
+        config, source = parse_command(argv)
     except ValueError as exc:
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
     if not config.dry_run and os.environ.get("RANK", "0") == "0":
         print(where_it_writes(config), flush=True)
     try:
-        summary = train(config, argv=argv, planned=planned)
+        summary = train(config, argv=argv, planned=planned, replayed_from=source)
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS

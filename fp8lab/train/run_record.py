@@ -30,14 +30,17 @@ from fp8lab.plan.fp8attn import BWD_ENV, FP8_DPA_BWD
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
 from fp8lab.train.components import show_progress
+from fp8lab.train import replay
 
 SHARED = ("model", "data", "output_dir", "checkpoint_dir", "model_dir")  # paths config.json keeps shareable
 
 
 def config_record(plan, *, built: dict[str, Any], sources: dict[str, Any], argv: list[str] | None, output_dir: Path,
-                  resumed_from: int | None, flops_per_token: float, environ: dict[str, str] | None = None) -> dict[str, Any]:
+                  resumed_from: int | None, flops_per_token: float, environ: dict[str, str] | None = None,
+                  replayed_from: str | None = None) -> dict[str, Any]:
     """config.json of the run of ``plan`` (see the module doc): flat options as they ran, provenance, facts,
-    sources, ``requested``, ``plan`` and ``built``. ``environ``: where TE's FP8-attention backward is read."""
+    sources, ``requested``, ``plan`` and ``built``. ``environ``: where TE's FP8-attention backward is read.
+    ``replayed_from``: the config.json this run replays (``fp8lab.train.replay``): recorded as ``replayed_from``."""
     c, m = plan.config, plan.machine
     requested = c.as_dict()
     flat = {**requested, **plan.options(), "device": m.device,
@@ -51,6 +54,8 @@ def config_record(plan, *, built: dict[str, Any], sources: dict[str, Any], argv:
               "resumed_from_step": resumed_from, **sources,
               "requested": {**requested, **{k: shared[k] for k in SHARED if k in shared}},
               "plan": plan.record(), "built": built}
+    if replayed_from is not None:
+        record["replayed_from"] = replay.replayed_from(replayed_from, output_dir)
     if plan.fp8_attention:  # which backward TE's FP8 attention ran (fp8lab.plan.fp8attn)
         record["plan"][BWD_ENV] = (os.environ if environ is None else environ).get(BWD_ENV)
     return record
@@ -59,8 +64,10 @@ def config_record(plan, *, built: dict[str, Any], sources: dict[str, Any], argv:
 class RunRecord:
     """The run's start lines, its dry-run summary and its config.json (rank 0 writes; every rank may log)."""
 
-    def __init__(self, plan, env, paths, argv: list[str] | None, log: Callable[..., None]):
+    def __init__(self, plan, env, paths, argv: list[str] | None, log: Callable[..., None],
+                 replayed_from: str | None = None):
         self.plan, self.env, self.paths, self.argv, self.log = plan, env, paths, argv, log
+        self.replayed_from = replayed_from
 
     @property
     def model_name(self) -> str:
@@ -106,7 +113,8 @@ class RunRecord:
     def write(self, *, built: dict[str, Any], sources: dict[str, Any], resumed_from: int | None, info, data_dir: Path) -> None:
         """config.json (:func:`config_record`), then the run's opening lines (rank 0)."""
         record = config_record(self.plan, built=built, sources=sources, argv=self.argv, output_dir=self.paths.output_dir,
-                               resumed_from=resumed_from, flops_per_token=info.flops_per_token)
+                               resumed_from=resumed_from, flops_per_token=info.flops_per_token,
+                               replayed_from=self.replayed_from)
         out = self.paths.output_dir
         ownership.write_file(out / "config.json", json.dumps(record, indent=2, default=str) + "\n")
         ownership.record(out, "config.json")

@@ -48,6 +48,7 @@ from fp8lab.model.user import is_user_model
 from fp8lab.model.user import tokenizer_differs as user_tokenizer_differs
 from fp8lab.plan import graphs
 from fp8lab.plan.runplan import plan_run
+from fp8lab.train import trackers as ftrackers
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership, runlock
 from fp8lab.train import checkpoint as fckpt
@@ -68,11 +69,11 @@ class Trainer:
 
     ``self.c`` is the request (``plan.config``, "auto" included); what runs is read from the plan."""
 
-    def __init__(self, plan, env, argv: list[str] | None = None):
+    def __init__(self, plan, env, argv: list[str] | None = None, *, replayed_from: str | None = None):
         self.plan, self.env = plan, env  # every decision is read from the plan, never copied
         self.paths = frun_paths.resolve_paths(plan.config)
         self.log = print if env.is_main else (lambda *a, **k: None)
-        self.record = RunRecord(plan, env, self.paths, argv, self.log)  # start lines, dry-run summary, config.json
+        self.record = RunRecord(plan, env, self.paths, argv, self.log, replayed_from)  # start lines, dry-run summary, config.json
         self.wall0 = time.perf_counter()
         self.resumed_from: int | None = None
         self.last_val: float | None = None
@@ -572,7 +573,8 @@ def plan_here(c, env):
     return plan_run(c, detect_machine(env.device, env.world_size, c.gpu_memory_gib))
 
 
-def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None = None,
+        replayed_from: str | None = None) -> dict[str, Any]:
     """Check the folders and data, plan the run here, set up (a ValueError in any of it is an OptionError:
     the run cannot start as configured), then train. The output folder's lock is released however it ends.
 
@@ -584,13 +586,14 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
         with setup_errors(paths, env):
             source = frun_paths.data_source(c)
             frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
+            ftrackers.check_available(c.tracker)  # --tracker's package importable: before any compute
             scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
             folder = c.model if is_user_model(c.model) and not c.model.startswith("hf:") else None
             ownership.check_run_folders(c, paths, source, model_folder=folder)  # no overlaps, nothing of the user's overwritten
             plan = plan_here(c, env)
             if expected:
                 check_same_plan(plan, expected)
-            trainer = Trainer(plan, env, argv)
+            trainer = Trainer(plan, env, argv, replayed_from=replayed_from)
             dry = trainer.setup()
         if dry is not None:
             return dry

@@ -389,7 +389,9 @@ def cost_figure(costs: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """Time (hours) and cost (USD) to train the token budget, per run, from ``analysis.cost_table``."""
     if len(costs):
         budget, price = costs["token_budget"].iloc[0], costs["price_per_instance_hour"].iloc[0]
-        title = f"Time and cost to train {budget / 1e9:g}B tokens at ${price:,.2f}/instance-hour"
+        # the price with its date where the table carries it (fp8lab.analysis.estimates.price_words)
+        at = costs["price_note"].iloc[0] if "price_note" in costs else f"${price:,.2f}/instance-hour"
+        title = f"Time and cost to train {budget / 1e9:g}B tokens at {at}"
     else:
         title = "Time and cost to train the token budget"
     c = costs[costs["hours"].notna() & np.isfinite(costs["hours"])] if len(costs) else costs
@@ -597,7 +599,8 @@ def plan_figure(curve: pd.DataFrame, planned: list[int] | None = None, save: str
     cost.set_ylim(0, 1.08 * float(curve["cost_usd"].max()))
     cost.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"${v:,.0f}"))
     hours.set_title("time", fontsize=10)
-    cost.set_title(f"cost at ${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour", fontsize=10)
+    at = curve["price_note"].iloc[0] if "price_note" in curve else f"${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour"
+    cost.set_title(f"cost at {at}", fontsize=10)
     _shared_legend(fig, axes)
     fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens), projected from measured one-GPU runs", fontsize=10)
     return _finish(fig, save)

@@ -24,11 +24,13 @@ from fp8lab.analysis import blog_gap
 from fp8lab.analysis.conclusion import verdict_bullets
 from fp8lab.analysis.scaling import answer_at_scale
 from fp8lab.analysis.time_to_loss import sentence, time_to_loss
+from fp8lab.analysis.estimates import price_words
 from fp8lab.core.hardware import gpu_label
+from fp8lab.core.prices import price_arg, price_of
 from fp8lab.core.paths import REPO_ROOT, RESULTS_DIR, files_read_once
 from fp8lab.core.probes import check_writable_file, refuse_replacing
 from fp8lab.core.progress import Counter
-from fp8lab.core.validate import OneLineParser, nonneg_float, nonneg_int, positive_float, positive_int
+from fp8lab.core.validate import OneLineParser, nonneg_int, positive_float, positive_int
 from fp8lab.analysis import fp8_stats as health_reader
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.plan import evidence
@@ -36,7 +38,7 @@ from fp8lab.records import ownership
 from fp8lab.views import plots
 from fp8lab.views.html_table import fmt as _fmt, table as _table
 from fp8lab.views.caveats import CAVEATS
-from fp8lab.views.peers import peers_markdown, peers_sentence
+from fp8lab.views.run_tables import peers_markdown, peers_sentence, runs_markdown
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -54,7 +56,7 @@ class ReportConfig:
     """What the report assumes; every value is printed in the page."""
 
     tokens: float = analysis.DEFAULT_TOKEN_BUDGET  # token budget for time/cost (source's epoch: 24B)
-    price_per_instance_hour: float = analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR  # USD, an assumption
+    price_per_instance_hour: object = analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR  # USD (an assumption), or a dated Price
     gpus_per_instance: int = analysis.DEFAULT_GPUS_PER_INSTANCE  # P5: 8
     warmup_steps: int = 10  # steps left out of steady-state throughput
     smoothing: str = "ema"  # "ema", "window" or "none"
@@ -150,7 +152,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
                  summary: pd.DataFrame | None, analysed: "Analysed | None" = None) -> str:
     a = analysed or Analysed.of(runs, config, reference, summary)
     summary, comparison, answer = a.summary, a.comparison, a.answer
-    costs = analysis.cost_table(summary, config.tokens, config.price_per_instance_hour, config.gpus_per_instance,
+    costs = analysis.cost_table(summary, config.tokens, answer.price, config.gpus_per_instance,
                                 estimate=answer.estimate)
     scaling = a.scaling
     parts = _verdict(runs, a)
@@ -166,9 +168,8 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
     body = [
         f"<h1>{e(config.title)}</h1>",
         f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
-        f"run(s). Assumptions: token budget {config.tokens:,.0f}; price ${config.price_per_instance_hour:,.2f} per "
-        f"instance-hour with {config.gpus_per_instance} GPUs per instance ("
-        f"{e(analysis.PRICE_SOURCE if config.price_per_instance_hour == analysis.DEFAULT_PRICE_PER_INSTANCE_HOUR else 'price given by the caller')}); "
+        f"run(s). Assumptions: token budget {config.tokens:,.0f}; price {e(price_words(answer.price, full=True))} "
+        f"with {config.gpus_per_instance} GPUs per instance; "
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
         "<h2>Verdict</h2>", _verdict_html(parts),
@@ -381,8 +382,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("runs", nargs="*", help="trainer output folders, result files or folders (default: data/results)")
     p.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     p.add_argument("--tokens", type=positive_float, default=d.tokens, help="token budget for time/cost (default: 24e9)")
-    p.add_argument("--price", type=nonneg_float, default=d.price_per_instance_hour,
-                   help=f"USD per instance-hour (default: {d.price_per_instance_hour}, an assumption)")
+    p.add_argument("--price-per-hour", "--price", dest="price", type=price_arg, default=None, metavar="USD|lookup",
+                   help="USD per instance-hour, or 'lookup' (the AWS Price List API's on-demand price), as for "
+                        f"fp8lab launch plan (default: {price_words(None, full=True)})")
     p.add_argument("--gpus-per-instance", type=positive_int, default=d.gpus_per_instance)
     p.add_argument("--warmup-steps", type=nonneg_int, default=d.warmup_steps)
     p.add_argument("--smoothing", choices=analysis.SMOOTHING_METHODS, default=d.smoothing)
@@ -393,7 +395,12 @@ def main(argv: Iterable[str] | None = None) -> int:
                         "from the runs (default: data/results), instead of the HTML page")
     p.add_argument("--docs-root", metavar="DIR", help="with --docs: the checkout to write into (default: this one)")
     args = p.parse_args(list(argv) if argv is not None else None)
-    config = ReportConfig(args.tokens, args.price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
+    try:  # the price first (a lookup asks AWS): every cost stands beside it
+        price = price_of(analysis.answer.ANSWER_INSTANCE, args.price)
+    except ValueError as exc:
+        print(f"fp8lab report: error: {exc}", file=sys.stderr)
+        return 2
+    config = ReportConfig(args.tokens, price, args.gpus_per_instance, args.warmup_steps, args.smoothing,
                           args.smoothing_span)
     try:  # where the page goes, before anything is read or written
         if args.markdown is not None and not args.docs and Path(args.out).resolve() == Path(args.markdown).resolve():
@@ -468,11 +475,11 @@ def _pct(v: float) -> str:
     return "-" if pd.isna(v) else f"{100 * v:.1f}%"
 
 
-def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET) -> str:
+def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET, price: object = None) -> str:
     """The headline table (tokens/s/GPU on one GPU unless the row says otherwise; an
-    :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens``) and, below
-    it, the configuration and run behind each number."""
-    budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5: BF16 -> FP8"
+    :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens`` at ``price``, named with its
+    date in the column's header) and, below it, the configuration and run behind each number."""
+    budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5 at {price_words(price)}: BF16 -> FP8"
     lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss gap | "
              f"{budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
@@ -503,13 +510,20 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
 
 
+def _price_caveat(price: object) -> str:
+    """Beside the assumed default price: that it is one, and how to price today's."""
+    p = price_of(analysis.answer.ANSWER_INSTANCE, price)
+    return "" if p.given or not p.source.startswith("assumed") else (
+        " (assumed; P5 prices were cut in 2025: `--price-per-hour N` or `--price-per-hour lookup` prices today's)")
+
+
 def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float, same_loss: list[str] = (),
-                  main: str | None = None, blog: str = "", peers: str | None = None) -> str:
+                  main: str | None = None, blog: str = "", peers: str | None = None, price: object = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
     each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss).
     ``main``: the one GPU whose rows the table shows (:func:`fp8lab.analysis.answer.main_gpu`); the others are counted under it."""
     others = headline[headline["gpu_name"] != main] if main else headline.iloc[:0]
-    table = headline_markdown(headline.drop(others.index), tokens).split("\n\n")[0]
+    table = headline_markdown(headline.drop(others.index), tokens, price).split("\n\n")[0]
     elsewhere = "" if not len(others) else (
         f" The table's rows are on {main}; {len(others)} more on "
         f"{', '.join(sorted(map(str, others['gpu_name'].unique())))} ({', '.join(others['model'])}): [`{RESULTS_MD}`]({RESULTS_MD}).")
@@ -524,9 +538,9 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
         f"- **Time to the same loss**: {loss}",
         *([f"- **Beside the peers**: {peers}."] if peers else []),
-        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge as `fp8lab launch plan` estimates them "
-        "from the table's one-H100 runs, projected to its 8 H100s (8-GPU efficiency). **Source**: reported on H100 "
-        f"P5, not measured here: {analysis.source_link()}.",
+        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge at {price_words(price)}{_price_caveat(price)}, "
+        "as `fp8lab launch plan` estimates them from the table's one-H100 runs, projected to its 8 H100s (8-GPU "
+        f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
         f"- **Why faster than the blog**: {blog}" if blog else "",
         "",
         table,
@@ -534,19 +548,6 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         f"Runs, layouts, the verdict, scaling and the notes per study: [`{RESULTS_MD}`]({RESULTS_MD}).",
         README_END,
     ])
-
-
-def _runs_markdown(summary: pd.DataFrame) -> str:
-    cols = ["run", "study", "model", "variant", "layout", "GPUs", "tokens/s/GPU", "MFU", "val loss", "file"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    s = summary.assign(_size=summary["model"].map(analysis.model_size_b))
-    for _, r in s.sort_values(["_size", "model", "study", "precision", "tokens_per_sec_per_gpu"],
-                              ascending=[True, True, True, True, False]).iterrows():
-        ws = "-" if pd.isna(r["world_size"]) else str(int(r["world_size"]))
-        val = "-" if pd.isna(r["val_loss"]) else f"{r['val_loss']:.3f}"
-        lines.append(f"| {r['run_id']} | {r['study']} | {r['model']} | {r['variant']} | {analysis.layout_label(r)} | {ws} | "
-                     f"{_tps(r['tokens_per_sec_per_gpu'])} | {_pct(r['mfu'])} | {val} | `{r['source']}` |")
-    return "\n".join(lines) + "\n"
 
 
 def _study_notes(summary: pd.DataFrame, results_dir: Path) -> str:
@@ -607,7 +608,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "",
         "![FP8 against BF16 per model](headline.png)",
         "",
-        headline_markdown(headline, config.tokens),
+        headline_markdown(headline, config.tokens, a.answer.price),
         "## Verdict",
         "",
         text,
@@ -631,7 +632,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         _scaling_markdown(a.scaling),
         "## Every run",
         "",
-        _runs_markdown(summary),
+        runs_markdown(summary),
         "## Studies",
         "",
         _study_notes(summary, Path(results_dir) if results_dir else RESULTS_DIR),
@@ -666,7 +667,8 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         same = [f"{r['model']}: {sentence(r)}" for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
         blog = blog_gap.sentence(blog_gap.blog_gap_table(summary, a.reference))
         out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
-                                                same, main, blog, peers_sentence(summary, RESULTS_MD)) + tail
+                                                same, main, blog, peers_sentence(summary, RESULTS_MD),
+                                                a.answer.price) + tail
     return out
 
 

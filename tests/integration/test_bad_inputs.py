@@ -369,8 +369,8 @@ LAUNCH_BAD = [  # (argv after 'plan', exit code, phrase)
     (["--tokens", "1e30"], 1, "JobSpec.tokens=1000000000000000019884624838656 is invalid; allowed: a positive integer, "
                               "at most 1e15"),
     (["--steps", "1e23"], 1, "JobSpec.steps=99999999999999991611392 is invalid; allowed: a positive integer, at most 1e8"),
-    (["--price-per-hour", "inf"], 2, "argument --price-per-hour: 'inf' is invalid; allowed: a number > 0"),
-    (["--price-per-hour", "0"], 2, "argument --price-per-hour: '0' is invalid; allowed: a number > 0"),
+    (["--price-per-hour", "inf"], 2, "argument --price-per-hour/--price: 'inf' is invalid; allowed: a finite number > 0"),
+    (["--price-per-hour", "0"], 2, "argument --price-per-hour/--price: '0' is invalid; allowed: a finite number > 0"),
     (["--bucket", "a..b"], 1, "JobSpec.bucket='a..b' is invalid; allowed: an S3 bucket name"),
     (["--bucket", "192.168.1.1"], 1, "JobSpec.bucket='192.168.1.1' is invalid; allowed: an S3 bucket name"),
     # an account id in the bucket name is not printed back, even in the refusal
@@ -466,7 +466,7 @@ REPORT_BAD = [  # (argv, exit code, phrase)
     (["runs", "empty", "--out", "r.html"], 1, "RUNS: 'empty' holds no runs"),
     (["missing", "--out", "r.html"], 1, "run source 'missing' does not exist"),
     (["runs", "--out", "r.html", "--tokens", "0"], 2, "argument --tokens: '0' is invalid; allowed: a number > 0"),
-    (["runs", "--out", "r.html", "--price", "-1"], 2, "argument --price: '-1' is invalid; allowed: a number >= 0"),
+    (["runs", "--out", "r.html", "--price", "-1"], 2, "argument --price-per-hour/--price: '-1' is invalid; allowed: a finite number > 0"),
     (["runs", "--out", "r.html", "--gpus-per-instance", "0"], 2, "argument --gpus-per-instance: '0' is invalid"),
     (["runs", "--out", "r.html", "--warmup-steps", "-1"], 2, "argument --warmup-steps: '-1' is invalid"),
     (["runs", "--out", "r.html", "--smoothing-span", "0"], 2, "argument --smoothing-span: '0' is invalid"),

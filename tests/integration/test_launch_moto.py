@@ -93,7 +93,8 @@ def test_real_train_path_sends_a_valid_complete_request(aws, capsys, caplog, out
     assert TS.sub("", req["TrainingJobName"]) == job.name and len(req["TrainingJobName"]) <= 63
     assert req["ResourceConfig"] == {"InstanceType": "ml.p5.48xlarge", "InstanceCount": 2, "VolumeSizeInGB": 200}
     assert req["AlgorithmSpecification"]["TrainingImage"] == L.training_image(job.spec)
-    assert re.fullmatch(r"\d{12}\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch-training:2\.9-gpu-py312",
+    # the default: AWS's SageMaker PyTorch image with TE compiled in (fp8lab.launch.image), in the region's DLC registry
+    assert re.fullmatch(r"\d{12}\.dkr\.ecr\.us-east-1\.amazonaws\.com/pytorch:2\.13-cu133-amzn2023-sagemaker",
                         req["AlgorithmSpecification"]["TrainingImage"])
     hp = req["HyperParameters"]
     assert hp["model"] == "llama-1b" and hp["precision"] == "fp8" and hp["backend"] == "te"

@@ -126,7 +126,7 @@ def test_notebook_04_custom_sweep(tmp_path):
                         price_per_hour=98.32, region="us-west-2", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET)
     _check(vals, plan, res[0].output)
     assert vals["n_jobs"] == 8 and vals["price_per_hour"] == 98.32
-    assert "us-west-2.amazonaws.com/pytorch-training" in (res[0].output.with_suffix("") / "requests.txt").read_text()
+    assert "us-west-2.amazonaws.com/pytorch:2.13-cu133-amzn2023-sagemaker" in (res[0].output.with_suffix("") / "requests.txt").read_text()
 
 
 endpoint, aws = menv.endpoint, menv.aws  # fixtures: moto's server and a clean account

@@ -48,3 +48,20 @@ def test_defaults_train_bf16_and_fp8_on_the_same_tokens(tmp_path):
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     layout_lines = [l for l in text.splitlines() if l.startswith("fp8lab: layout:")]
     assert len(layout_lines) == 1, layout_lines  # the layout both runs share, printed once
+
+
+def test_config_replays_a_run_as_a_pair(tmp_path):
+    """config: a run's config.json replayed (fp8lab.train.replay): its model, steps, layout, lr and seed, both runs;
+    each run's config.json says what it replayed."""
+    import json
+
+    first = run(["03"], {"steps": 6, "seed": 3}, output_dir=tmp_path / "first", progress=False)
+    record = tmp_path / "first" / NB.stem / "runs" / "fp8-emulated" / "config.json"
+    again = run(["03"], {"config": str(record)}, output_dir=tmp_path / "again", progress=False)
+    a, b = read_glued(first[0].output), read_glued(again[0].output)
+    assert b["steps"] == {"fp32": 6, "fp8 emulated": 6} and b["layouts"] == a["layouts"]  # not the defaults' 60 steps
+    assert b["first_losses"] == a["first_losses"]  # the same seed's weights, the same first batch
+    replayed = json.loads((tmp_path / "again" / NB.stem / "runs" / "fp8-emulated" / "config.json").read_text())
+    original = json.loads(record.read_text())
+    assert replayed["plan"] == original["plan"] and replayed["requested"]["seed"] == 3
+    assert replayed["replayed_from"]["sha256"] == __import__("hashlib").sha256(record.read_bytes()).hexdigest()

@@ -63,6 +63,8 @@ def test_defaults_read_the_committed_results_and_the_reference(tmp_path):
         "headline.png", "loss.png", "parity.png", "cost.png", "blog_gap.png"]
     text = res[0].output.read_text()
     assert "set detail = 'all'" in text
+    # every cost beside the price it used and that price's date: the cost table, the verdict
+    assert "$113.07/instance-hour, as of 2024-11" in text and "at $113.07/instance-hour, as of 2024-11" in vals["verdict"]
     # a person reads each cell in seconds: the full verdict and headline go to files, bullets and a short table stay
     assert longest_cell_output(res[0].output) <= MAX_CELL_LINES
     assert (tmp_path / NB.stem / "verdict.txt").read_text() == vals["verdict"] + "\n"

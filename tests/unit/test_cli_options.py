@@ -22,7 +22,7 @@ USER_OPTIONS = {
     "kernels": ["fuse", "compile", "cuda_graphs", "compute_dtype", "fuse_wgrad_accumulation", "fused_loss"],
     "outputs": ["output_dir", "checkpoint_dir", "model_dir", "checkpoint_every", "keep_checkpoints", "resume",
                 "resume_with_new_settings", "dry_run", "peak_tflops", "save_model", "plot", "progress",
-                "print_metrics", "profile_steps"],
+                "print_metrics", "profile_steps", "tracker", "tracker_dir"],
 }
 STUDY_OPTIONS = ["inject_nan_at_steps", "fp8_lm_head"]  # study and test switches: fp8lab train --study
 MAX_HELP = 160  # what an option does; why the plan chose a value is the run's first lines

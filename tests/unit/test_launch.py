@@ -181,7 +181,7 @@ def test_plan_costs_add_up_and_follow_the_price():
     table = plan.table()
     assert table.iloc[-1]["job"] == "TOTAL" and table.iloc[-1]["cost_usd"] == pytest.approx(plan.total_cost_usd, abs=0.01)
     assert plan.summary()["n_jobs"] == 8
-    assert "113.07 USD per instance-hour" in L.format_cost_table(plan)
+    assert "price: $113.07 per instance-hour (ml.p5.48xlarge, us-east-1, as of 2024-11" in L.format_cost_table(plan)
 
 
 def test_plan_rejects_bad_sweeps():
@@ -433,3 +433,31 @@ def test_launch_command_skips_the_unused_iri_grammar_and_the_sdk_still_validates
              "import rfc3987_syntax; assert not skip(); print('ok')")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_one_gpu_p5_is_planned_priced_and_requested_like_the_others(capsys):
+    """ml.p5.4xlarge: one H100, so one process and no FSDP; priced at its assumed price with the date."""
+    from fp8lab.launch.cli import main
+
+    assert main(["plan", "--instance-type", "ml.p5.4xlarge", "--models", "llama-1b"]) == 0
+    out = capsys.readouterr().out
+    assert "price: $14.13 per instance-hour (ml.p5.4xlarge, us-east-1, as of 2024-11" in out
+    assert "8 GPUs/node" not in out  # a one-GPU instance runs at the measured one-GPU rate
+    plan = L.plan_sweep(["llama-1b"], ["bf16", "fp8"], [1, 2], instance_type="ml.p5.4xlarge", role=ROLE,
+                        bucket=BUCKET, tokens=24 * 10**9)
+    one = plan.jobs[0]
+    assert one.spec.world_size == 1 and one.spec.plan.config.parallel == "ddp"
+    assert L.hyperparameters(one.spec)["parallel"] == "ddp"
+    assert one.cost_usd == pytest.approx(one.est_hours * 14.13) and one.gpu_hours == pytest.approx(one.est_hours)
+    assert plan.jobs[1].spec.world_size == 2 and plan.jobs[1].spec.plan.config.parallel == "fsdp"  # 2 instances
+    eight = L.plan_sweep(["llama-1b"], ["fp8"], [1], role=ROLE, bucket=BUCKET, tokens=24 * 10**9).jobs[0]
+    assert eight.spec.plan.config.parallel == "fsdp" and L.hyperparameters(eight.spec)["parallel"] == "fsdp"
+    # one GPU is slower than eight per job, and the same GPU's rate: 8x the hours, within the node efficiency
+    fp8_one = [j for j in plan.jobs if j.spec.precision == "fp8" and j.spec.instance_count == 1][0]
+    assert 7 < fp8_one.est_hours / eight.est_hours < 9
+    with pytest.raises(ValueError, match="JobSpec.parallel='fsdp' is invalid; allowed: auto or ddp: ml.p5.4xlarge has one GPU"):
+        L.JobSpec(model="llama-1b", precision="fp8", instance_type="ml.p5.4xlarge", parallel="fsdp", role=ROLE,
+                  bucket=BUCKET, tokens=10**9)
+    req = L.build_requests(one.spec)[0]
+    assert req["ResourceConfig"]["InstanceType"] == "ml.p5.4xlarge" and req["ResourceConfig"]["InstanceCount"] == 1
+    assert req["HyperParameters"]["parallel"] == "ddp"

@@ -20,7 +20,7 @@ from fp8lab.core.pins import pins
 
 SETUP = REPO_ROOT / "scripts" / "setup.sh"
 LOCK = REPO_ROOT / re.search(r"^LOCK=(\S+)$", SETUP.read_text(), re.M).group(1)
-EXTRAS = ("dev", "aws", "notebooks")  # what set-up installs (scripts/setup.sh's EXTRAS_ARGS)
+EXTRAS = ("dev", "aws", "notebooks", "tensorboard", "mlflow")  # what set-up installs (scripts/setup.sh's EXTRAS_ARGS)
 
 
 def _lock_lines() -> list[tuple[str, str, str | None]]:
@@ -60,7 +60,7 @@ def _wanted() -> list[Requirement]:
 
 def test_setup_installs_with_the_lock_and_the_extras_it_was_made_for():
     text = SETUP.read_text()
-    assert '-e ".[dev,aws,notebooks]"' in text and f"EXTRAS=({' '.join(EXTRAS)})" in (REPO_ROOT / "scripts" / "lock.sh").read_text()
+    assert '-e ".[dev,aws,notebooks,tensorboard,mlflow]"' in text and f"EXTRAS=({' '.join(EXTRAS)})" in (REPO_ROOT / "scripts" / "lock.sh").read_text()
     assert f"LOCK={LOCK.name}" in (REPO_ROOT / "scripts" / "lock.sh").read_text()
 
 

@@ -94,7 +94,8 @@ def test_job_defaults_are_the_trainers_except_the_declared_ones():
     for name in S.SPEC_OPTIONS:
         if name != "model":
             assert fields[name] == S.JOB_DEFAULTS.get(name, trainer[name]), name
-    assert S.JOB_DEFAULTS == {"parallel": "fsdp"}
+    assert S.JOB_DEFAULTS == {"parallel": "auto"}  # fsdp on several GPUs, ddp on one (S.job_parallel)
+    assert S.job_parallel("auto", 8) == "fsdp" and S.job_parallel("auto", 1) == "ddp" and S.job_parallel("ddp", 8) == "ddp"
 
 
 def test_the_trainer_refuses_a_job_planned_differently(tmp_path, monkeypatch):

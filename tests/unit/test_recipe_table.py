@@ -231,7 +231,7 @@ def test_has_fp8_is_stated_once():
     assert hw.generation((9, 0)) == "hopper" and hw.generation((8, 9)) == "ada" and hw.generation((7, 5)) is None
     # the instances' facts as they were written per instance before they came from the GPU table
     fp8 = {k: (i.fp8, i.blackwell) for k, i in hw.INSTANCES.items()}
-    assert fp8 == {"ml.p5.48xlarge": (True, False), "ml.p5e.48xlarge": (True, False), "ml.p5en.48xlarge": (True, False),
+    assert fp8 == {"ml.p5.48xlarge": (True, False), "ml.p5.4xlarge": (True, False), "ml.p5e.48xlarge": (True, False), "ml.p5en.48xlarge": (True, False),
                    "ml.p6-b200.48xlarge": (True, True), "ml.p4d.24xlarge": (False, False),
                    "ml.p4de.24xlarge": (False, False)}
     capability = re.compile(r"\(\s*8\s*,\s*9\s*\)|\(\s*9\s*,\s*0\s*\)")

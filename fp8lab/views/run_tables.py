@@ -1,5 +1,5 @@
-"""fp8lab beside its peers, in words: docs/results.md's section and the README's line (the table itself:
-:mod:`fp8lab.analysis.peers`)."""
+"""docs/results.md's run tables in words: fp8lab beside its peers (the section and the README's line; the table itself:
+:mod:`fp8lab.analysis.peers`) and every run."""
 from __future__ import annotations
 
 import pandas as pd
@@ -49,4 +49,17 @@ def peers_markdown(summary: pd.DataFrame) -> str:
             lines.append(f"| {r['who']} | {r['variant']} | {r['layout']} | {tps(r['tokens_per_sec_per_gpu'])} | "
                          f"{pct(r['mfu'])} | {mem} | {r['relative_to_fp8lab_fp8']:.2f}x |")
         lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def runs_markdown(summary: pd.DataFrame) -> str:
+    cols = ["run", "study", "model", "variant", "layout", "GPUs", "tokens/s/GPU", "MFU", "val loss", "file"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    s = summary.assign(_size=summary["model"].map(analysis.model_size_b))
+    for _, r in s.sort_values(["_size", "model", "study", "precision", "tokens_per_sec_per_gpu"],
+                              ascending=[True, True, True, True, False]).iterrows():
+        ws = "-" if pd.isna(r["world_size"]) else str(int(r["world_size"]))
+        val = "-" if pd.isna(r["val_loss"]) else f"{r['val_loss']:.3f}"
+        lines.append(f"| {r['run_id']} | {r['study']} | {r['model']} | {r['variant']} | {analysis.layout_label(r)} | {ws} | "
+                     f"{tps(r['tokens_per_sec_per_gpu'])} | {pct(r['mfu'])} | {val} | `{r['source']}` |")
     return "\n".join(lines) + "\n"
