@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from fp8lab.analysis.peers import peer_rows
 from fp8lab.analysis import (group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth,
                              variant_kind)
 from fp8lab.analysis.summary import same_seed
@@ -97,6 +98,7 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
     """
     title = "Throughput per GPU (steady state): the fastest run of each kind"
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
+    s = s[~peer_rows(s)] if len(s) else s  # a peer's runs have their own table (fp8lab.analysis.peers)
     if not len(s):
         return _finish(_empty(title), save)
     by = _scale_axis(s, by)
