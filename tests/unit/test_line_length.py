@@ -6,7 +6,7 @@ import tomllib
 
 from fp8lab.core.paths import REPO_ROOT
 
-PENDING = 295  # lines of fp8lab/ over the limit today; lower it as they are wrapped, 0 once the pass is done
+PENDING = 0  # lines of fp8lab/ over the limit; the reformatting pass is done, keep it at 0
 
 
 def long_lines(limit: int) -> list[str]:
