@@ -52,8 +52,7 @@ def differences(table: pd.DataFrame) -> list[str]:
     return [
         "the blog's BF16 baseline is not described: its layers, layout and parameter precision are unknown",
         f"Transformer Engine {', '.join(te) or '(version not recorded)'} with fused blocks here; the blog (November "
-            "2024) "
-        "states no TE version",
+        "2024) states no TE version",
         "one GPU here against FSDP over 8 GPUs per instance there: communication does not shrink with FP8",
     ]
 
@@ -97,11 +96,9 @@ def sentence(table: pd.DataFrame) -> str:
     blog = table["source_speedup"].dropna()
     vs = f" (the blog: {float(blog.iloc[0]):.2f}x, reported)" if len(blog) else ""
     return (f"{first['model']} on one {first['gpu_name']} gains {first['speedup']:.2f}x at {first['step']}, a plain "
-            "script's "
-            f"layout{vs}, and {last['speedup']:.2f}x at {last['step']}; between them: bf16 parameters, CUDA graphs, "
-            "larger micro-batches and the FP8 weight cache cast once per step. The blog's BF16 baseline, TE version "
-            "and "
-            "FSDP over several instances differ too (notebook 05, `docs/results.md`).")
+            f"script's layout{vs}, and {last['speedup']:.2f}x at {last['step']}; between them: bf16 parameters, CUDA "
+            "graphs, larger micro-batches and the FP8 weight cache cast once per step. The blog's BF16 baseline, TE "
+            "version and FSDP over several instances differ too (notebook 05, `docs/results.md`).")
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -110,6 +107,5 @@ def markdown(table: pd.DataFrame) -> str:
              "|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
         lines.append(f"| {r['step']} | {r['what']} | {r['tps_bf16']:,.0f} | {r['tps_fp8']:,.0f} | "
-                     f"**{r['speedup']:.2f}x** | "
-                     f"`{r['bf16_run']}`, `{r['fp8_run']}` |")
+                     f"**{r['speedup']:.2f}x** | `{r['bf16_run']}`, `{r['fp8_run']}` |")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {d}." for d in differences(table)) + "\n"

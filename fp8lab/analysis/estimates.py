@@ -144,8 +144,8 @@ class MeasuredEstimate(Estimate):
         kind = str(recipe).partition(":")[0]
         groups = self.__dict__.get("_rate_groups")
         if groups is None:  # the measured rates per (model, precision), split once: a report asks for every run's
-            groups = self.__dict__["_rate_groups"] = {k: g for k,
-                                                      g in rates.groupby(["model", "precision"], sort=False)}
+            groups = self.__dict__["_rate_groups"] = {k: g
+                                                      for k, g in rates.groupby(["model", "precision"], sort=False)}
         mine = groups.get((model, precision), rates.iloc[:0])
         if run_id is not None:  # a report asks for every run's: each group's runs found by id, not by a scan each
             ids = self.__dict__.setdefault("_rate_ids", {})
@@ -255,8 +255,7 @@ class MeasuredEstimate(Estimate):
         if self.internode_efficiency_per_doubling is not None:
             return f"{self.internode_efficiency_per_doubling:g} per doubling of instances, assumed"
         return ("the scaling model's multi-node factor (fp8lab.analysis.scaling: measured compute by kernel class, "
-                "FSDP2 "
-                "traffic over EFA, overlap fitted on the two-GPU runs)")
+                "FSDP2 traffic over EFA, overlap fitted on the two-GPU runs)")
 
     def describe(self) -> str:
         return (f"estimate: measured tokens/s/GPU per model and precision (column basis: the run, x GPU peak "

@@ -26,7 +26,7 @@ HEADLINE_COLUMNS = [
     "fp8_run", "fp8_variant", "fp8_layout", "tps_fp8", "mfu_fp8", "hardware_fp8",
     "speedup", "speedup_vs_hf",
     "loss_gap_pct", "loss_gap_kind", "loss_fp8_run", "loss_baseline_run", "loss_fp8_variant", "loss_study",
-                    "loss_tokens",
+    "loss_tokens",
     # where a loss study has several BF16 seeds, loss_gap_pct is to their mean; how far apart they ended,
     # which runs they are, and whether the gap is inside the band max(0.5%, that spread)
     "loss_bf16_seeds", "loss_bf16_spread_pct", "loss_bf16_runs", "loss_in_band",
@@ -116,9 +116,8 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
         m = meta.loc[r["fp8_run"]] if r["fp8_run"] in meta.index else {}
         spec = m.get("recipe_spec") if isinstance(m.get("recipe_spec"), str) else ""
         edge = m.get("bf16_edge_blocks")
-        plain = (":" not in spec and not (isinstance(edge,
-                                                     (int, float, np.integer,
-                                                      np.floating)) and not pd.isna(edge) and edge > 0)
+        plain = (":" not in spec
+                 and not (isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0)
                  and not is_flag(m.get("fp8_lm_head")))  # a study's option (the FP8 head) is no plain set-up either
         when = pd.to_datetime(m.get("date"), utc=True, errors="coerce")
         return (m.get("recipe") == recipe, plain, r["tokens_fp8"], when.value if pd.notna(when) else 0)
@@ -188,8 +187,8 @@ def headline_runs(runs: pd.DataFrame, summary: pd.DataFrame,
     and best FP8 run, for time and cost). ``detail="all"`` views draw every run."""
     loss_keys = {(m, s) for m, s in zip(headline["model"], headline["loss_study"]) if isinstance(s, str)}
     quoted = loss_run_ids(headline)
-    loss = runs[[(m, s) in loss_keys and r in quoted for m, s,
-                 r in zip(runs["model"], runs["study"], runs["run_id"])]] \
+    loss = runs[[(m, s) in loss_keys and r in quoted
+                 for m, s, r in zip(runs["model"], runs["study"], runs["run_id"])]] \
         if len(runs) else runs
     ids = set(headline["bf16_run"].dropna()) | set(headline["fp8_run"].dropna())
     return loss, summary[summary["run_id"].isin(ids)]

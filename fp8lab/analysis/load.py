@@ -98,8 +98,8 @@ def load_runs(sources: object = None) -> pd.DataFrame:
         frames.extend(_load_path(Path(src)))
     frames = [f for f in frames if len(f)]
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype="object" if c in META_COLUMNS + ["record"] else "float64") for c
-                             in COLUMNS})
+        return pd.DataFrame({c: pd.Series(dtype="object" if c in META_COLUMNS + ["record"] else "float64")
+                             for c in COLUMNS})
     df = pd.concat(frames, ignore_index=True, sort=False)
     df["run_id"] = _unique_run_ids(df)
     for c in COLUMNS:
@@ -174,8 +174,8 @@ def load_profiles(sources: object = None) -> pd.DataFrame:
         else:  # a trainer output folder's profile.json: what ran is read as load_runs reads that folder
             prof = raw
             one = load_runs(f.parent) if (f.parent / "metrics.jsonl").exists() else pd.DataFrame()
-            run = {k: v for k,
-                   v in one.iloc[0].to_dict().items() if not (np.isscalar(v) and pd.isna(v))} if len(one) else {}
+            run = {k: v for k, v in one.iloc[0].to_dict().items()
+                   if not (np.isscalar(v) and pd.isna(v))} if len(one) else {}
             run.setdefault("run_id", f.parent.name)
         if "categories_ms" not in prof:
             raise ValueError(f"{display_path(f)}: not a profile (no categories_ms)")
@@ -247,8 +247,8 @@ def _field_problem(name: str, v: object) -> str | None:
 
 
 # each field's plain case, tested first (a folder of thousands of runs has millions of fields): an int or float in range
-_PLAIN = {**{n: (lambda v, top=top,
-                 low=0 if n == "tokens" else 1: low <= v <= top and (type(v) is int or v.is_integer()))
+_PLAIN = {**{n: (lambda v, top=top, low=0 if n == "tokens" else 1:
+                 low <= v <= top and (type(v) is int or v.is_integer()))
              for n, top in _SIZE_LIMITS.items()},
           **{n: (lambda v: 0 < v < math.inf) for n in _POSITIVE_RATES},
           **{n: (lambda v: 0 <= v < math.inf) for n in _NONNEG_NUMBERS}}

@@ -53,7 +53,7 @@ GAIN_THRESHOLD = 1.10  # below this FP8 speedup at scale the plan calls the job 
 CALIBRATION_EXCLUDED: dict[str, str] = {
     "llama-1b-te-bf16-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 repeated it",
     "llama-1b-te-fp8-delayed-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 "
-                                        "repeated it",
+    "repeated it",
     "llama-1b-te-fp8-delayed-2gpu-fsdp": "FSDP2 with fp32 parameters (fp32 all-gathers); no plan runs it",
 }
 

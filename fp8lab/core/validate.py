@@ -149,8 +149,8 @@ def check_cli_recipe(c, recipe_given: bool) -> None:
     if recipe_given and c.precision == "bf16" and c.backend == "auto" and c.recipe != "auto":
         raise ValueError(f"--recipe={c.recipe!r} has no effect with --precision bf16 and --backend auto (FP8 off: "
                          "TE's layers where TE is usable, else the plain Hugging Face model); allowed: leave --recipe "
-                         "out, --precision fp8, or an FP8 --backend "
-                         "(te | torchao | emulated: BF16 on the converted layers that recipe picks)")
+                         "out, --precision fp8, or an FP8 --backend (te | torchao | emulated: BF16 on the converted "
+                         "layers that recipe picks)")
 
 
 def check_cli_fp8_stats(c, given: bool) -> None:

@@ -171,8 +171,7 @@ def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: boo
                          "allowed: a folder written by fp8lab prepare-data")
     if m.get("dtype") not in fformat.TOKEN_DTYPES:
         raise ValueError(f"{who} has dtype={m.get('dtype')!r}; allowed: {' | '.join(fformat.TOKEN_DTYPES)} (what "
-                         "fp8lab "
-                         "prepare-data writes; re-create the folder with it)")
+                         "fp8lab prepare-data writes; re-create the folder with it)")
     try:
         itemsize = __import__("numpy").dtype(m["dtype"]).itemsize
         shards = [(s["file"], int(s["tokens"])) for split in ("train", "val") for s in m["splits"][split]["shards"]]
@@ -186,8 +185,7 @@ def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: boo
         f = folder / name
         if not f.is_file() or f.stat().st_size < tokens * itemsize:
             raise ValueError(f"{option}: shard {name!r} in {folder.name!r} is missing or shorter than its manifest "
-                             "says "
-                             f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
+                             f"says ({tokens} tokens); re-create the folder with fp8lab prepare-data")
     if not (folder / tokenizer).is_file():
         raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
     why = tokenizer_problem(folder / tokenizer)

@@ -29,8 +29,7 @@ import numpy as np
 
 from fp8lab.records.data_format import (  # noqa: F401 - the on-disk facts, re-exported where they were
     CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus,
-                                        is_prepared,
-    text_files, tokenized_here,
+    is_prepared, text_files, tokenized_here,
 )
 from fp8lab.data import checks as data_checks
 from fp8lab.records import ownership, runlock
@@ -78,8 +77,7 @@ def read_documents(files: Iterable[Path]) -> Iterator[str]:
             yield from _file_documents(Path(path))
         except data_checks.ARCHIVE_ERRORS as exc:
             raise ValueError(f"file {Path(path).name!r} is not a readable {Path(path).suffix} archive ({exc}); "
-                             "allowed: "
-                             "text files, optionally compressed with xz or gzip") from None
+                             "allowed: text files, optionally compressed with xz or gzip") from None
         except UnicodeDecodeError as exc:  # name the file, not only the codec
             raise ValueError(f"text file {Path(path).name!r} is not UTF-8 ({exc.reason} at byte {exc.start} of a "
                              "read block); allowed: UTF-8 text") from None

@@ -152,8 +152,8 @@ def fp8_lm_head(converted: nn.Module) -> nn.Module:
         raise ValueError(f"--fp8-lm-head: the model's lm_head is {type(head).__name__}, not a high-precision nn.Linear")
     if head.in_features % 16 or head.out_features % 16:
         raise ValueError(f"--fp8-lm-head: lm_head has shape (out={head.out_features}, in={head.in_features}); FP8 "
-                         "GEMMs "
-                         "need both divisible by 16 (a vocabulary padded to a multiple of 16, or --fp8-lm-head False)")
+                         "GEMMs need both divisible by 16 (a vocabulary padded to a multiple of 16, or --fp8-lm-head "
+                         "False)")
     converted.lm_head = make(head)
     converted.fp8lab_conversion = dataclasses.replace(
         info, fp8_modules=(*info.fp8_modules, "lm_head"),
@@ -375,8 +375,7 @@ def _fp32_truth(reference: nn.Module, fp32_reference: nn.Module | bool) -> nn.Mo
         truth = fp32_reference
     else:
         raise ValueError(f"fp32_reference={fp32_reference!r}; allowed: None or False (no fp32 truth), True (an fp32 "
-                         "copy "
-                         "of the reference), or an fp32 nn.Module with the reference's weights")
+                         "copy of the reference), or an fp32 nn.Module with the reference's weights")
     dtypes = {p.dtype for p in truth.parameters() if p.is_floating_point()}
     if dtypes != {torch.float32}:
         raise ValueError(f"fp32_reference: its parameters must be float32, found {sorted(map(str, dtypes))}")

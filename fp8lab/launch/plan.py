@@ -74,7 +74,7 @@ class SweepPlan:
             "layout": f"{j.spec.layout.micro_batch_size} x {j.spec.layout.seq_len} x {j.spec.layout.grad_accum}",
             "mem_est_gib": round(j.spec.layout.memory.peak, 1),
             "max_run_h": round(j.spec.max_run_s / 3600, 2), "est_hours": round(j.est_hours, 2),
-                 "gpu_hours": round(j.gpu_hours, 1),
+            "gpu_hours": round(j.gpu_hours, 1),
             "cost_usd": round(j.cost_usd, 2), "basis": self.estimate.basis(j.spec),
         } for j in self.jobs]
         rows.append({"job": "TOTAL", "instances": sum(j.spec.instance_count for j in self.jobs),
@@ -235,10 +235,8 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
                 hours = seconds / 3600
                 if isinstance(est, MeasuredEstimate):
                     assumption = ("per-GPU rate: fastest one-GPU run in data/results (x GPU projection by kernel "
-                                  "class) x the two-GPU "
-                                  "efficiency measured on one machine (the only measurement past one GPU; assumed for "
-                                  "8); "
-                                  f"more instances: x {est.internode_text()}")
+                                  "class) x the two-GPU efficiency measured on one machine (the only measurement past "
+                                  f"one GPU; assumed for 8); more instances: x {est.internode_text()}")
                 else:
                     assumption = est.describe()
                 rows.append({"model": model, "precision": prec, "instances": n, "gpus": n * info.gpus,

@@ -374,8 +374,7 @@ class JobSpec:
                 plan = runplan.plan_run(self.trainer_config(model=local), machine)
         except ValueError as exc:
             raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x "
-                             f"{self.instance_type}): "
-                             f"the trainer would refuse this job: {exc}") from None
+                             f"{self.instance_type}): the trainer would refuse this job: {exc}") from None
         object.__setattr__(self, "_plan", plan)  # derived, not a field: replace() plans again
 
     def trainer_config(self, **override: Any) -> TrainConfig:

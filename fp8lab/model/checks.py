@@ -209,8 +209,8 @@ def check_weights(folder: Path, hf_cfg) -> None:
                              "saved from a model with this config.json")
         if named[key][1] != shape:
             raise ValueError(f"--model: weights tensor {named[key][0]!r} has shape {list(named[key][1])} but "
-                             "config.json "
-                             f"gives {list(shape)}; allowed: weights saved from a model with this config.json")
+                             f"config.json gives {list(shape)}; allowed: weights saved from a model with this "
+                             "config.json")
     for f in files:
         _check_finite(f)
 

@@ -261,8 +261,7 @@ def fp8_lm_head_check(c: TrainConfig, backend: str | None) -> None:
     resolved, in fp8lab.plan.runplan.plan_run). Beside ``--fused-loss on`` the plan refuses it (fused_loss.decide)."""
     if c.precision != "fp8":
         raise ValueError(f"--fp8-lm-head needs --precision fp8 (got {c.precision}): a BF16 run has no FP8 GEMM; "
-                         "allowed: "
-                         "--fp8-lm-head False, or --precision fp8")
+                         "allowed: --fp8-lm-head False, or --precision fp8")
     if backend != AUTO and backend not in FP8_LM_HEAD_BACKENDS:
         raise ValueError(f"--fp8-lm-head with --backend {backend}: allowed backends: " +
                          " | ".join(FP8_LM_HEAD_BACKENDS))

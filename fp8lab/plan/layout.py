@@ -225,8 +225,8 @@ def remedies(e: MemoryEstimate, budget: float, *, sharded: bool, ckpt_tried: boo
             "the states over them)")
     if fixed_gib(e) > budget:
         return (f"the model states alone need {fixed_gib(e):.0f} GiB of the {budget:.0f} usable, which no batch "
-                "layout, "
-                f"sequence length or activation checkpointing changes; allowed: {fsdp}, or a GPU with more memory")
+                f"layout, sequence length or activation checkpointing changes; allowed: {fsdp}, or a GPU with more "
+                "memory")
     batch = ("a smaller --micro-batch-size or --seq-len (or 'auto' for the largest that fits), " if explicit_batch
              else "a shorter --seq-len, ")
     return ("allowed: " + batch + ("" if ckpt_tried else "--activation-checkpointing, ") + f"{fsdp}, or a larger GPU")
@@ -394,8 +394,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
             tried = " with activation checkpointing" if ckpt else ""
             raise ValueError(
                 f"--micro-batch-size auto: {c.model} does not fit {machine.name} ({machine.memory_gib:.0f} GiB per "
-                             "GPU) "
-                f"even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; "
+                f"GPU) even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; "
                 + remedies(e, budget, sharded=sharded, ckpt_tried=ckpt))
         mb, keep, e = chosen
         ga = accum_for(mb)

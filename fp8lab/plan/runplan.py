@@ -342,8 +342,8 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
                f"scales per row or block)" if not per_tensor else
                None if backend in FP8_ALL_GATHER_BACKENDS else
                f"needs --backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}: fp8lab wires torchao's float8 FSDP2 "
-               "all-gather; "
-               f"{backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are not wired)")
+               f"all-gather; {backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are "
+               "not wired)")
     if why_not is None:
         if c.fp8_all_gather == "on":
             return True, "--fp8-all-gather on"

@@ -58,7 +58,7 @@ def step_line(rec: dict[str, Any]) -> str:
         f" tokens_per_sec_per_gpu={_fixed(rec['tokens_per_sec_per_gpu'], 1)}"
         f" mfu={_fixed(rec['mfu'] if rec['mfu'] is not None else 0.0, 4)}"
         f" step_time_s={_fixed(rec['step_time_s'], 4)} lr={plain(rec['lr'], 10)} "
-            f"grad_norm={_fixed(rec['grad_norm'], 4)}"
+        f"grad_norm={_fixed(rec['grad_norm'], 4)}"
     )
 
 

@@ -100,8 +100,8 @@ def _autotuned():
     """The kernel autotuned over CONFIGS, once per vocabulary size (the timings kept on disk: Triton's cache)."""
     import triton
 
-    configs = [triton.Config({"BLOCK": b, "LANES": lanes, "PER_SM": per_sm}, num_warps=w) for b, w, lanes,
-               per_sm in CONFIGS]
+    configs = [triton.Config({"BLOCK": b, "LANES": lanes, "PER_SM": per_sm}, num_warps=w)
+               for b, w, lanes, per_sm in CONFIGS]
     return triton.autotune(configs=configs, key=["n_cols"], restore_value=["x_ptr"], cache_results=True)(_jit())
 
 

@@ -322,7 +322,7 @@ def _extra_states(path: Path, reader: Any, model: nn.Module, model_sd: dict[str,
             raise te_state.RefusedState(
                 f"{path.name}/{_file_of(metadata, f'model.{key}')}: refused the Transformer Engine FP8 state of "
                 f"{name or 'the model'!r} ({exc.reason}); nothing loaded or deleted: delete {path.name} if you did not "
-                                        "write it"
+                "write it"
             ) from None
     return out
 

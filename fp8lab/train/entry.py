@@ -203,8 +203,8 @@ def _kept(config) -> str:
     from fp8lab.train import checkpoint as fckpt  # torch: loaded already when a run was under way
 
     p = resolve_paths(config)
-    done = [s for s,
-            _ in fckpt.complete_checkpoints(p.checkpoint_dir)] if config.resume or config.checkpoint_every >= 0 else []
+    done = ([s for s, _ in fckpt.complete_checkpoints(p.checkpoint_dir)]
+            if config.resume or config.checkpoint_every >= 0 else [])
     if not done:
         return "the files written so far are kept; no checkpoint is complete, so the same command starts again"
     return (f"the files written so far and checkpoint step_{done[0]:08d} are kept: the same command resumes from "

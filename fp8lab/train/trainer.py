@@ -143,9 +143,9 @@ class Trainer:
         self.manifest = m = fdata.read_manifest(self.data_dir)
         data_checks.check_prepared_size(m, self.plan.seq_len)
         if c.save_model and env.is_main and user_tokenizer_differs(c.model, self.data_dir / m["tokenizer"]):
-            self.log("fp8lab: note: --model's tokenizer maps tokens to other ids than --data's; the run learns "
-                     "--data's "
-                     "ids, so the export ships --data's tokenizer (the folder's would decode its outputs wrongly)")
+            self.log(f"fp8lab: note: --model's tokenizer maps tokens to other ids than --data's; the run learns "
+                     "--data's ids, so the export ships --data's tokenizer (the folder's would decode its outputs "
+                     "wrongly)")
         if m["vocab_size"] > mcfg.vocab_size:
             fix = (f"use --model-override vocab_size={m['vocab_size']}" if c.model in MODEL_CONFIGS else
                    f"use a model whose config.json has vocab_size >= {m['vocab_size']}")
@@ -166,10 +166,8 @@ class Trainer:
             theirs = fckpt.foreign_steps(root, self.plan.total_steps)
             if theirs:
                 raise ValueError(f"--checkpoint-dir={str(root)!r} holds {', '.join(theirs[:3])}, not written by "
-                                 "fp8lab, "
-                                 f"where this run of {self.plan.total_steps} steps may save its own; fp8lab never "
-                                 "replaces "
-                                 "it; allowed: another --checkpoint-dir, or move that folder away")
+                                 f"fp8lab, where this run of {self.plan.total_steps} steps may save its own; fp8lab "
+                                 "never replaces it; allowed: another --checkpoint-dir, or move that folder away")
 
     def _keep_an_ended_run(self) -> None:
         """A run that would start afresh (``--resume False``, or nothing to resume) in an output folder holding
@@ -187,10 +185,8 @@ class Trainer:
         why = "with --resume False" if not c.resume else "with no checkpoint to resume from"
         raise ValueError(f"--output-dir={str(out)!r} holds a completed run (its metrics.jsonl, summary.json"
                          f"{' and model' if (self.paths.model_dir / 'config.json').is_file() else ''}); starting "
-                         "afresh "
-                         f"{why} would replace them; allowed: a new --output-dir, or the same command with --resume "
-                         "True "
-                         "and its checkpoints")
+                         f"afresh {why} would replace them; allowed: a new --output-dir, or the same command with "
+                         "--resume True and its checkpoints")
 
     def _build_model(self) -> None:
         """build -> convert -> activation checkpointing -> compile -> master weights -> wrap."""
@@ -302,8 +298,8 @@ class Trainer:
             fresume.apply_new_settings(self.scheduler, c, foptim.lr_lambda(c, p.total_steps, p.warmup_steps),
                                        self.resumed_from)
             self.log(f"fp8lab: resuming step {self.resumed_from} with new settings ("
-                     + ", ".join(f"{k} {a!r} -> {b!r}" for k,
-                                 (a, b) in new_settings.items()) + "): the new schedule from here on")
+                     + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items())
+                     + "): the new schedule from here on")
 
     def _write_config(self) -> None:
         """config.json and the run's opening lines (the run's record, fp8lab.train.run_record), with what was built."""

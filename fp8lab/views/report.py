@@ -168,10 +168,10 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
     rows = r.assign(speedup=[("-" if pd.isna(v) else f"{v:.2f}x") for v in r["speedup"]],
                     mfu_bf16=r["mfu_bf16"].map(_pct), mfu_fp8=r["mfu_fp8"].map(_pct),
                     loss_gap_pct=["-" if pd.isna(v) else f"{v:+.2f}" for v in r["loss_gap_pct"]],
-                    cost_bf16=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v,
-                               h in zip(r["cost_bf16"], r["hours_bf16"])],
-                    cost_fp8=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v,
-                              h in zip(r["cost_fp8"], r["hours_fp8"])])
+                    cost_bf16=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)"
+                               for v, h in zip(r["cost_bf16"], r["hours_bf16"])],
+                    cost_fp8=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)"
+                              for v, h in zip(r["cost_fp8"], r["hours_fp8"])])
     body = [
         f"<h1>{e(config.title)}</h1>",
         f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
@@ -301,8 +301,7 @@ def _scaling_markdown(scaling: pd.DataFrame) -> str:
         hours = "-" if pd.isna(r["hours_apart"]) else f"{r['hours_apart']:.1f}"
         lines.append(f"| {r['model']} | {r['variant']} | {int(r[by])} | {_fmt(float(r['tokens_per_sec_per_gpu']))} | "
                      f"{_fmt(float(r['reference_tokens_per_sec_per_gpu']))} | {hours} | "
-                     f"**{100 * r['efficiency']:.1f}%** | "
-                     f"{100 * r['efficiency_vs_fastest']:.1f}% |")
+                     f"**{100 * r['efficiency']:.1f}%** | {100 * r['efficiency_vs_fastest']:.1f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -498,8 +497,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     date in the column's header) and, below it, the configuration and run behind each number."""
     budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5 at {price_words(price)}: BF16 -> FP8"
     lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss "
-             "gap | "
-             f"{budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"gap | {budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     several_gpus = headline["gpu_name"].nunique() > 1  # then each row names its GPU (one table, never a mixed row)
     for _, r in headline.iterrows():
@@ -514,8 +512,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
                 f"{r['hours_bf16']:,.1f} h ${r['cost_bf16']:,.0f} -> {r['hours_fp8']:,.1f} h ${r['cost_fp8']:,.0f}"
                 + (f" ({r['cost_note']})" if isinstance(r.get("cost_note"), str) and r["cost_note"] else ""))
         lines.append(f"| {r['model']}{gpus} | {_tps(r['tps_hf'])} | {_tps(r['tps_bf16'])} | {_tps(r['tps_fp8'])} | "
-                     f"{speed} | "
-                     f"{_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {cost} | {src} |")
+                     f"{speed} | {_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {cost} | {src} |")
         parts = [f"best BF16 `{r['bf16_variant']}` {r['bf16_layout']}",
                  f"best FP8 `{r['fp8_variant']}` {r['fp8_layout']}"]
         if isinstance(r["hf_run"], str):
@@ -525,8 +522,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
                   if r.get("loss_bf16_seeds", 1) > 1 else "BF16")
             parts.append(f"loss: {r['loss_gap_kind']}, "
                          f"{analysis.parity.fp8_label(r['loss_fp8_variant'], r.get('loss_fp8_seeds'))} against {vs} "
-                         "after "
-                         f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
+                         f"after {analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
         notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")
     if not len(headline):
         lines.append("| " + " | ".join(["-"] * 10) + " |")
@@ -551,7 +547,7 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
     elsewhere = "" if not len(others) else (
         f" The table's rows are on {main}; {len(others)} more on "
         f"{', '.join(sorted(map(str, others['gpu_name'].unique())))} ({', '.join(others['model'])}): "
-                                            f"[`{RESULTS_MD}`]({RESULTS_MD}).")
+        f"[`{RESULTS_MD}`]({RESULTS_MD}).")
     loss = ("; ".join(same_loss) + ".") if same_loss else "no loss study with a BF16 and an FP8 run yet."
     return "\n".join([
         README_BEGIN,
@@ -564,9 +560,9 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         f"- **Time to the same loss**: {loss}",
         *([f"- **Beside the peers**: {peers}."] if peers else []),
         f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge at "
-                      f"{price_words(price)}{_price_caveat(price)}, "
-        "as `fp8lab launch plan` estimates them from the table's one-H100 runs, projected to its 8 H100s (8-GPU "
-        f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
+        f"{price_words(price)}{_price_caveat(price)}, as `fp8lab launch plan` estimates them from the table's one-H100 "
+        "runs, projected to its 8 H100s (8-GPU efficiency). **Source**: reported on H100 P5, not measured here: "
+        f"{analysis.source_link()}.",
         f"- **Why faster than the blog**: {blog}" if blog else "",
         "",
         table,
@@ -642,7 +638,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "## Why faster than the blog",
         "",
         "llama-7b on one GPU, one change at a time from a plain script's layout to the resolver's (notebook 05 draws "
-                      "it):",
+        "it):",
         "",
         blog_gap.markdown(blog_gap.blog_gap_table(summary, a.reference)),
         "## Caveats",

@@ -62,6 +62,5 @@ def runs_markdown(summary: pd.DataFrame) -> str:
         ws = "-" if pd.isna(r["world_size"]) else str(int(r["world_size"]))
         val = "-" if pd.isna(r["val_loss"]) else f"{r['val_loss']:.3f}"
         lines.append(f"| {r['run_id']} | {r['study']} | {r['model']} | {r['variant']} | {analysis.layout_label(r)} | "
-                     f"{ws} | "
-                     f"{tps(r['tokens_per_sec_per_gpu'])} | {pct(r['mfu'])} | {val} | `{r['source']}` |")
+                     f"{ws} | {tps(r['tokens_per_sec_per_gpu'])} | {pct(r['mfu'])} | {val} | `{r['source']}` |")
     return "\n".join(lines) + "\n"

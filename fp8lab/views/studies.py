@@ -92,8 +92,8 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
     for mi, model in enumerate(_models(table)):
         mine = table[table["model"] == model]
         style, marker = _MODEL_STYLE[mi % len(_MODEL_STYLE)]
-        by_mode = {mode: g.sort_values("instances").set_index("instances") for mode,
-                   g in mine.groupby("mode", sort=False)}
+        by_mode = {mode: g.sort_values("instances").set_index("instances")
+                   for mode, g in mine.groupby("mode", sort=False)}
         same = "fp8" in by_mode and "fp8 + fp8 all-gather" in by_mode and \
             _coincide(by_mode["fp8 + fp8 all-gather"]["tokens_per_sec_per_gpu"],
                       by_mode["fp8"]["tokens_per_sec_per_gpu"])

@@ -223,5 +223,5 @@ def is_rmsnorm(module: nn.Module) -> bool:
 __all__ = [
     "Backend", "BackendUnavailableError", "DEFAULT_RECIPES", "ModuleFilter", "available_backends", "backend_names",
     "get_backend", "require", "fused_problem", "fp8_gpu_problem", "install_or_gpu_problem", "check_gemm_shapes",
-           "default_filter",
+    "default_filter",
 ]

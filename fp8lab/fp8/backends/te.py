@@ -168,8 +168,8 @@ class TEBackend:
             ok, reason = getattr(_te(), check)(return_reason=True)
             if not ok:
                 cc = ".".join(map(str, torch.cuda.get_device_capability()))
-                anywhere = " or ".join(repr(k) for k
-                                       in kinds_where(lambda r: r.te_check is None and r.te_class is not None))
+                anywhere = " or ".join(repr(k)
+                                       for k in kinds_where(lambda r: r.te_check is None and r.te_class is not None))
                 raise ValueError(
                     f"Recipe(kind={recipe.kind!r}) is not supported on {torch.cuda.get_device_name()} "
                     f"(compute capability {cc}): {reason}. Use kind={anywhere}"
