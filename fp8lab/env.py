@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--check", action="store_true",
                         help="one line; exit 1 on an FP8 GPU where Transformer Engine is not usable (set-up's last "
-                        "step)")
+                             "step)")
     args = parser.parse_args(argv)
     rep = report()
     if args.check:

@@ -53,7 +53,7 @@ GAIN_THRESHOLD = 1.10  # below this FP8 speedup at scale the plan calls the job 
 CALIBRATION_EXCLUDED: dict[str, str] = {
     "llama-1b-te-bf16-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 repeated it",
     "llama-1b-te-fp8-delayed-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 "
-    "repeated it",
+                                                 "repeated it",
     "llama-1b-te-fp8-delayed-2gpu-fsdp": "FSDP2 with fp32 parameters (fp32 all-gathers); no plan runs it",
 }
 
@@ -376,8 +376,8 @@ def plan_lines(plan: Any) -> str:
         return ""
     first = plan.jobs[0].spec
     counts = sorted({j.spec.instance_count for j in plan.jobs})
-    out = ([f"scaling model (fp8lab.analysis.scaling; {committed_calibration().describe()}); tokens/s/GPU | hours | "
-            "USD:"])
+    out = [f"scaling model (fp8lab.analysis.scaling; {committed_calibration().describe()}); "
+           "tokens/s/GPU | hours | USD:"]
     for model in dict.fromkeys(j.spec.model for j in plan.jobs):
         backend = first.plan.backend_label
         t = instance_table(est, model, counts, float(first.tokens), instance_type=first.instance_type,

@@ -51,7 +51,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="SageMaker instance type (default: %(default)s; FP8 needs FP8 tensor cores: p5, p6)")
     p.add_argument("--role", default=PLACEHOLDER_ROLE,
                    help="SageMaker execution role ARN (default: AWS's documentation placeholder, for plans and dry "
-                   "runs)")
+                        "runs)")
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET,
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
@@ -70,12 +70,11 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-uri", default=None,
                    help="the training image by its full URI (default: the newest SageMaker PyTorch image with TE "
                         "compiled in that fp8lab is tested with, fp8lab.launch.image: "
-                   f"{IMAGES[DEFAULT_VERSION].name}); an image "
-                        "fp8lab.launch.image does not list gets the pinned TE built in the job")
+                        f"{IMAGES[DEFAULT_VERSION].name}); an image fp8lab.launch.image does not list gets the pinned "
+                        "TE built in the job")
     p.add_argument("--mlflow-tracking-uri", default=None,
                    help="with --tracker mlflow: the jobs' MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the "
-                   "tracking "
-                        "server's ARN); default: a local MLflow store in each job's output")
+                        "tracking server's ARN); default: a local MLflow store in each job's output")
     p.add_argument("--allow-large", action="store_true",
                    help=f"allow more than {MAX_INSTANCES_PER_JOB} instances per job (a sanity limit against typos)")
 
