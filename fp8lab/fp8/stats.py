@@ -82,8 +82,8 @@ def tensor_stats(t, fmt, scale, quantized=None):
     amax = a.max() if a.numel() else a.new_zeros(())
     nan = a.new_tensor(float("nan"))
     return torch.stack([amax, under.sum() / n, sat.sum() / n if sat is not None else nan,
-                        torch.as_tensor(scale, dtype=torch.float32,
-                                        device=a.device).reshape(()) if scale is not None else nan])
+                        torch.as_tensor(scale, dtype=torch.float32, device=a.device).reshape(())
+                        if scale is not None else nan])
 
 
 def row(layer: str, kind: str, fmt: str, amax, scale, underflow, saturation) -> dict[str, Any]:

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-# noqa: F401
-from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,
-                                 FP8_ATTENTION, FP8_BACKENDS,
-                            FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
+from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
+                            FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TRACKERS, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.fp8.backends import fused_problem

@@ -399,9 +399,8 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
         mb, keep, e = chosen
         ga = accum_for(mb)
         reasons["micro_batch_size"] = (f"micro-batch {mb}: fits {e.peak:.0f} of {machine.memory_gib:.0f} GiB"
-                                       +
-                                       (f" (the cap is {MICRO_BATCH_TOKENS:,} tokens)" if mb * seq == MICRO_BATCH_TOKENS
-                                        else ""))
+                                       + (f" (the cap is {MICRO_BATCH_TOKENS:,} tokens)"
+                                          if mb * seq == MICRO_BATCH_TOKENS else ""))
     else:
         mb = CPU_MICRO_BATCH if mb_auto else c.micro_batch_size
         ga = accum_for(mb)

@@ -27,8 +27,9 @@ import ast
 import dataclasses
 from typing import Any, Callable, Union
 
-# noqa: F401 (the vocabulary, re-exported)
-from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS, FP8_LM_HEAD_BACKENDS, backend_names
+from fp8lab.fp8.backends import (  # noqa: F401 (the vocabulary, re-exported)
+    FP8_ALL_GATHER_BACKENDS, FP8_LM_HEAD_BACKENDS, backend_names,
+)
 from fp8lab.plan.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
 from fp8lab.fp8.stats import SOURCES as FP8_STATS_SOURCE_CHOICES
 from fp8lab.plan.fused_loss import CHOICES as FUSED_LOSS_CHOICES

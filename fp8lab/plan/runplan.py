@@ -198,8 +198,7 @@ def recipe_for(c: "TrainConfig", backend: str | None) -> Recipe | None:
         if backend == "te":
             if recipe.row.te_class is None:
                 raise ValueError(f"--recipe {recipe.kind} is a torchao recipe: use --backend torchao, or on TE "
-                                 "--recipe "
-                                 + " | ".join(kinds_where(lambda r: r.te_class is not None)))
+                                 "--recipe " + " | ".join(kinds_where(lambda r: r.te_class is not None)))
         elif backend == "torchao" and recipe.row.torchao is None:
             raise ValueError("--backend torchao runs --recipe " +
                              " | ".join(kinds_where(lambda r: r.torchao is not None))
@@ -301,8 +300,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     reasons = {"backend": why_backend, "cuda_graphs": decision.reason, "fp8_weight_cache": why_cache,
                "fuse_wgrad_accumulation": why_wgrad, "compute_dtype": why_dtype,
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
-                                  "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 "
-                                  "parameters"),
+                                  "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else
+                                  "fp32 parameters"),
                "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
     # long sequences: a named shape's raised max_seq_len; FP8 attention, carried by the recipe TE runs
     if note := longer_sequence_note(c.model, c.model_overrides, c.seq_len):

@@ -229,8 +229,8 @@ def _owned(folder: Path, kind: str, name: str, m: dict[str, Any] | None) -> bool
     if name.startswith(TMP_PREFIX):
         return True  # never read or written through; left by a crash
     if name == LOCK:  # fp8lab.records.runlock's, in a run, checkpoint or token folder
-        return kind in ("run", "checkpoints",
-                        "tokens") and not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1
+        return (kind in ("run", "checkpoints", "tokens")
+                and not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1)
     if kind == "checkpoints":  # a checkpoint without fp8lab's manifest is no reason to refuse: it never loads or goes
         return own_checkpoint(p) or (bool(_STEP.fullmatch(name)) and not p.is_symlink() and p.is_dir()
                                      and _checkpoint_shaped(p))
@@ -355,9 +355,8 @@ def _check_overlaps(writes: list[tuple[str, Path, str]], reads: list[tuple[str, 
 
 def _check_checkout(option: str, folder: Path) -> None:
     parts = _checkout_parts()
-    hit = [p.name + "/" for p in parts if _inside(folder,
-                                                  p)] or (["its root"] if parts and folder == REPO_ROOT.resolve()
-                                                          else [])
+    hit = ([p.name + "/" for p in parts if _inside(folder, p)]
+           or (["its root"] if parts and folder == REPO_ROOT.resolve() else []))
     if hit:
         raise ValueError(f"{option} is in the fp8lab checkout ({hit[0]}); fp8lab never writes there; allowed: a "
                          "folder outside it, or under runs/ or outputs/")

@@ -60,8 +60,8 @@ def replayed_options(path: str | Path, explicit: dict[str, Any] | None = None) -
         if isinstance(value, str) and value.startswith(ABSOLUTE_PLACEHOLDER):
             raise ValueError(f"--config {path}: the record keeps {name} only as {value!r} (a path outside its run "
                              f"folder); pass {flag(name)} as well")
-        if name in PATH_OPTIONS and isinstance(value,
-                                               str) and not Path(value).is_absolute() and not Path(value).exists():
+        if (name in PATH_OPTIONS and isinstance(value, str) and not Path(value).is_absolute()
+                and not Path(value).exists()):
             # written relative to the run's folder, or as typed where the run started (one of its folder's parents)
             value = next((str(base / value) for base in (folder, *folder.resolve().parents) if (base / value).exists()),
                          value)

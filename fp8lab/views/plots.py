@@ -21,10 +21,9 @@ from fp8lab.analysis import (group_key, is_false, is_fp8, model_size_b, referenc
                              variant_kind)
 from fp8lab.analysis.summary import same_seed
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
-# noqa: F401
-from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLINE_PANELS, MAX_LEGEND_KINDS,
-                                 NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new, _shared_legend, _tick_name,
-                                 figure_name, figure_stats, save_figure, show, to_png)
+from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLINE_PANELS,  # noqa: F401
+                                 MAX_LEGEND_KINDS, NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new,
+                                 _shared_legend, _tick_name, figure_name, figure_stats, save_figure, show, to_png)
 from fp8lab.views.studies import (HEALTH_FLOOR, HEALTH_METRICS, LONG_CONTEXT_ROLES,  # noqa: F401 (every figure
                                   blog_gap_figure, fp8_health_figure, instances_figure, long_context_figure,
                                   parity_figure)  # is found here)
