@@ -116,9 +116,8 @@ class ResultsIndex:
 
     def health(self) -> "fp8stats.StatsFiles | None":
         """run name -> FP8 statistics of the committed runs that have some, as
-        :func:`fp8lab.analysis.fp8_stats.of_sources`
-        gives them for data/results/, each file read only when its records are asked for (None: an index
-        written before it listed them)."""
+        :func:`fp8lab.analysis.fp8_stats.of_sources` gives them for data/results/, each file read only when its records
+        are asked for (None: an index written before it listed them)."""
         if self.fp8_stats is None:
             return None
         return fp8stats.StatsFiles({name: REPO_ROOT / source for name, source in self.fp8_stats})

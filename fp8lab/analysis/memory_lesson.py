@@ -24,8 +24,7 @@ def weight_cache_gib(model: str) -> float:
 
 def peak_memory(answer, summary: pd.DataFrame) -> pd.DataFrame:
     """Per row (model and GPU) of ``answer``: the peak memory (GiB) its best BF16 and best FP8 run reported, FP8's
-    difference in
-    GiB and percent, and the FP8 weight cache the memory model charges (:func:`weight_cache_gib`)."""
+    difference in GiB and percent, and the FP8 weight cache the memory model charges (:func:`weight_cache_gib`)."""
     mem = summary.drop_duplicates("run_id").set_index("run_id")["max_mem_gib"]
     rows = []
     for _, a in answer.rows.iterrows():

@@ -206,8 +206,7 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
 
     The first ``warmup_steps`` steps of each run (by step number, counted from its first logged step)
     are left out of throughput and MFU (compilation, allocator and FP8 amax warm-up). A benchmark's summary record,
-    measured with its own timing,
-    takes precedence over numbers derived from its steps.
+    measured with its own timing, takes precedence over numbers derived from its steps.
     """
     if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r}; allowed: an integer >= 0")

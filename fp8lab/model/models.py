@@ -168,8 +168,7 @@ def model_flops_per_token(model_or_config, seq_len: int) -> float:
     * The attention term counts QK^T and AV (2 matmuls x 2 FLOPs x 3 passes = 12) over ``T_l``
       keys: ``T_l = seq_len`` on global layers (as PaLM; causal masking is not discounted) and
       ``min(seq_len, window)`` on GPT-Neo's local layers and Mistral's / Qwen2's sliding-window layers. Query heads
-      count, so GQA does
-      not reduce it.
+      count, so GQA does not reduce it.
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")

@@ -5,8 +5,7 @@ so the trainer (on the machine it runs on), ``JobSpec`` (on a SageMaker instance
 make the same decisions the same way. ``machine`` carries the facts of where the run goes (its GPU, Transformer
 Engine's release, TE's debug API, the fused loss's kernel); ``evidence`` the committed GPU checks some ``auto``
 rules wait for (fp8lab.plan.evidence: the packaged values unless given). ``TrainConfig`` stays what was requested
-("auto" included);
-the plan holds what runs:
+("auto" included); the plan holds what runs:
 
 * the backend and its FP8 recipe (:func:`select_backend`: ``--backend auto`` picks one here);
 * the batch layout (``fp8lab.plan.layout.resolve``: parameters' dtype, sequence, micro-batch,

@@ -4,8 +4,8 @@
 ``val_loss`` on validation steps and ``skipped: true`` on steps the overflow guard dropped). The
 same numbers go to stdout as one line a SageMaker metric-definition regex can read::
 
-    fp8lab-metrics step=12 loss=3.456789 tokens_per_sec_per_gpu=12345.6 mfu=0.4123 step_time_s=0.5123 lr=0.0003
-    grad_norm=1.234
+    fp8lab-metrics step=12 loss=3.456789 tokens_per_sec_per_gpu=12345.6 mfu=0.4123 step_time_s=0.5123 lr=0.0003 \
+grad_norm=1.234
     fp8lab-metrics step=12 val_loss=3.4567
 
 MFU is model FLOPs (``fp8lab.model.models.model_flops_per_token``) per second per GPU over the GPU's

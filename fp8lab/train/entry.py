@@ -21,9 +21,8 @@ The same file runs everywhere; only the launch differs::
     # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
 
 This module holds the entry points; ``TrainConfig`` (fp8lab.plan.config, importable from here; each option declared once
-on its field:
-fp8lab.plan.options): what was requested, "auto" included. ``fp8lab.plan.runplan.plan_run`` decides what runs
-(backend, recipe, layout, steps, graphs, ...); the run itself, its set-up order and its loop, is
+on its field: fp8lab.plan.options): what was requested, "auto" included. ``fp8lab.plan.runplan.plan_run`` decides what
+runs (backend, recipe, layout, steps, graphs, ...); the run itself, its set-up order and its loop, is
 ``fp8lab.train.trainer.Trainer``, which builds from that plan.
 
 ``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.

@@ -2,13 +2,11 @@
 
 A checkpoint records the options that shape training (its *fingerprint*): the model and its
 layers, precision, the backend and recipe that ran (the plan's, never "auto"), the data (a digest of the tokens' source,
-fp8lab.data.tokens.identity),
-sequence length, global batch, seed, and the optimisation schedule
+fp8lab.data.tokens.identity), sequence length, global batch, seed, and the optimisation schedule
 (total steps, warm-up, learning rates, AdamW settings, clipping). The batch layout is checked as
 the global batch: micro-batch x accumulation x ranks may be split differently on resume (another
 world size), since the loader gives every optimizer step the same samples whatever the split. A run resuming with
-different
-values is refused with every difference listed, because the result would match neither run
+different values is refused with every difference listed, because the result would match neither run
 (e.g. a 200-step run resumed as a 300-step one: its cosine schedule had already decayed).
 
 ``--resume-with-new-settings`` (``TrainConfig.resume_with_new_settings``) continues anyway when

@@ -8,11 +8,10 @@ itself before its first step. It owns
 
 config.json's shape: the options as flat keys, each decided one (``RunPlan.options()``, the device and the progress
 bar) at the value that ran, never "auto", as readers of config.json (fp8lab.analysis) expect; the provenance and the
-command; the run's facts (parameters,
-FLOPs per token, the step it resumed from) and sources (the model's, the data's, the conversion); then
-``requested`` (what was asked, "auto" included), ``plan`` (``RunPlan.record()``: every decision and why) and
-``built`` (what the trainer refined when it built the plan: a weight cache or kept weights the model could not
-take, the AdamW kernels, the captured CUDA graphs). Old run folders' keys (``*_resolved``, ``*_active``, ...)
+command; the run's facts (parameters, FLOPs per token, the step it resumed from) and sources (the model's, the data's,
+the conversion); then ``requested`` (what was asked, "auto" included), ``plan`` (``RunPlan.record()``: every decision
+and why) and ``built`` (what the trainer refined when it built the plan: a weight cache or kept weights the model could
+not take, the AdamW kernels, the captured CUDA graphs). Old run folders' keys (``*_resolved``, ``*_active``, ...)
 are read by ``fp8lab.analysis.run_config.normalize_config``.
 """
 from __future__ import annotations

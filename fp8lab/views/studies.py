@@ -79,8 +79,7 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
                    save: str | Path | None = None) -> Figure:
     """Tokens/s/GPU against P5 instances (the source's chart), per model BF16, FP8 and FP8 with FP8
     all-gather as the scaling model projects them from measured runs (``fp8lab.analysis.scaling.instance_table``,
-    several
-    models concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
+    several models concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
     instance count, so they are a level, not points). A precision's colour, a model's line style and marker;
     FP8 all-gather is drawn only where it differs from plain FP8 by more than 0.5% (else FP8's label says so)."""
     title = ("Past one node, projected (fp8lab.analysis.scaling) from measured runs: tokens/s per GPU on P5; not "
@@ -193,8 +192,7 @@ def fp8_health_figure(table: pd.DataFrame, metric: str = "underflow", title: str
                       save: str | Path | None = None) -> Figure:
     """A layer-by-step heatmap per tensor kind (activation, weight, gradient) of ``metric`` (underflow or
     saturation; ``"both"``: a row of each, one figure) from :func:`fp8lab.analysis.fp8_stats.table`: a row per decoder
-    block
-    (the worst of its GEMMs), a column per sampled step, log colour scale from 1e-6 to 1."""
+    block (the worst of its GEMMs), a column per sampled step, log colour scale from 1e-6 to 1."""
     from matplotlib.colors import LogNorm
 
     if metric not in (*HEALTH_METRICS, "both"):
