@@ -534,8 +534,8 @@ class Trainer:
             done = json.loads((self.paths.output_dir / "summary.json").read_text())
         except (OSError, ValueError):
             return None
-        complete = isinstance(done,
-                              dict) and done.get("status") == "completed" and done.get("steps") == self.plan.total_steps
+        complete = (isinstance(done, dict) and done.get("status") == "completed"
+                    and done.get("steps") == self.plan.total_steps)
         exported = not self.c.save_model or (done.get("model_dir") is not None
                                              and (self.paths.model_dir / "config.json").is_file())
         return done if complete and exported else None

@@ -31,8 +31,8 @@ def table(df: pd.DataFrame, columns: list[str] | None = None) -> str:
     head = "".join(f"      <th>{str(c).translate(_ESCAPE)}</th>\n" for c in d.columns)
     values = [d.iloc[:, i].tolist() for i in range(d.shape[1])]
     rows = zip(*values) if values else [()] * len(d)
-    body = "".join("    <tr>\n" + "".join(f"      <td>{_cell(v).translate(_ESCAPE)}</td>\n" for v in row) + "    "
-                   "</tr>\n"
+    body = "".join("    <tr>\n" + "".join(f"      <td>{_cell(v).translate(_ESCAPE)}</td>\n" for v in row)
+                   + "    </tr>\n"
                    for row in rows)
     return ('<div class="wide"><table class="dataframe">\n  <thead>\n    <tr style="text-align: right;">\n' + head
             + "    </tr>\n  </thead>\n  <tbody>\n" + body + "  </tbody>\n</table></div>")

@@ -502,8 +502,8 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     several_gpus = headline["gpu_name"].nunique() > 1  # then each row names its GPU (one table, never a mixed row)
     for _, r in headline.iterrows():
         gap = "-" if pd.isna(r["loss_gap_pct"]) else f"{r['loss_gap_pct']:+.2f}%"
-        src = ("-" if pd.isna(r["source_speedup"]) else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% "
-               "loss")
+        src = ("-" if pd.isna(r["source_speedup"])
+               else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% loss")
         speed = "-" if pd.isna(r["speedup"]) else f"**{r['speedup']:.2f}x**"
         gpus = "" if r["world_size"] == 1 else f" ({int(r['world_size'])} GPUs)"
         if several_gpus:
