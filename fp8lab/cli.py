@@ -12,11 +12,14 @@ import sys
 # sub-command -> (module, function taking argv list and returning an exit code, help)
 COMMANDS = {
     "env": ("fp8lab.env", "main", "what this machine can do for FP8 (GPU, TE, torchao, backends)"),
-    "notebooks": ("fp8lab.notebooks", "main", "run the five tutorial notebooks (papermill) into outputs/, figures as PNGs"),
-    "prepare-data": ("fp8lab.data.tokens", "main", "tokenize text into token shards + manifest (a SageMaker train channel)"),
+    "notebooks": ("fp8lab.notebooks", "main",
+                  "run the five tutorial notebooks (papermill) into outputs/, figures as PNGs"),
+    "prepare-data": ("fp8lab.data.tokens", "main",
+                     "tokenize text into token shards + manifest (a SageMaker train channel)"),
     "train": ("fp8lab.train.entry", "main", "train a model in BF16 or FP8 (CPU, GPUs, torchrun, SageMaker)"),
     "launch": ("fp8lab.launch", "main", "plan / launch BF16 vs FP8 sweeps as SageMaker jobs"),
-    "report": ("fp8lab.views.report", "main", "runs -> one self-contained HTML page of figures and tables (--docs: README's results)"),
+    "report": ("fp8lab.views.report", "main",
+               "runs -> one self-contained HTML page of figures and tables (--docs: README's results)"),
 }
 
 

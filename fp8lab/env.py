@@ -135,13 +135,15 @@ def report() -> EnvReport:
     hf_version = _installed_version("transformers")  # only reported: not imported (it takes about a second)
     backends: dict[str, str | None]
     try:
-        from fp8lab.fp8.convert import available_backends  # torch: `fp8lab env --help` and the report's header without it
+        # torch: `fp8lab env --help` and the report's header without it
+        from fp8lab.fp8.convert import available_backends
 
         backends = dict(available_backends())
         auto, refusal = _auto_choice()
     except Exception as exc:  # the conversion layer itself failed to import
         backends = {"emulated": None if torch_version else "needs torch",
-                    "te": f"fp8lab.fp8.convert failed to import: {exc}", "torchao": f"fp8lab.fp8.convert failed to import: {exc}"}
+                    "te": f"fp8lab.fp8.convert failed to import: {exc}",
+                    "torchao": f"fp8lab.fp8.convert failed to import: {exc}"}
         auto, refusal = None, f"fp8lab.fp8.convert failed to import: {exc}"
     stats_source, stats_reason = _fp8_stats_choice(auto)
     return EnvReport(
@@ -183,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fp8lab env", description="What this machine can do for FP8 training.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--check", action="store_true",
-                        help="one line; exit 1 on an FP8 GPU where Transformer Engine is not usable (set-up's last step)")
+                        help="one line; exit 1 on an FP8 GPU where Transformer Engine is not usable (set-up's last "
+                             "step)")
     args = parser.parse_args(argv)
     rep = report()
     if args.check:

@@ -35,7 +35,8 @@ def _kind(default: Any) -> tuple[str, Callable[[Any], bool]] | None:
     return None
 
 
-def check_notebook_values(name: str, declared: dict[str, Any], comments: dict[str, str], params: dict[str, Any]) -> None:
+def check_notebook_values(name: str, declared: dict[str, Any], comments: dict[str, str],
+                          params: dict[str, Any]) -> None:
     """Each value has its default's type (the parameters cell's comment says what is allowed)."""
     for key, value in params.items():
         kind = _kind(declared.get(key))

@@ -139,7 +139,8 @@ def resolve(names: Iterable[str] | None, directory: str | Path | None = None) ->
             chosen.append(p)
             continue
         stem = p.stem if p.suffix == ".ipynb" else name
-        hits = [nb for nb in available if nb.stem == stem or nb.stem.startswith(stem + "_") or nb.stem.split("_")[0] == stem]
+        hits = [nb for nb in available if nb.stem == stem or nb.stem.startswith(stem + "_") or
+                nb.stem.split("_")[0] == stem]
         if len(hits) != 1:
             valid = ", ".join(nb.stem for nb in available)
             raise ValueError(f"notebook {name!r} not found (or ambiguous); choose from: {valid}")
@@ -262,7 +263,8 @@ def _share_output(output: dict, workdir: Path) -> None:
 
 
 def _executed_copy(path: Path) -> bool:
-    """``path`` is a notebook this runner executed (papermill's record, made shareable by it), so a re-run may replace it."""
+    """``path`` is a notebook this runner executed (papermill's record, made shareable by it), so a re-run may replace
+    it."""
     if path.is_symlink() or not path.is_file():
         return False
     try:

@@ -82,7 +82,8 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
         raise ValueError(f"backends must be a non-empty list such as ['auto'] or ['te', 'torchao'], got {backends!r}")
     for forbidden in ("precision", "backend", "output_dir", "recipe", "steps", "model"):
         if forbidden in options:
-            raise ValueError(f"run_pair sets {forbidden!r} itself; pass model/steps/backends/recipe/output_dir as arguments")
+            raise ValueError(f"run_pair sets {forbidden!r} itself; pass model/steps/backends/recipe/output_dir as "
+                             "arguments")
     if not isinstance(dry_run, bool):
         raise ValueError(f"dry_run={dry_run!r} is invalid; allowed: True | False")
     names = [pick_backend(b) for b in backends]
@@ -106,7 +107,8 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
                             for label, cfg in configs.items()]).set_index("run")
     if baseline.compute_dtype == "fp32":
         # a CPU computes the "bf16" baseline in fp32: name it for what it is (label and run folder)
-        configs = {("fp32" if k == "bf16" else k): (dataclasses.replace(c, output_dir=str(out / "fp32")) if k == "bf16" else c)
+        configs = {("fp32" if k == "bf16" else k): (dataclasses.replace(c, output_dir=str(out / "fp32"))
+                                                    if k == "bf16" else c)
                    for k, c in configs.items()}
         layouts = layouts.rename(index={"bf16": "fp32"})
     if dry_run:

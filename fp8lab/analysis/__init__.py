@@ -29,7 +29,8 @@ from fp8lab.analysis.labels import (group_key, is_false, is_fp8, is_hardware_fp8
                                     layout_label, model_size_b, variant_kind, variant_label)
 from fp8lab.analysis.load import (COLUMNS, META_COLUMNS, METRIC_COLUMNS, PROVENANCE_COLUMNS,  # noqa: F401
                                   RECORD_TYPES, RUN_RECORD_REQUIRED, RunFileError, RunFileWarning, describe,
-                                  display_path, load_profiles, load_reference, load_runs, reference_for, read_jsonl, select_runs,
+                                  display_path, load_profiles, load_reference, load_runs, reference_for, read_jsonl,
+                                  select_runs,
                                   source_link,
                                   write_result_file)
 from fp8lab.analysis.summary import (DEFAULT_GPUS_PER_INSTANCE, DEFAULT_PRICE_PER_INSTANCE_HOUR,  # noqa: F401

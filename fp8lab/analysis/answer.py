@@ -117,7 +117,8 @@ class Answer:
         the row its time and cost rest on (the instance's GPU, where the model ran there)."""
         rows = self.rows[self.rows["model"] == model]
         if not len(rows):
-            raise KeyError(f"model={model!r}: not in the answer; allowed: {', '.join(dict.fromkeys(self.rows['model']))}")
+            raise KeyError(f"model={model!r}: not in the answer; allowed: "
+                           f"{', '.join(dict.fromkeys(self.rows['model']))}")
         if priced:
             pick = rows[[on_instance_gpu(g, self.instance_type) for g in rows["gpu_name"]]]
         else:
@@ -129,7 +130,8 @@ class Answer:
         runs (``fp8lab.analysis.scaling.instance_table``; its one-instance hours are this answer's)."""
         row = self.row(model, priced=True)
         runs = {p: row[f"{p}_run"] for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}
-        return instance_table(self.estimate, model, list(instance_counts), self.tokens, instance_type=self.instance_type,
+        return instance_table(self.estimate, model, list(instance_counts), self.tokens,
+                              instance_type=self.instance_type,
                               price_per_hour=self.price_per_instance_hour, runs=runs)
 
     def numbers(self) -> dict[str, dict[str, float | str | None]]:
@@ -141,7 +143,8 @@ class Answer:
         return {str(r["model"]): {"bf16_run": r["bf16_run"], "fp8_run": r["fp8_run"], "speedup": num(r["speedup"]),
                                   "tps_bf16": num(r["tps_bf16"]), "tps_fp8": num(r["tps_fp8"]),
                                   "mfu_bf16": num(r["mfu_bf16"]), "mfu_fp8": num(r["mfu_fp8"]),
-                                  "loss_gap_pct": num(r["loss_gap_pct"]), "loss_study": r["loss_study"] if isinstance(r["loss_study"], str) else None,
+                                  "loss_gap_pct": num(r["loss_gap_pct"]),
+                                  "loss_study": r["loss_study"] if isinstance(r["loss_study"], str) else None,
                                   "hours_bf16": num(r["hours_bf16"]), "hours_fp8": num(r["hours_fp8"]),
                                   "cost_bf16": num(r["cost_bf16"]), "cost_fp8": num(r["cost_fp8"])}
                 for r in (self.row(m) for m in dict.fromkeys(self.rows["model"]))}

@@ -32,12 +32,16 @@ STEPS = (
     Step("1 x 2048, fp32 params", "one sequence per micro-batch, fp32 parameters: a plain script's layout",
          "throughput-h200", "llama-7b-te-bf16", "llama-7b-te-fp8-delayed"),
     Step("1 x 2048, bf16 params", "bf16 parameters with fp32 master weights: less memory traffic in both",
-         "graphs-h200", "llama-7b-te-bf16-p16-mb1-ga8-graphs-off-s8", "llama-7b-te-fp8-delayed-p16-mb1-ga8-graphs-off-s8"),
-    Step("1 x 2048, CUDA graphs", "each block replayed as a CUDA graph: the launch-bound FP8 step no longer waits for Python",
-         "graphs-h200", "llama-7b-te-bf16-p16-mb1-ga8-graphs-on-s8", "llama-7b-te-fp8-delayed-p16-mb1-ga8-graphs-on-s8"),
+         "graphs-h200", "llama-7b-te-bf16-p16-mb1-ga8-graphs-off-s8",
+         "llama-7b-te-fp8-delayed-p16-mb1-ga8-graphs-off-s8"),
+    Step("1 x 2048, CUDA graphs",
+         "each block replayed as a CUDA graph: the launch-bound FP8 step no longer waits for Python",
+         "graphs-h200", "llama-7b-te-bf16-p16-mb1-ga8-graphs-on-s8",
+         "llama-7b-te-fp8-delayed-p16-mb1-ga8-graphs-on-s8"),
     Step("2 x 2048, accum 4", "two sequences per micro-batch: larger GEMMs, fewer launches per token",
          "throughput-h200", "llama-7b-te-bf16-p16-mb2-ga4", "llama-7b-te-fp8-delayed-p16-mb2-ga4"),
-    Step("2 x 2048, accum 16", "16 micro-batches a step: the FP8 weight cache is cast once per step, the optimizer step diluted",
+    Step("2 x 2048, accum 16",
+         "16 micro-batches a step: the FP8 weight cache is cast once per step, the optimizer step diluted",
          "throughput-h200", "llama-7b-te-bf16-p16-mb2-ga16-fw", "llama-7b-te-fp8-delayed-p16-mb2-ga16-fw"),
 )
 
@@ -47,8 +51,8 @@ def differences(table: pd.DataFrame) -> list[str]:
     te = sorted({str(v) for v in table.get("transformer_engine", pd.Series(dtype=object)).dropna()})
     return [
         "the blog's BF16 baseline is not described: its layers, layout and parameter precision are unknown",
-        f"Transformer Engine {', '.join(te) or '(version not recorded)'} with fused blocks here; the blog (November 2024) "
-        "states no TE version",
+        f"Transformer Engine {', '.join(te) or '(version not recorded)'} with fused blocks here; the blog (November "
+        "2024) states no TE version",
         "one GPU here against FSDP over 8 GPUs per instance there: communication does not shrink with FP8",
     ]
 
@@ -72,12 +76,15 @@ def blog_gap_table(summary: pd.DataFrame, reference: pd.DataFrame | None = None,
         b, f = _pick(summary, s.study, s.bf16), _pick(summary, s.study, s.fp8)
         if b is None or f is None:
             continue
-        rows.append({"model": BLOG_GAP_MODEL, "step": s.label, "what": s.what, "study": s.study, "bf16_run": b["run_id"], "fp8_run": f["run_id"],
+        rows.append({"model": BLOG_GAP_MODEL, "step": s.label, "what": s.what, "study": s.study,
+                     "bf16_run": b["run_id"], "fp8_run": f["run_id"],
                      "gpu_name": f["gpu_name"], "tps_bf16": float(b["tokens_per_sec_per_gpu"]),
                      "tps_fp8": float(f["tokens_per_sec_per_gpu"]),
                      "speedup": float(f["tokens_per_sec_per_gpu"] / b["tokens_per_sec_per_gpu"]),
                      "source_speedup": blog, "transformer_engine": f.get("transformer_engine")})
-    return pd.DataFrame(rows, columns=["model", "step", "what", "study", "bf16_run", "fp8_run", "gpu_name", "tps_bf16", "tps_fp8",
+    return pd.DataFrame(rows,
+                        columns=["model", "step", "what", "study", "bf16_run", "fp8_run", "gpu_name", "tps_bf16",
+                                 "tps_fp8",
                                        "speedup", "source_speedup", "transformer_engine"])
 
 
@@ -88,16 +95,17 @@ def sentence(table: pd.DataFrame) -> str:
     first, last = table.iloc[0], table.iloc[-1]
     blog = table["source_speedup"].dropna()
     vs = f" (the blog: {float(blog.iloc[0]):.2f}x, reported)" if len(blog) else ""
-    return (f"{first['model']} on one {first['gpu_name']} gains {first['speedup']:.2f}x at {first['step']}, a plain script's "
-            f"layout{vs}, and {last['speedup']:.2f}x at {last['step']}; between them: bf16 parameters, CUDA graphs, "
-            "larger micro-batches and the FP8 weight cache cast once per step. The blog's BF16 baseline, TE version and "
-            "FSDP over several instances differ too (notebook 05, `docs/results.md`).")
+    return (f"{first['model']} on one {first['gpu_name']} gains {first['speedup']:.2f}x at {first['step']}, a plain "
+            f"script's layout{vs}, and {last['speedup']:.2f}x at {last['step']}; between them: bf16 parameters, CUDA "
+            "graphs, larger micro-batches and the FP8 weight cache cast once per step. The blog's BF16 baseline, TE "
+            "version and FSDP over several instances differ too (notebook 05, `docs/results.md`).")
 
 
 def markdown(table: pd.DataFrame) -> str:
     """The steps as a Markdown table, then the other differences as bullets (``docs/results.md``)."""
-    lines = ["| step | what changed | BF16 tokens/s/GPU | FP8 tokens/s/GPU | FP8 / BF16 | runs |", "|---|---|---|---|---|---|"]
+    lines = ["| step | what changed | BF16 tokens/s/GPU | FP8 tokens/s/GPU | FP8 / BF16 | runs |",
+             "|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
-        lines.append(f"| {r['step']} | {r['what']} | {r['tps_bf16']:,.0f} | {r['tps_fp8']:,.0f} | **{r['speedup']:.2f}x** | "
-                     f"`{r['bf16_run']}`, `{r['fp8_run']}` |")
+        lines.append(f"| {r['step']} | {r['what']} | {r['tps_bf16']:,.0f} | {r['tps_fp8']:,.0f} | "
+                     f"**{r['speedup']:.2f}x** | `{r['bf16_run']}`, `{r['fp8_run']}` |")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {d}." for d in differences(table)) + "\n"

@@ -54,7 +54,8 @@ def _loss_gap(valid: pd.DataFrame) -> tuple[str | None, float]:
 
 
 def _bf16_label(a) -> str:
-    """What a headline's loss gap is relative to: BF16, or the mean of several BF16 seeds and how far apart they were."""
+    """What a headline's loss gap is relative to: BF16, or the mean of several BF16 seeds and how far apart they
+    were."""
     n = a.get("loss_bf16_seeds")
     return seeds_label(n, a["loss_bf16_spread_pct"]) if pd.notna(n) and n > 1 else "BF16"
 
@@ -158,7 +159,8 @@ def _answer_parts(answer, comp: pd.DataFrame, loss_tolerance_pct: float) -> tupl
     parts, buckets = [], {k: [] for k in ("pays", "pays_unknown_loss", "faster_worse", "slower", "emulated")}
     for _, a in answer.rows[answer.rows["speedup"].notna()].iterrows():
         model = a["model"]
-        pair = comp[(comp["model"] == model) & (comp["fp8_run"] == a["fp8_run"]) & (comp["baseline_run"] == a["bf16_run"])]
+        pair = comp[(comp["model"] == model) & (comp["fp8_run"] == a["fp8_run"])
+                    & (comp["baseline_run"] == a["bf16_run"])]
         r = pd.Series({"gpu_name": a["gpu_name"], "world_size": a["world_size"], "fp8_variant": a["fp8_variant"],
                        "fp8_run": a["fp8_run"], "hardware_fp8": bool(a["hardware_fp8"]), "speedup": a["speedup"],
                        "note": pair["note"].iloc[0] if len(pair) else ""})
@@ -288,7 +290,8 @@ def verdict_bullets(answer, curves: pd.DataFrame | None = None, loss_tolerance_p
         if same is not None and a["model"] in same.index:
             t = same.loc[a["model"]]
             s += ("; FP8 did not reach BF16's final validation loss in the study" if pd.isna(t["fp8_tokens"]) else
-                  f"; to BF16's final validation loss **{t['time_ratio']:.2f}x** BF16's time ({t['token_ratio']:.2f}x the tokens)")
+                  f"; to BF16's final validation loss **{t['time_ratio']:.2f}x** BF16's time ({t['token_ratio']:.2f}x "
+                  "the tokens)")
         if a["hardware_fp8"] and pd.notna(a["cost_fp8"]):
             ratio = a["hours_bf16"] / a["hours_fp8"]
             s += (f"; {fmt_tokens(answer.tokens)} tokens on one {answer.instance_type}: {a['hours_fp8']:,.1f} h "

@@ -98,8 +98,10 @@ class MeasuredEstimate(Estimate):
     assumed); :class:`Estimate`'s fields are the fallback for models without measurements."""
 
     results: str | None = None  # result files or folders to measure from; None: the committed data/results/
-    internode_efficiency_per_doubling: float | None = None  # None: the scaling model (fp8lab.analysis.scaling); a number: that per doubling, assumed
-    node_efficiency: float | None = None  # per-GPU rate of a full instance over one GPU; None: the measured two-GPU value
+    # None: the scaling model (fp8lab.analysis.scaling); a number: that per doubling, assumed
+    internode_efficiency_per_doubling: float | None = None
+    # per-GPU rate of a full instance over one GPU; None: the measured two-GPU value
+    node_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -107,7 +109,8 @@ class MeasuredEstimate(Estimate):
             raise ValueError(f"internode_efficiency_per_doubling={self.internode_efficiency_per_doubling!r}: "
                              "allowed: None (the scaling model) or a number in (0, 1]")
         if self.node_efficiency is not None and not 0 < self.node_efficiency <= 1:
-            raise ValueError(f"node_efficiency={self.node_efficiency!r}: allowed: None (measured) or a number in (0, 1]")
+            raise (ValueError(f"node_efficiency={self.node_efficiency!r}: allowed: None (measured) or a number in (0, "
+                              "1]"))
 
     @classmethod
     def of_summary(cls, summary: pd.DataFrame, **fields: Any) -> "MeasuredEstimate":
@@ -141,7 +144,8 @@ class MeasuredEstimate(Estimate):
         kind = str(recipe).partition(":")[0]
         groups = self.__dict__.get("_rate_groups")
         if groups is None:  # the measured rates per (model, precision), split once: a report asks for every run's
-            groups = self.__dict__["_rate_groups"] = {k: g for k, g in rates.groupby(["model", "precision"], sort=False)}
+            groups = self.__dict__["_rate_groups"] = {k: g
+                                                      for k, g in rates.groupby(["model", "precision"], sort=False)}
         mine = groups.get((model, precision), rates.iloc[:0])
         if run_id is not None:  # a report asks for every run's: each group's runs found by id, not by a scan each
             ids = self.__dict__.setdefault("_rate_ids", {})
@@ -250,8 +254,8 @@ class MeasuredEstimate(Estimate):
     def internode_text(self) -> str:
         if self.internode_efficiency_per_doubling is not None:
             return f"{self.internode_efficiency_per_doubling:g} per doubling of instances, assumed"
-        return ("the scaling model's multi-node factor (fp8lab.analysis.scaling: measured compute by kernel class, FSDP2 "
-                "traffic over EFA, overlap fitted on the two-GPU runs)")
+        return ("the scaling model's multi-node factor (fp8lab.analysis.scaling: measured compute by kernel class, "
+                "FSDP2 traffic over EFA, overlap fitted on the two-GPU runs)")
 
     def describe(self) -> str:
         return (f"estimate: measured tokens/s/GPU per model and precision (column basis: the run, x GPU peak "

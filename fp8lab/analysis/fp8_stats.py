@@ -41,8 +41,10 @@ def table(recs: Iterable[dict[str, Any]]):
 def source_text(recs: Iterable[dict[str, Any]]) -> str:
     """Who read a run's casts, in words (records of ``--fp8-stats-source te-debug`` say so; older ones do not)."""
     if any(r.get("source") == TE_DEBUG for r in records(recs)):
-        return "read by Transformer Engine's debug API (nvdlfw-inspect): every GEMM, all micro-batches of each sampled step"
-    return "read by fp8lab (the emulator's quantizers, or hooks on TE's modules: the first micro-batch of each sampled step)"
+        return ("read by Transformer Engine's debug API (nvdlfw-inspect): every GEMM, all micro-batches of each "
+                "sampled step")
+    return ("read by fp8lab (the emulator's quantizers, or hooks on TE's modules: the first micro-batch of each "
+            "sampled step)")
 
 
 def warnings_of(recs: Iterable[dict[str, Any]]) -> list[str]:

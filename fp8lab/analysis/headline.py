@@ -25,7 +25,8 @@ HEADLINE_COLUMNS = [
     "bf16_run", "bf16_variant", "bf16_layout", "tps_bf16", "mfu_bf16",
     "fp8_run", "fp8_variant", "fp8_layout", "tps_fp8", "mfu_fp8", "hardware_fp8",
     "speedup", "speedup_vs_hf",
-    "loss_gap_pct", "loss_gap_kind", "loss_fp8_run", "loss_baseline_run", "loss_fp8_variant", "loss_study", "loss_tokens",
+    "loss_gap_pct", "loss_gap_kind", "loss_fp8_run", "loss_baseline_run", "loss_fp8_variant", "loss_study",
+    "loss_tokens",
     # where a loss study has several BF16 seeds, loss_gap_pct is to their mean; how far apart they ended,
     # which runs they are, and whether the gap is inside the band max(0.5%, that spread)
     "loss_bf16_seeds", "loss_bf16_spread_pct", "loss_bf16_runs", "loss_in_band",
@@ -115,7 +116,8 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
         m = meta.loc[r["fp8_run"]] if r["fp8_run"] in meta.index else {}
         spec = m.get("recipe_spec") if isinstance(m.get("recipe_spec"), str) else ""
         edge = m.get("bf16_edge_blocks")
-        plain = (":" not in spec and not (isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0)
+        plain = (":" not in spec
+                 and not (isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0)
                  and not is_flag(m.get("fp8_lm_head")))  # a study's option (the FP8 head) is no plain set-up either
         when = pd.to_datetime(m.get("date"), utc=True, errors="coerce")
         return (m.get("recipe") == recipe, plain, r["tokens_fp8"], when.value if pd.notna(when) else 0)
@@ -125,8 +127,10 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
     out = {"loss_gap_pct": r["val_loss_gap_pct"] if val else r["loss_gap_pct"],
            "loss_gap_kind": "validation loss" if val else "smoothed training loss",
            "loss_fp8_run": r["fp8_run"], "loss_baseline_run": r["baseline_run"], "loss_fp8_variant": r["fp8_variant"],
-           "loss_study": r["study"], "loss_tokens": r["tokens_fp8"], "loss_bf16_seeds": 1, "loss_bf16_spread_pct": np.nan,
-           "loss_bf16_runs": r["baseline_run"], "loss_in_band": np.nan, "loss_fp8_seeds": 1, "loss_fp8_runs": r["fp8_run"]}
+           "loss_study": r["study"], "loss_tokens": r["tokens_fp8"], "loss_bf16_seeds": 1,
+           "loss_bf16_spread_pct": np.nan,
+           "loss_bf16_runs": r["baseline_run"], "loss_in_band": np.nan, "loss_fp8_seeds": 1,
+           "loss_fp8_runs": r["fp8_run"]}
     seeds = parity.bf16_seeds(summary, r["baseline_run"]) if val else summary.iloc[0:0]
     fp8_val = meta.loc[r["fp8_run"], "val_loss"] if val and r["fp8_run"] in meta.index else None
     if len(seeds) >= 2 and pd.notna(fp8_val):  # several BF16 seeds saw the same tokens: the gap is to their mean
@@ -165,7 +169,8 @@ def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None
         row["hardware_fp8"] = bool(pick["best FP8"]["hardware_fp8"]) if "best FP8" in pick else np.nan
         row["speedup"] = row["tps_fp8"] / row["tps_bf16"]
         row["speedup_vs_hf"] = row["tps_fp8"] / row["tps_hf"]
-        row.update(_headline_loss(comparison, summary, model, pick["best FP8"]["recipe"] if "best FP8" in pick else None)
+        row.update(_headline_loss(comparison, summary, model,
+                                  pick["best FP8"]["recipe"] if "best FP8" in pick else None)
                    or {})
         same = reference_for(reference, model)
         if len(same):
@@ -175,13 +180,15 @@ def headline_table(summary: pd.DataFrame, comparison: pd.DataFrame | None = None
     return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
 
 
-def headline_runs(runs: pd.DataFrame, summary: pd.DataFrame, headline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def headline_runs(runs: pd.DataFrame, summary: pd.DataFrame,
+                  headline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The runs behind a headline: (loss runs: the runs of each model's loss study that its loss gap reads, the BF16
     seeds and the FP8 seeds of its set-up, for the loss figures; best: the summary rows of each model's best BF16
     and best FP8 run, for time and cost). ``detail="all"`` views draw every run."""
     loss_keys = {(m, s) for m, s in zip(headline["model"], headline["loss_study"]) if isinstance(s, str)}
     quoted = loss_run_ids(headline)
-    loss = runs[[(m, s) in loss_keys and r in quoted for m, s, r in zip(runs["model"], runs["study"], runs["run_id"])]] \
+    loss = runs[[(m, s) in loss_keys and r in quoted
+                 for m, s, r in zip(runs["model"], runs["study"], runs["run_id"])]] \
         if len(runs) else runs
     ids = set(headline["bf16_run"].dropna()) | set(headline["fp8_run"].dropna())
     return loss, summary[summary["run_id"].isin(ids)]

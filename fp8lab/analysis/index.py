@@ -77,7 +77,8 @@ def _frame(obj: dict) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(data[c], dtype=t) for c, t in zip(cols, dtypes)}, columns=cols)
 
 
-def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> dict:
+def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None,
+                summary: pd.DataFrame | None = None) -> dict:
     """The index of the runs under ``root`` (``runs``: ``load_runs(root)`` if already read; else read here;
     ``summary``: their ``summarize_runs`` at :data:`SUMMARY_DEFAULTS`, if already made)."""
     digest = files_digest(root)
@@ -90,7 +91,8 @@ def build_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summ
             "fp8_stats": [[name, display_path(path)] for name, path in fp8stats.files_of_sources(root).items()]}
 
 
-def render_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None, summary: pd.DataFrame | None = None) -> str:
+def render_index(root: Path = RESULTS_DIR, runs: pd.DataFrame | None = None,
+                 summary: pd.DataFrame | None = None) -> str:
     """The index file's text (deterministic: the same files give the same text)."""
     return json.dumps(build_index(root, runs, summary), allow_nan=True, separators=(",", ":")) + "\n"
 
@@ -113,9 +115,9 @@ class ResultsIndex:
     fp8_stats: tuple[tuple[str, str], ...] | None = None  # (name, result file) of the runs with FP8 statistics
 
     def health(self) -> "fp8stats.StatsFiles | None":
-        """run name -> FP8 statistics of the committed runs that have some, as :func:`fp8lab.analysis.fp8_stats.of_sources`
-        gives them for data/results/, each file read only when its records are asked for (None: an index
-        written before it listed them)."""
+        """run name -> FP8 statistics of the committed runs that have some, as
+        :func:`fp8lab.analysis.fp8_stats.of_sources` gives them for data/results/, each file read only when its records
+        are asked for (None: an index written before it listed them)."""
         if self.fp8_stats is None:
             return None
         return fp8stats.StatsFiles({name: REPO_ROOT / source for name, source in self.fp8_stats})

@@ -23,8 +23,10 @@ def math_dtype(row: dict) -> object:
 
 
 # the keys variant_label reads (math_dtype's included): rows alike in these have one label
-VARIANT_KEYS = ("precision", "compute_dtype", "gpu_name", "backend", "recipe", "fuse", "recipe_spec", "bf16_edge_blocks",
-                "activation_checkpointing", "compile", "cuda_graphs", "fp8_attention", "nvte_fp8_dpa_bwd", "param_dtype",
+VARIANT_KEYS = ("precision", "compute_dtype", "gpu_name", "backend", "recipe", "fuse", "recipe_spec",
+                "bf16_edge_blocks",
+                "activation_checkpointing", "compile", "cuda_graphs", "fp8_attention", "nvte_fp8_dpa_bwd",
+                "param_dtype",
                 "parallel", "world_size", "fsdp_keep_weights", "fp8_lm_head")
 
 
@@ -38,7 +40,8 @@ def variant_label(row: dict) -> str:
         if isinstance(v, str) and v and v not in parts and v != "none":
             parts.append(v)
     fuse = row.get("fuse")
-    if isinstance(fuse, (bool, np.bool_)) and fp8 and row.get("backend") != "torchao":  # torchao always swaps Linear layers
+    # torchao always swaps Linear layers
+    if isinstance(fuse, (bool, np.bool_)) and fp8 and row.get("backend") != "torchao":
         parts.append("fused" if fuse else "unfused")
     spec = row.get("recipe_spec") if isinstance(row.get("recipe_spec"), str) else row.get("recipe")
     if fp8 and isinstance(spec, str) and ":" in spec:  # a recipe with its own settings (amax history, margin)

@@ -80,7 +80,8 @@ def load_runs(sources: object = None) -> pd.DataFrame:
     (``metrics.jsonl`` + optional ``config.json``), a result file (``*.jsonl`` whose first line is a
     ``{"record": "run"}``), a bare ``metrics.jsonl``, or a folder searched recursively for both.
     A DataFrame (or a ``.csv`` file, as ``fp8lab launch collect --csv`` writes) is a
-    ``fp8lab.launch.collect`` table (metrics columns plus ``job``/``job_name`` and ``instance_count``). ``None`` reads the committed results in ``data/results/``.
+    ``fp8lab.launch.collect`` table (metrics columns plus ``job``/``job_name`` and ``instance_count``). ``None`` reads
+    the committed results in ``data/results/``.
     Column ``record`` is ``"step"`` for per-step rows and ``"summary"`` for a benchmark's summary.
     """
     if sources is None:
@@ -97,7 +98,8 @@ def load_runs(sources: object = None) -> pd.DataFrame:
         frames.extend(_load_path(Path(src)))
     frames = [f for f in frames if len(f)]
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype="object" if c in META_COLUMNS + ["record"] else "float64") for c in COLUMNS})
+        return pd.DataFrame({c: pd.Series(dtype="object" if c in META_COLUMNS + ["record"] else "float64")
+                             for c in COLUMNS})
     df = pd.concat(frames, ignore_index=True, sort=False)
     df["run_id"] = _unique_run_ids(df)
     for c in COLUMNS:
@@ -172,12 +174,14 @@ def load_profiles(sources: object = None) -> pd.DataFrame:
         else:  # a trainer output folder's profile.json: what ran is read as load_runs reads that folder
             prof = raw
             one = load_runs(f.parent) if (f.parent / "metrics.jsonl").exists() else pd.DataFrame()
-            run = {k: v for k, v in one.iloc[0].to_dict().items() if not (np.isscalar(v) and pd.isna(v))} if len(one) else {}
+            run = {k: v for k, v in one.iloc[0].to_dict().items()
+                   if not (np.isscalar(v) and pd.isna(v))} if len(one) else {}
             run.setdefault("run_id", f.parent.name)
         if "categories_ms" not in prof:
             raise ValueError(f"{display_path(f)}: not a profile (no categories_ms)")
         meta = {"run_id": run.get("run_id", f.stem.replace(".profile", "")), "model": run.get("model"),
-                "variant": run.get("variant") or variant_label(run), "precision": run.get("precision"), "layout": layout_label(run),
+                "variant": run.get("variant") or variant_label(run), "precision": run.get("precision"),
+                "layout": layout_label(run),
                 "total_ms": prof.get("time_ms_per_step"), "step_ms": prof.get("unprofiled_step_ms"),
                 "gpu_busy": prof.get("gpu_busy"), "source": display_path(f), "note": prof.get("note", "")}
         rows += [{**meta, "category": cat, "ms": ms} for cat, ms in prof["categories_ms"].items()]
@@ -243,7 +247,8 @@ def _field_problem(name: str, v: object) -> str | None:
 
 
 # each field's plain case, tested first (a folder of thousands of runs has millions of fields): an int or float in range
-_PLAIN = {**{n: (lambda v, top=top, low=0 if n == "tokens" else 1: low <= v <= top and (type(v) is int or v.is_integer()))
+_PLAIN = {**{n: (lambda v, top=top, low=0 if n == "tokens" else 1:
+                 low <= v <= top and (type(v) is int or v.is_integer()))
              for n, top in _SIZE_LIMITS.items()},
           **{n: (lambda v: 0 < v < math.inf) for n in _POSITIVE_RATES},
           **{n: (lambda v: 0 <= v < math.inf) for n in _NONNEG_NUMBERS}}
@@ -591,7 +596,8 @@ def select_runs(runs: pd.DataFrame, models: Sequence[str] | None = None, studies
             there = sorted(map(str, runs[col].dropna().unique()))
             unknown = sorted(set(wanted) - set(there))
             if unknown:
-                raise ValueError(f"{col}s={list(wanted)!r}: no runs of {', '.join(unknown)}; there are: {', '.join(there)}")
+                raise ValueError(f"{col}s={list(wanted)!r}: no runs of {', '.join(unknown)}; there are: "
+                                 f"{', '.join(there)}")
             out = out[out[col].isin(wanted)]
     if variant:
         out = out[out["variant"].astype(str).str.contains(variant, regex=False)]

@@ -22,7 +22,8 @@ def _read(path: Path) -> dict:
 
     lines = [r for _, r in read_jsonl(path)]
     one = {r["record"]: r for r in lines if r.get("record") in ("run", "summary")}
-    return {"run": one["run"], "summary": one.get("summary", {}), "steps": [r for r in lines if r.get("record") == "step"]}
+    return {"run": one["run"], "summary": one.get("summary", {}),
+            "steps": [r for r in lines if r.get("record") == "step"]}
 
 
 def study_runs(folder: Path = STUDY_DIR, tag: str = "3b") -> dict[int, dict[str, dict]]:
@@ -49,7 +50,8 @@ def speedup_table(folder: Path = STUDY_DIR, tag: str | tuple[str, ...] = ("3b", 
                     tps = roles[role]["summary"]["tokens_per_sec_per_gpu"]
                     rows.append({"seq_len": seq, "role": role, "tokens_per_sec_per_gpu": tps,
                                  "bf16_tokens_per_sec_per_gpu": bf16, "speedup": tps / bf16,
-                                 "model": roles[role]["run"].get("model"), "gpu_name": roles[role]["run"].get("gpu_name"),
+                                 "model": roles[role]["run"].get("model"),
+                                 "gpu_name": roles[role]["run"].get("gpu_name"),
                                  "grad_accum": roles[role]["run"].get("grad_accum"),
                                  "run_id": roles[role]["run"].get("run_id")})
     return pd.DataFrame(rows, columns=["seq_len", "role", "tokens_per_sec_per_gpu", "bf16_tokens_per_sec_per_gpu",

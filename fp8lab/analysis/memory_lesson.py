@@ -23,16 +23,18 @@ def weight_cache_gib(model: str) -> float:
 
 
 def peak_memory(answer, summary: pd.DataFrame) -> pd.DataFrame:
-    """Per row (model and GPU) of ``answer``: the peak memory (GiB) its best BF16 and best FP8 run reported, FP8's difference in
-    GiB and percent, and the FP8 weight cache the memory model charges (:func:`weight_cache_gib`)."""
+    """Per row (model and GPU) of ``answer``: the peak memory (GiB) its best BF16 and best FP8 run reported, FP8's
+    difference in GiB and percent, and the FP8 weight cache the memory model charges (:func:`weight_cache_gib`)."""
     mem = summary.drop_duplicates("run_id").set_index("run_id")["max_mem_gib"]
     rows = []
     for _, a in answer.rows.iterrows():
         bf16, fp8 = mem.get(a["bf16_run"]), mem.get(a["fp8_run"])
         if pd.isna(bf16) or pd.isna(fp8):
             continue
-        rows.append({"model": a["model"], "gpu_name": a["gpu_name"], "bf16_gib": bf16, "fp8_gib": fp8, "fp8_minus_bf16_gib": fp8 - bf16,
+        rows.append({"model": a["model"], "gpu_name": a["gpu_name"], "bf16_gib": bf16, "fp8_gib": fp8,
+                     "fp8_minus_bf16_gib": fp8 - bf16,
                      "fp8_vs_bf16_pct": 100 * (fp8 / bf16 - 1), "fp8_weight_cache_gib": weight_cache_gib(a["model"]),
                      "bf16_layout": a["bf16_layout"], "fp8_layout": a["fp8_layout"]})
-    return pd.DataFrame(rows, columns=["model", "gpu_name", "bf16_gib", "fp8_gib", "fp8_minus_bf16_gib", "fp8_vs_bf16_pct",
+    return pd.DataFrame(rows,
+                        columns=["model", "gpu_name", "bf16_gib", "fp8_gib", "fp8_minus_bf16_gib", "fp8_vs_bf16_pct",
                                        "fp8_weight_cache_gib", "bf16_layout", "fp8_layout"])

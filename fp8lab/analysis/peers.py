@@ -10,7 +10,8 @@ import pandas as pd
 from fp8lab.analysis.labels import is_flag
 
 PEER_VARIANT = "peer-"  # the run id's and record variant's mark of a peer run (benchmarks/peers.py writes both)
-PEER_COLUMNS = ["study", "model", "gpu_name", "who", "variant", "precision", "layout", "tokens_per_sec_per_gpu", "mfu", "max_mem_gib",
+PEER_COLUMNS = ["study", "model", "gpu_name", "who", "variant", "precision", "layout", "tokens_per_sec_per_gpu", "mfu",
+                "max_mem_gib",
                 "relative_to_fp8lab_fp8"]
 
 
@@ -49,12 +50,14 @@ def peers_table(summary: pd.DataFrame, layout_label) -> pd.DataFrame:
                              "mfu": r.get("mfu"), "max_mem_gib": r.get("max_mem_gib"),
                              "relative_to_fp8lab_fp8": r["tokens_per_sec_per_gpu"] / ref})
     out = pd.DataFrame(rows, columns=PEER_COLUMNS)
-    return out.sort_values(["study", "model", "gpu_name", "tokens_per_sec_per_gpu"], ascending=[True, True, True, False],
+    return out.sort_values(["study", "model", "gpu_name", "tokens_per_sec_per_gpu"],
+                           ascending=[True, True, True, False],
                            ignore_index=True)
 
 
 def lead_over_peers(table: pd.DataFrame) -> pd.DataFrame:
-    """Per study, model and GPU: fp8lab's fastest FP8 over the fastest peer run (any precision) and which peer that is."""
+    """Per study, model and GPU: fp8lab's fastest FP8 over the fastest peer run (any precision) and which peer that
+    is."""
     rows = []
     for (study, model, gpu), g in table.groupby(["study", "model", "gpu_name"], sort=True):
         mine = g[(g["who"] == "fp8lab") & g["precision"].astype(str).str.startswith("fp8")]
@@ -66,5 +69,6 @@ def lead_over_peers(table: pd.DataFrame) -> pd.DataFrame:
                      "fastest_peer_tps": best["tokens_per_sec_per_gpu"],
                      "fp8lab_fp8_tps": mine["tokens_per_sec_per_gpu"].max(),
                      "lead": mine["tokens_per_sec_per_gpu"].max() / best["tokens_per_sec_per_gpu"]})
-    return pd.DataFrame(rows, columns=["study", "model", "gpu_name", "fastest_peer", "fastest_peer_tps", "fp8lab_fp8_tps",
+    return pd.DataFrame(rows,
+                        columns=["study", "model", "gpu_name", "fastest_peer", "fastest_peer_tps", "fp8lab_fp8_tps",
                                        "lead"])

@@ -52,7 +52,8 @@ GAIN_THRESHOLD = 1.10  # below this FP8 speedup at scale the plan calls the job 
 # Two-GPU runs the calibration leaves out, and why (benchmarks/studies/two_gpus.md)
 CALIBRATION_EXCLUDED: dict[str, str] = {
     "llama-1b-te-bf16-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 repeated it",
-    "llama-1b-te-fp8-delayed-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 repeated it",
+    "llama-1b-te-fp8-delayed-p16-2gpu-fsdp-ga4": "call 11 ran beside other work (step times wandering); call 14 "
+                                                 "repeated it",
     "llama-1b-te-fp8-delayed-2gpu-fsdp": "FSDP2 with fp32 parameters (fp32 all-gathers); no plan runs it",
 }
 
@@ -306,9 +307,11 @@ def project(run: Mapping[str, Any], instance_type: str, instances: int, *, fp8_a
     one = efficiency(run, 1, instance_type=instance_type, fp8_all_gather=fp8_all_gather, calibration=cal, split=split)
     many = efficiency(run, instances, instance_type=instance_type, fp8_all_gather=fp8_all_gather, calibration=cal,
                       split=split) if instances > 1 else one
-    return {"gpu_scale": scale, "gpu_split_from": split.profile, "model_internode_efficiency": many["efficiency"] / one["efficiency"],
+    return {"gpu_scale": scale, "gpu_split_from": split.profile,
+            "model_internode_efficiency": many["efficiency"] / one["efficiency"],
             "comm_ms": many["comm_ms"], "compute_ms": many["compute_ms"], "exposed_ms": many["exposed_ms"],
-            "comm_bound": bool(many["comm_bound"]), "fp8_all_gather": bool(fp8_all_gather), "calibration": cal.describe()}
+            "comm_bound": bool(many["comm_bound"]), "fp8_all_gather": bool(fp8_all_gather),
+            "calibration": cal.describe()}
 
 
 _SPLITS: dict[tuple, ComputeSplit] = {}  # (the sources, what compute_split reads of a run) -> the run's split
@@ -373,7 +376,8 @@ def plan_lines(plan: Any) -> str:
         return ""
     first = plan.jobs[0].spec
     counts = sorted({j.spec.instance_count for j in plan.jobs})
-    out = [f"scaling model (fp8lab.analysis.scaling; {committed_calibration().describe()}); tokens/s/GPU | hours | USD:"]
+    out = [f"scaling model (fp8lab.analysis.scaling; {committed_calibration().describe()}); "
+           "tokens/s/GPU | hours | USD:"]
     for model in dict.fromkeys(j.spec.model for j in plan.jobs):
         backend = first.plan.backend_label
         t = instance_table(est, model, counts, float(first.tokens), instance_type=first.instance_type,

@@ -12,7 +12,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from fp8lab.analysis.labels import group_key, is_false, is_fp8, is_hardware_fp8, layout_label, model_size_b, variant_label
+from fp8lab.analysis.labels import (group_key, is_false, is_fp8, is_hardware_fp8, layout_label, model_size_b,
+                                    variant_label)
 from fp8lab.analysis.load import META_COLUMNS
 from fp8lab.core.hardware import DEFAULT_PRICES_USD_PER_HOUR, INSTANCES
 from fp8lab.core.progress import progress
@@ -192,7 +193,8 @@ def _summarize_run(run_id: object, meta: dict, steps: dict, summ: dict | None, w
     for k in ("tps_p25", "tps_p75"):
         row[k] = pd.to_numeric(row[k], errors="coerce")
     row["tps_iqr"] = row["tps_p75"] - row["tps_p25"]
-    row["tps_spread_pct"] = 100 * row["tps_iqr"] / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"] else np.nan
+    row["tps_spread_pct"] = (100 * row["tps_iqr"] / row["tokens_per_sec_per_gpu"] if row["tokens_per_sec_per_gpu"]
+                             else np.nan)
     row["throughput_from"] = throughput_from
     row["note"] = "; ".join(note)
     return row
@@ -203,8 +205,8 @@ def summarize_runs(runs: pd.DataFrame, warmup_steps: int = 10, smoothing: str = 
     """One row per run: steady-state tokens/s/GPU (median, quartiles, spread), MFU, memory, loss.
 
     The first ``warmup_steps`` steps of each run (by step number, counted from its first logged step)
-    are left out of throughput and MFU (compilation, allocator and FP8 amax warm-up). A benchmark's summary record, measured with its own timing,
-    takes precedence over numbers derived from its steps.
+    are left out of throughput and MFU (compilation, allocator and FP8 amax warm-up). A benchmark's summary record,
+    measured with its own timing, takes precedence over numbers derived from its steps.
     """
     if not isinstance(warmup_steps, (int, np.integer)) or isinstance(warmup_steps, bool) or warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps!r}; allowed: an integer >= 0")
@@ -249,7 +251,8 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
     """
     if loss not in ("smoothed", "final"):
         raise ValueError(f"loss={loss!r}; allowed: 'smoothed', 'final'")
-    cols = ["model", "gpu_name", "instances", "world_size", "layout", "study", "baseline_run", "baseline_variant", "fp8_run",
+    cols = ["model", "gpu_name", "instances", "world_size", "layout", "study", "baseline_run", "baseline_variant",
+            "fp8_run",
             "fp8_variant", "tps_baseline", "tps_fp8", "speedup", "mfu_baseline", "mfu_fp8", "tokens_baseline",
             "tokens_fp8", "valid", "hardware_fp8", "loss_baseline", "loss_fp8", "loss_gap_pct", "val_loss_baseline",
             "val_loss_fp8", "val_loss_gap_pct", "note"]
@@ -257,7 +260,8 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
     if not len(summary):
         return pd.DataFrame(columns=cols)
     keys = SCALE_KEYS + (LAYOUT_KEYS if by_layout else ())
-    keyed = summary.assign(**{f"_{k}": (summary[k] if k in summary else pd.Series(None, index=summary.index, dtype=object)).map(group_key)
+    keyed = summary.assign(**{f"_{k}": (summary[k] if k in summary
+                                        else pd.Series(None, index=summary.index, dtype=object)).map(group_key)
                               for k in keys})
     for scale, g in keyed.groupby([f"_{k}" for k in keys], sort=True, dropna=False):
         bf16 = g[g["precision"] == "bf16"]
@@ -341,7 +345,8 @@ def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
     if by not in ("instances", "world_size"):
         raise ValueError(f"by={by!r}; allowed: 'auto', 'instances', 'world_size'")
     kept = ["model", "gpu_name", "variant", "precision", "instances", "world_size", "run_id", "tokens_per_sec_per_gpu"]
-    cols = kept + ["reference_run_id", "reference_tokens_per_sec_per_gpu", "hours_apart", "efficiency", "efficiency_vs_fastest"]
+    cols = kept + ["reference_run_id", "reference_tokens_per_sec_per_gpu", "hours_apart", "efficiency",
+                   "efficiency_vs_fastest"]
     s = summary[summary["tokens_per_sec_per_gpu"].notna() & summary[by].notna()].copy()
     empty = pd.DataFrame(columns=cols)
     empty.attrs["by"] = by
@@ -368,7 +373,8 @@ def scaling_table(summary: pd.DataFrame, by: str = "auto") -> pd.DataFrame:
             if r[by] == base[by].iloc[0]:
                 continue
             gap = (base["_when"] - r["_when"]).abs()
-            ref = base.loc[gap.idxmin()] if gap.notna().any() else base.sort_values("tokens_per_sec_per_gpu").iloc[len(base) // 2]
+            ref = (base.loc[gap.idxmin()] if gap.notna().any()
+                   else base.sort_values("tokens_per_sec_per_gpu").iloc[len(base) // 2])
             used.add(ref["run_id"])
             hours = gap[ref.name] / pd.Timedelta(hours=1) if gap.notna().any() else float("nan")
             rows.append(row(r, ref, hours, fastest))

@@ -62,7 +62,8 @@ def time_to_loss(answer, runs: pd.DataFrame) -> pd.DataFrame:
                "fp8_tokens": fp8_tokens, "token_ratio": ratio, "speedup": a["speedup"], "time_ratio": time_ratio,
                "fp8_final_gap_pct": 100 * (float(fp8_mean.iloc[-1]) / target - 1),
                "hours_bf16": a.get("hours_bf16"), "cost_bf16": a.get("cost_bf16"),
-               "hours_fp8_same_loss": a.get("hours_fp8", np.nan) * ratio, "cost_fp8_same_loss": a.get("cost_fp8", np.nan) * ratio}
+               "hours_fp8_same_loss": a.get("hours_fp8", np.nan) * ratio,
+               "cost_fp8_same_loss": a.get("cost_fp8", np.nan) * ratio}
         rows.append(row)
     return pd.DataFrame(rows, columns=["model", "loss_study", "target_val_loss", "bf16_seeds", "fp8_seeds",
                                        "bf16_tokens", "fp8_tokens", "token_ratio", "speedup", "time_ratio",
@@ -80,4 +81,5 @@ def sentence(row: pd.Series) -> str:
         return (f"{who} did not reach {target} within {fmt_tokens(row['bf16_tokens'])} tokens "
                 f"({row['fp8_final_gap_pct']:+.2f}% at the end)")
     return (f"{who} reached {target} after {row['token_ratio']:.2f}x its tokens ({fmt_tokens(row['fp8_tokens'])} of "
-            f"{fmt_tokens(row['bf16_tokens'])}): {row['time_ratio']:.2f}x BF16's time at {row['speedup']:.2f}x the tokens/s")
+            f"{fmt_tokens(row['bf16_tokens'])}): {row['time_ratio']:.2f}x BF16's time at {row['speedup']:.2f}x the "
+            "tokens/s")

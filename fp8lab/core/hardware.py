@@ -320,6 +320,7 @@ SAGEMAKER_TENSORBOARD_DIR = "/opt/ml/output/tensorboard"
 # EFA network bandwidth per instance in bit/s (AWS instance pages: P5 and P5e/P5en 3,200 Gbps;
 # P4d 400 Gbps; P6-B200 3,200 Gbps). ml.p5.4xlarge: ASSUMED to be P5's per-GPU share (400 Gbps for its one GPU),
 # not read from AWS's page; it enters only plans of several such instances.
-EFA_GBPS: dict[str, float] = {"ml.p5.48xlarge": 3200.0, "ml.p5.4xlarge": 3200.0 / 8, "ml.p5e.48xlarge": 3200.0, "ml.p5en.48xlarge": 3200.0,
+EFA_GBPS: dict[str, float] = {"ml.p5.48xlarge": 3200.0, "ml.p5.4xlarge": 3200.0 / 8, "ml.p5e.48xlarge": 3200.0,
+                              "ml.p5en.48xlarge": 3200.0,
                               "ml.p6-b200.48xlarge": 3200.0, "ml.p4d.24xlarge": 400.0, "ml.p4de.24xlarge": 400.0}
 

@@ -69,7 +69,8 @@ def parse_price(text: Any) -> float | str:
 
 
 def price_arg(text: str) -> float | str:
-    """``--price-per-hour``'s converter: :func:`parse_price` as argparse reports it (``argument --price-per-hour: ...``)."""
+    """``--price-per-hour``'s converter: :func:`parse_price` as argparse reports it (``argument --price-per-hour:
+    ...``)."""
     import argparse
 
     try:
@@ -100,7 +101,8 @@ def price_of(instance_types: str | Iterable[str], override: Any = None, *, regio
         try:
             override = parse_price(override)
         except ValueError:
-            raise ValueError(f"{name}={override!r} is invalid; allowed: {PRICE_CHOICES_TEXT}, or None (the default)") from None
+            raise ValueError(f"{name}={override!r} is invalid; allowed: {PRICE_CHOICES_TEXT}, "
+                             "or None (the default)") from None
     if override == LOOKUP:
         if len(types) != 1:
             raise PriceLookupError(f"--price lookup prices one instance type at a time; got {', '.join(types)}")
@@ -123,7 +125,8 @@ def price_of(instance_types: str | Iterable[str], override: Any = None, *, regio
 
 def lookup(instance_type: str, region: str = "us-east-1", *, client: Any = None) -> Price:
     """The on-demand SageMaker training price of ``instance_type`` in ``region`` from the AWS Price List API."""
-    instead = f"pass a price instead (--price-per-hour N, price_per_hour=N; the default: {', '.join(DEFAULT_PRICES_USD_PER_HOUR)})"
+    instead = ("pass a price instead (--price-per-hour N, price_per_hour=N; the default: "
+               f"{', '.join(DEFAULT_PRICES_USD_PER_HOUR)})")
     if client is None:
         try:
             import boto3

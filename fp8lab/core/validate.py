@@ -105,7 +105,8 @@ def parse_count(text: str) -> int:
     except ValueError:
         f = math.nan
     if not math.isfinite(f) or not f.is_integer() or f < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a positive whole number, e.g. 1000000000 or 1e9")
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a positive whole number, e.g. 1000000000 or "
+                                         "1e9")
     return int(f)
 
 
@@ -147,8 +148,9 @@ def check_cli_recipe(c, recipe_given: bool) -> None:
     their recipe), and the Python API (TrainConfig keeps accepting it, for those callers)."""
     if recipe_given and c.precision == "bf16" and c.backend == "auto" and c.recipe != "auto":
         raise ValueError(f"--recipe={c.recipe!r} has no effect with --precision bf16 and --backend auto (FP8 off: "
-                         "TE's layers where TE is usable, else the plain Hugging Face model); allowed: leave --recipe out, --precision fp8, or an FP8 --backend "
-                         "(te | torchao | emulated: BF16 on the converted layers that recipe picks)")
+                         "TE's layers where TE is usable, else the plain Hugging Face model); allowed: leave --recipe "
+                         "out, --precision fp8, or an FP8 --backend (te | torchao | emulated: BF16 on the converted "
+                         "layers that recipe picks)")
 
 
 def check_cli_fp8_stats(c, given: bool) -> None:

@@ -21,7 +21,8 @@ SCAN_BYTES = 64 << 20  # text read per --data file up front; a decode error past
 # faster than its length): checked in the scan and again while tokenizing, so memory and time stay bounded
 MAX_LINE_BYTES = 64 << 20
 MAX_WORD_CHARS = 1 << 20
-ARCHIVE_ERRORS = (lzma.LZMAError, gzip.BadGzipFile, zlib.error, EOFError)  # a damaged .xz / .gz, as its reader raises it
+# a damaged .xz / .gz, as its reader raises it
+ARCHIVE_ERRORS = (lzma.LZMAError, gzip.BadGzipFile, zlib.error, EOFError)
 
 
 def bounded_lines(fh, who: str):
@@ -143,7 +144,8 @@ def check_data_source(value: str | list | None, option: str = "--data", val_frac
                              "allowed: each file once")
         seen.add(f.resolve())
     docs = sum(scan_text_file(f, option) for f in files)
-    need = max(2, round(1 / val_fraction))  # every need-th document goes to validation (fp8lab.data.tokens.prepare_data)
+    # every need-th document goes to validation (fp8lab.data.tokens.prepare_data)
+    need = max(2, round(1 / val_fraction))
     if docs < need:
         names = ", ".join(repr(f.name) for f in files[:3]) + (" ..." if len(files) > 3 else "")
         raise ValueError(f"{option}: {names} hold(s) {docs} document(s) (paragraphs separated by blank lines); "
@@ -161,27 +163,29 @@ def check_prepared_folder(folder: Path, option: str = "--data", scan_tokens: boo
         raise ValueError(f"{who} is not valid JSON (line {exc.lineno}: {exc.msg}); allowed: a folder written by "
                          "fp8lab prepare-data (re-create it), or text files") from None
     except (UnicodeDecodeError, OSError) as exc:
-        raise ValueError(f"{who} cannot be read ({type(exc).__name__}); allowed: a folder written by fp8lab prepare-data") from None
+        raise ValueError(f"{who} cannot be read ({type(exc).__name__}); allowed: a folder written by fp8lab "
+                         "prepare-data") from None
     if not isinstance(m, dict) or m.get("format") != fformat.FORMAT or m.get("version") != fformat.FORMAT_VERSION:
         got = (m.get("format"), m.get("version")) if isinstance(m, dict) else type(m).__name__
         raise ValueError(f"{who} is not an {fformat.FORMAT} v{fformat.FORMAT_VERSION} manifest (found {got}); "
                          "allowed: a folder written by fp8lab prepare-data")
     if m.get("dtype") not in fformat.TOKEN_DTYPES:
-        raise ValueError(f"{who} has dtype={m.get('dtype')!r}; allowed: {' | '.join(fformat.TOKEN_DTYPES)} (what fp8lab "
-                         "prepare-data writes; re-create the folder with it)")
+        raise ValueError(f"{who} has dtype={m.get('dtype')!r}; allowed: {' | '.join(fformat.TOKEN_DTYPES)} (what "
+                         "fp8lab prepare-data writes; re-create the folder with it)")
     try:
         itemsize = __import__("numpy").dtype(m["dtype"]).itemsize
         shards = [(s["file"], int(s["tokens"])) for split in ("train", "val") for s in m["splits"][split]["shards"]]
         tokenizer = m["tokenizer"]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{who} lacks {exc} or has a wrong type there; allowed: a folder written by fp8lab prepare-data") from None
+        raise ValueError(f"{who} lacks {exc} or has a wrong type there; allowed: a folder written by fp8lab "
+                         "prepare-data") from None
     for name in [n for n, _ in shards] + [tokenizer]:
         check_member(folder, name, option)
     for name, tokens in shards:
         f = folder / name
         if not f.is_file() or f.stat().st_size < tokens * itemsize:
-            raise ValueError(f"{option}: shard {name!r} in {folder.name!r} is missing or shorter than its manifest says "
-                             f"({tokens} tokens); re-create the folder with fp8lab prepare-data")
+            raise ValueError(f"{option}: shard {name!r} in {folder.name!r} is missing or shorter than its manifest "
+                             f"says ({tokens} tokens); re-create the folder with fp8lab prepare-data")
     if not (folder / tokenizer).is_file():
         raise ValueError(f"{option}: {tokenizer!r} (the tokenizer) is missing from {folder.name!r}")
     why = tokenizer_problem(folder / tokenizer)

@@ -28,8 +28,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fp8lab.records.data_format import (  # noqa: F401 - the on-disk facts, re-exported where they were
-    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus, is_prepared,
-    text_files, tokenized_here,
+    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus,
+    is_prepared, text_files, tokenized_here,
 )
 from fp8lab.data import checks as data_checks
 from fp8lab.records import ownership, runlock
@@ -76,8 +76,8 @@ def read_documents(files: Iterable[Path]) -> Iterator[str]:
         try:
             yield from _file_documents(Path(path))
         except data_checks.ARCHIVE_ERRORS as exc:
-            raise ValueError(f"file {Path(path).name!r} is not a readable {Path(path).suffix} archive ({exc}); allowed: "
-                             "text files, optionally compressed with xz or gzip") from None
+            raise ValueError(f"file {Path(path).name!r} is not a readable {Path(path).suffix} archive ({exc}); "
+                             "allowed: text files, optionally compressed with xz or gzip") from None
         except UnicodeDecodeError as exc:  # name the file, not only the codec
             raise ValueError(f"text file {Path(path).name!r} is not UTF-8 ({exc.reason} at byte {exc.start} of a "
                              "read block); allowed: UTF-8 text") from None
@@ -142,7 +142,8 @@ def train_tokenizer(source: Any = None, vocab_size: int = DEFAULT_VOCAB, out_pat
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 258:
-        raise ValueError(f"vocab_size must be an integer >= 258 (256 bytes + <|endoftext|> + 1 merge), got {vocab_size!r}")
+        raise ValueError("vocab_size must be an integer >= 258 (256 bytes + <|endoftext|> + 1 merge), got "
+                         f"{vocab_size!r}")
     files = text_files(source)
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -399,10 +400,12 @@ def _prepare_into(out: Path, docs, source_desc, tok, eos, dtype, n_vocab, val_fr
     try:
         index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
         if writers["val"].tokens == 0 or writers["train"].tokens == 0:
-            raise ValueError(f"source has too few documents ({index}) for a train/val split with val_fraction={val_fraction}")
+            raise ValueError(f"source has too few documents ({index}) for a train/val split with "
+                             f"val_fraction={val_fraction}")
         ownership.write_file(out / "tokenizer.json", tok.to_str())
         return _finish_manifest(out, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers)
-    except BaseException:  # a full disk, a size limit, Ctrl-C: no partial shard stays behind (no manifest: not prepared)
+    # a full disk, a size limit, Ctrl-C: no partial shard stays behind (no manifest: not prepared)
+    except BaseException:
         for w in writers.values():
             try:
                 w.close()
@@ -434,10 +437,12 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     """The manifest of a prepared folder, checked for the format this module writes."""
     p = Path(data_dir) / MANIFEST
     if not p.is_file():
-        raise ValueError(f"data folder {str(data_dir)!r} has no {MANIFEST}; make one with fp8lab.data.tokens.prepare_data")
+        raise ValueError(f"data folder {str(data_dir)!r} has no {MANIFEST}; make one with "
+                         "fp8lab.data.tokens.prepare_data")
     m = json.loads(p.read_text())
     if m.get("format") != FORMAT or m.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{p.name}: not an {FORMAT} v{FORMAT_VERSION} manifest (format={m.get('format')!r}, version={m.get('version')!r})")
+        raise ValueError(f"{p.name}: not an {FORMAT} v{FORMAT_VERSION} manifest (format={m.get('format')!r}, "
+                         f"version={m.get('version')!r})")
     return m
 
 
@@ -509,7 +514,8 @@ class TokenLoader:
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.num_windows = (len(self.tokens) - 1) // seq_len
         if self.num_windows < 1:
-            raise ValueError(f"split {split!r} has {len(self.tokens)} tokens: too few for one window of seq_len={seq_len} (+1)")
+            raise ValueError(f"split {split!r} has {len(self.tokens)} tokens: too few for one window of "
+                             f"seq_len={seq_len} (+1)")
         self.position = 0
         self._perm_epoch = -1
         self._perm: np.ndarray | None = None
@@ -550,7 +556,8 @@ class TokenLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if int(state["seed"]) != self.seed:
-            raise ValueError(f"loader state has seed {state['seed']}, this loader {self.seed}: resuming would change the data order")
+            raise ValueError(f"loader state has seed {state['seed']}, this loader {self.seed}: resuming would change "
+                             "the data order")
         self.position = int(state["position"])
 
     @property
@@ -588,7 +595,8 @@ def describe(data_dir: str | Path) -> str:
     m = read_manifest(data_dir)
     t, v = m["splits"]["train"]["tokens"], m["splits"]["val"]["tokens"]
     src = m["source"].get("files") or m["source"].get("dataset")
-    return f"data: {src} | vocab {m['vocab_size']} ({m['dtype']}) | train {t} tokens, val {v} tokens | {math.ceil(m['documents'])} documents"
+    return (f"data: {src} | vocab {m['vocab_size']} ({m['dtype']}) | train {t} tokens, val {v} tokens | "
+            f"{math.ceil(m['documents'])} documents")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,8 @@ from torch import nn
 
 from fp8lab.fp8 import backends as registry
 from fp8lab.fp8 import fused as _fused
-from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS, BackendUnavailableError, available_backends, get_backend, require
+from fp8lab.fp8.backends import (FP8_ALL_GATHER_BACKENDS, BackendUnavailableError, available_backends, get_backend,
+                                 require)
 from fp8lab.fp8.recipe import Recipe
 from fp8lab.model.models import build_model, default_dtype
 
@@ -103,7 +104,8 @@ def _fp8_all_gather_option(be, fp8_all_gather: bool) -> dict:
 def convert_model(model: nn.Module, backend: str = "te", recipe: Recipe | str | None = None, fuse: bool = True,
                   module_filter: Callable[[nn.Module, str], bool] | None = None, *,
                   fp8_all_gather: bool = False) -> nn.Module:
-    """Convert ``model`` (a class of ``fp8lab.model.families.SUPPORTED``: Llama, Mistral, Qwen2, GPT-Neo) for FP8 on ``backend``.
+    """Convert ``model`` (a class of ``fp8lab.model.families.SUPPORTED``: Llama, Mistral, Qwen2, GPT-Neo) for FP8 on
+    ``backend``.
 
     Every check (architecture, backend installed, FP8 GPU, recipe supported, GEMM shapes divisible
     by 16) runs before anything is built. See the module docstring for ``fuse`` and ``module_filter``.
@@ -149,11 +151,13 @@ def fp8_lm_head(converted: nn.Module) -> nn.Module:
     if type(head) is not nn.Linear:
         raise ValueError(f"--fp8-lm-head: the model's lm_head is {type(head).__name__}, not a high-precision nn.Linear")
     if head.in_features % 16 or head.out_features % 16:
-        raise ValueError(f"--fp8-lm-head: lm_head has shape (out={head.out_features}, in={head.in_features}); FP8 GEMMs "
-                         "need both divisible by 16 (a vocabulary padded to a multiple of 16, or --fp8-lm-head False)")
+        raise ValueError(f"--fp8-lm-head: lm_head has shape (out={head.out_features}, in={head.in_features}); FP8 "
+                         "GEMMs need both divisible by 16 (a vocabulary padded to a multiple of 16, or --fp8-lm-head "
+                         "False)")
     converted.lm_head = make(head)
     converted.fp8lab_conversion = dataclasses.replace(
-        info, fp8_modules=(*info.fp8_modules, "lm_head"), high_precision=tuple(n for n in info.high_precision if n != "lm_head"))
+        info, fp8_modules=(*info.fp8_modules, "lm_head"),
+        high_precision=tuple(n for n in info.high_precision if n != "lm_head"))
     return converted
 
 
@@ -181,7 +185,8 @@ def pick_backend(requested: str = "auto") -> str:
         get_backend(requested)
         return requested
     try:
-        return registry.auto_fp8_backend(registry.detect_machine(torch.device("cuda" if torch.cuda.is_available() else "cpu")))[0]
+        return registry.auto_fp8_backend(registry.detect_machine(
+            torch.device("cuda" if torch.cuda.is_available() else "cpu")))[0]
     except ValueError as exc:
         raise BackendUnavailableError(str(exc)) from None
 
@@ -263,7 +268,8 @@ def save_hf_checkpoint(converted: nn.Module, directory) -> list[str]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(out)
-    save_file({k: v.contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     return [str(out / "config.json"), str(out / "model.safetensors")]
 
 
@@ -304,7 +310,8 @@ class EquivalenceReport:
                  "reference vs fp32": self.fp32.reference_logits_rel_diff,
                  "converted vs fp32": self.fp32.converted_logits_rel_diff}]
         for i, t in enumerate(self.fp32.per_layer or []):
-            rows.append({"where": f"block {i}", "converted vs reference": self.per_layer[i].rel_diff if self.per_layer else None,
+            rows.append({"where": f"block {i}",
+                         "converted vs reference": self.per_layer[i].rel_diff if self.per_layer else None,
                          "reference vs fp32": t.reference_rel_diff, "converted vs fp32": t.converted_rel_diff})
         return rows
 
@@ -367,8 +374,8 @@ def _fp32_truth(reference: nn.Module, fp32_reference: nn.Module | bool) -> nn.Mo
     elif isinstance(fp32_reference, nn.Module):
         truth = fp32_reference
     else:
-        raise ValueError(f"fp32_reference={fp32_reference!r}; allowed: None or False (no fp32 truth), True (an fp32 copy "
-                         "of the reference), or an fp32 nn.Module with the reference's weights")
+        raise ValueError(f"fp32_reference={fp32_reference!r}; allowed: None or False (no fp32 truth), True (an fp32 "
+                         "copy of the reference), or an fp32 nn.Module with the reference's weights")
     dtypes = {p.dtype for p in truth.parameters() if p.is_floating_point()}
     if dtypes != {torch.float32}:
         raise ValueError(f"fp32_reference: its parameters must be float32, found {sorted(map(str, dtypes))}")

@@ -85,7 +85,8 @@ def fused_problem(c: Any) -> str | None:
     if mt in SUPPORTED_ARCHITECTURES and families.SUPPORTED[mt].layout == "llama":
         name = families.SUPPORTED[mt].label
         if c.hidden_act != "silu":
-            return f"{name} hidden_act={c.hidden_act!r} is not supported by the fused conversion (SwiGLU needs 'silu'){alt}"
+            return (f"{name} hidden_act={c.hidden_act!r} is not supported by the fused conversion (SwiGLU needs "
+                    f"'silu'){alt}")
         problem = rope_problem(c)
         if problem:
             return f"{name} RoPE: {problem}{alt}"
@@ -93,14 +94,16 @@ def fused_problem(c: Any) -> str | None:
         try:
             half = hf_rope(c).half
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # transformers cannot build it either
-            return f"{name} RoPE: transformers' rotary embedding cannot be built from this config ({type(exc).__name__}: {exc})"
+            return (f"{name} RoPE: transformers' rotary embedding cannot be built from this config "
+                    f"({type(exc).__name__}: {exc})")
         if 2 * half != hd:
             return (f"{name} RoPE rotates {2 * half} of the {hd} dimensions of each head (partial rotary): "
                     f"the fused conversion rotates whole heads{alt}")
         return None
     if mt == "gpt_neo":
         if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-            return f"GPT-Neo activation_function={c.activation_function!r} is not supported by the fused conversion (tanh GELU only){alt}"
+            return (f"GPT-Neo activation_function={c.activation_function!r} is not supported by the fused conversion "
+                    f"(tanh GELU only){alt}")
         return None
     return None  # architecture_of reports unsupported architectures
 
@@ -214,18 +217,21 @@ def hf_to_fused(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> dict[str, to
     needed = {k for r in rules for k in r.hf}
     missing, unused = sorted(needed - set(hf_sd)), sorted(set(hf_sd) - needed)
     if missing or unused:
-        raise ValueError(f"HF state dict does not match the {spec.family} map: missing {missing[:5]}, unused {unused[:5]}")
+        raise ValueError(f"HF state dict does not match the {spec.family} map: missing {missing[:5]}, unused "
+                         f"{unused[:5]}")
     return {r.fused: torch.cat([hf_sd[k] for k in r.hf], 0) if len(r.hf) > 1 else hf_sd[r.hf[0]] for r in rules}
 
 
-def fused_to_hf(fused_sd: dict[str, torch.Tensor], spec: FusedSpec, hf_shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+def fused_to_hf(fused_sd: dict[str, torch.Tensor], spec: FusedSpec,
+                hf_shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
     """HF state dict from a fused one, split by the HF shapes; counts and shapes are checked."""
     rules = expand_rules(spec)
     sd = {k: v for k, v in fused_sd.items() if not _is_state(k)}
     needed = {r.fused for r in rules}
     missing, unused = sorted(needed - set(sd)), sorted(set(sd) - needed)
     if missing or unused:
-        raise ValueError(f"fused state dict does not match the {spec.family} map: missing {missing[:5]}, unused {unused[:5]}")
+        raise ValueError(f"fused state dict does not match the {spec.family} map: missing {missing[:5]}, unused "
+                         f"{unused[:5]}")
     out: dict[str, torch.Tensor] = {}
     for r in rules:
         t = sd[r.fused]
@@ -271,7 +277,8 @@ def rope_angles(seq_len: int, head_dim: int, theta: float | torch.Tensor, device
     return torch.cat([f, f], dim=-1)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float | torch.Tensor, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float | torch.Tensor,
+                 device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables in the non-interleaved (rotate-half) layout that HF Llama uses; fp32 math."""
     emb = rope_angles(seq_len, head_dim, theta, device)  # [s, d]
     return emb.cos().to(dtype)[None, :, None, :], emb.sin().to(dtype)[None, :, None, :]
@@ -319,11 +326,13 @@ class FusedBlock(nn.Module):
     def forward(self, x: torch.Tensor, rope: Any, is_first_microbatch: bool | None = None) -> torch.Tensor:
         # is_first_microbatch (TE): True quantises the weights to FP8 and keeps them, False reuses
         # them; only valid while the weights do not change (micro-batches of one optimizer step)
-        kw = {"is_first_microbatch": is_first_microbatch} if self._weight_cache and is_first_microbatch is not None else {}
+        kw = ({"is_first_microbatch": is_first_microbatch} if self._weight_cache and is_first_microbatch is not None
+              else {})
         with nullcontext() if self.fp8 else self._hp():
             s = self.spec
             b, t, _ = x.shape
-            q, k, v = self.qkv(x, **kw).split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
+            q, k, v = self.qkv(x, **kw).split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim],
+                                              -1)
             q, k, v = (z.reshape(b, t, -1, s.head_dim) for z in (q, k, v))
             if rope is not None:
                 q, k = self._rope.apply(q, rope), self._rope.apply(k, rope)
@@ -371,7 +380,8 @@ class FusedCausalLM(nn.Module):
         return self.__dict__.get("_block_calls") is not None
 
     def wgrad_into_main_grad(self) -> list[nn.Parameter]:
-        """Weights whose gradients the backend accumulates into ``param.main_grad`` from now on ([]: none, autograd's ``.grad`` as usual)."""
+        """Weights whose gradients the backend accumulates into ``param.main_grad`` from now on ([]: none, autograd's
+        ``.grad`` as usual)."""
         return self._wgrad_into_main_grad(self) if self._wgrad_into_main_grad is not None else []
 
     def release_weight_cache(self) -> None:

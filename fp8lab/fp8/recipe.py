@@ -33,7 +33,8 @@ class RecipeKind:
     formats: tuple[str, ...]  # the formats it takes, its default first (Recipe.format)
     history: bool  # the scale comes from an amax history (amax_history_len, amax_compute_algo, TE's margin)
     needs: str  # the first GPU generation TE runs it on (fp8lab.core.hardware.GENERATIONS)
-    fp8_attention: tuple[str, ...]  # GPU generations where TE's FP8 dot-product attention runs with it (fp8lab.plan.fp8attn)
+    # GPU generations where TE's FP8 dot-product attention runs with it (fp8lab.plan.fp8attn)
+    fp8_attention: tuple[str, ...]
     style: tuple[str, str]  # (colour, bar hatch) in the figures (fp8lab.views.plots)
     wgrad_fp8: bool = True  # the weight-gradient GEMM runs in FP8 (False: in the compute dtype, torchao's _gw_hp)
 
@@ -108,7 +109,8 @@ class Recipe:
     amax_history_len: int = 1024  # delayed only: steps of amax remembered (TE default)
     amax_compute_algo: str = "max"  # delayed only: 'max' over the history or 'most_recent'
     margin: int = 0  # scale = fp8_max / amax / 2**margin: headroom against growth between steps
-    fp8_attention: bool = False  # TE only: dot-product attention in FP8 too (fp8_dpa); set by the plan (fp8lab.plan.fp8attn)
+    # TE only: dot-product attention in FP8 too (fp8_dpa); set by the plan (fp8lab.plan.fp8attn)
+    fp8_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -146,7 +148,8 @@ class Recipe:
         if isinstance(spec, str):
             kind, _, rest = spec.partition(":")
             if kind not in KINDS:
-                raise ValueError(f"recipe must be a Recipe or one of {KINDS} (optionally 'kind:key=value,...'), got {spec!r}")
+                raise ValueError(f"recipe must be a Recipe or one of {KINDS} (optionally 'kind:key=value,...'), got "
+                                 f"{spec!r}")
             kw: dict[str, Any] = {"format": TABLE[kind].formats[0]}
             for item in filter(None, (x.strip() for x in rest.split(","))):
                 key, eq, value = item.partition("=")
@@ -189,7 +192,8 @@ class Recipe:
             if self.row.history else ""
         )
         attn = ", FP8 attention" if self.fp8_attention else ""
-        return f"{self.kind} scaling, {self.format.upper()} (grads {self.grad_format_name}), margin={self.margin}{extra}{attn}"
+        return (f"{self.kind} scaling, {self.format.upper()} (grads {self.grad_format_name}), "
+                f"margin={self.margin}{extra}{attn}")
 
     def to_te(self) -> Any:
         """The Transformer Engine recipe object (imports TE: call only where it is installed)."""
@@ -213,7 +217,8 @@ class Recipe:
         return cls(fp8_format=fmt, **attn)
 
     def to_torchao(self) -> Any:
-        """The torchao ``Float8LinearConfig``: torchao implements dynamic scaling, per tensor (current) or per row (rowwise).
+        """The torchao ``Float8LinearConfig``: torchao implements dynamic scaling, per tensor (current) or per row
+        (rowwise).
 
         ``current`` + ``hybrid`` -> the default ``tensorwise`` recipe (E5M2 gradients); ``current``
         + ``e4m3`` -> ``tensorwise`` with E4M3 gradients. ``rowwise`` and

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RECORD = "fp8_stats"  # metrics.jsonl record type (step records carry no "record" key)
-# --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.fp8_stats.fp8_stats_decision). te-debug: TE's
+# --fp8-stats-source: who reads the casts on TE (decided once by fp8lab.plan.fp8_stats.fp8_stats_decision). te-debug:
+# TE's
 # own debug API (nvdlfw-inspect; fp8lab.fp8.te_debug), every GEMM of the fused layers, all micro-batches of
 # the sampled step; fp8lab: this module's hooks on TE's modules (the emulated backend: always its own quantizers)
 TE_DEBUG, OWN = "te-debug", "fp8lab"
@@ -50,7 +51,8 @@ REMEDIES = ("--recipe current (each tensor scaled from its own amax: nothing cli
             "--recipe delayed:amax_history_len=16 (a short history: a spike stops shrinking the scale sooner)",
             "--bf16-edge-blocks 1 (the first and last decoder blocks in BF16)")
 
-_ACTIVE: "HealthStats | None" = None  # the collector of the step being sampled (a global: backward may run on another thread)
+# the collector of the step being sampled (a global: backward may run on another thread)
+_ACTIVE: "HealthStats | None" = None
 
 
 def watching() -> bool:
@@ -80,7 +82,8 @@ def tensor_stats(t, fmt, scale, quantized=None):
     amax = a.max() if a.numel() else a.new_zeros(())
     nan = a.new_tensor(float("nan"))
     return torch.stack([amax, under.sum() / n, sat.sum() / n if sat is not None else nan,
-                        torch.as_tensor(scale, dtype=torch.float32, device=a.device).reshape(()) if scale is not None else nan])
+                        torch.as_tensor(scale, dtype=torch.float32, device=a.device).reshape(())
+                        if scale is not None else nan])
 
 
 def row(layer: str, kind: str, fmt: str, amax, scale, underflow, saturation) -> dict[str, Any]:
@@ -166,10 +169,12 @@ class Watch:
         return out
 
 
-def warning_text(row: dict[str, Any], metric: str, value: float, limit: float, count: int, first: int, step: int) -> str:
+def warning_text(row: dict[str, Any], metric: str, value: float, limit: float, count: int, first: int,
+                 step: int) -> str:
     what = "saturate at the format's max" if metric == "saturation" else "underflow to zero"
     return (f"FP8 health: {row['layer']} {row['kind']} ({row['format']}): {value:.2%} of its values {what} "
-            f"(threshold {limit:.2%}) in {count} samples in a row, steps {first}-{step}; remedies: " + "; ".join(REMEDIES))
+            f"(threshold {limit:.2%}) in {count} samples in a row, steps {first}-{step}; remedies: " +
+            "; ".join(REMEDIES))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,7 +210,8 @@ def _te_hooks(model) -> list[str]:
 
 
 def _formats():
-    """fp8lab.fp8.formats, imported when a TE module's casts are read: it imports torch, and planning reads this module."""
+    """fp8lab.fp8.formats, imported when a TE module's casts are read: it imports torch, and planning reads this
+    module."""
     from fp8lab.fp8 import formats  # torch: planning reads this module
 
     return formats
@@ -235,7 +241,8 @@ class _TEHook:
         observe(first, "w", w1, fwd, self._scale(module, "scaling_fwd", self.W, w1, fwd))
         last = f"{self.name}.fc2" if mlp else self.name
         if mlp:
-            observe(last, "w", module.fc2_weight, fwd, self._scale(module, "scaling_fwd", self.W2, module.fc2_weight, fwd))
+            observe(last, "w", module.fc2_weight, fwd,
+                    self._scale(module, "scaling_fwd", self.W2, module.fc2_weight, fwd))
         out = output[0] if isinstance(output, tuple) else output
         if out.requires_grad:
             out.register_hook(lambda g: observe(last, "g", g, bwd, self._scale(module, "scaling_bwd", self.G, g, bwd)))

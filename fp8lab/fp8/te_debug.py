@@ -131,7 +131,8 @@ def rows(values: list[tuple[str, Any, int]], step: int, formats: dict[str, str],
         sat = s.get("overflows%")
         out.append(fp8stats.row(layer, fp8stats.KINDS[role], formats[role], amax=s.get("cur_amax"),
                                 scale=(1.0 / inv) if inv and per_tensor else None,
-                                underflow=s.get("underflows%", 0.0) / 100, saturation=sat / 100 if sat is not None else None))
+                                underflow=s.get("underflows%", 0.0) / 100,
+                                saturation=sat / 100 if sat is not None else None))
     order = {r: i for i, r in enumerate(fp8stats.KINDS.values())}
     return sorted(out, key=lambda r: (r["layer"], order[r["kind"]]))
 
@@ -207,7 +208,8 @@ class DebugHealth(fp8stats.HealthStats):
                       per_tensor=self.session.recipe.row.per_tensor)
         if not layers:
             return None
-        return self.with_warnings({"record": fp8stats.RECORD, "step": step, "layers": layers, "source": fp8stats.TE_DEBUG})
+        return self.with_warnings({"record": fp8stats.RECORD, "step": step, "layers": layers,
+                                   "source": fp8stats.TE_DEBUG})
 
 
 def attach(model, session: Session) -> DebugHealth | None:

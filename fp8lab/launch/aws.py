@@ -126,10 +126,13 @@ def launch(spec_or_plan: JobSpec | SweepPlan | Sequence[JobSpec], dry_run: bool 
             live = [j for j in existing if skip_existing
                     and not (relaunch_failed and j["TrainingJobStatus"] in ("Failed", "Stopped"))]
             if live:
-                out(f"skip {job.name}: already launched as {live[0]['TrainingJobName']} ({live[0]['TrainingJobStatus']})")
+                out(f"skip {job.name}: already launched as {live[0]['TrainingJobName']} "
+                    f"({live[0]['TrainingJobStatus']})")
                 names.append(live[0]["TrainingJobName"])
                 continue
-            trainer = build_trainer(spec, staged_source(staged, tmp, installs_te(spec), spec.framework_version, spec.image_uri,
+            trainer = build_trainer(spec,
+                                    staged_source(staged, tmp, installs_te(spec), spec.framework_version,
+                                                  spec.image_uri,
                                                         spec.plan.config.tracker), sess)
             call_with_backoff(lambda: submit(trainer, spec), **backoff)
             # The SDK chose the timestamped name; read it back from SageMaker (public API only).
@@ -164,7 +167,8 @@ def _describe(sm, name: str, backoff: dict) -> dict:
     except ClientError as err:
         if _code(err) in ("ValidationException", "ResourceNotFound", "ResourceNotFoundException"):
             raise ValueError(f"job {name!r} is unknown to SageMaker in {sm.meta.region_name} ({_code(err)}); "
-                             "allowed: the names fp8lab launch printed, in the region it launched them (--region)") from None
+                             "allowed: the names fp8lab launch printed, in the region it launched them "
+                             "(--region)") from None
         raise
 
 

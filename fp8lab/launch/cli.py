@@ -20,7 +20,8 @@ from fp8lab.plan.options import PRECISIONS, add_arguments, from_text
 
 # the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
 # precision are the sweep's --models / --precisions)
-TRAINER_FLAGS = tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision")) + ("checkpoint_every", "tracker")
+TRAINER_FLAGS = (tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision"))
+                 + ("checkpoint_every", "tracker"))
 
 
 def _trainer_options(args: argparse.Namespace) -> dict:
@@ -49,7 +50,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instance-type", default="ml.p5.48xlarge", choices=sorted(INSTANCES),
                    help="SageMaker instance type (default: %(default)s; FP8 needs FP8 tensor cores: p5, p6)")
     p.add_argument("--role", default=PLACEHOLDER_ROLE,
-                   help="SageMaker execution role ARN (default: AWS's documentation placeholder, for plans and dry runs)")
+                   help="SageMaker execution role ARN (default: AWS's documentation placeholder, for plans and dry "
+                        "runs)")
     p.add_argument("--bucket", default=PLACEHOLDER_BUCKET,
                    help="S3 bucket for code, outputs and checkpoints (default: AWS's documentation placeholder)")
     p.add_argument("--region", default="us-east-1", help="AWS region of the jobs (default: %(default)s)")
@@ -61,16 +63,18 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("trainer options (as for fp8lab train; every job of the sweep gets them)")
     add_arguments(g, TrainConfig, only=TRAINER_FLAGS, defaults=JOB_DEFAULTS)
-    p.add_argument("--spot", action="store_true", help="managed spot training (cheaper, may wait; checkpoints resume it)")
+    p.add_argument("--spot", action="store_true",
+                   help="managed spot training (cheaper, may wait; checkpoints resume it)")
     p.add_argument("--install-te", action="store_true",
                    help="add transformer-engine[pytorch] to the job's requirements (if the image lacks it)")
     p.add_argument("--image-uri", default=None,
                    help="the training image by its full URI (default: the newest SageMaker PyTorch image with TE "
-                        f"compiled in that fp8lab is tested with, fp8lab.launch.image: {IMAGES[DEFAULT_VERSION].name}); an image "
-                        "fp8lab.launch.image does not list gets the pinned TE built in the job")
+                        "compiled in that fp8lab is tested with, fp8lab.launch.image: "
+                        f"{IMAGES[DEFAULT_VERSION].name}); an image fp8lab.launch.image does not list gets the pinned "
+                        "TE built in the job")
     p.add_argument("--mlflow-tracking-uri", default=None,
-                   help="with --tracker mlflow: the jobs' MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the tracking "
-                        "server's ARN); default: a local MLflow store in each job's output")
+                   help="with --tracker mlflow: the jobs' MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the "
+                        "tracking server's ARN); default: a local MLflow store in each job's output")
     p.add_argument("--allow-large", action="store_true",
                    help=f"allow more than {MAX_INSTANCES_PER_JOB} instances per job (a sanity limit against typos)")
 

@@ -1,6 +1,7 @@
 """The SageMaker job's training image and the Transformer Engine (TE) it carries.
 
-Two families of AWS Deep Learning Containers (DLC) for PyTorch training, both in github.com/aws/deep-learning-containers:
+Two families of AWS Deep Learning Containers (DLC) for PyTorch training, both in
+github.com/aws/deep-learning-containers:
 
 * ``pytorch-training:<version>-gpu-<py>`` (Ubuntu; 2.8, 2.9): the SageMaker SDK's ``image_uris`` table resolves
   them (``requests.training_image``). Their TE is the Dockerfile's ``ARG TE_VERSION``, older than fp8lab needs.

@@ -63,7 +63,8 @@ def s3_uri_problem(uri: Any, *, need_key: bool = False) -> str | None:
 
 
 def volume_problem(gb: Any) -> str | None:
-    return None if is_count(gb) and gb <= MAX_VOLUME_GB else f"an integer in 1..{MAX_VOLUME_GB} (GB; EBS gp2's largest volume)"
+    return (None if is_count(gb) and gb <= MAX_VOLUME_GB else f"an integer in 1..{MAX_VOLUME_GB} (GB; EBS gp2's "
+            "largest volume)")
 
 
 def runtime_problem(est_seconds: float, amount: int, unit: str, what: str) -> str | None:

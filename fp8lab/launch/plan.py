@@ -73,7 +73,8 @@ class SweepPlan:
             # the layout the trainer will run (fp8lab.plan.layout for the instance's GPU), with its memory estimate
             "layout": f"{j.spec.layout.micro_batch_size} x {j.spec.layout.seq_len} x {j.spec.layout.grad_accum}",
             "mem_est_gib": round(j.spec.layout.memory.peak, 1),
-            "max_run_h": round(j.spec.max_run_s / 3600, 2), "est_hours": round(j.est_hours, 2), "gpu_hours": round(j.gpu_hours, 1),
+            "max_run_h": round(j.spec.max_run_s / 3600, 2), "est_hours": round(j.est_hours, 2),
+            "gpu_hours": round(j.gpu_hours, 1),
             "cost_usd": round(j.cost_usd, 2), "basis": self.estimate.basis(j.spec),
         } for j in self.jobs]
         rows.append({"job": "TOTAL", "instances": sum(j.spec.instance_count for j in self.jobs),
@@ -181,7 +182,8 @@ def format_cost_table(plan: SweepPlan) -> str:
     """The plan as text: one line per job and the total, with the price assumption spelled out."""
     df = plan.table()
     text = df.drop(columns="basis").to_string(index=False, na_rep="")
-    basis = "\n".join(f"  {j.spec.model_label} {j.spec.precision} x{j.spec.instance_count}: {plan.estimate.basis(j.spec)}"
+    basis = "\n".join(f"  {j.spec.model_label} {j.spec.precision} x{j.spec.instance_count}: "
+                      f"{plan.estimate.basis(j.spec)}"
                       for j in plan.jobs)
     return (f"{text}\nprice: {plan.price_source}\n"
             f"{plan.estimate.describe()}\nwhat each estimate rests on:\n{basis}\n"
@@ -203,7 +205,8 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
     """Time and cost to train ``tokens`` per model, precision and instance count, as ``plan_sweep``
     estimates them (no job is built, so any instance count works): one row each, with the per-GPU rate,
     whether it was measured, the run it rests on and the assumption as a sentence (for the figure)."""
-    import pandas as pd  # pandas (and the measured estimate, which reads results) stay off `fp8lab launch`'s import path
+    # pandas (and the measured estimate, which reads results) stay off `fp8lab launch`'s import path
+    import pandas as pd
 
     from fp8lab.analysis.estimates import MeasuredEstimate, gpu_words  # pandas, as above
     if not (isinstance(tokens, (int, float)) and tokens > 0):
@@ -231,9 +234,9 @@ def plan_curve(models: Sequence[str], precisions: Sequence[str], instance_counts
                 seconds = est.seconds(spec)
                 hours = seconds / 3600
                 if isinstance(est, MeasuredEstimate):
-                    assumption = (f"per-GPU rate: fastest one-GPU run in data/results (x GPU projection by kernel class) x the two-GPU "
-                                  f"efficiency measured on one machine (the only measurement past one GPU; assumed for 8); "
-                                  f"more instances: x {est.internode_text()}")
+                    assumption = ("per-GPU rate: fastest one-GPU run in data/results (x GPU projection by kernel "
+                                  "class) x the two-GPU efficiency measured on one machine (the only measurement past "
+                                  f"one GPU; assumed for 8); more instances: x {est.internode_text()}")
                 else:
                     assumption = est.describe()
                 rows.append({"model": model, "precision": prec, "instances": n, "gpus": n * info.gpus,

@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterator
 
 from fp8lab.launch import image, limits
 from fp8lab.launch.image import te_release
-from fp8lab.core.hardware import (INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, SAGEMAKER_TENSORBOARD_DIR, InstanceInfo,
+from fp8lab.core.hardware import (INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROLE, SAGEMAKER_TENSORBOARD_DIR,
+                                  InstanceInfo,
                                   Machine, at_least)
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
 from fp8lab.model import user as user_model
@@ -133,26 +134,33 @@ class JobSpec:
     Validated on construction, so a bad sweep fails before any upload or cloud call.
     """
 
-    model: str  # a name in fp8lab.model.models.MODEL_CONFIGS, a local model folder (config.json + optional *.safetensors) or s3://... of one
+    # a name in fp8lab.model.models.MODEL_CONFIGS, a local model folder (config.json + optional *.safetensors) or
+    # s3://... of one
+    model: str
     precision: str = "bf16"  # "bf16" or "fp8"
     role: str = ""  # SageMaker execution role ARN (required)
     bucket: str = ""  # S3 bucket for code, outputs and checkpoints (required)
     backend: str = _default("backend")  # auto: TE (FP8 on, or off for BF16: both run the same layers); or te | torchao
-    recipe: str = _default("recipe")  # FP8 scaling recipe (fp8lab.fp8.recipe kinds; auto: the backend's); a kind's row says the GPU it needs
+    # FP8 scaling recipe (fp8lab.fp8.recipe kinds; auto: the backend's); a kind's row says the GPU it needs
+    recipe: str = _default("recipe")
     instance_type: str = "ml.p5.48xlarge"
     instance_count: int = 1
     tokens: int | None = _default("tokens")  # training tokens over all GPUs; exactly one of tokens / steps
     steps: int | None = _default("steps")
-    micro_batch_size: int | str = _default("micro_batch_size")  # auto: fp8lab.plan.layout for the instance's GPU (spec.plan)
+    # auto: fp8lab.plan.layout for the instance's GPU (spec.plan)
+    micro_batch_size: int | str = _default("micro_batch_size")
     grad_accum: int | str = _default("grad_accum")  # auto: fp8lab.plan.layout's tokens-per-step target
-    seq_len: int | str = _default("seq_len")  # auto: 2048; a named Llama shape trains longer from scratch (fp8lab.model.models.sequence_overrides)
+    # auto: 2048; a named Llama shape trains longer from scratch (fp8lab.model.models.sequence_overrides)
+    seq_len: int | str = _default("seq_len")
     lr: float = _default("lr")
     fuse: bool = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP)
     compile: bool = _default("compile")  # torch.compile each block
     parallel: str = _default("parallel")  # auto (fsdp on several GPUs, ddp on one: job_parallel) | ddp | fsdp (FSDP2)
-    activation_checkpointing: bool | str = _default("activation_checkpointing")  # auto: on where nothing fits without it (fp8lab.plan.layout)
+    # auto: on where nothing fits without it (fp8lab.plan.layout)
+    activation_checkpointing: bool | str = _default("activation_checkpointing")
     seed: int = _default("seed")
-    checkpoint_every: int = _default("checkpoint_every")  # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
+    # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
+    checkpoint_every: int = _default("checkpoint_every")
     data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data
     spot: bool = False  # managed spot training (checkpoints make it resumable)
     max_run_s: int | None = None  # None = from the plan's time estimate (x2 + 1 h)
@@ -162,13 +170,20 @@ class JobSpec:
     prefix: str = "fp8lab"  # S3 key prefix under the bucket
     study: str = "p5-sweep"  # groups the jobs (tag and S3 folder)
     region: str = "us-east-1"
-    framework_version: str = image.DEFAULT_VERSION  # PyTorch training image (AWS Deep Learning Container; fp8lab.launch.image.IMAGES)
+    # PyTorch training image (AWS Deep Learning Container; fp8lab.launch.image.IMAGES)
+    framework_version: str = image.DEFAULT_VERSION
     py_version: str = "py312"  # the SDK-resolved pytorch-training images (2.8, 2.9) only
-    install_te: bool = False  # always install the pinned TE in the job (it does anyway where the image's TE is too old or unknown: fp8lab.launch.image)
+    # always install the pinned TE in the job (it does anyway where the image's TE is too old or unknown:
+    # fp8lab.launch.image)
+    install_te: bool = False
     image_uri: str | None = None  # any other training image by its full URI (framework_version is then not used)
-    mlflow_tracking_uri: str | None = None  # options={"tracker": "mlflow"}: the job's MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the tracking server's ARN); None: a local store in the job's output
-    model_config: dict | None = None  # s3:// model only: its config.json contents (the plan validates them; nothing is read from S3)
-    options: dict = dataclasses.field(default_factory=dict)  # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
+    # options={"tracker": "mlflow"}: the job's MLFLOW_TRACKING_URI (SageMaker's managed MLflow: the tracking server's
+    # ARN); None: a local store in the job's output
+    mlflow_tracking_uri: str | None = None
+    # s3:// model only: its config.json contents (the plan validates them; nothing is read from S3)
+    model_config: dict | None = None
+    # any other trainer option by TrainConfig name, e.g. {"param_dtype": "bf16", "fsdp_keep_weights": True}
+    options: dict = dataclasses.field(default_factory=dict)
     allow_large: bool = False  # permit instance_count above MAX_INSTANCES_PER_JOB (not part of the job's identity)
 
     def __post_init__(self) -> None:
@@ -292,7 +307,8 @@ class JobSpec:
         For s3:// the plan cannot read the config, so ``model_config`` (the config.json contents, as a
         dict) is required: it is validated like a folder's and gives the FLOPs and memory estimates."""
         models = _model_names()
-        allowed = ", ".join(models) + ", a local model folder (config.json + optional *.safetensors) or an s3:// URI of one"
+        allowed = (", ".join(models) + ", a local model folder (config.json + optional *.safetensors) or an s3:// URI "
+                   "of one")
         if not isinstance(self.model, str) or not self.model:
             raise bad("model", self.model, allowed)
         if self.model.startswith("s3://"):
@@ -357,8 +373,8 @@ class JobSpec:
                                           te_release=te_release(self.install_te, self.framework_version))
                 plan = runplan.plan_run(self.trainer_config(model=local), machine)
         except ValueError as exc:
-            raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x {self.instance_type}): "
-                             f"the trainer would refuse this job: {exc}") from None
+            raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x "
+                             f"{self.instance_type}): the trainer would refuse this job: {exc}") from None
         object.__setattr__(self, "_plan", plan)  # derived, not a field: replace() plans again
 
     def trainer_config(self, **override: Any) -> TrainConfig:
@@ -467,8 +483,10 @@ def _local_model(spec: JobSpec) -> Iterator[str]:
 # JobSpec fields that are trainer options of the same name, passed as they are (hyperparameters())
 SPEC_OPTIONS = ("model", "precision", "backend", "recipe", "micro_batch_size", "grad_accum", "seq_len", "lr", "seed",
                 "fuse", "compile", "parallel", "activation_checkpointing")
-LAYOUT_FIELDS = tuple(f for f in AUTO_FIELDS if f in SPEC_OPTIONS)  # JobSpec fields the layout resolver decides (spec.plan.layout)
-LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in SPEC_OPTIONS)  # and trainer options it decides (passed as options)
+# JobSpec fields the layout resolver decides (spec.plan.layout)
+LAYOUT_FIELDS = tuple(f for f in AUTO_FIELDS if f in SPEC_OPTIONS)
+# and trainer options it decides (passed as options)
+LAYOUT_OPTIONS = tuple(f for f in AUTO_FIELDS if f not in SPEC_OPTIONS)
 # trainer options a job does not take from JobSpec.options: those fields, the run length and checkpoints (also
 # JobSpec fields), SageMaker's folders and channels, the log style, test hooks
 JOB_OWNED_OPTIONS = frozenset(SPEC_OPTIONS) | {"progress", "tokens", "steps", "checkpoint_every", "data", "output_dir",
@@ -481,7 +499,8 @@ def _planned_options(spec: JobSpec) -> dict[str, Any]:
     (activation checkpointing included) and CUDA graphs."""
     plan = spec.plan
     c = plan.config  # the request as planned (a model folder stands in for an s3:// model)
-    recipe = c.recipe if c.recipe != AUTO or plan.recipe is None else plan.recipe.kind  # a backend's default is its kind
+    # a backend's default is its kind
+    recipe = c.recipe if c.recipe != AUTO or plan.recipe is None else plan.recipe.kind
     # the layout's "auto" (micro-batch, activation checkpointing, ...) is decided from the memory a machine has
     # too: the job carries the launch's values, explicit, so the instance re-plans nothing of it
     layout = {name: getattr(plan.layout, name) for name in LAYOUT_FIELDS}

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from fp8lab.core.paths import is_inside
 from fp8lab.records.data_format import tokenizer_problem
-from fp8lab.core.validate import BOOL, POSITIVE_INT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_num, one_of, optional
+from fp8lab.core.validate import (BOOL, POSITIVE_INT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count, is_num, one_of,
+                                  optional)
 
 # ------------------------------------------------------------------------------------ config.json
 
@@ -207,8 +208,9 @@ def check_weights(folder: Path, hf_cfg) -> None:
                              f"model needs ({len(files)} safetensors file(s), {len(found)} tensors); allowed: weights "
                              "saved from a model with this config.json")
         if named[key][1] != shape:
-            raise ValueError(f"--model: weights tensor {named[key][0]!r} has shape {list(named[key][1])} but config.json "
-                             f"gives {list(shape)}; allowed: weights saved from a model with this config.json")
+            raise ValueError(f"--model: weights tensor {named[key][0]!r} has shape {list(named[key][1])} but "
+                             f"config.json gives {list(shape)}; allowed: weights saved from a model with this "
+                             "config.json")
     for f in files:
         _check_finite(f)
 

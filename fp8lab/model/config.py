@@ -32,12 +32,14 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0  # Llama only
     attention_head_dim: int | None = None  # Llama only: per-head width; None = hidden_size / num_heads
-    tie_embeddings: bool | None = None  # LM head shares the token embedding; None = family default (GPT-Neo tied, Llama not)
+    # LM head shares the token embedding; None = family default (GPT-Neo tied, Llama not)
+    tie_embeddings: bool | None = None
     # Llama layout only, read from a user's config.json (Mistral, Qwen2, Llama with biases); not overrides:
     qkv_bias: bool = False  # Q/K/V projections have biases (Qwen2; Llama attention_bias)
     out_bias: bool = False  # attention output projection has a bias (Llama attention_bias)
     mlp_bias: bool = False  # gate/up/down have biases (Llama mlp_bias)
-    layer_windows: tuple[int | None, ...] | None = None  # per layer: sliding window (None = full causal); None = all full
+    # per layer: sliding window (None = full causal); None = all full
+    layer_windows: tuple[int | None, ...] | None = None
 
     @property
     def head_dim(self) -> int:
@@ -92,7 +94,8 @@ def validate_config(cfg: ModelConfig, name: str = "model") -> None:
             raise ValueError(f"{name}: window_size applies to GPT-Neo only (Llama uses full causal attention)")
         kv = cfg.num_kv_heads
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or cfg.num_heads % kv):
-            raise ValueError(f"{name}: num_kv_heads must be a positive divisor of num_heads ({cfg.num_heads}), got {kv!r}")
+            raise ValueError(f"{name}: num_kv_heads must be a positive divisor of num_heads ({cfg.num_heads}), got "
+                             f"{kv!r}")
         if cfg.head_dim % 2:
             raise ValueError(f"{name}: head_dim ({cfg.head_dim}) must be even for RoPE")
         if not cfg.rope_theta > 0:

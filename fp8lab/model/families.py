@@ -20,7 +20,8 @@ class Family:
     model_type: str  # transformers' config.model_type
     hf_class: str  # the transformers class that builds it (AutoModelForCausalLM's choice)
     label: str  # for people
-    layout: str  # fp8lab's decoder shape: "llama" (RMSNorm, SwiGLU, RoPE) | "gptneo" (LayerNorm, GELU, learned positions)
+    # fp8lab's decoder shape: "llama" (RMSNorm, SwiGLU, RoPE) | "gptneo" (LayerNorm, GELU, learned positions)
+    layout: str
 
 
 SUPPORTED: dict[str, Family] = {f.model_type: f for f in (
@@ -57,7 +58,8 @@ def unsupported_reason(model_type, where: str = "config.json") -> str:
     """One line: this model_type is not supported, what makes it different (when known), the list."""
     why = DIFFERENT.get(model_type)
     what = f"; it differs by {why}" if why else ""
-    return f"--model: {where} has model_type={model_type!r}, which fp8lab does not support{what}; supported: {supported_list()}"
+    return (f"--model: {where} has model_type={model_type!r}, which fp8lab does not support{what}; supported: "
+            f"{supported_list()}")
 
 
 def family_of(model_type) -> Family:

@@ -40,7 +40,8 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     valid = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("family", *FROM_CONFIG_ONLY)]
     unknown = sorted(set(overrides) - set(valid))
     if unknown:
-        raise ValueError(f"unknown override(s) {', '.join(unknown)} for model {name!r}; valid overrides: {', '.join(valid)}")
+        raise ValueError(f"unknown override(s) {', '.join(unknown)} for model {name!r}; valid overrides: "
+                         f"{', '.join(valid)}")
     cfg = dataclasses.replace(base, **overrides)
     validate_config(cfg, name)
     return cfg
@@ -138,7 +139,8 @@ def count_parameters(model_or_config) -> ParamCounts:
         block = block_matmul_params(c) + 2 * h + biases  # q,k,v,o + gate,up,down + two RMSNorm weights (+ biases)
         emb, final, head, head_matmul = v * h, h, (0 if c.tied else v * h), v * h
     else:
-        block = block_matmul_params(c) + h + f + h + 4 * h  # q,k,v,o, c_fc, c_proj; out_proj, c_fc, c_proj biases; 2 LayerNorms
+        # q,k,v,o, c_fc, c_proj; out_proj, c_fc, c_proj biases; 2 LayerNorms
+        block = block_matmul_params(c) + h + f + h + 4 * h
         emb, final, head, head_matmul = v * h + c.max_seq_len * h, 2 * h, (0 if c.tied else v * h), v * h
     blocks = L * block
     return ParamCounts(emb, blocks, final, head, emb + blocks + final + head, blocks + final + head_matmul)
@@ -165,8 +167,8 @@ def model_flops_per_token(model_or_config, seq_len: int) -> float:
       6 = 2 (multiply-add) x 3 (forward, grad wrt input, grad wrt weight).
     * The attention term counts QK^T and AV (2 matmuls x 2 FLOPs x 3 passes = 12) over ``T_l``
       keys: ``T_l = seq_len`` on global layers (as PaLM; causal masking is not discounted) and
-      ``min(seq_len, window)`` on GPT-Neo's local layers and Mistral's / Qwen2's sliding-window layers. Query heads count, so GQA does
-      not reduce it.
+      ``min(seq_len, window)`` on GPT-Neo's local layers and Mistral's / Qwen2's sliding-window layers. Query heads
+      count, so GQA does not reduce it.
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")

@@ -43,7 +43,8 @@ def rope_problem(c: Any) -> str | None:
     """Why transformers' RoPE for config ``c`` is not a full-width rotation table fp8lab can apply, or None."""
     rp = rope_parameters(c)
     if any(isinstance(v, dict) for v in rp.values()):
-        return "per-layer-type RoPE parameters (a dict per attention type) are not supported; one RoPE for all layers is"
+        return ("per-layer-type RoPE parameters (a dict per attention type) are not supported; one RoPE for all layers "
+                "is")
     kind = rope_type(c)
     allowed = known_types()
     if kind not in allowed:

@@ -111,7 +111,8 @@ def _find_hub_folder(spec: str) -> Path:
         return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS))
     except Exception as exc:  # noqa: BLE001 - one line, not the hub client's traceback
         raise ValueError(f"--model={spec!r}: download from the Hugging Face Hub failed "
-                         f"({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {hint}") from None
+                         f"({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                         f"{hint}") from None
 
 
 def folder_of(spec: str) -> Path:

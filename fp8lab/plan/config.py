@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER, FP8_ATTENTION, FP8_BACKENDS,  # noqa: F401
-                            FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
+from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
+                            FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TRACKERS, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.fp8.backends import fused_problem
@@ -21,7 +21,8 @@ from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
 from fp8lab.fp8.recipe import KINDS, SETTINGS, Recipe
 from fp8lab.core.validate import (AUTO, AUTO_BOOL, AUTO_OR_BATCH_COUNT, AUTO_OR_NONNEG_INT, AUTO_OR_POSITIVE_INT,
                                   BATCH_COUNT, BOOL, DECAY, MEMORY_GIB, NONNEG_INT, NONNEG_NUM, PATH, PEAK_TFLOPS,
-                                  POSITIVE_INT, SEED, STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check, is_count,
+                                  POSITIVE_INT, SEED, STEP_COUNT, TOKEN_COUNT, UNIT_HALF_OPEN, UNIT_OPEN, Check,
+                                  is_count,
                                   is_int, is_num, optional, step_numbers)
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ class TrainConfig:
                         section="kernels", check=BOOL)
     steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", section="data",
                                check=optional(STEP_COUNT))
-    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps", section="data",
+    tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps",
+                                section="data",
                                 check=optional(TOKEN_COUNT))
     micro_batch_size: AutoInt = option(AUTO, "sequences per GPU per forward/backward; auto: the largest that fits",
                                        section="layout", check=AUTO_OR_POSITIVE_INT)
@@ -207,7 +209,8 @@ def _validate(c: TrainConfig) -> None:
     mcfg = c.model_config  # made here, once (TrainConfig.model_config)
     _check_recipe(c)
     if not is_int(c.bf16_edge_blocks) or not 0 <= 2 * c.bf16_edge_blocks < mcfg.num_layers:
-        raise bad("bf16_edge_blocks", f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
+        raise bad("bf16_edge_blocks",
+                  f"an integer >= 0 that leaves some of {c.model}'s {mcfg.num_layers} blocks in FP8 "
                   f"(at most {(mcfg.num_layers - 1) // 2})")
     check_fields(c, bad)
     if c.precision == "fp8" and c.backend == "none":
@@ -221,7 +224,8 @@ def _validate(c: TrainConfig) -> None:
     if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:  # a named Llama shape's was raised (shape_overrides)
         limit = ("its --model-override max_seq_len" if "max_seq_len" in c.model_overrides else
                  f"its learned position table has {mcfg.max_seq_len} rows; a from-scratch run may grow it with "
-                 f"--model-override max_seq_len=N, a bigger model" if mcfg.family == "gptneo" and c.model in MODEL_CONFIGS else
+                 f"--model-override max_seq_len=N, a bigger model" if mcfg.family == "gptneo" and c.model
+                 in MODEL_CONFIGS else
                  "its max_position_embeddings: the length its weights were trained for")
         raise bad("seq_len", f"at most {mcfg.max_seq_len} for {c.model} ({limit})")
     if c.steps is not None and c.warmup_steps is not None and c.warmup_steps >= c.steps:
@@ -237,7 +241,8 @@ def _validate(c: TrainConfig) -> None:
 def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
     """The run's ModelConfig: a named shape (with --model-override) or a user's folder (read and checked)."""
     if c.model not in MODEL_CONFIGS and not user_model.is_user_model(c.model):
-        raise bad("model", ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
+        raise bad("model",
+                  ", ".join(MODEL_CONFIGS) + ", a model folder (config.json + optional *.safetensors) or hf:<repo id>")
     if c.model not in MODEL_CONFIGS:  # a user's folder: its config is read and checked (nothing is built)
         if c.model_overrides:
             raise ValueError(f"--model-override applies to the named models only; for --model={c.model!r} edit its "
@@ -253,10 +258,11 @@ def fp8_lm_head_check(c: TrainConfig, backend: str | None) -> None:
     """Refuse ``--fp8-lm-head`` where it cannot run, before anything is built (an explicit backend here; ``auto`` once
     resolved, in fp8lab.plan.runplan.plan_run). Beside ``--fused-loss on`` the plan refuses it (fused_loss.decide)."""
     if c.precision != "fp8":
-        raise ValueError(f"--fp8-lm-head needs --precision fp8 (got {c.precision}): a BF16 run has no FP8 GEMM; allowed: "
-                         "--fp8-lm-head False, or --precision fp8")
+        raise ValueError(f"--fp8-lm-head needs --precision fp8 (got {c.precision}): a BF16 run has no FP8 GEMM; "
+                         "allowed: --fp8-lm-head False, or --precision fp8")
     if backend != AUTO and backend not in FP8_LM_HEAD_BACKENDS:
-        raise ValueError(f"--fp8-lm-head with --backend {backend}: allowed backends: " + " | ".join(FP8_LM_HEAD_BACKENDS))
+        raise ValueError(f"--fp8-lm-head with --backend {backend}: allowed backends: " +
+                         " | ".join(FP8_LM_HEAD_BACKENDS))
     # --fused-loss on beside it: refused by the fused loss's own rule (fp8lab.plan.fused_loss.decide), when planned
 
 

@@ -35,7 +35,8 @@ class Estimate:
             raise ValueError(f"te_build_s={self.te_build_s!r} must be >= 0")
 
     def startup(self, spec: JobSpec) -> float:
-        """A job's start-up: ``startup_s``, plus ``te_build_s`` where the job compiles TE (its image has none usable)."""
+        """A job's start-up: ``startup_s``, plus ``te_build_s`` where the job compiles TE (its image has none
+        usable)."""
         return self.startup_s + (self.te_build_s if getattr(spec, "builds_te", False) else 0)
 
     def seconds(self, spec: JobSpec) -> float:
@@ -47,7 +48,8 @@ class Estimate:
 
     def basis(self, spec: JobSpec) -> str:
         """What a job's estimate rests on (the plan table's ``basis`` column)."""
-        return f"assumed MFU {self.assumed_mfu} of BF16 peak" + (f", FP8 x{self.fp8_speedup}" if spec.precision == "fp8" else "")
+        return (f"assumed MFU {self.assumed_mfu} of BF16 peak"
+                + (f", FP8 x{self.fp8_speedup}" if spec.precision == "fp8" else ""))
 
     def describe(self) -> str:
         return (f"estimate: MFU {self.assumed_mfu} of BF16 peak, FP8 speed-up x{self.fp8_speedup}, "

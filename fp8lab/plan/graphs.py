@@ -147,7 +147,8 @@ class Captured:
 
     def describe(self) -> str:
         return (f"{self.blocks} decoder blocks captured as CUDA graphs in {self.capture_s:.1f} s "
-                f"({self.memory_gib:.2f} GiB allocated by the graphs{', FP8 weight cache inside' if self.weight_cache else ''})")
+                f"({self.memory_gib:.2f} GiB allocated by the "
+                f"graphs{', FP8 weight cache inside' if self.weight_cache else ''})")
 
 
 def capture(model, *, micro_batch_size: int, seq_len: int, fp8: bool, recipe, weight_cache: bool,

@@ -70,7 +70,8 @@ MAX_GLOBAL_TOKENS_PER_STEP = 4 * 2**20  # at most ~4M tokens per optimizer step 
 MAX_GRAD_ACCUM = 32  # short sequences or tiny micro-batches do not get hundreds of micro-steps
 HEADROOM_GIB, HEADROOM_FRACTION = 5.0, 0.05  # kept free: the larger of the two
 WORKSPACE_GIB = 1.0  # cuBLAS/cuDNN workspaces, allocator slack (GPUs only)
-STREAM_CHUNK_BYTES = 1 << 30  # fp32 gradient bytes converted and stepped at a time by the streamed step (fp8lab.train.master_weights)
+# fp32 gradient bytes converted and stepped at a time by the streamed step (fp8lab.train.master_weights)
+STREAM_CHUNK_BYTES = 1 << 30
 # activation bytes per unit (see the module docstring), by what computes the blocks' GEMMs
 ACT_BYTES = {"bf16": 1.80, "fp8": 1.627}
 LOGIT_BYTES = {"bf16": 16.2, "fp8": 15.6}
@@ -111,7 +112,8 @@ class MemoryEstimate:
         return max(self.train, self.step + self.workspace, self.validation)
 
     def describe(self) -> str:
-        return (f"{self.peak:.{0 if self.peak >= 10 else 2}f} GiB (states {self.states:.1f}, activations {self.activations:.1f}"
+        return (f"{self.peak:.{0 if self.peak >= 10 else 2}f} GiB (states {self.states:.1f}, activations "
+                f"{self.activations:.1f}"
                 + (f", FP8 weight cache {self.fp8_cache:.1f}" if self.fp8_cache else "")
                 + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "") + ")")
 
@@ -172,7 +174,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     else:
         val_loss = NO_GRAD_BYTES_PER_LOGIT * mcfg.vocab_size * tokens * widen
     evaluation = val_loss + per_layer * tokens * widen
-    return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib, evaluation / gib)
+    return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib,
+                          evaluation / gib)
 
 
 @dataclass(frozen=True)
@@ -218,10 +221,12 @@ def fixed_gib(e: MemoryEstimate) -> float:
 def remedies(e: MemoryEstimate, budget: float, *, sharded: bool, ckpt_tried: bool, explicit_batch: bool = False) -> str:
     """The remedies that change the term that does not fit: where the states alone exceed ``budget`` GiB, only fewer
     states per GPU help (sharding them over more GPUs, a larger GPU); otherwise less activation memory does too."""
-    fsdp = "more GPUs with --parallel fsdp (shards the model states)" if not sharded else "more GPUs (FSDP2 shards the states over them)"
+    fsdp = ("more GPUs with --parallel fsdp (shards the model states)" if not sharded else "more GPUs (FSDP2 shards "
+            "the states over them)")
     if fixed_gib(e) > budget:
-        return (f"the model states alone need {fixed_gib(e):.0f} GiB of the {budget:.0f} usable, which no batch layout, "
-                f"sequence length or activation checkpointing changes; allowed: {fsdp}, or a GPU with more memory")
+        return (f"the model states alone need {fixed_gib(e):.0f} GiB of the {budget:.0f} usable, which no batch "
+                f"layout, sequence length or activation checkpointing changes; allowed: {fsdp}, or a GPU with more "
+                "memory")
     batch = ("a smaller --micro-batch-size or --seq-len (or 'auto' for the largest that fits), " if explicit_batch
              else "a shorter --seq-len, ")
     return ("allowed: " + batch + ("" if ckpt_tried else "--activation-checkpointing, ") + f"{fsdp}, or a larger GPU")
@@ -297,7 +302,8 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
 
 
 def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tuple[bool, str]:
-    """(the fused loss runs, why) at this micro-batch (fp8lab.plan.fused_loss.decide: the plan's rule, the estimate's too)."""
+    """(the fused loss runs, why) at this micro-batch (fp8lab.plan.fused_loss.decide: the plan's rule, the estimate's
+    too)."""
     return fused_loss_decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch,
                              gpu=machine.gpu, fp8_head=c.fp8_lm_head)
 
@@ -360,7 +366,8 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     # activation checkpointing "auto" is on only where no micro-batch fits without it (--micro-batch-size auto
     # on a GPU; decided on the larger of the BF16 and FP8 estimates, as the micro-batch is, so both runs of a pair
     # recompute alike); an explicit micro-batch that does not fit is refused, as before
-    ckpt_options = (False, True) if c.activation_checkpointing == AUTO and gpu and mb_auto else (c.activation_checkpointing is True,)
+    ckpt_options = ((False, True) if c.activation_checkpointing == AUTO and gpu and mb_auto
+                    else (c.activation_checkpointing is True,))
     ckpt = ckpt_options[0]
 
     def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
@@ -387,13 +394,14 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
             e = est(1, False)
             tried = " with activation checkpointing" if ckpt else ""
             raise ValueError(
-                f"--micro-batch-size auto: {c.model} does not fit {machine.name} ({machine.memory_gib:.0f} GiB per GPU) "
-                f"even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; "
+                f"--micro-batch-size auto: {c.model} does not fit {machine.name} ({machine.memory_gib:.0f} GiB per "
+                f"GPU) even at micro-batch 1 x {seq}{tried}: estimated peak {e.describe()}; "
                 + remedies(e, budget, sharded=sharded, ckpt_tried=ckpt))
         mb, keep, e = chosen
         ga = accum_for(mb)
         reasons["micro_batch_size"] = (f"micro-batch {mb}: fits {e.peak:.0f} of {machine.memory_gib:.0f} GiB"
-                                       + (f" (the cap is {MICRO_BATCH_TOKENS:,} tokens)" if mb * seq == MICRO_BATCH_TOKENS else ""))
+                                       + (f" (the cap is {MICRO_BATCH_TOKENS:,} tokens)"
+                                          if mb * seq == MICRO_BATCH_TOKENS else ""))
     else:
         mb = CPU_MICRO_BATCH if mb_auto else c.micro_batch_size
         ga = accum_for(mb)

@@ -27,7 +27,9 @@ import ast
 import dataclasses
 from typing import Any, Callable, Union
 
-from fp8lab.fp8.backends import FP8_ALL_GATHER_BACKENDS, FP8_LM_HEAD_BACKENDS, backend_names  # noqa: F401 (the vocabulary, re-exported)
+from fp8lab.fp8.backends import (  # noqa: F401 (the vocabulary, re-exported)
+    FP8_ALL_GATHER_BACKENDS, FP8_LM_HEAD_BACKENDS, backend_names,
+)
 from fp8lab.plan.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
 from fp8lab.fp8.stats import SOURCES as FP8_STATS_SOURCE_CHOICES
 from fp8lab.plan.fused_loss import CHOICES as FUSED_LOSS_CHOICES
@@ -53,7 +55,8 @@ BACKENDS = (AUTO, "none", *FP8_BACKENDS)  # auto: picked for the machine; none: 
 RECIPE_KINDS = KINDS
 # FSDP2 all-gathers the block linears' weights in FP8 (fp8lab.plan.runplan.fp8_all_gather_decision)
 FP8_ALL_GATHER = (AUTO, "on", "off")
-FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES  # auto | te-debug | fp8lab, declared where they are read (fp8lab.fp8.stats)
+# auto | te-debug | fp8lab, declared where they are read (fp8lab.fp8.stats)
+FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
 FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fused_loss)
 
@@ -199,7 +202,8 @@ def check_schema(cls: type) -> None:
     """Every field of ``cls`` has help and a converter (run on import: a new field cannot be half declared)."""
     for f in dataclasses.fields(cls):
         if _annotation(f) not in CONVERTERS:
-            raise TypeError(f"{cls.__name__}.{f.name}: no converter for type {_annotation(f)!r} in fp8lab.plan.options.CONVERTERS")
+            raise TypeError(f"{cls.__name__}.{f.name}: no converter for type {_annotation(f)!r} in "
+                            "fp8lab.plan.options.CONVERTERS")
         if not f.metadata.get("help"):
             raise TypeError(f"{cls.__name__}.{f.name}: declare it with fp8lab.plan.options.option(default, help, ...)")
 

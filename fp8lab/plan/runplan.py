@@ -4,8 +4,8 @@
 so the trainer (on the machine it runs on), ``JobSpec`` (on a SageMaker instance it cannot see) and ``--dry-run``
 make the same decisions the same way. ``machine`` carries the facts of where the run goes (its GPU, Transformer
 Engine's release, TE's debug API, the fused loss's kernel); ``evidence`` the committed GPU checks some ``auto``
-rules wait for (fp8lab.plan.evidence: the packaged values unless given). ``TrainConfig`` stays what was requested ("auto" included);
-the plan holds what runs:
+rules wait for (fp8lab.plan.evidence: the packaged values unless given). ``TrainConfig`` stays what was requested
+("auto" included); the plan holds what runs:
 
 * the backend and its FP8 recipe (:func:`select_backend`: ``--backend auto`` picks one here);
 * the batch layout (``fp8lab.plan.layout.resolve``: parameters' dtype, sequence, micro-batch,
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from fp8lab.model.config import ModelConfig
     from fp8lab.plan.config import TrainConfig
 
-PLANNED_ENV = "FP8LAB_PLANNED"  # a SageMaker job's plan made at launch (decisions() as JSON), read by fp8lab.train.sm_entry
+# a SageMaker job's plan made at launch (decisions() as JSON), read by fp8lab.train.sm_entry
+PLANNED_ENV = "FP8LAB_PLANNED"
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ class RunPlan:
         return {**self.layout.reasons, **self.reasons}
 
     def differences(self, other: "RunPlan | dict[str, Any]") -> dict[str, tuple[Any, Any]]:
-        """decision -> (``other``'s value, this plan's), for those that differ (``other``: a plan or its decisions())."""
+        """decision -> (``other``'s value, this plan's), for those that differ (``other``: a plan or its
+        decisions())."""
         theirs = other.decisions() if isinstance(other, RunPlan) else other
         return {k: (theirs[k], v) for k, v in self.decisions().items() if k in theirs and theirs[k] != v}
 
@@ -181,7 +183,8 @@ def select_backend(c: "TrainConfig", machine: Machine) -> tuple[str | None, str]
         return auto_fp8_backend(machine)
     problem = machine.backend_problem(c.backend)
     if problem is not None:
-        raise ValueError(f"--backend {c.backend}: not usable on this machine: {problem}. On a CPU use --backend emulated")
+        raise ValueError(f"--backend {c.backend}: not usable on this machine: {problem}. On a CPU use --backend "
+                         "emulated")
     return c.backend, f"--backend {c.backend}"
 
 
@@ -193,15 +196,18 @@ def recipe_for(c: "TrainConfig", backend: str | None) -> Recipe | None:
     if c.precision == "fp8":  # refused here, before anything is built: a kind the backend has no recipe for
         if backend == "te":
             if recipe.row.te_class is None:
-                raise ValueError(f"--recipe {recipe.kind} is a torchao recipe: use --backend torchao, or on TE --recipe "
-                                 + " | ".join(kinds_where(lambda r: r.te_class is not None)))
+                raise ValueError(f"--recipe {recipe.kind} is a torchao recipe: use --backend torchao, or on TE "
+                                 "--recipe " + " | ".join(kinds_where(lambda r: r.te_class is not None)))
         elif backend == "torchao" and recipe.row.torchao is None:
-            raise ValueError("--backend torchao runs --recipe " + " | ".join(kinds_where(lambda r: r.torchao is not None))
-                             + f" (torchao scales dynamically, per tensor or per row); {recipe.kind!r} runs on --backend te")
+            raise ValueError("--backend torchao runs --recipe " +
+                             " | ".join(kinds_where(lambda r: r.torchao is not None))
+                             + f" (torchao scales dynamically, per tensor or per row); {recipe.kind!r} runs on "
+                             "--backend te")
     return recipe
 
 
-def fsdp_te_problem(c: "TrainConfig", backend: str | None, distributed: bool, param_dtype: str | None = None) -> str | None:
+def fsdp_te_problem(c: "TrainConfig", backend: str | None, distributed: bool,
+                    param_dtype: str | None = None) -> str | None:
     """Why this FSDP2 + Transformer Engine layout cannot train, or None (``param_dtype``: the resolved one).
 
     TE 2.20 under FSDP2 does not keep a high-precision weight it had to cast for backward (it
@@ -227,7 +233,8 @@ def schedule(c: "TrainConfig", lay: flayout.Layout, world_size: int) -> tuple[in
     return total_steps, warmup
 
 
-def graphs_decision(c: "TrainConfig", machine: Machine, backend: str | None, lay: flayout.Layout, mcfg) -> graphs.Decision:
+def graphs_decision(c: "TrainConfig", machine: Machine, backend: str | None, lay: flayout.Layout,
+                    mcfg) -> graphs.Decision:
     """Whether the run replays its blocks as CUDA graphs (fp8lab.plan.graphs), for its layout."""
     if c.cuda_graphs == "off":
         return graphs.decide("off", None, micro_batch_size=lay.micro_batch_size, seq_len=lay.seq_len)
@@ -241,7 +248,8 @@ def graphs_decision(c: "TrainConfig", machine: Machine, backend: str | None, lay
 def compute_dtype(c: "TrainConfig", machine: Machine) -> tuple[str, str]:
     if c.compute_dtype != "auto":
         return c.compute_dtype, f"--compute-dtype {c.compute_dtype}"
-    return ("bf16", "auto: bf16 autocast on a GPU") if machine.gpu else ("fp32", "auto: fp32 on a CPU (bf16 autocast is slow there)")
+    return (("bf16", "auto: bf16 autocast on a GPU") if machine.gpu
+            else ("fp32", "auto: fp32 on a CPU (bf16 autocast is slow there)"))
 
 
 def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_weights: bool) -> tuple[bool, str]:
@@ -256,10 +264,12 @@ def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_
 
 def fp8_attention(c: "TrainConfig", machine: Machine, backend: str | None, recipe: Recipe | None,
                   lay: flayout.Layout, mcfg, evidence: Evidence) -> tuple[bool, str]:
-    """Whether attention runs in FP8 too (fp8lab.plan.fp8attn's measured rule); ValueError for an ``on`` that cannot run."""
+    """Whether attention runs in FP8 too (fp8lab.plan.fp8attn's measured rule); ValueError for an ``on`` that cannot
+    run."""
     return fp8attn.decide(c.fp8_attention, seq_len=lay.seq_len, evidence=evidence, precision=c.precision,
                           backend=backend, fuse=c.fuse,
-                          recipe_kind=recipe.kind if recipe else None, mcfg=mcfg, gpu=machine.gpu, gpu_name=machine.name)
+                          recipe_kind=recipe.kind if recipe else None, mcfg=mcfg, gpu=machine.gpu,
+                          gpu_name=machine.name)
 
 
 def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = None) -> RunPlan:
@@ -289,7 +299,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     reasons = {"backend": why_backend, "cuda_graphs": decision.reason, "fp8_weight_cache": why_cache,
                "fuse_wgrad_accumulation": why_wgrad, "compute_dtype": why_dtype,
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
-                                  "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else "fp32 parameters"),
+                                  "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else
+                                  "fp32 parameters"),
                "streamed_step": "under CUDA graphs" if decision.active else "no CUDA graphs: the plain step"}
     # long sequences: a named shape's raised max_seq_len; FP8 attention, carried by the recipe TE runs
     if note := longer_sequence_note(c.model, c.model_overrides, c.seq_len):
@@ -305,7 +316,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     # the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
     fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, mcfg, reasons, fp8_attention=attn, fp8_all_gather=fp8_ag,
+                   master and decision.active, keep, cache, wgrad, mcfg, reasons, fp8_attention=attn,
+                   fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused,
                    fused_loss_kernel=kernel if fused else None)
 
@@ -327,8 +339,9 @@ def fp8_all_gather_decision(c: "TrainConfig", backend: str | None, sharded: bool
                f"needs per-tensor scaling (torchao all-gathers tensorwise-scaled weights only; --recipe {c.recipe} "
                f"scales per row or block)" if not per_tensor else
                None if backend in FP8_ALL_GATHER_BACKENDS else
-               f"needs --backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}: fp8lab wires torchao's float8 FSDP2 all-gather; "
-               f"{backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are not wired)")
+               f"needs --backend {' or '.join(FP8_ALL_GATHER_BACKENDS)}: fp8lab wires torchao's float8 FSDP2 "
+               f"all-gather; {backend or 'none'} has none here (Transformer Engine's FP8 parameters under FSDP2 are "
+               "not wired)")
     if why_not is None:
         if c.fp8_all_gather == "on":
             return True, "--fp8-all-gather on"

@@ -17,7 +17,8 @@ MANIFEST = "manifest.json"
 FORMAT = "fp8lab-tokens"
 FORMAT_VERSION = 1
 TOKEN_DTYPES = ("uint16", "uint32")  # a shard's token ids: uint16 when the vocabulary fits, else uint32 (never signed)
-JSONL_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")  # one document per line: {"text": ...} (source code keeps its blank lines)
+# one document per line: {"text": ...} (source code keeps its blank lines)
+JSONL_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")
 TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz") + JSONL_SUFFIXES
 
 

@@ -4,7 +4,8 @@
 ``val_loss`` on validation steps and ``skipped: true`` on steps the overflow guard dropped). The
 same numbers go to stdout as one line a SageMaker metric-definition regex can read::
 
-    fp8lab-metrics step=12 loss=3.456789 tokens_per_sec_per_gpu=12345.6 mfu=0.4123 step_time_s=0.5123 lr=0.0003 grad_norm=1.234
+    fp8lab-metrics step=12 loss=3.456789 tokens_per_sec_per_gpu=12345.6 mfu=0.4123 step_time_s=0.5123 lr=0.0003 \
+grad_norm=1.234
     fp8lab-metrics step=12 val_loss=3.4567
 
 MFU is model FLOPs (``fp8lab.model.models.model_flops_per_token``) per second per GPU over the GPU's
@@ -56,7 +57,8 @@ def step_line(rec: dict[str, Any]) -> str:
         f"{LINE_PREFIX} step={rec['step']} loss={_fixed(rec['loss'], 6)}"
         f" tokens_per_sec_per_gpu={_fixed(rec['tokens_per_sec_per_gpu'], 1)}"
         f" mfu={_fixed(rec['mfu'] if rec['mfu'] is not None else 0.0, 4)}"
-        f" step_time_s={_fixed(rec['step_time_s'], 4)} lr={plain(rec['lr'], 10)} grad_norm={_fixed(rec['grad_norm'], 4)}"
+        f" step_time_s={_fixed(rec['step_time_s'], 4)} lr={plain(rec['lr'], 10)} "
+        f"grad_norm={_fixed(rec['grad_norm'], 4)}"
     )
 
 

@@ -47,7 +47,8 @@ from fp8lab.core.paths import DATA_DIR, REPO_ROOT
 
 MARKER = ".fp8lab-owner.json"
 LOCK = ".fp8lab-lock"  # fp8lab.records.runlock
-TMP_PREFIX = ".fp8lab-tmp-"  # fp8lab's own temporary files (fresh names, O_EXCL): never read, a crash's leftover ignored
+# fp8lab's own temporary files (fresh names, O_EXCL): never read, a crash's leftover ignored
+TMP_PREFIX = ".fp8lab-tmp-"
 APPEND = ("metrics.jsonl",)  # append-only: the marker's digest covers the file's first bytes
 TE_DEBUG_DIR = "te-debug"  # in a run folder: nvdlfw-inspect's own log (fp8lab.fp8.te_debug)
 # a run folder's sub-folders: fp8lab's by name, each checked as its own kind when used
@@ -228,7 +229,8 @@ def _owned(folder: Path, kind: str, name: str, m: dict[str, Any] | None) -> bool
     if name.startswith(TMP_PREFIX):
         return True  # never read or written through; left by a crash
     if name == LOCK:  # fp8lab.records.runlock's, in a run, checkpoint or token folder
-        return kind in ("run", "checkpoints", "tokens") and not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1
+        return (kind in ("run", "checkpoints", "tokens")
+                and not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1)
     if kind == "checkpoints":  # a checkpoint without fp8lab's manifest is no reason to refuse: it never loads or goes
         return own_checkpoint(p) or (bool(_STEP.fullmatch(name)) and not p.is_symlink() and p.is_dir()
                                      and _checkpoint_shaped(p))
@@ -353,7 +355,8 @@ def _check_overlaps(writes: list[tuple[str, Path, str]], reads: list[tuple[str, 
 
 def _check_checkout(option: str, folder: Path) -> None:
     parts = _checkout_parts()
-    hit = [p.name + "/" for p in parts if _inside(folder, p)] or (["its root"] if parts and folder == REPO_ROOT.resolve() else [])
+    hit = ([p.name + "/" for p in parts if _inside(folder, p)]
+           or (["its root"] if parts and folder == REPO_ROOT.resolve() else []))
     if hit:
         raise ValueError(f"{option} is in the fp8lab checkout ({hit[0]}); fp8lab never writes there; allowed: a "
                          "folder outside it, or under runs/ or outputs/")

@@ -61,8 +61,8 @@ def acquire(option: str, folder: str | Path, user: str = "run") -> RunLock:
         fh.close()
         if holder == "a live process" and user == "prepare-data":  # readers name no holder
             holder = "a training run reads it"
-        raise ValueError(f"{option}={str(folder)!r} is in use by another fp8lab {user} ({holder}); allowed: wait for it "
-                         f"to finish, or another {option}") from None
+        raise ValueError(f"{option}={str(folder)!r} is in use by another fp8lab {user} ({holder}); allowed: wait for "
+                         f"it to finish, or another {option}") from None
     except OSError as exc:  # no flock here (e.g. some network file systems)
         print(f"fp8lab: note: {option} cannot be locked ({exc.strerror}); make sure no other run uses it", flush=True)
         fh.close()

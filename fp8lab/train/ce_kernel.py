@@ -100,12 +100,14 @@ def _autotuned():
     """The kernel autotuned over CONFIGS, once per vocabulary size (the timings kept on disk: Triton's cache)."""
     import triton
 
-    configs = [triton.Config({"BLOCK": b, "LANES": lanes, "PER_SM": per_sm}, num_warps=w) for b, w, lanes, per_sm in CONFIGS]
+    configs = [triton.Config({"BLOCK": b, "LANES": lanes, "PER_SM": per_sm}, num_warps=w)
+               for b, w, lanes, per_sm in CONFIGS]
     return triton.autotune(configs=configs, key=["n_cols"], restore_value=["x_ptr"], cache_results=True)(_jit())
 
 
 def _grid(n_rows: int, sms: int):
-    """The launch grid for a config's meta-parameters: a program per row, or PER_SM programs per SM (at most a row each)."""
+    """The launch grid for a config's meta-parameters: a program per row, or PER_SM programs per SM (at most a row
+    each)."""
     return lambda meta: (n_rows if not meta["PER_SM"] else max(1, min(n_rows, sms * meta["PER_SM"])),)
 
 
@@ -161,7 +163,8 @@ def chunk_math(logits, t, v, scale, config: int | None = None):
 
 
 def _sm_count(device) -> int:
-    """Streaming multiprocessors of ``device`` (CUDA); 2 elsewhere (the interpreter's CPU tests: several rows a program)."""
+    """Streaming multiprocessors of ``device`` (CUDA); 2 elsewhere (the interpreter's CPU tests: several rows a
+    program)."""
     import torch
 
     if device.type != "cuda":

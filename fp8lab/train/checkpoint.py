@@ -117,7 +117,8 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     if env.is_main:
-        root.mkdir(parents=True, exist_ok=True)  # unmarked: step folders with fp8lab's manifest are its (fp8lab.records.ownership)
+        # unmarked: step folders with fp8lab's manifest are its (fp8lab.records.ownership)
+        root.mkdir(parents=True, exist_ok=True)
         if tmp.exists() or tmp.is_symlink():
             _remove_own(tmp)
     fdist.barrier(env)
@@ -177,7 +178,8 @@ def verify(path: str | Path) -> None:
     if want is None:
         raise ValueError(f"not written by fp8lab (no valid {MANIFEST}); nothing in it was read")
     if _sha256(path / METADATA) != want:
-        raise ValueError(f"its {METADATA} is not the one fp8lab wrote (sha256 differs from {MANIFEST}); nothing in it was read")
+        raise ValueError(f"its {METADATA} is not the one fp8lab wrote (sha256 differs from {MANIFEST}); nothing in it "
+                         "was read")
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -192,7 +194,8 @@ class _MetadataUnpickler(pickle.Unpickler):
             obj = super().find_class(module, name)
             if isinstance(obj, type):
                 return obj
-        elif module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+        elif module == "torch" and isinstance(getattr(torch, name, None),
+                                              (torch.dtype, torch.layout, torch.memory_format)):
             return getattr(torch, name)
         elif name in self._ALLOWED.get(module, ()):
             return super().find_class(module, name)
@@ -318,7 +321,8 @@ def _extra_states(path: Path, reader: Any, model: nn.Module, model_sd: dict[str,
         except te_state.RefusedState as exc:
             raise te_state.RefusedState(
                 f"{path.name}/{_file_of(metadata, f'model.{key}')}: refused the Transformer Engine FP8 state of "
-                f"{name or 'the model'!r} ({exc.reason}); nothing loaded or deleted: delete {path.name} if you did not write it"
+                f"{name or 'the model'!r} ({exc.reason}); nothing loaded or deleted: delete {path.name} if you did not "
+                "write it"
             ) from None
     return out
 

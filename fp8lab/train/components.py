@@ -143,7 +143,8 @@ class Checkpointer:
             return step, new_settings
         if unreadable:
             raise ValueError(f"--checkpoint-dir: no checkpoint in {self.root.name!r} loads ({'; '.join(unreadable)}); "
-                             "move the unreadable ones away, or start afresh with --resume False or another --checkpoint-dir")
+                             "move the unreadable ones away, or start afresh with --resume False or another "
+                             "--checkpoint-dir")
         return None
 
     def _load(self, cand: str, unreadable: list[str]) -> dict[str, Any] | None:
@@ -153,7 +154,8 @@ class Checkpointer:
             return as_current_layout(fckpt.load(cand, self.model, self.optimizer, self.env))
         except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
             unreadable.append(f"{Path(cand).name}: {fresume.failure_reason(exc)}")
-            self.log(f"fp8lab: checkpoint {Path(cand).name} does not load ({fresume.failure_reason(exc)}); trying an older one")
+            self.log(f"fp8lab: checkpoint {Path(cand).name} does not load ({fresume.failure_reason(exc)}); trying an "
+                     "older one")
             return None
 
 
@@ -301,11 +303,13 @@ class StepMetrics:
             self.log = fmetrics.MetricsLog(self.output_dir / "metrics.jsonl", resume_step=resumed_from)
             if self.log.torn:
                 print(f"fp8lab: metrics.jsonl: dropped {self.log.torn} incomplete line(s) (a write cut off by a kill); "
-                      f"the records up to step {resumed_from} (the checkpoint) are kept, later steps are redone", flush=True)
+                      f"the records up to step {resumed_from} (the checkpoint) are kept, later steps are redone",
+                      flush=True)
             # the process's environment names MLflow's tracking server, as MLflow itself reads it (SageMaker's managed
             # MLflow sets MLFLOW_TRACKING_URI in the job)
             self.mirror = ftrackers.start(self.c.tracker, output_dir=self.output_dir, tracker_dir=self.c.tracker_dir,
-                                          run_name=Path(self.output_dir).name, params=self.c.as_dict(), environ=os.environ)
+                                          run_name=Path(self.output_dir).name, params=self.c.as_dict(),
+                                          environ=os.environ)
         self.bar = tqdm(total=total_steps, initial=first_step - 1, unit="step", dynamic_ncols=True,
                         disable=not show_progress(self.c.progress, self.env.is_main),
                         desc=f"{self.info.model} {self.c.precision}")
@@ -341,7 +345,8 @@ class StepMetrics:
         rec = {"step": state.step, "tokens": state.tokens, "loss": None if r.skipped else r.loss,
                "lr": r.lr, "grad_norm": gn if math.isfinite(gn) else None, "step_time_s": dt,
                "tokens_per_sec": tps, "tokens_per_sec_per_gpu": tps / i.world_size,
-               "mfu": fmetrics.mfu(i.flops_per_token, tps / i.world_size, i.peak), "max_mem_gib": max_mem_gib(self.env.device),
+               "mfu": fmetrics.mfu(i.flops_per_token, tps / i.world_size, i.peak),
+               "max_mem_gib": max_mem_gib(self.env.device),
                "precision": i.precision, "backend": i.backend, "recipe": i.recipe, "model": i.model,
                "world_size": i.world_size, "gpu_name": i.gpu_name}
         if self.env.device.type == "cuda":

@@ -118,7 +118,8 @@ def block_list(model: nn.Module) -> nn.ModuleList:
             if n > best_n:
                 best, best_n = mod, n
     if best is None:
-        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of decoder blocks to shard / checkpoint / compile")
+        raise ValueError(f"{type(model).__name__} has no nn.ModuleList of decoder blocks to shard / checkpoint / "
+                         "compile")
     return best
 
 

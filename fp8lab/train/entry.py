@@ -20,9 +20,9 @@ The same file runs everywhere; only the launch differs::
     # SM_CHANNEL_TRAIN, the model goes to SM_MODEL_DIR, metrics + plots to SM_OUTPUT_DATA_DIR,
     # checkpoints to /opt/ml/checkpoints (synced to S3; a restarted spot job resumes from them)
 
-This module holds the entry points; ``TrainConfig`` (fp8lab.plan.config, importable from here; each option declared once on its field:
-fp8lab.plan.options): what was requested, "auto" included. ``fp8lab.plan.runplan.plan_run`` decides what runs
-(backend, recipe, layout, steps, graphs, ...); the run itself, its set-up order and its loop, is
+This module holds the entry points; ``TrainConfig`` (fp8lab.plan.config, importable from here; each option declared once
+on its field: fp8lab.plan.options): what was requested, "auto" included. ``fp8lab.plan.runplan.plan_run`` decides what
+runs (backend, recipe, layout, steps, graphs, ...); the run itself, its set-up order and its loop, is
 ``fp8lab.train.trainer.Trainer``, which builds from that plan.
 
 ``precision`` and ``backend``: ``--precision fp8`` runs the converted model inside FP8 autocast.
@@ -68,7 +68,8 @@ from fp8lab.train.run_paths import resolve_paths
 
 EXIT_BAD_OPTIONS, EXIT_OVERFLOW, EXIT_CHECKPOINT_FAILED = 2, 3, 4
 EXIT_EVAL_FAILED = 5  # trained, checkpointed and exported; only the final validation loss is missing
-EXIT_INTERRUPTED = 130  # stopped at once by Ctrl-C (a second one, or one outside the training loop): the shell's 128 + SIGINT
+# stopped at once by Ctrl-C (a second one, or one outside the training loop): the shell's 128 + SIGINT
+EXIT_INTERRUPTED = 130
 # TrainConfig and its checks live in fp8lab.plan.config; their names stay importable from here
 from fp8lab.plan.config import CHECKPOINT_EVERY, TrainConfig, option_problem  # noqa: E402,F401
 
@@ -201,7 +202,8 @@ def _kept(config) -> str:
     from fp8lab.train import checkpoint as fckpt  # torch: loaded already when a run was under way
 
     p = resolve_paths(config)
-    done = [s for s, _ in fckpt.complete_checkpoints(p.checkpoint_dir)] if config.resume or config.checkpoint_every >= 0 else []
+    done = ([s for s, _ in fckpt.complete_checkpoints(p.checkpoint_dir)]
+            if config.resume or config.checkpoint_every >= 0 else [])
     if not done:
         return "the files written so far are kept; no checkpoint is complete, so the same command starts again"
     return (f"the files written so far and checkpoint step_{done[0]:08d} are kept: the same command resumes from "
@@ -235,9 +237,11 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
         print(f"fp8lab train: interrupted (Ctrl-C); {_kept(config)}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except OSError as exc:  # a write the run could not make (full disk, file-size limit) outside its own handling
-        print(f"fp8lab train: error: {write_failure(exc, config)}; stopped; {_kept(config)}", file=sys.stderr, flush=True)
+        print(f"fp8lab train: error: {write_failure(exc, config)}; stopped; {_kept(config)}", file=sys.stderr,
+              flush=True)
         return EXIT_CHECKPOINT_FAILED
-    return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED, "export_failed": EXIT_CHECKPOINT_FAILED,
+    return {"stopped_nonfinite": EXIT_OVERFLOW, "checkpoint_failed": EXIT_CHECKPOINT_FAILED,
+            "export_failed": EXIT_CHECKPOINT_FAILED,
             "summary_failed": EXIT_CHECKPOINT_FAILED, "eval_failed": EXIT_EVAL_FAILED}.get(summary["status"], 0)
 
 

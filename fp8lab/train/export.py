@@ -44,8 +44,9 @@ def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Pat
                   run: str | None = None) -> None:
     """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
 
-    ``plan``: the run's (fp8lab.plan.runplan.RunPlan: its model and ModelConfig). ``model`` is what trained (maybe DDP/FSDP-wrapped), ``inner`` the module inside it, ``master``
-    the fp32 master weights of ``--param-dtype bf16`` (written instead of the bf16 parameters)."""
+    ``plan``: the run's (fp8lab.plan.runplan.RunPlan: its model and ModelConfig). ``model`` is what trained (maybe
+    DDP/FSDP-wrapped), ``inner`` the module inside it, ``master`` the fp32 master weights of ``--param-dtype bf16``
+    (written instead of the bf16 parameters)."""
     sd = _export_hf_state_dict(model, inner, conversion, master)
     if not env.is_main:
         return

@@ -165,7 +165,8 @@ class MasterWeights:
     def _streamed_step(self) -> None:
         """Convert, clip and step one chunk of fp32 master gradients at a time (then free them)."""
         if self._clip_coef is None:
-            raise RuntimeError("MasterWeights(streamed=True).step() needs clip_grad_norm_() first (it sets the clip factor)")
+            raise RuntimeError("MasterWeights(streamed=True).step() needs clip_grad_norm_() first (it sets the clip "
+                               "factor)")
         for chunk in self._chunks:
             stepped = []
             for i in chunk:
@@ -220,7 +221,8 @@ class MasterWeights:
         for names, m in zip(self.names, self.masters):
             present = [n for n in names if n in out]
             if not present:
-                raise KeyError(f"parameter {names[0]!r} is not in the model state dict (keys like {next(iter(out), None)!r})")
+                raise KeyError(f"parameter {names[0]!r} is not in the model state dict (keys like "
+                               f"{next(iter(out), None)!r})")
             for n in present:
                 out[n] = m.detach().to(out[n].device)
         return out

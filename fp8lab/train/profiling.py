@@ -22,7 +22,8 @@ CATEGORIES = [  # (category, regex on the lower-cased kernel or op name), first 
     ("fp8 gemm", r"_scaled_mm|f8f6f4|nvjet_sm\d+_q[qr]"),  # cuBLAS names its FP8 GEMMs nvjet_*_qqtst / _qrtst
     ("attention", r"flash|fmha|attn|attention|cudnn.*sdpa|softmax_rescale|dot_product"),
     ("communication (nccl)", r"nccl"),  # all-gathers / reduce-scatters: overlap with compute, so not additive
-    ("fp8 cast/transpose/amax", r"cast|transpose|amax|quantize|scale"),  # before "fp8": TE's cast kernels name fp8 types
+    # before "fp8": TE's cast kernels name fp8 types
+    ("fp8 cast/transpose/amax", r"cast|transpose|amax|quantize|scale"),
     ("gemm", r"gemm|xmma|cutlass|sm90_|nvjet|ampere_|cublas|aten::(mm|addmm|bmm|matmul|linear)$"),
     ("optimizer", r"adam|multi_tensor|foreach|lamb"),
     ("norm/activation", r"norm|rms|layer_norm|silu|swiglu|gelu|geglu|act"),

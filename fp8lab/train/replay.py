@@ -21,7 +21,8 @@ from fp8lab.core.paths import ABSOLUTE_PLACEHOLDER
 from fp8lab.plan.config import TrainConfig
 from fp8lab.plan.options import flag
 
-CONFIG_FLAG, CONFIG_DEST = "--config", "replay_config"  # fp8lab train's flag (not a TrainConfig field: no plan decision)
+# fp8lab train's flag (not a TrainConfig field: no plan decision)
+CONFIG_FLAG, CONFIG_DEST = "--config", "replay_config"
 # this run's own: where it writes (the record's run folder is not overwritten) and whether it trains at all
 NOT_REPLAYED = ("output_dir", "checkpoint_dir", "model_dir", "dry_run")
 PATH_OPTIONS = ("model", "data")  # options whose values may be paths written relative to the record's run folder
@@ -59,7 +60,8 @@ def replayed_options(path: str | Path, explicit: dict[str, Any] | None = None) -
         if isinstance(value, str) and value.startswith(ABSOLUTE_PLACEHOLDER):
             raise ValueError(f"--config {path}: the record keeps {name} only as {value!r} (a path outside its run "
                              f"folder); pass {flag(name)} as well")
-        if name in PATH_OPTIONS and isinstance(value, str) and not Path(value).is_absolute() and not Path(value).exists():
+        if (name in PATH_OPTIONS and isinstance(value, str) and not Path(value).is_absolute()
+                and not Path(value).exists()):
             # written relative to the run's folder, or as typed where the run started (one of its folder's parents)
             value = next((str(base / value) for base in (folder, *folder.resolve().parents) if (base / value).exists()),
                          value)

@@ -1,12 +1,12 @@
 """What a checkpoint must agree on with the run resuming from it, and how new settings take over.
 
 A checkpoint records the options that shape training (its *fingerprint*): the model and its
-layers, precision, the backend and recipe that ran (the plan's, never "auto"), the data (a digest of the tokens' source, fp8lab.data.tokens.identity),
-sequence length, global batch, seed, and the optimisation schedule
+layers, precision, the backend and recipe that ran (the plan's, never "auto"), the data (a digest of the tokens' source,
+fp8lab.data.tokens.identity), sequence length, global batch, seed, and the optimisation schedule
 (total steps, warm-up, learning rates, AdamW settings, clipping). The batch layout is checked as
 the global batch: micro-batch x accumulation x ranks may be split differently on resume (another
-world size), since the loader gives every optimizer step the same samples whatever the split. A run resuming with different
-values is refused with every difference listed, because the result would match neither run
+world size), since the loader gives every optimizer step the same samples whatever the split. A run resuming with
+different values is refused with every difference listed, because the result would match neither run
 (e.g. a 200-step run resumed as a 300-step one: its cosine schedule had already decayed).
 
 ``--resume-with-new-settings`` (``TrainConfig.resume_with_new_settings``) continues anyway when
@@ -41,7 +41,8 @@ def fingerprint(plan, data: str | None = None) -> dict[str, Any]:
     extra = {} if data is None else {"data": data}
     return {**extra, "model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
             "backend": plan.backend_label, "recipe": plan.recipe.spec() if plan.recipe_kind else None,
-            "fuse": c.fuse, "fp8_lm_head": c.fp8_lm_head, "seq_len": lay.seq_len, "seed": c.seed, "bf16_edge_blocks": c.bf16_edge_blocks,
+            "fuse": c.fuse, "fp8_lm_head": c.fp8_lm_head, "seq_len": lay.seq_len, "seed": c.seed,
+            "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": lay.micro_batch_size * lay.grad_accum * plan.world_size,
             "total_steps": plan.total_steps, "warmup_steps": plan.warmup_steps, "lr": c.lr, "min_lr": c.min_lr,
             "weight_decay": c.weight_decay, "beta1": c.beta1, "beta2": c.beta2, "grad_clip": c.grad_clip}
@@ -74,8 +75,8 @@ def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int,
     if fixed:
         raise ValueError(
             f"checkpoint {where} was written by a different run ({listed}); use the same options, or start "
-            f"afresh in a new --output-dir (and --checkpoint-dir)" + (f" ({', '.join(fixed)} cannot change with {NEW_SETTINGS_FLAG})"
-                                                       if allow_new else ""))
+            f"afresh in a new --output-dir (and --checkpoint-dir)"
+            + (f" ({', '.join(fixed)} cannot change with {NEW_SETTINGS_FLAG})" if allow_new else ""))
     if not allow_new:
         raise ValueError(
             f"checkpoint {where} was written with other settings ({listed}); resume with the same options, pass "
@@ -105,7 +106,8 @@ def failure_reason(exc: BaseException) -> str:
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
         rank, inner = next(iter(failures.items()))
-        inner = inner[0] if isinstance(inner, tuple) and inner else getattr(inner, "exc", inner)  # (exception, traceback)
+        # (exception, traceback)
+        inner = inner[0] if isinstance(inner, tuple) and inner else getattr(inner, "exc", inner)
         text = shareable_text(str(inner)).strip().split(". ")[0].splitlines()
         return f"{type(exc).__name__} on rank {rank}: {type(inner).__name__}: {text[0] if text else ''}"[:300]
     text = shareable_text(str(exc)).strip().split(". ")[0].splitlines()

@@ -7,11 +7,11 @@ itself before its first step. It owns
 * ``config.json``, made by one function, :func:`config_record`, from the plan.
 
 config.json's shape: the options as flat keys, each decided one (``RunPlan.options()``, the device and the progress
-bar) at the value that ran, never "auto", as readers of config.json (fp8lab.analysis) expect; the provenance and the command; the run's facts (parameters,
-FLOPs per token, the step it resumed from) and sources (the model's, the data's, the conversion); then
-``requested`` (what was asked, "auto" included), ``plan`` (``RunPlan.record()``: every decision and why) and
-``built`` (what the trainer refined when it built the plan: a weight cache or kept weights the model could not
-take, the AdamW kernels, the captured CUDA graphs). Old run folders' keys (``*_resolved``, ``*_active``, ...)
+bar) at the value that ran, never "auto", as readers of config.json (fp8lab.analysis) expect; the provenance and the
+command; the run's facts (parameters, FLOPs per token, the step it resumed from) and sources (the model's, the data's,
+the conversion); then ``requested`` (what was asked, "auto" included), ``plan`` (``RunPlan.record()``: every decision
+and why) and ``built`` (what the trainer refined when it built the plan: a weight cache or kept weights the model could
+not take, the AdamW kernels, the captured CUDA graphs). Old run folders' keys (``*_resolved``, ``*_active``, ...)
 are read by ``fp8lab.analysis.run_config.normalize_config``.
 """
 from __future__ import annotations
@@ -96,7 +96,8 @@ class RunRecord:
 
     def dry_run_summary(self) -> dict[str, Any]:
         p, lay = self.plan, self.plan.layout
-        return {"status": "dry_run", "model": self.model_name, "precision": p.config.precision, "backend": p.backend_label,
+        return {"status": "dry_run", "model": self.model_name, "precision": p.config.precision,
+                "backend": p.backend_label,
                 "world_size": self.env.world_size, "gpu_name": p.machine.name, **lay.options(),
                 "cuda_graphs": p.graphs.active, "memory_estimate_gib": round(lay.memory.peak, 1),
                 "memory_gib": round(p.machine.memory_gib, 1), "reasons": lay.reasons}
@@ -110,9 +111,11 @@ class RunRecord:
                 "conversion": dataclasses.asdict(conversion) if conversion is not None else None,
                 "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")}}
 
-    def write(self, *, built: dict[str, Any], sources: dict[str, Any], resumed_from: int | None, info, data_dir: Path) -> None:
+    def write(self, *, built: dict[str, Any], sources: dict[str, Any], resumed_from: int | None, info,
+              data_dir: Path) -> None:
         """config.json (:func:`config_record`), then the run's opening lines (rank 0)."""
-        record = config_record(self.plan, built=built, sources=sources, argv=self.argv, output_dir=self.paths.output_dir,
+        record = config_record(self.plan, built=built, sources=sources, argv=self.argv,
+                               output_dir=self.paths.output_dir,
                                resumed_from=resumed_from, flops_per_token=info.flops_per_token,
                                replayed_from=self.replayed_from)
         out = self.paths.output_dir
@@ -137,7 +140,8 @@ class RunRecord:
             log(f"fp8lab: MFU = model FLOPs / dense BF16 peak of {info.gpu_name} ({info.peak / 1e12:.0f} TFLOP/s), "
                 "for BF16 and FP8 runs alike")
         else:
-            log(f"fp8lab: MFU not computed on {info.gpu_name} (no dense BF16 peak known): null in metrics.jsonl, 0 in log lines")
+            log(f"fp8lab: MFU not computed on {info.gpu_name} (no dense BF16 peak known): null in metrics.jsonl, 0 in "
+                "log lines")
         if resumed_from is not None:
             log(f"fp8lab: resumed from checkpoint at step {resumed_from} ({self.paths.checkpoint_dir.name}/)")
         if c.inject_nan_at_steps:

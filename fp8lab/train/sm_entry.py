@@ -53,7 +53,8 @@ def preflight(argv: list[str], planned: dict | None = None) -> str | None:
     except Exception as exc:  # pragma: no cover - every training image has torch
         return f"fp8lab: torch does not import ({exc})"
     if torch.cuda.is_available():
-        from fp8lab.fp8.backends import fp8_gpu_problem  # run as a script: fp8lab imports only once __main__ set its path
+        # run as a script: fp8lab imports only once __main__ set its path
+        from fp8lab.fp8.backends import fp8_gpu_problem
 
         problem = fp8_gpu_problem()
         if problem is not None:

@@ -104,7 +104,8 @@ def _storage(data) -> torch.storage.TypedStorage:
 
 # the globals a pickle of such data may name, each with what it builds
 _FUNCTIONS = {("torch._utils", "_rebuild_tensor_v2"): _tensor, ("torch.storage", "_load_from_bytes"): _storage,
-              ("collections", "OrderedDict"): OrderedDict, ("torch", "Size"): torch.Size, ("torch", "device"): torch.device,
+              ("collections", "OrderedDict"): OrderedDict, ("torch", "Size"): torch.Size,
+              ("torch", "device"): torch.device,
               ("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
 _DATA = (bool, int, float, str, bytes, torch.dtype, torch.device)
 
@@ -170,7 +171,8 @@ def _rebuilt(record: _Record) -> Any:
         known = {f.name for f in dataclasses.fields(cls)} | {"_cached_repr"}
         unknown = sorted(set(record.state) - known, key=str)
         if unknown:
-            raise RefusedState(f"a {record.type_name} with attributes this Transformer Engine does not have ({unknown})")
+            raise (RefusedState(f"a {record.type_name} with attributes this Transformer Engine does not have "
+                                f"({unknown})"))
         obj = cls.__new__(cls)
         obj.__dict__.update(_plain(record.state))
         return obj
@@ -180,7 +182,8 @@ def _rebuilt(record: _Record) -> Any:
 def reencoded(value: Any) -> torch.Tensor:
     """TE's extra-state tensor ``value`` decoded (:func:`decode`) and pickled again by fp8lab."""
     if not (isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1):
-        what = f"a {value.dtype} tensor of {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+        what = (f"a {value.dtype} tensor of {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                else f"a {type(value).__name__}")
         raise RefusedState(f"{what}, where TE stores a 1-D uint8 tensor")
     if value.numel() == 0:  # a stateless recipe's, or before the first FP8 step
         return value

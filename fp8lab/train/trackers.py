@@ -54,7 +54,8 @@ def scalars(rec: Mapping[str, Any]) -> dict[str, float]:
         return out
     if "record" in rec:
         return {}
-    return {k: float(rec[k]) for k in STEP_SCALARS if isinstance(rec.get(k), (int, float)) and not isinstance(rec[k], bool)}
+    return {k: float(rec[k]) for k in STEP_SCALARS
+            if isinstance(rec.get(k), (int, float)) and not isinstance(rec[k], bool)}
 
 
 def default_dir(tracker: str, output_dir: Path) -> Path:

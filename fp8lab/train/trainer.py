@@ -58,14 +58,16 @@ from fp8lab.train import fused_loss
 from fp8lab.train import optim as foptim
 from fp8lab.train import resume as fresume
 from fp8lab.train import run_paths as frun_paths
-from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult, StopFlag,
+from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult,
+                                     StopFlag,
                                      TrainState)
 from fp8lab.train.master_weights import MasterWeights
 from fp8lab.train.run_record import RunRecord, adamw_impl
 
 
 class Trainer:
-    """One training run of the plan ``plan`` (fp8lab.plan.runplan.RunPlan) on the process group ``env`` (see the module doc).
+    """One training run of the plan ``plan`` (fp8lab.plan.runplan.RunPlan) on the process group ``env`` (see the module
+    doc).
 
     ``self.c`` is the request (``plan.config``, "auto" included); what runs is read from the plan."""
 
@@ -73,7 +75,8 @@ class Trainer:
         self.plan, self.env = plan, env  # every decision is read from the plan, never copied
         self.paths = frun_paths.resolve_paths(plan.config)
         self.log = print if env.is_main else (lambda *a, **k: None)
-        self.record = RunRecord(plan, env, self.paths, argv, self.log, replayed_from)  # start lines, dry-run summary, config.json
+        # start lines, dry-run summary, config.json
+        self.record = RunRecord(plan, env, self.paths, argv, self.log, replayed_from)
         self.wall0 = time.perf_counter()
         self.resumed_from: int | None = None
         self.last_val: float | None = None
@@ -83,7 +86,8 @@ class Trainer:
         # the backend object and its FP8 region, looked up once (not per micro-batch)
         self.fp8_backend = get_backend(plan.backend) if plan.backend else None
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
-        self.locks: list = []  # the output and checkpoint folders' run locks (fp8lab.records.runlock), rank 0, to close()
+        # the output and checkpoint folders' run locks (fp8lab.records.runlock), rank 0, to close()
+        self.locks: list = []
         self.te_debug = None  # TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
 
     @property
@@ -114,7 +118,8 @@ class Trainer:
         return None
 
     def _cap_gpu_memory(self) -> None:
-        if self.c.gpu_memory_gib and self.env.device.type == "cuda":  # emulate a smaller GPU (e.g. P5's H100 80 GB on an H200)
+        # emulate a smaller GPU (e.g. P5's H100 80 GB on an H200)
+        if self.c.gpu_memory_gib and self.env.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.env.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.c.gpu_memory_gib * 2**30 / total), self.env.device)
 
@@ -138,8 +143,9 @@ class Trainer:
         self.manifest = m = fdata.read_manifest(self.data_dir)
         data_checks.check_prepared_size(m, self.plan.seq_len)
         if c.save_model and env.is_main and user_tokenizer_differs(c.model, self.data_dir / m["tokenizer"]):
-            self.log(f"fp8lab: note: --model's tokenizer maps tokens to other ids than --data's; the run learns --data's "
-                     "ids, so the export ships --data's tokenizer (the folder's would decode its outputs wrongly)")
+            self.log(f"fp8lab: note: --model's tokenizer maps tokens to other ids than --data's; the run learns "
+                     "--data's ids, so the export ships --data's tokenizer (the folder's would decode its outputs "
+                     "wrongly)")
         if m["vocab_size"] > mcfg.vocab_size:
             fix = (f"use --model-override vocab_size={m['vocab_size']}" if c.model in MODEL_CONFIGS else
                    f"use a model whose config.json has vocab_size >= {m['vocab_size']}")
@@ -159,9 +165,9 @@ class Trainer:
         if c.checkpoint_every >= 0:
             theirs = fckpt.foreign_steps(root, self.plan.total_steps)
             if theirs:
-                raise ValueError(f"--checkpoint-dir={str(root)!r} holds {', '.join(theirs[:3])}, not written by fp8lab, "
-                                 f"where this run of {self.plan.total_steps} steps may save its own; fp8lab never replaces "
-                                 "it; allowed: another --checkpoint-dir, or move that folder away")
+                raise ValueError(f"--checkpoint-dir={str(root)!r} holds {', '.join(theirs[:3])}, not written by "
+                                 f"fp8lab, where this run of {self.plan.total_steps} steps may save its own; fp8lab "
+                                 "never replaces it; allowed: another --checkpoint-dir, or move that folder away")
 
     def _keep_an_ended_run(self) -> None:
         """A run that would start afresh (``--resume False``, or nothing to resume) in an output folder holding
@@ -178,9 +184,9 @@ class Trainer:
             return  # a run that stopped early starts again; not fp8lab's summary: check_run_folders refused the folder
         why = "with --resume False" if not c.resume else "with no checkpoint to resume from"
         raise ValueError(f"--output-dir={str(out)!r} holds a completed run (its metrics.jsonl, summary.json"
-                         f"{' and model' if (self.paths.model_dir / 'config.json').is_file() else ''}); starting afresh "
-                         f"{why} would replace them; allowed: a new --output-dir, or the same command with --resume True "
-                         "and its checkpoints")
+                         f"{' and model' if (self.paths.model_dir / 'config.json').is_file() else ''}); starting "
+                         f"afresh {why} would replace them; allowed: a new --output-dir, or the same command with "
+                         "--resume True and its checkpoints")
 
     def _build_model(self) -> None:
         """build -> convert -> activation checkpointing -> compile -> master weights -> wrap."""
@@ -213,7 +219,8 @@ class Trainer:
         self.weight_cache = bool(p.weight_cache and getattr(model, "supports_weight_cache", False))
 
     def _named_shape(self):
-        """The plan's ModelConfig for build_model: a named shape's; None for a user's folder (built from its own files)."""
+        """The plan's ModelConfig for build_model: a named shape's; None for a user's folder (built from its own
+        files)."""
         return self.plan.model_config if self.c.model in MODEL_CONFIGS else None
 
     def _start_te_debug(self) -> None:
@@ -253,7 +260,8 @@ class Trainer:
         self.optimizer = self.master if self.master is not None else foptim.make_optimizer(
             self.model, c, self.env.device, sharded=p.sharded)
         self.adamw = self.master.optimizer if self.master is not None else self.optimizer
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw, foptim.lr_lambda(c, p.total_steps, p.warmup_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.adamw,
+                                                           foptim.lr_lambda(c, p.total_steps, p.warmup_steps))
 
     def _build_components(self) -> None:
         c, env, p = self.c, self.env, self.plan
@@ -263,12 +271,14 @@ class Trainer:
         self.guard = NonFiniteGuard(c.max_bad_steps, self.state)
         gpu = p.machine.name
         peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(gpu)
-        self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind, self.record.model_name, p.world_size, gpu, peak,
+        self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind, self.record.model_name, p.world_size, gpu,
+                            peak,
                             model_flops_per_token(p.model_config, p.seq_len), p.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
         self.fingerprint = fresume.fingerprint(p, data=fdata.identity(self.manifest))
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
-                                         {"train_state": self.state, "scheduler": self.scheduler, "loader": self.loader},
+                                         {"train_state": self.state, "scheduler": self.scheduler,
+                                          "loader": self.loader},
                                          self.fingerprint, self.log)
         # FP8 health statistics (rank 0 samples its own micro-batch; fp8lab.fp8.stats)
         if self.te_debug is not None:
@@ -285,9 +295,11 @@ class Trainer:
         self.resumed_from, new_settings = resumed
         if new_settings:
             c, p = self.c, self.plan
-            fresume.apply_new_settings(self.scheduler, c, foptim.lr_lambda(c, p.total_steps, p.warmup_steps), self.resumed_from)
+            fresume.apply_new_settings(self.scheduler, c, foptim.lr_lambda(c, p.total_steps, p.warmup_steps),
+                                       self.resumed_from)
             self.log(f"fp8lab: resuming step {self.resumed_from} with new settings ("
-                     + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items()) + "): the new schedule from here on")
+                     + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items())
+                     + "): the new schedule from here on")
 
     def _write_config(self) -> None:
         """config.json and the run's opening lines (the run's record, fp8lab.train.run_record), with what was built."""
@@ -354,7 +366,8 @@ class Trainer:
         # one all-reduce: mean loss over ranks, and whether any rank got SIGTERM
         packed = torch.stack([loss_sum / accum, torch.tensor(float(self.stop.set), device=env.device)])
         fdist.all_reduce_sum(packed, env)
-        result = StepResult(loss=float(packed[0]) / self.plan.world_size, grad_norm=float(grad_norm), lr=lr, skipped=False,
+        result = StepResult(loss=float(packed[0]) / self.plan.world_size, grad_norm=float(grad_norm), lr=lr,
+                            skipped=False,
                             stop=bool(packed[1] > 0))
         result.skipped = self.guard.skip(result.loss, result.grad_norm)
         if not result.skipped:  # the FP8 overflow guard drops the update and keeps the weights
@@ -409,7 +422,8 @@ class Trainer:
                 x, y = (t.to(env.device) for t in vl.next_batch())
                 total += self._loss(x, y).double()
         self.model.train()
-        if self.keep_weights:  # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
+        # the eval forwards left the weights gathered: shard them before a checkpoint or the next step
+        if self.keep_weights:
             fdist.reshard(self.model)
         fdist.all_reduce_sum(total, env)
         return float(total) / (c.val_batches * p.grad_accum * p.world_size)
@@ -456,7 +470,8 @@ class Trainer:
                     raise KeyboardInterrupt
                 if r.stop:
                     status = "interrupted"
-                    message = f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a restart resumes here)"
+                    message = (f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a "
+                               "restart resumes here)")
                 if failed:
                     status, message = "checkpoint_failed", self.checkpointer.failure_message(step, failed)
                 if r.stop or failed:
@@ -491,7 +506,8 @@ class Trainer:
             self.last_val = self._validate(total)  # finished before, its export or summary missing: written now
             if self.last_val is None:
                 status = "eval_failed"
-                message = f"fp8lab: the final evaluation failed again ({self.val_error}); the model is exported without it"
+                message = (f"fp8lab: the final evaluation failed again ({self.val_error}); the model is exported "
+                           "without it")
         if status in ("completed", "eval_failed") and c.save_model:
             failed = self._export()
             if failed:
@@ -506,7 +522,8 @@ class Trainer:
                 summary.update(status="summary_failed", message=failed)
             if summary["message"]:
                 print(summary["message"], file=sys.stderr if status != "interrupted" else sys.stdout, flush=True)
-        fdist.barrier(env)  # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
+        # leave together: a rank tearing down its process group while rank 0 still writes can abort gloo
+        fdist.barrier(env)
         return summary
 
     def _finished_summary(self) -> dict[str, Any] | None:
@@ -517,7 +534,8 @@ class Trainer:
             done = json.loads((self.paths.output_dir / "summary.json").read_text())
         except (OSError, ValueError):
             return None
-        complete = isinstance(done, dict) and done.get("status") == "completed" and done.get("steps") == self.plan.total_steps
+        complete = (isinstance(done, dict) and done.get("status") == "completed"
+                    and done.get("steps") == self.plan.total_steps)
         exported = not self.c.save_model or (done.get("model_dir") is not None
                                              and (self.paths.model_dir / "config.json").is_file())
         return done if complete and exported else None
@@ -527,7 +545,8 @@ class Trainer:
         env, step = self.env, self.state.step
         why = None
         try:
-            fexport.save_hf_model(self.model, self.inner, self.conversion, self.plan, self.paths.model_dir, self.data_dir,
+            fexport.save_hf_model(self.model, self.inner, self.conversion, self.plan, self.paths.model_dir,
+                                  self.data_dir,
                                   env, master=self.master, run=ownership.run_id(self.paths.output_dir))
         except (OSError, ValueError, *fexport.WRITE_ERRORS) as exc:  # e.g. disk full: the staged files are removed
             why = fresume.failure_reason(exc)
@@ -585,11 +604,13 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
     try:
         with setup_errors(paths, env):
             source = frun_paths.data_source(c)
-            frun_paths.check_run(c, paths, source, scan_tokens=False)  # folders writable, data readable: before any compute
+            # folders writable, data readable: before any compute
+            frun_paths.check_run(c, paths, source, scan_tokens=False)
             ftrackers.check_available(c.tracker)  # --tracker's package importable: before any compute
             scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
             folder = c.model if is_user_model(c.model) and not c.model.startswith("hf:") else None
-            ownership.check_run_folders(c, paths, source, model_folder=folder)  # no overlaps, nothing of the user's overwritten
+            # no overlaps, nothing of the user's overwritten
+            ownership.check_run_folders(c, paths, source, model_folder=folder)
             plan = plan_here(c, env)
             if expected:
                 check_same_plan(plan, expected)

@@ -42,8 +42,8 @@ def show(fig: Figure, name: str | None = None, folder: str | Path = ".") -> None
     backend does not draw it a second time.
 
     The output's metadata carries :func:`figure_stats` (bars per panel, legend entries, pixels) and the
-    readability problems :func:`fp8lab.views.figure_checks.figure_problems` finds, so a test of the executed notebook can
-    check that each figure stays readable."""
+    readability problems :func:`fp8lab.views.figure_checks.figure_problems` finds, so a test of the executed notebook
+    can check that each figure stays readable."""
     from IPython.display import Image, display
 
     png = to_png(fig)

@@ -156,9 +156,9 @@ def _is_histogram(bars: BarContainer) -> bool:
 
 
 def figure_stats(fig: Figure, dpi: int = 110, png: bytes | None = None) -> dict:
-    """What a reader faces in a figure: bars per panel (a stacked bar once, a histogram's bins not), legend entries, and its size in pixels at ``dpi``
-    (as :func:`to_png` renders it, or of ``png``, the figure already rendered at ``dpi``). Tests read
-    these from executed notebooks."""
+    """What a reader faces in a figure: bars per panel (a stacked bar once, a histogram's bins not), legend entries, and
+    its size in pixels at ``dpi`` (as :func:`to_png` renders it, or of ``png``, the figure already rendered at ``dpi``).
+    Tests read these from executed notebooks."""
     import struct
 
     png = png if png is not None else to_png(fig, dpi)

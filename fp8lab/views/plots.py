@@ -22,9 +22,9 @@ from fp8lab.analysis import (group_key, is_false, is_fp8, model_size_b, referenc
                              variant_kind)
 from fp8lab.analysis.summary import same_seed
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
-from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLINE_PANELS, MAX_LEGEND_KINDS,  # noqa: F401
-                                 NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new, _shared_legend, _tick_name,
-                                 figure_name, figure_stats, save_figure, show, to_png)
+from fp8lab.views.figure import (MAX_BARS, MAX_COLS, MAX_COLS_SMALL, MAX_HEADLINE_PANELS,  # noqa: F401
+                                 MAX_LEGEND_KINDS, NO_DATA, _HATCHES, _empty, _finish, _grid, _models, _new,
+                                 _shared_legend, _tick_name, figure_name, figure_stats, save_figure, show, to_png)
 from fp8lab.views.studies import (HEALTH_FLOOR, HEALTH_METRICS, LONG_CONTEXT_ROLES,  # noqa: F401 (every figure
                                   blog_gap_figure, fp8_health_figure, instances_figure, long_context_figure,
                                   parity_figure)  # is found here)
@@ -260,7 +260,8 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
         # losses fall from the top left, so the legend sits top right; long labels (recipe settings)
         # wrap, so it stays narrow there. The gap lines below share these colours
         handles, names = top.get_legend_handles_labels()
-        top.legend(handles, [textwrap.fill(re.sub(r",(?!\s)", ", ", n), 30, break_long_words=False) for n in names], fontsize=7,
+        top.legend(handles, [textwrap.fill(re.sub(r",(?!\s)", ", ", n), 30, break_long_words=False) for n in names],
+                   fontsize=7,
                    loc="upper right")
         if not paired:
             top.set_xlabel(x_col)
@@ -377,7 +378,8 @@ def profile_figure(profiles: pd.DataFrame, include_flagged: bool = False, save: 
                     label="step wall time" if y == 0 else None)
             if pd.notna(r["gpu_busy"]):
                 ax.text(max(left, r["step_ms"]) * 1.01, y, f"busy {100 * r['gpu_busy']:.0f}%", va="center", fontsize=7)
-    ax.set_yticks(range(len(runs)), [f"{m} | {lay} | {v}" for m, lay, v in zip(runs["model"], runs["layout"], runs["variant"])],
+    ax.set_yticks(range(len(runs)),
+                  [f"{m} | {lay} | {v}" for m, lay, v in zip(runs["model"], runs["layout"], runs["variant"])],
                   fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("ms per optimizer step")
@@ -402,13 +404,15 @@ def cost_figure(costs: pd.DataFrame, save: str | Path | None = None) -> Figure:
     if len(c) > MAX_BARS:  # every run is in the table; the figure shows the cheapest of each precision per model
         c = c.loc[c.groupby(["model", "precision"])["cost_usd"].idxmin()]
         title += "\n(the cheapest BF16 and FP8 run per model; the table lists every run)"
-    c = c.assign(_size=c["model"].map(model_size_b)).sort_values(["_size", "model", "instances", "precision", "variant"])
+    c = c.assign(_size=c["model"].map(model_size_b)).sort_values(
+        ["_size", "model", "instances", "precision", "variant"])
     labels = [f"{m} | {v} | {int(i)} inst" + (" (projected)" if p else "")
               for m, v, i, p in zip(c["model"], c["variant"], c["instances"].fillna(1), c["projected"])]
     labels = [f"{lab} [{r}]" if labels.count(lab) > 1 else lab for lab, r in zip(labels, c["run_id"])]
     colors = _variant_colors(list(c["variant"].unique()), dict(c[["variant", "precision"]].values))
     fig, axes = _new(ncols=2, width=5.5, height=0.4 * len(c) + 1.4, sharey=True)
-    for ax, col, xlabel, fmt in ((axes[0, 0], "hours", "hours", "{:,.1f} h"), (axes[0, 1], "cost_usd", "cost (USD)", "${:,.0f}")):
+    for ax, col, xlabel, fmt in ((axes[0, 0], "hours", "hours", "{:,.1f} h"),
+                                 (axes[0, 1], "cost_usd", "cost (USD)", "${:,.0f}")):
         ax.barh(range(len(c)), c[col], color=[colors[v] for v in c["variant"]])
         for y, val in enumerate(c[col]):
             ax.annotate(fmt.format(val), (val, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
@@ -439,7 +443,8 @@ def scaling_figure(scaling: pd.DataFrame, save: str | Path | None = None) -> Fig
     ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
     ax.set_xlabel(_SCALE_LABEL[by])
     ax.set_xticks(sorted({int(v) for v in scaling[by].dropna()}))  # GPU and instance counts are whole numbers
-    ax.set_ylabel("tokens/s/GPU over the same set-up at the smallest scale\n(reference: the run closest in time)", fontsize=8)
+    ax.set_ylabel("tokens/s/GPU over the same set-up at the smallest scale\n(reference: the run closest in time)",
+                  fontsize=8)
     ax.set_ylim(0, max(1.1, float(scaling["efficiency"].max()) * 1.05))
     ax.set_title(title)
     ax.legend(fontsize=8)
@@ -510,7 +515,8 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
     if not len(best):
         return _finish(_empty(title), save)
     # the headline table's models (analysis.headline_table): FP8 runs with no BF16 run to compare against head nothing
-    # one panel per model and GPU, as the table has a row per model and GPU (a GPU's runs are never mixed with another's)
+    # one panel per model and GPU, as the table has a row per model and GPU (a GPU's runs are never mixed with
+    # another's)
     gpu = best["gpu_name"].map(group_key)
     groups = [(m, g[g["role"] != "best FP8"]) for (m, _), g in best.groupby([best["model"], gpu], sort=False)
               if (g["role"] == "best BF16").any()]  # best FP8: its recipe's bar
@@ -579,7 +585,8 @@ def plan_figure(curve: pd.DataFrame, planned: list[int] | None = None, save: str
     for mi, model in enumerate(models):
         for prec, g in curve[curve["model"] == model].groupby("precision", sort=True):
             g = g.sort_values("instances")
-            color = matplotlib.colormaps["Oranges" if is_fp8(prec) else "Blues"](0.55 + 0.4 * mi / max(len(models) - 1, 1))
+            color = matplotlib.colormaps["Oranges" if is_fp8(prec) else "Blues"](
+                0.55 + 0.4 * mi / max(len(models) - 1, 1))
             kind = (f"one instance at {g['node_efficiency'].iloc[0]:.0%} of 8 x one GPU" if g["measured"].all()
                     else "assumed MFU, no measurement")
             mine = g[g["instances"].isin(planned)]
@@ -601,7 +608,8 @@ def plan_figure(curve: pd.DataFrame, planned: list[int] | None = None, save: str
     cost.set_ylim(0, 1.08 * float(curve["cost_usd"].max()))
     cost.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"${v:,.0f}"))
     hours.set_title("time", fontsize=10)
-    at = curve["price_note"].iloc[0] if "price_note" in curve else f"${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour"
+    at = (curve["price_note"].iloc[0] if "price_note" in curve
+          else f"${curve['price_per_hour'].iloc[0]:,.2f}/instance-hour")
     cost.set_title(f"cost at {at}", fontsize=10)
     _shared_legend(fig, axes)
     fig.suptitle(f"{title} ({tokens / 1e9:g}B tokens), projected from measured one-GPU runs", fontsize=10)

@@ -18,7 +18,8 @@ from typing import Iterable
 import pandas as pd
 
 from fp8lab import analysis
-from fp8lab.analysis.index import (INDEX_DOC, SUMMARY_DEFAULTS, committed_index, committed_summary, is_committed_results,
+from fp8lab.analysis.index import (INDEX_DOC, SUMMARY_DEFAULTS, committed_index, committed_summary,
+                                   is_committed_results,
                                    render_index)
 from fp8lab.analysis import blog_gap
 from fp8lab.analysis.conclusion import verdict_bullets
@@ -41,9 +42,11 @@ from fp8lab.views.caveats import CAVEATS
 from fp8lab.views.run_tables import peers_markdown, peers_sentence, runs_markdown
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;\
+margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}\
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .verdict{background:#f6f8fa;border-left:4px solid #d9822b;padding:.8em 1em}.verdict li{margin:.4em 0}
 .ref{color:#a3162b}.muted{color:#666;font-size:.9em}img{max-width:100%;height:auto}
@@ -136,8 +139,10 @@ def report_figures(runs: pd.DataFrame, config: "ReportConfig" = None, analysed: 
     return [
         (plots.headline_figure(analysis.answer.on_main_gpu(best, answer.rows), a.reference),
          "tokens/s/GPU relative to the best BF16 run, per model: the figure of the README and notebook 05"),
-        (plots.speedup_figure(main, reference=a.reference), "FP8 speedup per model (the answer's pairs), with the source's reported values"),
-        (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span), "loss curves and FP8 gap of each loss study"),
+        (plots.speedup_figure(main, reference=a.reference),
+         "FP8 speedup per model (the answer's pairs), with the source's reported values"),
+        (plots.loss_figure(loss_runs, config.smoothing, config.smoothing_span),
+         "loss curves and FP8 gap of each loss study"),
         (plots.parity_figure(analysis.parity_curves(loss_runs)),
          "validation loss against the BF16 seeds' mean and the band of their spread"),
         (plots.mfu_figure(shown), "MFU of the best run of each kind per model"),
@@ -180,7 +185,8 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         _table(rows.rename(columns=ANSWER_HTML_COLUMNS), list(ANSWER_HTML_COLUMNS.values())),
     ]
     if not n_runs:
-        body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are shown.</p>')
+        body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are '
+                    'shown.</p>')
     body.append("<h2>Figures</h2>")
     body += [_img(f, alt) for f, alt in figs]
     body += _health_section(health_reader.of_runs(runs) if health is None else health)
@@ -290,8 +296,8 @@ def _scaling_markdown(scaling: pd.DataFrame) -> str:
     for _, r in multi.iterrows():
         hours = "-" if pd.isna(r["hours_apart"]) else f"{r['hours_apart']:.1f}"
         lines.append(f"| {r['model']} | {r['variant']} | {int(r[by])} | {_fmt(float(r['tokens_per_sec_per_gpu']))} | "
-                     f"{_fmt(float(r['reference_tokens_per_sec_per_gpu']))} | {hours} | **{100 * r['efficiency']:.1f}%** | "
-                     f"{100 * r['efficiency_vs_fastest']:.1f}% |")
+                     f"{_fmt(float(r['reference_tokens_per_sec_per_gpu']))} | {hours} | "
+                     f"**{100 * r['efficiency']:.1f}%** | {100 * r['efficiency_vs_fastest']:.1f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -480,8 +486,8 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens`` at ``price``, named with its
     date in the column's header) and, below it, the configuration and run behind each number."""
     budget = f"{analysis.fmt_tokens(tokens)} tokens on one P5 at {price_words(price)}: BF16 -> FP8"
-    lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss gap | "
-             f"{budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | plain transformers BF16 | best BF16 | best FP8 | FP8 speedup | BF16 MFU | FP8 MFU | FP8 loss "
+             f"gap | {budget} | source reported |", "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     several_gpus = headline["gpu_name"].nunique() > 1  # then each row names its GPU (one table, never a mixed row)
     for _, r in headline.iterrows():
@@ -494,9 +500,10 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
         cost = ("-" if pd.isna(r["cost_fp8"]) else
                 f"{r['hours_bf16']:,.1f} h ${r['cost_bf16']:,.0f} -> {r['hours_fp8']:,.1f} h ${r['cost_fp8']:,.0f}"
                 + (f" ({r['cost_note']})" if isinstance(r.get("cost_note"), str) and r["cost_note"] else ""))
-        lines.append(f"| {r['model']}{gpus} | {_tps(r['tps_hf'])} | {_tps(r['tps_bf16'])} | {_tps(r['tps_fp8'])} | {speed} | "
-                     f"{_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {cost} | {src} |")
-        parts = [f"best BF16 `{r['bf16_variant']}` {r['bf16_layout']}", f"best FP8 `{r['fp8_variant']}` {r['fp8_layout']}"]
+        lines.append(f"| {r['model']}{gpus} | {_tps(r['tps_hf'])} | {_tps(r['tps_bf16'])} | {_tps(r['tps_fp8'])} | "
+                     f"{speed} | {_pct(r['mfu_bf16'])} | {_pct(r['mfu_fp8'])} | {gap} | {cost} | {src} |")
+        parts = [f"best BF16 `{r['bf16_variant']}` {r['bf16_layout']}",
+                 f"best FP8 `{r['fp8_variant']}` {r['fp8_layout']}"]
         if isinstance(r["hf_run"], str):
             parts.insert(0, f"plain `{r['hf_variant']}` {r['hf_layout']}")
         if isinstance(r["loss_study"], str):

@@ -28,7 +28,8 @@ def peers_sentence(summary: pd.DataFrame, results_md: str) -> str | None:
 
 
 def peers_markdown(summary: pd.DataFrame) -> str:
-    """docs/results.md's peers section: fp8lab's plain commands beside what a user would run instead, one GPU, one call."""
+    """docs/results.md's peers section: fp8lab's plain commands beside what a user would run instead, one GPU, one
+    call."""
     table = analysis.peers_table(summary, analysis.layout_label)
     if not len(table):
         return ""
@@ -60,6 +61,6 @@ def runs_markdown(summary: pd.DataFrame) -> str:
                               ascending=[True, True, True, True, False]).iterrows():
         ws = "-" if pd.isna(r["world_size"]) else str(int(r["world_size"]))
         val = "-" if pd.isna(r["val_loss"]) else f"{r['val_loss']:.3f}"
-        lines.append(f"| {r['run_id']} | {r['study']} | {r['model']} | {r['variant']} | {analysis.layout_label(r)} | {ws} | "
-                     f"{tps(r['tokens_per_sec_per_gpu'])} | {pct(r['mfu'])} | {val} | `{r['source']}` |")
+        lines.append(f"| {r['run_id']} | {r['study']} | {r['model']} | {r['variant']} | {analysis.layout_label(r)} | "
+                     f"{ws} | {tps(r['tokens_per_sec_per_gpu'])} | {pct(r['mfu'])} | {val} | `{r['source']}` |")
     return "\n".join(lines) + "\n"

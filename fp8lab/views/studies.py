@@ -1,6 +1,7 @@
 """Figures of the studies: long context and FP8 attention (``long_context_figure``), throughput against
 instances (``instances_figure``), loss parity against BF16's seeds (``parity_figure``), FP8 health per layer
-(``fp8_health_figure``), why faster than the source blog (``blog_gap_figure``). Re-exported by :mod:`fp8lab.views.plots`, where every figure is found."""
+(``fp8_health_figure``), why faster than the source blog (``blog_gap_figure``). Re-exported by
+:mod:`fp8lab.views.plots`, where every figure is found."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,7 +23,8 @@ LONG_CONTEXT_ROLES = {"fp8": ("FP8 GEMMs, BF16 attention", ""), "fp8_attn": ("FP
 
 def long_context_figure(table: pd.DataFrame, save: str | Path | None = None) -> Figure:
     """FP8/BF16 tokens/s against the sequence length, FP8 attention off and on: two bars per length, one
-    panel per model, from ``fp8lab.analysis.long_context.speedup_table`` (the long-context study's committed result files)."""
+    panel per model, from ``fp8lab.analysis.long_context.speedup_table`` (the long-context study's committed result
+    files)."""
     title = "FP8 speed-up over BF16 against the sequence length"
     if not len(table):
         return _finish(_empty(title, "no long-context study committed yet\n(data/results/long-context-h200/: "
@@ -76,11 +78,12 @@ _MODEL_STYLE = [("-", "o"), ("--", "s"), ("-.", "D"), (":", "v")]  # a model's l
 def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
                    save: str | Path | None = None) -> Figure:
     """Tokens/s/GPU against P5 instances (the source's chart), per model BF16, FP8 and FP8 with FP8
-    all-gather as the scaling model projects them from measured runs (``fp8lab.analysis.scaling.instance_table``, several
-    models concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
+    all-gather as the scaling model projects them from measured runs (``fp8lab.analysis.scaling.instance_table``,
+    several models concatenated), and FP8's gain; the source's reported speedups marked as reported (it states no
     instance count, so they are a level, not points). A precision's colour, a model's line style and marker;
     FP8 all-gather is drawn only where it differs from plain FP8 by more than 0.5% (else FP8's label says so)."""
-    title = "Past one node, projected (fp8lab.analysis.scaling) from measured runs: tokens/s per GPU on P5; not measured past 2 GPUs"
+    title = ("Past one node, projected (fp8lab.analysis.scaling) from measured runs: tokens/s per GPU on P5; not "
+             "measured past 2 GPUs")
     if not len(table):
         return _finish(_empty(title, "nothing projected"), save)
     fig, axes = _new(ncols=2, width=6.0, height=4.2)
@@ -88,9 +91,11 @@ def instances_figure(table: pd.DataFrame, reference: pd.DataFrame | None = None,
     for mi, model in enumerate(_models(table)):
         mine = table[table["model"] == model]
         style, marker = _MODEL_STYLE[mi % len(_MODEL_STYLE)]
-        by_mode = {mode: g.sort_values("instances").set_index("instances") for mode, g in mine.groupby("mode", sort=False)}
+        by_mode = {mode: g.sort_values("instances").set_index("instances")
+                   for mode, g in mine.groupby("mode", sort=False)}
         same = "fp8" in by_mode and "fp8 + fp8 all-gather" in by_mode and \
-            _coincide(by_mode["fp8 + fp8 all-gather"]["tokens_per_sec_per_gpu"], by_mode["fp8"]["tokens_per_sec_per_gpu"])
+            _coincide(by_mode["fp8 + fp8 all-gather"]["tokens_per_sec_per_gpu"],
+                      by_mode["fp8"]["tokens_per_sec_per_gpu"])
         for mode, g in by_mode.items():
             if same and mode == "fp8 + fp8 all-gather":
                 continue
@@ -132,7 +137,8 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
     first (model, study) of ``curves``; runs with the FP8 LM head (a study option) are left out."""
     title = "Validation loss against BF16's seed-to-seed noise"
     if not len(curves):
-        return _finish(_empty(title, "no loss study with two or more BF16 seeds\n(benchmarks/study_loss_parity.sh)"), save)
+        return _finish(_empty(title, "no loss study with two or more BF16 seeds\n(benchmarks/study_loss_parity.sh)"),
+                       save)
     model, study = curves.iloc[0][["model", "study"]]
     g = curves[(curves["model"] == model) & (curves["study"].map(group_key) == group_key(study))]
     # the recipes as they run by default: a study option's runs (the FP8 LM head, labelled "fp8-head") have their
@@ -155,7 +161,8 @@ def parity_figure(curves: pd.DataFrame, save: str | Path | None = None) -> Figur
         color = oranges(0.5 + 0.4 * i / max(len(fp8) - 1, 1))
         recipe = f" {r['recipe']}" if isinstance(r["recipe"], str) else ""
         label = f"FP8{recipe}" + (f" (seed {int(r['seed'])})" if pd.notna(r["seed"]) else "")
-        style = "-" if r["recipe"] in (None, "delayed") or not isinstance(r["recipe"], str) else "-."  # a recipe a style
+        # a recipe a style
+        style = "-" if r["recipe"] in (None, "delayed") or not isinstance(r["recipe"], str) else "-."
         top.plot(x, c["val_loss"], style, color=color, label=label, lw=1.6)
         bottom.plot(x, c["gap_pct"], style, color=color, lw=1.6)
     band = g.drop_duplicates("step").sort_values("step")
@@ -184,8 +191,8 @@ HEALTH_FLOOR = 1e-6  # the colour scale's bottom: fractions below it (0 included
 def fp8_health_figure(table: pd.DataFrame, metric: str = "underflow", title: str = "",
                       save: str | Path | None = None) -> Figure:
     """A layer-by-step heatmap per tensor kind (activation, weight, gradient) of ``metric`` (underflow or
-    saturation; ``"both"``: a row of each, one figure) from :func:`fp8lab.analysis.fp8_stats.table`: a row per decoder block
-    (the worst of its GEMMs), a column per sampled step, log colour scale from 1e-6 to 1."""
+    saturation; ``"both"``: a row of each, one figure) from :func:`fp8lab.analysis.fp8_stats.table`: a row per decoder
+    block (the worst of its GEMMs), a column per sampled step, log colour scale from 1e-6 to 1."""
     from matplotlib.colors import LogNorm
 
     if metric not in (*HEALTH_METRICS, "both"):

@@ -6,7 +6,8 @@ import tomllib
 
 from fp8lab.core.paths import REPO_ROOT
 
-PENDING = 295  # lines of fp8lab/ over the limit today; lower it as they are wrapped, 0 once the pass is done
+PENDING = 18  # lines of fp8lab/ over the limit, all in fp8lab/views/report.py (wrapping them would take it past the
+# 700-line module limit of tests/unit/test_layering.py: it needs splitting first); lower it as they are wrapped, 0 then
 
 
 def long_lines(limit: int) -> list[str]:

@@ -82,14 +82,16 @@ FP8_ALL_GATHER_BACKENDS = ("torchao",)  # torchao's Float8LinearConfig(enable_fs
 
 
 def detect_machine(device, world_size: int = 1, memory_gib: float = 0.0) -> Machine:
-    """This process's machine (``Machine.detect``) with the backends that cannot run on it, as this registry finds them."""
+    """This process's machine (``Machine.detect``) with the backends that cannot run on it, as this registry finds
+    them."""
     unusable = tuple((n, why) for n, why in available_backends().items() if why is not None)
     return Machine.detect(device, world_size, memory_gib, unusable=unusable, te_release=installed_te(),
                           te_debug_problem=te_debug.unavailable())
 
 
 def auto_fp8_backend(machine: Machine) -> tuple[str, str]:
-    """(the backend ``--backend auto`` runs FP8 on, why) on ``machine`` (the plan's ``select_backend`` and ``fp8lab.fp8.convert.pick_backend``)."""
+    """(the backend ``--backend auto`` runs FP8 on, why) on ``machine`` (the plan's ``select_backend`` and
+    ``fp8lab.fp8.convert.pick_backend``)."""
     if machine.te_usable:
         return "te", "auto: Transformer Engine (usable here)"
     if not machine.gpu:
@@ -142,7 +144,8 @@ def fp8_gpu_problem() -> str | None:
     import torch  # torch loads with a backend's check, not with the registry
 
     if not torch.cuda.is_available():
-        return f"no CUDA GPU on this machine (FP8 GEMMs need an NVIDIA GPU with compute capability >= {FP8_CAPABILITY_TEXT})"
+        return ("no CUDA GPU on this machine (FP8 GEMMs need an NVIDIA GPU with compute capability >= "
+                f"{FP8_CAPABILITY_TEXT})")
     major, minor = torch.cuda.get_device_capability()
     if not has_fp8((major, minor)):
         return (f"GPU {torch.cuda.get_device_name()} has compute capability {major}.{minor}; FP8 needs >= "
@@ -219,5 +222,6 @@ def is_rmsnorm(module: nn.Module) -> bool:
 
 __all__ = [
     "Backend", "BackendUnavailableError", "DEFAULT_RECIPES", "ModuleFilter", "available_backends", "backend_names",
-    "get_backend", "require", "fused_problem", "fp8_gpu_problem", "install_or_gpu_problem", "check_gemm_shapes", "default_filter",
+    "get_backend", "require", "fused_problem", "fp8_gpu_problem", "install_or_gpu_problem", "check_gemm_shapes",
+    "default_filter",
 ]

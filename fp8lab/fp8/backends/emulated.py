@@ -59,7 +59,8 @@ class TensorQuantizers:
     def __init__(self, recipe: Recipe, site: str | None = None):
         self.recipe, self.site = recipe, site  # site: the GEMM's module name, for fp8lab.fp8.stats
         self.row = recipe.row
-        self.fmt = {"x": formats.E4M3, "w": formats.E4M3, "g": formats.E5M2 if recipe.format == "hybrid" else formats.E4M3}
+        self.fmt = {"x": formats.E4M3, "w": formats.E4M3,
+                    "g": formats.E5M2 if recipe.format == "hybrid" else formats.E4M3}
         self.delayed = {
             role: formats.DelayedScaling(recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin, fmt)
             for role, fmt in self.fmt.items()
@@ -218,7 +219,8 @@ class EmuLayerNormLinear(FP8Gemm):
         self.bias = _param(out_features, device=device, dtype=dtype) if spec.qkv_bias else None
 
     def forward(self, x):
-        return self.gemm(_norm(x, self.layer_norm_weight, self.layer_norm_bias, self.kind, self.eps), self.weight, self.bias)
+        return self.gemm(_norm(x, self.layer_norm_weight, self.layer_norm_bias, self.kind, self.eps), self.weight,
+                         self.bias)
 
 
 class EmuLayerNormMLP(nn.Module):
@@ -332,7 +334,8 @@ class EmulatedBackend:
 
     @staticmethod
     def fp8_linear(lin: nn.Linear) -> nn.Module:
-        """``lin`` as a layer whose GEMM runs in FP8 inside autocast, holding the same parameters (``--fp8-lm-head``)."""
+        """``lin`` as a layer whose GEMM runs in FP8 inside autocast, holding the same parameters
+        (``--fp8-lm-head``)."""
         return _to_emulinear(lin)
 
 

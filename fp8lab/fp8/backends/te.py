@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from fp8lab.fp8 import fused as _fused
-from fp8lab.fp8.backends import DEFAULT_RECIPES, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets, swap_modules
+from fp8lab.fp8.backends import (DEFAULT_RECIPES, fused_targets, install_or_gpu_problem, is_rmsnorm, linear_targets,
+                                 swap_modules)
 from fp8lab.core.pins import install_hint
 from fp8lab.fp8.recipe import Recipe, kinds_where
 
@@ -109,7 +110,8 @@ class TEParts:
         return _te().Linear(in_features, out_features, bias=bias, params_dtype=self.dtype, device=self.device)
 
     def norm_mlp(self, spec):
-        return _te().LayerNormMLP(spec.hidden, spec.ffn, eps=spec.eps, bias=spec.mlp_bias, normalization=spec.normalization,
+        return _te().LayerNormMLP(spec.hidden, spec.ffn, eps=spec.eps, bias=spec.mlp_bias,
+                                  normalization=spec.normalization,
                                   activation=spec.activation, params_dtype=self.dtype, device=self.device)
 
     def attention(self, spec, window, layer_number):
@@ -166,7 +168,8 @@ class TEBackend:
             ok, reason = getattr(_te(), check)(return_reason=True)
             if not ok:
                 cc = ".".join(map(str, torch.cuda.get_device_capability()))
-                anywhere = " or ".join(repr(k) for k in kinds_where(lambda r: r.te_check is None and r.te_class is not None))
+                anywhere = " or ".join(repr(k)
+                                       for k in kinds_where(lambda r: r.te_check is None and r.te_class is not None))
                 raise ValueError(
                     f"Recipe(kind={recipe.kind!r}) is not supported on {torch.cuda.get_device_name()} "
                     f"(compute capability {cc}): {reason}. Use kind={anywhere}"
@@ -198,7 +201,8 @@ class TEBackend:
         linears: list[str] = []
 
         def make(fqn: str, m: nn.Module):
-            dt, dev = (m.weight.dtype, m.weight.device) if isinstance(getattr(m, "weight", None), torch.Tensor) else (None, None)
+            dt, dev = ((m.weight.dtype, m.weight.device) if isinstance(getattr(m, "weight", None), torch.Tensor)
+                       else (None, None))
             if fqn in targets:
                 linears.append(fqn)
                 return _copy_into(te.Linear(m.in_features, m.out_features, bias=m.bias is not None,

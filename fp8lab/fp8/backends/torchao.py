@@ -50,7 +50,8 @@ class TorchaoBackend:
         recipe.to_torchao()  # a recipe torchao does not implement is refused first (ValueError)
         p = next(model.parameters())
         if p.device.type != "cuda":
-            raise ValueError(f"torchao float8 runs on the GPU: move the model first (model.to('cuda')); it is on {p.device}")
+            raise ValueError("torchao float8 runs on the GPU: move the model first (model.to('cuda')); it is on "
+                             f"{p.device}")
         targets = to_float8_training(model, recipe, module_filter, fp8_all_gather)
         self._converted.update(model.get_submodule(n) for n in targets)
         model.__dict__["_fp8lab_swapped"] = tuple(sorted(targets))
