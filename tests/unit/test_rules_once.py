@@ -9,7 +9,7 @@ from fp8lab.train.entry import TrainConfig
 
 
 @pytest.mark.parametrize("value, why", [
-    ("dynamic", "; allowed: auto | delayed | current | block | mxfp8, or kind:key=value,... with keys "),
+    ("dynamic", "; allowed: auto | delayed | current | block | rowwise | rowwise_with_gw_hp | mxfp8, or kind:key=value,... with keys "),
     ("auto:margin=1", "; allowed: auto | delayed"),
     ("delayed:history=16", ": recipe 'delayed:history=16': 'history=16' is not key=value"),
 ])
