@@ -37,9 +37,10 @@ from fp8lab.fp8 import stats as fp8stats
 from fp8lab.plan import evidence
 from fp8lab.records import ownership
 from fp8lab.views import plots
-from fp8lab.views.html_table import fmt as _fmt, table as _table
+from fp8lab.views.html_table import table as _table
 from fp8lab.views.caveats import CAVEATS
-from fp8lab.views.run_tables import peers_markdown, peers_sentence, runs_markdown
+from fp8lab.views.run_tables import (MARKDOWN_COLUMNS, comparison_markdown, peers_markdown,  # noqa: F401
+                                     peers_sentence, runs_markdown, scaling_markdown)
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;\
@@ -168,8 +169,10 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
     rows = r.assign(speedup=[("-" if pd.isna(v) else f"{v:.2f}x") for v in r["speedup"]],
                     mfu_bf16=r["mfu_bf16"].map(_pct), mfu_fp8=r["mfu_fp8"].map(_pct),
                     loss_gap_pct=["-" if pd.isna(v) else f"{v:+.2f}" for v in r["loss_gap_pct"]],
-                    cost_bf16=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_bf16"], r["hours_bf16"])],
-                    cost_fp8=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)" for v, h in zip(r["cost_fp8"], r["hours_fp8"])])
+                    cost_bf16=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)"
+                               for v, h in zip(r["cost_bf16"], r["hours_bf16"])],
+                    cost_fp8=["-" if pd.isna(v) else f"${v:,.0f} ({h:,.1f} h)"
+                              for v, h in zip(r["cost_fp8"], r["hours_fp8"])])
     body = [
         f"<h1>{e(config.title)}</h1>",
         f'<p class="muted">Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by fp8lab from {n_runs} measured '
@@ -209,7 +212,8 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         "above and fp8lab launch plan estimate a job; runs no estimate rests on (several GPUs, a CPU, emulated FP8) "
         "say why in cost_note. projected = the run used fewer GPUs than the instance priced here.</p>",
         _long_table(costs, ["run_id", "model", "variant", "hours", "cost_usd"],
-                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected", "cost_note"], "costs"),
+                    ["run_id", "instances", "cluster_gpus", "tokens_per_sec_per_gpu", "projected", "cost_note"],
+                    "costs"),
         '<h2 class="ref">Source blog figures (reported by the source, not measured here)</h2>',
         f"<p>{_md_link_html(analysis.source_link())}</p>",
         _table(a.reference),
@@ -245,60 +249,12 @@ def _md_link_html(markdown: str) -> str:
     return html.escape(markdown[:m.start()] + m.group(1) + f" ({m.group(2)})" + markdown[m.end():])
 
 
-MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the README's results table)
-    "model": "model", "gpu_name": "GPU", "world_size": "GPUs", "layout": "micro-batch, accumulation",
-    "baseline_variant": "BF16 baseline",
-    "fp8_variant": "FP8", "tps_baseline": "BF16 tokens/s/GPU", "tps_fp8": "FP8 tokens/s/GPU",
-    "speedup": "speedup", "mfu_baseline": "BF16 MFU", "mfu_fp8": "FP8 MFU", "val_loss_gap_pct": "val loss gap %",
-}
-
-
 def render_markdown(runs: pd.DataFrame, config: ReportConfig = ReportConfig()) -> str:
     """The comparison table and the verdict (the Answer's, as every view quotes it) as Markdown, for a
     README: every number from the run files."""
     a = Analysed.of(runs, config)
-    return (_comparison_markdown(a.comparison) + "\n\n" + a.answer.verdict() + "\n"
-            + _scaling_markdown(a.scaling))
-
-
-def _comparison_markdown(comparison: pd.DataFrame) -> str:
-    """Each FP8 run against its BF16 baseline, one Markdown table row each."""
-    lines = ["| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
-    for _, r in comparison.iterrows():
-        cells = []
-        for col in MARKDOWN_COLUMNS:
-            v = r[col]
-            if col == "speedup":
-                cells.append(f"**{v:.2f}x**")
-            elif col.startswith("mfu"):
-                cells.append("-" if pd.isna(v) else f"{100 * v:.1f}%")
-            elif col == "val_loss_gap_pct":
-                cells.append("-" if pd.isna(v) else f"{v:+.2f}")
-            else:
-                cells.append(_fmt(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    if not len(comparison):
-        lines.append("| " + " | ".join(["-"] * len(MARKDOWN_COLUMNS)) + " |")
-    return "\n".join(lines)
-
-
-def _scaling_markdown(scaling: pd.DataFrame) -> str:
-    """Multi-GPU runs against their smallest-scale reference (empty when nothing ran at two scales)."""
-    if not len(scaling):
-        return ""
-    by = analysis.scaling_axis(scaling)
-    multi = scaling[scaling["run_id"] != scaling["reference_run_id"]]
-    unit = "instances" if by == "instances" else "GPUs"
-    lines = ["", f"Per-GPU scaling: each run against the same set-up on the fewest {unit}, measured closest in time "
-             "(same session where there is one), and against the fastest such run.", "",
-             f"| model | set-up | {unit} | tokens/s/GPU | reference tokens/s/GPU | hours apart | efficiency | vs fastest |",
-             "|---|---|---|---|---|---|---|---|"]
-    for _, r in multi.iterrows():
-        hours = "-" if pd.isna(r["hours_apart"]) else f"{r['hours_apart']:.1f}"
-        lines.append(f"| {r['model']} | {r['variant']} | {int(r[by])} | {_fmt(float(r['tokens_per_sec_per_gpu']))} | "
-                     f"{_fmt(float(r['reference_tokens_per_sec_per_gpu']))} | {hours} | "
-                     f"**{100 * r['efficiency']:.1f}%** | {100 * r['efficiency_vs_fastest']:.1f}% |")
-    return "\n".join(lines) + "\n"
+    return (comparison_markdown(a.comparison) + "\n\n" + a.answer.verdict() + "\n"
+            + scaling_markdown(a.scaling))
 
 
 HEALTH_RUNS = 4  # FP8 runs whose health heatmaps the page shows; the rest are named
@@ -311,10 +267,13 @@ def _health_section(health: dict) -> list[str]:
            f'<p class="muted">Every --fp8-stats-every steps, per layer and tensor kind: the fraction of values an FP8 '
            f"cast flushes to 0 (underflow) or clips at the format's max (saturation), the worst GEMM of each decoder "
            f"block shown. A warning names a layer past {fp8stats.SATURATION_WARN:.1%} saturation or "
-           f"{fp8stats.UNDERFLOW_WARN:.0%} underflow for {fp8stats.WARN_SAMPLES} samples in a row (fp8lab.fp8.stats).</p>"]
+           f"{fp8stats.UNDERFLOW_WARN:.0%} underflow for {fp8stats.WARN_SAMPLES} samples in a row "
+           "(fp8lab.fp8.stats).</p>"]
     if not health:
-        return out + ['<p class="muted">No FP8 statistics in these runs (FP8 runs record them unless --fp8-stats-every 0).</p>']
-    for run_id in list(health)[:HEALTH_RUNS]:  # only these runs' statistics are read (fp8lab.analysis.fp8_stats.StatsFiles)
+        return out + ['<p class="muted">No FP8 statistics in these runs (FP8 runs record them unless '
+                      '--fp8-stats-every 0).</p>']
+    # only these runs' statistics are read (fp8lab.analysis.fp8_stats.StatsFiles)
+    for run_id in list(health)[:HEALTH_RUNS]:
         recs = health[run_id]
         t = health_reader.table(recs)
         out.append(f"<h3>{e(run_id)}</h3>")
@@ -377,8 +336,8 @@ def _build_report(sources: object, out: Path, config: ReportConfig, runs: pd.Dat
             runs = idx.runs_of(analysis.loss_run_ids(analysed.answer.rows))
     runs = analysis.load_runs(sources) if runs is None else runs
     out.parent.mkdir(parents=True, exist_ok=True)
-    ownership.write_file(out, render_html(runs, config, health=health_reader.of_sources(sources) if health is None else health,
-                                          summary=summary, analysed=analysed))
+    health = health_reader.of_sources(sources) if health is None else health
+    ownership.write_file(out, render_html(runs, config, health=health, summary=summary, analysed=analysed))
     return out
 
 
@@ -481,7 +440,8 @@ def _pct(v: float) -> str:
     return "-" if pd.isna(v) else f"{100 * v:.1f}%"
 
 
-def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET, price: object = None) -> str:
+def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_TOKEN_BUDGET,
+                      price: object = None) -> str:
     """The headline table (tokens/s/GPU on one GPU unless the row says otherwise; an
     :class:`fp8lab.analysis.Answer`'s rows, with the planned time and cost of ``tokens`` at ``price``, named with its
     date in the column's header) and, below it, the configuration and run behind each number."""
@@ -492,7 +452,8 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
     several_gpus = headline["gpu_name"].nunique() > 1  # then each row names its GPU (one table, never a mixed row)
     for _, r in headline.iterrows():
         gap = "-" if pd.isna(r["loss_gap_pct"]) else f"{r['loss_gap_pct']:+.2f}%"
-        src = "-" if pd.isna(r["source_speedup"]) else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% loss"
+        src = ("-" if pd.isna(r["source_speedup"])
+               else f"{r['source_speedup']:.2f}x, ~{r['source_loss_gap_pct']:+g}% loss")
         speed = "-" if pd.isna(r["speedup"]) else f"**{r['speedup']:.2f}x**"
         gpus = "" if r["world_size"] == 1 else f" ({int(r['world_size'])} GPUs)"
         if several_gpus:
@@ -509,7 +470,8 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
         if isinstance(r["loss_study"], str):
             vs = (analysis.parity.seeds_label(r["loss_bf16_seeds"], r["loss_bf16_spread_pct"])
                   if r.get("loss_bf16_seeds", 1) > 1 else "BF16")
-            parts.append(f"loss: {r['loss_gap_kind']}, {analysis.parity.fp8_label(r['loss_fp8_variant'], r.get('loss_fp8_seeds'))} against {vs} after "
+            fp8 = analysis.parity.fp8_label(r['loss_fp8_variant'], r.get('loss_fp8_seeds'))
+            parts.append(f"loss: {r['loss_gap_kind']}, {fp8} against {vs} after "
                          f"{analysis.fmt_tokens(r['loss_tokens'])} tokens each (study `{r['loss_study']}`)")
         notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")
     if not len(headline):
@@ -528,12 +490,14 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
                   main: str | None = None, blog: str = "", peers: str | None = None, price: object = None) -> str:
     """README's results block: the figure, a caption of a few short bullets, the table (the runs and layouts behind
     each number: docs/results.md). ``same_loss``: the time-to-the-same-loss sentences (analysis.time_to_loss).
-    ``main``: the one GPU whose rows the table shows (:func:`fp8lab.analysis.answer.main_gpu`); the others are counted under it."""
+    ``main``: the one GPU whose rows the table shows (:func:`fp8lab.analysis.answer.main_gpu`); the others are
+    counted under it."""
     others = headline[headline["gpu_name"] != main] if main else headline.iloc[:0]
     table = headline_markdown(headline.drop(others.index), tokens, price).split("\n\n")[0]
     elsewhere = "" if not len(others) else (
         f" The table's rows are on {main}; {len(others)} more on "
-        f"{', '.join(sorted(map(str, others['gpu_name'].unique())))} ({', '.join(others['model'])}): [`{RESULTS_MD}`]({RESULTS_MD}).")
+        f"{', '.join(sorted(map(str, others['gpu_name'].unique())))} ({', '.join(others['model'])}): "
+        f"[`{RESULTS_MD}`]({RESULTS_MD}).")
     loss = ("; ".join(same_loss) + ".") if same_loss else "no loss study with a BF16 and an FP8 run yet."
     return "\n".join([
         README_BEGIN,
@@ -545,7 +509,8 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         "- **Loss**: FP8's validation-loss gap in the loss study (the same tokens; a mean where several seeds ran).",
         f"- **Time to the same loss**: {loss}",
         *([f"- **Beside the peers**: {peers}."] if peers else []),
-        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge at {price_words(price)}{_price_caveat(price)}, "
+        f"- **Cost**: {analysis.fmt_tokens(tokens)} tokens on one ml.p5.48xlarge at "
+        f"{price_words(price)}{_price_caveat(price)}, "
         "as `fp8lab launch plan` estimates them from the table's one-H100 runs, projected to its 8 H100s (8-GPU "
         f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
         f"- **Why faster than the blog**: {blog}" if blog else "",
@@ -622,7 +587,8 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "",
         "## Why faster than the blog",
         "",
-        "llama-7b on one GPU, one change at a time from a plain script's layout to the resolver's (notebook 05 draws it):",
+        "llama-7b on one GPU, one change at a time from a plain script's layout to the resolver's "
+        "(notebook 05 draws it):",
         "",
         blog_gap.markdown(blog_gap.blog_gap_table(summary, a.reference)),
         "## Caveats",
@@ -634,9 +600,9 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
         "Each FP8 run against the fastest BF16 run of the same model, GPU, scale, study and batch layout "
         "(micro-batch x sequence, accumulation steps).",
         "",
-        _comparison_markdown(comparison),
+        comparison_markdown(comparison),
         peers_markdown(summary),
-        _scaling_markdown(a.scaling),
+        scaling_markdown(a.scaling),
         "## Every run",
         "",
         runs_markdown(summary),
@@ -654,7 +620,7 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     runs = analysis.load_runs(sources)
     a = Analysed.of(runs, config)
     summary, headline = a.summary, a.headline
-    main = analysis.answer.main_gpu(headline)  # the README's table and figure: one row per model, on the GPU most rows ran on
+    main = analysis.answer.main_gpu(headline)  # the README's table and figure: one row per model, on P5's GPU
     out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
            HEADLINE_PNG: plots.headline_figure(analysis.answer.on_main_gpu(analysis.best_runs(summary), headline),
                                                a.reference)}
@@ -665,7 +631,8 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         out[INDEX_DOC] = render_index(runs=runs, summary=summary if settings == SUMMARY_DEFAULTS else None)
     if readme is not None:
         if README_BEGIN not in readme or README_END not in readme:
-            raise ValueError(f"README.md: the results block markers are missing; add the two lines\n{README_BEGIN}\n{README_END}")
+            raise ValueError("README.md: the results block markers are missing; add the two lines\n"
+                             f"{README_BEGIN}\n{README_END}")
         gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
         head, rest = readme.split(README_BEGIN, 1)
         tail = rest.split(README_END, 1)[1]
@@ -679,7 +646,8 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     return out
 
 
-def write_docs(root: str | Path | None = None, sources: object = None, config: ReportConfig = ReportConfig()) -> list[Path]:
+def write_docs(root: str | Path | None = None, sources: object = None,
+               config: ReportConfig = ReportConfig()) -> list[Path]:
     """Write what :func:`render_docs` makes into the repository at ``root`` (default: this checkout)."""
     root = Path(root) if root else REPO_ROOT
     readme = root / "README.md"

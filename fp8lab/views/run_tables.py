@@ -1,10 +1,11 @@
-"""docs/results.md's run tables in words: fp8lab beside its peers (the section and the README's line; the table itself:
-:mod:`fp8lab.analysis.peers`) and every run."""
+"""docs/results.md's run tables: fp8lab beside its peers (the section and the README's line; the table itself:
+:mod:`fp8lab.analysis.peers`), every BF16/FP8 pair, per-GPU scaling and every run."""
 from __future__ import annotations
 
 import pandas as pd
 
 from fp8lab import analysis
+from fp8lab.views.html_table import fmt
 
 
 def tps(v: float) -> str:
@@ -63,4 +64,53 @@ def runs_markdown(summary: pd.DataFrame) -> str:
         val = "-" if pd.isna(r["val_loss"]) else f"{r['val_loss']:.3f}"
         lines.append(f"| {r['run_id']} | {r['study']} | {r['model']} | {r['variant']} | {analysis.layout_label(r)} | "
                      f"{ws} | {tps(r['tokens_per_sec_per_gpu'])} | {pct(r['mfu'])} | {val} | `{r['source']}` |")
+    return "\n".join(lines) + "\n"
+
+
+MARKDOWN_COLUMNS = {  # comparison column -> header of the Markdown table (the README's results table)
+    "model": "model", "gpu_name": "GPU", "world_size": "GPUs", "layout": "micro-batch, accumulation",
+    "baseline_variant": "BF16 baseline",
+    "fp8_variant": "FP8", "tps_baseline": "BF16 tokens/s/GPU", "tps_fp8": "FP8 tokens/s/GPU",
+    "speedup": "speedup", "mfu_baseline": "BF16 MFU", "mfu_fp8": "FP8 MFU", "val_loss_gap_pct": "val loss gap %",
+}
+
+
+def comparison_markdown(comparison: pd.DataFrame) -> str:
+    """Each FP8 run against its BF16 baseline, one Markdown table row each."""
+    lines = ["| " + " | ".join(MARKDOWN_COLUMNS.values()) + " |", "|" + "---|" * len(MARKDOWN_COLUMNS)]
+    for _, r in comparison.iterrows():
+        cells = []
+        for col in MARKDOWN_COLUMNS:
+            v = r[col]
+            if col == "speedup":
+                cells.append(f"**{v:.2f}x**")
+            elif col.startswith("mfu"):
+                cells.append("-" if pd.isna(v) else f"{100 * v:.1f}%")
+            elif col == "val_loss_gap_pct":
+                cells.append("-" if pd.isna(v) else f"{v:+.2f}")
+            else:
+                cells.append(fmt(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    if not len(comparison):
+        lines.append("| " + " | ".join(["-"] * len(MARKDOWN_COLUMNS)) + " |")
+    return "\n".join(lines)
+
+
+def scaling_markdown(scaling: pd.DataFrame) -> str:
+    """Multi-GPU runs against their smallest-scale reference (empty when nothing ran at two scales)."""
+    if not len(scaling):
+        return ""
+    by = analysis.scaling_axis(scaling)
+    multi = scaling[scaling["run_id"] != scaling["reference_run_id"]]
+    unit = "instances" if by == "instances" else "GPUs"
+    lines = ["", f"Per-GPU scaling: each run against the same set-up on the fewest {unit}, measured closest in time "
+             "(same session where there is one), and against the fastest such run.", "",
+             f"| model | set-up | {unit} | tokens/s/GPU | reference tokens/s/GPU | hours apart | efficiency "
+             "| vs fastest |",
+             "|---|---|---|---|---|---|---|---|"]
+    for _, r in multi.iterrows():
+        hours = "-" if pd.isna(r["hours_apart"]) else f"{r['hours_apart']:.1f}"
+        lines.append(f"| {r['model']} | {r['variant']} | {int(r[by])} | {fmt(float(r['tokens_per_sec_per_gpu']))} | "
+                     f"{fmt(float(r['reference_tokens_per_sec_per_gpu']))} | {hours} | "
+                     f"**{100 * r['efficiency']:.1f}%** | {100 * r['efficiency_vs_fastest']:.1f}% |")
     return "\n".join(lines) + "\n"
