@@ -26,7 +26,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from fp8lab.train import checkpoint as fckpt
 from fp8lab.core.progress import watched
@@ -231,6 +232,24 @@ class StopFlag:
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old = {}
+
+
+@contextmanager
+def stopping_at_once(signum: int = signal.SIGTERM) -> Iterator[None]:
+    """Inside, ``signum`` stops the run at once as a Ctrl-C does (a KeyboardInterrupt naming the signal): the export
+    has no step to finish first, and its staged files are removed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(num, frame):
+        raise KeyboardInterrupt(signal.Signals(num).name)
+
+    old = signal.signal(signum, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signum, old)
 
 
 # ---------------------------------------------------------------------------------------- metrics

@@ -53,6 +53,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -233,9 +234,10 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training
         print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
-    except KeyboardInterrupt:  # a second Ctrl-C in a step, or one in the export: stopped at once
-        print(f"fp8lab train: interrupted (Ctrl-C); {_kept(config)}", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # a second Ctrl-C in a step, or Ctrl-C or SIGTERM in the export: stopped at once
+        sig = str(exc.args[0]) if exc.args and str(exc.args[0]).startswith("SIG") else None
+        print(f"fp8lab train: interrupted ({sig or 'Ctrl-C'}); {_kept(config)}", file=sys.stderr, flush=True)
+        return 128 + signal.Signals[sig] if sig else EXIT_INTERRUPTED
     except OSError as exc:  # a write the run could not make (full disk, file-size limit) outside its own handling
         print(f"fp8lab train: error: {write_failure(exc, config)}; stopped; {_kept(config)}", file=sys.stderr,
               flush=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import signal
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -58,6 +59,7 @@ from fp8lab.train import fused_loss
 from fp8lab.train import optim as foptim
 from fp8lab.train import resume as fresume
 from fp8lab.train import run_paths as frun_paths
+from fp8lab.train.components import stopping_at_once
 from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult,
                                      StopFlag,
                                      TrainState)
@@ -509,7 +511,8 @@ class Trainer:
                 message = (f"fp8lab: the final evaluation failed again ({self.val_error}); the model is exported "
                            "without it")
         if status in ("completed", "eval_failed") and c.save_model:
-            failed = self._export()
+            with stopping_at_once(signal.SIGTERM):  # (fit's handler is gone: a SIGTERM here ends in one line too)
+                failed = self._export()
             if failed:
                 status, message = "export_failed", failed
         summary = self.metrics.summary(self.paths, status, message, self.state, total, self.last_val,

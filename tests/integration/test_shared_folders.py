@@ -213,7 +213,9 @@ def test_ctrl_c_twice_in_training_is_one_line_and_the_same_command_resumes(prepa
     assert not list((out / "checkpoints").glob("*.tmp"))
 
 
-def test_ctrl_c_during_the_export_is_one_line_and_the_same_command_exports(prepared, tmp_path):
+@pytest.mark.parametrize("sig,name,code", [(signal.SIGINT, "Ctrl-C", ftrain.EXIT_INTERRUPTED),
+                                           (signal.SIGTERM, "SIGTERM", 128 + signal.SIGTERM)])
+def test_ctrl_c_during_the_export_is_one_line_and_the_same_command_exports(prepared, tmp_path, sig, name, code):
     out = tmp_path / "run"
     cmd = argv("--steps", "2", "--model-override", "hidden_size=512", "--model-override", "num_layers=8",
                "--data", str(prepared), "--output-dir", str(out))
@@ -222,12 +224,12 @@ def test_ctrl_c_during_the_export_is_one_line_and_the_same_command_exports(prepa
         deadline = time.time() + 600
         while time.time() < deadline and proc.poll() is None and not (out / "model" / ownership.MARKER).exists():
             time.sleep(0.01)  # the export claims its folder first, then writes the weights
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
     finally:
         stdout, stderr = finish(proc, None)
-    assert proc.returncode == ftrain.EXIT_INTERRUPTED, stderr[-3000:]
+    assert proc.returncode == code, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    assert "Traceback" not in stderr and last == ("fp8lab train: interrupted (Ctrl-C); the files written so far and "
+    assert "Traceback" not in stderr and last == (f"fp8lab train: interrupted ({name}); the files written so far and "
                                                   "checkpoint step_00000002 are kept: the same command resumes from step 2")
     assert not (out / "model" / "model.safetensors").exists() and not list(out.rglob(ownership.TMP_PREFIX + "*"))
     done = subprocess.run([sys.executable, "-m", "fp8lab.train", *cmd], env=ENV, capture_output=True, text=True, timeout=600)
