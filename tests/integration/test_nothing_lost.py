@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from refusals import refused  # tests/helpers
 from fp8lab.train import checkpoint as fckpt
 from fp8lab.data import tokens as fdata
 from fp8lab.records import metrics as fmetrics
@@ -37,14 +38,6 @@ def argv(*extra: str) -> list[str]:
             "--progress", "off", "--plot", "False", "--print-metrics", "False", *extra]
 
 
-def refused(args: list[str], capsys) -> str:
-    """fp8lab train refuses ``args`` with exit code 2 and one line; that line."""
-    capsys.readouterr()
-    code = ftrain.main(args)
-    err = capsys.readouterr().err.strip()
-    assert code == ftrain.EXIT_BAD_OPTIONS, err
-    assert err.startswith("fp8lab train: error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
 
 
 def tree(root: Path) -> dict[str, str]:

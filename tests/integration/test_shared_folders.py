@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from refusals import refused  # tests/helpers
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.data import tokens as fdata
 from fp8lab.records import metrics as fmetrics
@@ -56,13 +57,6 @@ def finish(proc: subprocess.Popen, sig: int | None = signal.SIGTERM) -> tuple[st
             proc.kill()
 
 
-def refused(args: list[str], capsys) -> str:
-    capsys.readouterr()
-    code = ftrain.main(args)
-    err = capsys.readouterr().err.strip()
-    assert code == ftrain.EXIT_BAD_OPTIONS, err
-    assert err.startswith("fp8lab train: error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
 
 
 def file_limit(limit: int):
