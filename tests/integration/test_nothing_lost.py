@@ -38,8 +38,6 @@ def argv(*extra: str) -> list[str]:
             "--progress", "off", "--plot", "False", "--print-metrics", "False", *extra]
 
 
-
-
 def tree(root: Path) -> dict[str, str]:
     """Every file under ``root`` with its content digest."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -57,8 +57,6 @@ def finish(proc: subprocess.Popen, sig: int | None = signal.SIGTERM) -> tuple[st
             proc.kill()
 
 
-
-
 def file_limit(limit: int):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
