@@ -19,12 +19,13 @@ PY=${PYTHON:-python3}
 STUDY=${STUDY:-fp8stats-overhead}
 RES=$OUT/$STUDY
 STEPS=${STEPS:-60}
+WORK=${WORK:-$OUT/.work-$STUDY}  # the runs' folders (one per study: two studies never share one)
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 for arm in ${ARMS:-${KS:-0 10 25}}; do
   k=${arm%%:*}; src=$([ "$arm" = "$k" ] || echo "${arm#*:}")
   "$PY" benchmarks/throughput.py --models "${MODEL:-llama-1b}" --variants "${VARIANT:-default-fp8}" --steps "$STEPS" --warmup 10 \
     --common-args "--fp8-stats-every $k ${src:+--fp8-stats-source $src} ${EXTRA:-}" --tag "stats$k${src:+-$src}" \
-    --study "$STUDY" --out "$RES" --work /tmp/fp8stats-bench --timeout 300 ${SMOKE:+--cpu-smoke}
+    --study "$STUDY" --out "$RES" --work "$WORK" --timeout 300 ${SMOKE:+--cpu-smoke}
 done
-cp /tmp/fp8stats-bench/*.log "$RES/" 2>/dev/null
+cp "$WORK"/*.log "$RES/" 2>/dev/null
 "$PY" benchmarks/fp8stats_overhead.py "$RES" "$OUT/$STUDY.json" ${CHECK:+--check "$RES/check.json"}
