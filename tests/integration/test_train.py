@@ -54,7 +54,7 @@ def test_cpu_run_writes_metrics_config_checkpoints_and_hf_model(prepared, tmp_pa
                 "gpu_name", "torch", "transformers", "transformer_engine", "command"):
         assert key in cfg
     assert cfg["world_size"] == 1 and cfg["data_manifest"]["vocab_size"] == 512
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000004", "step_00000008"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")) == ["step_00000004", "step_00000008"]
     assert (out / "loss.png").stat().st_size > 1000
     # the final model is a plain HF checkpoint with its tokenizer
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -228,7 +228,7 @@ def test_sagemaker_entry_point_layout(prepared, tmp_path, monkeypatch):
     out = ml / "output" / "data"
     assert {"metrics.jsonl", "config.json", "summary.json", "loss.png"} <= {p.name for p in out.iterdir()}
     assert [r["step"] for r in fmetrics.read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
-    assert sorted(p.name for p in (ml / "checkpoints").iterdir()) == ["step_00000002", "step_00000003"]
+    assert sorted(p.name for p in (ml / "checkpoints").iterdir() if not p.name.startswith(".")) == ["step_00000002", "step_00000003"]
     assert not (out / "data").exists()  # the channel was already prepared: used as is
     assert not (tmp_path / "runs").exists()
 
