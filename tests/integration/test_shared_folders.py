@@ -252,7 +252,7 @@ def test_prepare_data_into_the_data_of_a_running_training_is_refused(prepared, t
 
 def test_a_run_whose_every_step_was_skipped_is_not_completed(prepared, tmp_path, capsys):
     out = tmp_path / "run"
-    code = ftrain.main(argv("--steps", "2", "--inject-nan-at-steps", "1,2", "--max-bad-steps", "5",
+    code = ftrain.main(argv("--study", "--steps", "2", "--inject-nan-at-steps", "1,2", "--max-bad-steps", "5",
                             "--data", str(prepared), "--output-dir", str(out)))
     err = capsys.readouterr().err
     assert code == ftrain.EXIT_OVERFLOW, err
