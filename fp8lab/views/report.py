@@ -185,8 +185,14 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         f'<p class="muted">Best BF16: {e(analysis.answer.WHY_BF16)}; best FP8: {e(analysis.answer.WHY_FP8)}. '
         f"Cost: {analysis.fmt_tokens(config.tokens)} tokens on one {e(answer.instance_type)}, as fp8lab launch plan "
         "estimates it from these runs.</p>",
-        _table(rows.rename(columns=ANSWER_HTML_COLUMNS), list(ANSWER_HTML_COLUMNS.values())),
     ]
+    main = analysis.answer.main_gpu(rows, answer.instance_type)  # P5's GPU first; the other GPUs' rows on request
+    on_main = rows["gpu_name"] == main if main else pd.Series(True, index=rows.index)
+    answer_table = functools.partial(_table, columns=list(ANSWER_HTML_COLUMNS.values()))
+    body.append(answer_table(rows[on_main].rename(columns=ANSWER_HTML_COLUMNS)))
+    if (~on_main).any():
+        body.append(_details(f"the {int((~on_main).sum())} rows measured on other GPUs",
+                             answer_table(rows[~on_main].rename(columns=ANSWER_HTML_COLUMNS))))
     if not n_runs:
         body.append('<p class="muted">There are no measured runs yet; only the source\'s reported figures are '
                     'shown.</p>')
