@@ -181,6 +181,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
         "<h2>Verdict</h2>", _verdict_html(parts),
+        _details("the verdict in full sentences, per BF16/FP8 pair", f"<p>{e(answer.verdict())}</p>"),
         "<h2>The answer per model</h2>",
         f'<p class="muted">Best BF16: {e(analysis.answer.WHY_BF16)}; best FP8: {e(analysis.answer.WHY_FP8)}. '
         f"Cost: {analysis.fmt_tokens(config.tokens)} tokens on one {e(answer.instance_type)}, as fp8lab launch plan "

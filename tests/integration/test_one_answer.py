@@ -87,7 +87,8 @@ def _priced_on_p5(a: pd.DataFrame, model: str, gpu: str) -> bool:
 
 _SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on \d+ GPUs? of (?:NVIDIA )?(?P<gpu>[^,]+), .*? \(run (?P<fp8>[^)]+)\) "
                        r"ran at (?P<speedup>[\d.]+)x the tokens/s/GPU of .*? \(run (?P<bf16>[^)]+)\) \((?P<tps_fp8>[\d,]+) vs (?P<tps_bf16>[\d,]+)\); planned on one "
-                       r"\S+ at \$[\d.,]+ per instance-hour \(the estimate of fp8lab launch plan(?P<priced>, priced from its "
+                       r"\S+ at \$[\d.,]+(?: per instance-hour|/instance-hour, as of [\d-]+(?: \([^)]*\))?) "
+                       r"\(the estimate of fp8lab launch plan(?P<priced>, priced from its "
                        r"runs on the H100 80GB)?\), [\w.]+ tokens would take "
                        r"(?P<h_fp8>[\d.,]+) h and cost \$(?P<c_fp8>[\d,]+) instead of (?P<h_bf16>[\d.,]+) h and "
                        r"\$(?P<c_bf16>[\d,]+)")
@@ -182,7 +183,7 @@ def test_html_report_quotes_the_answer():
     results = (REPO_ROOT / report.RESULTS_MD).read_text(encoding="utf-8")
     verdict = results.split("## Verdict")[1].split("## Why faster than the blog")[0]
     assert [f"- {t}" for t in items] == [line for line in verdict.splitlines() if line.startswith("- ")]  # one text
-    table = html.unescape(page.split("The answer per model")[1].split("</table>")[0])
+    table = html.unescape(page.split("The answer per model")[1].split("<h2>Figures</h2>")[0])  # P5 rows, then others
     for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
         row = table.split(f"<td>{r['model']}</td>")[1].split("</tr>")[0]
         for prec in ("bf16", "fp8"):

@@ -156,7 +156,7 @@ def test_trainer_records_why_graphs_are_off(tmp_path):
     p = _train("--steps", "1", "--save-model", "False", "--plot", "False", tmp_path=tmp_path)
     assert p.returncode == 0, p.stderr
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert cfg["cuda_graphs"] == "auto" and cfg["plan"]["cuda_graphs"] is False
+    assert cfg["cuda_graphs"] == "off" and cfg["requested"]["cuda_graphs"] == "auto" and cfg["plan"]["cuda_graphs"] is False
     assert cfg["plan"]["reasons"]["cuda_graphs"] == "auto: CUDA graphs need a CUDA GPU" and cfg["built"]["cuda_graphs_captured"] is None
 
 
