@@ -46,12 +46,19 @@ FOLLOW_UP = {"bf16-s2025": ("te-bf16", 2025), "bf16-s7777": ("te-bf16", 7777),
              # issue 51 (benchmarks/studies/fp8_lm_head.md): FP8 delayed with the LM head's GEMM in FP8 too, at the two
              # seeds whose FP8-delayed twins (same init, same data order, BF16 head) are committed
              "fp8-delayed-head": ("te-fp8-delayed-head", 1234), "fp8-delayed-head-s4321": ("te-fp8-delayed-head", 4321)}
-ALL_RUNS = {**RUNS, **FOLLOW_UP}
+# The memory modes' loss check (fp8lab.plan.memory_modes; benchmarks/study_memory_modes.sh): FP8 delayed in each mode
+# at two seeds, against the plain mode at the same seeds (--tokens 5000000 --study memory-modes-h100)
+MEMORY = {f"mem-{m}-s{seed}": (f"te-fp8-delayed-mem-{m}", seed)
+          for m in ("plain", "bf16-moments", "fp8-exp-avg") for seed in (1234, 4321)}
+ALL_RUNS = {**RUNS, **FOLLOW_UP, **MEMORY}
 CPU_VARIANTS = {"te-bf16": ["--precision", "bf16", "--backend", "emulated"],  # the same script path on a CPU
                 "te-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
                 "te-fp8-current": ["--precision", "fp8", "--backend", "emulated", "--recipe", "current"],
                 "te-fp8-delayed-head": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
-                                        "--study", "--fp8-lm-head", "True"]}
+                                        "--study", "--fp8-lm-head", "True"],
+                # the memory modes need TE's FusedAdam: on a CPU only the plain mode runs
+                "te-fp8-delayed-mem-plain": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
+                                             "--memory", "plain"]}
 GRACE_S = 90  # after SIGTERM: time for the checkpoint (~15 GB for llama-1b with its AdamW state)
 
 
@@ -71,6 +78,7 @@ def parse(argv):
                    "SIGTERM and up to 90 s for the checkpoints (a 600 s command: set-up, budget, checkpoint)")
     p.add_argument("--min-left-s", type=float, default=150, help="no new run starts with less of the budget left")
     p.add_argument("--study", default="loss-parity-20m")
+    p.add_argument("--tag-prefix", default="20m", help="run ids end <prefix>-s<seed> (the memory modes' check: 5m)")
     p.add_argument("--out", required=True)
     p.add_argument("--work", default=".study/loss-parity-20m", help="run folders and checkpoints (kept between commands)")
     p.add_argument("--mirror", default=None, help="also copy each result file here the moment its run finishes (the "
@@ -89,7 +97,7 @@ def run_args(args, name: str):
     per_step = math.prod(int(_arg_value(common, k)) for k in ("--seq-len", "--micro-batch-size", "--grad-accum"))
     a = copy.copy(args)
     a.steps = math.ceil(args.tokens / per_step)
-    a.seed, a.tag = ALL_RUNS[name][1], f"20m-s{ALL_RUNS[name][1]}"
+    a.seed, a.tag = ALL_RUNS[name][1], f"{args.tag_prefix}-s{ALL_RUNS[name][1]}"
     a.warmup = 0  # collect_variant's timing statistics: every step (the loss is what this study is about)
     a.max_step_records = 400
     a.note = f"issue 31 loss-parity study, run {name}"

@@ -509,8 +509,11 @@ def _planned_options(spec: JobSpec) -> dict[str, Any]:
     graphs = {"cuda_graphs": "on" if plan.graphs.active else "off"} if c.cuda_graphs == AUTO else {}
     # the fused loss follows the layout's micro-batch (decided above from the launch's memory): carried too
     fused = {"fused_loss": "on" if plan.fused_loss else "off"} if c.fused_loss == AUTO else {}
+    # the memory mode follows the memory the launch planned for: carried as well
+    memory = {"memory": plan.memory_mode} if c.memory == AUTO else {}
     return {"backend": plan.backend_label, "recipe": recipe, "parallel": c.parallel, **layout,
-            "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs, **fused}}
+            "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs, **fused,
+                        **memory}}
 
 
 # the trainer's study and test switches: a job that sets one passes --study too

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
-                            FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
+                            FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS, MEMORY,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TRACKERS, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
 from fp8lab.fp8.backends import fused_problem
@@ -104,6 +104,9 @@ class TrainConfig:
                                 choices=COMPUTE_DTYPES)
     param_dtype: str = option(AUTO, "dtype of parameters and gradients (bf16: fp32 master weights in the optimizer)",
                               section="layout", choices=PARAM_DTYPES)
+    memory: str = option(AUTO, "model-state memory per parameter (fp8lab.plan.memory_modes): auto keeps plain where "
+                         "the run fits, else the least lossy mode that fits and passed its loss check",
+                         section="optimiser", choices=MEMORY)
     fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step",
                                     section="fp8", check=BOOL)
     fsdp_keep_weights: AutoBool = option(AUTO, "--parallel fsdp: all-gather the weights once per step, not per "

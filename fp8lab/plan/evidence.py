@@ -25,6 +25,7 @@ DOC = "fp8lab/plan/" + FILE  # its path in the checkout that `fp8lab report --do
 FP8_ATTENTION_STUDY = "long-context-h200"  # crossover.json (speed by sequence length), loss.json (the loss check)
 FP8_ALL_GATHER_STUDY = "fp8-all-gather-h200"  # check.json (benchmarks/fp8_all_gather_check.py)
 TE_DEBUG_STUDY = "fp8stats-sources"  # check.json (benchmarks/fp8stats_overhead.py --check)
+MEMORY_MODES_STUDY = "memory-modes-h100"  # loss.json (benchmarks/study_memory_modes.py): each mode's loss check
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Evidence:
     te_debug: bool = False  # TE's debug API passed its GPU check (every step recorded, cost within the goal)
     te_debug_problems: tuple[str, ...] = ()  # why that check failed (empty: passed, or not committed)
     te_debug_te: str | None = None  # the Transformer Engine release the check ran on
+    memory_modes: tuple[str, ...] = ()  # the memory modes whose loss stayed inside the seeds' band (auto may use them)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Evidence":
@@ -47,7 +49,8 @@ class Evidence:
                    fp8_attention_loss=None if loss is None else bool(loss),
                    fp8_all_gather=gather.get("passed") is True, te_debug=debug.get("passed") is True,
                    te_debug_problems=tuple(str(p) for p in debug.get("problems") or ()),
-                   te_debug_te=debug.get("transformer_engine"))
+                   te_debug_te=debug.get("transformer_engine"),
+                   memory_modes=tuple(str(m) for m in (data.get("memory_modes") or {}).get("holds") or ()))
 
 
 def _read(path: Path) -> dict | None:
@@ -66,6 +69,7 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
     loss = _read(results / FP8_ATTENTION_STUDY / "loss.json")
     gather = _read(results / FP8_ALL_GATHER_STUDY / "check.json") or {}
     debug = _read(results / TE_DEBUG_STUDY / "check.json")
+    modes = _read(results / MEMORY_MODES_STUDY / "loss.json") or {}
     return {
         "fp8_attention": {
             "study": FP8_ATTENTION_STUDY,
@@ -78,6 +82,8 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
                      "passed": (debug or {}).get("passed") is True,
                      "problems": [str(p) for p in (debug or {}).get("problems") or []],
                      "transformer_engine": (debug or {}).get("transformer_engine")},
+        "memory_modes": {"study": MEMORY_MODES_STUDY,
+                         "holds": sorted(m for m, r in (modes.get("modes") or {}).items() if r.get("holds") is True)},
     }
 
 

@@ -61,6 +61,7 @@ from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per mac
 from fp8lab.model.models import block_matmul_params, count_parameters
 from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, loss_bytes, no_grad_loss_bytes
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, kernel_for as loss_kernel_for
+from fp8lab.plan import memory_modes
 
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
@@ -139,7 +140,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     backend: str | None = "te", fuse: bool = True, world_size: int = 1, parallel: str = "ddp",
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
-                    fused_loss: bool = False, loss_kernel: str = "compiled") -> MemoryEstimate:
+                    fused_loss: bool = False, loss_kernel: str = "compiled",
+                    memory_mode: str = memory_modes.PLAIN) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
     LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's, held as
     ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS)."""
@@ -147,10 +149,14 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     sharded = is_sharded(parallel, world_size)
     gib = 2.0**30
     shard = world_size if sharded else 1
-    states = 16 * n / shard
+    mode = memory_modes.get(memory_mode)
+    states = mode.state_bytes * n / shard
     if parallel == "ddp" and world_size > 1:
         states += (2 if param_dtype == "bf16" else 4) * n  # DDP's gradient buckets
-    step = (states + 2 * n / shard) if param_dtype == "bf16" else states
+    if mode.fused_adam:  # FusedAdam steps in place; FP8 moments are read as fp32 one parameter group at a time
+        step = states + (STREAM_CHUNK_BYTES if "fp8" in (mode.exp_avg, mode.exp_avg_sq) else 0)
+    else:
+        step = (states + 2 * n / shard) if param_dtype == "bf16" else states
     kept = 2 * n if (sharded and keep_weights) else 0.0
     fp8 = precision == "fp8" and backend == "te"
     cache = 2 * _block_linear_params(mcfg) if (fp8 and weight_cache and (keep_weights or not sharded)) else 0.0
@@ -192,6 +198,7 @@ class Layout:
     reasons: dict = dataclasses.field(default_factory=dict)
     activation_checkpointing: bool = False  # recompute each block in backward (--activation-checkpointing, or auto)
     sharded: bool = False  # FSDP2 really shards (is_sharded: --parallel fsdp on several ranks)
+    memory_mode: str = memory_modes.PLAIN  # bytes of state per parameter (fp8lab.plan.memory_modes)
 
     @property
     def tokens_per_gpu_step(self) -> int:
@@ -209,6 +216,7 @@ class Layout:
                 f"({self.tokens_per_gpu_step:,} tokens/GPU/step), {self.param_dtype} parameters"
                 + (", FSDP2 keeps weights gathered" if self.fsdp_keep_weights else "")
                 + (", activation checkpointing" if self.activation_checkpointing else "")
+                + (f", --memory {self.memory_mode}" if self.memory_mode != memory_modes.PLAIN else "")
                 + f"; memory estimate {self.memory.describe()} of {where}" + (f" | auto: {why}" if why else ""))
 
 
@@ -285,7 +293,7 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
 
 
 def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep_weights: bool,
-                 precision: str | None = None) -> tuple[bool, str]:
+                 precision: str | None = None, memory_mode: str = memory_modes.PLAIN) -> tuple[bool, str]:
     """(whether TE's FP8 weight cache is built, why): the one rule the trainer (fp8lab.plan.runplan) and the memory
     estimate follow. The first micro-batch of a step quantises the weights, the others reuse them (they
     cannot change before the optimizer step); under FSDP2 only with the weights kept gathered for the
@@ -294,6 +302,8 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
         return False, "--fp8-weight-cache False"
     if (precision or c.precision) != "fp8" or backend != "te" or not c.fuse:
         return False, "only FP8 runs on TE's fused layers cache FP8 weights"
+    if memory_mode != memory_modes.PLAIN:
+        return False, f"--memory {memory_mode}: FP8 weights cast per micro-batch (the cache's memory goes first)"
     if grad_accum <= 1:
         return False, "accumulation 1: no later micro-batch to reuse the FP8 weights"
     if sharded and not keep_weights:
@@ -310,7 +320,8 @@ def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tu
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
                   keep: bool, both_precisions: bool, activation_checkpointing: bool = False,
-                  sharded: bool = False, loss_kernel: str = "compiled") -> MemoryEstimate:
+                  sharded: bool = False, loss_kernel: str = "compiled",
+                  memory_mode: str = memory_modes.PLAIN) -> MemoryEstimate:
     """The estimate of this layout; with ``both_precisions`` the larger of BF16 and FP8 (one layout for both;
     the fused loss, decided by vocabulary and tokens alone, is the same for both)."""
     fused = fused_loss_for(c, machine, mcfg, mb * seq)[0]
@@ -319,15 +330,46 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                             backend=backend, fuse=c.fuse, world_size=machine.world_size, parallel=c.parallel,
                             keep_weights=keep,
                             weight_cache=weight_cache(c, backend, grad_accum=ga, sharded=sharded, keep_weights=keep,
-                                                      precision=p)[0],
+                                                      precision=p, memory_mode=memory_mode)[0],
                             activation_checkpointing=activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused,
-                            loss_kernel=loss_kernel) for p in precisions]
+                            loss_kernel=loss_kernel, memory_mode=memory_mode) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 
-def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None) -> Layout:
+def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None,
+            checked_modes: tuple[str, ...] = ()) -> Layout:
+    """:func:`resolve_mode` for each memory mode ``--memory`` allows, in order (fp8lab.plan.memory_modes.candidates;
+    ``checked_modes``: the modes whose loss check is committed): the first layout that fits. Raises ValueError when
+    none does, naming the modes tried."""
+    mcfg = mcfg or c.model_config
+    param_dtype = c.param_dtype if c.param_dtype != AUTO else ("bf16" if machine.gpu else "fp32")
+    modes, why_plain = memory_modes.candidates(c.memory, gpu=machine.gpu, sharded=is_sharded(c.parallel,
+                                               machine.world_size), param_dtype=param_dtype, backend=backend,
+                                               checked=checked_modes)
+    refusals = []
+    for mode in modes:
+        try:
+            lay = resolve_mode(c, machine, backend, mcfg, loss_kernel, mode)
+        except ValueError as e:
+            refusals.append((mode, str(e)))
+            continue
+        if c.memory == AUTO and mode != memory_modes.PLAIN:
+            tried = ", ".join(m for m, _ in refusals)
+            lay.reasons["memory"] = (f"--memory {mode}: {c.model} fits {machine.name} with "
+                                     f"{memory_modes.get(mode).state_bytes} bytes of state per parameter "
+                                     f"({tried} did not fit)")
+        return lay
+    if len(refusals) == 1:
+        raise ValueError(refusals[0][1])
+    first = refusals[0][1]
+    tried = "; ".join(f"{m}: {msg.split('estimated peak ')[-1].split(';')[0]}" for m, msg in refusals[1:])
+    raise ValueError(f"{first} (memory modes tried: {', '.join(m for m, _ in refusals)}; {tried})")
+
+
+def resolve_mode(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None,
+                 memory_mode: str = memory_modes.PLAIN) -> Layout:
     """Resolve the ``"auto"`` options of TrainConfig ``c`` for ``machine``; ``backend`` is the resolved
     FP8/layer backend (None = plain transformers); ``mcfg``: the run's ModelConfig (default: the one
     ``c`` made when validated); ``loss_kernel``: the fused loss's chunk kernel whose memory is counted (the run
@@ -373,7 +415,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     def est(mb: int, keep: bool, both: bool = True) -> MemoryEstimate:
         return _estimate_for(mcfg, c, machine, backend, param_dtype, mb, seq, accum_for(mb), keep,
                              both_precisions=gpu and both, activation_checkpointing=ckpt, sharded=sharded,
-                             loss_kernel=loss_kernel)
+                             loss_kernel=loss_kernel, memory_mode=memory_mode)
 
     if mb_auto and gpu:
         candidates = [2**i for i in range(int(math.log2(max(1, MICRO_BATCH_TOKENS // seq))), -1, -1)]
@@ -419,5 +461,6 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     if ckpt and c.activation_checkpointing == AUTO:
         reasons["activation_checkpointing"] = (f"activation checkpointing: {c.model} at {seq} tokens fits "
                                                f"{machine.name} only recomputing each block in backward")
-    return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons, activation_checkpointing=ckpt, sharded=sharded)
+    return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons, activation_checkpointing=ckpt, sharded=sharded,
+                  memory_mode=memory_mode)
 

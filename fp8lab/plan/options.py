@@ -34,6 +34,7 @@ from fp8lab.plan.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
 from fp8lab.fp8.stats import SOURCES as FP8_STATS_SOURCE_CHOICES
 from fp8lab.plan.fused_loss import CHOICES as FUSED_LOSS_CHOICES
 from fp8lab.plan.graphs import CHOICES as GRAPH_CHOICES
+from fp8lab.plan.memory_modes import CHOICES as MEMORY_CHOICES
 from fp8lab.fp8.recipe import KINDS
 from fp8lab.core.validate import AUTO, Check, one_of
 
@@ -59,6 +60,8 @@ FP8_ALL_GATHER = (AUTO, "on", "off")
 FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
 FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fused_loss)
+# auto | plain | bf16-moments | fp8-exp-avg, declared where they are decided (fp8lab.plan.memory_modes)
+MEMORY = MEMORY_CHOICES
 
 # types of fields whose text form is special (their annotations name them)
 AutoInt = Union[int, str]  # an integer, or "auto" (the layout resolver picks it)

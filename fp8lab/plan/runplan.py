@@ -38,6 +38,7 @@ from fp8lab.core.hardware import Machine
 from fp8lab.plan import evidence as fevidence
 from fp8lab.plan.evidence import FP8_ALL_GATHER_STUDY, Evidence
 from fp8lab.fp8.recipe import Recipe, kinds_where
+from fp8lab.plan import memory_modes
 
 if TYPE_CHECKING:
     from fp8lab.model.config import ModelConfig
@@ -89,6 +90,11 @@ class RunPlan:
         return self.config.precision == "fp8"
 
     @property
+    def memory_mode(self) -> str:
+        """Bytes of state per parameter (fp8lab.plan.memory_modes): the layout's."""
+        return self.layout.memory_mode
+
+    @property
     def world_size(self) -> int:
         return self.machine.world_size
 
@@ -127,7 +133,7 @@ class RunPlan:
                 **self.layout.options(), "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
-                "streamed_step": self.streamed_step, "compute_dtype": self.compute_dtype,
+                "streamed_step": self.streamed_step, "memory": self.memory_mode, "compute_dtype": self.compute_dtype,
                 "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}
 
     def options(self) -> dict[str, Any]:
@@ -138,7 +144,8 @@ class RunPlan:
                 "recipe": self.recipe.spec() if self.recipe_kind else None, "compute_dtype": self.compute_dtype,
                 "cuda_graphs": onoff[bool(self.graphs.active)], "fp8_attention": onoff[self.fp8_attention],
                 "fp8_all_gather": onoff[self.fp8_all_gather], "fp8_stats_every": self.fp8_stats_every,
-                "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss]}
+                "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss],
+                "memory": self.memory_mode}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -284,7 +291,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
             fp8_lm_head_check(c, backend)
     mcfg = c.model_config  # made once, when the options were validated
     kernel = loss_kernel_for(machine)  # the fused loss's chunk kernel: read once, its memory counted by the layout
-    lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel)  # "auto" options -> this machine's layout
+    # "auto" options -> this machine's layout, the memory mode included (auto uses the modes whose loss check holds)
+    lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel, checked_modes=evidence.memory_modes)
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
     if problem:
@@ -293,11 +301,13 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     decision = graphs_decision(c, machine, backend, lay, mcfg)  # --cuda-graphs on that cannot be captured: refused
     master = lay.param_dtype == "bf16" and not sharded
     keep = bool(sharded and lay.fsdp_keep_weights and lay.grad_accum > 1)
-    cache, why_cache = flayout.weight_cache(c, backend, grad_accum=lay.grad_accum, sharded=sharded, keep_weights=keep)
+    cache, why_cache = flayout.weight_cache(c, backend, grad_accum=lay.grad_accum, sharded=sharded, keep_weights=keep,
+                                            memory_mode=lay.memory_mode)
     wgrad, why_wgrad = fused_wgrad(c, machine, backend, master)
     dtype, why_dtype = compute_dtype(c, machine)
     reasons = {"backend": why_backend, "cuda_graphs": decision.reason, "fp8_weight_cache": why_cache,
                "fuse_wgrad_accumulation": why_wgrad, "compute_dtype": why_dtype,
+               "memory": lay.reasons.get("memory") or f"--memory {c.memory}: {memory_modes.get(lay.memory_mode).summary}",
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
                                   "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else
                                   "fp32 parameters"),
@@ -316,7 +326,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     # the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
     fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active, keep, cache, wgrad, mcfg, reasons, fp8_attention=attn,
+                   master and decision.active and lay.memory_mode == memory_modes.PLAIN, keep, cache, wgrad, mcfg,
+                   reasons, fp8_attention=attn,
                    fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused,
                    fused_loss_kernel=kernel if fused else None)

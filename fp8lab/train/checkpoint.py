@@ -45,6 +45,7 @@ from torch import nn
 from fp8lab.train import distributed as fdist
 from fp8lab.train import te_state
 from fp8lab.train.master_weights import MasterWeights
+from fp8lab.train.fused_states import FusedStates
 from fp8lab.records import ownership
 
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -95,7 +96,7 @@ def _quiet_single_process(env: fdist.DistEnv) -> Iterator[None]:
 
 
 def _is_master(optimizer) -> bool:
-    return isinstance(optimizer, MasterWeights)
+    return isinstance(optimizer, (MasterWeights, FusedStates))
 
 
 def _model_and_optim_state(model: nn.Module, optimizer: torch.optim.Optimizer):

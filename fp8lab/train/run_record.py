@@ -151,4 +151,6 @@ class RunRecord:
 def adamw_impl(opt) -> str:
     """Which AdamW kernels run: 'fused', 'foreach' or 'for-loop' (config.json's ``built``)."""
     d = getattr(opt, "defaults", {})
+    if type(opt).__module__.startswith("transformer_engine"):
+        return "te-fused-adam"
     return "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"

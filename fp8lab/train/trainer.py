@@ -64,6 +64,8 @@ from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, Step
                                      StopFlag,
                                      TrainState)
 from fp8lab.train.master_weights import MasterWeights
+from fp8lab.train.fused_states import FusedStates
+from fp8lab.plan import memory_modes
 from fp8lab.train.run_record import RunRecord, adamw_impl
 
 
@@ -238,8 +240,12 @@ class Trainer:
         c, env = self.c, self.env
         # Under CUDA graphs the streamed step: main_grad buffers zeroed in place (a graph writes to fixed
         # addresses), and no full fp32 gradient copy at the step, which the graphs' resident activations need
-        self.master = MasterWeights(model, lambda params: foptim.make_optimizer(params, c, env.device),
-                                    streamed=self.plan.streamed_step)
+        mode = memory_modes.get(self.plan.memory_mode)
+        if mode.fused_adam:  # fewer bytes per parameter: TE's FusedAdam keeps the states (fp8lab.plan.memory_modes)
+            self.master = FusedStates(model, mode, c)
+        else:
+            self.master = MasterWeights(model, lambda params: foptim.make_optimizer(params, c, env.device),
+                                        streamed=self.plan.streamed_step)
         # DDP all-reduces .grad through hooks that main_grad would bypass: one process only (fp8lab.plan.runplan)
         if self.plan.fused_wgrad and hasattr(model, "wgrad_into_main_grad"):
             self.fused_wgrad = model.wgrad_into_main_grad()

@@ -1,0 +1,65 @@
+"""The memory modes' loss check: each mode's final validation loss (mean of its seeds) against the plain mode's seeds.
+
+    python benchmarks/memory_modes_loss.py data/results/memory-modes-h100
+
+Reads the loss runs benchmarks/study_loss_parity.py wrote there (``--runs mem-<mode>-s<seed>``: llama-1b, FP8 delayed,
+the Linux corpus, the same tokens, init and data order per seed) and writes ``loss.json``: per mode its seeds' losses,
+the gap of their mean to the plain mean, and ``holds`` when that gap is inside the plain seeds' band (max(0.5% of the
+mean, max - min of the plain seeds): the project's loss criterion, fp8lab.analysis.parity.against_seeds).
+fp8lab.plan.evidence reads ``holds``: ``--memory auto`` may pick only a mode that holds.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fp8lab.analysis.load import read_jsonl  # noqa: E402
+from fp8lab.analysis.parity import against_seeds  # noqa: E402
+from fp8lab.plan import memory_modes  # noqa: E402
+
+PREFIX = "te-fp8-delayed-mem-"
+
+
+def final_losses(folder: Path) -> dict[str, dict[int, float]]:
+    """mode -> seed -> final validation loss, from the run records of ``folder``."""
+    out: dict[str, dict[int, float]] = {}
+    for f in sorted(folder.glob("*.jsonl")):
+        recs = [r for _, r in read_jsonl(f)]
+        run = next((r for r in recs if r.get("record") == "run"), {})
+        summary = next((r for r in recs if r.get("record") == "summary"), {})
+        variant = str(run.get("variant", ""))
+        if not variant.startswith(PREFIX) or summary.get("val_loss") is None:
+            continue
+        mode = variant[len(PREFIX):].rsplit("-", 2)[0]  # te-fp8-delayed-mem-<mode>-<N>m-s<seed>
+        out.setdefault(mode, {})[int(run["seed"])] = float(summary["val_loss"])
+    return out
+
+
+def check(folder: Path) -> dict:
+    losses = final_losses(folder)
+    plain = losses.get(memory_modes.PLAIN, {})
+    if len(plain) < 2:
+        raise SystemExit(f"{folder}: the plain mode needs two seeds, found {sorted(plain)}")
+    modes = {}
+    for mode, by_seed in losses.items():
+        if mode == memory_modes.PLAIN:
+            continue
+        mean = sum(by_seed.values()) / len(by_seed)
+        g = against_seeds(list(plain.values()), mean)
+        modes[mode] = {"val_loss": by_seed, "val_loss_mean": mean, "gap_pct": g["gap_pct"], "band_pct": g["band_pct"],
+                       "seeds": len(by_seed), "holds": bool(g["in_band"] and len(by_seed) >= 2)}
+    g = against_seeds(list(plain.values()), next(iter(plain.values())))
+    return {"criterion": "|mode mean - plain mean| <= max(0.5% of the plain mean, max - min of the plain seeds), "
+                         "final validation loss, two seeds or more each",
+            "plain": {"val_loss": plain, "mean": g["mean"], "spread_pct": g["spread_pct"], "band_pct": g["band_pct"]},
+            "modes": modes}
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    result = check(folder)
+    (folder / "loss.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(result, indent=1, sort_keys=True))

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Study: the memory modes on P5's GPU (one H100 80 GB; fp8lab.plan.memory_modes, benchmarks/studies/memory_modes.md).
+#   Question: with TE's FusedAdam keeping 10 or 9 bytes per parameter instead of 16, do the 7-8B models train on one
+#   H100 with `fp8lab train --model M --precision bf16|fp8`; what FP8/BF16 ratio and peak memory do they reach; and is
+#   each mode's loss inside the plain mode's seed band (llama-1b, Linux corpus, 5M tokens, two seeds)?
+# Parts (each packs its results as it goes):
+#   T   the GPU tests of the modes (tests/gpu/test_memory_modes_gpu.py) (~1 min)
+#   S7  llama-7b, both precisions, --memory bf16-moments (what auto picks there once its loss check holds) (~4 min)
+#   L1  the loss runs of plain and bf16-moments, seeds 1234 and 4321 (~7 min)
+#   L2  the loss runs of fp8-exp-avg, seeds 1234 and 4321 (~3.5 min)
+#   S8  Mistral-7B-v0.3 (bf16-moments) and Llama-3.1-8B (fp8-exp-avg) from their published configs, both precisions
+# Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz for L1/L2):
+#   bash benchmarks/gpu.sh bash benchmarks/study_memory_modes.sh T S7
+# Results: $OUT/results.tar.gz holds memory-modes-h100/ (for data/results/) and the logs.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+RES=/tmp/res
+mkdir -p $RES/memory-modes-h100 $RES/logs
+H=(python3 benchmarks/throughput.py --out $RES/memory-modes-h100 --study memory-modes-h100 --work /tmp/bench
+   --timeout 400 --steps 6 --warmup 2 --variants default-bf16,default-fp8)
+pack() { cp /tmp/bench/*.log .study/memory-modes/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
+loss() {
+  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
+  python3 benchmarks/study_loss_parity.py --data .corpus/linux-6.1 --out $RES/memory-modes-h100 --work .study/memory-modes \
+    --study memory-modes-h100 --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \
+    --gpus 1 --budget-s 470 --min-left-s 90 --runs "$1" 2>&1 | tee -a $RES/logs/loss.log
+  python3 benchmarks/memory_modes_loss.py $RES/memory-modes-h100 > $RES/logs/loss-check.txt 2>&1
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
+for part in "$@"; do
+  t0=$(date +%s)
+  case $part in
+  T)  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_memory_modes_gpu.py 2>&1 | tail -15 | tee $RES/logs/tests.txt; pack ;;
+  S7) "${H[@]}" --common-args '--memory bf16-moments' --tag h100 --models llama-7b; pack ;;
+  L1) loss mem-plain-s1234,mem-plain-s4321,mem-bf16-moments-s1234,mem-bf16-moments-s4321; pack ;;
+  L2) loss mem-fp8-exp-avg-s1234,mem-fp8-exp-avg-s4321; pack ;;
+  S8) "${H[@]}" --common-args '--memory bf16-moments' --tag h100 --models data/reference/configs/mistral-7b-v0.3; pack
+      "${H[@]}" --common-args '--memory fp8-exp-avg' --tag h100 --models data/reference/configs/llama-3.1-8b; pack ;;
+  *) echo "unknown part $part"; exit 2 ;;
+  esac
+  echo "part $part: $(( $(date +%s) - t0 )) s" | tee -a $RES/logs/parts.txt
+done
+pack

@@ -1,0 +1,83 @@
+"""The memory modes on CUDA with Transformer Engine's FusedAdam (skipped without a GPU): the step against fp8lab's
+plain master weights, exact resumes from checkpoints, and the trainer's run record (fp8lab.plan.memory_modes)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from gpu_skips import te_or_skip as _te_or_skip
+
+from fp8lab.plan import memory_modes
+from fp8lab.plan.config import TrainConfig as Config
+from fp8lab.records import metrics as fmetrics
+from fp8lab.train.entry import TrainConfig, train
+
+pytestmark = pytest.mark.gpu
+TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=8, lr=2e-3, progress="off", print_metrics=False,
+            plot=False, device="cuda")
+
+
+def _net(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
+
+
+@pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
+def test_fused_states_step_follows_the_plain_masters(mode):
+    """A few steps on the same gradients: the parameters stay within bf16 rounding of the plain fp32-state step."""
+    _te_or_skip()
+    from fp8lab.train import optim as foptim
+    from fp8lab.train.fused_states import FusedStates
+    from fp8lab.train.master_weights import MasterWeights
+
+    c = Config(lr=1e-3, weight_decay=0.1, device="cpu")
+    a, b = _net(), _net()
+    plain = MasterWeights(a, lambda ps: foptim.make_optimizer(ps, c, torch.device("cuda")))
+    fused = FusedStates(b, memory_modes.get(mode), c)
+    assert all(p.dtype == torch.bfloat16 for p in b.parameters())
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    moved = 0.0
+    for _ in range(5):
+        for net, opt in ((a, plain), (b, fused)):
+            net(x).float().square().mean().backward()
+            norm = opt.clip_grad_norm_(1.0)
+            assert torch.isfinite(norm)
+            opt.step()
+            opt.zero_grad()
+    for pa, pb, p0 in zip(a.parameters(), b.parameters(), _net().parameters()):
+        moved = max(moved, float((pa.float() - p0.float()).abs().max()))
+        # the masters start from the bf16 weights here (plain keeps the fp32 init's low bits): one bf16 step apart
+        assert torch.allclose(pa.float(), pb.float(), atol=2e-3, rtol=1e-2)
+    assert moved > 1e-3  # the steps did move the weights
+
+
+@pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
+def test_a_run_in_a_memory_mode_records_it_and_resumes_exactly(prepared, tmp_path, mode):
+    _te_or_skip()
+    base = dict(**TINY, precision="fp8", backend="te", steps=10, checkpoint_every=5, data=str(prepared),
+                save_model=False, memory=mode)
+    a, b = tmp_path / "a", tmp_path / "b"
+    s = train(TrainConfig(**base, output_dir=str(a)))
+    assert s["status"] == "completed" and s["nonfinite_steps"] == 0
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["memory"] == mode and cfg["plan"]["memory"] == mode
+    assert cfg["built"]["adamw_impl"] == "te-fused-adam"
+    shutil.copytree(a, b)
+    shutil.rmtree(b / "checkpoints" / "step_00000010")
+    train(TrainConfig(**base, output_dir=str(b)))
+    la = [r["loss"] for r in fmetrics.read_metrics(a / "metrics.jsonl")]
+    lb = [r["loss"] for r in fmetrics.read_metrics(b / "metrics.jsonl")]
+    assert lb[:5] == la[:5] and lb[5:] == pytest.approx(la[5:], rel=1e-3)
+    recs = fmetrics.read_metrics(a / "metrics.jsonl")
+    assert recs[-1]["loss"] < recs[0]["loss"]
+
+
+def test_memory_auto_keeps_plain_where_it_fits(prepared, tmp_path):
+    _te_or_skip()
+    s = train(TrainConfig(**TINY, precision="bf16", backend="te", steps=3, data=str(prepared), save_model=False,
+                          output_dir=str(tmp_path / "r")))
+    assert s["status"] == "completed"
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert cfg["memory"] == memory_modes.PLAIN and cfg["built"]["adamw_impl"] == "fused"
