@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 for part in "$@"; do
   t0=$(date +%s)
   case $part in
-  T)  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_memory_modes_gpu.py 2>&1 | tail -15 | tee $RES/logs/tests.txt; pack ;;
+  T)  python3 -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_memory_modes_gpu.py > $RES/logs/tests.txt 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" $RES/logs/tests.txt; pack ;;
   S7) "${H[@]}" --common-args '--memory bf16-moments' --tag h100 --models llama-7b; pack ;;
   L1) loss mem-plain-s1234,mem-plain-s4321,mem-bf16-moments-s1234,mem-bf16-moments-s4321; pack ;;
   L2) loss mem-fp8-exp-avg-s1234,mem-fp8-exp-avg-s4321; pack ;;

@@ -244,6 +244,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "fsdp_keep_weights": built.get("fsdp_keep_weights"),
         "cuda_graphs": plan.get("cuda_graphs"), "cuda_graphs_captured": built.get("cuda_graphs_captured"),
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "memory": plan.get("memory") or "plain",  # bytes of state per parameter (fp8lab.plan.memory_modes)
         "optimizer": (f"AdamW ({built.get('adamw_impl', 'kernels not recorded')}) on "
                       + ("fp32 parameters, bf16 autocast" if cfg["param_dtype"] == "fp32"
                          else "fp32 master weights, bf16 parameters")),
