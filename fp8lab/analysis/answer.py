@@ -119,7 +119,8 @@ class Answer:
         if not len(rows):
             raise KeyError(f"model={model!r}: not in the answer; allowed: "
                            f"{', '.join(dict.fromkeys(self.rows['model']))}")
-        if priced:
+        if priced:  # a row with a cost (a memory mode's runs price no P5 job), on the instance's GPU where one is
+            rows = rows[rows["cost_fp8"].notna()] if rows["cost_fp8"].notna().any() else rows
             pick = rows[[on_instance_gpu(g, self.instance_type) for g in rows["gpu_name"]]]
         else:
             pick = rows[rows["gpu_name"] == main_gpu(self.rows, self.instance_type)]
@@ -184,7 +185,8 @@ def _budget(est, model: str, precision: str, run: str, tokens: float, price: flo
         return None, unpriced
     job = est.run_budget(model, precision, run, tokens, price, instance_type=instance_type,
                          gpus_per_instance=gpus_per_instance)
-    return job, "" if job else f"{precision} run {run} is not a one-GPU run on a GPU with a known peak"
+    return job, "" if job else (f"{precision} run {run} is not a one-GPU run on a GPU with a known peak, or ran in "
+                                "a memory mode (one GPU's way to fit: a P5 job shards the states instead)")
 
 
 def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str) -> dict:
@@ -204,7 +206,8 @@ def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str)
         out[f"hours_{prec}"], out[f"cost_{prec}"] = job["hours"], job["cost_usd"]
     if missing:
         out["cost_note"] = (f"no time or cost: {', '.join(missing)} is not a one-GPU run on a GPU with a known "
-                            "peak (emulated FP8 and CPU runs say nothing about speed)")
+                            "peak (emulated FP8 and CPU runs say nothing about speed), or ran in a memory mode (one "
+                            "GPU's way to fit: a P5 job shards the states instead)")
     else:
         out["saved_pct"] = 100 * (1 - out["cost_fp8"] / out["cost_bf16"])
         out["cost_note"] = ""

@@ -43,7 +43,7 @@ from fp8lab.model.models import model_flops_per_token
 from fp8lab.plan.flops_estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
-                "seq_len", "tokens_per_sec_per_gpu", "peak_tflops", "micro_batch_size", "grad_accum"]
+                "seq_len", "tokens_per_sec_per_gpu", "peak_tflops", "micro_batch_size", "grad_accum", "memory"]
 
 
 def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
@@ -62,8 +62,14 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
              "layout": layout_label(r), "gpu_name": r["gpu_name"], "seq_len": r["seq_len"],
              "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
              "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12,
-             "micro_batch_size": r.get("micro_batch_size"), "grad_accum": r.get("grad_accum")} for _, r in s.iterrows()]
+             "micro_batch_size": r.get("micro_batch_size"), "grad_accum": r.get("grad_accum"),
+             "memory": _memory_mode(r.get("memory"))} for _, r in s.iterrows()]
     return pd.DataFrame(rows, columns=RATE_COLUMNS)
+
+
+def _memory_mode(value: Any) -> str:
+    """A run's memory mode (fp8lab.plan.memory_modes): records from before the modes were plain."""
+    return value if isinstance(value, str) and value else "plain"
 
 
 def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
@@ -71,7 +77,7 @@ def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
     s = measurable_runs(summary)
     if not len(s):
         return s
-    keys = [s["model"], s["precision"], s["backend"].map(group_key), s["recipe"].map(group_key)]
+    keys = [s["model"], s["precision"], s["backend"].map(group_key), s["recipe"].map(group_key), s["memory"]]
     best = [g.loc[g["tokens_per_sec_per_gpu"].idxmax()] for _, g in s.groupby(keys, sort=True)]
     return pd.DataFrame(best, columns=RATE_COLUMNS).reset_index(drop=True)
 
@@ -127,18 +133,20 @@ class MeasuredEstimate(Estimate):
     # --- the rate of one job ---------------------------------------------------------------------
     def rate(self, model: str, precision: str, *, instance_type: str = "ml.p5.48xlarge", instance_count: int = 1,
              backend: str = "te", recipe: str = "delayed", seq_len: Any = None,
-             run_id: str | None = None, fp8_all_gather: bool = False) -> dict[str, Any] | None:
+             run_id: str | None = None, fp8_all_gather: bool = False, memory: str = "plain") -> dict[str, Any] | None:
         """Per-GPU tokens/s for a job and what it rests on; None where nothing was measured.
+        ``memory``: the job's memory mode; its runs are the basis (a mode is one GPU's way to fit, so its speed is not a
+        sharded job's), others only where none was measured in it.
         ``run_id``: rest on that run (one of :func:`measurable_runs`) instead of the fastest match.
         ``fp8_all_gather``: FSDP2 gathers the block linears' weights in FP8 (the scaling model's traffic)."""
-        key = (model, precision, instance_type, instance_count, backend, recipe, seq_len, run_id, fp8_all_gather)
+        key = (model, precision, instance_type, instance_count, backend, recipe, seq_len, run_id, fp8_all_gather, memory)
         memo = self.__dict__.setdefault("_rates", {})  # a plan asks for each job's rate several times
         if key not in memo:
             memo[key] = self._rate(*key)
         return None if memo[key] is None else dict(memo[key])
 
     def _rate(self, model: str, precision: str, instance_type: str, instance_count: int, backend: str, recipe: str,
-              seq_len: Any, run_id: str | None, fp8_all_gather: bool) -> dict[str, Any] | None:
+              seq_len: Any, run_id: str | None, fp8_all_gather: bool, memory: str) -> dict[str, Any] | None:
         rates, effs = self._measured()
         info = INSTANCES[instance_type]
         kind = str(recipe).partition(":")[0]
@@ -155,11 +163,16 @@ class MeasuredEstimate(Estimate):
             if pos is None:
                 return None
             exact = mine.iloc[pos]
+            if "memory" in exact and (exact["memory"] != memory).any():  # a memory mode's speed is not this job's
+                return None
         elif precision == "fp8":
             exact = mine[(mine["backend"] == backend) & (mine["recipe"] == kind)]
         else:
             exact = mine[mine["backend"] == backend]
         mine = exact if len(exact) else mine
+        if run_id is None and "memory" in mine:
+            same = mine[mine["memory"] == memory]
+            mine = same if len(same) else mine
         if run_id is None:  # measured on the job's GPU (P5's H100) beats projected from another GPU, however fast
             here = mine[[on_instance_gpu(g, instance_type) for g in mine["gpu_name"]]]
             mine = here if len(here) else mine
@@ -219,7 +232,7 @@ class MeasuredEstimate(Estimate):
         return self.rate(spec.model, spec.precision, instance_type=spec.instance_type,
                          instance_count=spec.instance_count, backend=plan.backend_label,
                          recipe=plan.recipe.kind if plan.recipe else "delayed",
-                         seq_len=plan.seq_len)
+                         seq_len=plan.seq_len, memory=plan.memory_mode)
 
     def seconds(self, spec) -> float:
         r = self.job_rate(spec)

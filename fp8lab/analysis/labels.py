@@ -63,6 +63,9 @@ def variant_label(row: dict) -> str:
         parts.append("fp8-head")
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
+    memory = row.get("memory")
+    if isinstance(memory, str) and memory and memory != "plain":  # fewer bytes of state (fp8lab.plan.memory_modes)
+        parts.append(memory)
     parallel = row.get("parallel")
     ws = row.get("world_size")
     one_process = isinstance(ws, (int, float, np.integer, np.floating)) and not pd.isna(ws) and ws <= 1

@@ -38,3 +38,27 @@ def peak_memory(answer, summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows,
                         columns=["model", "gpu_name", "bf16_gib", "fp8_gib", "fp8_minus_bf16_gib", "fp8_vs_bf16_pct",
                                        "fp8_weight_cache_gib", "bf16_layout", "fp8_layout"])
+
+
+def states_by_mode(model: str) -> pd.DataFrame:
+    """Per memory mode (fp8lab.plan.memory_modes): bytes of state per parameter and what ``model``'s states take, in
+    GiB, before any activation or FP8 weight."""
+    from fp8lab.model.models import count_parameters
+    from fp8lab.plan import memory_modes
+
+    n = count_parameters(get_config(model)).total
+    return pd.DataFrame([{"mode": m.name, "bytes_per_parameter": m.state_bytes, "states_gib": m.state_bytes * n / GIB,
+                          "moments": f"{m.exp_avg} / {m.exp_avg_sq}"} for m in memory_modes.MODES])
+
+
+def measured_by_mode(summary: pd.DataFrame) -> pd.DataFrame:
+    """The runs measured in a memory mode other than plain: model, GPU, mode, precision, layout, tokens/s/GPU and
+    peak memory (GiB), one row per run."""
+    if "memory" not in summary:
+        return pd.DataFrame(columns=["model", "gpu_name", "memory", "precision", "variant", "tokens_per_sec_per_gpu",
+                                     "max_mem_gib"])
+    s = summary.drop_duplicates("run_id")
+    s = s[s["memory"].map(lambda m: isinstance(m, str) and m not in ("", "plain"))]
+    cols = ["model", "gpu_name", "memory", "precision", "variant", "micro_batch_size", "grad_accum",
+            "tokens_per_sec_per_gpu", "max_mem_gib"]
+    return s[[c for c in cols if c in s]].sort_values(["model", "variant"]).reset_index(drop=True)

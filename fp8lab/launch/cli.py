@@ -21,7 +21,7 @@ from fp8lab.plan.options import PRECISIONS, add_arguments, from_text
 # the trainer options a job's flags set, from the trainer's schema (TrainConfig's fields; model and
 # precision are the sweep's --models / --precisions)
 TRAINER_FLAGS = (tuple(name for name in SPEC_OPTIONS if name not in ("model", "precision"))
-                 + ("checkpoint_every", "tracker"))
+                 + ("checkpoint_every", "tracker", "memory"))
 
 
 def _trainer_options(args: argparse.Namespace) -> dict:

@@ -30,9 +30,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.uint8}  # 
 
 
 def _param_groups(params: list[nn.Parameter], names: list[list[str]], c) -> list[dict[str, Any]]:
-    """AdamW's groups (weight decay on matrices only), each at most ``STREAM_CHUNK_BYTES / 4`` parameters: FusedAdam
-    reads a group's FP8 moments as fp32 copies, so a group bounds that memory (the layout counts one)."""
-    limit = STREAM_CHUNK_BYTES // 4
+    """AdamW's groups (weight decay on matrices only), each at most ``STREAM_CHUNK_BYTES / 8`` parameters: with an FP8
+    moment FusedAdam reads both of a group's moments as fp32 copies, so a group bounds that memory (the layout counts
+    one)."""
+    limit = STREAM_CHUNK_BYTES // 8
     groups: list[dict[str, Any]] = []
     for decay in (True, False):
         chosen = [p for p in params if (p.ndim >= 2) == decay]
@@ -101,7 +102,7 @@ class FusedStates:
         out = []
         for p in self.params:
             if id(p) in self._main_grad:
-                if p.grad is not None:  # a gradient autograd added beside the fused one
+                if p.grad is not None and p.grad is not p.main_grad:  # autograd's, beside the fused one (once)
                     p.main_grad.add_(p.grad)
                 p.grad = p.main_grad
             if p.grad is not None:

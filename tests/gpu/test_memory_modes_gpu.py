@@ -26,31 +26,34 @@ def _net(seed: int = 0) -> torch.nn.Module:
 
 @pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
 def test_fused_states_step_follows_the_plain_masters(mode):
-    """A few steps on the same gradients: the parameters stay within bf16 rounding of the plain fp32-state step."""
+    """Five steps from the same bf16 weights: the fused mode moves the weights as the plain fp32-state step does (the
+    same direction, the same size within a few percent), not merely by a step's rounding."""
     _te_or_skip()
     from fp8lab.train import optim as foptim
     from fp8lab.train.fused_states import FusedStates
     from fp8lab.train.master_weights import MasterWeights
 
     c = Config(lr=1e-3, weight_decay=0.1, device="cpu")
-    a, b = _net(), _net()
+    a, b, start = _net(), _net(), _net()
+    with torch.no_grad():  # the plain masters start from the bf16 weights too, as FusedAdam's do
+        for p in (*a.parameters(), *start.parameters()):
+            p.copy_(p.to(torch.bfloat16).float())
     plain = MasterWeights(a, lambda ps: foptim.make_optimizer(ps, c, torch.device("cuda")))
     fused = FusedStates(b, memory_modes.get(mode), c)
     assert all(p.dtype == torch.bfloat16 for p in b.parameters())
     x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
-    moved = 0.0
     for _ in range(5):
         for net, opt in ((a, plain), (b, fused)):
             net(x).float().square().mean().backward()
-            norm = opt.clip_grad_norm_(1.0)
-            assert torch.isfinite(norm)
+            assert torch.isfinite(opt.clip_grad_norm_(1.0))
             opt.step()
             opt.zero_grad()
-    for pa, pb, p0 in zip(a.parameters(), b.parameters(), _net().parameters()):
-        moved = max(moved, float((pa.float() - p0.float()).abs().max()))
-        # the masters start from the bf16 weights here (plain keeps the fp32 init's low bits): one bf16 step apart
-        assert torch.allclose(pa.float(), pb.float(), atol=2e-3, rtol=1e-2)
-    assert moved > 1e-3  # the steps did move the weights
+    with torch.no_grad():
+        da = torch.cat([(p.float() - p0).flatten() for p, p0 in zip(a.parameters(), start.parameters())])
+        db = torch.cat([(p.float() - p0).flatten() for p, p0 in zip(b.parameters(), start.parameters())])
+    assert float(da.norm()) > 0.05  # ~5 steps of lr 1e-3 over 33k weights
+    assert float(torch.nn.functional.cosine_similarity(da, db, dim=0)) > 0.98
+    assert abs(float(db.norm() / da.norm()) - 1) < 0.05
 
 
 @pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])

@@ -1,0 +1,108 @@
+"""The memory modes' rule (fp8lab.plan.memory_modes) as the layout and the plan apply it: plain wherever a run fits,
+otherwise the first mode that fits and whose loss check is committed; refusals that name the mode that would fit."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fp8lab.core.hardware import Machine
+from fp8lab.model.models import get_config
+from fp8lab.plan import evidence as fevidence, layout as fl, memory_modes
+from fp8lab.plan.config import TrainConfig
+from fp8lab.plan.evidence import Evidence
+from fp8lab.plan.runplan import plan_run
+
+H100 = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, te_usable=True, fp8=True)
+CPU = Machine("cpu", "cpu", 24.0)
+CHECKED = Evidence(memory_modes=("bf16-moments", "fp8-exp-avg"))
+LLAMA_8B = "data/reference/configs/llama-3.1-8b"
+
+
+def _plan(model, precision="fp8", evidence=CHECKED, **kw):
+    return plan_run(TrainConfig(model=model, precision=precision, device="cpu", **kw), H100, evidence)
+
+
+def test_the_bytes_per_parameter_are_counted_per_mode():
+    cfg = get_config("llama-7b")
+    n = 6_738_415_616  # llama-7b's parameters (its run records' `params`)
+    for mode, per_param in (("plain", 16), ("bf16-moments", 10), ("fp8-exp-avg", 9)):
+        e = fl.estimate_memory(cfg, precision="bf16", micro_batch_size=1, seq_len=2048, memory_mode=mode)
+        assert e.states == pytest.approx(per_param * n / 2**30)
+
+
+@pytest.mark.parametrize("model", ["llama-1b", "gptneo-125m", "data/reference/configs/qwen2.5-3b"])
+def test_auto_keeps_the_plain_layout_wherever_it_fits(model):
+    auto, plain = _plan(model), _plan(model, memory="plain")
+    assert auto.memory_mode == memory_modes.PLAIN
+    assert auto.layout == plain.layout and auto.weight_cache == plain.weight_cache
+
+
+@pytest.mark.parametrize("model,mode", [("llama-7b", "bf16-moments"), ("data/reference/configs/mistral-7b-v0.3",
+                                                                          "bf16-moments"), (LLAMA_8B, "fp8-exp-avg")])
+def test_auto_takes_the_least_lossy_checked_mode_that_fits_one_h100(model, mode):
+    bf16, fp8 = _plan(model, "bf16"), _plan(model, "fp8")
+    assert bf16.memory_mode == fp8.memory_mode == mode  # one mode and one layout for both runs of a pair
+    assert bf16.layout == fp8.layout
+    assert fp8.layout.memory.peak <= H100.memory_gib - fl.HEADROOM_GIB
+    assert "bytes of state per parameter" in fp8.reasons["memory"] and "plain" in fp8.reasons["memory"]
+    assert not fp8.weight_cache and fp8.reasons["fp8_weight_cache"].startswith(f"--memory {mode}")
+    assert fp8.options()["memory"] == mode and fp8.decisions()["memory"] == mode
+
+
+def test_llama_7b_fp8_gets_activation_checkpointing_since_its_saved_fp8_weights_do_not_fit():
+    """Measured on an H100: FP8 at 1 x 2048 without checkpointing ran out of memory in bf16-moments (each block's FP8
+    weights are saved for backward); BF16 fitted there. The one layout of the pair recomputes blocks."""
+    cfg = get_config("llama-7b")
+    no_ckpt = fl.estimate_memory(cfg, precision="fp8", micro_batch_size=1, seq_len=2048, memory_mode="bf16-moments")
+    assert no_ckpt.peak > H100.memory_gib and no_ckpt.fp8_cache > 12
+    assert _plan("llama-7b").layout.activation_checkpointing
+
+
+def test_a_mode_without_its_loss_check_is_not_automatic_and_the_refusal_names_it():
+    with pytest.raises(ValueError, match=r"--memory bf16-moments fits .*auto uses it once its loss check"):
+        _plan("llama-7b", evidence=Evidence())
+    with pytest.raises(ValueError, match=r"--memory fp8-exp-avg fits"):
+        _plan(LLAMA_8B, evidence=Evidence(memory_modes=("bf16-moments",)))
+    assert _plan("llama-7b", evidence=Evidence(), memory="bf16-moments").memory_mode == "bf16-moments"
+
+
+def test_auto_refuses_with_the_modes_it_tried():
+    with pytest.raises(ValueError, match=r"memory modes tried: plain, bf16-moments, fp8-exp-avg"):
+        plan_run(TrainConfig(model="llama-7b", precision="fp8", device="cpu", seq_len=2048),
+                 Machine("cuda", "NVIDIA A10G", 22.0, te_usable=True, fp8=True), CHECKED)
+
+
+@pytest.mark.parametrize("kw,why", [(dict(), "needs a CUDA GPU with Transformer Engine"),
+                                    (dict(param_dtype="fp32"), "needs bf16 parameters")])
+def test_a_named_mode_that_cannot_run_here_is_refused_naming_what_can(kw, why):
+    machine = H100 if kw else CPU
+    with pytest.raises(ValueError, match=rf"--memory bf16-moments {why}.*allowed here: auto \| plain"):
+        plan_run(TrainConfig(model="llama-tiny", device="cpu", memory="bf16-moments", **kw), machine, CHECKED)
+    assert plan_run(TrainConfig(model="llama-tiny", device="cpu"), CPU, CHECKED).memory_mode == memory_modes.PLAIN
+
+
+def test_a_bad_value_names_the_option_and_the_choices():
+    with pytest.raises(ValueError, match=r"--memory.*auto, plain, bf16-moments, fp8-exp-avg|--memory.*auto \| plain"):
+        TrainConfig(memory="fp4")
+
+
+def test_the_evidence_lists_the_modes_whose_loss_check_holds(tmp_path):
+    folder = tmp_path / fevidence.MEMORY_MODES_STUDY
+    folder.mkdir()
+    (folder / "loss.json").write_text(json.dumps({"modes": {"bf16-moments": {"holds": True},
+                                                            "fp8-exp-avg": {"holds": False}}}))
+    data = fevidence.from_results(tmp_path)
+    assert data["memory_modes"]["holds"] == ["bf16-moments"]
+    assert Evidence.from_dict(data).memory_modes == ("bf16-moments",)
+    assert Evidence.from_dict(fevidence.from_results(tmp_path / "none")).memory_modes == ()
+
+
+def test_a_sagemaker_job_runs_the_mode_its_plan_chose():
+    from fp8lab import launch as L
+
+    spec = L.JobSpec(model="llama-7b", precision="fp8", instance_type="ml.p5.4xlarge", steps=100,
+                     role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET,
+                     options={"memory": "bf16-moments"})
+    assert spec.plan.memory_mode == "bf16-moments" and spec.layout.activation_checkpointing
+    assert L.hyperparameters(spec)["memory"] == "bf16-moments"
