@@ -139,7 +139,8 @@ class MeasuredEstimate(Estimate):
         sharded job's), others only where none was measured in it.
         ``run_id``: rest on that run (one of :func:`measurable_runs`) instead of the fastest match.
         ``fp8_all_gather``: FSDP2 gathers the block linears' weights in FP8 (the scaling model's traffic)."""
-        key = (model, precision, instance_type, instance_count, backend, recipe, seq_len, run_id, fp8_all_gather, memory)
+        key = (model, precision, instance_type, instance_count, backend, recipe, seq_len, run_id, fp8_all_gather,
+               memory)
         memo = self.__dict__.setdefault("_rates", {})  # a plan asks for each job's rate several times
         if key not in memo:
             memo[key] = self._rate(*key)

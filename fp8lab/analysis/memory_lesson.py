@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fp8lab.model.models import block_matmul_params, get_config
+from fp8lab.model.models import block_matmul_params, count_parameters, get_config
+from fp8lab.plan import memory_modes
 
 GIB = 2.0**30
 
@@ -43,9 +44,6 @@ def peak_memory(answer, summary: pd.DataFrame) -> pd.DataFrame:
 def states_by_mode(model: str) -> pd.DataFrame:
     """Per memory mode (fp8lab.plan.memory_modes): bytes of state per parameter and what ``model``'s states take, in
     GiB, before any activation or FP8 weight."""
-    from fp8lab.model.models import count_parameters
-    from fp8lab.plan import memory_modes
-
     n = count_parameters(get_config(model)).total
     return pd.DataFrame([{"mode": m.name, "bytes_per_parameter": m.state_bytes, "states_gib": m.state_bytes * n / GIB,
                           "moments": f"{m.exp_avg} / {m.exp_avg_sq}"} for m in memory_modes.MODES])

@@ -307,7 +307,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     dtype, why_dtype = compute_dtype(c, machine)
     reasons = {"backend": why_backend, "cuda_graphs": decision.reason, "fp8_weight_cache": why_cache,
                "fuse_wgrad_accumulation": why_wgrad, "compute_dtype": why_dtype,
-               "memory": lay.reasons.get("memory") or f"--memory {c.memory}: {memory_modes.get(lay.memory_mode).summary}",
+               "memory": (lay.reasons.get("memory")
+                          or f"--memory {c.memory}: {memory_modes.get(lay.memory_mode).summary}"),
                "master_weights": ("bf16 parameters, fp32 masters in the optimizer" if master else
                                   "FSDP2 keeps fp32 shards" if sharded and lay.param_dtype == "bf16" else
                                   "fp32 parameters"),
