@@ -38,7 +38,7 @@ def check_source(source: Any, task: str, model: str | None, vocab_size: int, opt
     else:
         data_checks.check_data_source(source, option, scan_tokens=scan_tokens)
         if source is not None and is_prepared(source):
-            theirs = task_of(data_checks.check_prepared_folder(Path(source), option, scan_tokens=False))
+            theirs = task_of(fdata.read_manifest(source))  # (the folder was checked just now)
             if theirs != PRETRAIN:
                 raise ValueError(f"{option}={str(source)!r} holds tokens prepared for --task {theirs}; allowed: "
                                  f"--task {theirs}, or text / a folder prepared for pretraining")
