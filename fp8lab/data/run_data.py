@@ -56,7 +56,8 @@ def ensure_prepared(data: Any, cache_dir: str | Path, vocab_size: int, *, model:
     if task == PRETRAIN and wanted == fdata.BPE_SOURCE:
         return fdata.ensure_prepared(data, cache_dir, vocab_size)
     cache = Path(cache_dir)
-    files = fdata.text_files(sft.shipped() if task == SFT and data is None else data)
+    hub = isinstance(data, str) and data.startswith("hf:")  # a Hugging Face dataset: read by prepare_data itself
+    files = data if hub else fdata.text_files(sft.shipped() if task == SFT and data is None else data)
     if is_prepared(cache):
         m = fdata.read_manifest(cache)
         if (m.get("tokenizer_source") == wanted and task_of(m) == task and m["vocab_size"] <= vocab_size

@@ -22,9 +22,10 @@ numbers and lengths (``<split>_examples.json``). The held-out split is a fixed, 
 :class:`SFTLoader` packs whole examples into rows of ``seq_len`` tokens (next-fit, in a seeded order), pads the
 rest (label -100), and serves them like ``fp8lab.data.tokens.TokenLoader`` (resumable by one position). An
 example longer than a row is refused before training, naming its record. Attention is causal over the whole row:
-fp8lab's attention (TE's fused blocks, the emulator, the HF modules) takes no per-example mask, so an example sees
-the examples packed before it in its row as context (:data:`PACKING_NOTE`, said in the run's log); its loss is
-still only its own answer tokens.
+no attention path of fp8lab's (TE's fused blocks, the emulator's, the HF modules of ``--fuse False`` / ``--backend
+none``) is given a per-example mask or positions restarting per example, so an example sees the examples packed
+before it in its row as context (:data:`PACKING_NOTE`, said in the run's log), alike in BF16 and FP8 runs; its
+loss is still only its own answer tokens.
 
 Bad records are refused before anything is tokenized (:func:`check_source`), one line naming the record and field.
 """
@@ -56,8 +57,8 @@ PLAIN_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}### Assistant:\n{% endif %}"
 )
-PACKING_NOTE = ("examples are packed into rows without a per-example attention mask (fp8lab's attention takes none): "
-                "an example attends to the examples before it in its row; the loss counts its answer tokens only")
+PACKING_NOTE = ("examples are packed into rows without a per-example attention mask (no attention path of fp8lab's gets "
+                "one): an example attends to the examples before it in its row; the loss counts its answer tokens only")
 RECORD_FORMS = ('{"messages": [{"role": ..., "content": ...}, ...]} or {"prompt": ..., "response": ...} per line; '
                 "roles " + " | ".join(ROLES))
 

@@ -129,6 +129,11 @@ def test_named_shapes_and_folders_without_tokenizer_keep_fp8labs_bpe(tmp_path):
                 num_attention_heads=4).save_pretrained(str(tmp_path / "bare"))
     assert model_tokenizer.folder("llama-tiny") is None and model_tokenizer.folder(str(tmp_path / "bare")) is None
     assert model_tokenizer.source(str(tmp_path / "bare")) == fdata.BPE_SOURCE
+    # --task sft without --data: the shipped set, fp8lab's BPE and the plain template
+    out = run_data.ensure_prepared(None, tmp_path / "cache", 512, model="llama-tiny", task="sft")
+    m = fdata.read_manifest(out)
+    assert m["task"] == "sft" and m["template"]["kind"] == "plain" and m["tokenizer_source"] == fdata.BPE_SOURCE
+    assert m["source"]["files"] == ["kjv-qa.jsonl"] and m["documents"] == 240 and m["splits"]["val"]["documents"] == 12
 
 
 # ------------------------------------------------------------------------------------ instruction data
@@ -162,6 +167,14 @@ def test_packed_rows_put_the_loss_on_answer_tokens_only(folders, records_file, t
     assert isinstance(loader, sft.SFTLoader)
     x, y = loader.next_batch()
     assert x.shape == y.shape == (2, 192)
+    # two ranks read exactly what one process reads with their batch, and the position is all a resume needs
+    halves = [run_data.loader(out, "train", 192, 1, seed=3, rank=r, world_size=2).next_batch() for r in (0, 1)]
+    assert torch.equal(torch.cat([h[0] for h in halves]), x) and torch.equal(torch.cat([h[1] for h in halves]), y)
+    again = run_data.loader(out, "train", 192, 2, seed=3)
+    again.load_state_dict(loader.state_dict())
+    assert torch.equal(again.next_batch()[1], loader.next_batch()[1])
+    loader = run_data.loader(out, "train", 192, 2, seed=3)
+    assert torch.equal(loader.next_batch()[0], x)
     # every example's tokens, mask from the render: the row's labels are the next token on answers, -100 elsewhere
     lengths = [n for _, n in json.loads((out / "train_examples.json").read_text())]
     assert sum(len(r) for r in loader.rows) == len(lengths) == 36
