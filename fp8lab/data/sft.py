@@ -57,8 +57,9 @@ PLAIN_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}### Assistant:\n{% endif %}"
 )
-PACKING_NOTE = ("examples are packed into rows without a per-example attention mask (no attention path of fp8lab's gets "
-                "one): an example attends to the examples before it in its row; the loss counts its answer tokens only")
+PACKING_NOTE = ("examples are packed into rows without a per-example attention mask (no attention path of fp8lab's "
+                "gets one): an example attends to the examples before it in its row; the loss counts its answer tokens "
+                "only")
 RECORD_FORMS = ('{"messages": [{"role": ..., "content": ...}, ...]} or {"prompt": ..., "response": ...} per line; '
                 "roles " + " | ".join(ROLES))
 

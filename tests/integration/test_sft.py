@@ -256,6 +256,11 @@ def test_prepare_data_takes_the_model_and_the_task(folders, records_file, tmp_pa
                           "--task", "sft"]) == 0
     m = fdata.read_manifest(out)
     assert m["task"] == "sft" and m["tokenizer_source"]["name"] == "qwen2" and m["template"]["kind"] == "chat_template"
+    text = tmp_path / "t.txt"
+    text.write_text("\n\n".join(f"Verse {i}: and it was so." for i in range(40)))
+    assert run_data.main([str(tmp_path / "pre"), "--source", str(text), "--model", str(folders["llama"])]) == 0
+    m = fdata.read_manifest(tmp_path / "pre")
+    assert m["task"] == "pretrain" and m["tokenizer_source"]["name"] == "llama" and m["vocab_size"] == 400
     assert run_data.main([str(tmp_path / "x"), "--model", "llama-tiny"]) == 2
     assert "--model='llama-tiny' is not a model folder with tokenizer files" in capsys.readouterr().err
 
