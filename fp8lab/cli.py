@@ -14,7 +14,7 @@ COMMANDS = {
     "env": ("fp8lab.env", "main", "what this machine can do for FP8 (GPU, TE, torchao, backends)"),
     "notebooks": ("fp8lab.notebooks", "main",
                   "run the five tutorial notebooks (papermill) into outputs/, figures as PNGs"),
-    "prepare-data": ("fp8lab.data.tokens", "main",
+    "prepare-data": ("fp8lab.data.run_data", "main",
                      "tokenize text into token shards + manifest (a SageMaker train channel)"),
     "train": ("fp8lab.train.entry", "main", "train a model in BF16 or FP8 (CPU, GPUs, torchrun, SageMaker)"),
     "launch": ("fp8lab.launch", "main", "plan / launch BF16 vs FP8 sweeps as SageMaker jobs"),

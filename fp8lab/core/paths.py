@@ -17,9 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = Path(os.environ.get("FP8LAB_DATA_DIR", REPO_ROOT / "data"))
 RESULTS_DIR = DATA_DIR / "results"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fp8lab/
-SHIPPED_DIR = PACKAGE_DIR / "shipped"  # an installed package's copy of data/'s default corpus and tokenizers
+SHIPPED_DIR = PACKAGE_DIR / "shipped"  # an installed package's copy of data/'s default corpus, tokenizers, instructions
 # what that copy holds, relative to data/ (pyproject.toml's package data for fp8lab.shipped lists the same)
-SHIPPED_FILES = ("corpus/kjv.txt.xz", "tokenizer.json", "tokenizer-512.json")
+SHIPPED_FILES = ("corpus/kjv.txt.xz", "tokenizer.json", "tokenizer-512.json", "sft/kjv-qa.jsonl")
 
 
 def shipped_path(name: str) -> Path:

@@ -9,6 +9,9 @@ Pipeline::
     text files / HF dataset --prepare_data--> <dir>/manifest.json + train_00000.bin ... + val_00000.bin
     <dir> --TokenLoader(seed, rank, world_size)--> [micro_batch, seq_len] input / target tensors
 
+(``fp8lab prepare-data`` and what a run reads, a model's own tokenizer or instruction data included, are
+fp8lab.data.run_data's.)
+
 The prepared folder is self-contained (it carries its tokenizer) and is what a SageMaker job
 receives as its ``train`` input channel. Sampling is a pure function of (seed, sample index),
 so a loader resumes at an exact position and N ranks together read exactly the windows one
@@ -28,18 +31,20 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fp8lab.records.data_format import (  # noqa: F401 - the on-disk facts, re-exported where they were
-    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus,
+    CORPUS_DIR, FORMAT, FORMAT_VERSION, JSONL_SUFFIXES, MANIFEST, PRETRAIN, TEXT_SUFFIXES, TOKEN_DTYPES, default_corpus,
     is_prepared, text_files, tokenized_here,
 )
 from fp8lab.data import checks as data_checks
 from fp8lab.records import ownership, runlock
-from fp8lab.core.validate import Check, OneLineParser, is_count, parse_count
+from fp8lab.core.validate import Check, is_count
 from fp8lab.core.paths import shipped_path
-from fp8lab.core.probes import check_member, check_writable_dir
+from fp8lab.core.probes import check_member
 
 EOS_TOKEN = "<|endoftext|>"  # appended after every document, so windows can span documents
 DEFAULT_VOCAB = 32000  # Llama-2's vocabulary size: the 1B/7B models' embedding tables have 32000 rows
 SHIPPED_VOCABS = (32000, 512)  # 512: the tiny test models' vocabulary (fp8lab.model.models llama-tiny/gptneo-tiny)
+# the manifest's "tokenizer_source" for fp8lab's own BPE (a model folder's own: fp8lab.data.model_tokenizer.source)
+BPE_SOURCE = {"kind": "fp8lab-bpe"}
 
 
 # ----------------------------------------------------------------------------- text sources
@@ -299,6 +304,11 @@ def identity(manifest: dict[str, Any]) -> str:
     tokenizer and token counts; the same wherever the folder is (a checkpoint's fingerprint holds it)."""
     key = {"source": manifest["source"], "tokenizer_sha256": manifest.get("tokenizer_sha256"),
            "tokens": {s: v["tokens"] for s, v in manifest["splits"].items()}}
+    # a model's own tokenizer and instruction data are other data (keys absent for BPE text: identities unchanged)
+    if manifest.get("tokenizer_source", BPE_SOURCE) != BPE_SOURCE:
+        key["tokenizer_source"] = manifest["tokenizer_source"]
+    if manifest.get("task", PRETRAIN) != PRETRAIN:
+        key["task"] = manifest["task"]
     return "sha256:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -325,7 +335,8 @@ def _write_documents(docs: Iterable[str], tok: Any, eos: int, writers: dict[str,
     """Tokenize ``docs`` in batches, every ``every``-th into val, the rest into train; returns the count."""
 
     def flush(batch: list[str], first_index: int) -> None:
-        for i, enc in enumerate(tok.encode_batch(batch)):
+        # no special tokens a model's tokenizer would add (a BOS per document): documents are joined by eos only
+        for i, enc in enumerate(tok.encode_batch(batch, add_special_tokens=False)):
             ids = np.asarray(enc.ids + [eos], dtype=np.int64)
             split = "val" if (first_index + i) % every == every - 1 else "train"
             writers[split].write(ids)
@@ -364,6 +375,7 @@ def prepare_data(
     hf_split: str = "train",
     text_field: str = "text",
     batch_documents: int = 2048,
+    tokenizer_source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Tokenize documents into memmap-able shards plus ``manifest.json``; returns the manifest.
 
@@ -371,16 +383,24 @@ def prepare_data(
     or ``hf:<dataset name>`` (needs ``datasets`` and the network; a clear error otherwise).
     Every ``round(1/val_fraction)``-th document goes to the validation split, so both splits cover
     the whole corpus. Ids are stored as uint16 when the vocabulary fits, else uint32.
+    ``tokenizer`` may also be a transformers fast tokenizer (a model's own: fp8lab.data.model_tokenizer), whose
+    ``eos_token`` ends each document; ``tokenizer_source`` is then what the manifest records about it.
     """
     _check_prepare_args(val_fraction, shard_tokens)
     if tokenizer is None:
         _check_vocab_size(vocab_size)
     docs, source_desc = _source_documents(source, hf_split, text_field)
-    tok = load_tokenizer(tokenizer, vocab_size)
-    eos = tok.token_to_id(EOS_TOKEN)
-    if eos is None:
-        raise ValueError(f"tokenizer has no {EOS_TOKEN!r} token (train it with fp8lab.data.tokens.train_tokenizer)")
-    n_vocab = tok.get_vocab_size()
+    if hasattr(tokenizer, "backend_tokenizer"):  # a transformers fast tokenizer: its Rust tokenizer, as it encodes
+        tok, eos, n_vocab = backend_of(tokenizer), tokenizer.eos_token_id, len(tokenizer)
+        if eos is None:
+            raise ValueError(f"the model's tokenizer ({type(tokenizer).__name__}) has no eos_token, which ends each "
+                             "document; allowed: a tokenizer with an eos_token (tokenizer_config.json)")
+    else:
+        tok = load_tokenizer(tokenizer, vocab_size)
+        eos = tok.token_to_id(EOS_TOKEN)
+        if eos is None:
+            raise ValueError(f"tokenizer has no {EOS_TOKEN!r} token (train it with fp8lab.data.tokens.train_tokenizer)")
+        n_vocab = tok.get_vocab_size()
     dtype = _dtype_for(n_vocab)
     out = Path(out_dir)
     ownership.refuse_foreign("out_dir", out, "tokens")
@@ -389,13 +409,24 @@ def prepare_data(
     lock = runlock.acquire("OUT_DIR", out, user="prepare-data")
     try:
         return _prepare_into(out, docs, source_desc, tok, eos, dtype, n_vocab, val_fraction, shard_tokens,
-                             batch_documents)
+                             batch_documents, tokenizer_source or BPE_SOURCE)
     finally:
         lock.release()
 
 
+def backend_of(tokenizer):
+    """A transformers fast tokenizer's Rust tokenizer, as a copy without truncation or padding (a saved
+    tokenizer.json may carry either; documents are encoded whole)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
 def _prepare_into(out: Path, docs, source_desc, tok, eos, dtype, n_vocab, val_fraction, shard_tokens,
-                  batch_documents) -> dict[str, Any]:
+                  batch_documents, tokenizer_source) -> dict[str, Any]:
     writers = _fresh_writers(out, dtype, shard_tokens)
     try:
         index = _write_documents(docs, tok, eos, writers, max(2, round(1 / val_fraction)), batch_documents)
@@ -403,7 +434,8 @@ def _prepare_into(out: Path, docs, source_desc, tok, eos, dtype, n_vocab, val_fr
             raise ValueError(f"source has too few documents ({index}) for a train/val split with "
                              f"val_fraction={val_fraction}")
         ownership.write_file(out / "tokenizer.json", tok.to_str())
-        return _finish_manifest(out, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers)
+        return _finish_manifest(out, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers,
+                                tokenizer_source)
     # a full disk, a size limit, Ctrl-C: no partial shard stays behind (no manifest: not prepared)
     except BaseException:
         for w in writers.values():
@@ -415,7 +447,8 @@ def _prepare_into(out: Path, docs, source_desc, tok, eos, dtype, n_vocab, val_fr
         raise
 
 
-def _finish_manifest(out: Path, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers) -> dict[str, Any]:
+def _finish_manifest(out: Path, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers,
+                     tokenizer_source) -> dict[str, Any]:
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -424,6 +457,8 @@ def _finish_manifest(out: Path, tok, eos, dtype, n_vocab, source_desc, val_fract
         "eos_id": eos,
         "tokenizer": "tokenizer.json",
         "tokenizer_sha256": _sha256(out / "tokenizer.json"),
+        "tokenizer_source": tokenizer_source,
+        "task": PRETRAIN,
         "source": source_desc,
         "val_fraction": val_fraction,
         "documents": index,
@@ -580,7 +615,8 @@ def ensure_prepared(data: str | Path | None, cache_dir: str | Path, vocab_size: 
     vocab = min(vocab_size, DEFAULT_VOCAB)
     if is_prepared(cache):
         m = read_manifest(cache)
-        if m["vocab_size"] <= vocab_size and m["source"] == describe_source(data):
+        if (m["vocab_size"] <= vocab_size and m["source"] == describe_source(data)
+                and m.get("tokenizer_source", BPE_SOURCE) == BPE_SOURCE and m.get("task", PRETRAIN) == PRETRAIN):
             return cache
     prepare_data(data, cache, None, vocab_size=vocab)
     return cache
@@ -597,44 +633,3 @@ def describe(data_dir: str | Path) -> str:
     src = m["source"].get("files") or m["source"].get("dataset")
     return (f"data: {src} | vocab {m['vocab_size']} ({m['dtype']}) | train {t} tokens, val {v} tokens | "
             f"{math.ceil(m['documents'])} documents")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fp8lab.data OUT_DIR [--source ...]``: prepare a token folder (e.g. a SageMaker channel)."""
-    import sys
-
-    p = OneLineParser(prog="fp8lab prepare-data", description="Tokenize text into fp8lab token shards.")
-    p.add_argument("out_dir", help="folder to write manifest.json, tokenizer.json and the shards into")
-    p.add_argument("--source", nargs="+", default=None,
-                   help="text files/folders, or hf:<dataset> (default: the shipped KJV corpus)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one for --vocab-size)")
-    p.add_argument("--vocab-size", type=parse_count, default=DEFAULT_VOCAB,
-                   help="which shipped tokenizer (32000 or 512; another size is trained on the shipped corpus)")
-    p.add_argument("--val-fraction", type=float, default=0.05)
-    p.add_argument("--shard-tokens", type=parse_count, default=1 << 26, help="tokens per shard file (at least 1000)")
-    args = p.parse_args(argv)
-    source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
-    try:
-        _check_prepare_args(args.val_fraction, args.shard_tokens)
-        if args.tokenizer is None:
-            _check_vocab_size(args.vocab_size)
-        check_writable_dir("OUT_DIR", args.out_dir)
-        ownership.refuse_foreign("OUT_DIR", args.out_dir, "tokens")
-        data_checks.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)
-        m = prepare_data(source, args.out_dir, args.tokenizer, args.val_fraction, vocab_size=args.vocab_size,
-                         shard_tokens=args.shard_tokens)
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        print(f"fp8lab prepare-data: error: {exc}", file=sys.stderr)
-        return 2
-    except (OSError, KeyboardInterrupt) as exc:  # a full disk, a file-size limit, Ctrl-C: the partial shards are gone
-        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else (
-            f"{exc.strerror or exc}" + (f" ({Path(exc.filename).name})" if getattr(exc, "filename", None) else ""))
-        print(f"fp8lab prepare-data: error: {why}; the partial shards were removed, so OUT_DIR holds no prepared data "
-              "(files of the user's are untouched): free space if needed and run it again", file=sys.stderr)
-        return 1
-    print(describe(args.out_dir))
-    return 0 if m else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

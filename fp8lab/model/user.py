@@ -28,11 +28,10 @@ The config is turned into fp8lab's ``ModelConfig`` (``fp8lab.model.models.config
 the layout resolver's memory model and checkpoint fingerprints treat a folder like a named shape;
 named-model overrides (``--model-override``) are refused for folders: edit the config instead.
 
-Tokenizer: the trainer tokenizes its data with its own byte-level BPE tokenizer (trained on the
-shipped corpus with the model's vocab_size, see ``fp8lab.data.tokens``), not with the folder's tokenizer.
-Token ids therefore mean something else than they did for a pretrained checkpoint: continuing a
-pretrained model on fp8lab's data teaches it a new vocabulary (a fine FP8 experiment, not a
-fine-tune). The model's vocab_size must be at least the data tokenizer's size (checked). The export
+Tokenizer: a folder with tokenizer files tokenizes the run's text with its own tokenizer
+(``fp8lab.data.model_tokenizer``: transformers' AutoTokenizer, local files only), so token ids mean what
+they meant to the pretrained checkpoint; a folder without them uses fp8lab's byte-level BPE tokenizer
+(``fp8lab.data.tokens``). The tokenizer's ids must fit the model's vocab_size (checked). The export
 copies the folder's own tokenizer files along when it had them (so the folder keeps its format),
 else the data tokenizer; the run's ``config.json`` lists them under ``model_source``.
 """
@@ -259,7 +258,7 @@ def describe(spec: str) -> dict[str, Any]:
         "model_type": cfg.model_type,
         "config_sha256": config_sha256(spec),
         "weights": "loaded (from_pretrained)" if model_checks.has_weights(folder) else "random init from config.json",
-        # exported with the model when present; the training data used fp8lab's tokenizer (module docstring)
+        # exported with the model when present; they tokenize the run's text unless --data is prepared already
         "tokenizer_files": [n for n in TOKENIZER_FILES if (folder / n).is_file()],
     }
 

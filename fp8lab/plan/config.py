@@ -12,9 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
+<<<<<<< HEAD
                             FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS, MEMORY,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TRACKERS, AutoBool, AutoInt, Steps,
                             check_fields, check_schema, flag, option)
+=======
+                            FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
+                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TASKS, TRACKERS, AutoBool, AutoInt,
+                            Steps, check_fields, check_schema, flag, option)
+>>>>>>> wt-64data
 from fp8lab.fp8.backends import fused_problem
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
@@ -82,6 +88,8 @@ class TrainConfig:
     seed: int = option(1234, "model init and data order", section="model", check=SEED)
     data: str | None = option(None, "prepared token folder, text file or folder, or hf:<dataset>; default: "
                               "SM_CHANNEL_TRAIN, else the shipped corpus", section="data", check=optional(PATH))
+    task: str = option("pretrain", "pretrain: next-token loss on text | sft: instruction JSONL (messages or "
+                       "prompt/response), loss on the answers only", section="data", choices=TASKS)
     output_dir: str | None = option(None, "default: SM_OUTPUT_DATA_DIR on SageMaker, else runs/<model>-<precision>",
                                     section="outputs", check=optional(PATH))
     checkpoint_dir: str | None = option(None, "default: $FP8LAB_CHECKPOINT_DIR, /opt/ml/checkpoints on SageMaker, "
@@ -237,6 +245,9 @@ def _validate(c: TrainConfig) -> None:
         raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
     if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
         raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
+    if c.task == "sft" and c.data is not None and c.data.startswith("hf:"):
+        raise bad("data", "with --task sft: a .jsonl file of instruction records (messages, or prompt/response) or a "
+                  "folder prepared with fp8lab prepare-data --task sft")
     if c.steps is not None and c.profile_steps and max(c.profile_steps) > c.steps:
         raise bad("profile_steps", f"steps within the run's --steps {c.steps}")
 

@@ -36,6 +36,7 @@ from fp8lab.plan.fused_loss import CHOICES as FUSED_LOSS_CHOICES
 from fp8lab.plan.graphs import CHOICES as GRAPH_CHOICES
 from fp8lab.plan.memory_modes import CHOICES as MEMORY_CHOICES
 from fp8lab.fp8.recipe import KINDS
+from fp8lab.records.data_format import TASKS  # noqa: F401 (pretrain | sft: what a prepared folder's tokens are for)
 from fp8lab.core.validate import AUTO, Check, one_of
 
 # ------------------------------------------------------------------------------------ vocabularies

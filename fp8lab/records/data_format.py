@@ -20,6 +20,10 @@ TOKEN_DTYPES = ("uint16", "uint32")  # a shard's token ids: uint16 when the voca
 # one document per line: {"text": ...} (source code keeps its blank lines)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")
 TEXT_SUFFIXES = (".txt", ".md", ".txt.xz", ".txt.gz", ".md.xz", ".md.gz") + JSONL_SUFFIXES
+# what a prepared folder's tokens train: next-token loss on text (pretrain), or instruction examples with the loss on
+# the answers only (sft: fp8lab.data.sft); a manifest without "task" is pretrain
+PRETRAIN, SFT = "pretrain", "sft"
+TASKS = (PRETRAIN, SFT)
 
 
 def default_corpus() -> list[Path]:

@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp8lab.data.checks import check_data_source
+from fp8lab.data import run_data
 from fp8lab.records.data_format import tokenized_here
 from fp8lab.core.hardware import SAGEMAKER_CHECKPOINT_DIR
 from fp8lab.core.probes import check_writable_dir
@@ -79,6 +79,7 @@ def check_run(c, paths, source: str | None, scan_tokens: bool = True) -> None:
         raise ValueError(f"--checkpoint-dir={str(paths.checkpoint_dir)!r} is a file, not a folder")
     if c.save_model:
         check_writable_dir("--model-dir", paths.model_dir)
-    check_data_source(source, scan_tokens=scan_tokens)
+    # the data for --task, and the model folder's own tokenizer where it tokenizes them (loads, fits the model)
+    run_data.check_source(source, c.task, c.model, c.model_config.vocab_size, scan_tokens=scan_tokens)
     if tokenized_here(source):
         check_writable_dir("--output-dir", paths.data_cache)  # text is tokenized there

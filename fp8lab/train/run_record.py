@@ -29,6 +29,7 @@ from fp8lab.model.models import count_parameters
 from fp8lab.plan.fp8attn import BWD_ENV, FP8_DPA_BWD
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
+from fp8lab.records.data_format import PRETRAIN
 from fp8lab.train.components import show_progress
 from fp8lab.train import replay
 
@@ -109,7 +110,11 @@ class RunRecord:
             source["params_from_config"] = count_parameters(self.plan.model_config).total
         return {"model_source": {**source, "params_built": sum(t.numel() for t in inner.parameters())},
                 "conversion": dataclasses.asdict(conversion) if conversion is not None else None,
-                "data_manifest": {k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")}}
+                "data_manifest": {**{k: manifest[k] for k in ("source", "vocab_size", "tokenizer_sha256")},
+                                  # which tokenizer made the tokens, and what they train (older folders: BPE text)
+                                  "tokenizer_source": manifest.get("tokenizer_source", fdata.BPE_SOURCE),
+                                  "task": manifest.get("task", PRETRAIN),
+                                  **({"template": manifest["template"]} if "template" in manifest else {})}}
 
     def write(self, *, built: dict[str, Any], sources: dict[str, Any], resumed_from: int | None, info,
               data_dir: Path) -> None:

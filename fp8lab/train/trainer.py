@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from fp8lab.core import paths as fpaths
 from fp8lab.core.errors import OptionError
 from fp8lab.data import checks as data_checks
+from fp8lab.data import run_data
 from fp8lab.data import tokens as fdata
 from fp8lab.fp8 import stats as fp8stats
 from fp8lab.fp8 import te_debug
@@ -140,12 +141,14 @@ class Trainer:
                 if source is not None and fdata.is_prepared(source):  # prepare-data is refused it while the run reads
                     self.locks.append(runlock.acquire_shared("--data", source))
             ownership.claim(self.paths.output_dir, "run")
-            self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
+            self.data_dir = self._ensure_prepared(source)
         fdist.barrier(env)
         if env.local_rank != 0:
-            self.data_dir = fdata.ensure_prepared(source, self.paths.data_cache, mcfg.vocab_size)
+            self.data_dir = self._ensure_prepared(source)
         self.manifest = m = fdata.read_manifest(self.data_dir)
-        data_checks.check_prepared_size(m, self.plan.seq_len)
+        run_data.check_prepared(self.data_dir, m, self.plan.seq_len, c.task)
+        for line in run_data.notes(self.data_dir, m, self.plan.seq_len):
+            self.log(f"fp8lab: {line}")
         if c.save_model and env.is_main and user_tokenizer_differs(c.model, self.data_dir / m["tokenizer"]):
             self.log(f"fp8lab: note: --model's tokenizer maps tokens to other ids than --data's; the run learns "
                      "--data's ids, so the export ships --data's tokenizer (the folder's would decode its outputs "
@@ -156,6 +159,11 @@ class Trainer:
             raise ValueError(
                 f"--data: its tokenizer has {m['vocab_size']} tokens but {c.model} has vocab_size "
                 f"{mcfg.vocab_size}; {fix} or data prepared with a smaller tokenizer")
+
+    def _ensure_prepared(self, source):
+        """The run's prepared folder for its task and its model's tokenizer (fp8lab.data.run_data)."""
+        return run_data.ensure_prepared(source, self.paths.data_cache, self.plan.model_config.vocab_size,
+                                        model=self.c.model, task=self.c.task)
 
     def _lock_checkpoints(self) -> None:
         """One run per checkpoint folder too: it rotates and removes what it wrote there, so a second run sharing
@@ -273,8 +281,8 @@ class Trainer:
 
     def _build_components(self) -> None:
         c, env, p = self.c, self.env, self.plan
-        self.loader = fdata.TokenLoader(self.data_dir, "train", p.seq_len, p.micro_batch_size, seed=c.seed,
-                                        rank=env.rank, world_size=p.world_size)
+        self.loader = run_data.loader(self.data_dir, "train", p.seq_len, p.micro_batch_size, seed=c.seed,
+                                      rank=env.rank, world_size=p.world_size)
         self.state = TrainState(tokens_per_step=p.tokens_per_step, device=env.device)
         self.guard = NonFiniteGuard(c.max_bad_steps, self.state)
         gpu = p.machine.name
@@ -421,8 +429,8 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean validation loss over ``--val-batches`` global batches: the same windows at any layout."""
         c, env, p = self.c, self.env, self.plan
-        vl = fdata.TokenLoader(self.data_dir, "val", p.seq_len, p.micro_batch_size, seed=0, rank=env.rank,
-                               world_size=p.world_size, shuffle=False)
+        vl = run_data.loader(self.data_dir, "val", p.seq_len, p.micro_batch_size, seed=0, rank=env.rank,
+                             world_size=p.world_size, shuffle=False)
         self.model.eval()
         total = torch.zeros((), device=env.device, dtype=torch.float64)
         with torch.no_grad():

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from fp8lab.data import tokens as fdata
+from fp8lab.data import run_data
 from fp8lab import launch as L
 from fp8lab.records import metrics as fmetrics
 from fp8lab import notebooks
@@ -266,7 +267,7 @@ def test_prepare_data_refuses_before_writing_anything(workdir, argv, phrase, cap
     if any(a.startswith("ro") for a in argv) and not _readonly(workdir / "ro"):
         pytest.skip("no read-only folder can be made here (root without chattr)")
     before = _snapshot(workdir)
-    assert fdata.main(argv) == 2
+    assert run_data.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fp8lab prepare-data: error: ") and len(err.splitlines()) == 1 and phrase in err, err
     assert _snapshot(workdir) == before
@@ -789,7 +790,7 @@ PREPARE_BAD_3 = [  # fp8lab prepare-data: (argv, phrase); exit code 2, one line,
 def test_prepare_data_options_are_refused_in_one_line(workdir, argv, phrase, capsys):
     before = _snapshot(workdir)
     try:
-        code = fdata.main(argv)
+        code = run_data.main(argv)
     except SystemExit as exc:  # argparse's own refusals (OneLineParser: one line, exit 2)
         code = exc.code
     assert code == 2

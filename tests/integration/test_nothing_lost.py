@@ -23,6 +23,7 @@ import pytest
 from refusals import refused  # tests/helpers
 from fp8lab.train import checkpoint as fckpt
 from fp8lab.data import tokens as fdata
+from fp8lab.data import run_data
 from fp8lab.records import metrics as fmetrics
 from fp8lab.train import entry as ftrain
 from fp8lab.core.paths import REPO_ROOT
@@ -140,7 +141,7 @@ def test_prepare_data_never_deletes_shards_it_did_not_write(tmp_path, capsys):
     (out / "val_00000.bin").write_bytes(b"and more")
     src = corpus(tmp_path / "corpus.txt", 1)
     before = tree(tmp_path)
-    assert fdata.main([str(out), "--source", str(src), "--vocab-size", "512"]) == 2
+    assert run_data.main([str(out), "--source", str(src), "--vocab-size", "512"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fp8lab prepare-data: error: OUT_DIR=") and "holds files fp8lab did not write" in err
     assert tree(tmp_path) == before
@@ -472,7 +473,7 @@ def test_prepare_data_never_replaces_files_under_a_hand_made_tokens_marker(tmp_p
     (out / "train_00000.bin").write_bytes(b"my measurements")
     (out / "manifest.json").write_text(json.dumps({"format": "fp8lab-tokens", "version": 1, "mine": True}))
     before = tree(tmp_path)
-    assert fdata.main([str(out), "--source", str(corpus(tmp_path / "src" / "a.txt", 1)), "--vocab-size", "512"]) == 2
+    assert run_data.main([str(out), "--source", str(corpus(tmp_path / "src" / "a.txt", 1)), "--vocab-size", "512"]) == 2
     err = capsys.readouterr().err
     assert "OUT_DIR=" in err and "holds files fp8lab did not write (manifest.json, train_00000.bin)" in err
     assert {k: v for k, v in tree(tmp_path).items() if k.startswith("tokens/")} == \

@@ -19,6 +19,7 @@ import pytest
 from refusals import refused  # tests/helpers
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.data import tokens as fdata
+from fp8lab.data import run_data
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
 from fp8lab.train import checkpoint as fckpt
@@ -240,7 +241,7 @@ def test_prepare_data_into_the_data_of_a_running_training_is_refused(prepared, t
                       "--output-dir", str(out)))
     try:
         wait_for_steps(out, 2, proc)
-        assert fdata.main([str(data), "--vocab-size", "512"]) == 2
+        assert run_data.main([str(data), "--vocab-size", "512"]) == 2
         err = capsys.readouterr().err.strip()
         assert f"OUT_DIR={str(data)!r} is in use by another fp8lab prepare-data (a training run reads it)" in err, err
     finally:

@@ -13,7 +13,7 @@ from fp8lab.train import entry
 
 USER_OPTIONS = {
     "model": ["model", "model_overrides", "seed"],
-    "data": ["steps", "tokens", "data", "val_every", "val_batches"],
+    "data": ["steps", "tokens", "data", "task", "val_every", "val_batches"],
     "optimiser": ["lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "grad_clip", "memory",
                   "max_bad_steps"],
     "layout": ["micro_batch_size", "grad_accum", "seq_len", "activation_checkpointing", "parallel", "param_dtype",

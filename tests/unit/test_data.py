@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fp8lab.data import tokens as data
+from fp8lab.data import run_data
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +153,10 @@ def torch_equal(a, b) -> bool:
 def test_command_line_prepares_a_channel_folder(tmp_path, capsys):
     src = tmp_path / "a.txt"
     src.write_text("\n\n".join(f"Line {i} of a small text." for i in range(30)))
-    assert data.main([str(tmp_path / "chan"), "--source", str(src), "--vocab-size", "512", "--val-fraction", "0.1"]) == 0
+    assert run_data.main([str(tmp_path / "chan"), "--source", str(src), "--vocab-size", "512", "--val-fraction", "0.1"]) == 0
     assert "vocab 512" in capsys.readouterr().out
     assert data.read_manifest(tmp_path / "chan")["documents"] == 30
-    assert data.main([str(tmp_path / "x"), "--source", str(tmp_path / "missing.txt")]) == 2
+    assert run_data.main([str(tmp_path / "x"), "--source", str(tmp_path / "missing.txt")]) == 2
     assert "is not an existing file or folder" in capsys.readouterr().err
 
 

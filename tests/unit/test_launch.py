@@ -461,3 +461,16 @@ def test_a_one_gpu_p5_is_planned_priced_and_requested_like_the_others(capsys):
     req = L.build_requests(one.spec)[0]
     assert req["ResourceConfig"]["InstanceType"] == "ml.p5.4xlarge" and req["ResourceConfig"]["InstanceCount"] == 1
     assert req["HyperParameters"]["parallel"] == "ddp"
+
+
+def test_a_job_carries_the_task_as_a_trainer_option():
+    """--task is the trainer's option (one declaration): a job takes it in options, passes it on, names it apart."""
+    from fp8lab.train.entry import parse_args
+
+    sft = spec(options={"task": "sft"})
+    hp = L.hyperparameters(sft)
+    assert hp["task"] == "sft" and parse_args(["--task", hp["task"]]).task == "sft"
+    assert sft.trainer_config().task == "sft" and "task" not in L.hyperparameters(spec())
+    assert L.job_name(sft) != L.job_name(spec())
+    with pytest.raises(ValueError, match="task"):
+        spec(options={"task": "chat"})

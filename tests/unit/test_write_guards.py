@@ -21,6 +21,7 @@ import pytest
 from fp8lab import notebooks as nb
 from fp8lab.core.paths import REPO_ROOT, shareable_text
 from fp8lab.data import tokens as fdata
+from fp8lab.data import run_data
 from fp8lab.records import ownership, runlock
 from fp8lab.train import checkpoint as fckpt
 from fp8lab.train import entry as ftrain
@@ -307,7 +308,7 @@ def test_prepare_data_is_refused_while_another_writes_or_a_training_run_reads_th
     for shared, who in ((False, "another fp8lab prepare-data (pid"), (True, "(a training run reads it)")):
         other = holder(out, shared=shared)
         try:
-            assert fdata.main([str(out), "--source", str(src), "--vocab-size", "512"]) == 2
+            assert run_data.main([str(out), "--source", str(src), "--vocab-size", "512"]) == 2
             err = capsys.readouterr().err.strip()
             assert err.startswith(f"fp8lab prepare-data: error: OUT_DIR={str(out)!r} is in use by") and who in err, err
         finally:

@@ -1,0 +1,177 @@
+"""What a run reads, by its task and its model's tokenizer: the prepared folder (made once, reused while the source,
+the tokenizer and the task are the same), the checks on it, and its loader; and ``fp8lab prepare-data``.
+
+* ``--task pretrain`` with fp8lab's BPE tokenizer: ``fp8lab.data.tokens`` as before;
+* ``--task pretrain`` with a model folder's own tokenizer (fp8lab.data.model_tokenizer): the same shards, tokenized
+  by that tokenizer, its end-of-text token between documents;
+* ``--task sft``: instruction records (fp8lab.data.sft), with the model's tokenizer and chat template where its
+  folder has them.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from fp8lab.core.probes import check_writable_dir
+from fp8lab.core.validate import OneLineParser, parse_count
+from fp8lab.data import checks as data_checks
+from fp8lab.data import model_tokenizer
+from fp8lab.data import sft
+from fp8lab.data import tokens as fdata
+from fp8lab.records import ownership
+from fp8lab.records.data_format import PRETRAIN, SFT, TASKS, is_prepared
+
+
+def task_of(manifest: dict[str, Any]) -> str:
+    """The task a prepared folder's tokens are for (older manifests: pretrain)."""
+    return manifest.get("task", PRETRAIN)
+
+
+def check_source(source: Any, task: str, model: str | None, vocab_size: int, option: str = "--data",
+                 scan_tokens: bool = True) -> None:
+    """Before anything is tokenized or built: the data for the task (text, instruction records, or a prepared folder
+    of that task) and, where the run tokenizes with the model folder's tokenizer, that it loads and fits the model's
+    ``vocab_size``."""
+    if task == SFT:
+        sft.check_source(source, option)
+    else:
+        data_checks.check_data_source(source, option, scan_tokens=scan_tokens)
+        if source is not None and is_prepared(source):
+            theirs = task_of(fdata.read_manifest(source))  # (the folder was checked just now)
+            if theirs != PRETRAIN:
+                raise ValueError(f"{option}={str(source)!r} holds tokens prepared for --task {theirs}; allowed: "
+                                 f"--task {theirs}, or text / a folder prepared for pretraining")
+    if (source is None or not is_prepared(source)) and model_tokenizer.folder(model) is not None:
+        model_tokenizer.check_fits(model, model_tokenizer.load(model, vocab_size), vocab_size)
+
+
+def ensure_prepared(data: Any, cache_dir: str | Path, vocab_size: int, *, model: str | None = None,
+                    task: str = PRETRAIN, val_fraction: float = 0.05) -> Path:
+    """The prepared folder a run reads: ``data`` itself when prepared, else ``cache_dir``, reused when it holds the
+    same source, tokenizer and task, else prepared there (fp8lab's own files replaced, nobody else's)."""
+    if data is not None and is_prepared(data):
+        return Path(data)
+    wanted = model_tokenizer.source(model)
+    if task == PRETRAIN and wanted == fdata.BPE_SOURCE:
+        return fdata.ensure_prepared(data, cache_dir, vocab_size)
+    cache = Path(cache_dir)
+    hub = isinstance(data, str) and data.startswith("hf:")  # a Hugging Face dataset: read by prepare_data itself
+    files = data if hub else fdata.text_files(sft.shipped() if task == SFT and data is None else data)
+    if is_prepared(cache):
+        m = fdata.read_manifest(cache)
+        if (m.get("tokenizer_source") == wanted and task_of(m) == task and m["vocab_size"] <= vocab_size
+                and m["source"] == fdata.describe_source(files)):
+            return cache
+    tok = model_tokenizer.load(model, vocab_size)
+    model_tokenizer.check_fits(model, tok, vocab_size)
+    if task == SFT:
+        sft.prepare(files, cache, tok, tokenizer_source=wanted, val_fraction=val_fraction)
+    else:
+        fdata.prepare_data(files, cache, tok, val_fraction, tokenizer_source=wanted)
+    return cache
+
+
+def check_prepared(data_dir: str | Path, manifest: dict[str, Any], seq_len: int, task: str,
+                   option: str = "--data") -> None:
+    """A prepared folder serves the run: made for its task, and long enough (pretrain: a window in each split; sft:
+    every example fits a row)."""
+    if task_of(manifest) != task:
+        raise ValueError(f"{option}: {Path(data_dir).name!r} holds tokens prepared for --task {task_of(manifest)}; "
+                         f"allowed with --task {task}: data prepared for it (or its text / records)")
+    if task == SFT:
+        sft.check_lengths(data_dir, manifest, seq_len, option)
+    else:
+        data_checks.check_prepared_size(manifest, seq_len, option)
+
+
+def loader(data_dir: str | Path, split: str, seq_len: int, micro_batch_size: int, **kw) -> fdata.TokenLoader:
+    """The loader of a prepared folder's split: packed instruction rows for sft, token windows otherwise."""
+    cls = sft.SFTLoader if task_of(fdata.read_manifest(data_dir)) == SFT else fdata.TokenLoader
+    return cls(data_dir, split, seq_len, micro_batch_size, **kw)
+
+
+def notes(data_dir: str | Path, manifest: dict[str, Any], seq_len: int) -> list[str]:
+    """The run's lines about its data beyond fp8lab.data.tokens.describe: a model's own tokenizer, and for sft the
+    examples, the template and what packing does to attention."""
+    out = []
+    if manifest.get("tokenizer_source", fdata.BPE_SOURCE) != fdata.BPE_SOURCE:
+        out.append(f"tokenized with {describe_tokenizer(manifest)}")
+    if task_of(manifest) == SFT:
+        out.append(sft.describe(data_dir, seq_len))
+    return out
+
+
+def describe_tokenizer(manifest: dict[str, Any]) -> str:
+    """Which tokenizer a prepared folder's tokens are, in words (the run's opening lines)."""
+    src = manifest.get("tokenizer_source", fdata.BPE_SOURCE)
+    if src.get("kind") == "model":
+        return f"the model's own tokenizer ({src['name']}: {', '.join(src['files'])}, {manifest['vocab_size']} tokens)"
+    return f"fp8lab's byte-level BPE tokenizer ({manifest['vocab_size']} tokens)"
+
+
+# ----------------------------------------------------------------------------- fp8lab prepare-data
+
+def main(argv: list[str] | None = None) -> int:
+    """``fp8lab prepare-data OUT_DIR [--source ...]``: prepare a token folder (e.g. a SageMaker channel)."""
+    p = OneLineParser(prog="fp8lab prepare-data", description="Tokenize text into fp8lab token shards.")
+    p.add_argument("out_dir", help="folder to write manifest.json, tokenizer.json and the shards into")
+    p.add_argument("--source", nargs="+", default=None,
+                   help="text files/folders, or hf:<dataset> (default: the shipped KJV corpus; with --task sft the "
+                        "shipped instruction set)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one for --vocab-size)")
+    p.add_argument("--model", default=None,
+                   help="a model folder: tokenize with its own tokenizer (transformers AutoTokenizer, local files)")
+    p.add_argument("--task", default=PRETRAIN, choices=TASKS,
+                   help="pretrain: text | sft: instruction JSONL (messages or prompt/response), loss on the answers")
+    p.add_argument("--vocab-size", type=parse_count, default=fdata.DEFAULT_VOCAB,
+                   help="which shipped tokenizer (32000 or 512; another size is trained on the shipped corpus)")
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--shard-tokens", type=parse_count, default=1 << 26, help="tokens per shard file (at least 1000)")
+    args = p.parse_args(argv)
+    source = args.source[0] if args.source and len(args.source) == 1 else (args.source or None)
+    try:
+        m = _prepare(args, source)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        print(f"fp8lab prepare-data: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, KeyboardInterrupt) as exc:  # a full disk, a file-size limit, Ctrl-C: the partial shards are gone
+        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else (
+            f"{exc.strerror or exc}" + (f" ({Path(exc.filename).name})" if getattr(exc, "filename", None) else ""))
+        print(f"fp8lab prepare-data: error: {why}; the partial shards were removed, so OUT_DIR holds no prepared data "
+              "(files of the user's are untouched): free space if needed and run it again", file=sys.stderr)
+        return 1
+    print(fdata.describe(args.out_dir))
+    return 0 if m else 1
+
+
+def _prepare(args, source) -> dict[str, Any]:
+    fdata._check_prepare_args(args.val_fraction, args.shard_tokens)
+    if args.model is not None and args.tokenizer is not None:
+        raise ValueError(f"--model={args.model!r} and --tokenizer={args.tokenizer!r}: give one of them (--model "
+                         "tokenizes with the folder's own tokenizer)")
+    if args.model is not None and model_tokenizer.folder(args.model) is None:
+        raise ValueError(f"--model={args.model!r} is not a model folder with tokenizer files; allowed: a folder "
+                         "written by save_pretrained with its tokenizer (tokenizer.json, tokenizer_config.json)")
+    if args.tokenizer is None and args.model is None:
+        fdata._check_vocab_size(args.vocab_size)
+    check_writable_dir("OUT_DIR", args.out_dir)
+    ownership.refuse_foreign("OUT_DIR", args.out_dir, "tokens")
+    if args.task == SFT:
+        if args.tokenizer is not None:
+            raise ValueError("--tokenizer with --task sft: allowed: --model FOLDER (its tokenizer and chat template), "
+                             "or neither (fp8lab's BPE and the plain template)")
+        sft.check_source(source, "--source")
+        tok = model_tokenizer.load(args.model, args.vocab_size)
+        return sft.prepare(source, args.out_dir, tok, tokenizer_source=model_tokenizer.source(args.model),
+                           val_fraction=args.val_fraction, option="--source")
+    data_checks.check_data_source(source, "--source", args.val_fraction if 0 < args.val_fraction < 0.5 else 0.05)
+    if args.model is not None:
+        return fdata.prepare_data(source, args.out_dir, model_tokenizer.load(args.model), args.val_fraction,
+                                  shard_tokens=args.shard_tokens, tokenizer_source=model_tokenizer.source(args.model))
+    return fdata.prepare_data(source, args.out_dir, args.tokenizer, args.val_fraction, vocab_size=args.vocab_size,
+                              shard_tokens=args.shard_tokens)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
