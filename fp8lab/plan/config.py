@@ -120,8 +120,8 @@ class TrainConfig:
                               check=lora_plan.ALPHA)
     lora_dropout: float = option(0.0, "LoRA: dropout on the adapters' input", section="lora",
                                 check=lora_plan.DROPOUT)
-    lora_targets: str = option(AUTO, "LoRA: the projections adapted, by module name (auto: every attention and MLP "
-                               "projection)", section="lora")
+    lora_targets: str = option(lora_plan.ALL, "LoRA: the projections adapted, by module name (all: every attention and "
+                               "MLP projection)", section="lora")
     export_merged: bool = option(False, "LoRA: also write the model with the adapters merged in (a plain "
                                  "transformers folder) to <model-dir>/merged", section="lora", check=BOOL)
     dry_run: bool = option(False, "print the plan and memory estimate; build and train nothing", section="outputs",

@@ -7,19 +7,20 @@ projection, ``W x + (alpha / N) B A x``; the base weights stay frozen. The adapt
 
 The names are HF's module names, the same in every family of one decoder layout (Llama, Mistral and Qwen2 share
 ``q_proj ... down_proj``; GPT-Neo has ``out_proj``, ``c_fc`` and ``c_proj``), so a name is checked against the
-model's layout from its config alone. ``--lora-targets auto`` is every projection of attention and MLP.
+model's layout from its config alone. ``--lora-targets all`` (the default) is every projection of attention and MLP.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from fp8lab.core.validate import AUTO, Check, is_count, is_num
+from fp8lab.core.validate import Check, is_count, is_num
 
 # the projections of each decoder layout (fp8lab.model.config.ModelConfig.family), attention then MLP
 PROJECTIONS: dict[str, tuple[str, ...]] = {
     "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "gptneo": ("q_proj", "k_proj", "v_proj", "out_proj", "c_fc", "c_proj"),
 }
+ALL = "all"  # --lora-targets: every projection of the layout (a name of the set, not a decision: the same everywhere)
 RANK_ALLOWED = "an integer >= 0 (0: LoRA off, every weight trains)"
 ALPHA_ALLOWED = "a number > 0 (the adapters' update is scaled by alpha / rank)"
 DROPOUT_ALLOWED = "a number in [0, 1)"
@@ -30,12 +31,12 @@ DROPOUT = Check(lambda v: is_num(v) and 0 <= v < 1, DROPOUT_ALLOWED)
 
 
 def targets_allowed(family: str) -> str:
-    return "auto (all of them) or comma-separated names of " + ", ".join(PROJECTIONS[family])
+    return f"{ALL} (every one) or comma-separated names of " + ", ".join(PROJECTIONS[family])
 
 
 def parse_targets(value: Any, family: str) -> tuple[str, ...] | None:
-    """``--lora-targets`` as module names (``auto``: every projection of the layout); None: not a valid value."""
-    if value == AUTO:
+    """``--lora-targets`` as module names (``all``: every projection of the layout); None: not a valid value."""
+    if value == ALL:
         return PROJECTIONS[family]
     if not isinstance(value, str):
         return None

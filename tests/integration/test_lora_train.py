@@ -79,7 +79,7 @@ def test_lora_trains_only_the_adapters_and_both_exports_give_the_trained_logits(
     assert lora_b and all(v.abs().sum() > 0 for v in lora_b)
     # the record: the options as they ran, and what was built; the count is the plan's
     rec = json.loads((out / "config.json").read_text())
-    assert rec["lora_rank"] == 4 and rec["lora_targets"] == "auto" and rec["export_merged"] is True
+    assert rec["lora_rank"] == 4 and rec["lora_targets"] == "all" and rec["export_merged"] is True
     mcfg = TrainConfig(**RUN, model=str(src)).model_config
     assert rec["built"]["lora_adapter_params"] == lora_plan.adapter_params(mcfg, 4, lora_plan.PROJECTIONS["llama"])
     assert rec["built"]["lora_frozen_params"] == sum(v.numel() for k, v in start.items()

@@ -25,7 +25,7 @@ LORA = dict(lora_rank=8, fuse=False)
     ({"lora_rank": 2.5}, "--lora-rank", lora_plan.RANK_ALLOWED),
     ({**LORA, "lora_alpha": 0}, "--lora-alpha", lora_plan.ALPHA_ALLOWED),
     ({**LORA, "lora_dropout": 1.0}, "--lora-dropout", lora_plan.DROPOUT_ALLOWED),
-    ({**LORA, "lora_targets": "q_proj,qkv"}, "--lora-targets", "auto (all of them) or comma-separated names of "
+    ({**LORA, "lora_targets": "q_proj,qkv"}, "--lora-targets", "all (every one) or comma-separated names of "
                                                                 "q_proj, k_proj, v_proj, o_proj, gate_proj"),
     ({**LORA, "lora_targets": "q_proj,q_proj"}, "--lora-targets", "comma-separated names"),
     ({**LORA, "model": "gptneo-tiny", "lora_targets": "o_proj"}, "--lora-targets", "out_proj, c_fc, c_proj"),
