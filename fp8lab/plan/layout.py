@@ -154,7 +154,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     sharded = is_sharded(parallel, world_size)
     gib = 2.0**30
     shard = world_size if sharded else 1
-    states = (16 * t + (2 if param_dtype == "bf16" else 4) * frozen) / shard
+    # a frozen weight: bf16 where bf16 parameters are kept (one process / DDP), FSDP2's fp32 shard otherwise
+    states = (16 * t + (2 if param_dtype == "bf16" and not sharded else 4) * frozen) / shard
     if parallel == "ddp" and world_size > 1:
         states += (2 if param_dtype == "bf16" else 4) * t  # DDP's gradient buckets
     step = (states + 2 * t / shard) if param_dtype == "bf16" else states

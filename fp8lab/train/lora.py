@@ -8,9 +8,10 @@ Engine's ``te.Linear`` through its TE layer (peft >= 0.19) on a GPU, the emulato
 through its default LoRA layer, whose base GEMM stays the emulated FP8 one, on a CPU. The adapters' own GEMMs run
 in the compute dtype, outside FP8: they are small, and their gradients are what trains.
 
-Precision: the adapters are created in fp32. Under ``--param-dtype bf16`` the frozen base is stored in bf16 (it
-never steps, so it needs no fp32 master) and the adapters get fp32 masters like any trainable parameter
-(fp8lab.train.master_weights, which keeps masters of trainable parameters only).
+Precision: the adapters are created in fp32. Where the plan keeps bf16 parameters with fp32 masters
+(``RunPlan.master_weights``) the frozen base is stored in bf16 (it never steps, so it needs no master) and the adapters
+get fp32 masters like any trainable parameter (fp8lab.train.master_weights keeps masters of trainable parameters
+only); FSDP2 keeps its fp32 shards of both and casts them to bf16 when gathering.
 
 Export rebuilds the plain transformers model holding the trained base, puts peft's LoRA on it (``get_peft_model``)
 with the trained adapters, and writes that model's ``save_pretrained`` (the adapter folder, in ``--model-dir``) and,
@@ -87,7 +88,7 @@ def apply(model: torch.nn.Module, plan) -> Adapters:
                 p.data = p.data.float()
                 params += p.numel()
             else:
-                if plan.param_dtype == "bf16" and p.is_floating_point():
+                if plan.master_weights and p.is_floating_point():  # (FSDP2 keeps fp32 shards, one dtype a unit)
                     p.data = p.data.to(torch.bfloat16)
                 frozen += p.numel()
     adapted = sum(isinstance(m, LoraLayer) for m in model.modules())

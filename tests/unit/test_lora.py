@@ -81,6 +81,8 @@ def test_the_memory_estimate_counts_a_frozen_base_as_its_weights_only():
     assert lora.states == pytest.approx((2 * n + 16 * t) / gib)  # bf16 base; adapters: weight, grad, master, AdamW
     assert lora.step == pytest.approx(lora.states + 2 * t / gib)  # master gradients of the adapters only
     assert lora.activations == full.activations
+    sharded = estimate_memory(m, **kw, trainable=t, world_size=8, parallel="fsdp")  # FSDP2 keeps fp32 shards
+    assert sharded.states == pytest.approx((4 * n + 16 * t) / 8 / gib)
     # the plan: a 7B model does not fit one H100 with full AdamW states, but does with LoRA
     with pytest.raises(ValueError, match="does not fit"):
         plan_run(TrainConfig(model="llama-7b", precision="fp8", fuse=False), H100)
