@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from fp8lab.plan import lora as lora_plan
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
 <<<<<<< HEAD
                             FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS, MEMORY,
@@ -124,6 +125,16 @@ class TrainConfig:
     device: str = option(AUTO, "where to train", section="layout", choices=DEVICES)
     gpu_memory_gib: float = option(0.0, "cap this process's GPU memory to this many GiB and size the layout for it "
                                    "(0: the GPU's own)", section="layout", check=MEMORY_GIB)
+    lora_rank: int = option(0, "LoRA: train adapters of this rank beside the frozen (FP8) projections; 0: off, every "
+                            "weight trains", section="lora", check=lora_plan.RANK)
+    lora_alpha: float = option(16.0, "LoRA: the adapters' update is scaled by alpha / rank", section="lora",
+                              check=lora_plan.ALPHA)
+    lora_dropout: float = option(0.0, "LoRA: dropout on the adapters' input", section="lora",
+                                check=lora_plan.DROPOUT)
+    lora_targets: str = option(lora_plan.ALL, "LoRA: the projections adapted, by module name (all: every attention and "
+                               "MLP projection)", section="lora")
+    export_merged: bool = option(False, "LoRA: also write the model with the adapters merged in (a plain "
+                                 "transformers folder) to <model-dir>/merged", section="lora", check=BOOL)
     dry_run: bool = option(False, "print the plan and memory estimate; build and train nothing", section="outputs",
                            check=BOOL)
     max_bad_steps: int = option(5, "this many non-finite steps in a row stop the run", section="optimiser",
@@ -243,6 +254,9 @@ def _validate(c: TrainConfig) -> None:
         raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
     if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
         raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
+    if (lora := lora_plan.problem(rank=c.lora_rank, targets=c.lora_targets, family=mcfg.family, fuse=c.fuse,
+                                  backend=c.backend, export_merged=c.export_merged)) is not None:
+        raise bad(*lora)
     if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
         raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")
     if c.task == "sft" and c.data is not None and c.data.startswith("hf:"):

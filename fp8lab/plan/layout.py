@@ -26,7 +26,8 @@ before anything is allocated.
 The memory model, per GPU, is the largest of three peaks:
 
 * forward/backward: model states (16 bytes per parameter: bf16 parameter and gradient, fp32
-  master and two AdamW moments, or the fp32 equivalents; divided by the ranks under FSDP2) + the
+  master and two AdamW moments, or the fp32 equivalents; under LoRA that for the adapters only, and the frozen
+  base its weights alone; divided by the ranks under FSDP2) + the
   FP8 weight cache (2 bytes per decoder-block weight: FP8 copy and its transpose) + kept bf16
   weights under FSDP2 + activations + 1 GiB of workspace;
 * optimizer step: 18 bytes per parameter with bf16 parameters (the fp32 master gradients exist
@@ -62,6 +63,7 @@ from fp8lab.model.models import block_matmul_params, count_parameters
 from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, loss_bytes, no_grad_loss_bytes
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, kernel_for as loss_kernel_for
 from fp8lab.plan import memory_modes
+from fp8lab.plan.lora import trainable_params as lora_trainable
 
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
@@ -141,22 +143,27 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
                     fused_loss: bool = False, loss_kernel: str = "compiled",
-                    memory_mode: str = memory_modes.PLAIN) -> MemoryEstimate:
+                    memory_mode: str = memory_modes.PLAIN, trainable: int | None = None) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
     LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's, held as
-    ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS)."""
+    ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS). ``trainable``: the parameters that train beside a
+    frozen base (LoRA's adapters, fp8lab.plan.lora), None: every one. A frozen parameter is only its weight (2 or 4
+    bytes): no gradient, master or AdamW moments."""
     n = count_parameters(mcfg).total
+    t = n if trainable is None else trainable
+    frozen = 0 if trainable is None else n
     sharded = is_sharded(parallel, world_size)
     gib = 2.0**30
     shard = world_size if sharded else 1
     mode = memory_modes.get(memory_mode)
-    states = mode.state_bytes * n / shard
+    # a frozen weight: bf16 where bf16 parameters are kept (one process / DDP), FSDP2's fp32 shard otherwise
+    states = (mode.state_bytes * t + (2 if param_dtype == "bf16" and not sharded else 4) * frozen) / shard
     if parallel == "ddp" and world_size > 1:
-        states += (2 if param_dtype == "bf16" else 4) * n  # DDP's gradient buckets
+        states += (2 if param_dtype == "bf16" else 4) * t  # DDP's gradient buckets
     if mode.fused_adam:  # FusedAdam steps in place; FP8 moments are read as fp32 one parameter group at a time
         step = states + (STREAM_CHUNK_BYTES if "fp8" in (mode.exp_avg, mode.exp_avg_sq) else 0)
     else:
-        step = (states + 2 * n / shard) if param_dtype == "bf16" else states
+        step = (states + 2 * t / shard) if param_dtype == "bf16" else states
     kept = 2 * n if (sharded and keep_weights) else 0.0
     fp8 = precision == "fp8" and backend == "te"
     cache = 2 * _block_linear_params(mcfg) if (fp8 and weight_cache and (keep_weights or not sharded)) else 0.0
@@ -339,7 +346,8 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                             activation_checkpointing=activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused,
-                            loss_kernel=loss_kernel, memory_mode=memory_mode) for p in precisions]
+                            loss_kernel=loss_kernel, memory_mode=memory_mode,
+                            trainable=lora_trainable(c, mcfg)) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 

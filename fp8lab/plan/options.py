@@ -74,7 +74,8 @@ Steps = tuple  # step numbers, written 5,6 on the command line
 # `fp8lab train --study` accepts and lists them (tests and benchmarks pass it); the Python API takes them always
 SECTIONS = {
     "model": "model", "data": "data and steps", "optimiser": "optimiser", "layout": "layout (batch, memory, processes)",
-    "fp8": "FP8", "kernels": "kernels", "outputs": "outputs, checkpoints and logs",
+    "fp8": "FP8", "kernels": "kernels", "lora": "LoRA adapters (fine-tuning)",
+    "outputs": "outputs, checkpoints and logs",
     "study": "study and test switches (fp8lab train --study)",
 }
 STUDY = "study"

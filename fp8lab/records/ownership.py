@@ -52,7 +52,8 @@ TMP_PREFIX = ".fp8lab-tmp-"
 APPEND = ("metrics.jsonl",)  # append-only: the marker's digest covers the file's first bytes
 TE_DEBUG_DIR = "te-debug"  # in a run folder: nvdlfw-inspect's own log (fp8lab.fp8.te_debug)
 # a run folder's sub-folders: fp8lab's by name, each checked as its own kind when used
-SUBFOLDERS = {"run": ("checkpoints", "model", "data", TE_DEBUG_DIR)}
+MERGED_MODEL = "merged"  # a LoRA run's merged model: a model folder of its own inside the model folder
+SUBFOLDERS = {"run": ("checkpoints", "model", "data", TE_DEBUG_DIR), "model": (MERGED_MODEL,)}
 _STEP = re.compile(r"step_\d{8}")
 _STEP_TMP = re.compile(r"step_\d{8}\.tmp")
 CHECKPOINT_MANIFEST = "fp8lab-checkpoint.json"  # fp8lab.train.checkpoint's manifest in each checkpoint folder

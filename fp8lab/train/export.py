@@ -5,6 +5,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from fp8lab.data import tokens as fdata
 from fp8lab.fp8.convert import hf_state_dict_from
@@ -41,21 +42,23 @@ def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
 
 
 def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Path, env, master=None,
-                  run: str | None = None) -> None:
+                  run: str | None = None, write: Callable[[Path], None] | None = None) -> None:
     """``save_pretrained`` of the trained weights in the original HF class, plus the tokenizer.
 
     ``plan``: the run's (fp8lab.plan.runplan.RunPlan: its model and ModelConfig). ``model`` is what trained (maybe
     DDP/FSDP-wrapped), ``inner`` the module inside it, ``master`` the fp32 master weights of ``--param-dtype bf16``
-    (written instead of the bf16 parameters)."""
-    sd = _export_hf_state_dict(model, inner, conversion, master)
+    (written instead of the bf16 parameters). ``write``: writes the folder's weights into the folder it is given
+    instead (rank 0 only; LoRA's adapter folder or merged model, fp8lab.train.lora), beside the same tokenizer."""
+    sd = _export_hf_state_dict(model, inner, conversion, master) if write is None else None
     if not env.is_main:
         return
     from transformers import PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
     name = plan.config.model
-    # a named shape: the plan's ModelConfig; a user's folder: its own config
-    hf = build_model(name, device="meta", config=plan.model_config if name in MODEL_CONFIGS else None)
+    if write is None:  # a named shape: the plan's ModelConfig; a user's folder: its own config
+        hf = build_model(name, device="meta", config=plan.model_config if name in MODEL_CONFIGS else None)
+        write = lambda folder: hf.save_pretrained(str(folder), state_dict=sd)  # noqa: E731
     ownership.refuse_foreign("--model-dir", model_dir, "model")  # as at the start: nothing of the user's is replaced
     # written whole into a fresh folder fp8lab creates, then moved in file by file
     # the model folder notes the run it holds (``run``: its id), so another run is refused it at its start
@@ -63,7 +66,7 @@ def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Pat
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars only clutter the log
     try:
-        hf.save_pretrained(str(stage), state_dict=sd)
+        write(stage)
         # the user's folder had a tokenizer that maps tokens as the data's does: it goes back along; one that maps them
         # otherwise would decode the trained ids wrongly, so the data's goes instead (said at the start: the trainer)
         data_tokenizer = data_dir / "tokenizer.json"

@@ -45,7 +45,8 @@ def fingerprint(plan, data: str | None = None) -> dict[str, Any]:
             "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": lay.micro_batch_size * lay.grad_accum * plan.world_size,
             "total_steps": plan.total_steps, "warmup_steps": plan.warmup_steps, "lr": c.lr, "min_lr": c.min_lr,
-            "weight_decay": c.weight_decay, "beta1": c.beta1, "beta2": c.beta2, "grad_clip": c.grad_clip}
+            "weight_decay": c.weight_decay, "beta1": c.beta1, "beta2": c.beta2, "grad_clip": c.grad_clip,
+            "lora": [c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_targets] if c.lora_rank else None}
 
 
 # Checkpoints written before the fingerprint held the plan's backend and recipe recorded the request,

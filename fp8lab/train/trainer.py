@@ -57,6 +57,7 @@ from fp8lab.train import checkpoint as fckpt
 from fp8lab.train import distributed as fdist
 from fp8lab.train import export as fexport
 from fp8lab.train import fused_loss
+from fp8lab.train import lora as flora
 from fp8lab.train import optim as foptim
 from fp8lab.train import resume as fresume
 from fp8lab.train import run_paths as frun_paths
@@ -214,6 +215,9 @@ class Trainer:
             if c.fp8_lm_head:  # a study: the head's GEMM in FP8 too (fp8lab.fp8.convert.fp8_lm_head)
                 model = fp8_lm_head(model)
             self.conversion = model.fp8lab_conversion
+        self.lora = flora.apply(model, p) if c.lora_rank else None  # adapters on the converted layers, base frozen
+        if self.lora is not None:
+            self.log(f"fp8lab: {self.lora.describe()}")
         if p.layout.activation_checkpointing:
             fdist.apply_activation_checkpointing(model, p.backend, self._fp8_context)
         if c.compile:
@@ -321,7 +325,8 @@ class Trainer:
         """config.json and the run's opening lines (the run's record, fp8lab.train.run_record), with what was built."""
         built = {"fp8_weight_cache": self.weight_cache, "fuse_wgrad_accumulation": bool(self.fused_wgrad),
                  "fsdp_keep_weights": self.keep_weights, "adamw_impl": adamw_impl(self.adamw),
-                 "cuda_graphs_captured": dataclasses.asdict(self.graphs_captured) if self.graphs_captured else None}
+                 "cuda_graphs_captured": dataclasses.asdict(self.graphs_captured) if self.graphs_captured else None,
+                 **(self.lora.built() if self.lora is not None else {})}
         self.record.write(built=built, sources=self.record.sources(self.manifest, self.inner, self.conversion),
                           resumed_from=self.resumed_from, info=self.info, data_dir=self.data_dir)
 
@@ -554,7 +559,7 @@ class Trainer:
         complete = (isinstance(done, dict) and done.get("status") == "completed"
                     and done.get("steps") == self.plan.total_steps)
         exported = not self.c.save_model or (done.get("model_dir") is not None
-                                             and (self.paths.model_dir / "config.json").is_file())
+                                             and (self.paths.model_dir / flora.exported_file(self.c)).is_file())
         return done if complete and exported else None
 
     def _export(self) -> str | None:
@@ -562,9 +567,13 @@ class Trainer:
         env, step = self.env, self.state.step
         why = None
         try:
-            fexport.save_hf_model(self.model, self.inner, self.conversion, self.plan, self.paths.model_dir,
-                                  self.data_dir,
-                                  env, master=self.master, run=ownership.run_id(self.paths.output_dir))
+            run = ownership.run_id(self.paths.output_dir)
+            if self.lora is None:
+                fexport.save_hf_model(self.model, self.inner, self.conversion, self.plan, self.paths.model_dir,
+                                      self.data_dir, env, master=self.master, run=run)
+            else:  # the adapter folder (and, asked, the merged model)
+                flora.export(self.lora, self.model, self.inner, self.plan, self.paths.model_dir, self.data_dir, env,
+                             master=self.master, run=run)
         except (OSError, ValueError, *fexport.WRITE_ERRORS) as exc:  # e.g. disk full: the staged files are removed
             why = fresume.failure_reason(exc)
         why = fdist.broadcast_object(why, env)

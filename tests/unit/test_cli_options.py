@@ -21,6 +21,7 @@ USER_OPTIONS = {
     "fp8": ["precision", "backend", "recipe", "bf16_edge_blocks", "fp8_weight_cache", "fp8_attention",
             "fp8_all_gather", "fp8_stats_every", "fp8_stats_source"],
     "kernels": ["fuse", "compile", "cuda_graphs", "compute_dtype", "fuse_wgrad_accumulation", "fused_loss"],
+    "lora": ["lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "export_merged"],
     "outputs": ["output_dir", "checkpoint_dir", "model_dir", "checkpoint_every", "keep_checkpoints", "resume",
                 "resume_with_new_settings", "dry_run", "peak_tflops", "save_model", "plot", "progress",
                 "print_metrics", "profile_steps", "tracker", "tracker_dir"],

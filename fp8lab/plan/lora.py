@@ -1,0 +1,86 @@
+"""LoRA's rule and vocabulary, torch-free: which projections get adapters, how many parameters they add, and
+what a LoRA run can be asked (checked with the options, before anything is built).
+
+LoRA (``--lora-rank N``) trains two small matrices ``A`` (N x in) and ``B`` (out x N) beside each targeted
+projection, ``W x + (alpha / N) B A x``; the base weights stay frozen. The adapters are peft's (the mechanism is
+``fp8lab.train.lora``), put on the converted model, so the frozen base GEMMs run on the FP8 layers.
+
+The names are HF's module names, the same in every family of one decoder layout (Llama, Mistral and Qwen2 share
+``q_proj ... down_proj``; GPT-Neo has ``out_proj``, ``c_fc`` and ``c_proj``), so a name is checked against the
+model's layout from its config alone. ``--lora-targets all`` (the default) is every projection of attention and MLP.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fp8lab.core.validate import Check, is_count, is_num
+
+# the projections of each decoder layout (fp8lab.model.config.ModelConfig.family), attention then MLP
+PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "gptneo": ("q_proj", "k_proj", "v_proj", "out_proj", "c_fc", "c_proj"),
+}
+ALL = "all"  # --lora-targets: every projection of the layout (a name of the set, not a decision: the same everywhere)
+RANK_ALLOWED = "an integer >= 0 (0: LoRA off, every weight trains)"
+ALPHA_ALLOWED = "a number > 0 (the adapters' update is scaled by alpha / rank)"
+DROPOUT_ALLOWED = "a number in [0, 1)"
+# each option's own check (its field's: the trainer's and JobSpec's); the targets need the model's layout (problem)
+RANK = Check(lambda v: is_count(v, 0), RANK_ALLOWED)
+ALPHA = Check(lambda v: is_num(v) and v > 0, ALPHA_ALLOWED)
+DROPOUT = Check(lambda v: is_num(v) and 0 <= v < 1, DROPOUT_ALLOWED)
+
+
+def targets_allowed(family: str) -> str:
+    return f"{ALL} (every one) or comma-separated names of " + ", ".join(PROJECTIONS[family])
+
+
+def parse_targets(value: Any, family: str) -> tuple[str, ...] | None:
+    """``--lora-targets`` as module names (``all``: every projection of the layout); None: not a valid value."""
+    if value == ALL:
+        return PROJECTIONS[family]
+    if not isinstance(value, str):
+        return None
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if not names or len(set(names)) != len(names) or any(n not in PROJECTIONS[family] for n in names):
+        return None
+    return names
+
+
+def problem(*, rank: int, targets: Any, family: str, fuse: bool, backend: str,
+            export_merged: bool) -> tuple[str, str] | None:
+    """(option, allowed) for the first LoRA option a run cannot take, else None (checked with the options, after
+    each one's own check: RANK, ALPHA, DROPOUT)."""
+    if parse_targets(targets, family) is None:
+        return "lora_targets", targets_allowed(family)
+    if rank == 0:
+        if export_merged:
+            return "export_merged", "False without --lora-rank (a full fine-tune's model folder is already whole)"
+        return None
+    if fuse and backend != "none":
+        # the fused blocks merge Q, K and V (and gate and up) into one GEMM: the projections peft adapts are gone
+        return "fuse", "False with --lora-rank > 0 (peft adapts the model's own projections, which the fused " \
+                       "blocks merge), or --lora-rank 0"
+    return None
+
+
+def shapes(mcfg) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of one decoder block of ``mcfg`` (a ModelConfig)."""
+    h, f = mcfg.hidden_size, mcfg.intermediate_size
+    if mcfg.family == "llama":
+        q, kv = mcfg.num_heads * mcfg.head_dim, mcfg.kv_heads * mcfg.head_dim
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, f),
+                "up_proj": (h, f), "down_proj": (f, h)}
+    return {"q_proj": (h, h), "k_proj": (h, h), "v_proj": (h, h), "out_proj": (h, h), "c_fc": (h, f), "c_proj": (f, h)}
+
+
+def adapter_params(mcfg, rank: int, targets: tuple[str, ...]) -> int:
+    """Parameters LoRA adds: ``rank * (in + out)`` per targeted projection and block."""
+    per_block = shapes(mcfg)
+    return mcfg.num_layers * sum(rank * sum(per_block[n]) for n in targets)
+
+
+def trainable_params(c, mcfg) -> int | None:
+    """What trains in a run of TrainConfig ``c``: the adapters' parameters under LoRA, None (everything) without."""
+    if not getattr(c, "lora_rank", 0):  # (a config of another caller may carry no LoRA options)
+        return None
+    return adapter_params(mcfg, c.lora_rank, parse_targets(c.lora_targets, mcfg.family))

@@ -1,0 +1,134 @@
+"""LoRA's options, rule and memory (fp8lab.plan.lora) and its mechanism on a converted model (fp8lab.train.lora):
+bad values refused naming the option and what is allowed, before anything is built; a frozen base counted as its
+weights only; peft's adapters on the emulator's FP8 layers, the only parameters with gradients."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from fp8lab.core.hardware import Machine
+from fp8lab.model.models import count_parameters, get_config
+from fp8lab.plan import lora as lora_plan
+from fp8lab.plan.config import TrainConfig
+from fp8lab.plan.layout import estimate_memory
+from fp8lab.plan.runplan import plan_run
+
+H100 = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, te_usable=True, fp8=True)
+CPU = Machine("cpu", "cpu", 24.0)
+LORA = dict(lora_rank=8, fuse=False)
+
+
+@pytest.mark.parametrize("kw, flag, allowed", [
+    ({"lora_rank": -1}, "--lora-rank", lora_plan.RANK_ALLOWED),
+    ({"lora_rank": 2.5}, "--lora-rank", lora_plan.RANK_ALLOWED),
+    ({**LORA, "lora_alpha": 0}, "--lora-alpha", lora_plan.ALPHA_ALLOWED),
+    ({**LORA, "lora_dropout": 1.0}, "--lora-dropout", lora_plan.DROPOUT_ALLOWED),
+    ({**LORA, "lora_targets": "q_proj,qkv"}, "--lora-targets", "all (every one) or comma-separated names of "
+                                                                "q_proj, k_proj, v_proj, o_proj, gate_proj"),
+    ({**LORA, "lora_targets": "q_proj,q_proj"}, "--lora-targets", "comma-separated names"),
+    ({**LORA, "model": "gptneo-tiny", "lora_targets": "o_proj"}, "--lora-targets", "out_proj, c_fc, c_proj"),
+    ({"lora_rank": 8}, "--fuse", "False with --lora-rank > 0"),
+    ({"export_merged": True}, "--export-merged", "False without --lora-rank"),
+])
+def test_bad_lora_options_are_refused_naming_the_option_and_what_is_allowed(kw, flag, allowed):
+    with pytest.raises(ValueError, match=re.escape(flag) + r"=.* is invalid; allowed: .*" + re.escape(allowed)):
+        TrainConfig(**kw)
+
+
+def test_lora_options_from_the_command_line_and_a_job():
+    from fp8lab import launch as L
+    from fp8lab.launch.spec import hyperparameters
+    from fp8lab.train import entry
+
+    c = entry.parse_args(["--lora-rank", "16", "--lora-alpha", "32", "--lora-dropout", "0.05", "--lora-targets",
+                          "q_proj,v_proj", "--fuse", "False", "--export-merged", "True"])
+    assert (c.lora_rank, c.lora_alpha, c.lora_dropout, c.lora_targets, c.export_merged) == \
+        (16, 32.0, 0.05, "q_proj,v_proj", True)
+    assert lora_plan.parse_targets(c.lora_targets, "llama") == ("q_proj", "v_proj")
+    with pytest.raises(ValueError, match="--lora-rank"):
+        entry.parse_args(["--lora-rank", "-2"])
+    base = dict(model="llama-1b", precision="fp8", role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, steps=10)
+    spec = L.JobSpec(**base, fuse=False, options={"lora_rank": 16, "export_merged": True})  # (fuse: a field)
+    hp = hyperparameters(spec)
+    assert hp["lora-rank"] == 16 and hp["export-merged"] is True and hp["fuse"] is False
+    assert entry.parse_args([w for k, v in hp.items() for w in (f"--{k}", str(v))]).lora_rank == 16  # as the job reads
+    with pytest.raises(ValueError, match=r"lora.rank=-1 is invalid; allowed: an integer >= 0"):
+        L.JobSpec(**base, fuse=False, options={"lora_rank": -1})
+    with pytest.raises(ValueError, match=r"--fuse.*allowed: False with --lora-rank > 0"):  # the trainer's own check
+        L.JobSpec(**base, options={"lora_rank": 16})
+
+
+def test_adapter_count_is_rank_times_in_plus_out_per_projection():
+    m = get_config("llama-1b")
+    q, kv = m.num_heads * m.head_dim, m.kv_heads * m.head_dim
+    h, f = m.hidden_size, m.intermediate_size
+    per_block = 8 * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + f) + (f + h))
+    assert lora_plan.adapter_params(m, 8, lora_plan.PROJECTIONS["llama"]) == m.num_layers * per_block
+    assert lora_plan.adapter_params(m, 8, ("q_proj", "v_proj")) == m.num_layers * 8 * ((h + q) + (h + kv))
+    assert lora_plan.trainable_params(TrainConfig(), m) is None  # full fine-tune: everything trains
+
+
+def test_the_memory_estimate_counts_a_frozen_base_as_its_weights_only():
+    m = get_config("llama-7b")
+    n = count_parameters(m).total
+    t = lora_plan.adapter_params(m, 16, lora_plan.PROJECTIONS["llama"])
+    kw = dict(precision="fp8", micro_batch_size=1, seq_len=2048, param_dtype="bf16", backend="te", fuse=False)
+    full, lora = estimate_memory(m, **kw), estimate_memory(m, **kw, trainable=t)
+    gib = 2**30
+    assert full.states == pytest.approx(16 * n / gib)
+    assert lora.states == pytest.approx((2 * n + 16 * t) / gib)  # bf16 base; adapters: weight, grad, master, AdamW
+    assert lora.step == pytest.approx(lora.states + 2 * t / gib)  # master gradients of the adapters only
+    assert lora.activations == full.activations
+    sharded = estimate_memory(m, **kw, trainable=t, world_size=8, parallel="fsdp")  # FSDP2 keeps fp32 shards
+    assert sharded.states == pytest.approx((4 * n + 16 * t) / 8 / gib)
+    # the plan: a 7B model does not fit one H100 with full AdamW states, but does with LoRA
+    with pytest.raises(ValueError, match="does not fit"):
+        plan_run(TrainConfig(model="llama-7b", precision="fp8", fuse=False), H100)
+    p = plan_run(TrainConfig(model="llama-7b", precision="fp8", **{**LORA, "lora_rank": 16}), H100)
+    assert p.layout.memory.states == pytest.approx(lora.states) and p.layout.memory.peak < 79.2
+
+
+def _lora_model(param_dtype: str, **kw):
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.train import lora as flora
+
+    plan = plan_run(TrainConfig(model="llama-tiny", precision="fp8", backend="emulated", param_dtype=param_dtype,
+                                **LORA, **kw), CPU)
+    model = convert_model(build_model("llama-tiny", seed=0), backend="emulated", fuse=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    return model, flora.apply(model, plan), plan, before
+
+
+def test_peft_wraps_the_emulated_fp8_layers_and_only_the_adapters_get_gradients():
+    from peft.tuners.lora import LoraLayer
+
+    from fp8lab.fp8.backends.emulated import EmuLinear
+    from fp8lab.fp8.convert import autocast
+
+    model, adapters, plan, before = _lora_model("fp32", lora_targets="q_proj,v_proj,down_proj")
+    wrapped = {n.rsplit(".", 1)[1] for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    assert wrapped == {"q_proj", "v_proj", "down_proj"}
+    assert all(isinstance(m.get_base_layer(), EmuLinear) for m in model.modules() if isinstance(m, LoraLayer))
+    assert adapters.params == lora_plan.adapter_params(plan.model_config, 8, ("q_proj", "v_proj", "down_proj"))
+    assert adapters.params + adapters.frozen == sum(p.numel() for p in model.parameters())
+    assert "8 adapter parameters" not in adapters.describe() and f"{adapters.params:,}" in adapters.describe()
+    x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    with autocast("emulated", plan.recipe):  # the base GEMMs in emulated FP8
+        model(x, labels=x).loss.backward()
+    with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert with_grad and all(".lora_" in n for n in with_grad)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == with_grad
+    # peft starts B at zero: the model is unchanged until the adapters train
+    after = {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items() if ".lora_" not in k}
+    assert set(after) == set(before)
+    assert all(torch.equal(after[k], before[k]) for k in before if not k.endswith("_extra_state"))  # (FP8 scales move)
+
+
+def test_bf16_parameters_keep_a_bf16_frozen_base_and_fp32_adapters():
+    model, adapters, _, _ = _lora_model("bf16")
+    dtypes = {(".lora_" in n, p.dtype) for n, p in model.named_parameters()}
+    assert dtypes == {(True, torch.float32), (False, torch.bfloat16)}
+    assert adapters.built()["lora_targets"] == list(lora_plan.PROJECTIONS["llama"])
