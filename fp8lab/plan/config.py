@@ -13,15 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from fp8lab.plan import lora as lora_plan
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
-<<<<<<< HEAD
                             FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS, MEMORY,
-                            PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TRACKERS, AutoBool, AutoInt, Steps,
-                            check_fields, check_schema, flag, option)
-=======
-                            FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TASKS, TRACKERS, AutoBool, AutoInt,
                             Steps, check_fields, check_schema, flag, option)
->>>>>>> wt-64data
 from fp8lab.fp8.backends import fused_problem
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
