@@ -2,8 +2,11 @@
 HTML report's text (the executed notebooks' displayed Markdown is checked in each notebook's own test)."""
 from __future__ import annotations
 
+import html
+
 import pytest
 
+from fp8lab.analysis.conclusion import clauses
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.notebooks import list_notebooks
 from prose import (MAX_PARAGRAPH, html_paragraphs, markdown_paragraphs, notebook_markdown, too_long)
@@ -55,6 +58,15 @@ def test_the_html_report_text_is_short():
     from fp8lab import analysis
     from fp8lab.views import report
 
-    page = report.render_html(analysis.load_runs())
+    runs = analysis.load_runs()
+    page = report.render_html(runs)
     long = too_long(html_paragraphs(page), "HTML report")
     assert not long, "\n".join(long)
+    # the verdict in full: each model's sentence listed as its clauses, every word of it kept
+    per_model, closing = report.Analysed.of(runs, report.ReportConfig()).answer.verdict_parts()
+    full = html.unescape(page.split("the verdict in full sentences")[1].split("</details>")[0])
+    for sentence in per_model:
+        first, *rest = clauses(sentence)
+        assert f"<li>{first}" + (":<ul>" + "".join(f"<li>{c}</li>" for c in rest) + "</ul>" if rest else "") in full
+        assert "; ".join([first, *rest]) == sentence
+    assert all(f"<p>{s}</p>" in full for s in closing)
