@@ -247,6 +247,18 @@ def verdict_parts(comparison: pd.DataFrame, reference: pd.DataFrame | None = Non
     return parts, closing
 
 
+def clauses(sentence: str) -> list[str]:
+    """A verdict sentence as its clauses, for a page that lists them: :func:`verdict_parts` joins a model's
+    statements (what it ran at, its planned time and cost, its loss, ...) with "; " outside parentheses."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(sentence):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and sentence.startswith("; ", i):
+            out.append(sentence[start:i])
+            start = i + 2
+    return out + [sentence[start:]]
+
+
 # the verdict as a handful of bullets, one per model, each with its number ---------------------------------
 def _seed_clause(a: pd.Series, curves: pd.DataFrame | None) -> str:
     """A loss gap that is a mean of seeds: how many, how far apart, and which seed lies outside the band."""

@@ -22,7 +22,7 @@ from fp8lab.analysis.index import (INDEX_DOC, SUMMARY_DEFAULTS, committed_index,
                                    is_committed_results,
                                    render_index)
 from fp8lab.analysis import blog_gap
-from fp8lab.analysis.conclusion import verdict_bullets
+from fp8lab.analysis.conclusion import clauses, verdict_bullets
 from fp8lab.analysis.scaling import answer_at_scale
 from fp8lab.analysis.time_to_loss import sentence, time_to_loss
 from fp8lab.analysis.estimates import price_words
@@ -181,7 +181,7 @@ def _render_html(runs: pd.DataFrame, config: ReportConfig, reference: pd.DataFra
         f"{config.warmup_steps} warm-up steps excluded; loss smoothing {e(config.smoothing)}, span "
         f"{config.smoothing_span}.</p>",
         "<h2>Verdict</h2>", _verdict_html(parts),
-        _details("the verdict in full sentences, per BF16/FP8 pair", f"<p>{e(answer.verdict())}</p>"),
+        _details("the verdict in full sentences, per BF16/FP8 pair", _verdict_in_full(answer)),
         "<h2>The answer per model</h2>",
         f'<p class="muted">Best BF16: {e(analysis.answer.WHY_BF16)}; best FP8: {e(analysis.answer.WHY_FP8)}. '
         f"Cost: {analysis.fmt_tokens(config.tokens)} tokens on one {e(answer.instance_type)}, as fp8lab launch plan "
@@ -244,6 +244,17 @@ def _verdict_html(bullets: list[str]) -> str:
     items = "".join("<li>" + re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(b.removeprefix("- "))) + "</li>"
                     for b in bullets)
     return f'<div class="verdict"><ul>{items}</ul></div>'
+
+
+def _verdict_in_full(answer) -> str:
+    """The verdict's sentences (``Answer.verdict_parts``) a person can read: a list item per model, its clauses
+    under it, then the closing sentences as paragraphs."""
+    per_model, closing = answer.verdict_parts()
+    e = html.escape
+    sub = ["".join(f"<li>{e(x)}</li>" for x in c[1:]) for c in map(clauses, per_model)]
+    items = "".join(f"<li>{e(c[0])}" + (f":<ul>{s}</ul>" if s else "") + "</li>"
+                    for c, s in zip(map(clauses, per_model), sub))
+    return f"<ul>{items}</ul>" + "".join(f"<p>{e(s)}</p>" for s in closing)
 
 
 def _md_link_html(markdown: str) -> str:

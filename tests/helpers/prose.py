@@ -1,64 +1,120 @@
 """Paragraphs a person reads, and the ones too long to read: Markdown (README, docs, notebook cells and the
-Markdown a notebook displays) and the HTML report's text. A paragraph is a run of text lines between blank
-lines, a list item's own text, or an HTML ``<p>`` / ``<li>``; headings, tables, code and images are not prose."""
+Markdown a notebook displays) and the HTML report's text.
+
+The rule is what a reader sees on the rendered page, so Markdown is parsed by a CommonMark parser
+(markdown-it-py, with GitHub's tables), not by lines:
+
+- a paragraph is a block of text between blank lines, its wrapped lines joined (a Markdown source may hold it
+  on one long line or on many short ones: the same paragraph);
+- a list item is one paragraph however it is written: its first line, its continuation lines and the
+  paragraphs indented under it after a blank line (a bullet of 900 characters in three paragraphs is still one
+  900-character bullet); a nested list's items are paragraphs of their own, not part of their parent;
+- the length is the visible text: a link counts by its text, never its URL; inline code by its content;
+  images, HTML comments and inline tags count nothing;
+- not prose, so not counted: headings, code (fenced or indented), images, and tables: a table cell is read
+  as a cell, so tables are left out entirely (a long cell is not reported).
+
+HTML (the report) follows the same rule: each ``<p>``, ``<li>``, heading, ``<summary>`` or ``<figcaption>``
+and the loose text of a ``<div>``, ``<details>`` or the body is a paragraph; a ``<li>`` takes in the ``<p>``s
+inside it; a nested list's items are their own; tables (``<table>``), scripts and styles are left out."""
 from __future__ import annotations
 
 import json
-import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+from markdown_it import MarkdownIt
+
 MAX_PARAGRAPH = 600  # characters: the project's rule for prose
-_ITEM = re.compile(r"^\s*([-*+]|\d+\.)\s")
+_MD = MarkdownIt("commonmark").enable("table")
+
+
+def _visible(inline) -> str:
+    """An inline token's text as rendered: link text without its URL, code without backticks, no images or tags."""
+    parts = []
+    for c in inline.children or []:
+        if c.type in ("text", "code_inline"):
+            parts.append(c.content)
+        elif c.type in ("softbreak", "hardbreak"):
+            parts.append(" ")
+    return " ".join("".join(parts).split())
 
 
 def markdown_paragraphs(md: str) -> list[str]:
-    out, cur, fence = [], [], False
-
-    def flush():
-        if cur:
-            out.append(" ".join(s.strip() for s in cur))
-            cur.clear()
-
-    for line in md.splitlines():
-        s = line.strip()
-        if s.startswith("```"):
-            flush()
-            fence = not fence
-            continue
-        if fence or not s or s.startswith(("#", "|", "<!--", "![")) or line.startswith("    ") and not cur:
-            flush()
-            continue
-        if _ITEM.match(line):
-            flush()
-        cur.append(s)
-    flush()
+    """The paragraphs of a Markdown text, by the module's rule: each paragraph outside a list, each list item
+    whole (its nested lists' items apart), in reading order of their ends."""
+    out: list[str] = []
+    items: list[list[str]] = []  # the text of each list item still open, innermost last
+    tokens = _MD.parse(md)
+    in_table = 0
+    for i, t in enumerate(tokens):
+        if t.type == "table_open":
+            in_table += 1
+        elif t.type == "table_close":
+            in_table -= 1
+        elif t.type == "list_item_open":
+            items.append([])
+        elif t.type == "list_item_close":
+            text = " ".join(items.pop())
+            if text:
+                out.append(text)
+        elif t.type == "inline" and not in_table and tokens[i - 1].type == "paragraph_open":
+            text = _visible(t)
+            if not text:
+                continue
+            if items:
+                items[-1].append(text)
+            else:
+                out.append(text)
+        elif t.type == "html_block" and not in_table:
+            out += html_paragraphs(t.content)
     return out
+
+
+_BLOCKS = {"p", "li", "dd", "dt", "blockquote", "figcaption", "summary", "div", "details", "body", "section",
+           "h1", "h2", "h3", "h4", "h5", "h6"}
+_SKIP = {"table", "script", "style"}
 
 
 class _Text(HTMLParser):
     def __init__(self):
         super().__init__()
-        self.blocks, self._cur, self._depth = [], [], 0
+        self.blocks: list[str] = []
+        self._open: list[tuple[str, list[str]]] = []  # block elements open, each with its own text
+        self._skip = 0
 
     def handle_starttag(self, tag, attrs):
-        if tag in ("p", "li"):
-            self._depth += 1
-            self._cur = []
+        if tag in _SKIP:
+            self._skip += 1
+        elif tag in _BLOCKS and not (tag == "p" and self._open and self._open[-1][0] == "li"):
+            self._open.append((tag, []))  # a <p> inside a <li> is part of the item
 
     def handle_endtag(self, tag):
-        if tag in ("p", "li") and self._depth:
-            self._depth -= 1
-            self.blocks.append(" ".join("".join(self._cur).split()))
+        if tag in _SKIP:
+            self._skip = max(0, self._skip - 1)
+        elif tag in _BLOCKS and any(t == tag for t, _ in self._open):
+            while self._open:  # close up to the matching element (HTML lets some end tags be left out)
+                t, text = self._open.pop()
+                words = " ".join("".join(text).split())
+                if words:
+                    self.blocks.append(words)
+                if t == tag:
+                    break
 
     def handle_data(self, data):
-        if self._depth:
-            self._cur.append(data)
+        if not self._skip and self._open:
+            self._open[-1][1].append(data)
+
+    def close(self):
+        super().close()
+        while self._open:
+            self.handle_endtag(self._open[0][0])
 
 
 def html_paragraphs(page: str) -> list[str]:
     parser = _Text()
     parser.feed(page)
+    parser.close()
     return parser.blocks
 
 

@@ -2,8 +2,11 @@
 HTML report's text (the executed notebooks' displayed Markdown is checked in each notebook's own test)."""
 from __future__ import annotations
 
+import html
+
 import pytest
 
+from fp8lab.analysis.conclusion import clauses
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.notebooks import list_notebooks
 from prose import (MAX_PARAGRAPH, html_paragraphs, markdown_paragraphs, notebook_markdown, too_long)
@@ -11,11 +14,31 @@ from prose import (MAX_PARAGRAPH, html_paragraphs, markdown_paragraphs, notebook
 
 def test_the_checker_finds_a_long_paragraph_and_splits_lists_and_skips_code():
     long = "word " * 130
-    md = f"# title\n\n{long}\n\n- short item\n- {long}\n\n```\n{long}\n```\n\n| {long} |\n\nshort\n"
+    md = f"# title\n\n{long}\n\n- short item\n- {long}\n\n```\n{long}\n```\n\n| a |\n|---|\n| {long} |\n\nshort\n"
     paras = markdown_paragraphs(md)
     assert [len(p) > MAX_PARAGRAPH for p in paras] == [True, False, True, False]
     assert len(too_long(paras, "x")) == 2
-    assert [len(p) for p in html_paragraphs(f"<h1>t</h1><p>{long}</p><ul><li>a <b>b</b></li></ul>")] == [len(long.strip()), 3]
+    assert [len(p) for p in html_paragraphs(f"<h1>t</h1><p>{long}</p><ul><li>a <b>b</b></li></ul>")] == [1, len(long.strip()), 3]
+
+
+def test_the_checker_reads_as_a_reader_does():
+    half = "word " * 70  # 349 characters: two of them make one paragraph over the limit
+    # a paragraph wrapped over many lines is one paragraph, as one long line is
+    assert markdown_paragraphs(half.replace(" ", "\n", 30) + "\n" + half) == [f"{half.strip()} {half.strip()}"]
+    # a list item is one paragraph with its continuation lines and the paragraphs indented under it ...
+    item = f"- {half}\n  more\n\n  {half}\n- short\n"
+    assert [len(p) for p in markdown_paragraphs(item)] == [len(half.strip()) * 2 + 6, 5]
+    # ... but a nested list's items are their own
+    nested = f"1. **Step.** {half}\n   - {half}\n   - {half}\n2. next\n"
+    assert [len(p) for p in markdown_paragraphs(nested)] == [349, 349, len("Step. ") + 349, 4]  # bold marks are not text
+    # a link counts by its text, not its URL; images, comments and code are not prose
+    url = "https://example.com/" + "x" * 700
+    assert markdown_paragraphs(f"see [the docs]({url}) now\n\n![a figure]({url})\n\n<!-- {half}{half} -->\n\n"
+                               f"    {half}{half}\n") == ["see the docs now"]
+    # the same rule in HTML: a <li> takes in its <p>s; tables are left out
+    page = f"<ul><li><p>{half}</p><p>{half}</p></li></ul><details><summary>s</summary>{half}</details>" \
+           f"<table><tr><td>{half}{half}</td></tr></table>"
+    assert [len(p) for p in html_paragraphs(page)] == [len(half.strip()) * 2 + 1, 1, len(half.strip())]
 
 
 @pytest.mark.parametrize("path", ["README.md", *sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "docs").glob("*.md"))])
@@ -35,6 +58,15 @@ def test_the_html_report_text_is_short():
     from fp8lab import analysis
     from fp8lab.views import report
 
-    page = report.render_html(analysis.load_runs())
+    runs = analysis.load_runs()
+    page = report.render_html(runs)
     long = too_long(html_paragraphs(page), "HTML report")
     assert not long, "\n".join(long)
+    # the verdict in full: each model's sentence listed as its clauses, every word of it kept
+    per_model, closing = report.Analysed.of(runs, report.ReportConfig()).answer.verdict_parts()
+    full = html.unescape(page.split("the verdict in full sentences")[1].split("</details>")[0])
+    for sentence in per_model:
+        first, *rest = clauses(sentence)
+        assert f"<li>{first}" + (":<ul>" + "".join(f"<li>{c}</li>" for c in rest) + "</ul>" if rest else "") in full
+        assert "; ".join([first, *rest]) == sentence
+    assert all(f"<p>{s}</p>" in full for s in closing)
