@@ -21,6 +21,10 @@ for _d in ("helpers", "sagemaker"):
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The tests' models are tiny: torch's CPU thread pool costs more than it gains on them (one thread took about half
+# the CPU time and half the wall time of two on the 2-core machine); trainer subprocesses and notebook kernels
+# inherit it. Set before torch is first imported, which reads it then.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _gpu_reason() -> str | None:
