@@ -6,6 +6,10 @@ CAVEATS = """\
 - GPUs of one kind differ by a few percent from machine to machine, so pairs measured in one session are the
   fair comparison; the headline takes the fastest run of each kind, which may come from different
   sessions (the full table pairs each FP8 run with the BF16 run of its own study and layout).
+- A row whose runs name a memory mode (`bf16-moments`, `fp8-exp-avg`: fewer bytes of optimizer state, for a model
+  that does not fit one GPU otherwise) is one GPU's way to fit: FP8 may need activation checkpointing where BF16
+  does not, so its best-of-each ratio is lower than the same-layout pair in the full table, and P5 jobs, which
+  shard the states over GPUs, are not priced from it.
 - MFU divides model FLOPs by the dense BF16 peak for BF16 and FP8 runs alike, so FP8 is not
   flattered by its higher peak.
 - The loss studies are short runs on a small corpus, not the source's 24 billion tokens; their
