@@ -327,6 +327,7 @@ def run(
     progress: bool = True,
     directory: str | Path | None = None,
     timeout: int | None = 900,
+    kernel_threads: int | None = 1,
 ) -> list[NotebookResult]:
     """Execute notebooks in order with papermill; parameters go to every notebook that declares them.
 
@@ -335,7 +336,14 @@ def run(
 
     ``timeout`` (seconds per cell) turns a hung kernel into a clear failure instead of a stall.
     ``kernel``: None is :func:`default_kernel` (this interpreter).
+    ``kernel_threads``: torch's CPU threads in each kernel (``OMP_NUM_THREADS``; None: torch's own choice). One,
+    because the notebooks' models are small: on the 2-core machine one thread took about half the CPU time of two
+    (benchmarks/logs/notebooks-timing-one-story/result.md), and a GPU does the real work elsewhere.
     """
+    if kernel_threads is not None and (isinstance(kernel_threads, bool) or not isinstance(kernel_threads, int)
+                                       or kernel_threads < 1):
+        raise ValueError(f"kernel_threads={kernel_threads!r} is invalid; allowed: a positive integer, or None "
+                         "(torch's own choice)")
     params = dict(params or {})
     kernel = kernel or default_kernel()
     paths = resolve(names, directory)
@@ -361,6 +369,9 @@ def run(
     lock = runlock.acquire("--output-dir", out, user="notebooks run")  # one runner per folder: none replaces another's
     # a kernel inherits MPLBACKEND; 'Agg' (set by test runners) would hide every figure
     saved_backend = os.environ.pop("MPLBACKEND", None)
+    saved_threads = os.environ.get("OMP_NUM_THREADS")
+    if kernel_threads is not None:  # read by torch when the kernel imports it
+        os.environ["OMP_NUM_THREADS"] = str(kernel_threads)
     try:
         with tempfile.TemporaryDirectory(prefix="fp8lab-kernel-") as sockets:
             return _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout,
@@ -369,6 +380,10 @@ def run(
         lock.release()
         if saved_backend is not None:
             os.environ["MPLBACKEND"] = saved_backend
+        if saved_threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved_threads
 
 
 def _local_socket_kernel_manager(folder: Path):
