@@ -143,13 +143,13 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
 
 
 def input_data(spec: JobSpec):
-    """The job's input channels: ``train`` (token data) and ``model`` (a user's model folder: an s3://
-    prefix as it is, a local folder uploaded by the SDK under the job's input prefix)."""
+    """The job's input channels: ``train`` (the data: an s3:// prefix as it is, a local file or folder uploaded by
+    the SDK under the job's input prefix) and ``model`` (a user's model folder, alike)."""
     from sagemaker.core.training.configs import InputData
 
     channels = []
-    if spec.data_s3_uri is not None:
-        channels.append(InputData(channel_name="train", data_source=spec.data_s3_uri))
+    if spec.data_s3_uri is not None or spec.data is not None:
+        channels.append(InputData(channel_name="train", data_source=spec.data_s3_uri or spec.data))
     if spec.is_folder_model:
         channels.append(InputData(channel_name=MODEL_CHANNEL, data_source=spec.model))
     return channels or None
