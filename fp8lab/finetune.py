@@ -32,8 +32,8 @@ METHODS = ("full", "lora")
 # what LoRA needs of the trainer beside its rank: peft's adapters wrap the unfused layers
 LORA_OPTIONS = {"fuse": False}
 # lora_lr="auto": this many times the full fine-tune's learning rate (the adapters start at zero and are few; LoRA is
-# commonly run at about ten times a full fine-tune's rate)
-LORA_LR_FACTOR = 10
+# commonly run at several times a full fine-tune's rate)
+LORA_LR_FACTOR = 5
 
 
 @dataclass
@@ -104,8 +104,8 @@ def run_fine_tunes(model: str, steps: int, backends: Sequence[str] = ("auto",), 
 def _built(run_dir: Path) -> dict[str, Any]:
     """What the run's config.json says it built, with its parameter count."""
     rec = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    return {**rec.get("built", {}), "params": rec.get("params", {}).get("total") if isinstance(rec.get("params"), dict)
-            else rec.get("params")}
+    params = rec.get("params")
+    return {**rec.get("built", {}), "params": params.get("total") if isinstance(params, dict) else params}
 
 
 def example(model: str, data: str | None = None, index: int = 0) -> str:

@@ -72,6 +72,8 @@ def _fine_tune_check(values: dict[str, Any]) -> None:
     values = {k: v for k, v in values.items() if not (k in ("model", "data") and v is None) and k != "tokens"}
     lora_lr = values.pop("lora_lr", "auto")
     rank = values.pop("lora_rank", None)
+    if not is_int(rank) or rank < 1:  # the trainer's 0 (LoRA off) would make the LoRA pair a second full one
+        raise ValueError(f"lora_rank={rank!r} is invalid; allowed: a positive integer, e.g. 8")
     _train_pair_check({**values, "task": "sft"})
     _train_pair_check({**values, "task": "sft", "lora_rank": rank, "fuse": False, "lr": lora_lr})
 

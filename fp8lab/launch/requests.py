@@ -129,7 +129,8 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         # the plan made here: the trainer re-plans on the instance and refuses a different plan (fp8lab.train.sm_entry);
         # otherwise the same for BF16 and FP8 jobs (only the precision hyperparameter differs)
         environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false",
-                     PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True),
+                     # compact: SageMaker takes at most 512 characters per environment value
+                     PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True, separators=(",", ":")),
                      **(TE_BUILD_ENV if installs_te(spec) else {}),
                      **({"MLFLOW_TRACKING_URI": spec.mlflow_tracking_uri} if spec.mlflow_tracking_uri else {})},
         tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),

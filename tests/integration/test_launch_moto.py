@@ -418,6 +418,7 @@ def test_a_fine_tune_job_takes_the_model_folder_and_the_instruction_data_as_chan
     checks, the records read), dry-runs and launches with both channels, the folder as ``model`` and the file as
     ``train``, each uploaded by the SDK; the job trains what was planned (task, LoRA, unfused layers)."""
     from fp8lab.data import sft, tiny_model
+    from fp8lab.launch.plan import as_plan
 
     sess, rec, boto = aws
     folder = tiny_model.build(tmp_path / "my-llama")
@@ -432,7 +433,7 @@ def test_a_fine_tune_job_takes_the_model_folder_and_the_instruction_data_as_chan
     dry = L.build_requests(spec)  # the dry run: every AWS call answered in the process
     launched = L.launch([spec], dry_run=False, session=sess)
     [req] = rec["sagemaker.CreateTrainingJob"]
-    assert [TS.sub("", n) for n in launched] == [L.job_name(spec)]
+    assert [TS.sub("", n) for n in launched] == [j.name for j in as_plan(spec).jobs]
     for r in (dry[0], req):
         menv.check_request("CreateTrainingJob", r)
         hp = r["HyperParameters"]
