@@ -438,9 +438,9 @@ def test_a_fine_tune_job_takes_the_model_folder_and_the_instruction_data_as_chan
         menv.check_request("CreateTrainingJob", r)
         hp = r["HyperParameters"]
         assert (hp["model"], hp["data"]) == (L.MODEL_CHANNEL_PATH, "/opt/ml/input/data/train")
-        assert (hp["task"], hp["lora-rank"], hp["fuse"]) == ("sft", "8", "False")
+        assert (hp["task"], hp["lora-rank"], hp["fuse"]) == ("sft", "8", "false")
         channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in r["InputDataConfig"]}
-        assert set(channels) == {"code", "model", "train"}
+        assert {"model", "train"} <= set(channels)  # beside the SDK's own code channels
         assert channels["train"].endswith("/input/train/chats.jsonl")  # the file itself, under the job's prefix
         assert str(tmp_path) not in json.dumps(r)
     keys = [p["Key"] for p in rec["s3.PutObject"]]
