@@ -57,7 +57,8 @@ class FineTuneResult:
                 **{col: dict(zip(key, (None if v != v else float(v) for v in t[col])))
                    for col in ("first_loss", "heldout_answer_loss", "gap_pct")},
                 "steps": dict(zip(key, (int(v) for v in t["steps"]))),
-                "trained_params": dict(zip(key, (None if v is None or v != v else int(v) for v in t["trained_params"])))}
+                "trained_params": dict(zip(key, (None if v is None or v != v else int(v)
+                                                 for v in t["trained_params"])))}
 
 
 def run_fine_tunes(model: str, steps: int, backends: Sequence[str] = ("auto",), recipe: str = "auto",
@@ -91,9 +92,9 @@ def run_fine_tunes(model: str, steps: int, backends: Sequence[str] = ("auto",), 
             continue
         for label, row in pair.table.iterrows():
             built = _built(pair.runs[label])
+            trained = built.get("lora_adapter_params") if method == "lora" else built.get("params")
             rows.append({"method": method, "run": label, "precision": row["precision"], "backend": row["backend"],
-                         "steps": row["steps"],
-                         "trained_params": built.get("lora_adapter_params") if method == "lora" else built.get("params"),
+                         "steps": row["steps"], "trained_params": trained,
                          "first_loss": row["first_loss"], "heldout_answer_loss": row["final_val_loss"],
                          "gap_pct": row["val_loss_gap_pct"]})
     table = pd.DataFrame(rows).set_index(["method", "run"]) if rows else pd.DataFrame()
@@ -209,9 +210,10 @@ def what_it_showed(ft: FineTuneResult, cost: P5Cost) -> str:
         rows = t.loc[method]
         base = rows.index[0]
         gaps = "; ".join(f"{r} {rows.loc[r, 'gap_pct']:+.2f}%" for r in rows.index[1:])
-        lines.append(f"* **{'Full fine-tune' if method == 'full' else 'LoRA'}:** loss {rows.loc[base, 'first_loss']:.3f} "
-                     f"at the first step, held-out answer loss {rows.loc[base, 'heldout_answer_loss']:.3f} after "
-                     f"{int(rows.loc[base, 'steps'])} steps ({base}); FP8's gap to it: {gaps}.")
+        name = "Full fine-tune" if method == "full" else "LoRA"
+        lines.append(f"* **{name}:** loss {rows.loc[base, 'first_loss']:.3f} at the first step, held-out answer loss "
+                     f"{rows.loc[base, 'heldout_answer_loss']:.3f} after {int(rows.loc[base, 'steps'])} steps "
+                     f"({base}); FP8's gap to it: {gaps}.")
     speed = ("tokens/s not compared: FP8 was emulated on a CPU" if ft.device == "cpu" else
              "; ".join(f"{m} {r} {ft.pairs[m].table.loc[r, 'speedup_vs_bf16']:.2f}x its baseline's tokens/s/GPU"
                        for m, r in t.index if r != t.loc[m].index[0]))

@@ -360,7 +360,8 @@ class JobSpec:
         c = self.plan.config
         with _local_model(self) as local:
             try:
-                run_data.check_source(self.data, c.task, local, self.plan.model_config.vocab_size, option="JobSpec.data")
+                run_data.check_source(self.data, c.task, local, self.plan.model_config.vocab_size,
+                                      option="JobSpec.data")
             except ValueError as exc:
                 raise ValueError(f"JobSpec({self.model_label}, {self.precision}): {exc}") from None
 
