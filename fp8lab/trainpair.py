@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from fp8lab.data import tokens as fdata
+from fp8lab.data import run_data
 from fp8lab.fp8.convert import pick_backend
 from fp8lab.model.models import count_parameters
 from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
+from fp8lab.records.data_format import PRETRAIN
 from fp8lab.train import distributed as fdist
 from fp8lab.train import replay
 from fp8lab.train.entry import TrainConfig, train
@@ -99,8 +100,8 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
                for label, precision, backend in runs}  # every option checked before any data is prepared
     baseline = _plan(configs["bf16"])  # the BF16 run's plan here: its model, and what its math computes in
     mcfg = baseline.model_config
-    if lr_auto and count_parameters(mcfg).total < 50e6:
-        configs = {k: dataclasses.replace(c, lr=TINY_LR) for k, c in configs.items()}
+    if lr_auto:
+        configs = {k: dataclasses.replace(c, lr=auto_lr(mcfg)) for k, c in configs.items()}
     once = _PrintOnce()
     train_ = functools.partial(train, replayed_from=str(config)) if config else train
     layouts = pd.DataFrame([{"run": label, **_layout_row(once(train_, dataclasses.replace(cfg, dry_run=True)))}
@@ -114,8 +115,9 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     if dry_run:
         return PairResult({}, {}, layouts, str(layouts["gpu"].iloc[0]), "dry run: layouts only, nothing trained",
                           {}, layouts)
-    if options.get("data") is None:  # tokenize the shipped corpus once for all runs
-        data = str(fdata.ensure_prepared(None, out / "data", mcfg.vocab_size))
+    if options.get("data") is None:  # tokenize the shipped data of the task once for all runs (the model's tokenizer)
+        data = str(run_data.ensure_prepared(None, out / "data", mcfg.vocab_size, model=model,
+                                            task=options.get("task", PRETRAIN)))
         configs = {k: dataclasses.replace(c, data=data) for k, c in configs.items()}
     runs, summaries, losses = {}, {}, {}
     for label, cfg in configs.items():
@@ -134,6 +136,11 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
         f"{device}: tokens/s/GPU is the median after warm-up; MFU divides by the GPU's dense BF16 peak "
         "for both precisions (so FP8 is not flattered by a higher FP8 peak).")
     return PairResult(runs, summaries, table, device, note, losses, layouts)
+
+
+def auto_lr(model_config) -> float:
+    """A pair's ``lr="auto"`` for a model (its ModelConfig): TINY_LR under 50M parameters, else the trainer's --lr."""
+    return TINY_LR if count_parameters(model_config).total < 50e6 else TrainConfig.lr
 
 
 def _replace_earlier(folder: Path) -> None:

@@ -129,7 +129,8 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
         # the plan made here: the trainer re-plans on the instance and refuses a different plan (fp8lab.train.sm_entry);
         # otherwise the same for BF16 and FP8 jobs (only the precision hyperparameter differs)
         environment={"FP8LAB_STUDY": spec.study, "TOKENIZERS_PARALLELISM": "false",
-                     PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True),
+                     # compact: SageMaker takes at most 512 characters per environment value
+                     PLANNED_ENV: json.dumps(spec.plan.decisions(), sort_keys=True, separators=(",", ":")),
                      **(TE_BUILD_ENV if installs_te(spec) else {}),
                      **({"MLFLOW_TRACKING_URI": spec.mlflow_tracking_uri} if spec.mlflow_tracking_uri else {})},
         tags=[Tag(key="fp8lab:job", value=job_name(spec)), Tag(key="fp8lab:study", value=spec.study),
@@ -143,13 +144,13 @@ def build_trainer(spec: JobSpec, source_dir: str | Path, session):
 
 
 def input_data(spec: JobSpec):
-    """The job's input channels: ``train`` (token data) and ``model`` (a user's model folder: an s3://
-    prefix as it is, a local folder uploaded by the SDK under the job's input prefix)."""
+    """The job's input channels: ``train`` (the data: an s3:// prefix as it is, a local file or folder uploaded by
+    the SDK under the job's input prefix) and ``model`` (a user's model folder, alike)."""
     from sagemaker.core.training.configs import InputData
 
     channels = []
-    if spec.data_s3_uri is not None:
-        channels.append(InputData(channel_name="train", data_source=spec.data_s3_uri))
+    if spec.data_s3_uri is not None or spec.data is not None:
+        channels.append(InputData(channel_name="train", data_source=spec.data_s3_uri or spec.data))
     if spec.is_folder_model:
         channels.append(InputData(channel_name=MODEL_CHANNEL, data_source=spec.model))
     return channels or None

@@ -29,7 +29,10 @@ from fp8lab.core.hardware import (INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROL
                                   InstanceInfo,
                                   Machine, at_least)
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
+from fp8lab.data import run_data
+from fp8lab.data import tokens as fdata
 from fp8lab.model import user as user_model
+from fp8lab.records import data_format
 from fp8lab.model.models import MODEL_CONFIGS, config_from_hf, get_config
 from fp8lab.plan.layout import AUTO_FIELDS
 from fp8lab.plan.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
@@ -162,6 +165,9 @@ class JobSpec:
     # steps between checkpoints to /opt/ml/checkpoints (0 = only at the end)
     checkpoint_every: int = _default("checkpoint_every")
     data_s3_uri: str | None = None  # token data for the "train" channel; None = the trainer's default data
+    # or a local file or folder for the "train" channel (text, instruction JSONL for options={"task": "sft"}, or a
+    # prepared folder), uploaded by the SDK; checked as the trainer checks --data before anything is uploaded
+    data: str | None = None
     spot: bool = False  # managed spot training (checkpoints make it resumable)
     max_run_s: int | None = None  # None = from the plan's time estimate (x2 + 1 h)
     max_wait_s: int | None = None  # spot only: max_run + waiting for capacity; None = 2 x max_run
@@ -197,6 +203,7 @@ class JobSpec:
         self._check_run_limits(bad)
         self._check_aws(bad)
         self._plan_with_trainer()
+        self._check_data(bad)
 
     def _check_options(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """The trainer options: vocabularies, the trainer's own per-option checks, and the recipe."""
@@ -336,6 +343,38 @@ class JobSpec:
         except ValueError as exc:
             raise ValueError(f"JobSpec.model: {exc}") from None
 
+    def _check_data(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """A local ``data``: an existing file or folder (never with ``data_s3_uri``), read as the trainer reads --data
+        for the job's task (every instruction record for sft; the model folder's tokenizer fits its embedding), so bad
+        data stops the plan, not the job after its instances started."""
+        if self.data is None:
+            return
+        allowed = ("None, or a local file or folder for the train channel (text, instruction .jsonl with "
+                   "options={'task': 'sft'}, or a folder from fp8lab prepare-data); an s3:// URI goes in data_s3_uri")
+        if not isinstance(self.data, str) or not self.data or self.data.startswith(("s3://", "hf:")):
+            raise bad("data", self.data, allowed)
+        if self.data_s3_uri is not None:
+            raise ValueError("JobSpec: data and data_s3_uri both name the train channel; give one of them")
+        if not Path(self.data).exists():
+            raise bad("data", self.data, allowed + " (nothing exists at that path)")
+        c = self.plan.config
+        with _local_model(self) as local:
+            try:
+                run_data.check_source(self.data, c.task, local, self.plan.model_config.vocab_size,
+                                      option="JobSpec.data")
+            except ValueError as exc:
+                raise ValueError(f"JobSpec({self.model_label}, {self.precision}): {exc}") from None
+
+    @functools.cached_property  # reads the data once (a digest of every file)
+    def data_identity(self) -> str | dict | None:
+        """A local ``data`` by content, not by where it sits on this machine: a prepared folder's identity
+        (fp8lab.data.tokens.identity), else its files' names and SHA-256; None without local data."""
+        if self.data is None:
+            return None
+        if data_format.is_prepared(self.data):
+            return fdata.identity(fdata.read_manifest(self.data))
+        return fdata.describe_source(self.data)
+
     @property
     def is_folder_model(self) -> bool:
         """True when the model travels as the job's ``model`` input channel."""
@@ -437,6 +476,10 @@ class JobSpec:
             out.pop("model_config")  # named models: the identity (and job names) as before
         if self.image_uri is None:
             out.pop("image_uri")  # the table's image: framework_version names it
+        if self.data is None:
+            out.pop("data")  # jobs without local data: the identity (and job names) as before
+        else:
+            out["data"] = self.data_identity
         if self.is_folder_model and not self.model.startswith("s3://"):
             out["model"] = user_model.identity(self.model)  # the config, not where the folder sits on this machine
             weights = user_model.weights_digest(self.model)  # and the weights: same config, other weights, other job
@@ -532,7 +575,7 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
     hp["tokens" if spec.tokens is not None else "steps"] = spec.tokens if spec.tokens is not None else spec.steps
     if spec.checkpoint_every:
         hp["checkpoint-every"] = spec.checkpoint_every
-    if spec.data_s3_uri is not None:
+    if spec.data_s3_uri is not None or spec.data is not None:
         hp["data"] = "/opt/ml/input/data/train"  # the "train" channel (the trainer also reads SM_CHANNEL_TRAIN)
     if spec.is_folder_model:
         hp["model"] = MODEL_CHANNEL_PATH  # the "model" channel: the user's folder

@@ -411,3 +411,49 @@ def test_a_model_folder_reaches_the_job_as_the_model_channel(aws, tmp_path):
     assert first["model"].startswith(f"s3://{BUCKET}/") and any(first["model"].endswith(k.rsplit("/config.json", 1)[0])
                                                                  for k in uploaded)
     assert str(tmp_path) not in json.dumps(creates[0]["HyperParameters"])
+
+
+def test_a_fine_tune_job_takes_the_model_folder_and_the_instruction_data_as_channels(aws, tmp_path):
+    """A LoRA fine-tune of a model folder with its own tokenizer on a local instruction JSONL: it plans (the trainer's
+    checks, the records read), dry-runs and launches with both channels, the folder as ``model`` and the file as
+    ``train``, each uploaded by the SDK; the job trains what was planned (task, LoRA, unfused layers)."""
+    from fp8lab.data import sft, tiny_model
+    from fp8lab.launch.plan import as_plan
+
+    sess, rec, boto = aws
+    folder = tiny_model.build(tmp_path / "my-llama")
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(sft.shipped().read_text().splitlines(keepends=True)[:20]))
+    spec = _spec(model=str(folder), data=str(data), fuse=False, instance_count=1,
+                 options={"task": "sft", "lora_rank": 8})
+    assert spec.plan.config.task == "sft" and spec.plan.config.lora_rank == 8
+    plan = L.plan_sweep([str(folder)], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, steps=5, data=str(data),
+                        fuse=False, options={"task": "sft", "lora_rank": 8})
+    assert "my-llama" in L.format_cost_table(plan)
+    dry = L.build_requests(spec)  # the dry run: every AWS call answered in the process
+    launched = L.launch([spec], dry_run=False, session=sess)
+    [req] = rec["sagemaker.CreateTrainingJob"]
+    assert [TS.sub("", n) for n in launched] == [j.name for j in as_plan(spec).jobs]
+    for r in (dry[0], req):
+        menv.check_request("CreateTrainingJob", r)
+        hp = r["HyperParameters"]
+        assert (hp["model"], hp["data"]) == (L.MODEL_CHANNEL_PATH, "/opt/ml/input/data/train")
+        assert (hp["task"], hp["lora-rank"], hp["fuse"]) == ("sft", "8", "false")
+        channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in r["InputDataConfig"]}
+        assert {"model", "train"} <= set(channels)  # beside the SDK's own code channels
+        assert channels["train"].endswith("/input/train/chats.jsonl")  # the file itself, under the job's prefix
+        assert str(tmp_path) not in json.dumps(r)
+    keys = [p["Key"] for p in rec["s3.PutObject"]]
+    uploaded = next(k for k in keys if k.endswith("/train/chats.jsonl"))
+    assert _s3_text(boto, BUCKET, uploaded) == data.read_text()  # the records, as they are
+    assert any(k.endswith("/model/tokenizer.json") for k in keys)  # the folder's own tokenizer travels with it
+    # the job's identity is the data's content: other records, another job; the same records elsewhere, the same
+    moved = tmp_path / "elsewhere" / "chats.jsonl"
+    moved.parent.mkdir()
+    moved.write_text(data.read_text())
+    assert L.job_name(_spec(model=str(folder), data=str(moved), fuse=False, instance_count=1,
+                            options={"task": "sft", "lora_rank": 8})) == L.job_name(spec)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(sft.shipped().read_text().splitlines(keepends=True)[20:40]))
+    assert L.job_name(_spec(model=str(folder), data=str(other), fuse=False, instance_count=1,
+                            options={"task": "sft", "lora_rank": 8})) != L.job_name(spec)

@@ -11,53 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fp8lab.data import model_tokenizer, run_data, sft
+from fp8lab.data import model_tokenizer, run_data, sft, tiny_model
 from fp8lab.data import tokens as fdata
 from fp8lab.plan.fused_loss import IGNORE_INDEX
 from fp8lab.train import entry as ftrain
 from fp8lab.train import fused_loss
 
-LLAMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-                  "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant"
-                  "<|end_header_id|>\n\n{% endif %}")
-QWEN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-FAMILIES = {  # special tokens, chat template, eos, bos
-    "llama": (["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], LLAMA_TEMPLATE,
-              "<|eot_id|>", "<|begin_of_text|>"),
-    "qwen2": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], QWEN_TEMPLATE, "<|im_end|>", None),
-}
+FAMILIES = tiny_model.FAMILIES  # each family's special tokens and chat template
 RECORDS = [json.loads(line) for line in sft.shipped().read_text().splitlines()[:40]]
-
-
-def tiny_tokenizer(family: str, with_template: bool = True):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials, template, eos, bos = FAMILIES[family]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(sft.shipped().read_text().splitlines(), trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=bos,
-                                   chat_template=template if with_template else None)
-
-
-def model_folder(path, family: str, vocab_size: int = 512, with_template: bool = True):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, max_position_embeddings=512)
-    torch.manual_seed(0)
-    if family == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**shape, num_key_value_heads=4, tie_word_embeddings=False))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**shape, num_key_value_heads=2, tie_word_embeddings=True))
-    model.save_pretrained(str(path))
-    tiny_tokenizer(family, with_template).save_pretrained(str(path))
-    return path
+tiny_tokenizer = tiny_model.tokenizer  # a family's tokenizer, trained on the shipped set
+model_folder = tiny_model.build  # a tiny folder of the family: weights, tokenizer, template
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,26 @@ def test_jobspec_takes_what_aws_takes(kw):
     spec(**kw)
 
 
+def test_local_data_is_read_as_the_trainer_reads_it_before_any_upload(tmp_path):
+    """JobSpec.data (the train channel from a local file): bad instruction records, a missing path, an s3:// URI or
+    both data fields stop the plan in one line naming the field; a good file plans with the job's task."""
+    good = tmp_path / "chats.jsonl"
+    good.write_text('{"prompt": "Who?", "response": "Me."}\n{"prompt": "Where?", "response": "Here."}\n')
+    sft = {"task": "sft"}
+    assert spec(data=str(good), options=sft).plan.config.task == "sft"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "Who?", "response": "Me."}\n{"prompt": "Where?"}\n')
+    for kw, phrase in (
+            ({"data": str(bad), "options": sft}, "JobSpec.data: file 'bad.jsonl' record 2 (line 2): field response is "
+                                                 "missing"),
+            ({"data": str(tmp_path / "none.jsonl")}, "nothing exists at that path"),
+            ({"data": "s3://bucket/chats.jsonl"}, "an s3:// URI goes in data_s3_uri"),
+            ({"data": str(good), "data_s3_uri": "s3://bucket/x", "options": sft}, "data and data_s3_uri both name")):
+        with pytest.raises(ValueError) as err:
+            spec(**kw)
+        assert phrase in str(err.value) and len(str(err.value).splitlines()) == 1, str(err.value)
+
+
 @pytest.mark.parametrize("price", [float("inf"), float("nan"), 0, -1, True])
 def test_plan_refuses_a_price_that_is_not_a_finite_positive_number(price):
     with pytest.raises(ValueError, match=r"price_per_hour=.* is invalid; allowed: a finite number > 0"):
