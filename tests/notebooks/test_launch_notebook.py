@@ -71,13 +71,14 @@ def test_notebook_04_defaults_plan_the_blog_sweep_without_aws(tmp_path):
     # one answer: the chart's one-instance points are the time and cost the results quote (README, notebook 05)
     from fp8lab import analysis
 
-    answer = analysis.Answer.of(analysis.summarize_runs(analysis.load_runs())).rows.set_index("model")
+    answer = analysis.Answer.of(analysis.summarize_runs(analysis.load_runs()))
     curve = {(r["model"], r["precision"], r["instances"]): r for r in vals["curve"]}
     for model in ("llama-1b", "llama-7b"):
+        row = answer.row(model, priced=True)  # the row the quoted cost rests on (a model may have a row per GPU)
         for prec in ("bf16", "fp8"):
             c = curve[model, prec, 1]
-            assert c["hours"] == pytest.approx(answer.loc[model, f"hours_{prec}"])
-            assert c["cost_usd"] == pytest.approx(answer.loc[model, f"cost_{prec}"])
+            assert c["hours"] == pytest.approx(row[f"hours_{prec}"])
+            assert c["cost_usd"] == pytest.approx(row[f"cost_{prec}"])
     assert all(r["measured"] for r in vals["curve"])  # llama-1b and llama-7b were measured in both precisions
     nb = json.loads(res[0].output.read_text())
     figs = [o["metadata"]["fp8lab"] for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
