@@ -185,8 +185,7 @@ def _budget(est, model: str, precision: str, run: str, tokens: float, price: flo
         return None, unpriced
     job = est.run_budget(model, precision, run, tokens, price, instance_type=instance_type,
                          gpus_per_instance=gpus_per_instance)
-    return job, "" if job else (f"{precision} run {run} is not a one-GPU run on a GPU with a known peak, or ran in "
-                                "a memory mode (one GPU's way to fit: a P5 job shards the states instead)")
+    return job, "" if job else f"{precision} run {run} is not a one-GPU run on a GPU with a known peak"
 
 
 def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str) -> dict:
@@ -195,6 +194,13 @@ def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str)
     unpriced = _unpriced_shape(row["model"])
     if unpriced:  # a user's folder (e.g. the families study)
         out["cost_note"] = f"no time or cost: {unpriced}"
+        return out
+    # a memory mode's runs (fp8lab.plan.memory_modes) price no P5 job: the estimate's rates are plain-mode runs'
+    modes = ({est.run_memory(row[f"{p}_run"]) for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}
+             if hasattr(est, "run_memory") else set()) - {"plain", None}
+    if modes:
+        out["cost_note"] = (f"no time or cost: its runs trained with --memory {', '.join(sorted(modes))}, one GPU's way to "
+                            "fit; a P5 job shards the states over its GPUs and is priced from plain-mode runs")
         return out
     missing = []
     for prec in ("bf16", "fp8"):
@@ -206,8 +212,7 @@ def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str)
         out[f"hours_{prec}"], out[f"cost_{prec}"] = job["hours"], job["cost_usd"]
     if missing:
         out["cost_note"] = (f"no time or cost: {', '.join(missing)} is not a one-GPU run on a GPU with a known "
-                            "peak (emulated FP8 and CPU runs say nothing about speed), or ran in a memory mode (one "
-                            "GPU's way to fit: a P5 job shards the states instead)")
+                            "peak (emulated FP8 and CPU runs say nothing about speed)")
     else:
         out["saved_pct"] = 100 * (1 - out["cost_fp8"] / out["cost_bf16"])
         out["cost_note"] = ""

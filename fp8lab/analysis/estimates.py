@@ -227,6 +227,12 @@ class MeasuredEstimate(Estimate):
                         f"median of {len(pick)} two-GPU run(s) of {models} {run['precision']}, {what}")
         return 1.0, "none measured: 1.0 assumed"
 
+    def run_memory(self, run_id: str) -> str | None:
+        """The memory mode run ``run_id`` trained in (fp8lab.plan.memory_modes), None where it is no measurable run."""
+        rates = self._measured()[0]
+        hit = rates[rates["run_id"] == run_id]
+        return str(hit["memory"].iloc[0]) if len(hit) else None
+
     # --- the Estimate interface launch.plan_sweep uses -----------------------------------------
     def job_rate(self, spec) -> dict[str, Any] | None:
         plan = spec.plan  # what the job runs: "auto" as its plan resolved it

@@ -74,6 +74,30 @@ def acquire(option: str, folder: str | Path, user: str = "run") -> RunLock:
     return RunLock(fh)
 
 
+def refuse_in_use(option: str, folder: str | Path) -> None:
+    """ValueError naming ``option`` when a live fp8lab run holds ``folder``'s lock; nothing is created or written.
+    Checked before what the folder holds: a running run's step folder being written is its own, not a stranger's."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return
+    try:
+        fd = os.open(Path(folder) / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return
+    with os.fdopen(fd, "r") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{option}={str(folder)!r} is in use by another fp8lab run ({_holder(fh.read())}); "
+                             f"allowed: wait for it to finish, or another {option}") from None
+        except OSError:
+            return
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def acquire_shared(option: str, folder: str | Path) -> RunLock:
     """A reader's lock on ``folder`` (a prepared ``--data``): shared with other readers, refused (ValueError naming
     ``option``) while a writer holds it (``fp8lab prepare-data`` replacing its shards), and a writer refused while

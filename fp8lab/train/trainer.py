@@ -635,6 +635,9 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
             ftrackers.check_available(c.tracker)  # --tracker's package importable: before any compute
             scan_data_once(source, env)  # every token id of a prepared --data: read by rank 0, decided for all
             folder = c.model if is_user_model(c.model) and not c.model.startswith("hf:") else None
+            # a folder another live run holds: said first (its half-written step folder is no stranger's file)
+            for option, where in (("--output-dir", paths.output_dir), ("--checkpoint-dir", paths.checkpoint_dir)):
+                runlock.refuse_in_use(option, where)
             # no overlaps, nothing of the user's overwritten
             ownership.check_run_folders(c, paths, source, model_folder=folder)
             plan = plan_here(c, env)

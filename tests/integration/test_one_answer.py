@@ -64,7 +64,7 @@ def _check_headline(markdown: str, where: str) -> None:
         if cells[7] != "-":
             assert _num(cells[7]) == pytest.approx(round(r["loss_gap_pct"], 2)), (where, model)
         if pd.isna(r["cost_fp8"]):  # a model folder's shape (e.g. the families study): the plan prices named shapes only
-            assert cells[8] == "-" and model not in MODEL_CONFIGS, (where, model, cells[8])
+            assert cells[8] == "-" and _unpriced_for_a_reason(r, model), (where, model, cells[8])
             continue
         # a model's row on another GPU than P5's quotes the cost of its row on P5's H100, and says so
         priced = _priced_on_p5(a, model, gpu)
@@ -74,6 +74,12 @@ def _check_headline(markdown: str, where: str) -> None:
         got = [_num(g) for g in m.groups()]
         want = [round(r["hours_bf16"], 1), round(r["cost_bf16"]), round(r["hours_fp8"], 1), round(r["cost_fp8"])]
         assert got == pytest.approx(want), (where, model)
+
+
+def _unpriced_for_a_reason(r: pd.Series, model: str) -> bool:
+    """No plan prices this row: a model folder's shape (plans price named shapes), or runs in a memory mode (one GPU's
+    way to fit; a P5 job shards the states and is priced from plain-mode runs)."""
+    return model not in MODEL_CONFIGS or "--memory" in str(r["cost_note"])
 
 
 def _priced_on_p5(a: pd.DataFrame, model: str, gpu: str) -> bool:
@@ -97,7 +103,7 @@ _SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on \d+ GPUs? of (?:NVIDIA )?(?P<
 _FOLDER_SENTENCE = re.compile(r"For (?P<model>[\w.-]+) on \d+ GPUs? of (?:NVIDIA )?(?P<gpu>[^,]+), .*? \(run (?P<fp8>[^)]+)\) "
                               r"ran at (?P<speedup>[\d.]+)x the "
                               r"tokens/s/GPU of .*? \(run (?P<bf16>[^)]+)\) \((?P<tps_fp8>[\d,]+) vs (?P<tps_bf16>[\d,]+)\); "
-                              r"no time or cost: (?P=model) is a model folder's shape")
+                              r"no time or cost: (?:(?P=model) is a model folder's shape|its runs trained with --memory)")
 
 
 def _check_verdict(text: str, where: str) -> None:
@@ -117,7 +123,7 @@ def _check_verdict(text: str, where: str) -> None:
         assert float(m["speedup"]) == pytest.approx(round(r["speedup"], 2)), (where, model)
         assert _num(m["tps_fp8"]) == round(r["tps_fp8"]) and _num(m["tps_bf16"]) == round(r["tps_bf16"]), (where, model)
         if "h_fp8" not in m.groupdict():  # a model folder's shape: no plan prices it, and the answer has no cost
-            assert pd.isna(r["cost_fp8"]) and model not in MODEL_CONFIGS, (where, model)
+            assert pd.isna(r["cost_fp8"]) and _unpriced_for_a_reason(r, model), (where, model)
             continue
         assert bool(m["priced"]) == _priced_on_p5(a, model, gpu), (where, model, gpu)
         assert [_num(m[k]) for k in ("h_fp8", "c_fp8", "h_bf16", "c_bf16")] == pytest.approx(
@@ -185,10 +191,12 @@ def test_html_report_quotes_the_answer():
     assert [f"- {t}" for t in items] == [line for line in verdict.splitlines() if line.startswith("- ")]  # one text
     table = html.unescape(page.split("The answer per model")[1].split("<h2>Figures</h2>")[0])  # P5 rows, then others
     for _, r in _answer().rows.iterrows():  # the answer table: each model's cost and time, as the answer has them
-        row = table.split(f"<td>{r['model']}</td>")[1].split("</tr>")[0]
+        # the model's row on this GPU (a model measured on two GPUs has a row each)
+        row = next(part.split("</tr>")[0] for part in table.split(f"<td>{r['model']}</td>")[1:]
+                   if f"<td>{r['gpu_name']}</td>" in part.split("</tr>")[0])
         for prec in ("bf16", "fp8"):
             if pd.isna(r[f"cost_{prec}"]):  # a model folder's shape: no plan prices it, the table says "-"
-                assert "$" not in row and r["model"] not in MODEL_CONFIGS, (r["model"], prec)
+                assert "$" not in row and _unpriced_for_a_reason(r, r["model"]), (r["model"], prec)
                 continue
             assert f"${r[f'cost_{prec}']:,.0f} ({r[f'hours_{prec}']:,.1f} h)" in row, (r["model"], prec)
         assert f"{r['speedup']:.2f}x" in table

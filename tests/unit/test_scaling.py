@@ -96,12 +96,12 @@ def test_launch_plan_prints_bf16_fp8_and_fp8_all_gather_per_instance_count():
 
 def test_the_answer_at_scale_rests_on_its_runs(committed):
     answer = analysis.Answer.of(committed)
-    rows = answer.rows.set_index("model")
+    row = answer.row("llama-7b", priced=True)  # the row its time and cost rest on (it has one per GPU measured)
     t = answer.at_scale("llama-7b", (1, 4))
     one = t[t["instances"] == 1].set_index("mode")
     for prec in ("bf16", "fp8"):  # one instance: the Answer's own hours and cost
-        assert one.loc[prec, "run_id"] == rows.loc["llama-7b", f"{prec}_run"]
-        assert one.loc[prec, "hours"] == pytest.approx(rows.loc["llama-7b", f"hours_{prec}"])
-        assert one.loc[prec, "cost_usd"] == pytest.approx(rows.loc["llama-7b", f"cost_{prec}"])
+        assert one.loc[prec, "run_id"] == row[f"{prec}_run"]
+        assert one.loc[prec, "hours"] == pytest.approx(row[f"hours_{prec}"])
+        assert one.loc[prec, "cost_usd"] == pytest.approx(row[f"cost_{prec}"])
     four = t[t["instances"] == 4].set_index("mode")
     assert (four["internode_efficiency"] < 1).all() and (four["hours"] < one["hours"] / 3).all()
