@@ -29,8 +29,6 @@ from fp8lab.core.hardware import (INSTANCES, PLACEHOLDER_BUCKET, PLACEHOLDER_ROL
                                   InstanceInfo,
                                   Machine, at_least)
 from fp8lab.fp8.recipe import TABLE as RECIPE_TABLE
-from fp8lab.data import run_data
-from fp8lab.data import tokens as fdata
 from fp8lab.model import user as user_model
 from fp8lab.records import data_format
 from fp8lab.model.models import MODEL_CONFIGS, config_from_hf, get_config
@@ -360,6 +358,8 @@ class JobSpec:
         c = self.plan.config
         with _local_model(self) as local:
             try:
+                from fp8lab.data import run_data  # numpy and tokenizers: off the plan's import path (torch-free)
+
                 run_data.check_source(self.data, c.task, local, self.plan.model_config.vocab_size,
                                       option="JobSpec.data")
             except ValueError as exc:
@@ -371,6 +371,8 @@ class JobSpec:
         (fp8lab.data.tokens.identity), else its files' names and SHA-256; None without local data."""
         if self.data is None:
             return None
+        from fp8lab.data import tokens as fdata  # numpy: off the plan's import path (torch-free)
+
         if data_format.is_prepared(self.data):
             return fdata.identity(fdata.read_manifest(self.data))
         return fdata.describe_source(self.data)
