@@ -25,6 +25,7 @@ from torch import nn
 
 from fp8lab.plan.layout import STREAM_CHUNK_BYTES
 from fp8lab.plan.memory_modes import Mode
+from fp8lab.train.master_weights import trainable_params
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.uint8}  # FusedAdam spells FP8 as uint8
 
@@ -58,17 +59,7 @@ class FusedStates:
     def __init__(self, module: nn.Module, mode: Mode, c):
         import transformer_engine.pytorch as te
 
-        self.params: list[nn.Parameter] = []
-        self.names: list[list[str]] = []
-        index: dict[int, int] = {}
-        for name, p in module.named_parameters(remove_duplicate=False):
-            if not p.requires_grad:
-                continue
-            if id(p) not in index:
-                index[id(p)] = len(self.params)
-                self.params.append(p)
-                self.names.append([])
-            self.names[index[id(p)]].append(name)
+        self.params, self.names = trainable_params(module)
         if not self.params:
             raise ValueError(f"{type(module).__name__} has no trainable parameters")
         with torch.no_grad():

@@ -44,6 +44,22 @@ from fp8lab.plan.layout import STREAM_CHUNK_BYTES  # read at each construction (
 
 
 
+def trainable_params(module: nn.Module) -> tuple[list[nn.Parameter], list[list[str]]]:
+    """``module``'s trainable parameters, each once, and every name of each (tied weights have several)."""
+    params: list[nn.Parameter] = []
+    names: list[list[str]] = []
+    index: dict[int, int] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            continue
+        if id(p) not in index:
+            index[id(p)] = len(params)
+            params.append(p)
+            names.append([])
+        names[index[id(p)]].append(name)
+    return params, names
+
+
 class MasterWeights:
     """Casts ``module``'s parameters to ``dtype`` in place and steps fp32 copies of them.
 
@@ -56,17 +72,7 @@ class MasterWeights:
 
     def __init__(self, module: nn.Module, make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
                  dtype: torch.dtype = torch.bfloat16, streamed: bool = False):
-        self.params: list[nn.Parameter] = []
-        self.names: list[list[str]] = []  # every name of each parameter (tied weights have several)
-        index: dict[int, int] = {}
-        for name, p in module.named_parameters(remove_duplicate=False):
-            if not p.requires_grad:
-                continue
-            if id(p) not in index:
-                index[id(p)] = len(self.params)
-                self.params.append(p)
-                self.names.append([])
-            self.names[index[id(p)]].append(name)
+        self.params, self.names = trainable_params(module)  # names: every name of each (tied weights have several)
         if not self.params:
             raise ValueError(f"{type(module).__name__} has no trainable parameters to keep master weights of")
         with torch.no_grad():
