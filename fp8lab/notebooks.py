@@ -7,6 +7,7 @@ that failed. ``glue``/``read_glued`` let tests assert on numbers a notebook comp
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -328,6 +329,7 @@ def run(
     directory: str | Path | None = None,
     timeout: int | None = 900,
     kernel_threads: int | None = 1,
+    jobs: int = 1,
 ) -> list[NotebookResult]:
     """Execute notebooks in order with papermill; parameters go to every notebook that declares them.
 
@@ -339,7 +341,12 @@ def run(
     ``kernel_threads``: torch's CPU threads in each kernel (``OMP_NUM_THREADS``; None: torch's own choice). One,
     because the notebooks' models are small: on the 2-core machine one thread took about half the CPU time of two
     (benchmarks/logs/notebooks-timing-one-story/result.md), and a GPU does the real work elsewhere.
+    ``jobs``: notebooks executed at once, each kernel in its own process (the notebooks share no files: each works
+    in its own folder); :func:`default_jobs` is what ``fp8lab notebooks run`` picks. Results come in notebook order;
+    after a failure with ``stop_on_error`` no further notebook starts.
     """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r} is invalid; allowed: a positive integer (notebooks executed at once)")
     if kernel_threads is not None and (isinstance(kernel_threads, bool) or not isinstance(kernel_threads, int)
                                        or kernel_threads < 1):
         raise ValueError(f"kernel_threads={kernel_threads!r} is invalid; allowed: a positive integer, or None "
@@ -374,8 +381,8 @@ def run(
         os.environ["OMP_NUM_THREADS"] = str(kernel_threads)
     try:
         with tempfile.TemporaryDirectory(prefix="fp8lab-kernel-") as sockets:
-            return _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout,
-                            _local_socket_kernel_manager(Path(sockets)))
+            return _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout, Path(sockets),
+                            min(jobs, len(paths)))
     finally:
         lock.release()
         if saved_backend is not None:
@@ -399,35 +406,88 @@ def _local_socket_kernel_manager(folder: Path):
     return LocalSocketKernelManager
 
 
-def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout, manager) -> list[NotebookResult]:
+def _execute(path: Path, out: Path, nb_params: dict, kernel: str, timeout: int | None,
+             sockets: Path) -> NotebookResult:
+    """Execute one notebook into ``out`` in its own working folder; a failure is returned, not raised (in a worker
+    process papermill's exception need not survive pickling)."""
     import papermill as pm
+
+    workdir = out / path.stem
+    workdir.mkdir(parents=True, exist_ok=True)
+    executed = out / path.name
+    socket_dir = sockets / path.stem  # a folder per notebook: two kernels at once never pick the same socket
+    socket_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(
+            str(path), str(executed), parameters=nb_params, kernel_name=kernel,
+            cwd=str(workdir), progress_bar=False, log_output=False, execution_timeout=timeout,
+            kernel_manager_class=_local_socket_kernel_manager(socket_dir),
+        )
+        _shareable_metadata(executed, path)
+        return NotebookResult(path.stem, True, time.perf_counter() - t0, executed)
+    except Exception as exc:  # papermill raises PapermillExecutionError with the cell's error
+        _shareable_metadata(executed, path)
+        return NotebookResult(path.stem, False, time.perf_counter() - t0, executed,
+                              _failure_message(path.name, exc, executed))
+
+
+def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, timeout, sockets,
+             jobs) -> list[NotebookResult]:
     from tqdm.auto import tqdm
 
-    results: list[NotebookResult] = []
-    bar = tqdm(paths, desc="notebooks", unit="nb", disable=not progress)
-    for path in bar:
-        bar.set_postfix_str(path.stem)
-        nb_params = {k: v for k, v in params.items() if k in declared[path]}
-        workdir = out / path.stem
-        workdir.mkdir(parents=True, exist_ok=True)
-        executed = out / path.name
-        t0 = time.perf_counter()
-        try:
-            pm.execute_notebook(
-                str(path), str(executed), parameters=nb_params, kernel_name=kernel,
-                cwd=str(workdir), progress_bar=False, log_output=False, execution_timeout=timeout,
-                kernel_manager_class=manager,
-            )
-            _shareable_metadata(executed, path)
-            results.append(NotebookResult(path.stem, True, time.perf_counter() - t0, executed))
-        except Exception as exc:  # papermill raises PapermillExecutionError with the cell's error
-            _shareable_metadata(executed, path)
-            msg = _failure_message(path.name, exc, executed)
-            results.append(NotebookResult(path.stem, False, time.perf_counter() - t0, executed, msg))
-            if stop_on_error:
-                bar.close()
-                raise NotebookError(msg) from None
+    params_of = {p: {k: v for k, v in params.items() if k in declared[p]} for p in paths}
+    bar = tqdm(total=len(paths), desc="notebooks", unit="nb", disable=not progress)
+    done: dict[Path, NotebookResult] = {}
+    try:
+        if jobs == 1:
+            for path in paths:
+                bar.set_postfix_str(path.stem)
+                done[path] = _execute(path, out, params_of[path], kernel, timeout, sockets)
+                bar.update()
+                if stop_on_error and not done[path].ok:
+                    break
+        else:
+            _run_parallel(paths, params_of, out, kernel, stop_on_error, timeout, sockets, jobs, bar, done)
+    finally:
+        bar.close()
+    results = [done[p] for p in paths if p in done]
+    failed = next((r for r in results if not r.ok), None)
+    if stop_on_error and failed is not None:
+        raise NotebookError(failed.error) from None
     return results
+
+
+def _run_parallel(paths, params_of, out, kernel, stop_on_error, timeout, sockets, jobs, bar, done) -> None:
+    """Up to ``jobs`` notebooks at once, in notebook order, each in a fresh process (papermill changes the working
+    directory of the process that runs it, so threads would race)."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pending = list(paths)
+    running = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        while pending or running:
+            stop = stop_on_error and any(not r.ok for r in done.values())
+            while pending and len(running) < jobs and not stop:
+                path = pending.pop(0)
+                running[pool.submit(_execute, path, out, params_of[path], kernel, timeout, sockets)] = path
+            if not running:
+                break
+            bar.set_postfix_str(", ".join(p.stem for p in running.values()))
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done[running.pop(future)] = future.result()
+                bar.update()
+
+
+def default_jobs(cpus: int | None, gpu: bool, count: int) -> int:
+    """Notebooks to execute at once: one per CPU core on a machine without a GPU (each kernel trains on one torch
+    thread and the notebooks share no files), one at a time on a GPU machine (notebook 02 times its kernels there,
+    and two kernels would share the GPU)."""
+    if gpu or not cpus:
+        return 1
+    return max(1, min(cpus, count))
 
 
 def summary(results: list[NotebookResult]) -> str:
@@ -437,6 +497,18 @@ def summary(results: list[NotebookResult]) -> str:
     ok = sum(r.ok for r in results)
     lines.append(f"{ok}/{len(results)} notebooks ok")
     return "\n".join(lines)
+
+
+def _jobs_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a positive integer, or auto")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("-k", "--kernel", default=None,
                    help=f"Jupyter kernel (default: {KERNEL!r} when it runs this Python, else 'python3')")
     r.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
+    r.add_argument("-j", "--jobs", default="auto", type=_jobs_value,
+                   help="notebooks executed at once: a positive integer, or auto (one per CPU core without a GPU, "
+                        "one with a GPU)")
     sub.add_parser("list", help="list notebooks and their parameters")
     args = parser.parse_args(argv)
     if args.action == "list":
@@ -458,7 +533,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     params = {k: coerce(v) for k, v in args.parameter}
     try:
-        results = run(args.names or None, params, args.output_dir, args.kernel, stop_on_error=not args.keep_going)
+        jobs = args.jobs
+        if jobs == "auto":
+            import torch  # only here: whether a GPU would be shared is the one thing the runner needs torch for
+
+            jobs = default_jobs(os.cpu_count(), torch.cuda.is_available(), len(resolve(args.names or None)))
+        results = run(args.names or None, params, args.output_dir, args.kernel, stop_on_error=not args.keep_going,
+                      jobs=jobs)
     except (NotebookError, ValueError) as exc:
         print(f"fp8lab notebooks: error: {exc}", file=sys.stderr)
         return 1

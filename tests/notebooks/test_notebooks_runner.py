@@ -181,3 +181,66 @@ def test_an_old_parameter_name_is_refused_with_the_new_one():
     notebooks.check_renamed({"tokens": 1, "price_per_hour": 2})  # the new names pass
     for path in notebooks.list_notebooks():  # no notebook declares an old name
         assert not set(notebooks.RENAMED) & set(notebooks.declared_parameters(path)), path.name
+
+
+def _write_stamping_nb(path, seconds: float):
+    """A notebook that records when its kernel started and ended, in the runner's working folder for it."""
+    return _write_nb(path, "pause = 0.0", "import json, os, time\nt0 = time.time()\ntime.sleep(pause)\n"
+                     "json.dump({'start': t0, 'end': time.time(), 'pid': os.getpid(), 'cwd': os.getcwd()},"
+                     " open('stamp.json', 'w'))")
+
+
+def test_two_jobs_run_two_kernels_at_once_each_in_its_own_folder(tmp_path):
+    d = tmp_path / "nbs"
+    d.mkdir()
+    for name in ("01_a", "02_b", "03_c"):
+        _write_stamping_nb(d / f"{name}.ipynb", 0)
+    out = tmp_path / "out"
+    res = notebooks.run(None, {"pause": 3.0}, output_dir=out, progress=False, directory=d, jobs=2)
+    assert [(r.name, r.ok) for r in res] == [("01_a", True), ("02_b", True), ("03_c", True)]
+    stamps = {n: json.loads((out / n / "stamp.json").read_text()) for n in ("01_a", "02_b", "03_c")}
+    assert {n: s["cwd"] for n, s in stamps.items()} == {n: str((out / n).resolve()) for n in stamps}
+    assert len({s["pid"] for s in stamps.values()}) == 3
+    a, b = stamps["01_a"], stamps["02_b"]
+    assert a["start"] < b["end"] and b["start"] < a["end"]  # the first two kernels ran at the same time
+
+
+def test_two_jobs_stop_after_a_failure_and_name_it(tmp_path):
+    d = tmp_path / "nbs"
+    d.mkdir()
+    _write_stamping_nb(d / "01_slow.ipynb", 0)
+    _write_nb(d / "02_boom.ipynb", "fail = True", "if fail:\n    raise ValueError('planned failure')")
+    _write_nb(d / "03_after.ipynb", "z = 1", "raise RuntimeError('must not run')")
+    out = tmp_path / "out"
+    with pytest.raises(notebooks.NotebookError) as err:
+        notebooks.run(None, {"pause": 4.0}, output_dir=out, progress=False, directory=d, jobs=2)
+    msg = str(err.value)
+    assert "02_boom.ipynb" in msg and "planned failure" in msg
+    # 01 and 02 started together; 02 failed while 01 still ran, so 03 never started, and 01 was let finish
+    assert (out / "01_slow" / "stamp.json").exists() and not (out / "03_after.ipynb").exists()
+    res = notebooks.run(None, None, output_dir=tmp_path / "k", progress=False, directory=d, jobs=2,
+                        stop_on_error=False)
+    assert [(r.name, r.ok) for r in res] == [("01_slow", True), ("02_boom", False), ("03_after", False)]
+    assert "must not run" in res[2].error
+
+
+@pytest.mark.parametrize("value", [0, -2, True, 1.5, "2"])
+def test_a_bad_jobs_value_is_refused_before_anything_runs(toy_dir, tmp_path, value):
+    with pytest.raises(ValueError, match=r"jobs=.* is invalid; allowed: a positive integer"):
+        notebooks.run(None, None, output_dir=tmp_path / "out", progress=False, directory=toy_dir, jobs=value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_refuses_a_bad_jobs_value_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        notebooks.main(["run", "--jobs", "0"])
+    err = capsys.readouterr().err.strip()
+    assert "-j/--jobs" in err and "positive integer, or auto" in err and len(err.splitlines()) == 1
+
+
+def test_default_jobs_one_per_core_without_a_gpu_and_one_with_it():
+    assert notebooks.default_jobs(2, False, 6) == 2
+    assert notebooks.default_jobs(16, False, 6) == 6
+    assert notebooks.default_jobs(1, False, 6) == 1
+    assert notebooks.default_jobs(None, False, 6) == 1
+    assert notebooks.default_jobs(16, True, 6) == 1
