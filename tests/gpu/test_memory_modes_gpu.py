@@ -57,6 +57,47 @@ def test_fused_states_step_follows_the_plain_masters(mode):
 
 
 @pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
+def test_a_checkpoint_restores_every_fused_state_and_the_next_step(tmp_path, mode):
+    """Save after three steps, load into another model and optimizer: every state tensor, every group's step count
+    and then the next step's weights are the saved run's, bit for bit."""
+    _te_or_skip()
+    from fp8lab.train import checkpoint as ckpt
+    from fp8lab.train.distributed import DistEnv
+    from fp8lab.train.fused_states import FusedStates
+
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cuda"), initialized_here=False)
+    c = Config(lr=1e-3, weight_decay=0.1, device="cpu")
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step(net, opt):
+        net(x).float().square().mean().backward()
+        opt.clip_grad_norm_(1.0)
+        opt.step()
+        opt.zero_grad()
+
+    a = _net()
+    fa = FusedStates(a, memory_modes.get(mode), c)
+    for _ in range(3):
+        step(a, fa)
+    path = ckpt.save(tmp_path, 3, a, fa, {"step": 3}, env, keep=1)
+    b = _net(seed=1)
+    fb = FusedStates(b, memory_modes.get(mode), c)
+    ckpt.load(path, b, fb, env)
+    sa, sb = fa.state_dict(), fb.state_dict()
+    assert [g.get("step") for g in sb["param_groups"]] == [g.get("step") for g in sa["param_groups"]]
+    assert [{k: v for k, v in g.items() if k != "params"} for g in sb["param_groups"]] == \
+        [{k: v for k, v in g.items() if k != "params"} for g in sa["param_groups"]]
+    differ = [f"{n}.{k}" for n, st in sa["state"].items() for k, v in st.items()
+              if not torch.equal(v, sb["state"][n][k])]
+    assert not differ, differ
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    step(a, fa)
+    step(b, fb)
+    moved = [i for i, (p, q) in enumerate(zip(a.parameters(), b.parameters())) if not torch.equal(p, q)]
+    assert not moved, moved
+
+
+@pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
 def test_a_run_in_a_memory_mode_records_it_and_resumes_exactly(prepared, tmp_path, mode):
     _te_or_skip()
     base = dict(**TINY, precision="fp8", backend="te", steps=10, checkpoint_every=5, data=str(prepared),

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Study: fine-tuning in FP8 on one GPU (fp8lab.data.sft, fp8lab.train.lora; benchmarks/studies/finetune.md).
+#   Question: how much faster is FP8 than BF16 for instruction fine-tuning (full and LoRA), with the plain commands;
+#   and does a real fine-tune in FP8 reach BF16's held-out answer loss (inside the BF16 seeds' band)?
+# Parts (each packs its results as it goes):
+#   S   SFT throughput, Llama-3.2-1B from its published config, BF16 and FP8: full, then LoRA rank 16 (~4 min)
+#   P   the "user's pretrained model": llama-1b pretrained here on the Linux corpus (BF16, 4M tokens), saved with the
+#       corpus's tokenizer (~1.5 min; carry .corpus/linux-6.1.tokens.tar.xz)
+#   F   fine-tune that model on the shipped instruction set (data/sft/kjv-qa.jsonl: its own tokenizer, loss on the
+#       answers only, 12 held-out examples), BF16 and FP8, seeds 1234 and 4321 (~2 min; needs P on this machine)
+#   C   as F, FP8 with current scaling (--recipe current) (~1 min; needs P on this machine)
+# Run on the device machine:
+#   bash benchmarks/gpu.sh bash benchmarks/study_finetune.sh S
+# Results: $OUT/results.tar.gz holds finetune-<gpu>/ (for data/results/) and the logs.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E "h100|h200" | tr 'H' 'h')
+RES=/tmp/res-ft
+STUDY=finetune-${GPU:-gpu}
+mkdir -p $RES/$STUDY $RES/logs /tmp/ft
+SFT=data/sft/kjv-qa.jsonl
+H=(python3 benchmarks/throughput.py --out $RES/$STUDY --study $STUDY --work /tmp/ft/bench --timeout 400
+   --variants default-bf16,default-fp8)
+pack() { cp /tmp/ft/bench/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
+BASE=/tmp/ft/llama-1b-linux-4m
+FT='--task sft --seq-len 1024 --micro-batch-size 4 --grad-accum 1 --lr 5e-5 --warmup-steps 3 --val-every 5 --val-batches 4'
+for part in "$@"; do
+  t0=$(date +%s)
+  case $part in
+  S)  "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft --models data/reference/configs/llama-3.2-1b
+      pack
+      "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
+        --models data/reference/configs/llama-3.2-1b
+      pack ;;
+  P)  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
+      python3 -m fp8lab.train --model llama-1b --data .corpus/linux-6.1 --precision bf16 --tokens 4000000 \
+        --seq-len 2048 --micro-batch-size 16 --grad-accum 1 --seed 1234 --output-dir /tmp/ft/base --progress off \
+        --plot False --val-every 0 --checkpoint-every -1 > $RES/logs/pretrain.log 2>&1
+      tail -3 $RES/logs/pretrain.log; cp /tmp/ft/base/summary.json $RES/logs/pretrain-summary.json 2>/dev/null
+      rm -rf $BASE; mv /tmp/ft/base/model $BASE; pack ;;
+  F)  for seed in 1234 4321; do
+        "${H[@]}" --steps 15 --warmup 3 --seed $seed --data $SFT --tag ft-s$seed --models $BASE --common-args "$FT"
+        pack
+      done ;;
+  C)  for seed in 1234 4321; do  # FP8 with current scaling: no amax history to build up from a BF16 model
+        "${H[@]}" --variants default-fp8 --steps 15 --warmup 3 --seed $seed --data $SFT --tag ft-current-s$seed \
+          --models $BASE --common-args "$FT --recipe current"
+        pack
+      done ;;
+  *) echo "unknown part $part"; exit 2 ;;
+  esac
+  echo "part $part: $(( $(date +%s) - t0 )) s" | tee -a $RES/logs/parts.txt
+done
+pack
