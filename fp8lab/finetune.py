@@ -203,24 +203,28 @@ def p5_cost(model: str, tokens: int, lora_rank: int = 8, instance_count: int = 1
 
 
 def what_it_showed(ft: FineTuneResult, cost: P5Cost) -> str:
-    """The notebook's closing bullets, in Markdown, from the runs' table and the P5 plan."""
+    """The notebook's closing bullets, in Markdown, from the runs' table and the P5 plan: the held-out answer loss
+    of both methods, the speed, the P5 estimate; a loose list (a blank line between bullets), each short."""
     t, c = ft.table, cost.table
-    lines = []
+    losses = []
     for method in dict.fromkeys(t.index.get_level_values("method")):
         rows = t.loc[method]
         base = rows.index[0]
         gaps = "; ".join(f"{r} {rows.loc[r, 'gap_pct']:+.2f}%" for r in rows.index[1:])
-        name = "Full fine-tune" if method == "full" else "LoRA"
-        lines.append(f"* **{name}:** loss {rows.loc[base, 'first_loss']:.3f} at the first step, held-out answer loss "
-                     f"{rows.loc[base, 'heldout_answer_loss']:.3f} after {int(rows.loc[base, 'steps'])} steps "
-                     f"({base}); FP8's gap to it: {gaps}.")
+        name = "full fine-tune" if method == "full" else "LoRA"
+        losses.append(f"{name} {rows.loc[base, 'first_loss']:.3f} at the first step, "
+                      f"{rows.loc[base, 'heldout_answer_loss']:.3f} after {int(rows.loc[base, 'steps'])} steps "
+                      f"({base}), FP8's gap to it: {gaps}")
     speed = ("tokens/s not compared: FP8 was emulated on a CPU" if ft.device == "cpu" else
              "; ".join(f"{m} {r} {ft.pairs[m].table.loc[r, 'speedup_vs_bf16']:.2f}x its baseline's tokens/s/GPU"
                        for m, r in t.index if r != t.loc[m].index[0]))
-    lines.append(f"* **Speed on {ft.device}:** {speed}.")
-    for method in dict.fromkeys(c["method"]):
-        rows = c[c["method"] == method].set_index("precision")
-        lines.append(f"* **P5 estimate, {method}:** {int(rows['tokens'].iloc[0]):,} tokens of "
-                     f"{rows['model'].iloc[0]} on {int(rows['gpus'].iloc[0])} GPUs: " + ", ".join(
-                         f"{p} {r['est_hours']:.2f} h ${r['cost_usd']:,.2f}" for p, r in rows.iterrows()) + ".")
-    return "\n".join(lines)
+    first = c.iloc[0]
+    jobs = "; ".join(f"{method}: " + ", ".join(f"{r.precision} {r.est_hours:.2f} h ${r.cost_usd:,.2f}"
+                                                 for r in c[c["method"] == method].itertuples())
+                     for method in dict.fromkeys(c["method"]))
+    return "\n\n".join([
+        "* **Held-out answer loss:** " + "; ".join(losses) + ".",
+        f"* **Speed on {ft.device}:** {speed}.",
+        f"* **P5 estimate:** {int(first['tokens']):,} tokens of {first['model']} on {int(first['gpus'])} GPUs, "
+        f"{jobs}.",
+    ])

@@ -276,12 +276,7 @@ def _prepare_into(out: Path, files, count, tokenizer, tokenizer_source, val_frac
         fdata._write_manifest(out, manifest)
         return manifest
     except BaseException:  # nothing partial stays behind (no manifest: not prepared)
-        for w in (*writers.values(), *masks.values()):
-            try:
-                w.close()
-            except OSError:
-                pass
-        ownership.remove_own(out, "tokens")
+        fdata._abandon(out, (*writers.values(), *masks.values()))
         raise
 
 
@@ -328,11 +323,7 @@ class SFTLoader(fdata.TokenLoader):
 
     def __init__(self, data_dir: str | Path, split: str, seq_len: int, micro_batch_size: int, *,
                  seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True):
-        for name, v in (("seq_len", seq_len), ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
+        self._start(seq_len, micro_batch_size, seed, rank, world_size, shuffle)
         self.tokens = fdata.TokenShards(data_dir, split)
         m = self.tokens.manifest
         check_lengths(data_dir, m, seq_len)
@@ -342,13 +333,8 @@ class SFTLoader(fdata.TokenLoader):
         lengths = [n for _, n in _examples(Path(data_dir), m, split)]
         self.starts = np.cumsum([0] + lengths)
         self.pad_id = int(m.get("pad_id") or 0)
-        self.seq_len, self.batch, self.seed = seq_len, micro_batch_size, int(seed)
-        self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
         self.rows = self._pack(lengths)
         self.num_windows = len(self.rows)
-        self.position = 0
-        self._perm_epoch = -1
-        self._perm: np.ndarray | None = None
 
     def _pack(self, lengths: list[int]) -> list[list[int]]:
         """Next-fit: examples in a seeded order (file order when not shuffled), each row filled until the next

@@ -436,15 +436,21 @@ def _prepare_into(out: Path, docs, source_desc, tok, eos, dtype, n_vocab, val_fr
         ownership.write_file(out / "tokenizer.json", tok.to_str())
         return _finish_manifest(out, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers,
                                 tokenizer_source)
-    # a full disk, a size limit, Ctrl-C: no partial shard stays behind (no manifest: not prepared)
     except BaseException:
-        for w in writers.values():
-            try:
-                w.close()
-            except OSError:  # the same full disk: the shard goes below in any case
-                pass
-        ownership.remove_own(out, "tokens")
+        _abandon(out, writers.values())
         raise
+
+
+def _abandon(out: Path, writers: Iterable[_ShardWriter]) -> None:
+    """A preparation that failed (a full disk, a size limit, Ctrl-C): no partial shard stays behind (no manifest:
+    not prepared). Each writer is closed, an error closing it ignored (the same full disk: the shard goes in any
+    case), then fp8lab's own files in ``out`` are removed."""
+    for w in writers:
+        try:
+            w.close()
+        except OSError:
+            pass
+    ownership.remove_own(out, "tokens")
 
 
 def _finish_manifest(out: Path, tok, eos, dtype, n_vocab, source_desc, val_fraction, index, writers,
@@ -539,18 +545,24 @@ class TokenLoader:
 
     def __init__(self, data_dir: str | Path, split: str, seq_len: int, micro_batch_size: int, *,
                  seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True):
+        self._start(seq_len, micro_batch_size, seed, rank, world_size, shuffle)
+        self.tokens = TokenShards(data_dir, split)
+        self.num_windows = (len(self.tokens) - 1) // seq_len
+        if self.num_windows < 1:
+            raise ValueError(f"split {split!r} has {len(self.tokens)} tokens: too few for one window of "
+                             f"seq_len={seq_len} (+1)")
+
+    def _start(self, seq_len: int, micro_batch_size: int, seed: int, rank: int, world_size: int,
+               shuffle: bool) -> None:
+        """Check the layout's arguments (each by name) before any file is read, and start at position 0: shared
+        with the loaders that serve other samples in this order (fp8lab.data.sft.SFTLoader's packed rows)."""
         for name, v in (("seq_len", seq_len), ("micro_batch_size", micro_batch_size), ("world_size", world_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank!r}")
-        self.tokens = TokenShards(data_dir, split)
         self.seq_len, self.batch, self.seed = seq_len, micro_batch_size, int(seed)
         self.rank, self.world_size, self.shuffle = rank, world_size, shuffle
-        self.num_windows = (len(self.tokens) - 1) // seq_len
-        if self.num_windows < 1:
-            raise ValueError(f"split {split!r} has {len(self.tokens)} tokens: too few for one window of "
-                             f"seq_len={seq_len} (+1)")
         self.position = 0
         self._perm_epoch = -1
         self._perm: np.ndarray | None = None

@@ -494,7 +494,7 @@ def headline_markdown(headline: pd.DataFrame, tokens: float = analysis.DEFAULT_T
         notes.append(f"- **{r['model']}** on {r['gpu_name']}: " + "; ".join(parts) + ".")
     if not len(headline):
         lines.append("| " + " | ".join(["-"] * 10) + " |")
-    return "\n".join(lines) + "\n\n" + "\n".join(notes) + ("\n" if notes else "")
+    return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + ("\n" if notes else "")  # a loose list: a block each
 
 
 def _price_caveat(price: object) -> str:
@@ -517,10 +517,7 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         f"{', '.join(sorted(map(str, others['gpu_name'].unique())))} ({', '.join(others['model'])}): "
         f"[`{RESULTS_MD}`]({RESULTS_MD}).")
     loss = ("; ".join(same_loss) + ".") if same_loss else "no loss study with a BF16 and an FP8 run yet."
-    return "\n".join([
-        README_BEGIN,
-        f"![FP8 against BF16 per model]({HEADLINE_PNG})",
-        "",
+    bullets = [
         f"- **Speed**: tokens/s/GPU of {n_runs} measured runs on {gpus}, one GPU unless a row says otherwise: each "
         "model's plain `transformers` BF16 run and the fastest BF16 and FP8 runs fp8lab measured; MFU over the dense "
         f"BF16 peak for both.{elsewhere}",
@@ -531,7 +528,13 @@ def _readme_block(headline: pd.DataFrame, n_runs: int, gpus: str, tokens: float,
         f"{price_words(price)}{_price_caveat(price)}, "
         "as `fp8lab launch plan` estimates them from the table's one-H100 runs, projected to its 8 H100s (8-GPU "
         f"efficiency). **Source**: reported on H100 P5, not measured here: {analysis.source_link()}.",
-        f"- **Why faster than the blog**: {blog}" if blog else "",
+        *([f"- **Why faster than the blog**: {blog}"] if blog else []),
+    ]
+    return "\n".join([
+        README_BEGIN,
+        f"![FP8 against BF16 per model]({HEADLINE_PNG})",
+        "",
+        "\n\n".join(bullets),  # a loose list: each bullet a block of its own in the source too
         "",
         table,
         "",
@@ -587,7 +590,7 @@ def render_results_doc(runs: pd.DataFrame, config: ReportConfig = ReportConfig()
     notes and the caveats; all numbers from ``runs`` (``analysed``: their analysis, if already made)."""
     a = analysed or Analysed.of(runs, config)
     summary, comparison, headline = a.summary, a.comparison, a.headline
-    text = "\n".join(_verdict(runs, a))
+    text = "\n\n".join(_verdict(runs, a))  # a loose list: each bullet a block of its own in the source too
     return "\n".join([
         "# fp8lab: measured results",
         "",

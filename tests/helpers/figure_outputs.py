@@ -45,7 +45,7 @@ def longest_cell_output(executed: Path) -> int:
                 n += data["text/html"].count("<tr")
             elif "image/png" not in data and "text/markdown" not in data:
                 n += len(data.get("text/plain", "").rstrip("\n").splitlines())
-            elif "text/markdown" in data:
-                n += len(data["text/markdown"].rstrip("\n").splitlines())
+            elif "text/markdown" in data:  # its lines of text: a blank line between loose bullets is spacing
+                n += sum(1 for line in "".join(data["text/markdown"]).splitlines() if line.strip())
         most = max(most, n)
     return most

@@ -14,6 +14,12 @@ The rule is what a reader sees on the rendered page, so Markdown is parsed by a 
 - not prose, so not counted: headings, code (fenced or indented), images, and tables: a table cell is read
   as a cell, so tables are left out entirely (a long cell is not reported).
 
+A reader of the source sees another unit, and the rule holds for it too (:func:`line_blocks`): a block of
+consecutive non-blank lines is one paragraph to someone reading the file, so a tight list (no blank line between
+its items) is one block, however short each item. Code, tables, headings and HTML comments (the generated blocks'
+markers) separate blocks and count nothing; the length is the visible text, as above. A long list is written
+loose (a blank line between items), so each item is a block of its own.
+
 HTML (the report) follows the same rule: each ``<p>``, ``<li>``, heading, ``<summary>`` or ``<figcaption>``
 and the loose text of a ``<div>``, ``<details>`` or the body is a paragraph; a ``<li>`` takes in the ``<p>``s
 inside it; a nested list's items are their own; tables (``<table>``), scripts and styles are left out."""
@@ -69,6 +75,43 @@ def markdown_paragraphs(md: str) -> list[str]:
         elif t.type == "html_block" and not in_table:
             out += html_paragraphs(t.content)
     return out
+
+
+_NOT_PROSE = {"fence", "code_block", "table_open", "heading_open", "hr"}  # tokens whose lines hold no prose
+
+
+def _is_comment(html: str) -> bool:
+    text = html.strip()
+    return text.startswith("<!--") and text.endswith("-->")
+
+
+def line_blocks(md: str) -> list[str]:
+    """The visible text of each block of consecutive non-blank lines of prose in a Markdown text, as a reader of
+    the source sees paragraphs: a tight list is one block. Lines of code, tables, headings, rules and HTML comments
+    are not prose and end a block; the text is what the CommonMark parse renders (link text, not URLs)."""
+    tokens = _MD.parse(md)
+    not_prose: set[int] = set()
+    for t in tokens:
+        if t.map and (t.type in _NOT_PROSE or (t.type == "html_block" and _is_comment(t.content))):
+            not_prose.update(range(*t.map))
+    block_of: dict[int, int] = {}  # line -> its block's number
+    n, previous = -1, False
+    for i, line in enumerate(md.splitlines()):
+        prose = bool(line.strip()) and i not in not_prose
+        if prose and not previous:
+            n += 1
+        if prose:
+            block_of[i] = n
+        previous = prose
+    texts: list[list[str]] = [[] for _ in range(n + 1)]
+    for i, t in enumerate(tokens):
+        if not t.map or t.map[0] not in block_of:
+            continue
+        if t.type == "inline" and tokens[i - 1].type == "paragraph_open":
+            texts[block_of[t.map[0]]].append(_visible(t))
+        elif t.type == "html_block":
+            texts[block_of[t.map[0]]] += html_paragraphs(t.content)
+    return [" ".join(w for w in words if w) for words in texts if any(words)]
 
 
 _BLOCKS = {"p", "li", "dd", "dt", "blockquote", "figcaption", "summary", "div", "details", "body", "section",
@@ -135,6 +178,13 @@ def too_long(paragraphs: list[str], where: str) -> list[str]:
     return [f"{where}: {len(p)} characters: {p[:90]}..." for p in paragraphs if len(p) > MAX_PARAGRAPH]
 
 
+def markdown_too_long(md: str, where: str) -> list[str]:
+    """Every paragraph of ``md`` over the limit, by either reading: the rendered page's paragraphs and list items
+    (:func:`markdown_paragraphs`) and the source's blocks of consecutive lines (:func:`line_blocks`)."""
+    return (too_long(markdown_paragraphs(md), f"{where} (paragraph)")
+            + too_long(line_blocks(md), f"{where} (block of lines)"))
+
+
 def assert_notebook_prose_short(path: str | Path) -> None:
-    long = too_long(markdown_paragraphs(notebook_markdown(path)), Path(path).name)
+    long = markdown_too_long(notebook_markdown(path), Path(path).name)
     assert not long, "\n".join(long)

@@ -1,5 +1,6 @@
 """Prose a person reads: no paragraph over 600 characters in README.md, docs/*.md, the notebooks' Markdown and the
-HTML report's text (the executed notebooks' displayed Markdown is checked in each notebook's own test)."""
+HTML report's text, read as the rendered page's paragraphs and as the source's blocks of lines (the executed
+notebooks' displayed Markdown is checked in each notebook's own test)."""
 from __future__ import annotations
 
 import html
@@ -9,7 +10,8 @@ import pytest
 from fp8lab.analysis.conclusion import clauses
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.notebooks import list_notebooks
-from prose import (MAX_PARAGRAPH, html_paragraphs, markdown_paragraphs, notebook_markdown, too_long)
+from prose import (MAX_PARAGRAPH, html_paragraphs, line_blocks, markdown_paragraphs, markdown_too_long,
+                   notebook_markdown, too_long)
 
 
 def test_the_checker_finds_a_long_paragraph_and_splits_lists_and_skips_code():
@@ -41,15 +43,33 @@ def test_the_checker_reads_as_a_reader_does():
     assert [len(p) for p in html_paragraphs(page)] == [len(half.strip()) * 2 + 1, 1, len(half.strip())]
 
 
+def test_the_checker_reads_the_source_as_blocks_of_lines_too():
+    item = "word " * 25  # 124 characters: six of them make one block over the limit
+    tight = "".join(f"- {item}\n" for _ in range(6))
+    loose = "\n".join(f"- {item}\n" for _ in range(6))
+    # a tight list: each item short on the page, one 749-character block in the source
+    assert markdown_too_long(tight, "x") == too_long(line_blocks(tight), "x (block of lines)") != []
+    assert [len(b) for b in line_blocks(tight)] == [6 * 124 + 5]
+    assert line_blocks(loose) == [item.strip()] * 6 and markdown_too_long(loose, "x") == []
+    # headings, code, tables and the generated blocks' markers end a block and count nothing; link text counts,
+    # not the URL; a wrapped paragraph is one block, as the parser reads it
+    url = "https://example.com/" + "x" * 700
+    md = (f"<!-- generated: do not edit -->\nsee [the docs]({url})\n# a heading\n{item}\n```\n{item}\n```\n"
+          f"{item.replace(' ', chr(10), 3)}\n| a |\n|---|\n| {item} |\n\ntail\n<!-- end -->\nmore\n")
+    assert line_blocks(md) == ["see the docs", item.strip(), item.strip(), "tail", "more"]
+    # a paragraph over the limit is found by both readings
+    assert len(markdown_too_long(item * 5, "x")) == 2
+
+
 @pytest.mark.parametrize("path", ["README.md", *sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "docs").glob("*.md"))])
 def test_readme_and_docs_paragraphs_are_short(path):
-    long = too_long(markdown_paragraphs((REPO_ROOT / path).read_text(encoding="utf-8")), path)
+    long = markdown_too_long((REPO_ROOT / path).read_text(encoding="utf-8"), path)
     assert not long, "\n".join(long)
 
 
 @pytest.mark.parametrize("path", list_notebooks(), ids=lambda p: p.stem)
 def test_notebook_markdown_cells_are_short(path):
-    long = too_long(markdown_paragraphs(notebook_markdown(path)), path.name)
+    long = markdown_too_long(notebook_markdown(path), path.name)
     assert not long, "\n".join(long)
 
 

@@ -121,6 +121,42 @@ def test_committed_notebook_is_clean(path):
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.stem for p in COMMITTED])
+def test_every_committed_cell_has_an_id(path):
+    """nbformat 4.5's cell ids, unique in the notebook: without one nbformat warns (MissingIDFieldWarning) whenever
+    the notebook is read, and will refuse it; the raw JSON is read, as nbformat's reader would add missing ones."""
+    nb = json.loads(path.read_text())
+    ids = [c.get("id") for c in nb["cells"]]
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), path.name
+    assert None not in ids, f"{path.name}: cell {ids.index(None)} has no id (nbformat.validator.normalize adds one)"
+    assert len(set(ids)) == len(ids), f"{path.name}: cell ids repeat"
+    nbformat.validate(nbformat.reads(path.read_text(), as_version=4))  # and nbformat finds the notebook valid
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.stem for p in COMMITTED])
+def test_every_notebook_ends_with_what_it_showed_and_two_experiments(path):
+    """The last cells a learner reads: a "What this run showed" heading, the cell tagged ``glue`` that shows the run's
+    numbers as bullets, then "Try this" with two experiments, each a papermill command of this notebook."""
+    cells = nbformat.read(str(path), as_version=4).cells
+    heading, summary, experiments = cells[-3:]
+    assert heading.cell_type == "markdown" and heading.source.strip() == "## What this run showed", path.name
+    assert summary.cell_type == "code" and summary.metadata.get("tags") == ["glue"], path.name
+    assert "Markdown(" in summary.source and "glue(" in summary.source, path.name
+    assert experiments.cell_type == "markdown" and experiments.source.startswith("## Try this"), path.name
+    bullets = [line for line in experiments.source.splitlines() if line.startswith("* ")]
+    assert len(bullets) == 2, f"{path.name}: {len(bullets)} experiments"
+    assert all(f"`papermill notebooks/{path.name} out.ipynb -" in b for b in bullets), bullets
+
+
+def test_notebook_02_shows_transformer_engines_own_api():
+    """Beside convert_model, one cell in TE's own API: a te.Linear, a DelayedScaling recipe and te.autocast (it runs
+    on an FP8 GPU, tests/gpu/test_convert_gpu.py; elsewhere it says what it needs)."""
+    nb = nbformat.read(str(notebooks.resolve(["02"])[0]), as_version=4)
+    raw = [c.source for c in nb.cells if c.cell_type == "code" and "import transformer_engine.pytorch as te" in c.source]
+    assert len(raw) == 1
+    assert all(s in raw[0] for s in ("te.Linear(", "DelayedScaling(", "with te.autocast(", "needs an FP8 GPU"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.stem for p in COMMITTED])
 def test_committed_notebook_names_the_fp8lab_kernel(path):
     """The kernel scripts/setup.sh registers (JupyterLab and SageMaker Studio open it by this name)."""
     assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == notebooks.KERNEL == "fp8lab"
