@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.analysis import parity
-from fp8lab.analysis.labels import group_key, is_flag, is_fp8, is_hardware_fp8, is_true, layout_label, model_size_b
+from fp8lab.analysis.labels import (group_key, is_fine_tune, is_flag, is_fp8, is_hardware_fp8, is_true, layout_label,
+                                    model_size_b)
 from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.peers import peer_rows
 from fp8lab.analysis.summary import compare_precisions
@@ -58,6 +59,8 @@ def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
     if len(s):  # a peer's runs (fp8lab.analysis.peers) are not fp8lab's: their own table shows them
         s = s[~peer_rows(s)]
+    if len(s) and "task" in s:  # the headline is pretraining's: a fine-tune's runs pair in their own study
+        s = s[~s["task"].map(is_fine_tune).astype(bool)]
     out = []
     for (model, gpu), g in s.groupby([s["model"].map(group_key), s["gpu_name"].map(group_key)], sort=False):
         inst = g["instances"].fillna(1)

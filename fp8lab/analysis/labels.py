@@ -27,7 +27,7 @@ VARIANT_KEYS = ("precision", "compute_dtype", "gpu_name", "backend", "recipe", "
                 "bf16_edge_blocks",
                 "activation_checkpointing", "compile", "cuda_graphs", "fp8_attention", "nvte_fp8_dpa_bwd",
                 "param_dtype",
-                "parallel", "world_size", "fsdp_keep_weights", "fp8_lm_head")
+                "parallel", "world_size", "fsdp_keep_weights", "fp8_lm_head", "task")
 
 
 def variant_label(row: dict) -> str:
@@ -66,6 +66,8 @@ def variant_label(row: dict) -> str:
     memory = row.get("memory")
     if isinstance(memory, str) and memory and memory != "plain":  # fewer bytes of state (fp8lab.plan.memory_modes)
         parts.append(memory)
+    if is_fine_tune(row.get("task")):
+        parts.append(row["task"])
     parallel = row.get("parallel")
     ws = row.get("world_size")
     one_process = isinstance(ws, (int, float, np.integer, np.floating)) and not pd.isna(ws) and ws <= 1
@@ -112,6 +114,17 @@ def is_flag(v: object) -> bool:
 def is_false(v: object) -> bool:
     """An explicit False (a missing value is not False)."""
     return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
+
+
+def task_label(task: str, lora_rank: int) -> str:
+    """A run record's ``task`` from its options: --task (pretrain, sft), with "-lora" where adapters alone trained."""
+    return f"{task}-lora" if lora_rank else task
+
+
+def is_fine_tune(task: object) -> bool:
+    """Whether a run's ``task`` is a fine-tune (sft, sft-lora): its speed is another workload's than pretraining's
+    (answers-only loss, frozen base), so it pairs and ranks only among its own task (missing: pretrain)."""
+    return isinstance(task, str) and task not in ("", "pretrain")
 
 
 def group_key(v: object) -> object:

@@ -41,6 +41,7 @@ META_COLUMNS = [
     "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
     "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, a study)
     "memory",  # bytes of state per parameter (fp8lab.plan.memory_modes); missing: plain
+    "task",  # what the run trained: missing or pretrain, sft (instruction fine-tune), sft-lora (LoRA adapters only)
     "peer",  # true: a peer's run (benchmarks/peers.py), not fp8lab's; shown beside it (fp8lab.analysis.peers)
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",

@@ -39,6 +39,7 @@ class Evidence:
     te_debug_problems: tuple[str, ...] = ()  # why that check failed (empty: passed, or not committed)
     te_debug_te: str | None = None  # the Transformer Engine release the check ran on
     memory_modes: tuple[str, ...] = ()  # the memory modes whose loss stayed inside the seeds' band (auto may use them)
+    memory_mode_gaps: tuple[tuple[str, float], ...] = ()  # each checked mode's loss gap to plain, percent
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Evidence":
@@ -50,7 +51,9 @@ class Evidence:
                    fp8_all_gather=gather.get("passed") is True, te_debug=debug.get("passed") is True,
                    te_debug_problems=tuple(str(p) for p in debug.get("problems") or ()),
                    te_debug_te=debug.get("transformer_engine"),
-                   memory_modes=tuple(str(m) for m in (data.get("memory_modes") or {}).get("holds") or ()))
+                   memory_modes=tuple(str(m) for m in (data.get("memory_modes") or {}).get("holds") or ()),
+                   memory_mode_gaps=tuple(sorted((str(m), float(g)) for m, g in
+                                                 ((data.get("memory_modes") or {}).get("gap_pct") or {}).items())))
 
 
 def _read(path: Path) -> dict | None:
@@ -83,7 +86,9 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
                      "problems": [str(p) for p in (debug or {}).get("problems") or []],
                      "transformer_engine": (debug or {}).get("transformer_engine")},
         "memory_modes": {"study": MEMORY_MODES_STUDY,
-                         "holds": sorted(m for m, r in (modes.get("modes") or {}).items() if r.get("holds") is True)},
+                         "holds": sorted(m for m, r in (modes.get("modes") or {}).items() if r.get("holds") is True),
+                         "gap_pct": {m: round(float(r["gap_pct"]), 2) for m, r in (modes.get("modes") or {}).items()
+                                     if r.get("gap_pct") is not None}},
     }
 
 

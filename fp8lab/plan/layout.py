@@ -352,10 +352,10 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
 
 
 def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None,
-            checked_modes: tuple[str, ...] = ()) -> Layout:
+            checked_modes: tuple[str, ...] = (), mode_gaps: dict[str, float] | None = None) -> Layout:
     """:func:`resolve_mode` for each memory mode ``--memory`` allows, in order (fp8lab.plan.memory_modes.candidates;
-    ``checked_modes``: the modes whose loss check is committed): the first layout that fits. Raises ValueError when
-    none does, naming the modes tried."""
+    ``checked_modes``: the modes whose loss check holds; ``mode_gaps``: each checked mode's measured loss gap to plain,
+    in percent): the first layout that fits. Raises ValueError when none does, naming the modes tried."""
     mcfg = mcfg or c.model_config
     param_dtype = c.param_dtype if c.param_dtype != AUTO else ("bf16" if machine.gpu else "fp32")
     modes, why_plain = memory_modes.candidates(c.memory, gpu=machine.gpu, sharded=is_sharded(c.parallel,
@@ -378,8 +378,10 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     if c.memory == AUTO and not why_plain:  # a mode whose loss check is not committed, where it would fit
         fits = [m for m in memory_modes.NAMES if m not in modes and _fits(c, machine, backend, mcfg, loss_kernel, m)]
         if fits:
-            hint = (f"; --memory {fits[0]} fits ({memory_modes.get(fits[0]).summary}), asked for by name: auto uses it "
-                    "once its loss check is committed")
+            gap = (mode_gaps or {}).get(fits[0])
+            why = (f"its loss check ended {gap:+.2f}% from the plain mode's, outside the seeds' band" if gap is not None
+                   else "auto uses it once its loss check is committed")
+            hint = f"; --memory {fits[0]} fits ({memory_modes.get(fits[0]).summary}), asked for by name: {why}"
     if len(refusals) == 1:
         raise ValueError(refusals[0][1] + hint)
     first = refusals[0][1]

@@ -292,7 +292,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     mcfg = c.model_config  # made once, when the options were validated
     kernel = loss_kernel_for(machine)  # the fused loss's chunk kernel: read once, its memory counted by the layout
     # "auto" options -> this machine's layout, the memory mode included (auto uses the modes whose loss check holds)
-    lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel, checked_modes=evidence.memory_modes)
+    lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel, checked_modes=evidence.memory_modes,
+                           mode_gaps=dict(evidence.memory_mode_gaps))
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
     if problem:

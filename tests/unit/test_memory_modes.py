@@ -3,6 +3,7 @@ otherwise the first mode that fits and whose loss check is committed; refusals t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +68,22 @@ def test_a_mode_without_its_loss_check_is_not_automatic_and_the_refusal_names_it
     assert _plan("llama-7b", evidence=Evidence(), memory="bf16-moments").memory_mode == "bf16-moments"
 
 
+def test_a_mode_whose_loss_check_failed_is_named_with_its_measured_gap():
+    failed = Evidence(memory_mode_gaps=(("bf16-moments", 1.67), ("fp8-exp-avg", 12.86)))
+    with pytest.raises(ValueError, match=r"--memory bf16-moments fits .*its loss check ended \+1\.67% from the plain"):
+        _plan("llama-7b", evidence=failed)
+    assert _plan("llama-7b", evidence=failed, memory="bf16-moments").memory_mode == "bf16-moments"
+
+
+def test_the_committed_loss_check_makes_no_mode_automatic_and_keeps_the_gaps():
+    """The modes' committed loss check (data/results/memory-modes-h100/loss.json) failed for both: auto keeps plain
+    and the packaged evidence carries each mode's gap for the refusal."""
+    packaged = json.loads((Path(fevidence.__file__).parent / fevidence.FILE).read_text())
+    assert packaged["memory_modes"]["holds"] == []
+    assert set(packaged["memory_modes"]["gap_pct"]) == {"bf16-moments", "fp8-exp-avg"}
+    assert all(g > 0.57 for g in packaged["memory_modes"]["gap_pct"].values())
+
+
 def test_auto_refuses_with_the_modes_it_tried():
     with pytest.raises(ValueError, match=r"memory modes tried: plain, bf16-moments, fp8-exp-avg"):
         plan_run(TrainConfig(model="llama-7b", precision="fp8", device="cpu", seq_len=2048),
@@ -90,11 +107,13 @@ def test_a_bad_value_names_the_option_and_the_choices():
 def test_the_evidence_lists_the_modes_whose_loss_check_holds(tmp_path):
     folder = tmp_path / fevidence.MEMORY_MODES_STUDY
     folder.mkdir()
-    (folder / "loss.json").write_text(json.dumps({"modes": {"bf16-moments": {"holds": True},
-                                                            "fp8-exp-avg": {"holds": False}}}))
+    (folder / "loss.json").write_text(json.dumps({"modes": {"bf16-moments": {"holds": True, "gap_pct": 0.1},
+                                                            "fp8-exp-avg": {"holds": False, "gap_pct": 12.861}}}))
     data = fevidence.from_results(tmp_path)
     assert data["memory_modes"]["holds"] == ["bf16-moments"]
+    assert data["memory_modes"]["gap_pct"] == {"bf16-moments": 0.1, "fp8-exp-avg": 12.86}
     assert Evidence.from_dict(data).memory_modes == ("bf16-moments",)
+    assert dict(Evidence.from_dict(data).memory_mode_gaps) == {"bf16-moments": 0.1, "fp8-exp-avg": 12.86}
     assert Evidence.from_dict(fevidence.from_results(tmp_path / "none")).memory_modes == ()
 
 
