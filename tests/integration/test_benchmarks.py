@@ -105,3 +105,20 @@ def test_throughput_names_a_model_folder_by_its_name_and_config_hash(tmp_path):
     fp8 = _records(tmp_path / "out" / "my-qwen2-emulated-fp8-delayed.jsonl")["summary"][0]["tokens_per_sec_per_gpu"]
     assert row.startswith("| my-qwen2 | qwen2 | 2 x 32 x ") and f"| {fp8 / bf16:.3f}x |" in row
     assert run["model_config_sha256"][:16] in row and "FP8/BF16" in header
+
+
+@pytest.mark.slow  # two trainer runs
+def test_throughput_records_a_fine_tunes_task(tmp_path):
+    """The fine-tune study (benchmarks/study_finetune.sh) runs --task sft and LoRA through this harness: each record
+    says which (fp8lab.analysis.labels.task_label), so a fine-tune pairs and ranks only among its own task."""
+    import throughput
+
+    for tag, extra in (("sft", ""), ("lora", " --lora-rank 4 --fuse False")):
+        rc = throughput.main(["--cpu-smoke", "--models", "llama-tiny", "--variants", "hf-bf16", "--steps", "2",
+                              "--warmup", "1", "--common-args", "--task sft --seq-len 256 --micro-batch-size 2" + extra,
+                              "--data", str(REPO_ROOT / "data" / "sft" / "kjv-qa.jsonl"), "--tag", tag,
+                              "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--timeout", "300"])
+        assert rc == 0
+    runs = {t: _records(tmp_path / "out" / f"llama-tiny-hf-bf16-{t}.jsonl")["run"][0] for t in ("sft", "lora")}
+    assert runs["sft"]["task"] == "sft" and runs["lora"]["task"] == "sft-lora"
+    assert "<data>" in runs["sft"]["command"] and str(REPO_ROOT) not in json.dumps(runs["sft"])

@@ -1,0 +1,50 @@
+"""A fine-tune's runs (task sft, sft-lora) pair among their own task and stay out of the pretraining headline and the
+plan's rates (fp8lab.analysis.labels.is_fine_tune)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fp8lab import analysis
+from fp8lab.analysis.estimates import measurable_runs
+from fp8lab.analysis.labels import is_fine_tune, task_label, variant_label
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _summary() -> pd.DataFrame:
+    rows = [("pretrain", "bf16", 70_000.0), ("pretrain", "fp8", 90_000.0), (np.nan, "fp8", 88_000.0),
+            ("sft", "bf16", 74_000.0), ("sft", "fp8", 95_000.0),
+            ("sft-lora", "bf16", 62_000.0), ("sft-lora", "fp8", 68_000.0)]
+    return pd.DataFrame([{"study": "x", "model": "llama-3.2-1b", "gpu_name": H100, "precision": prec,
+                          "backend": "te", "recipe": "delayed" if prec == "fp8" else None, "fuse": True,
+                          "variant": f"{task}-{prec}", "run_id": f"r{i}", "task": task,
+                          "tokens_per_sec_per_gpu": tps, "mfu": 0.5, "max_mem_gib": 40.0, "world_size": 1,
+                          "instances": 1, "seq_len": 2048, "micro_batch_size": 16, "grad_accum": 4,
+                          "tokens": 1e6, "source": "x.jsonl", "smoothed_loss": 3.0, "final_loss": 3.0,
+                          "val_loss": 3.1, "nonfinite_losses": 0, "loss_comparable": False, "seed": 1234,
+                          "parallel": None}
+                         for i, (task, prec, tps) in enumerate(rows)])
+
+
+def test_task_labels_and_what_counts_as_a_fine_tune():
+    assert task_label("pretrain", 0) == "pretrain" and task_label("sft", 0) == "sft"
+    assert task_label("sft", 16) == "sft-lora"
+    assert [is_fine_tune(t) for t in ("sft", "sft-lora", "pretrain", None, np.nan, "")] == [True, True] + [False] * 4
+    assert variant_label({"precision": "fp8", "backend": "te", "recipe": "delayed", "task": "sft-lora"}).endswith(
+        "sft-lora")
+
+
+def test_the_headline_and_the_plan_rates_leave_fine_tunes_out():
+    s = _summary()
+    best = analysis.best_runs(s)
+    assert set(best["run_id"]) <= {"r0", "r1", "r2"}  # the fine-tunes are faster here, and still not the headline's
+    assert best.loc[best["role"] == "best FP8", "run_id"].item() == "r1"
+    assert set(measurable_runs(s)["run_id"]) == {"r0", "r1", "r2"}
+
+
+def test_fp8_pairs_with_bf16_of_its_own_task():
+    c = analysis.compare_precisions(_summary())
+    pairs = dict(zip(c["fp8_run"], c["baseline_run"]))
+    assert pairs["r4"] == "r3" and pairs["r6"] == "r5"  # full SFT with full SFT, LoRA with LoRA
+    assert pairs["r1"] == "r0"
