@@ -24,11 +24,13 @@ H=(python3 benchmarks/throughput.py --out $RES/$STUDY --study $STUDY --work /tmp
 pack() { cp /tmp/ft/bench/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
 BASE=/tmp/ft/llama-1b-linux-4m
-FT='--task sft --seq-len 1024 --micro-batch-size 4 --grad-accum 1 --lr 5e-5 --warmup-steps 3 --val-every 5 --val-batches 4'
+FT='--task sft --seq-len 1024 --micro-batch-size 4 --grad-accum 1 --lr 5e-5 --warmup-steps 3 --val-every 5'
+FT="$FT --val-batches 4"
 for part in "$@"; do
   t0=$(date +%s)
   case $part in
-  S)  "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft --models data/reference/configs/llama-3.2-1b
+  S)  "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft \
+        --models data/reference/configs/llama-3.2-1b
       pack
       "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
         --models data/reference/configs/llama-3.2-1b

@@ -184,6 +184,7 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
                     t0: float) -> dict:
     """The run record, downsampled steps and summary of a finished run of ``cmd`` (variant_command's)."""
     from fp8lab.analysis.labels import task_label
+    from fp8lab.records.data_format import PRETRAIN
     from fp8lab.analysis.run_config import read_config
     from fp8lab.plan.layout import AUTO_FIELDS as LAYOUT_FIELDS
     from fp8lab.records import metrics as fmetrics
@@ -246,7 +247,8 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "cuda_graphs": plan.get("cuda_graphs"), "cuda_graphs_captured": built.get("cuda_graphs_captured"),
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "memory": plan.get("memory") or "plain",  # bytes of state per parameter (fp8lab.plan.memory_modes)
-        "task": task_label(cfg.get("task") or "pretrain", cfg.get("lora_rank") or 0),
+        "task": task_label(cfg.get("task") or PRETRAIN, cfg.get("lora_rank") or 0),
+        "seed": cfg.get("seed"),  # model init and data order: a loss comparison pairs runs of one seed
         "optimizer": (f"AdamW ({built.get('adamw_impl', 'kernels not recorded')}) on "
                       + ("fp32 parameters, bf16 autocast" if cfg["param_dtype"] == "fp32"
                          else "fp32 master weights, bf16 parameters")),

@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -459,14 +461,12 @@ def _run_all(paths, declared, params, out, kernel, stop_on_error, progress, time
 
 
 def _run_parallel(paths, params_of, out, kernel, stop_on_error, timeout, sockets, jobs, bar, done) -> None:
-    """Up to ``jobs`` notebooks at once, in notebook order, each in a fresh process (papermill changes the working
-    directory of the process that runs it, so threads would race)."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
+    """Up to ``jobs`` notebooks at once, in notebook order, each in a worker process of its own while it runs
+    (papermill changes the working directory of the process that runs it, so threads would race)."""
     pending = list(paths)
     running = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
         while pending or running:
             stop = stop_on_error and any(not r.ok for r in done.values())
             while pending and len(running) < jobs and not stop:
@@ -477,8 +477,16 @@ def _run_parallel(paths, params_of, out, kernel, stop_on_error, timeout, sockets
             bar.set_postfix_str(", ".join(p.stem for p in running.values()))
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                done[running.pop(future)] = future.result()
+                path = running.pop(future)
+                try:
+                    done[path] = future.result()
+                except Exception as exc:  # the worker itself failed (killed, out of memory): that notebook failed
+                    done[path] = NotebookResult(path.stem, False, 0.0, out / path.name,
+                                                f"notebook {path.name} failed: its worker process stopped: "
+                                                f"{type(exc).__name__}: {exc}")
                 bar.update()
+    finally:  # an interrupt starts nothing new and does not wait for the notebooks still running
+        pool.shutdown(wait=not pending and not running, cancel_futures=True)
 
 
 def default_jobs(cpus: int | None, gpu: bool, count: int) -> int:
@@ -537,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
         if jobs == "auto":
             import torch  # only here: whether a GPU would be shared is the one thing the runner needs torch for
 
-            jobs = default_jobs(os.cpu_count(), torch.cuda.is_available(), len(resolve(args.names or None)))
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            jobs = default_jobs(cpus, torch.cuda.is_available(), len(resolve(args.names or None)))
         results = run(args.names or None, params, args.output_dir, args.kernel, stop_on_error=not args.keep_going,
                       jobs=jobs)
     except (NotebookError, ValueError) as exc:

@@ -110,6 +110,8 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
     if not len(comparison):
         return None
     c = comparison[(comparison["model"] == model) & comparison["valid"].astype(bool)]
+    if "task" in summary:  # pretraining's loss, as the headline's speed (a fine-tune of that model is another study)
+        c = c[~c["fp8_run"].isin(summary.loc[summary["task"].map(is_fine_tune).astype(bool), "run_id"])]
     c = c[c["val_loss_gap_pct"].notna() | c["loss_gap_pct"].notna()]
     if not len(c):
         return None

@@ -12,6 +12,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from fp8lab.records.data_format import PRETRAIN
+
 
 def math_dtype(row: dict) -> object:
     """What a run's non-FP8 math ran in: its precision, except that a "bf16" run whose trainer computed
@@ -116,15 +118,19 @@ def is_false(v: object) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v)) and not bool(v)
 
 
+LORA_SUFFIX = "-lora"
+
+
 def task_label(task: str, lora_rank: int) -> str:
-    """A run record's ``task`` from its options: --task (pretrain, sft), with "-lora" where adapters alone trained."""
-    return f"{task}-lora" if lora_rank else task
+    """A run record's ``task`` from its options: --task (fp8lab.records.data_format.TASKS), with "-lora" where
+    adapters alone trained (--lora-rank > 0)."""
+    return f"{task}{LORA_SUFFIX}" if lora_rank else task
 
 
 def is_fine_tune(task: object) -> bool:
     """Whether a run's ``task`` is a fine-tune (sft, sft-lora): its speed is another workload's than pretraining's
     (answers-only loss, frozen base), so it pairs and ranks only among its own task (missing: pretrain)."""
-    return isinstance(task, str) and task not in ("", "pretrain")
+    return isinstance(task, str) and task not in ("", PRETRAIN)
 
 
 def group_key(v: object) -> object:

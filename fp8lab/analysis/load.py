@@ -24,7 +24,9 @@ from fp8lab.fp8.stats import RECORD as FP8_STATS_RECORD
 from fp8lab.analysis.labels import VARIANT_KEYS, layout_label, model_size_b, variant_label
 from fp8lab.core.paths import DATA_DIR, REPO_ROOT, RESULTS_DIR, read_result_text
 from fp8lab.core.progress import progress
+from fp8lab.analysis.labels import LORA_SUFFIX, task_label
 from fp8lab.analysis.run_config import normalize_config
+from fp8lab.records.data_format import PRETRAIN
 
 # Run metadata carried on every row of the tidy table.
 META_COLUMNS = [
@@ -41,7 +43,7 @@ META_COLUMNS = [
     "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
     "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, a study)
     "memory",  # bytes of state per parameter (fp8lab.plan.memory_modes); missing: plain
-    "task",  # what the run trained: missing or pretrain, sft (instruction fine-tune), sft-lora (LoRA adapters only)
+    "task",  # what the run trained: pretrain (a record without it too), sft, sft-lora (labels.task_label)
     "peer",  # true: a peer's run (benchmarks/peers.py), not fp8lab's; shown beside it (fp8lab.analysis.peers)
 ] + [  # provenance: what software ran, when, by which command
     "date", "command", "torch", "transformers", "transformer_engine", "torchao", "cuda", "driver",
@@ -354,6 +356,11 @@ def _meta(raw: dict) -> dict:
             if flat.get(n) is not None and not isinstance(flat[n], (dict, list)):
                 meta[canon] = flat[n]
                 break
+    # a trainer folder's config.json says --task and --lora-rank apart; a result file says the label itself; older
+    # records say neither (pretraining)
+    task = meta.get("task") if isinstance(meta.get("task"), str) and meta.get("task") else PRETRAIN
+    rank = meta.get("lora_rank")
+    meta["task"] = task if task.endswith(LORA_SUFFIX) else task_label(task, rank if isinstance(rank, int) else 0)
     return meta
 
 

@@ -19,7 +19,8 @@ from fp8lab.core.hardware import DEFAULT_PRICES_USD_PER_HOUR, INSTANCES
 from fp8lab.core.progress import progress
 
 SMOOTHING_METHODS = ("ema", "window", "none")
-# The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size.
+# The scale a BF16/FP8 pair must share to be compared: same model on the same hardware and size, training the same
+# task (a fine-tune's speed and loss are another workload's than pretraining's)
 SCALE_KEYS = ("model", "gpu_name", "instances", "world_size", "parallel", "task")
 # ... and, by default, the same study and batch layout: runs measured together, on equal shapes
 # (a BF16 run with 8 accumulation steps against an FP8 run with 1 would flatter or hurt FP8)

@@ -379,7 +379,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
         fits = [m for m in memory_modes.NAMES if m not in modes and _fits(c, machine, backend, mcfg, loss_kernel, m)]
         if fits:
             gap = (mode_gaps or {}).get(fits[0])
-            why = (f"its loss check ended {gap:+.2f}% from the plain mode's, outside the seeds' band" if gap is not None
+            why = (f"its loss check did not pass ({gap:+.2f}% from the plain mode's loss)" if gap is not None
                    else "auto uses it once its loss check is committed")
             hint = f"; --memory {fits[0]} fits ({memory_modes.get(fits[0]).summary}), asked for by name: {why}"
     if len(refusals) == 1:

@@ -151,7 +151,8 @@ def test_notebook_02_shows_transformer_engines_own_api():
     """Beside convert_model, one cell in TE's own API: a te.Linear, a DelayedScaling recipe and te.autocast (it runs
     on an FP8 GPU, tests/gpu/test_convert_gpu.py; elsewhere it says what it needs)."""
     nb = nbformat.read(str(notebooks.resolve(["02"])[0]), as_version=4)
-    raw = [c.source for c in nb.cells if c.cell_type == "code" and "import transformer_engine.pytorch as te" in c.source]
+    raw = [c.source for c in nb.cells
+           if c.cell_type == "code" and "import transformer_engine.pytorch as te" in c.source]
     assert len(raw) == 1
     assert all(s in raw[0] for s in ("te.Linear(", "DelayedScaling(", "with te.autocast(", "needs an FP8 GPU"))
 
@@ -219,37 +220,47 @@ def test_an_old_parameter_name_is_refused_with_the_new_one():
         assert not set(notebooks.RENAMED) & set(notebooks.declared_parameters(path)), path.name
 
 
-def _write_stamping_nb(path, seconds: float):
-    """A notebook that records when its kernel started and ended, in the runner's working folder for it."""
-    return _write_nb(path, "pause = 0.0", "import json, os, time\nt0 = time.time()\ntime.sleep(pause)\n"
-                     "json.dump({'start': t0, 'end': time.time(), 'pid': os.getpid(), 'cwd': os.getcwd()},"
-                     " open('stamp.json', 'w'))")
+def _write_stamping_nb(path):
+    """A notebook that says it started (``started`` in the runner's working folder for it), with ``together`` waits
+    until another notebook of the run has started too (up to a minute: a runner that executes one notebook at a time
+    never gets there), sleeps ``then`` seconds and records its process and folder."""
+    return _write_nb(path, "together = True\nthen = 0.0\npatience = 60.0",
+                     "import json, os, time\nopen('started', 'w').close()\nt0 = time.time()\n"
+                     "others = lambda: [f for f in os.listdir('..') if f != os.path.basename(os.getcwd())\n"
+                     "                  and os.path.exists(os.path.join('..', f, 'started'))]\n"
+                     "while together and not others():\n"
+                     "    assert time.time() - t0 < patience, 'no other notebook started beside this one'\n"
+                     "    time.sleep(0.1)\n"
+                     "time.sleep(then)\njson.dump({'pid': os.getpid(), 'cwd': os.getcwd()}, open('stamp.json', 'w'))")
 
 
 def test_two_jobs_run_two_kernels_at_once_each_in_its_own_folder(tmp_path):
     d = tmp_path / "nbs"
     d.mkdir()
     for name in ("01_a", "02_b", "03_c"):
-        _write_stamping_nb(d / f"{name}.ipynb", 0)
+        _write_stamping_nb(d / f"{name}.ipynb")
     out = tmp_path / "out"
-    res = notebooks.run(None, {"pause": 3.0}, output_dir=out, progress=False, directory=d, jobs=2)
+    # 01 waits for another notebook to start: it finishes only if 02's kernel runs beside it
+    res = notebooks.run(None, None, output_dir=out, progress=False, directory=d, jobs=2)
     assert [(r.name, r.ok) for r in res] == [("01_a", True), ("02_b", True), ("03_c", True)]
     stamps = {n: json.loads((out / n / "stamp.json").read_text()) for n in ("01_a", "02_b", "03_c")}
     assert {n: s["cwd"] for n, s in stamps.items()} == {n: str((out / n).resolve()) for n in stamps}
     assert len({s["pid"] for s in stamps.values()}) == 3
-    a, b = stamps["01_a"], stamps["02_b"]
-    assert a["start"] < b["end"] and b["start"] < a["end"]  # the first two kernels ran at the same time
+    one = notebooks.run(["01"], {"patience": 3.0}, output_dir=tmp_path / "alone", progress=False, directory=d,
+                        jobs=2, stop_on_error=False)
+    assert not one[0].ok and "no other notebook started" in one[0].error  # the wait is real
 
 
 def test_two_jobs_stop_after_a_failure_and_name_it(tmp_path):
     d = tmp_path / "nbs"
     d.mkdir()
-    _write_stamping_nb(d / "01_slow.ipynb", 0)
-    _write_nb(d / "02_boom.ipynb", "fail = True", "if fail:\n    raise ValueError('planned failure')")
+    _write_stamping_nb(d / "01_slow.ipynb")
+    _write_nb(d / "02_boom.ipynb", "fail = True", "open('started', 'w').close()\nif fail:\n"
+              "    raise ValueError('planned failure')")
     _write_nb(d / "03_after.ipynb", "z = 1", "raise RuntimeError('must not run')")
     out = tmp_path / "out"
     with pytest.raises(notebooks.NotebookError) as err:
-        notebooks.run(None, {"pause": 4.0}, output_dir=out, progress=False, directory=d, jobs=2)
+        notebooks.run(None, {"then": 3.0}, output_dir=out, progress=False, directory=d, jobs=2)
     msg = str(err.value)
     assert "02_boom.ipynb" in msg and "planned failure" in msg
     # 01 and 02 started together; 02 failed while 01 still ran, so 03 never started, and 01 was let finish

@@ -48,3 +48,31 @@ def test_fp8_pairs_with_bf16_of_its_own_task():
     pairs = dict(zip(c["fp8_run"], c["baseline_run"]))
     assert pairs["r4"] == "r3" and pairs["r6"] == "r5"  # full SFT with full SFT, LoRA with LoRA
     assert pairs["r1"] == "r0"
+
+
+def _files(tmp_path, runs: dict[str, dict]) -> list:
+    from fp8lab.analysis import write_result_file
+
+    paths = []
+    for run_id, extra in runs.items():
+        run = {"run_id": run_id, "study": "s", "model": "llama-tiny", "gpu_name": H100, "world_size": 1,
+               "backend": "te", "micro_batch_size": 2, "grad_accum": 1, "seq_len": 128, "command": "x",
+               "date": "2026-12-06T00:00:00Z", **extra}
+        steps = [{"step": i, "tokens": 256 * i, "loss": 3.0, "tokens_per_sec_per_gpu": 1000.0} for i in range(1, 9)]
+        paths.append(write_result_file(tmp_path / f"{run_id}.jsonl", run, steps,
+                                       {"tokens_per_sec_per_gpu": 1000.0, "tokens": 2048, "loss": 3.0}))
+    return paths
+
+
+def test_a_trainer_folders_lora_option_and_a_record_without_a_task_are_read_as_their_tasks(tmp_path):
+    """A trainer folder's config says task sft and lora_rank apart; an older record says no task (pretraining), and
+    pairs with a new record that says pretrain."""
+    paths = _files(tmp_path, {"old-bf16": {"precision": "bf16"}, "new-fp8": {"precision": "fp8", "task": "pretrain"},
+                              "lora-bf16": {"precision": "bf16", "task": "sft", "lora_rank": 8},
+                              "lora-fp8": {"precision": "fp8", "task": "sft-lora"},
+                              "full-bf16": {"precision": "bf16", "task": "sft", "lora_rank": 0}})
+    s = analysis.summarize_runs(analysis.load_runs(paths))
+    assert dict(zip(s["run_id"], s["task"])) == {"old-bf16": "pretrain", "new-fp8": "pretrain", "lora-bf16": "sft-lora",
+                                                 "lora-fp8": "sft-lora", "full-bf16": "sft"}
+    pairs = dict(zip(*[analysis.compare_precisions(s)[k] for k in ("fp8_run", "baseline_run")]))
+    assert pairs == {"new-fp8": "old-bf16", "lora-fp8": "lora-bf16"}

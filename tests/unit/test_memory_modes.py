@@ -70,7 +70,7 @@ def test_a_mode_without_its_loss_check_is_not_automatic_and_the_refusal_names_it
 
 def test_a_mode_whose_loss_check_failed_is_named_with_its_measured_gap():
     failed = Evidence(memory_mode_gaps=(("bf16-moments", 1.67), ("fp8-exp-avg", 12.86)))
-    with pytest.raises(ValueError, match=r"--memory bf16-moments fits .*its loss check ended \+1\.67% from the plain"):
+    with pytest.raises(ValueError, match=r"--memory bf16-moments fits .*loss check did not pass \(\+1\.67% from the"):
         _plan("llama-7b", evidence=failed)
     assert _plan("llama-7b", evidence=failed, memory="bf16-moments").memory_mode == "bf16-moments"
 
