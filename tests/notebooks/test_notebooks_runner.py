@@ -51,11 +51,12 @@ def test_the_kernel_talks_over_private_local_sockets_without_a_warning(toy_dir, 
     # a temporary folder of this test's own (short: a socket's path has a length limit), where no other test's
     # notebook run (another pytest-xdist worker's) makes or removes kernel folders while this one counts them
     own = Path(tempfile.mkdtemp(prefix="fp8lab-test-"))
-    monkeypatch.setattr(tempfile, "tempdir", str(own))
     folders = lambda: set(own.glob("fp8lab-kernel-*"))  # noqa: E731
     try:
-        before = folders()
-        res = notebooks.run(["01"], None, output_dir=tmp_path / "out", progress=False, directory=toy_dir)
+        with monkeypatch.context() as m:  # undone before the folder goes: pytest's own temporary files follow it
+            m.setattr(tempfile, "tempdir", str(own))
+            before = folders()
+            res = notebooks.run(["01"], None, output_dir=tmp_path / "out", progress=False, directory=toy_dir)
         assert res[0].ok and notebooks.read_glued(res[0].output)["square"] == 9
         err = capfd.readouterr().err
         assert "without encryption" not in err and "WARNING" not in err, err
