@@ -638,6 +638,9 @@ def run(c, env, argv: list[str] | None = None, expected: dict[str, Any] | None =
             # a folder another live run holds: said first (its half-written step folder is no stranger's file)
             for option, where in (("--output-dir", paths.output_dir), ("--checkpoint-dir", paths.checkpoint_dir)):
                 runlock.refuse_in_use(option, where)
+            # every rank has looked before rank 0 takes the folders' locks (Trainer.setup): a rank slower than rank 0
+            # would otherwise find its own run's lock and refuse the folder as another run's
+            fdist.barrier(env)
             # no overlaps, nothing of the user's overwritten
             ownership.check_run_folders(c, paths, source, model_folder=folder)
             plan = plan_here(c, env)

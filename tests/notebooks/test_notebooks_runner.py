@@ -41,19 +41,28 @@ def test_run_injects_parameters_and_reads_glued_values(toy_dir, tmp_path):
     assert notebooks.read_glued(res[0].output)["square"] == 9
 
 
-def test_the_kernel_talks_over_private_local_sockets_without_a_warning(toy_dir, tmp_path, capfd):
+def test_the_kernel_talks_over_private_local_sockets_without_a_warning(toy_dir, tmp_path, capfd, monkeypatch):
     """Over TCP ipykernel warns on every run that anyone on the machine could eavesdrop; the runner
     uses Unix sockets in a private temporary folder, removed afterwards."""
+    import shutil
     import tempfile
     from pathlib import Path
 
-    folders = lambda: set(Path(tempfile.gettempdir()).glob("fp8lab-kernel-*"))  # noqa: E731
-    before = folders()
-    res = notebooks.run(["01"], None, output_dir=tmp_path / "out", progress=False, directory=toy_dir)
-    assert res[0].ok and notebooks.read_glued(res[0].output)["square"] == 9
-    err = capfd.readouterr().err
-    assert "without encryption" not in err and "WARNING" not in err, err
-    assert folders() == before
+    # a temporary folder of this test's own (short: a socket's path has a length limit), where no other test's
+    # notebook run (another pytest-xdist worker's) makes or removes kernel folders while this one counts them
+    own = Path(tempfile.mkdtemp(prefix="fp8lab-test-"))
+    folders = lambda: set(own.glob("fp8lab-kernel-*"))  # noqa: E731
+    try:
+        with monkeypatch.context() as m:  # undone before the folder goes: pytest's own temporary files follow it
+            m.setattr(tempfile, "tempdir", str(own))
+            before = folders()
+            res = notebooks.run(["01"], None, output_dir=tmp_path / "out", progress=False, directory=toy_dir)
+        assert res[0].ok and notebooks.read_glued(res[0].output)["square"] == 9
+        err = capfd.readouterr().err
+        assert "without encryption" not in err and "WARNING" not in err, err
+        assert folders() == before
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def test_unknown_parameter_is_rejected_with_valid_names(toy_dir, tmp_path):
