@@ -32,8 +32,9 @@ from typing import Any
 
 import pandas as pd
 
-from fp8lab.analysis.labels import group_key, is_fine_tune, is_fp8, layout_label  # the modules, not the package (whose
-from fp8lab.analysis.load import load_runs  # Answer plans with these estimates)
+# the modules, not the package (whose Answer plans with these estimates)
+from fp8lab.analysis.labels import fine_tune_rows, group_key, is_fp8, layout_label
+from fp8lab.analysis.load import load_runs
 from fp8lab.analysis import scaling
 from fp8lab.analysis.index import committed_summary, is_committed_results
 from fp8lab.analysis.summary import scaling_table, summarize_runs
@@ -53,8 +54,7 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
     s = summary[summary["tokens_per_sec_per_gpu"].notna() & (summary["world_size"].fillna(1) == 1)
                 & (summary["instances"].fillna(1) == 1)]
     s = s[s["gpu_name"].map(lambda g: peak_bf16_flops(g) is not None).astype(bool)]  # a GPU with a known peak
-    if "task" in s:  # a plan prices pretraining: a fine-tune's speed is another workload's
-        s = s[~s["task"].map(is_fine_tune).astype(bool)]
+    s = s[~fine_tune_rows(s)]  # a plan prices pretraining: a fine-tune's speed is another workload's
     if not len(s):
         return pd.DataFrame(columns=RATE_COLUMNS)
     fp8 = s["precision"].map(is_fp8)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fp8lab.analysis import parity
-from fp8lab.analysis.labels import (group_key, is_fine_tune, is_flag, is_fp8, is_hardware_fp8, is_true, layout_label,
+from fp8lab.analysis.labels import (fine_tune_rows, group_key, is_flag, is_fp8, is_hardware_fp8, is_true, layout_label,
                                     model_size_b)
 from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.peers import peer_rows
@@ -59,8 +59,8 @@ def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
     if len(s):  # a peer's runs (fp8lab.analysis.peers) are not fp8lab's: their own table shows them
         s = s[~peer_rows(s)]
-    if len(s) and "task" in s:  # the headline is pretraining's: a fine-tune's runs pair in their own study
-        s = s[~s["task"].map(is_fine_tune).astype(bool)]
+    if len(s):  # the headline is pretraining's: a fine-tune's runs pair in their own study
+        s = s[~fine_tune_rows(s)]
     out = []
     for (model, gpu), g in s.groupby([s["model"].map(group_key), s["gpu_name"].map(group_key)], sort=False):
         inst = g["instances"].fillna(1)
@@ -110,8 +110,8 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
     if not len(comparison):
         return None
     c = comparison[(comparison["model"] == model) & comparison["valid"].astype(bool)]
-    if "task" in summary:  # pretraining's loss, as the headline's speed (a fine-tune of that model is another study)
-        c = c[~c["fp8_run"].isin(summary.loc[summary["task"].map(is_fine_tune).astype(bool), "run_id"])]
+    # pretraining's loss, as the headline's speed (a fine-tune of that model is another study)
+    c = c[~c["fp8_run"].isin(summary.loc[fine_tune_rows(summary), "run_id"])]
     c = c[c["val_loss_gap_pct"].notna() | c["loss_gap_pct"].notna()]
     if not len(c):
         return None

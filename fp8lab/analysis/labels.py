@@ -133,6 +133,13 @@ def is_fine_tune(task: object) -> bool:
     return isinstance(task, str) and task not in ("", PRETRAIN)
 
 
+def fine_tune_rows(table: pd.DataFrame) -> pd.Series:
+    """Boolean mask of a runs or summary table's fine-tune rows (:func:`is_fine_tune`; no ``task`` column: none)."""
+    if "task" not in table:
+        return pd.Series(False, index=table.index)
+    return table["task"].map(is_fine_tune).astype(bool)
+
+
 def group_key(v: object) -> object:
     """A value fit for a groupby key: a missing value (None, NaN) becomes "?"."""
     return "?" if v is None or (isinstance(v, float) and math.isnan(v)) else v
