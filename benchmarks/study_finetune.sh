@@ -8,7 +8,10 @@
 #       corpus's tokenizer (~1.5 min; carry .corpus/linux-6.1.tokens.tar.xz)
 #   F   fine-tune that model on the shipped instruction set (data/sft/kjv-qa.jsonl: its own tokenizer, loss on the
 #       answers only, 12 held-out examples), BF16 and FP8, seeds 1234 and 4321 (~2 min; needs P on this machine)
+#   U   as F, FP8 without the calibration pass (--fp8-calibrate False: step 1 casts at scale 1.0, as before) (~1 min)
 #   C   as F, FP8 with current scaling (--recipe current) (~1 min; needs P on this machine)
+#   Q   as S for Qwen2.5-1.5B from its published config (~4 min)
+#   L8  LoRA rank 16 on Llama-3.1-8B (all 32 layers) from its published config, BF16 and FP8 (~4 min)
 # Run on the device machine:
 #   bash benchmarks/gpu.sh bash benchmarks/study_finetune.sh S
 # Results: $OUT/results.tar.gz holds finetune-<gpu>/ (for data/results/) and the logs.
@@ -45,6 +48,20 @@ for part in "$@"; do
         "${H[@]}" --steps 15 --warmup 3 --seed $seed --data $SFT --tag ft-s$seed --models $BASE --common-args "$FT"
         pack
       done ;;
+  U)  for seed in 1234 4321; do  # FP8 delayed as before the calibration pass: step 1 at TE's starting scales
+        "${H[@]}" --variants default-fp8 --steps 15 --warmup 3 --seed $seed --data $SFT --tag ft-uncal-s$seed \
+          --models $BASE --common-args "$FT --fp8-calibrate False"
+        pack
+      done ;;
+  Q)  "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft \
+        --models data/reference/configs/qwen2.5-1.5b
+      pack
+      "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
+        --models data/reference/configs/qwen2.5-1.5b
+      pack ;;
+  L8) "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
+        --models data/reference/configs/llama-3.1-8b
+      pack ;;
   C)  for seed in 1234 4321; do  # FP8 with current scaling: no amax history to build up from a BF16 model
         "${H[@]}" --variants default-fp8 --steps 15 --warmup 3 --seed $seed --data $SFT --tag ft-current-s$seed \
           --models $BASE --common-args "$FT --recipe current"

@@ -112,6 +112,9 @@ class TrainConfig:
                          section="optimiser", choices=MEMORY)
     fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step",
                                     section="fp8", check=BOOL)
+    fp8_calibrate: bool = option(True, "delayed scaling, a new run: one forward and backward before step 1 (no update) "
+                                 "fills the amax history, so step 1 casts with measured scales", section="fp8",
+                                 check=BOOL)
     fsdp_keep_weights: AutoBool = option(AUTO, "--parallel fsdp: all-gather the weights once per step, not per "
                                          "micro-batch", section="layout", check=AUTO_BOOL)
     fuse_wgrad_accumulation: bool = option(True, "TE fused layers, bf16 parameters, one process: weight gradients "

@@ -70,6 +70,10 @@ class FusedStates:
             _param_groups(self.params, self.names, c), lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay,
             adam_w_mode=True, master_weights=True, master_weight_dtype=torch.float32, store_param_remainders=True,
             exp_avg_dtype=DTYPES[mode.exp_avg], exp_avg_sq_dtype=DTYPES[mode.exp_avg_sq])
+        # FusedAdam adds a group's step count at its first step; a checkpoint load fills only the keys a fresh
+        # optimizer already has, so without it a resumed run would restart the bias correction at step 1
+        for g in self.optimizer.param_groups:
+            g.setdefault("step", 0)
         self._main_grad: set[int] = set()
 
     @property

@@ -45,6 +45,7 @@ from fp8lab.fp8 import stats as fp8stats
 from fp8lab.fp8 import te_debug
 from fp8lab.fp8.backends import detect_machine, get_backend
 from fp8lab.fp8.convert import convert_model, edge_blocks_filter, fp8_lm_head
+from fp8lab.fp8.recipe import TABLE as RECIPE_KINDS
 from fp8lab.model.models import MODEL_CONFIGS, build_model, model_flops_per_token
 from fp8lab.model.user import is_user_model
 from fp8lab.model.user import tokenizer_differs as user_tokenizer_differs
@@ -368,6 +369,23 @@ class Trainer:
         (loss / self.plan.grad_accum).backward()
         return loss
 
+    def calibrate_fp8(self) -> None:
+        """One forward and backward on step 1's first micro-batch, gradients dropped, loader rewound: delayed scaling
+        casts with scales from earlier steps' amax, and TE starts a new run's at 1.0, where loss gradients (about 1 /
+        tokens per step) fall below E5M2's smallest values. Step 1 then casts with measured scales, as later ones do."""
+        kind = self.plan.recipe_kind
+        if not (self.c.fp8_calibrate and kind and RECIPE_KINDS[kind].history and self.state.step == 0):
+            return  # resumed: the checkpoint's history; current and block scaling keep none
+        position = self.loader.state_dict()
+        x, y = (t.to(self.env.device, non_blocking=True) for t in self.loader.next_batch())
+        with fdist.gradient_sync(self.model, True, self.keep_weights):
+            # scaled as a step's micro-batch is: the gradients' amax is what step 1's will be
+            (self._loss(x, y, True if self.weight_cache else None) / self.plan.grad_accum).backward()
+        if self.weight_cache:
+            self.inner.release_weight_cache()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loader.load_state_dict(position)
+
     def train_step(self, step: int) -> StepResult:
         """Forward/backward over the micro-batches, clip, and the update unless the guard skips it."""
         env, accum = self.env, self.plan.grad_accum
@@ -462,6 +480,7 @@ class Trainer:
                                 env.is_main, self.metrics.emit)
         status, message = "completed", None
         self.model.train()
+        self.calibrate_fp8()
         try:
             for step in range(first, total + 1):
                 profiler.start(step)
