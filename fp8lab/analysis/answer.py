@@ -196,8 +196,8 @@ def _costs(est, row: pd.Series, tokens: float, price: float, instance_type: str)
         out["cost_note"] = f"no time or cost: {unpriced}"
         return out
     # a memory mode's runs (fp8lab.plan.memory_modes) price no P5 job: the estimate's rates are plain-mode runs
-    modes = ({est.run_memory(row[f"{p}_run"]) for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)}
-             if hasattr(est, "run_memory") else set()) - {"plain", None}
+    modes = {est.run_memory(row[f"{p}_run"]) for p in ("bf16", "fp8") if isinstance(row[f"{p}_run"], str)} - {
+        "plain", None}
     if modes:
         out["cost_note"] = (f"no time or cost: its runs trained with --memory {', '.join(sorted(modes))}, one GPU's "
                             "way to fit; a P5 job shards the states over its GPUs and is priced from plain-mode runs")

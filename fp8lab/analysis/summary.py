@@ -256,7 +256,7 @@ def compare_precisions(summary: pd.DataFrame, baseline_backend: str | None = Non
             "fp8_run",
             "fp8_variant", "tps_baseline", "tps_fp8", "speedup", "mfu_baseline", "mfu_fp8", "tokens_baseline",
             "tokens_fp8", "valid", "hardware_fp8", "loss_baseline", "loss_fp8", "loss_gap_pct", "val_loss_baseline",
-            "val_loss_fp8", "val_loss_gap_pct", "note"]
+            "val_loss_fp8", "val_loss_gap_pct", "note", "task"]
     rows = []
     if not len(summary):
         return pd.DataFrame(columns=cols)

@@ -156,7 +156,7 @@ def block_matmul_params(model_or_config) -> int:
     return 4 * h * h + 2 * h * f
 
 
-def model_flops_per_token(model_or_config, seq_len: int) -> float:
+def model_flops_per_token(model_or_config, seq_len: int, trainable: int | None = None) -> float:
     """Training FLOPs per token (forward + backward) for MFU, PaLM / nanoGPT convention.
 
         flops_per_token = 6 * N + 12 * sum_over_layers(n_heads * head_dim * T_l)
@@ -169,6 +169,8 @@ def model_flops_per_token(model_or_config, seq_len: int) -> float:
       keys: ``T_l = seq_len`` on global layers (as PaLM; causal masking is not discounted) and
       ``min(seq_len, window)`` on GPT-Neo's local layers and Mistral's / Qwen2's sliding-window layers. Query heads
       count, so GQA does not reduce it.
+    * ``trainable``: a frozen base training only this many added parameters (LoRA's adapters): the base's GEMMs run
+      forward and for the input gradient only (4 per parameter), the added ones all three passes (6).
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
@@ -178,7 +180,7 @@ def model_flops_per_token(model_or_config, seq_len: int) -> float:
     for w in layer_windows(c):
         t = min(seq_len, w) if w else seq_len
         attn += 12 * c.num_heads * c.head_dim * t
-    return float(6 * n + attn)
+    return float((6 * n if trainable is None else 4 * n + 6 * trainable) + attn)
 
 
 def list_models() -> list[dict[str, Any]]:

@@ -51,6 +51,10 @@ class Estimate:
         return (f"assumed MFU {self.assumed_mfu} of BF16 peak"
                 + (f", FP8 x{self.fp8_speedup}" if spec.precision == "fp8" else ""))
 
+    def run_memory(self, run_id: str) -> str | None:
+        """The memory mode a measured run trained in; an assumed-MFU estimate has no measured runs: None."""
+        return None
+
     def describe(self) -> str:
         return (f"estimate: MFU {self.assumed_mfu} of BF16 peak, FP8 speed-up x{self.fp8_speedup}, "
                 f"+{self.startup_s} s start-up per job, +{self.te_build_s} s where a job compiles TE "

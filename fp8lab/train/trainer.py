@@ -50,6 +50,7 @@ from fp8lab.model.models import MODEL_CONFIGS, build_model, model_flops_per_toke
 from fp8lab.model.user import is_user_model
 from fp8lab.model.user import tokenizer_differs as user_tokenizer_differs
 from fp8lab.plan import graphs
+from fp8lab.plan import lora as lora_plan
 from fp8lab.plan.runplan import plan_run
 from fp8lab.train import trackers as ftrackers
 from fp8lab.records import metrics as fmetrics
@@ -292,9 +293,9 @@ class Trainer:
         self.guard = NonFiniteGuard(c.max_bad_steps, self.state)
         gpu = p.machine.name
         peak = c.peak_tflops * 1e12 if c.peak_tflops else fmetrics.peak_bf16_flops(gpu)
+        flops = model_flops_per_token(p.model_config, p.seq_len, lora_plan.trainable_params(c, p.model_config))
         self.info = RunInfo(c.precision, p.backend_label, p.recipe_kind, self.record.model_name, p.world_size, gpu,
-                            peak,
-                            model_flops_per_token(p.model_config, p.seq_len), p.tokens_per_step)
+                            peak, flops, p.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
         self.fingerprint = fresume.fingerprint(p, data=fdata.identity(self.manifest))
         self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,

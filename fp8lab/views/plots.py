@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from fp8lab.analysis.labels import fine_tune_rows
 from fp8lab.analysis.peers import peer_rows
 from fp8lab.analysis import (group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth,
                              variant_kind)
@@ -137,9 +138,10 @@ def speedup_figure(comparison: pd.DataFrame, reference: pd.DataFrame | None = No
     """FP8 speedup over BF16 per model size (smallest measured scale), one bar per kind of FP8 run
     (backend and recipe; the best pair of that kind), with the source's reported values as labelled
     reference markers. The axis starts at 0: a ratio's bar is read against 1.0. Where one bar per model and
-    kind would pass ``MAX_BARS``, each model shows its best kind's bar (its colour names the kind)."""
+    kind would pass ``MAX_BARS``, each model shows its best kind's bar (its colour names the kind). Pretraining
+    only: a fine-tune's step is another workload (its own table in the report)."""
     title = "FP8 speedup over BF16 (tokens/s/GPU), the best pair of each kind"
-    comp = comparison[comparison["speedup"].notna()] if len(comparison) else comparison
+    comp = comparison[comparison["speedup"].notna() & ~fine_tune_rows(comparison)] if len(comparison) else comparison
     has_ref = reference is not None and len(reference)
     if not len(comp) and not has_ref:
         return _finish(_empty(title), save)

@@ -114,11 +114,21 @@ def test_throughput_records_a_fine_tunes_task(tmp_path):
     import throughput
 
     for tag, extra in (("sft", ""), ("lora", " --lora-rank 4 --fuse False")):
-        rc = throughput.main(["--cpu-smoke", "--models", "llama-tiny", "--variants", "hf-bf16", "--steps", "2",
+        rc = throughput.main(["--cpu-smoke", "--models", "llama-tiny", "--variants", "hf-bf16,emulated-fp8-delayed",
+                              "--steps", "2",
                               "--warmup", "1", "--common-args", "--task sft --seq-len 256 --micro-batch-size 2" + extra,
                               "--data", str(REPO_ROOT / "data" / "sft" / "kjv-qa.jsonl"), "--tag", tag,
                               "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--timeout", "300"])
         assert rc == 0
     runs = {t: _records(tmp_path / "out" / f"llama-tiny-hf-bf16-{t}.jsonl")["run"][0] for t in ("sft", "lora")}
     assert runs["sft"]["task"] == "sft" and runs["lora"]["task"] == "sft-lora"
+    fp8 = {t: _records(tmp_path / "out" / f"llama-tiny-emulated-fp8-delayed-{t}.jsonl")["run"][0] for t in ("sft", "lora")}
+    assert fp8["sft"]["fuse"] is True and fp8["lora"]["fuse"] is False  # the common arguments' --fuse, as it ran
+    # a frozen base's FLOPs: no weight-gradient GEMMs (fp8lab.model.models.model_flops_per_token)
+    from fp8lab.model.models import MODEL_CONFIGS, model_flops_per_token
+    from fp8lab.plan import lora as lora_plan
+
+    tiny = MODEL_CONFIGS["llama-tiny"]
+    adapters = lora_plan.adapter_params(tiny, 4, lora_plan.parse_targets(lora_plan.ALL, tiny.family))
+    assert fp8["lora"]["flops_per_token"] == model_flops_per_token(tiny, 256, adapters) < fp8["sft"]["flops_per_token"]
     assert "<data>" in runs["sft"]["command"] and str(REPO_ROOT) not in json.dumps(runs["sft"])

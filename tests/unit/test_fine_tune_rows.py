@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from fp8lab import analysis
 from fp8lab.analysis.estimates import measurable_runs
@@ -48,6 +49,19 @@ def test_fp8_pairs_with_bf16_of_its_own_task():
     pairs = dict(zip(c["fp8_run"], c["baseline_run"]))
     assert pairs["r4"] == "r3" and pairs["r6"] == "r5"  # full SFT with full SFT, LoRA with LoRA
     assert pairs["r1"] == "r0"
+    assert dict(zip(c["fp8_run"], c["task"]))["r6"] == "sft-lora"  # the pair's task, for whoever draws it
+
+
+def test_the_speedup_figure_draws_pretraining_only():
+    from fp8lab.views import plots
+
+    s = _summary()
+    s.loc[s["task"] == "sft-lora", "model"] = "llama-3.1-8b"  # a model only a fine-tune measured
+    fig = plots.speedup_figure(analysis.compare_precisions(s))
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels and not any("llama-3.1-8b" in t for t in labels)
+    bars = [p.get_height() for p in fig.axes[0].patches]
+    assert bars == [pytest.approx(90_000 / 70_000)]  # pretraining's best pair; not full SFT's 95/74 beside it
 
 
 def _files(tmp_path, runs: dict[str, dict]) -> list:

@@ -96,3 +96,17 @@ def test_flops_formula():
         model_flops_per_token(c, 0)
     with pytest.raises(ValueError, match="unsupported architecture"):
         model_flops_per_token(object(), 8)
+
+
+def test_a_frozen_base_counts_four_flops_per_parameter_and_its_adapters_six():
+    from fp8lab.model.models import MODEL_CONFIGS, count_parameters, model_flops_per_token
+    from fp8lab.plan import lora as lora_plan
+
+    c = MODEL_CONFIGS["llama-1b"]
+    full = model_flops_per_token(c, 2048)
+    adapters = lora_plan.adapter_params(c, 16, lora_plan.parse_targets(lora_plan.ALL, c.family))
+    lora = model_flops_per_token(c, 2048, adapters)
+    n = count_parameters(c).matmul
+    # the attention term is the same in both: forward and backward run through every block either way
+    assert full - lora == pytest.approx(2 * n - 6 * adapters)
+    assert 0.6 < lora / full < 0.75
