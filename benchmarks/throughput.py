@@ -217,7 +217,8 @@ def collect_variant(model: str, variant: str, flags: list[str], extra: list[str]
         "recipe_spec": _arg_value(flags + extra, "--recipe"),
         "bf16_edge_blocks": int(_arg_value(flags + extra, "--bf16-edge-blocks", "0")),
         "warmup_lr_steps": int(_arg_value(cmd, "--warmup-steps", "0")),
-        "fuse": None if backend == "none" else _arg_value(flags + extra, "--fuse", "True") == "True",
+        "fuse": None if backend == "none" else (cfg["fuse"] if isinstance(cfg.get("fuse"), bool)  # as it ran
+                                                else _arg_value(flags + extra, "--fuse", "True") == "True"),
         "compile": _arg_value(flags, "--compile", "False") == "True",
         "activation_checkpointing": bool(cfg.get("activation_checkpointing")),  # as the run resolved it (auto: fp8lab.plan.layout)
         "fp8_attention": plan.get("fp8_attention"),

@@ -53,8 +53,8 @@ class TrainConfig:
     recipe: str = option("auto", "FP8 scaling: " + " | ".join(KINDS) + ", optionally kind:key=value,...",
                          section="fp8")
     bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8", section="fp8")
-    fuse: bool = option(True, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False: swap Linear layers",
-                        section="kernels", check=BOOL)
+    fuse: AutoBool = option(AUTO, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False: swap Linear "
+                            "layers; auto: fused, except under --lora-rank", section="kernels", check=AUTO_BOOL)
     steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", section="data",
                                check=optional(STEP_COUNT))
     tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps",
@@ -251,7 +251,7 @@ def _validate(c: TrainConfig) -> None:
         raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
     if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
         raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
-    if (lora := lora_plan.problem(rank=c.lora_rank, targets=c.lora_targets, family=mcfg.family, fuse=c.fuse,
+    if (lora := lora_plan.problem(rank=c.lora_rank, targets=c.lora_targets, family=mcfg.family, fuse=lora_plan.fuses(c),
                                   backend=c.backend, export_merged=c.export_merged)) is not None:
         raise bad(*lora)
     if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
@@ -294,7 +294,7 @@ def fp8_lm_head_check(c: TrainConfig, backend: str | None) -> None:
 def fused_check(c: TrainConfig, backend: str | None) -> None:
     """Refuse, before anything is built, a user's model the fused conversion cannot represent exactly (here for
     an explicit backend, in fp8lab.plan.runplan.plan_run once ``auto`` is resolved)."""
-    if backend in (None, "torchao") or not c.fuse or not user_model.is_user_model(c.model):
+    if backend in (None, "torchao") or not lora_plan.fuses(c) or not user_model.is_user_model(c.model):
         return  # torchao has no fused form; the named shapes are all representable
     problem = fused_problem(user_model.hf_config(c.model))
     if problem:

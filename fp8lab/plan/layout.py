@@ -63,6 +63,7 @@ from fp8lab.model.models import block_matmul_params, count_parameters
 from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, loss_bytes, no_grad_loss_bytes
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, kernel_for as loss_kernel_for
 from fp8lab.plan import memory_modes
+from fp8lab.plan.lora import fuses
 from fp8lab.plan.lora import trainable_params as lora_trainable
 
 GPU_SEQ_LEN = 2048
@@ -312,7 +313,7 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
     whole step (the layout tested on two GPUs), not with per-micro-batch gathers."""
     if not c.fp8_weight_cache:
         return False, "--fp8-weight-cache False"
-    if (precision or c.precision) != "fp8" or backend != "te" or not c.fuse:
+    if (precision or c.precision) != "fp8" or backend != "te" or not fuses(c):
         return False, "only FP8 runs on TE's fused layers cache FP8 weights"
     if memory_mode != memory_modes.PLAIN:
         return False, f"--memory {memory_mode}: FP8 weights cast per micro-batch (the cache's memory goes first)"
@@ -339,7 +340,7 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
     fused = fused_loss_for(c, machine, mcfg, mb * seq)[0]
     precisions = ("bf16", "fp8") if (both_precisions and backend == "te") else (c.precision,)
     ests = [estimate_memory(mcfg, precision=p, micro_batch_size=mb, seq_len=seq, param_dtype=param_dtype,
-                            backend=backend, fuse=c.fuse, world_size=machine.world_size, parallel=c.parallel,
+                            backend=backend, fuse=fuses(c), world_size=machine.world_size, parallel=c.parallel,
                             keep_weights=keep,
                             weight_cache=weight_cache(c, backend, grad_accum=ga, sharded=sharded, keep_weights=keep,
                                                       precision=p, memory_mode=memory_mode)[0],

@@ -46,6 +46,12 @@ def parse_targets(value: Any, family: str) -> tuple[str, ...] | None:
     return names
 
 
+def fuses(c) -> bool:
+    """``--fuse`` as a run of TrainConfig ``c`` builds it: ``auto`` fuses each block, except under LoRA, whose
+    adapters sit on the model's own projections (the fused blocks merge Q, K and V, and gate and up, into one GEMM)."""
+    return c.fuse if isinstance(c.fuse, bool) else not getattr(c, "lora_rank", 0)
+
+
 def problem(*, rank: int, targets: Any, family: str, fuse: bool, backend: str,
             export_merged: bool) -> tuple[str, str] | None:
     """(option, allowed) for the first LoRA option a run cannot take, else None (checked with the options, after
@@ -58,8 +64,8 @@ def problem(*, rank: int, targets: Any, family: str, fuse: bool, backend: str,
         return None
     if fuse and backend != "none":
         # the fused blocks merge Q, K and V (and gate and up) into one GEMM: the projections peft adapts are gone
-        return "fuse", "False with --lora-rank > 0 (peft adapts the model's own projections, which the fused " \
-                       "blocks merge), or --lora-rank 0"
+        return "fuse", "auto or False with --lora-rank > 0 (peft adapts the model's own projections, which the " \
+                       "fused blocks merge), or --lora-rank 0"
     return None
 
 

@@ -32,6 +32,7 @@ from fp8lab.plan import fp8_stats
 from fp8lab.plan.fused_loss import kernel_for as loss_kernel_for
 from fp8lab.plan.fp8_stats import fp8_stats_decision
 from fp8lab.plan.config import fp8_lm_head_check, fused_check
+from fp8lab.plan.lora import fuses
 from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
 from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend
 from fp8lab.core.hardware import Machine
@@ -145,7 +146,7 @@ class RunPlan:
                 "cuda_graphs": onoff[bool(self.graphs.active)], "fp8_attention": onoff[self.fp8_attention],
                 "fp8_all_gather": onoff[self.fp8_all_gather], "fp8_stats_every": self.fp8_stats_every,
                 "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss],
-                "memory": self.memory_mode}
+                "memory": self.memory_mode, "fuse": fuses(self.config)}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -248,7 +249,7 @@ def graphs_decision(c: "TrainConfig", machine: Machine, backend: str | None, lay
     memory = flayout.graphs_memory_problem(lay, machine, mcfg, fp8=c.precision == "fp8") if machine.gpu else None
     return graphs.decide(c.cuda_graphs, mcfg, micro_batch_size=lay.micro_batch_size, memory_problem=memory,
                          precision=c.precision, seq_len=lay.seq_len, device_type=machine.device, backend=backend,
-                         fuse=c.fuse, param_dtype=lay.param_dtype, world_size=machine.world_size,
+                         fuse=fuses(c), param_dtype=lay.param_dtype, world_size=machine.world_size,
                          activation_checkpointing=lay.activation_checkpointing, compile=c.compile)
 
 
@@ -264,7 +265,7 @@ def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_
     (DDP all-reduces .grad through hooks that main_grad would bypass)."""
     if not c.fuse_wgrad_accumulation:
         return False, "--fuse-wgrad-accumulation False"
-    if not (backend == "te" and c.fuse and master_weights and machine.world_size == 1):
+    if not (backend == "te" and fuses(c) and master_weights and machine.world_size == 1):
         return False, "needs TE fused layers, --param-dtype bf16 and one process"
     return True, "TE fused layers, bf16 parameters, one process: weight gradients added in place"
 
@@ -274,7 +275,7 @@ def fp8_attention(c: "TrainConfig", machine: Machine, backend: str | None, recip
     """Whether attention runs in FP8 too (fp8lab.plan.fp8attn's measured rule); ValueError for an ``on`` that cannot
     run."""
     return fp8attn.decide(c.fp8_attention, seq_len=lay.seq_len, evidence=evidence, precision=c.precision,
-                          backend=backend, fuse=c.fuse,
+                          backend=backend, fuse=fuses(c),
                           recipe_kind=recipe.kind if recipe else None, mcfg=mcfg, gpu=machine.gpu,
                           gpu_name=machine.name)
 

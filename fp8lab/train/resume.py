@@ -23,6 +23,7 @@ from typing import Any
 
 from fp8lab.core.paths import shareable_text
 from fp8lab.model.user import identity
+from fp8lab.plan import lora as lora_plan
 
 # fingerprint keys that --resume-with-new-settings may change
 SCHEDULE_KEYS = ("total_steps", "warmup_steps", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip")
@@ -41,7 +42,7 @@ def fingerprint(plan, data: str | None = None) -> dict[str, Any]:
     extra = {} if data is None else {"data": data}
     return {**extra, "model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
             "backend": plan.backend_label, "recipe": plan.recipe.spec() if plan.recipe_kind else None,
-            "fuse": c.fuse, "fp8_lm_head": c.fp8_lm_head, "seq_len": lay.seq_len, "seed": c.seed,
+            "fuse": lora_plan.fuses(c), "fp8_lm_head": c.fp8_lm_head, "seq_len": lay.seq_len, "seed": c.seed,
             "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": lay.micro_batch_size * lay.grad_accum * plan.world_size,
             "total_steps": plan.total_steps, "warmup_steps": plan.warmup_steps, "lr": c.lr, "min_lr": c.min_lr,

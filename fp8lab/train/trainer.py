@@ -212,7 +212,7 @@ class Trainer:
         self._start_te_debug()
         if p.backend is not None:
             flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
-            model = convert_model(model, backend=p.backend, recipe=p.recipe, fuse=c.fuse, module_filter=flt,
+            model = convert_model(model, backend=p.backend, recipe=p.recipe, fuse=lora_plan.fuses(c), module_filter=flt,
                                   fp8_all_gather=p.fp8_all_gather)
             if c.fp8_lm_head:  # a study: the head's GEMM in FP8 too (fp8lab.fp8.convert.fp8_lm_head)
                 model = fp8_lm_head(model)

@@ -29,7 +29,7 @@ LORA = dict(lora_rank=8, fuse=False)
                                                                 "q_proj, k_proj, v_proj, o_proj, gate_proj"),
     ({**LORA, "lora_targets": "q_proj,q_proj"}, "--lora-targets", "comma-separated names"),
     ({**LORA, "model": "gptneo-tiny", "lora_targets": "o_proj"}, "--lora-targets", "out_proj, c_fc, c_proj"),
-    ({"lora_rank": 8}, "--fuse", "False with --lora-rank > 0"),
+    ({"lora_rank": 8, "fuse": True}, "--fuse", "auto or False with --lora-rank > 0"),
     ({"export_merged": True}, "--export-merged", "False without --lora-rank"),
 ])
 def test_bad_lora_options_are_refused_naming_the_option_and_what_is_allowed(kw, flag, allowed):
@@ -56,8 +56,19 @@ def test_lora_options_from_the_command_line_and_a_job():
     assert entry.parse_args([w for k, v in hp.items() for w in (f"--{k}", str(v))]).lora_rank == 16  # as the job reads
     with pytest.raises(ValueError, match=r"lora.rank=-1 is invalid; allowed: an integer >= 0"):
         L.JobSpec(**base, fuse=False, options={"lora_rank": -1})
-    with pytest.raises(ValueError, match=r"--fuse.*allowed: False with --lora-rank > 0"):  # the trainer's own check
-        L.JobSpec(**base, options={"lora_rank": 16})
+    with pytest.raises(ValueError, match=r"--fuse.*allowed: auto or False with --lora-rank > 0"):  # the trainer's
+        L.JobSpec(**base, fuse=True, options={"lora_rank": 16})
+
+
+def test_fuse_auto_fuses_the_blocks_except_under_lora():
+    """The plain command ``--lora-rank N`` builds the unfused layers peft adapts; without LoRA the fused blocks."""
+    assert TrainConfig().fuse == "auto" and lora_plan.fuses(TrainConfig()) is True
+    c = TrainConfig(lora_rank=8)  # accepted: auto resolves to the unfused layers
+    assert lora_plan.fuses(c) is False
+    assert lora_plan.fuses(TrainConfig(lora_rank=8, fuse=False)) is False and lora_plan.fuses(TrainConfig(fuse=False)) is False
+    plan = plan_run(TrainConfig(model="llama-1b", precision="fp8", lora_rank=16, task="sft"), H100)
+    assert plan.options()["fuse"] is False
+    assert plan_run(TrainConfig(model="llama-1b", precision="fp8"), H100).options()["fuse"] is True
 
 
 def test_adapter_count_is_rank_times_in_plus_out_per_projection():
