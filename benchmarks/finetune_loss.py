@@ -1,7 +1,8 @@
 """The fine-tune loss study's table (benchmarks/study_finetune.sh parts F, U, C): each variant's held-out answer
 loss per seed, its mean's gap to BF16's mean, and BF16's seed band (max - min over mean), from the result files.
 
-    python benchmarks/finetune_loss.py data/results/finetune-h200          # prints a table, writes loss.json there
+    python benchmarks/finetune_loss.py data/results/finetune-h100            # prints the table
+    python benchmarks/finetune_loss.py data/results/finetune-h100 --write    # and writes its loss.json
 """
 from __future__ import annotations
 
@@ -39,9 +40,12 @@ def table(folder: Path) -> dict:
 
 if __name__ == "__main__":
     folder = Path(sys.argv[1])
+    if sys.argv[2:] not in ([], ["--write"]):
+        raise SystemExit("usage: finetune_loss.py FOLDER [--write]")
     t = table(folder)
     print(f"BF16 mean {t['bf16_mean']:.4f}, band {t['band_pct']:.2f}%")
     for name, v in t["variants"].items():
         seeds = " / ".join(f"{s}: {x:.4f}" for s, x in sorted(v["seeds"].items()))
         print(f"{name:18s} {seeds}  mean {v['mean']:.4f}  gap {v['gap_pct']:+.2f}%")
-    (folder / "loss.json").write_text(json.dumps(t, indent=1) + "\n")
+    if sys.argv[2:] == ["--write"]:
+        (folder / "loss.json").write_text(json.dumps(t, indent=1) + "\n")

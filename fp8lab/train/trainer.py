@@ -372,8 +372,8 @@ class Trainer:
 
     def calibrate_fp8(self) -> None:
         """One forward and backward on step 1's first micro-batch, gradients dropped, loader rewound: delayed scaling
-        casts with scales from earlier steps' amax, and TE starts a new run's at 1.0, where loss gradients (about 1 /
-        tokens per step) fall below E5M2's smallest values. Step 1 then casts with measured scales, as later ones do."""
+        casts with scales from earlier steps' amax, and TE starts a new run's at 1.0, where many gradient elements fall
+        below E5M2's smallest value (2^-16). Step 1 then casts with measured scales, as later steps do."""
         kind = self.plan.recipe_kind
         if not (self.c.fp8_calibrate and kind and RECIPE_KINDS[kind].history and self.state.step == 0):
             return  # resumed: the checkpoint's history; current and block scaling keep none
@@ -481,8 +481,8 @@ class Trainer:
                                 env.is_main, self.metrics.emit)
         status, message = "completed", None
         self.model.train()
-        self.calibrate_fp8()
         try:
+            self.calibrate_fp8()
             for step in range(first, total + 1):
                 profiler.start(step)
                 self.metrics.start()

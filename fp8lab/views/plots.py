@@ -99,7 +99,8 @@ def throughput_figure(summary: pd.DataFrame, by: str = "auto", save: str | Path 
     """
     title = "Throughput per GPU (steady state): the fastest run of each kind"
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
-    s = s[~peer_rows(s)] if len(s) else s  # a peer's runs have their own table (fp8lab.analysis.peers)
+    # a peer's runs have their own table (fp8lab.analysis.peers); a fine-tune's step is another workload
+    s = s[~peer_rows(s) & ~fine_tune_rows(s)] if len(s) else s
     if not len(s):
         return _finish(_empty(title), save)
     by = _scale_axis(s, by)
@@ -312,7 +313,7 @@ def mfu_figure(summary: pd.DataFrame, save: str | Path | None = None) -> Figure:
     benchmarks divide by the GPU's dense BF16 peak for BF16 and FP8 runs alike, so the bars compare
     like with like."""
     title = "MFU (model FLOPs / dense BF16 peak, FP8 runs too): the best run of each kind"
-    s = summary[summary["mfu"].notna()] if len(summary) else summary
+    s = summary[summary["mfu"].notna() & ~fine_tune_rows(summary)] if len(summary) else summary  # pretraining's
     if not len(s):
         return _finish(_empty(title, "no MFU in these runs"), save)
     s = s.assign(_kind=[f"{variant_kind(v)}, {int(w) if pd.notna(w) else '?'} GPU" for v, w in

@@ -132,3 +132,18 @@ def test_throughput_records_a_fine_tunes_task(tmp_path):
     adapters = lora_plan.adapter_params(tiny, 4, lora_plan.parse_targets(lora_plan.ALL, tiny.family))
     assert fp8["lora"]["flops_per_token"] == model_flops_per_token(tiny, 256, adapters) < fp8["sft"]["flops_per_token"]
     assert "<data>" in runs["sft"]["command"] and str(REPO_ROOT) not in json.dumps(runs["sft"])
+
+
+def test_the_fine_tune_loss_table_is_made_from_the_committed_runs(tmp_path):
+    """benchmarks/finetune_loss.py: the committed loss.json is what the committed result files give."""
+    import shutil
+
+    import finetune_loss
+
+    folder = tmp_path / "ft"
+    shutil.copytree(REPO_ROOT / "data" / "results" / "finetune-h100", folder)
+    table = json.loads(json.dumps(finetune_loss.table(folder)))  # (seeds as JSON keys)
+    assert table == json.loads((folder / "loss.json").read_text())
+    gaps = {k: round(v["gap_pct"], 2) for k, v in table["variants"].items()}
+    assert gaps == {"bf16 ft": 0.0, "fp8 ft": 1.0, "fp8 ft-current": -1.4, "fp8 ft-uncal": 2.33}
+    assert round(table["band_pct"], 2) == 0.96

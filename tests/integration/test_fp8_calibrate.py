@@ -38,9 +38,45 @@ def test_a_new_delayed_run_casts_step_one_with_measured_scales(prepared, tmp_pat
     assert len(loss_c) == len(loss_p) == 2
 
 
-def test_current_scaling_and_a_resumed_run_need_no_calibration(prepared, tmp_path):
+def _spy_on_the_pass(monkeypatch) -> list[dict]:
+    """What each calibration pass did: its forwards, and whether it left weights, gradients and the data as it found
+    them."""
+    import torch
+
+    from fp8lab.train.trainer import Trainer
+
+    seen, real = [], Trainer.calibrate_fp8
+
+    def spy(self):
+        before = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        position, calls = self.loader.state_dict(), []
+        hook = self.model.register_forward_hook(lambda *a: calls.append(1))
+        try:
+            real(self)
+        finally:
+            hook.remove()
+        params = list(self.model.parameters())
+        grads = [g for p in params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None]
+        seen.append({"forwards": len(calls), "step": self.state.step, "position": self.loader.state_dict() == position,
+                     "weights": all(torch.equal(before[n], p) for n, p in self.model.named_parameters()),
+                     "no_gradients": all(not g.any() for g in grads)})
+
+    monkeypatch.setattr(Trainer, "calibrate_fp8", spy)
+    return seen
+
+
+def test_the_pass_updates_nothing_and_leaves_the_data_where_it_was(prepared, tmp_path, monkeypatch):
+    seen = _spy_on_the_pass(monkeypatch)
+    s = train(TrainConfig(**TINY, steps=1, grad_accum=2, data=str(prepared), output_dir=str(tmp_path / "a")))
+    assert s["status"] == "completed"
+    assert seen == [{"forwards": 1, "step": 0, "position": True, "weights": True, "no_gradients": True}]
+
+
+def test_current_scaling_and_a_resumed_run_need_no_calibration(prepared, tmp_path, monkeypatch):
+    seen = _spy_on_the_pass(monkeypatch)
     layers, _ = _step1_casts(prepared, tmp_path / "cur", recipe="current")
     assert all(c["scale"] != 1.0 for c in layers)  # its own amax, every cast
+    assert seen[-1]["forwards"] == 0  # no history to fill: the pass returns at once
     a, b = tmp_path / "a", tmp_path / "b"
     base = dict(**TINY, fp8_stats_every=1, data=str(prepared), steps=4, checkpoint_every=2)
     assert train(TrainConfig(**base, output_dir=str(a)))["status"] == "completed"

@@ -20,7 +20,7 @@ def _summary() -> pd.DataFrame:
     return pd.DataFrame([{"study": "x", "model": "llama-3.2-1b", "gpu_name": H100, "precision": prec,
                           "backend": "te", "recipe": "delayed" if prec == "fp8" else None, "fuse": True,
                           "variant": f"{task}-{prec}", "run_id": f"r{i}", "task": task,
-                          "tokens_per_sec_per_gpu": tps, "mfu": 0.5, "max_mem_gib": 40.0, "world_size": 1,
+                          "tokens_per_sec_per_gpu": tps, "tps_p25": tps, "tps_p75": tps, "mfu": 0.5, "max_mem_gib": 40.0, "world_size": 1,
                           "instances": 1, "seq_len": 2048, "micro_batch_size": 16, "grad_accum": 4,
                           "tokens": 1e6, "source": "x.jsonl", "smoothed_loss": 3.0, "final_loss": 3.0,
                           "val_loss": 3.1, "nonfinite_losses": 0, "loss_comparable": False, "seed": 1234,
@@ -52,7 +52,7 @@ def test_fp8_pairs_with_bf16_of_its_own_task():
     assert dict(zip(c["fp8_run"], c["task"]))["r6"] == "sft-lora"  # the pair's task, for whoever draws it
 
 
-def test_the_speedup_figure_draws_pretraining_only():
+def test_the_speed_figures_draw_pretraining_only():
     from fp8lab.views import plots
 
     s = _summary()
@@ -62,6 +62,9 @@ def test_the_speedup_figure_draws_pretraining_only():
     assert labels and not any("llama-3.1-8b" in t for t in labels)
     bars = [p.get_height() for p in fig.axes[0].patches]
     assert bars == [pytest.approx(90_000 / 70_000)]  # pretraining's best pair; not full SFT's 95/74 beside it
+    for fig in (plots.throughput_figure(s), plots.mfu_figure(s)):  # the runs' figures: pretraining's runs only
+        titles = [ax.get_title() for ax in fig.axes]
+        assert not any("llama-3.1-8b" in t for t in titles) and any("llama-3.2-1b" in t for t in titles)
 
 
 def _files(tmp_path, runs: dict[str, dict]) -> list:
