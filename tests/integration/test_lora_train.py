@@ -16,7 +16,7 @@ from fp8lab.train.entry import TrainConfig, train
 pytestmark = pytest.mark.slow  # short training runs with two exports each: 5 to 6 s each on the 2-core machine
 
 RUN = dict(seq_len=32, micro_batch_size=2, grad_accum=1, compute_dtype="fp32", plot=False, progress="off",
-           print_metrics=False, val_every=0, steps=3, lr=1e-2, warmup_steps=1, backend="emulated", fuse=False,
+           print_metrics=False, val_every=0, steps=3, lr=1e-2, warmup_steps=1, backend="emulated",  # --fuse auto
            lora_rank=4, lora_alpha=8.0, export_merged=True)
 
 
