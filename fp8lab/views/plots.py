@@ -209,9 +209,11 @@ def loss_figure(runs: pd.DataFrame, smoothing: str = "ema", smoothing_span: int 
                 save: str | Path | None = None) -> Figure:
     """Training loss against tokens, BF16 vs FP8 (raw faint, smoothed solid), and below it the
     gap of each FP8 run's smoothed loss to the BF16 run of the same model, in percent (where a
-    model has both; a model with one precision is one row, with a note saying what the gap needs)."""
+    model has both; a model with one precision is one row, with a note saying what the gap needs). Pretraining runs
+    only: a fine-tune's loss is another task's (notebook 06 compares it on held-out answers)."""
     title = f"Training loss ({smoothing}, span {smoothing_span}) and FP8 gap"
     steps = runs[(runs["record"] == "step") & runs["loss"].notna()] if len(runs) else runs
+    steps = steps[~fine_tune_rows(steps)] if len(steps) else steps  # pretraining's (a fine-tune: notebook 06)
     if len(steps) and "loss_comparable" in steps:  # throughput runs: a few steps, not a loss comparison
         steps = steps[[not is_false(v) for v in steps["loss_comparable"]]]
     if not len(steps):

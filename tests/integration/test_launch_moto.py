@@ -373,11 +373,13 @@ def test_torchrun_command_on_each_node_of_a_two_node_job(aws, tmp_path):
         # the layout resolver's choice for P5's H100 80 GB at 16 ranks (fp8lab.plan.layout), not a hand-set guess
         assert args["--micro-batch-size"] == "16" and args["--seq-len"] == "2048" and args["--param-dtype"] == "bf16"
         # The trainer accepts exactly what the driver passes (same parser as `fp8lab train`).
+        from fp8lab.plan import lora as lora_plan
         from fp8lab.train.entry import parse_args
 
         cfg = parse_args(cmd[7:])
         assert (cfg.model, cfg.precision, cfg.backend, cfg.recipe, cfg.steps) == ("llama-1b", "fp8", "te", "delayed", 5)
-        assert (cfg.seq_len, cfg.micro_batch_size, cfg.parallel, cfg.fuse, cfg.compile) == (2048, 16, "fsdp", True, False)
+        assert (cfg.seq_len, cfg.micro_batch_size, cfg.parallel, cfg.fuse, cfg.compile) == (2048, 16, "fsdp", "auto", False)
+        assert lora_plan.fuses(cfg) is True  # auto: the fused blocks (no LoRA)
         # The driver's NCCL/EFA settings, identical for BF16 and FP8 jobs.
         assert got["env"] == {"NCCL_PROTO": "simple", "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
                               "NCCL_SOCKET_IFNAME": "eth0"}

@@ -93,3 +93,15 @@ def test_a_trainer_folders_lora_option_and_a_record_without_a_task_are_read_as_t
                                                  "lora-fp8": "sft-lora", "full-bf16": "sft"}
     pairs = dict(zip(*[analysis.compare_precisions(s)[k] for k in ("fp8_run", "baseline_run")]))
     assert pairs == {"new-fp8": "old-bf16", "lora-fp8": "lora-bf16"}
+
+
+def test_the_training_loss_figure_draws_pretraining_only(tmp_path):
+    from fp8lab.views import plots
+
+    paths = _files(tmp_path, {"pre-bf16": {"precision": "bf16", "loss_comparable": True},
+                              "pre-fp8": {"precision": "fp8", "loss_comparable": True},
+                              "ft-bf16": {"precision": "bf16", "task": "sft", "model": "llama-1b", "loss_comparable": True},
+                              "ft-fp8": {"precision": "fp8", "task": "sft", "model": "llama-1b", "loss_comparable": True}})
+    fig = plots.loss_figure(analysis.load_runs(paths))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["llama-tiny"]
