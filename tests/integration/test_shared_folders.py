@@ -228,8 +228,8 @@ def test_ctrl_c_during_the_export_is_one_line_and_the_same_command_exports(prepa
     # the trainer as `python -m fp8lab.train` runs it, its export held for a while once it has claimed the model
     # folder: the signal lands inside the export whatever the machine's load (a real export's window is a few
     # hundredths of a second, which a busy machine's poll can miss)
-    # with Ctrl-C's default action, as a terminal gives it: a pytest-xdist worker ignores SIGINT, and a child
-    # inherits that (Python then installs no KeyboardInterrupt handler, and fp8lab keeps what it was given)
+    # with Ctrl-C's default action, as a terminal gives it: tests started in the background by a non-interactive
+    # shell ignore SIGINT, and a child inherits that (Python then installs no KeyboardInterrupt handler)
     proc = subprocess.Popen([sys.executable, "-c", HELD_EXPORT, *cmd], env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
