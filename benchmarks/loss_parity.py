@@ -34,7 +34,11 @@ LOSS_VARIANTS: dict[str, list[str]] = {
                                   "--recipe", "delayed:amax_history_len=16,amax_compute_algo=most_recent"],
     "te-fp8-delayed-margin1": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed:margin=1", "--fuse", "True"],
     "te-fp8-delayed-edge1": [*VARIANTS["te-fp8-delayed"], "--bf16-edge-blocks", "1"],
-    "te-fp8-delayed-head": [*VARIANTS["te-fp8-delayed"], "--study", "--fp8-lm-head", "True"],  # the LM head in FP8 too
+    # the LM head in FP8 too, over the full logits (session 21's study: the backend's FP8 layer)
+    "te-fp8-delayed-head": [*VARIANTS["te-fp8-delayed"], "--fused-loss", "off", "--fp8-lm-head", "True"],
+    # the LM head's GEMMs in FP8 in the fused loss's chunks (fp8lab.train.fp8_head), and its control with them in BF16
+    "te-fp8-delayed-headchunks": [*VARIANTS["te-fp8-delayed"], "--fused-loss", "on", "--fp8-lm-head", "True"],
+    "te-fp8-delayed-headbf16": [*VARIANTS["te-fp8-delayed"], "--fused-loss", "on", "--fp8-lm-head", "False"],
     "te-fp8-current-edge1": [*VARIANTS["te-fp8-current"], "--bf16-edge-blocks", "1"],
     "emulated-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
     "emulated-fp8-delayed-edge1": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",

@@ -50,12 +50,19 @@ FOLLOW_UP = {"bf16-s2025": ("te-bf16", 2025), "bf16-s7777": ("te-bf16", 7777),
 # at two seeds, against the plain mode at the same seeds (--tokens 5000000 --study memory-modes-h100)
 MEMORY = {f"mem-{m}-s{seed}": (f"te-fp8-delayed-mem-{m}", seed)
           for m in ("plain", "bf16-moments", "fp8-exp-avg") for seed in (1234, 4321)}
-ALL_RUNS = {**RUNS, **FOLLOW_UP, **MEMORY}
+# The LM head's GEMMs in FP8 in the fused loss's chunks (benchmarks/studies/fp8_lm_head.md, part two): FP8 delayed with
+# them at two seeds against the same with the head in BF16 (--tokens 5000000 --study fp8-head-chunks-h100)
+HEAD_CHUNKS = {f"head{h}-s{seed}": (f"te-fp8-delayed-head{h}", seed) for h in ("chunks", "bf16") for seed in (1234, 4321)}
+ALL_RUNS = {**RUNS, **FOLLOW_UP, **MEMORY, **HEAD_CHUNKS}
 CPU_VARIANTS = {"te-bf16": ["--precision", "bf16", "--backend", "emulated"],  # the same script path on a CPU
                 "te-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
                 "te-fp8-current": ["--precision", "fp8", "--backend", "emulated", "--recipe", "current"],
                 "te-fp8-delayed-head": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
-                                        "--study", "--fp8-lm-head", "True"],
+                                        "--fused-loss", "off", "--fp8-lm-head", "True"],
+                "te-fp8-delayed-headchunks": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
+                                              "--fused-loss", "on", "--fp8-lm-head", "True"],
+                "te-fp8-delayed-headbf16": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
+                                            "--fused-loss", "on", "--fp8-lm-head", "False"],
                 # the memory modes need TE's FusedAdam: on a CPU only the plain mode runs
                 "te-fp8-delayed-mem-plain": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed",
                                              "--memory", "plain"]}

@@ -61,8 +61,10 @@ VARIANTS: dict[str, list[str]] = {
     # the plain commands: everything else as fp8lab.plan.layout resolves it on this machine
     "default-bf16": ["--precision", "bf16"],
     "default-fp8": ["--precision", "fp8"],
-    # the plain FP8 command with the LM head's GEMM in FP8 too (issue 51's study; --fused-loss auto then turns off)
-    "default-fp8-head": ["--precision", "fp8", "--study", "--fp8-lm-head", "True"],
+    # the plain FP8 command with the LM head's GEMM in FP8 over the full logits (issue 51's study, session 21)
+    "default-fp8-head": ["--precision", "fp8", "--fused-loss", "off", "--fp8-lm-head", "True"],
+    # the plain FP8 command with the LM head's GEMMs in BF16 (the default before they ran in FP8 in the loss's chunks)
+    "default-fp8-bf16head": ["--precision", "fp8", "--fp8-lm-head", "False"],
     # the plain FP8 command with TE's FP8 attention forced on / off (#34; auto decides by fp8lab.plan.fp8attn's rule)
     "default-fp8-attn": ["--precision", "fp8", "--fp8-attention", "on"],
     "default-fp8-noattn": ["--precision", "fp8", "--fp8-attention", "off"],

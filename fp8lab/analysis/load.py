@@ -41,7 +41,8 @@ META_COLUMNS = [
     "activation_checkpointing", "fsdp_keep_weights", "compile", "cuda_graphs",
     "fp8_attention",  # TE's FP8 dot-product attention
     "nvte_fp8_dpa_bwd",  # its backward: "1" FP8 (fp8lab's choice), "0" BF16
-    "fp8_lm_head",  # the LM head's GEMM in FP8 too (--fp8-lm-head, a study)
+    "fp8_lm_head",  # the LM head's GEMMs in FP8 too (--fp8-lm-head: in the fused loss's chunks, or over full logits)
+    "fused_loss",  # the LM head's loss chunked over tokens (fp8lab.train.fused_loss)
     "memory",  # bytes of state per parameter (fp8lab.plan.memory_modes); missing: plain
     "task",  # what the run trained: pretrain (a record without it too), sft, sft-lora (labels.task_label)
     "peer",  # true: a peer's run (benchmarks/peers.py), not fp8lab's; shown beside it (fp8lab.analysis.peers)

@@ -34,7 +34,6 @@ from fp8lab.records import data_format
 from fp8lab.model.models import MODEL_CONFIGS, config_from_hf, get_config
 from fp8lab.plan.layout import AUTO_FIELDS
 from fp8lab.plan.options import HARDWARE_BACKENDS, PARALLEL, PRECISIONS, RECIPE_KINDS  # the trainer's vocabularies
-from fp8lab.plan.options import STUDY, section_of
 from fp8lab.plan.config import TrainConfig, option_problem, recipe_problem  # trainer options: the trainer's own checks
 from fp8lab.plan import runplan  # runplan.plan_run looked up at call time (tests count its calls)
 from fp8lab.core.validate import AUTO, NONNEG_INT, is_count, one_of, whole_number
@@ -561,10 +560,6 @@ def _planned_options(spec: JobSpec) -> dict[str, Any]:
                         **memory}}
 
 
-# the trainer's study and test switches: a job that sets one passes --study too
-STUDY_OPTIONS = frozenset(f.name for f in dataclasses.fields(TrainConfig) if section_of(f) == STUDY)
-
-
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:
     """The trainer's CLI options; the torchrun driver passes each as ``--key value``.
 
@@ -585,6 +580,4 @@ def hyperparameters(spec: JobSpec) -> dict[str, Any]:
         hp["tracker-dir"] = SAGEMAKER_TENSORBOARD_DIR  # the job's TensorBoard output path (fp8lab.launch.requests)
     for name, value in planned["options"].items():
         hp[name.replace("_", "-")] = value
-    if any(name in STUDY_OPTIONS for name in spec.options):  # the trainer accepts them behind --study
-        hp["study"] = True
     return hp

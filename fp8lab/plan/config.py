@@ -160,8 +160,8 @@ class TrainConfig:
                                    "(fp8lab's hooks)", section="fp8", choices=FP8_STATS_SOURCES)
     fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens (never the full fp32 logits)",
                              section="kernels", choices=FUSED_LOSS)
-    fp8_lm_head: bool = option(False, "the LM head's GEMM in FP8 too (--backend " + " or ".join(FP8_LM_HEAD_BACKENDS)
-                               + "; benchmarks/studies/fp8_lm_head.md)", section="study", check=BOOL)
+    fp8_lm_head: AutoBool = option(AUTO, "the LM head's GEMMs in FP8 too (--precision fp8); auto: in the fused loss's "
+                                   "chunks on a GPU with FP8 GEMMs", section="fp8", check=AUTO_BOOL)
 
     # where users keep runs (fp8lab.train.trackers): metrics.jsonl mirrored into TensorBoard or MLflow
     tracker: str = option("none", "also write the metrics to TensorBoard event files or MLflow (each needs its "
@@ -236,8 +236,9 @@ def _validate(c: TrainConfig) -> None:
         raise ValueError("--backend none cannot run --precision fp8; allowed: auto | " + " | ".join(FP8_BACKENDS))
     if c.backend in ("te", EMULATED):
         fused_check(c, c.backend)  # --backend auto: checked once resolved, still before anything is built
-    if c.fp8_lm_head:
-        fp8_lm_head_check(c, c.backend)
+    if c.fp8_lm_head is True and c.precision != "fp8":
+        raise ValueError(f"--fp8-lm-head True needs --precision fp8 (got {c.precision}): a BF16 run has no FP8 GEMM; "
+                         "allowed: --fp8-lm-head auto | False, or --precision fp8")
     if c.steps is not None and c.tokens is not None:
         raise ValueError(f"--steps={c.steps!r} and --tokens={c.tokens!r}: give one of them, not both")
     if c.seq_len != AUTO and c.seq_len > mcfg.max_seq_len:  # a named Llama shape's was raised (shape_overrides)
@@ -279,16 +280,14 @@ def _model_config(c: TrainConfig, bad: Callable[[str, str], ValueError]):
         raise ValueError(f"--model-override: {exc}") from None
 
 
-def fp8_lm_head_check(c: TrainConfig, backend: str | None) -> None:
-    """Refuse ``--fp8-lm-head`` where it cannot run, before anything is built (an explicit backend here; ``auto`` once
-    resolved, in fp8lab.plan.runplan.plan_run). Beside ``--fused-loss on`` the plan refuses it (fused_loss.decide)."""
-    if c.precision != "fp8":
-        raise ValueError(f"--fp8-lm-head needs --precision fp8 (got {c.precision}): a BF16 run has no FP8 GEMM; "
-                         "allowed: --fp8-lm-head False, or --precision fp8")
-    if backend != AUTO and backend not in FP8_LM_HEAD_BACKENDS:
-        raise ValueError(f"--fp8-lm-head with --backend {backend}: allowed backends: " +
-                         " | ".join(FP8_LM_HEAD_BACKENDS))
-    # --fused-loss on beside it: refused by the fused loss's own rule (fp8lab.plan.fused_loss.decide), when planned
+def fp8_lm_head_check(backend: str | None, fused: bool) -> None:
+    """Refuse ``--fp8-lm-head True`` where it cannot run, once the plan knows the backend and whether the loss is
+    chunked (fp8lab.plan.runplan.plan_run), before anything is built: the chunks' FP8 GEMMs run beside any backend;
+    over the full logits the head becomes the backend's FP8 layer, which only some backends have."""
+    if not fused and backend not in FP8_LM_HEAD_BACKENDS:
+        raise ValueError(f"--fp8-lm-head True without the fused loss, with --backend {backend}: allowed backends: "
+                         + " | ".join(FP8_LM_HEAD_BACKENDS) + "; or --fused-loss on (the head's GEMMs in FP8 in each "
+                         "chunk, any backend)")
 
 
 def fused_check(c: TrainConfig, backend: str | None) -> None:

@@ -38,6 +38,13 @@ WEIGHT_GRAD_BYTES = 8.0  # per head weight: the fp32 gradient sum and one chunk'
 NO_GRAD_BYTES_PER_LOGIT = 10.0
 
 
+# --fp8-lm-head in the chunks (fp8lab.train.fp8_head): the gradient's E5M2 copy beside each chunk's logits, and the
+# head's weight in E4M3 twice (W and W.T) for the step.
+FP8_HEAD_BYTES_PER_LOGIT = 1.0
+FP8_HEAD_WEIGHT_BYTES = 2.0
+FP8_HEAD_CHOICES = (AUTO, True, False)
+
+
 KERNEL_ENV = LOSS_KERNEL_ENV  # a study's choice of kernel (one of KERNELS: a control), as Machine.detect reads it
 
 
@@ -60,36 +67,34 @@ def kernel_for(machine: Machine) -> str:
     return default_kernel(machine.gpu)
 
 
-def chunk_tokens(vocab: int, n_tokens: int, kernel: str) -> int:
-    """Tokens per chunk for this vocabulary and kernel: its memory within CHUNK_BYTES, at most all the tokens."""
-    per_token = vocab * BYTES_PER_LOGIT[kernel]
+def _bytes_per_logit(kernel: str, fp8: bool) -> float:
+    return BYTES_PER_LOGIT[kernel] + (FP8_HEAD_BYTES_PER_LOGIT if fp8 else 0.0)
+
+
+def chunk_tokens(vocab: int, n_tokens: int, kernel: str, fp8: bool = False) -> int:
+    """Tokens per chunk for this vocabulary and kernel (``fp8``: the head's GEMMs in FP8): its memory within
+    CHUNK_BYTES, at most all the tokens."""
+    per_token = vocab * _bytes_per_logit(kernel, fp8)
     c = MIN_CHUNK_TOKENS
     while c * 2 * per_token <= CHUNK_BYTES:
         c *= 2
     return max(1, min(c, n_tokens))
 
 
-def no_grad_chunk_tokens(vocab: int, n_tokens: int, kernel: str) -> int:
+def no_grad_chunk_tokens(vocab: int, n_tokens: int, kernel: str, fp8: bool = False) -> int:
     """Tokens per chunk of a loss without gradients: a training chunk's memory (:func:`chunk_tokens` of ``kernel``)
     read at NO_GRAD_BYTES_PER_LOGIT, at least one token."""
-    budget = BYTES_PER_LOGIT[kernel] * vocab * chunk_tokens(vocab, n_tokens, kernel)
+    budget = _bytes_per_logit(kernel, fp8) * vocab * chunk_tokens(vocab, n_tokens, kernel, fp8)
     return max(1, min(n_tokens, int(budget // (NO_GRAD_BYTES_PER_LOGIT * vocab))))
 
 
-def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
-           fp8_head: bool = False) -> tuple[bool, str]:
+def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool) -> tuple[bool, str]:
     """(the fused loss runs, why) for ``--fused-loss choice``. It is pure PyTorch: it runs on any device and
-    backend (TE, torchao, the emulator, the plain model), so ``on`` is refused only beside ``--fp8-lm-head`` (its
-    chunks run the head's GEMM in BF16); ``auto`` follows the measured rule (AUTO_MIN_LOGITS) on a GPU and stays
-    off on a CPU (its logits are small there) and beside an FP8 head."""
+    backend (TE, torchao, the emulator, the plain model), in BF16 or with the head's GEMMs in FP8
+    (:func:`fp8_head_decide`); ``auto`` follows the measured rule (AUTO_MIN_LOGITS) on a GPU and stays off on a CPU
+    (its logits are small there)."""
     if choice not in CHOICES:
         raise ValueError(f"--fused-loss={choice!r} is invalid; allowed: " + " | ".join(CHOICES))
-    if fp8_head:
-        if choice == "on":
-            raise ValueError("--fused-loss on with --fp8-lm-head: the chunked loss runs the head's GEMM in BF16; "
-                             "allowed: --fused-loss auto | off")
-        asked = "auto: off" if choice == AUTO else "--fused-loss off"
-        return False, f"{asked}: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
     logits = vocab * tokens_per_micro_batch
     size = f"vocabulary {vocab:,} x {tokens_per_micro_batch:,} tokens per micro-batch = {logits:.3g} logits"
     if choice == "on":
@@ -103,12 +108,41 @@ def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool,
     return False, f"auto: {size} < {AUTO_MIN_LOGITS:.3g} (the smallest size measured to pay): the plain loss"
 
 
-def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int, kernel: str = "compiled") -> float:
-    """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum)."""
-    chunk = chunk_tokens(vocab, tokens_per_micro_batch, kernel)
-    return BYTES_PER_LOGIT[kernel] * vocab * chunk + WEIGHT_GRAD_BYTES * vocab * hidden
+def loss_bytes(*, vocab: int, hidden: int, tokens_per_micro_batch: int, kernel: str = "compiled",
+               fp8_head: bool = False) -> float:
+    """Bytes the fused loss holds at its peak (one chunk's logits and gradient, the fp32 weight-gradient sum; with
+    ``fp8_head`` the gradient's E5M2 copy and the weight's two E4M3 copies)."""
+    chunk = chunk_tokens(vocab, tokens_per_micro_batch, kernel, fp8_head)
+    weight = WEIGHT_GRAD_BYTES + (FP8_HEAD_WEIGHT_BYTES if fp8_head else 0.0)
+    return _bytes_per_logit(kernel, fp8_head) * vocab * chunk + weight * vocab * hidden
 
 
-def no_grad_loss_bytes(*, vocab: int, tokens_per_micro_batch: int, kernel: str = "compiled") -> float:
+def no_grad_loss_bytes(*, vocab: int, tokens_per_micro_batch: int, kernel: str = "compiled",
+                       fp8_head: bool = False) -> float:
     """Bytes the fused loss holds without gradients (validation): one no-grad chunk's logits read in fp32."""
-    return NO_GRAD_BYTES_PER_LOGIT * vocab * no_grad_chunk_tokens(vocab, tokens_per_micro_batch, kernel)
+    return NO_GRAD_BYTES_PER_LOGIT * vocab * no_grad_chunk_tokens(vocab, tokens_per_micro_batch, kernel, fp8_head)
+
+
+def fp8_head_decide(choice, *, precision: str, fused: bool, fp8_gemms: bool, vocab: int,
+                    hidden: int) -> tuple[bool, str]:
+    """(the LM head's GEMMs run in FP8, why) for ``--fp8-lm-head choice`` (auto | True | False). ``auto``: in an FP8
+    run whose loss is chunked (``fused``) on a device with FP8 GEMMs (``fp8_gemms``), where the head's shape suits
+    them (fp8lab.train.fp8_head.aligned), measured faster there (benchmarks/studies/fp8_lm_head.md). True: also
+    elsewhere in an FP8 run (without the chunked loss: the backend's FP8 layer over the full logits, a study's
+    control). The head's numerics: E4M3 forward, E5M2 gradient, a scale per tensor taken from the tensor."""
+    if choice not in FP8_HEAD_CHOICES:
+        raise ValueError(f"--fp8-lm-head={choice!r} is invalid; allowed: auto | True | False")
+    if choice is False:
+        return False, "--fp8-lm-head False: the LM head in the compute dtype"
+    if precision != "fp8":
+        return False, f"a {precision} run: the LM head in the compute dtype"
+    if choice is True:
+        how = "in each chunk of the fused loss" if fused else "over the full logits (the backend's FP8 layer)"
+        return True, f"--fp8-lm-head True: the LM head's GEMMs in FP8 {how}"
+    if not fused:
+        return False, "auto: off without the fused loss (the head's GEMM over the full logits stays in BF16)"
+    if not fp8_gemms:
+        return False, "auto: off on a device without FP8 GEMMs (torch._scaled_mm)"
+    if vocab % 16 or hidden % 16:
+        return False, f"auto: off: the head's vocabulary {vocab} x hidden {hidden} is not a multiple of 16 each"
+    return True, "auto: the LM head's three GEMMs in FP8 in each chunk of the fused loss (E4M3/E5M2, scale per tensor)"

@@ -61,7 +61,7 @@ from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
 from fp8lab.model.models import block_matmul_params, count_parameters
 from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, loss_bytes, no_grad_loss_bytes
-from fp8lab.plan.fused_loss import decide as fused_loss_decide, kernel_for as loss_kernel_for
+from fp8lab.plan.fused_loss import decide as fused_loss_decide, fp8_head_decide, kernel_for as loss_kernel_for
 from fp8lab.plan import memory_modes
 from fp8lab.plan.lora import fuses
 from fp8lab.plan.lora import trainable_params as lora_trainable
@@ -144,12 +144,13 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
                     fused_loss: bool = False, loss_kernel: str = "compiled",
-                    memory_mode: str = memory_modes.PLAIN, trainable: int | None = None) -> MemoryEstimate:
+                    memory_mode: str = memory_modes.PLAIN, trainable: int | None = None,
+                    fp8_head: bool = False) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
     LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's, held as
-    ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS). ``trainable``: the parameters that train beside a
-    frozen base (LoRA's adapters, fp8lab.plan.lora), None: every one. A frozen parameter is only its weight (2 or 4
-    bytes): no gradient, master or AdamW moments."""
+    ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS), with ``fp8_head`` its GEMMs in FP8. ``trainable``:
+    the parameters that train beside a frozen base (LoRA's adapters, fp8lab.plan.lora), None: every one. A frozen
+    parameter is only its weight (2 or 4 bytes): no gradient, master or AdamW moments."""
     n = count_parameters(mcfg).total
     t = n if trainable is None else trainable
     frozen = 0 if trainable is None else n
@@ -188,8 +189,9 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     widen = FP32_FACTOR if fp32_activations else 1.0
     if fused_loss:  # one chunk's logits and gradient, and the fp32 sum of the head's weight gradient
         acts += loss_bytes(vocab=mcfg.vocab_size, hidden=mcfg.hidden_size,
-                           tokens_per_micro_batch=tokens, kernel=loss_kernel) * widen
-        val_loss = no_grad_loss_bytes(vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens, kernel=loss_kernel) * widen
+                           tokens_per_micro_batch=tokens, kernel=loss_kernel, fp8_head=fp8_head) * widen
+        val_loss = no_grad_loss_bytes(vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens, kernel=loss_kernel,
+                                      fp8_head=fp8_head) * widen
     else:
         val_loss = NO_GRAD_BYTES_PER_LOGIT * mcfg.vocab_size * tokens * widen
     evaluation = val_loss + per_layer * tokens * widen
@@ -212,6 +214,7 @@ class Layout:
     activation_checkpointing: bool = False  # recompute each block in backward (--activation-checkpointing, or auto)
     sharded: bool = False  # FSDP2 really shards (is_sharded: --parallel fsdp on several ranks)
     memory_mode: str = memory_modes.PLAIN  # bytes of state per parameter (fp8lab.plan.memory_modes)
+    fp8_head: bool = True  # --fp8-lm-head auto may run the head's GEMMs in FP8 (False: no layout fit with them)
 
     @property
     def tokens_per_gpu_step(self) -> int:
@@ -328,7 +331,14 @@ def fused_loss_for(c, machine: Machine, mcfg, tokens_per_micro_batch: int) -> tu
     """(the fused loss runs, why) at this micro-batch (fp8lab.plan.fused_loss.decide: the plan's rule, the estimate's
     too)."""
     return fused_loss_decide(c.fused_loss, vocab=mcfg.vocab_size, tokens_per_micro_batch=tokens_per_micro_batch,
-                             gpu=machine.gpu, fp8_head=c.fp8_lm_head)
+                             gpu=machine.gpu)
+
+
+def fp8_head_for(c, machine: Machine, mcfg, fused: bool, precision: str) -> tuple[bool, str]:
+    """(the LM head's GEMMs run in FP8, why) for a run in ``precision`` (fp8lab.plan.fused_loss.fp8_head_decide: the
+    plan's rule, the estimate's too)."""
+    return fp8_head_decide(c.fp8_lm_head, precision=precision, fused=fused, fp8_gemms=machine.gpu and machine.fp8,
+                           vocab=mcfg.vocab_size, hidden=mcfg.hidden_size)
 
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
@@ -348,7 +358,8 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused,
                             loss_kernel=loss_kernel, memory_mode=memory_mode,
-                            trainable=lora_trainable(c, mcfg)) for p in precisions]
+                            trainable=lora_trainable(c, mcfg),
+                            fp8_head=fp8_head_for(c, machine, mcfg, fused, p)[0]) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 
@@ -356,7 +367,25 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
             checked_modes: tuple[str, ...] = (), mode_gaps: dict[str, float] | None = None) -> Layout:
     """:func:`resolve_mode` for each memory mode ``--memory`` allows, in order (fp8lab.plan.memory_modes.candidates;
     ``checked_modes``: the modes whose loss check holds; ``mode_gaps``: each checked mode's measured loss gap to plain,
-    in percent): the first layout that fits. Raises ValueError when none does, naming the modes tried."""
+    in percent): the first layout that fits. Raises ValueError when none does, naming the modes tried.
+
+    Under ``--fp8-lm-head auto``, where nothing fits with the LM head's GEMMs in FP8 (their weight copies and the
+    gradient's E5M2 copy), the head stays in BF16 if that fits (``Layout.fp8_head`` False, with the reason): memory
+    first, then the head's few percent of speed."""
+    args = (machine, backend, mcfg, loss_kernel, checked_modes, mode_gaps)
+    try:
+        return _resolve_modes(c, *args)
+    except ValueError:
+        if c.fp8_lm_head != AUTO:
+            raise
+        lay = _resolve_modes(dataclasses.replace(c, fp8_lm_head=False), *args)
+    lay.reasons["fp8_lm_head"] = ("auto: off: with the LM head's GEMMs in FP8 (two FP8 copies of its weight, the "
+                                  "gradient's E5M2 copy) no layout fits")
+    return dataclasses.replace(lay, fp8_head=False)
+
+
+def _resolve_modes(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None,
+                   checked_modes: tuple[str, ...] = (), mode_gaps: dict[str, float] | None = None) -> Layout:
     mcfg = mcfg or c.model_config
     param_dtype = c.param_dtype if c.param_dtype != AUTO else ("bf16" if machine.gpu else "fp32")
     modes, why_plain = memory_modes.candidates(c.memory, gpu=machine.gpu, sharded=is_sharded(c.parallel,

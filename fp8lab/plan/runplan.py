@@ -84,6 +84,7 @@ class RunPlan:
     # fp8lab.plan.fused_loss.kernel_for, the kernel whose memory the layout counted)
     fused_loss: bool = False
     fused_loss_kernel: str | None = None
+    fp8_lm_head: bool = False  # the LM head's GEMMs in FP8 (fp8lab.plan.fused_loss.fp8_head_decide)
 
     # the layout's values, read where the trainer needs them
     @property
@@ -146,7 +147,7 @@ class RunPlan:
                 "cuda_graphs": onoff[bool(self.graphs.active)], "fp8_attention": onoff[self.fp8_attention],
                 "fp8_all_gather": onoff[self.fp8_all_gather], "fp8_stats_every": self.fp8_stats_every,
                 "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss],
-                "memory": self.memory_mode, "fuse": fuses(self.config)}
+                "memory": self.memory_mode, "fuse": fuses(self.config), "fp8_lm_head": self.fp8_lm_head}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -288,8 +289,6 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     recipe = recipe_for(c, backend)
     if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
         fused_check(c, backend)
-        if c.fp8_lm_head:
-            fp8_lm_head_check(c, backend)
     mcfg = c.model_config  # made once, when the options were validated
     kernel = loss_kernel_for(machine)  # the fused loss's chunk kernel: read once, its memory counted by the layout
     # "auto" options -> this machine's layout, the memory mode included (auto uses the modes whose loss check holds)
@@ -328,12 +327,19 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
                                                                          machine, evidence)
     # the fused loss, by the layout's tokens per micro-batch (the rule the layout's estimate used)
     fused, reasons["fused_loss"] = flayout.fused_loss_for(c, machine, mcfg, lay.micro_batch_size * lay.seq_len)
+    # the LM head's GEMMs in FP8 (in the chunks where the loss is fused), as the estimate counted them
+    if lay.fp8_head:  # (else the layout kept it in BF16, and says why: fp8lab.plan.layout.resolve)
+        fp8_head, reasons["fp8_lm_head"] = flayout.fp8_head_for(c, machine, mcfg, fused, c.precision)
+    else:
+        fp8_head = False
+    if c.fp8_lm_head is True:
+        fp8_lm_head_check(backend, fused)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
                    master and decision.active and lay.memory_mode == memory_modes.PLAIN, keep, cache, wgrad, mcfg,
                    reasons, fp8_attention=attn,
                    fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused,
-                   fused_loss_kernel=kernel if fused else None)
+                   fused_loss_kernel=kernel if fused else None, fp8_lm_head=fp8_head)
 
 
 # FP8 all-gather under FSDP2 ---------------------------------------------------------------------

@@ -33,7 +33,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from fp8lab.train import ce_kernel  # (imports neither torch nor triton at load)
+from fp8lab.train import ce_kernel, fp8_head  # (import neither torch nor triton at load)
 # the rule (vocabulary, auto, chunk size, memory) lives in the plan; re-exported here for the mechanism's readers
 from fp8lab.plan.fused_loss import (AUTO_MIN_LOGITS, BYTES_PER_LOGIT, CHOICES, CHUNK_BYTES, IGNORE_INDEX,  # noqa: F401
                                     KERNEL_ENV, KERNELS, MIN_CHUNK_TOKENS, WEIGHT_GRAD_BYTES, chunk_tokens, decide,
@@ -201,8 +201,11 @@ def _math_for(device_type: str, kernel: str):
     return _COMPILED[device_type] or _chunk_math_eager
 
 
-def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, ignore_index: int, kernel: str):
-    """(mean loss as fp32, grad of h2 or None, grad of weight or None), chunk by chunk (see the module doc)."""
+def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, ignore_index: int, kernel: str,
+                       fp8: bool = False, need_w: bool = True):
+    """(mean loss as fp32, grad of h2 or None, grad of weight or None), chunk by chunk (see the module doc); ``fp8``:
+    the head's GEMMs in FP8 (fp8lab.train.fp8_head), in each chunk whose token count they can take; ``need_w`` False:
+    no weight gradient (a frozen head, as under LoRA: one GEMM of three saved)."""
     import torch
 
     n = h2.shape[0]
@@ -210,15 +213,23 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
     valid = tgt != ignore_index
     count = valid.sum()
     scale = 1.0 / count.clamp(min=1).to(torch.float32)
+    gemms = fp8_head.HeadGemms(w, need_grad) if fp8 else None
+    g_mult = fp8_head.grad_multiplier(count) if fp8 else None
     loss = torch.zeros((), device=h2.device, dtype=torch.float32)
     grad_h = torch.empty((n, h2.shape[1]), device=h2.device, dtype=dtype) if need_grad else None
     one_chunk = n <= chunk
-    grad_w = None if not need_grad or one_chunk else torch.zeros(weight.shape, device=h2.device, dtype=torch.float32)
+    need_w = need_grad and need_w
+    grad_w = None if not need_w or one_chunk else torch.zeros(weight.shape, device=h2.device, dtype=torch.float32)
     math = _math_for(h2.device.type, kernel)
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         hc = h2[s:e].to(dtype)
-        logits = hc @ w.t()  # (c, V) in the compute dtype: the plain path's head GEMM for these tokens
+        in_fp8 = gemms is not None and fp8_head.aligned(e - s)  # (else this chunk's GEMMs in the compute dtype)
+        if in_fp8:
+            h8, h_inv = gemms.input(hc)
+            logits = gemms.logits(h8, h_inv, dtype)
+        else:
+            logits = hc @ w.t()  # (c, V) in the compute dtype: the plain path's head GEMM for these tokens
         t, v = tgt[s:e], valid[s:e]
         if not need_grad:  # (chunks cut by no_grad_chunk_tokens: the fp32 copy fits a training chunk's memory)
             lf = logits.float()
@@ -229,8 +240,8 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
             del lf
             continue
         failed = None
-        try:
-            part, g = math(logits, t, v, scale)
+        try:  # (in FP8, the gradient comes times g_mult: E5M2's range; fp8lab.train.fp8_head)
+            part, g = math(logits, t, v, scale * g_mult if in_fp8 else scale)
         except Exception as exc:  # noqa: BLE001 - a compiler or kernel problem must not stop training (the caller
             if kernel == "eager":  # runs the whole loss again, one kernel down: fp8lab.train.fused_loss._fall_back)
                 raise
@@ -239,10 +250,24 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
             raise _ChunkMathFailed(failed)
         loss += part
         del logits  # (the Triton kernel wrote g over it: then g holds the chunk's only buffer)
+        if in_fp8:
+            g8 = g.to(torch.float8_e5m2)
+            del g
+            g_inv = g_mult.reciprocal()
+            grad_h[s:e] = gemms.grad_input(g8, g_inv, dtype)
+            if need_w:
+                part_w = gemms.grad_weight(g8, h8, g_inv, h_inv, dtype if one_chunk else torch.float32)
+                if one_chunk:
+                    grad_w = part_w
+                else:
+                    grad_w.add_(part_w)
+                del part_w
+            del g8
+            continue
         grad_h[s:e] = g @ w
-        if one_chunk:
+        if need_w and one_chunk:
             grad_w = g.t() @ hc
-        else:
+        elif need_w:
             _add_weight_grad(grad_w, g.t(), hc)
         del g  # before the next chunk's logits: one chunk's buffer at a time
     return loss * scale, grad_h, grad_w
@@ -257,7 +282,7 @@ class LinearCrossEntropy:
 
     @classmethod
     def apply(cls, h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
-              kernel: str | None = None):
+              kernel: str | None = None, fp8: bool = False):
         if cls._fn is None:
             cls._fn = _make_function()
         import torch
@@ -271,7 +296,8 @@ class LinearCrossEntropy:
             kernel = kernel_for(h2.device.type)
         elif kernel not in KERNELS:
             raise ValueError(f"fused loss: kernel={kernel!r} is invalid; allowed: " + " | ".join(KERNELS))
-        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk or 0), int(ignore_index), kernel)
+        fp8 = bool(fp8) and fp8_head.aligned(*weight.shape)  # (a head the FP8 GEMMs cannot take runs in dtype)
+        return cls._fn.apply(h2, weight, tgt, dtype, need, int(chunk or 0), int(ignore_index), kernel, fp8)
 
 
 def _make_function():
@@ -279,14 +305,14 @@ def _make_function():
 
     class _LinearCrossEntropyFn(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, kernel):
+        def forward(ctx, h2, weight, tgt, dtype, need_grad, chunk, ignore_index, kernel, fp8):
             with torch.autocast(h2.device.type, enabled=False):
                 while True:  # chunk 0: the kernel's own size (chosen again where a kernel fails and the next runs)
                     size = chunk or (chunk_tokens if need_grad else no_grad_chunk_tokens)(weight.shape[0], h2.shape[0],
-                                                                                          kernel)
+                                                                                          kernel, fp8)
                     try:
                         loss, grad_h, grad_w = _linear_ce_forward(h2, weight, tgt, dtype, need_grad, size,
-                                                                  ignore_index, kernel)
+                                                                  ignore_index, kernel, fp8, ctx.needs_input_grad[1])
                         break
                     except _ChunkMathFailed as failed:  # (leaving this block frees the failed pass's buffers)
                         why = str(failed)
@@ -303,27 +329,29 @@ def _make_function():
                 raise RuntimeError("fused loss: backward of a forward run without gradients (torch.no_grad)")
             # times the incoming gradient (the trainer's 1/accumulation: a power of two, exact in bf16); no sync
             gh = grad_h.to(ctx.dtypes[0]).mul_(grad_out.to(ctx.dtypes[0]))
-            gw = grad_w.to(ctx.dtypes[1]).mul_(grad_out.to(ctx.dtypes[1]))
-            return gh, gw, None, None, None, None, None, None
+            gw = None if grad_w is None else grad_w.to(ctx.dtypes[1]).mul_(grad_out.to(ctx.dtypes[1]))
+            return gh, gw, None, None, None, None, None, None, None
 
     return _LinearCrossEntropyFn
 
 
 def linear_cross_entropy(h, weight, targets, chunk: int | None = None, ignore_index: int = IGNORE_INDEX,
-                         compiled: bool | None = None, kernel: str | None = None):
+                         compiled: bool | None = None, kernel: str | None = None, fp8: bool = False):
     """Mean cross-entropy of ``h @ weight.T`` against ``targets`` without the full logits (see the module doc).
     ``kernel``: the per-chunk loss and gradient (fp8lab.plan.fused_loss.KERNELS; None: :func:`kernel_for` the
     device: the Triton kernel on CUDA, eager on a CPU). ``compiled`` (older spelling): True = "compiled",
-    False = "eager". ``chunk``: tokens per chunk (None: fp8lab.plan.fused_loss.chunk_tokens for the kernel)."""
+    False = "eager". ``chunk``: tokens per chunk (None: fp8lab.plan.fused_loss.chunk_tokens for the kernel).
+    ``fp8``: the head's GEMMs in FP8 (fp8lab.train.fp8_head; ``--fp8-lm-head``)."""
     if kernel is None and compiled is not None:
         kernel = "compiled" if compiled else "eager"
-    return LinearCrossEntropy.apply(h, weight, targets, chunk, ignore_index, kernel)
+    return LinearCrossEntropy.apply(h, weight, targets, chunk, ignore_index, kernel, fp8)
 
 
 # ------------------------------------------------------------------------------------------ the model's head
 
 _TARGETS = "_fp8lab_fused_targets"
 _KERNEL = "_fp8lab_fused_kernel"  # the plan's chunk kernel, set by install
+_FP8 = "_fp8lab_fused_fp8"  # the head's GEMMs in FP8 (the plan's fp8_lm_head), set by install
 
 
 def head_of(model) -> Any:
@@ -342,20 +370,22 @@ def head_problem(head) -> str | None:
     return None
 
 
-def install(model, autocast_dtype=None, kernel: str | None = None) -> None:
+def install(model, autocast_dtype=None, kernel: str | None = None, fp8: bool = False) -> None:
     """Make ``model``'s LM head return the fused loss while :func:`targets` is set (plain logits otherwise).
 
     The head keeps its parameters, its name in the state dict and its tie to the embedding; only its
     class becomes :class:`FusedLossHead` (an ``nn.Linear``). ValueError where the head cannot (head_problem).
     ``autocast_dtype``: the dtype the trainer's autocast runs the head in (None: no autocast, the weight's own), for
     which the Triton kernel is tuned here, before the first step. ``kernel``: the plan's chunk kernel (the run plan's
-    ``fused_loss_kernel``; None: :func:`kernel_for`'s rule), which the head runs, or the next one down (kernel_for)."""
+    ``fused_loss_kernel``; None: :func:`kernel_for`'s rule), which the head runs, or the next one down (kernel_for).
+    ``fp8``: its GEMMs in FP8 (the plan's ``fp8_lm_head``: fp8lab.train.fp8_head)."""
     head = head_of(model)
     problem = "the model has no lm_head" if head is None else head_problem(head)
     if problem:
         raise ValueError(f"--fused-loss: {problem}; allowed: --fused-loss off")
     head.__class__ = _head_class()
     head.__dict__[_KERNEL] = kernel
+    head.__dict__[_FP8] = bool(fp8)
     w = head.weight
     if w.device.type != "meta" and kernel_for(w.device.type, kernel) == "triton":  # tune the kernel now, memory free
         dtype = autocast_dtype or w.dtype
@@ -402,7 +432,8 @@ def _head_class():
                 if y is None:
                     return super().forward(x)
                 return linear_cross_entropy(x, self.weight, y,
-                                            kernel=kernel_for(x.device.type, self.__dict__.get(_KERNEL)))
+                                            kernel=kernel_for(x.device.type, self.__dict__.get(_KERNEL)),
+                                            fp8=self.__dict__.get(_FP8, False))
 
         FusedLossHead.__module__, FusedLossHead.__qualname__ = __name__, "FusedLossHead"  # picklable by name
         _HEAD_CLASS = FusedLossHead

@@ -42,7 +42,7 @@ def fingerprint(plan, data: str | None = None) -> dict[str, Any]:
     extra = {} if data is None else {"data": data}
     return {**extra, "model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
             "backend": plan.backend_label, "recipe": plan.recipe.spec() if plan.recipe_kind else None,
-            "fuse": lora_plan.fuses(c), "fp8_lm_head": c.fp8_lm_head, "seq_len": lay.seq_len, "seed": c.seed,
+            "fuse": lora_plan.fuses(c), "fp8_lm_head": plan.fp8_lm_head, "seq_len": lay.seq_len, "seed": c.seed,
             "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": lay.micro_batch_size * lay.grad_accum * plan.world_size,
             "total_steps": plan.total_steps, "warmup_steps": plan.warmup_steps, "lr": c.lr, "min_lr": c.min_lr,

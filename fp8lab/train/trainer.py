@@ -214,7 +214,7 @@ class Trainer:
             flt = edge_blocks_filter(model, c.bf16_edge_blocks) if c.bf16_edge_blocks else None
             model = convert_model(model, backend=p.backend, recipe=p.recipe, fuse=lora_plan.fuses(c), module_filter=flt,
                                   fp8_all_gather=p.fp8_all_gather)
-            if c.fp8_lm_head:  # a study: the head's GEMM in FP8 too (fp8lab.fp8.convert.fp8_lm_head)
+            if p.fp8_lm_head and not p.fused_loss:  # the head over the full logits as the backend's FP8 layer
                 model = fp8_lm_head(model)
             self.conversion = model.fp8lab_conversion
         self.lora = flora.apply(model, p) if c.lora_rank else None  # adapters on the converted layers, base frozen
@@ -225,7 +225,7 @@ class Trainer:
         if c.compile:
             fdist.compile_blocks(model)
         if p.fused_loss:  # the LM head computes the loss chunk by chunk (fp8lab.train.fused_loss)
-            fused_loss.install(model, self._autocast_dtype(), kernel=p.fused_loss_kernel)
+            fused_loss.install(model, self._autocast_dtype(), kernel=p.fused_loss_kernel, fp8=p.fp8_lm_head)
         self.inner = model
         self.master, self.fused_wgrad = None, []
         if p.master_weights:

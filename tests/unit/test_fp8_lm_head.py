@@ -1,7 +1,8 @@
-"""``--fp8-lm-head`` (issue 51, a study): the LM head's GEMM in FP8 too, on the emulated backend here (TE's in
-tests/gpu/test_fp8_lm_head_gpu.py). Refused where it cannot run, before anything is built; the fused loss steps
-aside for it; the head holds the same parameters (tied heads stay tied), runs in FP8 inside autocast only, and a
-real training run records it, watches its casts and exports a model its HF class loads."""
+"""``--fp8-lm-head``: the LM head's GEMMs in FP8 too. Over the full logits (``--fused-loss off``) the head becomes the
+backend's FP8 layer, on the emulated backend here (TE's in tests/gpu/test_fp8_lm_head_gpu.py); in the chunked loss its
+three GEMMs run in FP8 (tests/unit/test_fp8_head_chunks.py). Refused where it cannot run, before anything is built;
+the head holds the same parameters (tied heads stay tied), runs in FP8 inside autocast only, and a real training run
+records it, watches its casts and exports a model its HF class loads."""
 from __future__ import annotations
 
 import json
@@ -25,22 +26,24 @@ def _tiny(tied: bool, vocab: int = 224):
                                         tie_word_embeddings=tied))
 
 
-@pytest.mark.parametrize("options,match", [
-    (dict(precision="bf16"), r"--fp8-lm-head needs --precision fp8 \(got bf16\)"),
-    (dict(precision="fp8", backend="torchao"), r"--fp8-lm-head with --backend torchao: allowed backends: te \| emulated"),
-])
-def test_refused_where_it_cannot_run_before_anything_is_built(options, match):
-    with pytest.raises(ValueError, match=match):
-        TrainConfig(model="llama-tiny", fp8_lm_head=True, **options)
+def test_refused_where_it_cannot_run_before_anything_is_built(tmp_path):
+    with pytest.raises(ValueError, match=r"--fp8-lm-head True needs --precision fp8 \(got bf16\).*allowed: "
+                                         r"--fp8-lm-head auto \| False"):
+        TrainConfig(model="llama-tiny", fp8_lm_head=True, precision="bf16")
+    with pytest.raises(ValueError, match=r"--fp8-lm-head='yes' is invalid.*auto \| True \| False"):
+        TrainConfig(model="llama-tiny", fp8_lm_head="yes")
+    # over the full logits the head is the backend's FP8 layer, which torchao has not: refused when planned
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
 
-
-def test_a_run_asking_for_the_chunked_loss_beside_an_fp8_head_is_refused_before_anything_is_written(tmp_path):
-    """The fused loss's own rule refuses the pair when the run is planned: no folder, no compute."""
-    out = tmp_path / "run"
-    with pytest.raises(ValueError, match=r"--fused-loss on with --fp8-lm-head.*allowed: --fused-loss auto \| off"):
-        train(TrainConfig(model="llama-tiny", precision="fp8", backend="emulated", fp8_lm_head=True, fused_loss="on",
-                          steps=2, output_dir=str(out), progress="off", print_metrics=False))
-    assert not out.exists()
+    h100 = Machine(device="cuda", name="NVIDIA H100 80GB HBM3", memory_gib=79.1, te_usable=True, fp8=True)
+    c = TrainConfig(model="llama-1b", precision="fp8", backend="torchao", fp8_lm_head=True, fused_loss="off")
+    with pytest.raises(ValueError, match=r"--fp8-lm-head True without the fused loss, with --backend torchao: allowed "
+                                         r"backends: te \| emulated; or --fused-loss on"):
+        plan_run(c, h100)
+    # in the chunks it runs beside any backend
+    assert plan_run(TrainConfig(model="llama-1b", precision="fp8", backend="torchao", fp8_lm_head=True,
+                                fused_loss="on"), h100).fp8_lm_head is True
 
 
 def test_the_backends_named_for_the_fp8_head_are_those_that_make_one():
@@ -50,13 +53,27 @@ def test_the_backends_named_for_the_fp8_head_are_those_that_make_one():
         n for n in backend_names() if n in FP8_LM_HEAD_BACKENDS]
 
 
-def test_the_fused_loss_steps_aside_for_an_fp8_head():
-    """``auto`` would chunk the loss at Llama-3.2-1B's 128K x 32K logits; beside an FP8 head it is off, with the reason."""
-    on, _ = fused_loss.decide("auto", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True)
-    off, why = fused_loss.decide("auto", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True, fp8_head=True)
-    assert on and not off and why == "auto: off: --fp8-lm-head runs the head as one FP8 GEMM over the full logits"
-    with pytest.raises(ValueError, match=r"--fused-loss on with --fp8-lm-head.*allowed: --fused-loss auto \| off"):
-        fused_loss.decide("on", vocab=128_256, tokens_per_micro_batch=32_768, gpu=True, fp8_head=True)
+def test_the_rule_runs_the_head_in_fp8_in_the_chunks_of_an_fp8_run_on_fp8_gpus():
+    """auto: on where the loss is chunked in an FP8 run on a GPU with FP8 GEMMs and the head's shape suits them."""
+    llama = dict(vocab=128_256, hidden=2048)
+    assert fused_loss.fp8_head_decide("auto", precision="fp8", fused=True, fp8_gemms=True, **llama)[0] is True
+    for kw, why in ((dict(precision="bf16"), "a bf16 run"), (dict(fused=False), "off without the fused loss"),
+                    (dict(fp8_gemms=False), "without FP8 GEMMs")):
+        on, reason = fused_loss.fp8_head_decide("auto", **{**dict(precision="fp8", fused=True, fp8_gemms=True), **kw},
+                                                **llama)
+        assert on is False and why in reason, reason
+    on, reason = fused_loss.fp8_head_decide("auto", precision="fp8", fused=True, fp8_gemms=True, vocab=50_257,
+                                            hidden=768)
+    assert on is False and "50257 x hidden 768 is not a multiple of 16" in reason
+    on, reason = fused_loss.fp8_head_decide(True, precision="fp8", fused=False, fp8_gemms=False, **llama)
+    assert on is True and "over the full logits" in reason
+    assert fused_loss.fp8_head_decide(False, precision="fp8", fused=True, fp8_gemms=True, **llama)[0] is False
+    # the chunks of an FP8 head hold the gradient's E5M2 copy too: smaller chunks, more bytes counted
+    assert fused_loss.chunk_tokens(151_936, 32_768, "triton", fp8=True) < fused_loss.chunk_tokens(151_936, 32_768,
+                                                                                                   "triton")
+    assert (fused_loss.loss_bytes(vocab=128_256, hidden=2048, tokens_per_micro_batch=32_768, kernel="triton",
+                                  fp8_head=True)
+            > fused_loss.loss_bytes(vocab=128_256, hidden=2048, tokens_per_micro_batch=32_768, kernel="triton"))
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "swapped"])
@@ -109,7 +126,7 @@ def test_a_training_run_records_the_fp8_head_and_watches_its_casts(prepared, tmp
     assert s["status"] == "completed" and s["nonfinite_steps"] == 0
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["fp8_lm_head"] is True and cfg["fused_loss"] == "off"
-    assert "--fp8-lm-head" in cfg["plan"]["reasons"]["fused_loss"]
+    assert "over the full logits" in cfg["plan"]["reasons"]["fp8_lm_head"]
     text = (out / "metrics.jsonl").read_text()
     assert '"lm_head"' in text  # the FP8 health records name the head's casts
     from transformers import AutoModelForCausalLM
@@ -143,6 +160,25 @@ def test_a_sagemaker_job_carries_the_fp8_head_and_is_refused_as_the_trainer_woul
     base = dict(role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9)
     spec = L.JobSpec(model="llama-1b", precision="fp8", options={"fp8_lm_head": True}, **base)
     hp = L.hyperparameters(spec)
-    assert spec.plan.fused_loss is False and hp["fp8-lm-head"] is True and hp["fused-loss"] == "off"
-    with pytest.raises(ValueError, match=r"the trainer would refuse this job: --fp8-lm-head needs --precision fp8"):
+    assert spec.plan.fused_loss and spec.plan.fp8_lm_head and hp["fp8-lm-head"] is True and hp["fused-loss"] == "on"
+    assert L.JobSpec(model="llama-1b", precision="fp8", **base).plan.fp8_lm_head  # auto on P5's H100s
+    with pytest.raises(ValueError, match=r"the trainer would refuse this job: --fp8-lm-head True needs --precision fp8"):
         L.JobSpec(model="llama-1b", precision="bf16", options={"fp8_lm_head": True}, **base)
+
+
+def test_where_only_the_bf16_head_fits_auto_keeps_it_and_says_why():
+    """Llama-3.1-8B (32 layers) with --memory fp8-exp-avg fits one H100 only without the FP8 head's copies: auto keeps
+    the head in BF16 there (the same layout as before the head ran in FP8), an explicit True is refused."""
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+
+    h100 = Machine(device="cuda", name="NVIDIA H100 80GB HBM3", memory_gib=79.1, te_usable=True, fp8=True)
+    folder = "data/reference/configs/llama-3.1-8b"
+    p = plan_run(TrainConfig(model=folder, precision="fp8", memory="fp8-exp-avg"), h100)
+    assert p.fused_loss and not p.fp8_lm_head and not p.layout.fp8_head
+    assert "no layout fits" in p.all_reasons()["fp8_lm_head"] and p.layout.memory.peak < 74
+    assert p.options()["fp8_lm_head"] is False
+    with pytest.raises(ValueError, match="does not fit"):
+        plan_run(TrainConfig(model=folder, precision="fp8", memory="fp8-exp-avg", fp8_lm_head=True), h100)
+    small = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h100)  # where it fits, auto runs it
+    assert small.fp8_lm_head and small.layout.fp8_head

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Study: the LM head's three GEMMs in FP8 inside the fused loss's chunks (fp8lab.train.fp8_head; `--fp8-lm-head auto`,
+# on by default in a chunked FP8 run on an FP8 GPU), on P5's GPU (one H100 80 GB; benchmarks/studies/fp8_lm_head.md).
+#   Question: with the head's GEMMs in FP8 (E4M3 forward, E5M2 gradient, a power-of-two scale per tensor), how much
+#   faster is the plain FP8 command than the same with the head in BF16 (the former default), what FP8/BF16 ratio do
+#   the plain commands reach, and is the loss inside the BF16-head runs' seed band (llama-1b, Linux corpus, 5M tokens)?
+#   Prediction (written before the runs): FP8 with the head in FP8 over FP8 with it in BF16: llama-1b (32K vocabulary)
+#   +1-3%, Llama-3.2-1B (128K) +6-10%, Qwen2.5-1.5B (152K) +4-8%; FP8/BF16: 1.32x, 1.36x, 1.32x; loss inside the band.
+# Parts (each packs its results as it goes):
+#   T  the GPU tests of the FP8 head (~1 min)
+#   S  llama-1b, Llama-3.2-1B and Qwen2.5-1.5B (published configs, random weights): plain BF16, plain FP8, and plain
+#      FP8 with --fp8-lm-head False, one after another (~6 min)
+#   L  the loss runs: FP8 delayed with the head in FP8 and in BF16, seeds 1234 and 4321, 5M tokens (~6 min;
+#      carry .corpus/linux-6.1.tokens.tar.xz)
+# Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_head_chunks.sh T S
+# Results: $OUT/results.tar.gz holds fp8-head-chunks-h100/ (for data/results/) and the logs.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+RES=/tmp/res
+MODELS=/tmp/family-models
+DIR=fp8-head-chunks-h100
+mkdir -p $RES/$DIR $RES/logs
+H=(python3 benchmarks/throughput.py --out $RES/$DIR --study $DIR --work /tmp/bench --timeout 300 --steps 8 --warmup 3
+   --variants default-bf16,default-fp8,default-fp8-bf16head --common-args '' --tag h100)
+pack() { cp /tmp/bench/*.log .study/$DIR/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
+for part in "$@"; do
+  t0=$(date +%s)
+  case $part in
+  T)  FP8LAB_GPU_RESULTS=$RES/gpu-results timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
+        tests/gpu/test_fp8_head_chunks_gpu.py tests/gpu/test_fp8_lm_head_gpu.py \
+        > $RES/logs/tests.txt 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" $RES/logs/tests.txt; pack ;;
+  S)  python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b >> $RES/logs/folders.txt 2>&1
+      for m in llama-1b $MODELS/llama-3.2-1b $MODELS/qwen2.5-1.5b; do "${H[@]}" --models $m; pack; done ;;
+  L)  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
+      python3 benchmarks/study_loss_parity.py --data .corpus/linux-6.1 --out $RES/$DIR --work .study/$DIR --study $DIR \
+        --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \
+        --gpus 1 --budget-s 500 --min-left-s 90 --runs headchunks-s1234,headbf16-s1234,headchunks-s4321,headbf16-s4321 \
+        2>&1 | tee -a $RES/logs/loss.log
+      python3 benchmarks/memory_modes_loss.py $RES/$DIR te-fp8-delayed-head bf16 > $RES/logs/loss-check.txt 2>&1; pack ;;
+  *) echo "unknown part $part"; exit 2 ;;
+  esac
+  echo "part $part: $(( $(date +%s) - t0 )) s" | tee -a $RES/logs/parts.txt
+done
+pack
