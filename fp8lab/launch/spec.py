@@ -553,11 +553,13 @@ def _planned_options(spec: JobSpec) -> dict[str, Any]:
     graphs = {"cuda_graphs": "on" if plan.graphs.active else "off"} if c.cuda_graphs == AUTO else {}
     # the fused loss follows the layout's micro-batch (decided above from the launch's memory): carried too
     fused = {"fused_loss": "on" if plan.fused_loss else "off"} if c.fused_loss == AUTO else {}
-    # the memory mode follows the memory the launch planned for: carried as well
+    # the memory mode follows the memory the launch planned for: carried as well, as is a BF16 LM head the layout
+    # chose (fp8lab.plan.layout.resolve; the same for both runs of a pair, so their jobs differ only in precision)
     memory = {"memory": plan.memory_mode} if c.memory == AUTO else {}
+    head = {"fp8_lm_head": False} if c.fp8_lm_head == AUTO and not plan.layout.fp8_head else {}
     return {"backend": plan.backend_label, "recipe": recipe, "parallel": c.parallel, **layout,
             "options": {**spec.options, **{k: getattr(plan.layout, k) for k in LAYOUT_OPTIONS}, **graphs, **fused,
-                        **memory}}
+                        **memory, **head}}
 
 
 def hyperparameters(spec: JobSpec) -> dict[str, Any]:

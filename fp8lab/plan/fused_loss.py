@@ -43,6 +43,7 @@ NO_GRAD_BYTES_PER_LOGIT = 10.0
 FP8_HEAD_BYTES_PER_LOGIT = 1.0
 FP8_HEAD_WEIGHT_BYTES = 2.0
 FP8_HEAD_CHOICES = (AUTO, True, False)
+FP8_HEAD_ALIGN = 16  # FP8 GEMMs need the contracted dimensions (tokens, hidden, vocabulary) in multiples of this
 
 
 KERNEL_ENV = LOSS_KERNEL_ENV  # a study's choice of kernel (one of KERNELS: a control), as Machine.detect reads it
@@ -83,9 +84,13 @@ def chunk_tokens(vocab: int, n_tokens: int, kernel: str, fp8: bool = False) -> i
 
 def no_grad_chunk_tokens(vocab: int, n_tokens: int, kernel: str, fp8: bool = False) -> int:
     """Tokens per chunk of a loss without gradients: a training chunk's memory (:func:`chunk_tokens` of ``kernel``)
-    read at NO_GRAD_BYTES_PER_LOGIT, at least one token."""
+    read at NO_GRAD_BYTES_PER_LOGIT, at least one token; with ``fp8`` a multiple of FP8_HEAD_ALIGN tokens where it
+    can be (the FP8 GEMMs run only such chunks)."""
     budget = _bytes_per_logit(kernel, fp8) * vocab * chunk_tokens(vocab, n_tokens, kernel, fp8)
-    return max(1, min(n_tokens, int(budget // (NO_GRAD_BYTES_PER_LOGIT * vocab))))
+    tokens = max(1, min(n_tokens, int(budget // (NO_GRAD_BYTES_PER_LOGIT * vocab))))
+    if fp8 and tokens < n_tokens and tokens >= FP8_HEAD_ALIGN:
+        tokens -= tokens % FP8_HEAD_ALIGN
+    return tokens
 
 
 def decide(choice: str, *, vocab: int, tokens_per_micro_batch: int, gpu: bool) -> tuple[bool, str]:
@@ -123,19 +128,23 @@ def no_grad_loss_bytes(*, vocab: int, tokens_per_micro_batch: int, kernel: str =
     return NO_GRAD_BYTES_PER_LOGIT * vocab * no_grad_chunk_tokens(vocab, tokens_per_micro_batch, kernel, fp8_head)
 
 
-def fp8_head_decide(choice, *, precision: str, fused: bool, fp8_gemms: bool, vocab: int,
-                    hidden: int) -> tuple[bool, str]:
+def fp8_head_decide(choice, *, precision: str, fused: bool, fp8_gemms: bool, vocab: int, hidden: int,
+                    gpu: bool = True) -> tuple[bool, str]:
     """(the LM head's GEMMs run in FP8, why) for ``--fp8-lm-head choice`` (auto | True | False). ``auto``: in an FP8
     run whose loss is chunked (``fused``) on a device with FP8 GEMMs (``fp8_gemms``), where the head's shape suits
     them (fp8lab.train.fp8_head.aligned), measured faster there (benchmarks/studies/fp8_lm_head.md). True: also
     elsewhere in an FP8 run (without the chunked loss: the backend's FP8 layer over the full logits, a study's
-    control). The head's numerics: E4M3 forward, E5M2 gradient, a scale per tensor taken from the tensor."""
+    control); refused in the chunks on a GPU without FP8 GEMMs (a CPU runs them, slowly: tests). The head's numerics:
+    E4M3 forward, E5M2 gradient, a scale per tensor taken from the tensor."""
     if choice not in FP8_HEAD_CHOICES:
         raise ValueError(f"--fp8-lm-head={choice!r} is invalid; allowed: auto | True | False")
     if choice is False:
         return False, "--fp8-lm-head False: the LM head in the compute dtype"
     if precision != "fp8":
         return False, f"a {precision} run: the LM head in the compute dtype"
+    if choice is True and fused and gpu and not fp8_gemms:
+        raise ValueError("--fp8-lm-head True: this GPU has no FP8 GEMMs for the fused loss's chunks (torch._scaled_mm "
+                         "needs compute capability 8.9 or 9.0+); allowed: --fp8-lm-head auto | False")
     if choice is True:
         how = "in each chunk of the fused loss" if fused else "over the full logits (the backend's FP8 layer)"
         return True, f"--fp8-lm-head True: the LM head's GEMMs in FP8 {how}"
@@ -143,6 +152,6 @@ def fp8_head_decide(choice, *, precision: str, fused: bool, fp8_gemms: bool, voc
         return False, "auto: off without the fused loss (the head's GEMM over the full logits stays in BF16)"
     if not fp8_gemms:
         return False, "auto: off on a device without FP8 GEMMs (torch._scaled_mm)"
-    if vocab % 16 or hidden % 16:
+    if vocab % FP8_HEAD_ALIGN or hidden % FP8_HEAD_ALIGN:
         return False, f"auto: off: the head's vocabulary {vocab} x hidden {hidden} is not a multiple of 16 each"
     return True, "auto: the LM head's three GEMMs in FP8 in each chunk of the fused loss (E4M3/E5M2, scale per tensor)"

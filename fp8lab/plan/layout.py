@@ -338,7 +338,7 @@ def fp8_head_for(c, machine: Machine, mcfg, fused: bool, precision: str) -> tupl
     """(the LM head's GEMMs run in FP8, why) for a run in ``precision`` (fp8lab.plan.fused_loss.fp8_head_decide: the
     plan's rule, the estimate's too)."""
     return fp8_head_decide(c.fp8_lm_head, precision=precision, fused=fused, fp8_gemms=machine.gpu and machine.fp8,
-                           vocab=mcfg.vocab_size, hidden=mcfg.hidden_size)
+                           vocab=mcfg.vocab_size, hidden=mcfg.hidden_size, gpu=machine.gpu)
 
 
 def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: str, mb: int, seq: int, ga: int,
@@ -369,19 +369,33 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     ``checked_modes``: the modes whose loss check holds; ``mode_gaps``: each checked mode's measured loss gap to plain,
     in percent): the first layout that fits. Raises ValueError when none does, naming the modes tried.
 
-    Under ``--fp8-lm-head auto``, where nothing fits with the LM head's GEMMs in FP8 (their weight copies and the
-    gradient's E5M2 copy), the head stays in BF16 if that fits (``Layout.fp8_head`` False, with the reason): memory
-    first, then the head's few percent of speed."""
+    Under ``--fp8-lm-head auto`` the layout is the one the head in BF16 gets: where the LM head's GEMMs in FP8 (their
+    weight copies and the gradient's E5M2 copy) would change it (a smaller micro-batch, checkpointing, a memory mode)
+    or not fit, the head stays in BF16 (``Layout.fp8_head`` False, with the reason): the layout first, then the
+    head's few percent of speed."""
     args = (machine, backend, mcfg, loss_kernel, checked_modes, mode_gaps)
-    try:
+    if c.fp8_lm_head != AUTO:
         return _resolve_modes(c, *args)
+    try:
+        lay = _resolve_modes(c, *args)
     except ValueError:
-        if c.fp8_lm_head != AUTO:
-            raise
-        lay = _resolve_modes(dataclasses.replace(c, fp8_lm_head=False), *args)
-    lay.reasons["fp8_lm_head"] = ("auto: off: with the LM head's GEMMs in FP8 (two FP8 copies of its weight, the "
-                                  "gradient's E5M2 copy) no layout fits")
-    return dataclasses.replace(lay, fp8_head=False)
+        lay = None
+    bf16_head = _resolve_modes(dataclasses.replace(c, fp8_lm_head=False), *args)  # raises where nothing fits
+    if lay is not None and _shape(lay) == _shape(bf16_head):
+        return lay
+    why = "no layout fits" if lay is None else "the layout would change (" + ", ".join(
+        f"{k} {a} -> {b}" for k, a, b in zip(SHAPE_FIELDS, _shape(bf16_head), _shape(lay)) if a != b) + ")"
+    bf16_head.reasons["fp8_lm_head"] = ("auto: off: with the LM head's GEMMs in FP8 in an FP8 run (two FP8 copies of "
+                                        f"its weight, the gradient's E5M2 copy) {why}")
+    return dataclasses.replace(bf16_head, fp8_head=False)
+
+
+SHAPE_FIELDS = ("micro_batch_size", "grad_accum", "seq_len", "activation_checkpointing", "fsdp_keep_weights",
+                "memory_mode")
+
+
+def _shape(lay: Layout) -> tuple:
+    return tuple(getattr(lay, k) for k in SHAPE_FIELDS)
 
 
 def _resolve_modes(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None,

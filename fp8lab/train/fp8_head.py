@@ -15,13 +15,14 @@ FP8 GEMMs take the contracted dimension contiguous in both operands (row-major f
 dimension of the second operand a multiple of 16 (:func:`aligned`). So the weight is held twice (W and W.T, one byte
 each, for the step), and the chunk's gradient and hidden states are transposed once for the weight gradient.
 ``torch._scaled_mm`` runs on CUDA GPUs with FP8 tensor cores and on CPUs (where the tests check it against the same
-math on dequantized tensors).
+math on dequantized tensors). torch is imported inside the functions, as in fp8lab.train.fused_loss: importing this
+module (the plan's rule reads it) loads no torch.
 """
 from __future__ import annotations
 
 E4M3_MAX = 448.0
 GRAD_TOP = 2.0 ** 15  # below E5M2's largest finite value, 57,344
-ALIGN = 16
+ALIGN = 16  # = fp8lab.plan.fused_loss.FP8_HEAD_ALIGN, the plan's side of the same rule
 
 
 def aligned(*dims: int) -> bool:
@@ -45,7 +46,8 @@ def quantize(x, fp8_dtype=None):
     lo, hi = torch.aminmax(x)
     amax = torch.maximum(hi.float().abs(), lo.float().abs()).clamp(min=1e-30)
     scale = _pow2_at_most(E4M3_MAX / amax)
-    return (x * scale.to(x.dtype)).to(fp8_dtype), scale.reciprocal()
+    # row-major whatever x's strides: cuBLAS's FP8 GEMMs take no other layout for the first operand
+    return (x * scale.to(x.dtype)).to(fp8_dtype).contiguous(), scale.reciprocal()
 
 
 def grad_multiplier(count):

@@ -24,7 +24,8 @@ math), on a CPU the eager math; a study picks another for a run (FP8LAB_FUSED_LO
 plan's (fp8lab.plan.fused_loss.chunk_tokens, by kernel).
 
 Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
-under autocast), read as fp32 for the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. The
+under autocast), read as fp32 for the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. With ``fp8``
+(``--fp8-lm-head``, an FP8 run's default on an FP8 GPU) the three GEMMs run in FP8 instead: fp8lab.train.fp8_head. The
 weight gradient is summed over chunks in fp32. ``tests/unit/test_fused_loss.py`` checks it against the
 plain path in fp32 on the CPU; ``benchmarks/fused_loss_bench.py`` in BF16 on the GPU.
 """
@@ -213,7 +214,7 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
     valid = tgt != ignore_index
     count = valid.sum()
     scale = 1.0 / count.clamp(min=1).to(torch.float32)
-    gemms = fp8_head.HeadGemms(w, need_grad) if fp8 else None
+    gemms = None  # the weight in FP8, made for the first chunk that runs in FP8
     g_mult = fp8_head.grad_multiplier(count) if fp8 else None
     loss = torch.zeros((), device=h2.device, dtype=torch.float32)
     grad_h = torch.empty((n, h2.shape[1]), device=h2.device, dtype=dtype) if need_grad else None
@@ -224,8 +225,9 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
         hc = h2[s:e].to(dtype)
-        in_fp8 = gemms is not None and fp8_head.aligned(e - s)  # (else this chunk's GEMMs in the compute dtype)
+        in_fp8 = fp8 and fp8_head.aligned(e - s)  # (else this chunk's GEMMs in the compute dtype)
         if in_fp8:
+            gemms = gemms or fp8_head.HeadGemms(w, need_grad)
             h8, h_inv = gemms.input(hc)
             logits = gemms.logits(h8, h_inv, dtype)
         else:

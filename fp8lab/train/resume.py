@@ -75,8 +75,12 @@ def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int,
             f"checkpoint {where} was trained on other data ({listed}); resume with the same --data, or start "
             f"afresh in a new --output-dir (or another --checkpoint-dir)")
     if fixed:
+        # where only the LM head's precision differs (auto may choose otherwise than a checkpoint's run did), the
+        # option that continues the checkpoint as it ran
+        head = (f" (--fp8-lm-head {diff['fp8_lm_head'][0]} continues it as it ran)"
+                if set(fixed) == {"fp8_lm_head"} else "")
         raise ValueError(
-            f"checkpoint {where} was written by a different run ({listed}); use the same options, or start "
+            f"checkpoint {where} was written by a different run ({listed}){head}; use the same options, or start "
             f"afresh in a new --output-dir (and --checkpoint-dir)"
             + (f" ({', '.join(fixed)} cannot change with {NEW_SETTINGS_FLAG})" if allow_new else ""))
     if not allow_new:

@@ -15,6 +15,25 @@ from fp8lab.train.entry import TrainConfig, train
 from fp8lab.train.fused_loss import linear_cross_entropy
 
 
+@pytest.fixture(autouse=True)
+def strict_scaled_mm(monkeypatch):
+    """This CPU's ``torch._scaled_mm`` takes layouts and shapes cuBLAS's FP8 GEMMs refuse on a GPU: each call here is
+    held to the GPU's rules (first operand row-major, second column-major, the contracted dimension and the second
+    operand's both dimensions multiples of 16, fp32 scales of one element) before it runs."""
+    real = torch._scaled_mm
+
+    def strict(a, b, scale_a=None, scale_b=None, **kw):
+        assert a.stride(1) == 1 and b.stride(0) == 1, (a.shape, a.stride(), b.shape, b.stride())
+        assert a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and b.shape[1] % 16 == 0, (a.shape, b.shape)
+        assert {a.dtype, b.dtype} <= {torch.float8_e4m3fn, torch.float8_e5m2} and not (
+            a.dtype == b.dtype == torch.float8_e5m2)
+        for sc in (scale_a, scale_b):
+            assert sc.dtype == torch.float32 and sc.numel() == 1
+        return real(a, b, scale_a=scale_a, scale_b=scale_b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", strict)
+
+
 def _case(n=96, vocab=512, hidden=64, seed=0, peaky=4.0):
     """Hidden states, a head and targets whose logits are far from uniform (as after some training)."""
     g = torch.Generator().manual_seed(seed)
@@ -122,6 +141,28 @@ def test_without_gradients_the_loss_is_the_fp8_forwards():
     assert abs(float(l8) - float(_grads(h, w, t, fp8=True)[0])) < 1e-6
 
 
+@pytest.mark.parametrize("vocab", [32_000, 128_256, 151_936])
+def test_the_plans_chunks_at_real_sizes_are_ones_the_fp8_gemms_take(vocab):
+    """Validation's chunks are cut smaller than training's; in FP8 they stay multiples of 16 tokens, so the
+    evaluation runs the same FP8 head as the steps (not the BF16 fallback)."""
+    from fp8lab.plan import fused_loss as rule
+
+    for tokens in (2048, 8192, 32_768):
+        for kernel in rule.KERNELS:
+            assert rule.chunk_tokens(vocab, tokens, kernel, fp8=True) % 16 == 0
+            assert rule.no_grad_chunk_tokens(vocab, tokens, kernel, fp8=True) % 16 == 0
+
+
+def test_hidden_states_in_any_layout_reach_the_gemms_row_major():
+    """A column-major (transposed) input is copied row-major by the quantization: the strict fixture would fail."""
+    h, w, t = _case()
+    hcol = h.t().contiguous().t()
+    assert hcol.stride(1) != 1
+    l8, gh8, _ = _grads(hcol, w, t, fp8=True)
+    l, gh, _ = _grads(h, w, t, fp8=True)
+    assert torch.equal(l8, l) and torch.equal(gh8, gh)
+
+
 def test_a_training_run_with_the_fused_loss_runs_its_head_in_fp8(prepared, tmp_path, monkeypatch):
     """``--fp8-lm-head True --fused-loss on`` on the emulated backend: the plan says so, the head's GEMMs run as
     scaled FP8 GEMMs (counted), and the loss follows the same run with the head in the compute dtype."""
@@ -162,15 +203,23 @@ def test_a_frozen_head_gets_no_weight_gradient_and_skips_its_gemm(fp8, monkeypat
     """Under LoRA the head is frozen: the chunked loss computes the hidden states' gradient only (the same values)."""
     h, w, t = _case()
     _, gh_full, _ = _grads(h, w, t, fp8=fp8)
-    calls = []
-    real = torch._scaled_mm
+    from fp8lab.train import fused_loss
+
+    calls, returned = [], []
+    real, forward = torch._scaled_mm, fused_loss._linear_ce_forward
 
     def counted(*a, **kw):
         calls.append(1)
         return real(*a, **kw)
 
+    def spied(*a, **kw):
+        returned.append(forward(*a, **kw))
+        return returned[-1]
+
     monkeypatch.setattr(torch, "_scaled_mm", counted)
+    monkeypatch.setattr(fused_loss, "_linear_ce_forward", spied)
     hh = h.clone().requires_grad_(True)
     linear_cross_entropy(hh, w, t, kernel="eager", fp8=fp8).backward()  # w: no requires_grad
     assert torch.equal(hh.grad, gh_full) and w.grad is None
-    assert len(calls) == (2 if fp8 else 0)  # forward and input gradient: no weight-gradient GEMM
+    assert len(returned) == 1 and returned[0][2] is None  # no weight gradient computed at all
+    assert len(calls) == (2 if fp8 else 0)  # in FP8: forward and input gradient, no weight-gradient GEMM

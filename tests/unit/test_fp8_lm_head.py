@@ -15,7 +15,6 @@ from fp8lab.plan import fused_loss
 from fp8lab.train.entry import TrainConfig, train
 
 
-
 def _tiny(tied: bool, vocab: int = 224):
     """A real transformers Llama, tiny and fp32; FP8 GEMMs need its vocabulary divisible by 16."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -182,3 +181,34 @@ def test_where_only_the_bf16_head_fits_auto_keeps_it_and_says_why():
         plan_run(TrainConfig(model=folder, precision="fp8", memory="fp8-exp-avg", fp8_lm_head=True), h100)
     small = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h100)  # where it fits, auto runs it
     assert small.fp8_lm_head and small.layout.fp8_head
+    # the same layout as the head in BF16 gets, wherever auto runs it (here the H100's plain commands)
+    for model in ("llama-1b", "data/reference/configs/llama-3.2-1b", "data/reference/configs/qwen2.5-1.5b"):
+        on = plan_run(TrainConfig(model=model, precision="fp8"), h100)
+        off = plan_run(TrainConfig(model=model, precision="fp8", fp8_lm_head=False), h100)
+        assert on.fp8_lm_head and on.layout.options() == off.layout.options()
+
+
+def test_explicit_fp8_head_in_the_chunks_is_refused_on_a_gpu_without_fp8_gemms():
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.runplan import plan_run
+
+    a100 = Machine(device="cuda", name="NVIDIA A100-SXM4-80GB", memory_gib=79.1, te_usable=True, fp8=False)
+    c = TrainConfig(model="llama-1b", precision="fp8", backend="emulated", fp8_lm_head=True, fused_loss="on")
+    with pytest.raises(ValueError, match=r"--fp8-lm-head True: this GPU has no FP8 GEMMs.*allowed: --fp8-lm-head auto "
+                                         r"\| False"):
+        plan_run(c, a100)
+    p = plan_run(TrainConfig(model="llama-1b", precision="fp8", backend="emulated", fused_loss="on"), a100)
+    assert p.fp8_lm_head is False and "without FP8 GEMMs" in p.reasons["fp8_lm_head"]
+
+
+def test_a_job_carries_a_bf16_head_the_layout_chose():
+    """The instance runs what the launch planned (as the layout and the fused loss): where the layout kept the head
+    in BF16, the job says so; elsewhere auto decides the same on the instance (both jobs of a pair alike)."""
+    from fp8lab import launch as L
+
+    base = dict(role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9)
+    assert "fp8-lm-head" not in L.hyperparameters(L.JobSpec(model="llama-1b", precision="fp8", **base))
+    for precision in ("bf16", "fp8"):
+        spec = L.JobSpec(model="data/reference/configs/llama-3.1-8b", precision=precision,
+                         instance_type="ml.p5.4xlarge", options={"memory": "fp8-exp-avg"}, **base)
+        assert not spec.plan.layout.fp8_head and L.hyperparameters(spec)["fp8-lm-head"] is False
