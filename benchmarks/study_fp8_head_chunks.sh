@@ -13,15 +13,17 @@
 #   L  the loss runs: FP8 delayed with the head in FP8 and in BF16, seeds 1234 and 4321, 5M tokens (~6 min;
 #      carry .corpus/linux-6.1.tokens.tar.xz)
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_head_chunks.sh T S
-# Results: $OUT/results.tar.gz holds fp8-head-chunks-h100/ (for data/results/) and the logs.
+# Results: $OUT/results.tar.gz holds fp8-head-chunks-h100/ (or -h200/, by the GPU; for data/results/) and the logs.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/res
 MODELS=/tmp/family-models
-DIR=fp8-head-chunks-h100
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$GPU" in *H200*) G=h200 ;; *) G=h100 ;; esac  # the results' folder says which GPU ran them
+DIR=fp8-head-chunks-$G
 mkdir -p $RES/$DIR $RES/logs
 H=(python3 benchmarks/throughput.py --out $RES/$DIR --study $DIR --work /tmp/bench --timeout 300 --steps 8 --warmup 3
-   --variants default-bf16,default-fp8,default-fp8-bf16head --common-args '' --tag h100)
+   --variants default-bf16,default-fp8,default-fp8-bf16head --common-args '' --tag $G)
 pack() { cp /tmp/bench/*.log .study/$DIR/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
 for part in "$@"; do
