@@ -8,8 +8,9 @@
 #   +1-3%, Llama-3.2-1B (128K) +6-10%, Qwen2.5-1.5B (152K) +4-8%; FP8/BF16: 1.32x, 1.36x, 1.32x; loss inside the band.
 # Parts (each packs its results as it goes):
 #   T  the GPU tests of the FP8 head (~1 min)
-#   S  llama-1b, Llama-3.2-1B and Qwen2.5-1.5B (published configs, random weights): plain BF16, plain FP8, and plain
-#      FP8 with --fp8-lm-head False, one after another (~6 min)
+#   S  Llama-3.2-1B, llama-1b and Qwen2.5-1.5B (published configs, random weights): plain BF16, plain FP8 with
+#      --fp8-lm-head True, and plain FP8 with --fp8-lm-head False, one after another (~6 min)
+#   S1 Llama-3.2-1B alone, as in S (~2 min)
 #   L  the loss runs: FP8 delayed with the head in FP8 and in BF16, seeds 1234 and 4321, 5M tokens (~6 min;
 #      carry .corpus/linux-6.1.tokens.tar.xz)
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_head_chunks.sh T S
@@ -23,7 +24,7 @@ case "$GPU" in *H200*) G=h200 ;; *) G=h100 ;; esac  # the results' folder says w
 DIR=fp8-head-chunks-$G
 mkdir -p $RES/$DIR $RES/logs
 H=(python3 benchmarks/throughput.py --out $RES/$DIR --study $DIR --work /tmp/bench --timeout 300 --steps 8 --warmup 3
-   --variants default-bf16,default-fp8,default-fp8-bf16head --common-args '' --tag $G)
+   --variants default-bf16,default-fp8-fp8head,default-fp8-bf16head --common-args '' --tag $G)
 pack() { cp /tmp/bench/*.log .study/$DIR/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
 for part in "$@"; do
@@ -33,7 +34,9 @@ for part in "$@"; do
         tests/gpu/test_fp8_head_chunks_gpu.py tests/gpu/test_fp8_lm_head_gpu.py \
         > $RES/logs/tests.txt 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" $RES/logs/tests.txt; pack ;;
   S)  python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b >> $RES/logs/folders.txt 2>&1
-      for m in llama-1b $MODELS/llama-3.2-1b $MODELS/qwen2.5-1.5b; do "${H[@]}" --models $m; pack; done ;;
+      for m in $MODELS/llama-3.2-1b llama-1b $MODELS/qwen2.5-1.5b; do "${H[@]}" --models $m; pack; done ;;
+  S1) python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b >> $RES/logs/folders.txt 2>&1
+      "${H[@]}" --models $MODELS/llama-3.2-1b; pack ;;
   L)  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
       python3 benchmarks/study_loss_parity.py --data .corpus/linux-6.1 --out $RES/$DIR --work .study/$DIR --study $DIR \
         --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \

@@ -65,6 +65,8 @@ VARIANTS: dict[str, list[str]] = {
     "default-fp8-head": ["--precision", "fp8", "--fused-loss", "off", "--fp8-lm-head", "True"],
     # the plain FP8 command with the LM head's GEMMs in BF16 (the default before they ran in FP8 in the loss's chunks)
     "default-fp8-bf16head": ["--precision", "fp8", "--fp8-lm-head", "False"],
+    # the plain FP8 command with the LM head's GEMMs in FP8 in the loss's chunks, asked for by name
+    "default-fp8-fp8head": ["--precision", "fp8", "--fp8-lm-head", "True"],
     # the plain FP8 command with TE's FP8 attention forced on / off (#34; auto decides by fp8lab.plan.fp8attn's rule)
     "default-fp8-attn": ["--precision", "fp8", "--fp8-attention", "on"],
     "default-fp8-noattn": ["--precision", "fp8", "--fp8-attention", "off"],

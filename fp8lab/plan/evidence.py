@@ -1,7 +1,8 @@
 """The measured evidence ``auto`` decisions follow, as values the plan is given.
 
 Some ``auto`` rules wait for a GPU check before they turn a feature on: FP8 attention (its crossover and its loss
-check), torchao's FP8 all-gather under FSDP2, and Transformer Engine's debug API as the FP8 health source. Their
+check), torchao's FP8 all-gather under FSDP2, Transformer Engine's debug API as the FP8 health source, and the LM
+head's GEMMs in FP8 in the fused loss's chunks. Their
 outcomes are a few values, kept in ``evidence.json`` beside this module (package data: a wheel, a checkout and a
 SageMaker job's code channel carry the same file). ``fp8lab report --docs`` writes it from ``data/results/``
 (:func:`render`), and a test ties the committed copy to those files.
@@ -26,6 +27,7 @@ FP8_ATTENTION_STUDY = "long-context-h200"  # crossover.json (speed by sequence l
 FP8_ALL_GATHER_STUDY = "fp8-all-gather-h200"  # check.json (benchmarks/fp8_all_gather_check.py)
 TE_DEBUG_STUDY = "fp8stats-sources"  # check.json (benchmarks/fp8stats_overhead.py --check)
 MEMORY_MODES_STUDY = "memory-modes-h100"  # loss.json (benchmarks/study_memory_modes.py): each mode's loss check
+FP8_HEAD_STUDY = "fp8-head-chunks-h100"  # check.json (benchmarks/fp8_head_check.py): GPU tests, speed and loss
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Evidence:
     te_debug_te: str | None = None  # the Transformer Engine release the check ran on
     memory_modes: tuple[str, ...] = ()  # the memory modes whose loss stayed inside the seeds' band (auto may use them)
     memory_mode_gaps: tuple[tuple[str, float], ...] = ()  # each checked mode's loss gap to plain, percent
+    fp8_head: bool = False  # the LM head's GEMMs in FP8 in the loss's chunks passed their GPU check (tests, speed, loss)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Evidence":
@@ -53,7 +56,8 @@ class Evidence:
                    te_debug_te=debug.get("transformer_engine"),
                    memory_modes=tuple(str(m) for m in (data.get("memory_modes") or {}).get("holds") or ()),
                    memory_mode_gaps=tuple(sorted((str(m), float(g)) for m, g in
-                                                 ((data.get("memory_modes") or {}).get("gap_pct") or {}).items())))
+                                                 ((data.get("memory_modes") or {}).get("gap_pct") or {}).items())),
+                   fp8_head=(data.get("fp8_head") or {}).get("passed") is True)
 
 
 def _read(path: Path) -> dict | None:
@@ -73,6 +77,7 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
     gather = _read(results / FP8_ALL_GATHER_STUDY / "check.json") or {}
     debug = _read(results / TE_DEBUG_STUDY / "check.json")
     modes = _read(results / MEMORY_MODES_STUDY / "loss.json") or {}
+    head = _read(results / FP8_HEAD_STUDY / "check.json")
     return {
         "fp8_attention": {
             "study": FP8_ATTENTION_STUDY,
@@ -89,6 +94,7 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
                          "holds": sorted(m for m, r in (modes.get("modes") or {}).items() if r.get("holds") is True),
                          "gap_pct": {m: round(float(r["gap_pct"]), 2) for m, r in (modes.get("modes") or {}).items()
                                      if r.get("gap_pct") is not None}},
+        "fp8_head": {"study": FP8_HEAD_STUDY, "committed": head is not None, "passed": (head or {}).get("passed") is True},
     }
 
 

@@ -364,7 +364,8 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
 
 
 def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None,
-            checked_modes: tuple[str, ...] = (), mode_gaps: dict[str, float] | None = None) -> Layout:
+            checked_modes: tuple[str, ...] = (), mode_gaps: dict[str, float] | None = None,
+            fp8_head_checked: bool = True) -> Layout:
     """:func:`resolve_mode` for each memory mode ``--memory`` allows, in order (fp8lab.plan.memory_modes.candidates;
     ``checked_modes``: the modes whose loss check holds; ``mode_gaps``: each checked mode's measured loss gap to plain,
     in percent): the first layout that fits. Raises ValueError when none does, naming the modes tried.
@@ -372,10 +373,13 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     Under ``--fp8-lm-head auto`` the layout is the one the head in BF16 gets: where the LM head's GEMMs in FP8 (their
     weight copies and the gradient's E5M2 copy) would change it (a smaller micro-batch, checkpointing, a memory mode)
     or not fit, the head stays in BF16 (``Layout.fp8_head`` False, with the reason): the layout first, then the
-    head's few percent of speed."""
+    head's few percent of speed. ``fp8_head_checked`` False (its GPU check not committed: fp8lab.plan.evidence): auto
+    plans the head in BF16."""
     args = (machine, backend, mcfg, loss_kernel, checked_modes, mode_gaps)
     if c.fp8_lm_head != AUTO:
         return _resolve_modes(c, *args)
+    if not fp8_head_checked:  # (not the layout's choice: Layout.fp8_head stays True; the plan says why)
+        return _resolve_modes(dataclasses.replace(c, fp8_lm_head=False), *args)
     try:
         lay = _resolve_modes(c, *args)
     except ValueError:

@@ -36,6 +36,7 @@ from fp8lab.plan.lora import fuses
 from fp8lab.plan.options import FP8_ALL_GATHER_BACKENDS
 from fp8lab.fp8.backends import DEFAULT_RECIPES, auto_fp8_backend
 from fp8lab.core.hardware import Machine
+from fp8lab.core.validate import AUTO
 from fp8lab.plan import evidence as fevidence
 from fp8lab.plan.evidence import FP8_ALL_GATHER_STUDY, Evidence
 from fp8lab.fp8.recipe import Recipe, kinds_where
@@ -293,7 +294,7 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     kernel = loss_kernel_for(machine)  # the fused loss's chunk kernel: read once, its memory counted by the layout
     # "auto" options -> this machine's layout, the memory mode included (auto uses the modes whose loss check holds)
     lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel, checked_modes=evidence.memory_modes,
-                           mode_gaps=dict(evidence.memory_mode_gaps))
+                           mode_gaps=dict(evidence.memory_mode_gaps), fp8_head_checked=evidence.fp8_head)
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
     if problem:
@@ -330,6 +331,9 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     # the LM head's GEMMs in FP8 (in the chunks where the loss is fused), as the estimate counted them
     if lay.fp8_head:  # (else the layout kept it in BF16, and says why: fp8lab.plan.layout.resolve)
         fp8_head, reasons["fp8_lm_head"] = flayout.fp8_head_for(c, machine, mcfg, fused, c.precision)
+        if fp8_head and c.fp8_lm_head == AUTO and not evidence.fp8_head:  # (the layout counted it in BF16 too)
+            fp8_head, reasons["fp8_lm_head"] = False, ("auto: off until the FP8 head's GPU check is committed "
+                                                       "(fp8lab.plan.evidence; --fp8-lm-head True runs it)")
     else:
         fp8_head = False
     if c.fp8_lm_head is True:

@@ -1,7 +1,7 @@
 """The LM head's GEMMs in FP8 inside the chunked loss on a Hopper GPU (cuBLAS's FP8 GEMMs through
 ``torch._scaled_mm``, the Triton chunk kernel; skipped without a TE-capable GPU): the same numbers as the math on the
-dequantized operands, close to the BF16 chunked loss at a real vocabulary, and the trainer on TE's layers choosing it
-by itself for a chunked FP8 run and training alike (the CPU's: tests/unit/test_fp8_head_chunks.py)."""
+dequantized operands, close to the BF16 chunked loss at a real vocabulary, and the trainer on TE's layers running it
+in a chunked FP8 run and training alike (the CPU's: tests/unit/test_fp8_head_chunks.py)."""
 from __future__ import annotations
 
 import json
@@ -73,16 +73,16 @@ TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, grad_accum=2, l
             checkpoint_every=-1, steps=8, val_every=8, val_batches=1, precision="fp8", fused_loss="on")
 
 
-def test_the_trainer_runs_the_head_in_fp8_in_its_chunks_by_itself_and_trains_alike(prepared, tmp_path, gpu_record):
+def test_the_trainer_runs_the_head_in_fp8_in_its_chunks_and_trains_alike(prepared, tmp_path, gpu_record):
     te_or_skip()
     runs = {}
-    for head in ("auto", False):
+    for head in (True, False):
         out = tmp_path / str(head)
         s = train(TrainConfig(**TINY, fp8_lm_head=head, data=str(prepared), output_dir=str(out)))
         assert s["status"] == "completed" and s["nonfinite_steps"] == 0
         recs = fmetrics.read_metrics(out / "metrics.jsonl")
         runs[head] = ([r["loss"] for r in recs], recs[-1].get("val_loss"), json.loads((out / "config.json").read_text()))
-    (lf, vf, cf), (lb, vb, cb) = runs["auto"], runs[False]
+    (lf, vf, cf), (lb, vb, cb) = runs[True], runs[False]
     assert cf["fp8_lm_head"] is True and cb["fp8_lm_head"] is False and cf["fused_loss"] == "on"
     assert "in each chunk of the fused loss" in cf["plan"]["reasons"]["fp8_lm_head"]
     worst = max(abs(a - b) / abs(b) for a, b in zip(lf, lb))

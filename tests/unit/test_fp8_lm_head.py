@@ -160,7 +160,10 @@ def test_a_sagemaker_job_carries_the_fp8_head_and_is_refused_as_the_trainer_woul
     spec = L.JobSpec(model="llama-1b", precision="fp8", options={"fp8_lm_head": True}, **base)
     hp = L.hyperparameters(spec)
     assert spec.plan.fused_loss and spec.plan.fp8_lm_head and hp["fp8-lm-head"] is True and hp["fused-loss"] == "on"
-    assert L.JobSpec(model="llama-1b", precision="fp8", **base).plan.fp8_lm_head  # auto on P5's H100s
+    from fp8lab.plan import evidence as fevidence
+
+    # auto on P5's H100s, once the head's GPU check is committed (fp8lab.plan.evidence)
+    assert L.JobSpec(model="llama-1b", precision="fp8", **base).plan.fp8_lm_head is fevidence.load().fp8_head
     with pytest.raises(ValueError, match=r"the trainer would refuse this job: --fp8-lm-head True needs --precision fp8"):
         L.JobSpec(model="llama-1b", precision="bf16", options={"fp8_lm_head": True}, **base)
 
@@ -171,21 +174,30 @@ def test_where_only_the_bf16_head_fits_auto_keeps_it_and_says_why():
     from fp8lab.core.hardware import Machine
     from fp8lab.plan.runplan import plan_run
 
+    from fp8lab.plan.evidence import Evidence
+
     h100 = Machine(device="cuda", name="NVIDIA H100 80GB HBM3", memory_gib=79.1, te_usable=True, fp8=True)
     folder = "data/reference/configs/llama-3.1-8b"
-    p = plan_run(TrainConfig(model=folder, precision="fp8", memory="fp8-exp-avg"), h100)
+    checked = Evidence(fp8_head=True)  # the head's GPU check committed: auto may run it
+    p = plan_run(TrainConfig(model=folder, precision="fp8", memory="fp8-exp-avg"), h100, checked)
     assert p.fused_loss and not p.fp8_lm_head and not p.layout.fp8_head
     assert "no layout fits" in p.all_reasons()["fp8_lm_head"] and p.layout.memory.peak < 74
     assert p.options()["fp8_lm_head"] is False
     with pytest.raises(ValueError, match="does not fit"):
-        plan_run(TrainConfig(model=folder, precision="fp8", memory="fp8-exp-avg", fp8_lm_head=True), h100)
-    small = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h100)  # where it fits, auto runs it
+        plan_run(TrainConfig(model=folder, precision="fp8", memory="fp8-exp-avg", fp8_lm_head=True), h100, checked)
+    small = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h100, checked)  # where it fits, auto runs it
     assert small.fp8_lm_head and small.layout.fp8_head
     # the same layout as the head in BF16 gets, wherever auto runs it (here the H100's plain commands)
     for model in ("llama-1b", "data/reference/configs/llama-3.2-1b", "data/reference/configs/qwen2.5-1.5b"):
-        on = plan_run(TrainConfig(model=model, precision="fp8"), h100)
-        off = plan_run(TrainConfig(model=model, precision="fp8", fp8_lm_head=False), h100)
+        on = plan_run(TrainConfig(model=model, precision="fp8"), h100, checked)
+        off = plan_run(TrainConfig(model=model, precision="fp8", fp8_lm_head=False), h100, checked)
         assert on.fp8_lm_head and on.layout.options() == off.layout.options()
+    # until that check is committed auto plans the head in BF16 (and counts it so), saying why
+    unchecked = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h100, Evidence())
+    assert not unchecked.fp8_lm_head and "until the FP8 head's GPU check is committed" in unchecked.reasons[
+        "fp8_lm_head"]
+    assert unchecked.layout.memory.peak <= small.layout.memory.peak
+    assert plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_lm_head=True), h100, Evidence()).fp8_lm_head
 
 
 def test_explicit_fp8_head_in_the_chunks_is_refused_on_a_gpu_without_fp8_gemms():
@@ -201,11 +213,13 @@ def test_explicit_fp8_head_in_the_chunks_is_refused_on_a_gpu_without_fp8_gemms()
     assert p.fp8_lm_head is False and "without FP8 GEMMs" in p.reasons["fp8_lm_head"]
 
 
-def test_a_job_carries_a_bf16_head_the_layout_chose():
+def test_a_job_carries_a_bf16_head_the_layout_chose(monkeypatch):
     """The instance runs what the launch planned (as the layout and the fused loss): where the layout kept the head
     in BF16, the job says so; elsewhere auto decides the same on the instance (both jobs of a pair alike)."""
     from fp8lab import launch as L
+    from fp8lab.plan import evidence as fevidence
 
+    monkeypatch.setattr(fevidence, "load", lambda path=None: fevidence.Evidence(fp8_head=True))  # the check committed
     base = dict(role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, tokens=10**9)
     assert "fp8-lm-head" not in L.hyperparameters(L.JobSpec(model="llama-1b", precision="fp8", **base))
     for precision in ("bf16", "fp8"):

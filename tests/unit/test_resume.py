@@ -51,11 +51,14 @@ def test_a_checkpoint_that_recorded_the_request_still_resumes():
 def test_a_checkpoint_whose_head_ran_in_bf16_is_continued_by_naming_that():
     """An FP8 run's head follows --fp8-lm-head auto (in FP8 in the fused loss's chunks on an FP8 GPU): a checkpoint
     written with the head in BF16 is another run, and the refusal names the option that continues it as it ran."""
+    from fp8lab.plan.evidence import Evidence
+
     fp8 = dict(FIXED, precision="fp8", fused_loss="on")
-    saved = resume.fingerprint(plan_run(TrainConfig(**fp8, fp8_lm_head=False), H200))
-    here = resume.fingerprint(plan_run(TrainConfig(**fp8), H200))
+    checked = Evidence(fp8_head=True)  # the head's GPU check committed: auto runs it in FP8
+    saved = resume.fingerprint(plan_run(TrainConfig(**fp8, fp8_lm_head=False), H200, checked))
+    here = resume.fingerprint(plan_run(TrainConfig(**fp8), H200, checked))
     assert (saved["fp8_lm_head"], here["fp8_lm_head"]) == (False, True)
     with pytest.raises(ValueError, match=r"fp8_lm_head: False there, True here\) \(--fp8-lm-head False continues it"):
         resume.check(saved, here, "step_00000010", 10, allow_new=False)
-    again = resume.fingerprint(plan_run(TrainConfig(**fp8, fp8_lm_head=False), H200))
+    again = resume.fingerprint(plan_run(TrainConfig(**fp8, fp8_lm_head=False), H200, checked))
     assert resume.check(saved, again, "step_00000010", 10, allow_new=False) == {}
