@@ -15,6 +15,8 @@
 #      carry .corpus/linux-6.1.tokens.tar.xz)
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_head_chunks.sh T S
 # Results: $OUT/results.tar.gz holds fp8-head-chunks-h100/ (or -h200/, by the GPU; for data/results/) and the logs.
+# Then, here: python benchmarks/fp8_head_check.py data/results/fp8-head-chunks-h100 --tests-log <logs>/tests.txt writes
+# check.json, and `fp8lab report --docs` puts its verdict in fp8lab/plan/evidence.json (what --fp8-lm-head auto reads).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/res

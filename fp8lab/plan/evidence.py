@@ -42,7 +42,7 @@ class Evidence:
     te_debug_te: str | None = None  # the Transformer Engine release the check ran on
     memory_modes: tuple[str, ...] = ()  # the memory modes whose loss stayed inside the seeds' band (auto may use them)
     memory_mode_gaps: tuple[tuple[str, float], ...] = ()  # each checked mode's loss gap to plain, percent
-    fp8_head: bool = False  # the LM head's GEMMs in FP8 in the loss's chunks passed their GPU check (tests, speed, loss)
+    fp8_head: bool = False  # the LM head's FP8 GEMMs in the loss's chunks passed their GPU check (tests, speed, loss)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Evidence":
@@ -94,7 +94,8 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
                          "holds": sorted(m for m, r in (modes.get("modes") or {}).items() if r.get("holds") is True),
                          "gap_pct": {m: round(float(r["gap_pct"]), 2) for m, r in (modes.get("modes") or {}).items()
                                      if r.get("gap_pct") is not None}},
-        "fp8_head": {"study": FP8_HEAD_STUDY, "committed": head is not None, "passed": (head or {}).get("passed") is True},
+        "fp8_head": {"study": FP8_HEAD_STUDY, "committed": head is not None,
+                     "passed": (head or {}).get("passed") is True},
     }
 
 

@@ -147,3 +147,46 @@ def test_the_fine_tune_loss_table_is_made_from_the_committed_runs(tmp_path):
     gaps = {k: round(v["gap_pct"], 2) for k, v in table["variants"].items()}
     assert gaps == {"bf16 ft": 0.0, "fp8 ft": 1.0, "fp8 ft-current": -1.4, "fp8 ft-uncal": 2.33}
     assert round(table["band_pct"], 2) == 0.96
+
+
+def _run_file(folder, model, variant, seed=None, speed=None, val_loss=None):
+    """A result file as the harnesses write it: its run record and its summary (the keys the checks read)."""
+    run = {"record": "run", "run_id": f"{model}-{variant}", "model": model, "variant": variant, "seed": seed}
+    summary = {"record": "summary", "tokens_per_sec_per_gpu": speed, "val_loss": val_loss}
+    (folder / f"{model}-{variant}.jsonl").write_text(json.dumps(run) + "\n" + json.dumps(summary) + "\n")
+
+
+def test_the_fp8_head_check_passes_only_on_passed_tests_a_gain_everywhere_and_the_loss_in_band(tmp_path):
+    """benchmarks/fp8_head_check.py, what --fp8-lm-head auto waits for (fp8lab.plan.evidence): each part can fail it."""
+    import fp8_head_check
+    import memory_modes_loss
+
+    folder = tmp_path / "fp8-head-chunks-h100"
+    folder.mkdir()
+    for model, fp8, bf16_head, bf16 in (("llama-1b", 105.0, 102.0, 80.0), ("llama-3.2-1b", 99.0, 90.0, 72.0)):
+        _run_file(folder, model, "default-fp8-fp8head-h100", speed=fp8)
+        _run_file(folder, model, "default-fp8-bf16head-h100", speed=bf16_head)
+        _run_file(folder, model, "default-bf16-h100", speed=bf16)
+    for head, losses in (("bf16", (3.40, 3.38)), ("chunks", (3.395, 3.39))):
+        for seed, v in zip((1234, 4321), losses):
+            _run_file(folder, "llama-1b", f"te-fp8-delayed-head{head}-5m-s{seed}", seed=seed, val_loss=v)
+    (folder / "loss.json").write_text(json.dumps(memory_modes_loss.check(folder, "te-fp8-delayed-head", "bf16")))
+    ok = "=== 4 passed, 1 warning in 61.20s ==="
+    result = fp8_head_check.check(folder, "collected 4 items\n....\n" + ok)
+    assert result["passed"] and result["tests"]["summary"] == "4 passed, 1 warning in 61.20s"
+    assert round(result["speed"]["models"]["llama-3.2-1b"]["gain_pct"], 2) == 10.0
+    assert result["speed"]["models"]["llama-3.2-1b"]["fp8_over_bf16"] == pytest.approx(99 / 72)
+    assert result["loss"]["holds"] and result["loss"]["gap_pct"] == pytest.approx(100 * (3.3925 / 3.39 - 1))
+    assert not fp8_head_check.check(folder, "=== 1 failed, 3 passed in 60s ===")["passed"]
+    _run_file(folder, "qwen2.5-1.5b", "default-fp8-fp8head-h100", speed=70.0)  # slower than its BF16 head: no
+    _run_file(folder, "qwen2.5-1.5b", "default-fp8-bf16head-h100", speed=71.0)
+    slower = fp8_head_check.check(folder, ok)
+    assert not slower["passed"] and not slower["speed"]["faster_everywhere"] and slower["tests"]["passed"]
+    (folder / "loss.json").unlink()  # no loss check committed: no pass
+    assert not fp8_head_check.check(folder, ok)["loss"]["committed"]
+    # the evidence the plan reads follows check.json
+    from fp8lab.plan import evidence
+
+    (folder / "check.json").write_text(json.dumps({"passed": True}))
+    assert evidence.Evidence.from_dict(evidence.from_results(tmp_path)).fp8_head is True
+    assert evidence.Evidence.from_dict(evidence.from_results(tmp_path / "none")).fp8_head is False
