@@ -6,8 +6,9 @@ Reads what ``benchmarks/study_fp8_head_chunks.sh T S L`` wrote: the GPU tests' p
 speed runs (per model ``<model>-default-fp8-fp8head-<gpu>`` against ``<model>-default-fp8-bf16head-<gpu>``, and
 ``<model>-default-bf16-<gpu>``) and the loss check (``loss.json`` of ``benchmarks/memory_modes_loss.py FOLDER
 te-fp8-delayed-head bf16``: the head in FP8, ``chunks``, against the head in BF16). Writes ``check.json`` beside them:
-``passed`` when the tests passed with none failed, the FP8 head was faster than the BF16 head for every model
-measured, and its loss stayed inside the BF16-head runs' band; each part's figures as measured.
+``passed`` when the tests passed with none failed or skipped, the FP8 head was faster than the BF16 head for each of
+the study's models (MODELS; each record's ``fp8_lm_head`` as its variant says), and its loss stayed inside the
+BF16-head runs' band; each part's figures as measured.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fp8lab.analysis.load import read_jsonl  # noqa: E402
 
 FP8_HEAD, BF16_HEAD, BF16 = "default-fp8-fp8head", "default-fp8-bf16head", "default-bf16"
+MODELS = ("llama-1b", "llama-3.2-1b", "qwen2.5-1.5b")  # the study's (benchmarks/study_fp8_head_chunks.sh S)
+HEAD_OF = {FP8_HEAD: True, BF16_HEAD: False}  # what each variant's records must say they ran
 
 
 def _speeds(folder: Path) -> dict[str, dict[str, float]]:
@@ -35,15 +38,19 @@ def _speeds(folder: Path) -> dict[str, dict[str, float]]:
         speed = summary.get("tokens_per_sec_per_gpu")
         for name in (FP8_HEAD, BF16_HEAD, BF16):
             if variant.startswith(name + "-") and speed:
+                if name in HEAD_OF and run.get("fp8_lm_head") is not HEAD_OF[name]:
+                    raise SystemExit(f"{f.name}: fp8_lm_head {run.get('fp8_lm_head')!r}, not {HEAD_OF[name]} as "
+                                     f"its variant {variant} says")
                 out.setdefault(str(run["model"]), {})[name] = float(speed)
     return out
 
 
 def tests_outcome(text: str) -> tuple[bool, str]:
-    """(passed, pytest's summary line) from a pytest log: passed with none failed or in error."""
-    lines = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+    """(passed, pytest's summary line) from a pytest log: passed with none failed, in error or skipped (a GPU test
+    skips where Transformer Engine or the GPU is missing: that checks nothing)."""
+    lines = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|error|skipped)", ln)]
     last = lines[-1].strip("= ").strip() if lines else ""
-    return bool(last) and "passed" in last and "failed" not in last and "error" not in last, last
+    return bool(last) and "passed" in last and not any(w in last for w in ("failed", "error", "skipped")), last
 
 
 def check(folder: Path, tests_text: str) -> dict:
@@ -57,11 +64,12 @@ def check(folder: Path, tests_text: str) -> dict:
     loss_file = folder / "loss.json"
     loss = json.loads(loss_file.read_text()) if loss_file.exists() else {}
     chunks = (loss.get("modes") or {}).get("chunks") or {}
-    faster = bool(speed) and all(s["gain_pct"] > 0 for s in speed.values())
+    faster = set(MODELS) <= set(speed) and all(s["gain_pct"] > 0 for s in speed.values())
     holds = chunks.get("holds") is True
     return {"passed": ok_tests and faster and holds,
             "tests": {"passed": ok_tests, "summary": summary},
-            "speed": {"faster_everywhere": faster, "models": speed},
+            "speed": {"faster_everywhere": faster, "models": speed,
+                      "missing": sorted(set(MODELS) - set(speed))},
             "loss": {"holds": holds, "gap_pct": chunks.get("gap_pct"), "band_pct": chunks.get("band_pct"),
                      "committed": bool(loss)}}
 

@@ -93,7 +93,8 @@ def run_pair(model: str = "llama-tiny", steps: int = 60, backends: Sequence[str]
     base = {"progress": "auto", "print_metrics": False, "plot": False, "save_model": False, "resume": False, **options,
             "lr": TrainConfig.lr if lr_auto else options["lr"]}
     runs = [("bf16", "bf16", names[0])] + [(f"fp8 {n}", "fp8", n) for n in names]
-    bf16_only = {"fp8_attention": "off"} if base.get("fp8_attention") == "on" else {}  # nothing in FP8 there
+    bf16_only = {**({"fp8_attention": "off"} if base.get("fp8_attention") == "on" else {}),  # nothing in FP8 there
+                 **({"fp8_lm_head": False} if base.get("fp8_lm_head") is True else {})}
     configs = {label: TrainConfig(model=model, steps=steps, precision=precision, backend=backend, recipe=recipe,
                                   output_dir=str(out / label.replace(" ", "-")),
                                   **{**base, **(bf16_only if precision == "bf16" else {})})

@@ -123,7 +123,7 @@ def _headline_loss(comparison: pd.DataFrame, summary: pd.DataFrame, model: str, 
         edge = m.get("bf16_edge_blocks")
         plain = (":" not in spec
                  and not (isinstance(edge, (int, float, np.integer, np.floating)) and not pd.isna(edge) and edge > 0)
-                 # the FP8 head over the full logits is a study's set-up (in the fused loss's chunks it is the default)
+                 # the FP8 head over the full logits is a study's set-up (in the fused loss's chunks, auto's choice)
                  and not (is_flag(m.get("fp8_lm_head")) and not is_flag(m.get("fused_loss"))))
         when = pd.to_datetime(m.get("date"), utc=True, errors="coerce")
         return (m.get("recipe") == recipe, plain, r["tokens_fp8"], when.value if pd.notna(when) else 0)

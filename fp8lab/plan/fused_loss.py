@@ -132,16 +132,20 @@ def fp8_head_decide(choice, *, precision: str, fused: bool, fp8_gemms: bool, voc
                     gpu: bool = True) -> tuple[bool, str]:
     """(the LM head's GEMMs run in FP8, why) for ``--fp8-lm-head choice`` (auto | True | False). ``auto``: in an FP8
     run whose loss is chunked (``fused``) on a device with FP8 GEMMs (``fp8_gemms``), where the head's shape suits
-    them (fp8lab.train.fp8_head.aligned), measured faster there (benchmarks/studies/fp8_lm_head.md). True: also
-    elsewhere in an FP8 run (without the chunked loss: the backend's FP8 layer over the full logits, a study's
-    control); refused in the chunks on a GPU without FP8 GEMMs (a CPU runs them, slowly: tests). The head's numerics:
-    E4M3 forward, E5M2 gradient, a scale per tensor taken from the tensor."""
+    them (fp8lab.train.fp8_head.aligned); the plan applies it only once its GPU check is committed
+    (fp8lab.plan.evidence; benchmarks/studies/fp8_lm_head.md). True: also elsewhere in an FP8 run (without the
+    chunked loss: the backend's FP8 layer over the full logits, a study's control); refused in the chunks on a GPU
+    without FP8 GEMMs (a CPU runs them, slowly: tests) and for a head whose shape they cannot take. The head's
+    numerics: E4M3 forward, E5M2 gradient, a scale per tensor taken from the tensor."""
     if choice not in FP8_HEAD_CHOICES:
         raise ValueError(f"--fp8-lm-head={choice!r} is invalid; allowed: auto | True | False")
     if choice is False:
         return False, "--fp8-lm-head False: the LM head in the compute dtype"
     if precision != "fp8":
         return False, f"a {precision} run: the LM head in the compute dtype"
+    if choice is True and fused and (vocab % FP8_HEAD_ALIGN or hidden % FP8_HEAD_ALIGN):
+        raise ValueError(f"--fp8-lm-head True: the LM head's vocabulary {vocab} x hidden {hidden} is not a multiple "
+                         f"of {FP8_HEAD_ALIGN} each, which FP8 GEMMs need; allowed: --fp8-lm-head auto | False")
     if choice is True and fused and gpu and not fp8_gemms:
         raise ValueError("--fp8-lm-head True: this GPU has no FP8 GEMMs for the fused loss's chunks (torch._scaled_mm "
                          "needs compute capability 8.9 or 9.0+); allowed: --fp8-lm-head auto | False")

@@ -214,7 +214,9 @@ class Layout:
     activation_checkpointing: bool = False  # recompute each block in backward (--activation-checkpointing, or auto)
     sharded: bool = False  # FSDP2 really shards (is_sharded: --parallel fsdp on several ranks)
     memory_mode: str = memory_modes.PLAIN  # bytes of state per parameter (fp8lab.plan.memory_modes)
-    fp8_head: bool = True  # --fp8-lm-head auto may run the head's GEMMs in FP8 (False: no layout fit with them)
+    # False: this layout kept the LM head in BF16 under --fp8-lm-head auto (FP8 would change it or not fit); True
+    # says only that the layout did not (the plan decides the head: fp8lab.plan.runplan)
+    fp8_head: bool = True
 
     @property
     def tokens_per_gpu_step(self) -> int:

@@ -25,7 +25,7 @@ plan's (fp8lab.plan.fused_loss.chunk_tokens, by kernel).
 
 Numerics: the logits of a chunk are the same GEMM as the plain path's (bf16 operands, fp32 accumulation,
 under autocast), read as fp32 for the log-sum-exp, as ``F.cross_entropy(logits.float())`` does. With ``fp8``
-(``--fp8-lm-head``, an FP8 run's default on an FP8 GPU) the three GEMMs run in FP8 instead: fp8lab.train.fp8_head. The
+(``--fp8-lm-head``) the three GEMMs run in FP8 instead: fp8lab.train.fp8_head. The
 weight gradient is summed over chunks in fp32. ``tests/unit/test_fused_loss.py`` checks it against the
 plain path in fp32 on the CPU; ``benchmarks/fused_loss_bench.py`` in BF16 on the GPU.
 """

@@ -73,8 +73,18 @@ TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, grad_accum=2, l
             checkpoint_every=-1, steps=8, val_every=8, val_batches=1, precision="fp8", fused_loss="on")
 
 
-def test_the_trainer_runs_the_head_in_fp8_in_its_chunks_and_trains_alike(prepared, tmp_path, gpu_record):
+def test_the_trainer_runs_the_head_in_fp8_in_its_chunks_and_trains_alike(prepared, tmp_path, gpu_record, monkeypatch):
     te_or_skip()
+    import torch
+
+    calls = {}
+    real = torch._scaled_mm
+
+    def counted(*a, **kw):  # the head's FP8 GEMMs (TE's own GEMMs do not go through torch._scaled_mm)
+        calls[head] = calls.get(head, 0) + 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", counted)
     runs = {}
     for head in (True, False):
         out = tmp_path / str(head)
@@ -85,6 +95,7 @@ def test_the_trainer_runs_the_head_in_fp8_in_its_chunks_and_trains_alike(prepare
     (lf, vf, cf), (lb, vb, cb) = runs[True], runs[False]
     assert cf["fp8_lm_head"] is True and cb["fp8_lm_head"] is False and cf["fused_loss"] == "on"
     assert "in each chunk of the fused loss" in cf["plan"]["reasons"]["fp8_lm_head"]
+    assert calls.get(True, 0) >= 3 * 8 * 2 and not calls.get(False)  # 3 GEMMs x 8 steps x 2 micro-batches; BF16 0
     worst = max(abs(a - b) / abs(b) for a, b in zip(lf, lb))
     gpu_record(max_rel_loss_diff=worst, val_loss_bf16_head=vb, val_loss_fp8_head=vf)
     assert abs(lf[0] - lb[0]) / lb[0] < 1e-2 and worst < 5e-2 and abs(vf - vb) / vb < 5e-2, (lf, lb)

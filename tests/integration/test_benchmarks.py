@@ -149,9 +149,10 @@ def test_the_fine_tune_loss_table_is_made_from_the_committed_runs(tmp_path):
     assert round(table["band_pct"], 2) == 0.96
 
 
-def _run_file(folder, model, variant, seed=None, speed=None, val_loss=None):
+def _run_file(folder, model, variant, seed=None, speed=None, val_loss=None, head=None):
     """A result file as the harnesses write it: its run record and its summary (the keys the checks read)."""
-    run = {"record": "run", "run_id": f"{model}-{variant}", "model": model, "variant": variant, "seed": seed}
+    run = {"record": "run", "run_id": f"{model}-{variant}", "model": model, "variant": variant, "seed": seed,
+           "fp8_lm_head": head}
     summary = {"record": "summary", "tokens_per_sec_per_gpu": speed, "val_loss": val_loss}
     (folder / f"{model}-{variant}.jsonl").write_text(json.dumps(run) + "\n" + json.dumps(summary) + "\n")
 
@@ -163,10 +164,11 @@ def test_the_fp8_head_check_passes_only_on_passed_tests_a_gain_everywhere_and_th
 
     folder = tmp_path / "fp8-head-chunks-h100"
     folder.mkdir()
-    for model, fp8, bf16_head, bf16 in (("llama-1b", 105.0, 102.0, 80.0), ("llama-3.2-1b", 99.0, 90.0, 72.0)):
-        _run_file(folder, model, "default-fp8-fp8head-h100", speed=fp8)
-        _run_file(folder, model, "default-fp8-bf16head-h100", speed=bf16_head)
-        _run_file(folder, model, "default-bf16-h100", speed=bf16)
+    speeds = (("llama-1b", 105.0, 102.0, 80.0), ("llama-3.2-1b", 99.0, 90.0, 72.0), ("qwen2.5-1.5b", 75.0, 71.0, 57.0))
+    for model, fp8, bf16_head, bf16 in speeds:
+        _run_file(folder, model, "default-fp8-fp8head-h100", speed=fp8, head=True)
+        _run_file(folder, model, "default-fp8-bf16head-h100", speed=bf16_head, head=False)
+        _run_file(folder, model, "default-bf16-h100", speed=bf16, head=False)
     for head, losses in (("bf16", (3.40, 3.38)), ("chunks", (3.395, 3.39))):
         for seed, v in zip((1234, 4321), losses):
             _run_file(folder, "llama-1b", f"te-fp8-delayed-head{head}-5m-s{seed}", seed=seed, val_loss=v)
@@ -178,10 +180,16 @@ def test_the_fp8_head_check_passes_only_on_passed_tests_a_gain_everywhere_and_th
     assert result["speed"]["models"]["llama-3.2-1b"]["fp8_over_bf16"] == pytest.approx(99 / 72)
     assert result["loss"]["holds"] and result["loss"]["gap_pct"] == pytest.approx(100 * (3.3925 / 3.39 - 1))
     assert not fp8_head_check.check(folder, "=== 1 failed, 3 passed in 60s ===")["passed"]
-    _run_file(folder, "qwen2.5-1.5b", "default-fp8-fp8head-h100", speed=70.0)  # slower than its BF16 head: no
-    _run_file(folder, "qwen2.5-1.5b", "default-fp8-bf16head-h100", speed=71.0)
+    assert not fp8_head_check.check(folder, "=== 1 passed, 3 skipped in 6s ===")["passed"]  # no TE there: no check
+    (folder / "qwen2.5-1.5b-default-fp8-fp8head-h100.jsonl").unlink()  # a model of the study not measured: no
+    assert fp8_head_check.check(folder, ok)["speed"]["missing"] == ["qwen2.5-1.5b"]
+    _run_file(folder, "qwen2.5-1.5b", "default-fp8-fp8head-h100", speed=70.0, head=True)  # slower than BF16's: no
     slower = fp8_head_check.check(folder, ok)
     assert not slower["passed"] and not slower["speed"]["faster_everywhere"] and slower["tests"]["passed"]
+    _run_file(folder, "qwen2.5-1.5b", "default-fp8-fp8head-h100", speed=75.0, head=False)  # a record that lies
+    with pytest.raises(SystemExit, match="fp8_lm_head False, not True as its variant"):
+        fp8_head_check.check(folder, ok)
+    _run_file(folder, "qwen2.5-1.5b", "default-fp8-fp8head-h100", speed=75.0, head=True)
     (folder / "loss.json").unlink()  # no loss check committed: no pass
     assert not fp8_head_check.check(folder, ok)["loss"]["committed"]
     # the evidence the plan reads follows check.json

@@ -196,7 +196,9 @@ def test_where_only_the_bf16_head_fits_auto_keeps_it_and_says_why():
     unchecked = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h100, Evidence())
     assert not unchecked.fp8_lm_head and "until the FP8 head's GPU check is committed" in unchecked.reasons[
         "fp8_lm_head"]
-    assert unchecked.layout.memory.peak <= small.layout.memory.peak
+    bf16_head = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_lm_head=False), h100, Evidence())
+    assert unchecked.layout.options() == bf16_head.layout.options()
+    assert unchecked.layout.memory.peak == bf16_head.layout.memory.peak
     assert plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_lm_head=True), h100, Evidence()).fp8_lm_head
 
 
@@ -226,3 +228,21 @@ def test_a_job_carries_a_bf16_head_the_layout_chose(monkeypatch):
         spec = L.JobSpec(model="data/reference/configs/llama-3.1-8b", precision=precision,
                          instance_type="ml.p5.4xlarge", options={"memory": "fp8-exp-avg"}, **base)
         assert not spec.plan.layout.fp8_head and L.hyperparameters(spec)["fp8-lm-head"] is False
+
+
+def test_a_head_the_fp8_gemms_cannot_take_is_refused_when_asked_for_by_name():
+    """True with the fused loss on a 50,257-token vocabulary: refused (auto keeps such a head in BF16 and says so)."""
+    assert fused_loss.fp8_head_decide("auto", precision="fp8", fused=True, fp8_gemms=True, vocab=50_257,
+                                      hidden=768)[0] is False
+    with pytest.raises(ValueError, match=r"--fp8-lm-head True: the LM head's vocabulary 50257 x hidden 768 is not a "
+                                         r"multiple of 16 each.*allowed: --fp8-lm-head auto \| False"):
+        fused_loss.fp8_head_decide(True, precision="fp8", fused=True, fp8_gemms=True, vocab=50_257, hidden=768)
+
+
+def test_a_pair_asking_for_the_fp8_head_runs_its_bf16_baseline_without_it(tmp_path):
+    """run_pair (notebook 03's pair) passes the options to both runs: the BF16 run has no FP8 head to run."""
+    from fp8lab import trainpair
+
+    pair = trainpair.run_pair("llama-tiny", 2, ["emulated"], output_dir=tmp_path, dry_run=True, fp8_lm_head=True,
+                              fused_loss="on")
+    assert len(pair.layouts) == 2
