@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp8lab.analysis.load import read_jsonl  # noqa: E402
+from fp8lab.analysis.load import run_and_summary  # noqa: E402
 
 FP8_HEAD, BF16_HEAD, BF16 = "default-fp8-fp8head", "default-fp8-bf16head", "default-bf16"
 MODELS = ("llama-1b", "llama-3.2-1b", "qwen2.5-1.5b")  # the study's (benchmarks/study_fp8_head_chunks.sh S)
@@ -31,9 +31,7 @@ def _speeds(folder: Path) -> dict[str, dict[str, float]]:
     """model -> variant (without the GPU tag) -> tokens/s/GPU, from the run records of ``folder``."""
     out: dict[str, dict[str, float]] = {}
     for f in sorted(folder.glob("*.jsonl")):
-        recs = [r for _, r in read_jsonl(f)]
-        run = next((r for r in recs if r.get("record") == "run"), {})
-        summary = next((r for r in recs if r.get("record") == "summary"), {})
+        run, summary = run_and_summary(f)
         variant = str(run.get("variant", ""))
         speed = summary.get("tokens_per_sec_per_gpu")
         for name in (FP8_HEAD, BF16_HEAD, BF16):

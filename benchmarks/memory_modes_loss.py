@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fp8lab.analysis.load import read_jsonl  # noqa: E402
+from fp8lab.analysis.load import run_and_summary  # noqa: E402
 from fp8lab.analysis.parity import against_seeds  # noqa: E402
 from fp8lab.plan import memory_modes  # noqa: E402
 
@@ -31,9 +31,7 @@ def final_losses(folder: Path, prefix: str = PREFIX) -> dict[str, dict[int, floa
     """mode -> seed -> final validation loss, from the run records of ``folder`` whose variant starts with ``prefix``."""
     out: dict[str, dict[int, float]] = {}
     for f in sorted(folder.glob("*.jsonl")):
-        recs = [r for _, r in read_jsonl(f)]
-        run = next((r for r in recs if r.get("record") == "run"), {})
-        summary = next((r for r in recs if r.get("record") == "summary"), {})
+        run, summary = run_and_summary(f)
         variant = str(run.get("variant", ""))
         if not variant.startswith(prefix) or summary.get("val_loss") is None:
             continue

@@ -305,6 +305,13 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
 RUN_RECORD_REQUIRED = ("model", "precision", "gpu_name", "world_size", "command", "date")
 
 
+def run_and_summary(path: str | Path) -> tuple[dict, dict]:
+    """A result file's run record and its summary (``{}`` for one it lacks): what a study's check reads of a run."""
+    recs = [r for _, r in read_jsonl(path)]
+    return (next((r for r in recs if r.get("record") == "run"), {}),
+            next((r for r in recs if r.get("record") == "summary"), {}))
+
+
 def write_result_file(path: str | Path, run: dict, steps: Iterable[dict] = (), summary: dict | None = None,
                       others: Iterable[dict] = ()) -> Path:
     """Write one run as a result file in the format of ``data/results/README.md``.

@@ -20,9 +20,10 @@ module (the plan's rule reads it) loads no torch.
 """
 from __future__ import annotations
 
+from fp8lab.plan.fused_loss import FP8_HEAD_ALIGN as ALIGN  # the plan's rule (torch-free), declared there
+
 E4M3_MAX = 448.0
 GRAD_TOP = 2.0 ** 15  # below E5M2's largest finite value, 57,344
-ALIGN = 16  # = fp8lab.plan.fused_loss.FP8_HEAD_ALIGN, the plan's side of the same rule
 
 
 def aligned(*dims: int) -> bool:
