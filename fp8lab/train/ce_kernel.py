@@ -40,13 +40,14 @@ def _jit():
     import triton.language as tl
 
     @triton.jit
-    def ce_grad_in_place(x_ptr, t_ptr, loss_ptr, scale_ptr, n_rows, n_cols, stride, ignore_index, BLOCK: tl.constexpr,
-                         LANES: tl.constexpr, PER_SM: tl.constexpr, SINGLE: tl.constexpr):
+    def ce_grad_in_place(x_ptr, g_ptr, t_ptr, loss_ptr, scale_ptr, n_rows, n_cols, stride, g_stride, ignore_index,
+                         BLOCK: tl.constexpr, LANES: tl.constexpr, PER_SM: tl.constexpr, SINGLE: tl.constexpr):
         cols = tl.arange(0, BLOCK)
         scale = tl.load(scale_ptr)
         first, step = tl.program_id(0).to(tl.int64), tl.num_programs(0).to(tl.int64)  # (64-bit row offsets)
         for row in range(first, n_rows, step):  # one row, or every (programs)-th
             base = x_ptr + row * stride
+            g_base = g_ptr + row * g_stride  # (x_ptr itself unless the caller gave another buffer)
             t = tl.load(t_ptr + row)
             valid = t != ignore_index
             tsafe = tl.where(valid, t, 0)
@@ -60,7 +61,7 @@ def _jit():
                 picked = tl.load(base + tsafe).to(tl.float32)
                 tl.store(loss_ptr + row, tl.where(valid, m + tl.log(s) - picked, 0.0))
                 g = (e * (1.0 / s) - tl.where(cols == tsafe, 1.0, 0.0)) * coef
-                tl.store(base + cols, g.to(x_ptr.dtype.element_ty), mask=mask)
+                tl.store(g_base + cols, g.to(g_ptr.dtype.element_ty), mask=mask)
             else:
                 # pass 1: the running maximum and sum of exp(x - maximum)
                 if LANES:  # per lane, no reduction inside the loop (a finite start: -inf - -inf would be NaN)
@@ -90,7 +91,7 @@ def _jit():
                     mask = idx < n_cols
                     x = tl.load(base + idx, mask=mask, other=0.0).to(tl.float32)
                     g = (tl.exp(x - lse) - tl.where(idx == tsafe, 1.0, 0.0)) * coef
-                    tl.store(base + idx, g.to(x_ptr.dtype.element_ty), mask=mask)
+                    tl.store(g_base + idx, g.to(g_ptr.dtype.element_ty), mask=mask)
 
     return triton.heuristics({"SINGLE": lambda a: a["n_cols"] <= a["BLOCK"]})(ce_grad_in_place)
 
@@ -102,6 +103,7 @@ def _autotuned():
 
     configs = [triton.Config({"BLOCK": b, "LANES": lanes, "PER_SM": per_sm}, num_warps=w)
                for b, w, lanes, per_sm in CONFIGS]
+    # (Triton adds the tensors' dtypes to the key: a one-byte gradient is tuned apart from a bf16 one)
     return triton.autotune(configs=configs, key=["n_cols"], restore_value=["x_ptr"], cache_results=True)(_jit())
 
 
@@ -134,8 +136,10 @@ def available(device_type: str) -> bool:
     return device_type == "cuda" or _interpreted()
 
 
-def chunk_math(logits, t, v, scale, config: int | None = None):
-    """(sum of the chunk's losses in fp32, d(mean loss)/d(logits) written over ``logits``); ``t`` the targets,
+def chunk_math(logits, t, v, scale, config: int | None = None, out=None):
+    """(sum of the chunk's losses in fp32, d(mean loss)/d(logits) written over ``logits``, or into ``out``: a
+    contiguous tensor of the logits' shape, in any dtype the kernel can store, e.g. E5M2 for the FP8 head, which then
+    needs no separate cast of the gradient); ``t`` the targets,
     ``v`` which of them count (``t`` is read as ignored where ``v`` is False), ``scale`` 1 / the mean's count (a
     0-d fp32 tensor on the same device). ``logits`` must be a contiguous (tokens, vocabulary) tensor. ``config``:
     run CONFIGS[config] (the tests check each); None: the autotuned choice (Triton's interpreter, which cannot time
@@ -146,20 +150,24 @@ def chunk_math(logits, t, v, scale, config: int | None = None):
         raise ValueError(f"ce_kernel.chunk_math: logits must be 2-d with contiguous rows, got {tuple(logits.shape)} "
                          f"strides {logits.stride()}")
     n, vocab = logits.shape
+    out = logits if out is None else out
+    if out.shape != logits.shape or out.stride(1) != 1:
+        raise ValueError(f"ce_kernel.chunk_math: out must have the logits' shape {tuple(logits.shape)} and contiguous "
+                         f"rows, got {tuple(out.shape)} strides {out.stride()}")
     ignore = -1  # v folded into the targets: -1 is never a token
     tt = torch.where(v, t, torch.full_like(t, ignore)).to(torch.int64).contiguous()
     rows = torch.empty(n, device=logits.device, dtype=torch.float32)
     sc = scale.to(device=logits.device, dtype=torch.float32).reshape(1).contiguous()
     if n:
         grid = _grid(n, _sm_count(logits.device))
-        args = (logits, tt, rows, sc, n, vocab, logits.stride(0), ignore)
+        args = (logits, out, tt, rows, sc, n, vocab, logits.stride(0), out.stride(0), ignore)
         if config is None and not _interpreted():
             _autotuned()[grid](*args)
         else:
             b, w, lanes, per_sm = CONFIGS[INTERPRET_CONFIG if config is None else config]
             meta = {"BLOCK": b, "LANES": lanes, "PER_SM": per_sm}
             _jit()[grid(meta)](*args, **meta, num_warps=w)
-    return rows.sum(), logits
+    return rows.sum(), out
 
 
 def _sm_count(device) -> int:

@@ -243,7 +243,11 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
             continue
         failed = None
         try:  # (in FP8, the gradient comes times g_mult: E5M2's range; fp8lab.train.fp8_head)
-            part, g = math(logits, t, v, scale * g_mult if in_fp8 else scale)
+            if in_fp8 and math is ce_kernel.chunk_math:  # the kernel writes E5M2 itself: no cast pass over the chunk
+                part, g = math(logits, t, v, scale * g_mult,
+                               out=torch.empty(logits.shape, device=logits.device, dtype=torch.float8_e5m2))
+            else:
+                part, g = math(logits, t, v, scale * g_mult if in_fp8 else scale)
         except Exception as exc:  # noqa: BLE001 - a compiler or kernel problem must not stop training (the caller
             if kernel == "eager":  # runs the whole loss again, one kernel down: fp8lab.train.fused_loss._fall_back)
                 raise
@@ -253,7 +257,7 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
         loss += part
         del logits  # (the Triton kernel wrote g over it: then g holds the chunk's only buffer)
         if in_fp8:
-            g8 = g.to(torch.float8_e5m2)
+            g8 = g.to(torch.float8_e5m2)  # (no copy where the kernel wrote E5M2)
             del g
             g_inv = g_mult.reciprocal()
             grad_h[s:e] = gemms.grad_input(g8, g_inv, dtype)

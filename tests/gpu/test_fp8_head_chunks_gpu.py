@@ -68,6 +68,32 @@ def test_fp8_chunks_on_the_gpu_match_their_math_and_follow_bf16(vocab, chunk, gp
     assert errs["loss_vs_bf16"] < 0.01 and errs["grad_h_cos_bf16"] > 0.98 and errs["grad_w_cos_bf16"] > 0.98, errs
 
 
+def test_the_triton_kernel_writes_the_e5m2_gradient_as_a_cast_of_the_math(gpu_record):
+    """The chunk kernel writing the FP8 head's gradient straight into an E5M2 buffer (no cast pass): each element
+    the fp32 math's gradient rounded once to E5M2 (the interpreter on a CPU cannot check this rounding)."""
+    te_or_skip()
+    import torch
+
+    from fp8lab.train import ce_kernel, fused_loss
+
+    if not ce_kernel.available("cuda"):
+        pytest.skip("Triton does not run here")
+    h, w, t = _case(2048, 128_256, 2048)
+    logits = h @ w.t()
+    v = torch.ones_like(t, dtype=torch.bool)
+    scale = torch.tensor(2.0 ** 15 / t.numel(), device="cuda")  # (1 / count times the head's gradient multiplier)
+    _, want = fused_loss._chunk_math_eager(logits.float(), t, v, scale)
+    out = torch.empty(logits.shape, device="cuda", dtype=torch.float8_e5m2)
+    before = logits.clone()
+    _, got = ce_kernel.chunk_math(logits, t, v, scale, out=out)
+    want8 = want.to(torch.float8_e5m2).float()
+    same = float((got.float() == want8).float().mean())
+    step = float(((got.float() - want8).abs() - want8.abs() * 2.0 ** -2).max())  # within one E5M2 step
+    gpu_record(same_fraction=same, beyond_one_step=step)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(logits, before)
+    assert same > 0.99 and step <= 2.0 ** -16, (same, step)
+
+
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, grad_accum=2, lr=2e-3, progress="off",
             print_metrics=False, plot=False, device="cuda", backend="te", param_dtype="bf16", save_model=False,
             checkpoint_every=-1, steps=8, val_every=8, val_batches=1, precision="fp8", fused_loss="on")

@@ -317,6 +317,13 @@ for i, dtype, cols in cases:
     err = float((got_g.float() - want_g.float()).abs().max())
     assert err <= tol, err
     assert float(got_g[1].abs().max()) == 0.0
+    # into another buffer (as the FP8 head's E5M2 gradient is written): the logits untouched, the same gradient.
+    # (E5M2 itself is checked on the GPU: the interpreter's float-to-FP8 rounding loses the carry into the exponent.)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    buf = x.clone()
+    got_loss2, got_g2 = ce_kernel.chunk_math(buf, t, v, scale, out=out)
+    assert got_g2.data_ptr() == out.data_ptr() and torch.equal(buf, x)
+    assert torch.equal(got_g2, got_g) and float(got_loss2) == float(got_loss)
 ce_kernel.INTERPRET_CONFIG = 0
 assert fused_loss._kernel_agrees("cpu") is None  # the check at first use, and the one after tuning (bf16)
 assert fused_loss._kernel_agrees("cpu", 40_000, torch.bfloat16, config=None) is None
@@ -328,7 +335,8 @@ def test_the_triton_kernel_is_the_eager_math_in_the_interpreter():
     """fp8lab.train.ce_kernel run by Triton's interpreter on the CPU (TRITON_INTERPRET=1, set before triton is
     imported: a fresh process) against the eager math: rows of several blocks with a partial last one, and rows of
     one block (read once), an ignored target, fp32 and bf16, for each of its configs (the persistent ones with
-    fewer programs than rows). The compiled kernel on the GPU: tests/gpu/test_fused_loss_gpu.py."""
+    fewer programs than rows), and the gradient written into another buffer (the FP8 head's way). The compiled kernel
+    on the GPU: tests/gpu/test_fused_loss_gpu.py."""
     import os
     import subprocess
     import sys

@@ -73,7 +73,8 @@ def test_memory_model_is_close_to_each_measured_peak(name, run, peak):
         activation_checkpointing=bool(run.get("activation_checkpointing")),
         fused_loss=run.get("fused_loss") is True,  # issue 51: the chunked loss where the run had it, with its kernel
         loss_kernel=run.get("fused_loss_kernel") or "compiled",  # records before the Triton kernel: the compiled one
-        memory_mode=run.get("memory") or "plain")  # records before the memory modes: plain
+        memory_mode=run.get("memory") or "plain",  # records before the memory modes: plain
+        fp8_head=bool(run.get("fp8_lm_head")) and run.get("fused_loss") is True)  # the head's FP8 GEMMs in the chunks
     if run["model"] in FOLDER_MODELS:
         # the models people bring (families study), not among the runs the model was fitted to: never
         # below the measured peak (a layout it picks fits), at most 20% above (128K-vocab logits: ~15%)
