@@ -23,7 +23,8 @@ RES=/tmp/res
 MODELS=/tmp/family-models
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$GPU" in *H200*) G=h200 ;; *) G=h100 ;; esac  # the results' folder says which GPU ran them
-DIR=fp8-head-chunks-$G
+DIR=fp8-head-chunks-$G${TAG:+-$TAG}  # TAG (optional): a later version of the head, in a folder and run ids of its own
+G=$G${TAG:+-$TAG}
 mkdir -p $RES/$DIR $RES/logs
 H=(python3 benchmarks/throughput.py --out $RES/$DIR --study $DIR --work /tmp/bench --timeout 300 --steps 8 --warmup 3
    --variants default-bf16,default-fp8-fp8head,default-fp8-bf16head --common-args '' --tag $G)

@@ -60,7 +60,7 @@ from typing import Any
 from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
 from fp8lab.model.models import block_matmul_params, count_parameters
-from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, loss_bytes, no_grad_loss_bytes
+from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, chunk_tokens, loss_bytes, no_grad_loss_bytes
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, fp8_head_decide, kernel_for as loss_kernel_for
 from fp8lab.plan import memory_modes
 from fp8lab.plan.lora import fuses
@@ -387,13 +387,32 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     except ValueError:
         lay = None
     bf16_head = _resolve_modes(dataclasses.replace(c, fp8_lm_head=False), *args)  # raises where nothing fits
-    if lay is not None and _shape(lay) == _shape(bf16_head):
+    more = lay is not None and _more_chunks(c, lay, mcfg or c.model_config, loss_kernel)
+    if lay is not None and _shape(lay) == _shape(bf16_head) and not more:
         return lay
-    why = "no layout fits" if lay is None else "the layout would change (" + ", ".join(
-        f"{k} {a} -> {b}" for k, a, b in zip(SHAPE_FIELDS, _shape(bf16_head), _shape(lay)) if a != b) + ")"
+    if lay is None:
+        why = "no layout fits"
+    elif more:
+        why = (f"the loss would run in {more[1]} chunks instead of {more[0]} (each chunk more sums the fp32 weight "
+               "gradient once more: measured slower, data/results/fp8-head-chunks-h200)")
+    else:
+        why = "the layout would change (" + ", ".join(
+            f"{k} {a} -> {b}" for k, a, b in zip(SHAPE_FIELDS, _shape(bf16_head), _shape(lay)) if a != b) + ")"
     bf16_head.reasons["fp8_lm_head"] = ("auto: off: with the LM head's GEMMs in FP8 in an FP8 run (two FP8 copies of "
                                         f"its weight, the gradient's E5M2 copy) {why}")
     return dataclasses.replace(bf16_head, fp8_head=False)
+
+
+def _more_chunks(c, lay: Layout, mcfg, loss_kernel: str | None) -> tuple[int, int] | None:
+    """(chunks with the head in BF16, in FP8) where the FP8 head's byte per logit would cut the fused loss into
+    more chunks than the BF16 head's, else None."""
+    tokens = lay.micro_batch_size * lay.seq_len
+    fused = fused_loss_for(c, lay.machine, mcfg, tokens)[0]
+    if not (fused and fp8_head_for(c, lay.machine, mcfg, fused, "fp8")[0]):  # (the pair's FP8 run: one layout)
+        return None
+    kernel = loss_kernel or loss_kernel_for(lay.machine)
+    n = [math.ceil(tokens / chunk_tokens(mcfg.vocab_size, tokens, kernel, fp8)) for fp8 in (False, True)]
+    return (n[0], n[1]) if n[1] > n[0] else None
 
 
 SHAPE_FIELDS = ("micro_batch_size", "grad_accum", "seq_len", "activation_checkpointing", "fsdp_keep_weights",

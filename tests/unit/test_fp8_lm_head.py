@@ -202,6 +202,32 @@ def test_where_only_the_bf16_head_fits_auto_keeps_it_and_says_why():
     assert plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_lm_head=True), h100, Evidence()).fp8_lm_head
 
 
+def test_where_the_fp8_head_would_cut_the_loss_into_more_chunks_auto_keeps_it_in_bf16():
+    """Qwen2.5-1.5B's plain layout on an H200 (16 x 2048 tokens, 152K vocabulary): the head in BF16 is one chunk, in
+    FP8 (a byte more per logit) two, measured slower; auto keeps the BF16 head there and says why. On the H100 (8 x
+    2048) both are one chunk: auto runs it. An explicit True still runs it in two."""
+    from fp8lab.core.hardware import Machine
+    from fp8lab.plan.evidence import Evidence
+    from fp8lab.plan.fused_loss import chunk_tokens
+    from fp8lab.plan.runplan import plan_run
+
+    checked = Evidence(fp8_head=True)
+    h200 = Machine(device="cuda", name="NVIDIA H200", memory_gib=139.8, te_usable=True, fp8=True)
+    h100 = Machine(device="cuda", name="NVIDIA H100 80GB HBM3", memory_gib=79.1, te_usable=True, fp8=True)
+    folder = "data/reference/configs/qwen2.5-1.5b"
+    p = plan_run(TrainConfig(model=folder, precision="fp8"), h200, checked)
+    tokens = p.layout.micro_batch_size * p.layout.seq_len
+    assert chunk_tokens(151_936, tokens, "triton", True) < tokens == chunk_tokens(151_936, tokens, "triton", False)
+    assert p.fused_loss and not p.fp8_lm_head and not p.layout.fp8_head and p.options()["fp8_lm_head"] is False
+    assert "2 chunks instead of 1" in p.all_reasons()["fp8_lm_head"]
+    off = plan_run(TrainConfig(model=folder, precision="fp8", fp8_lm_head=False), h200, checked)
+    assert p.layout.options() == off.layout.options()
+    assert plan_run(TrainConfig(model=folder, precision="fp8", fp8_lm_head=True), h200, checked).fp8_lm_head
+    assert plan_run(TrainConfig(model=folder, precision="fp8"), h100, checked).fp8_lm_head
+    llama = plan_run(TrainConfig(model="data/reference/configs/llama-3.2-1b", precision="fp8"), h200, checked)
+    assert llama.fp8_lm_head  # (128K x 32,768 tokens: one chunk either way)
+
+
 def test_explicit_fp8_head_in_the_chunks_is_refused_on_a_gpu_without_fp8_gemms():
     from fp8lab.core.hardware import Machine
     from fp8lab.plan.runplan import plan_run
