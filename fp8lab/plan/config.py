@@ -96,8 +96,8 @@ class TrainConfig:
     keep_checkpoints: int = option(2, "newest complete checkpoints kept", section="outputs", check=POSITIVE_INT)
     resume: bool = option(True, "continue from the newest complete checkpoint in the checkpoint folder",
                           section="outputs", check=BOOL)
-    resume_with_new_settings: bool = option(False, "resume although the schedule, AdamW or clipping differ from the "
-                                            "checkpoint's", section="outputs", check=BOOL)
+    resume_with_new_settings: bool = option(False, "resume although the schedule, AdamW, clipping or the LM head's "
+                                            "precision differ from the checkpoint's", section="outputs", check=BOOL)
     val_every: int = option(0, "validation loss every N steps (0: only at the end)", section="data",
                             check=NONNEG_INT)
     val_batches: int = option(4, "validation size in global batches", section="data", check=BATCH_COUNT)

@@ -14,8 +14,11 @@ only the schedule differs (steps/tokens, --warmup-steps, --lr, --min-lr, --weigh
 --beta1/2, --grad-clip). The schedule is then defined as the new run's: from the checkpoint's step
 ``s`` on, the learning rate is what a fresh run with the new options has at step ``s`` (warm-up,
 then cosine to the new --min-lr at the new last step), and the new AdamW settings apply from the
-next update; weights, AdamW moments and the data position continue from the checkpoint. Layout
-and model options (everything else in the fingerprint) cannot change: that would be another run.
+next update; weights, AdamW moments and the data position continue from the checkpoint. It may also
+change the LM head's precision (--fp8-lm-head): the head keeps no FP8 state (each step scales from
+the tensors themselves), so the checkpoint holds the same things either way and only the numerics
+from then on differ. Layout and model options (everything else in the fingerprint) cannot change:
+that would be another run.
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from fp8lab.core.paths import shareable_text
 from fp8lab.model.user import identity
 from fp8lab.plan import lora as lora_plan
 
-# fingerprint keys that --resume-with-new-settings may change
+# fingerprint keys that --resume-with-new-settings may change: the schedule, and the head's precision (no state)
 SCHEDULE_KEYS = ("total_steps", "warmup_steps", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip")
+NEW_SETTINGS_KEYS = SCHEDULE_KEYS + ("fp8_lm_head",)
 NEW_SETTINGS_FLAG = "--resume-with-new-settings"
 
 
@@ -62,31 +66,31 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tup
 
 
 def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int, allow_new: bool) -> dict[str, tuple]:
-    """Raise ValueError listing the differences unless none, or only schedule ones with ``allow_new``.
+    """Raise ValueError listing the differences unless none, or only NEW_SETTINGS_KEYS with ``allow_new``.
 
-    Returns the schedule differences accepted under ``allow_new`` (empty when the runs agree)."""
+    Returns the differences accepted under ``allow_new`` (empty when the runs agree)."""
     diff = differences(saved, current)
     if not diff:
         return {}
     listed = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
-    fixed = [k for k in diff if k not in SCHEDULE_KEYS]
+    fixed = [k for k in diff if k not in NEW_SETTINGS_KEYS]
     if "data" in fixed:  # another corpus: that is another run, started in its own folder
         raise ValueError(
             f"checkpoint {where} was trained on other data ({listed}); resume with the same --data, or start "
             f"afresh in a new --output-dir (or another --checkpoint-dir)")
     if fixed:
-        # where only the LM head's precision differs (auto may choose otherwise than a checkpoint's run did), the
-        # option that continues the checkpoint as it ran
-        head = (f" (--fp8-lm-head {diff['fp8_lm_head'][0]} continues it as it ran)"
-                if set(fixed) == {"fp8_lm_head"} else "")
         raise ValueError(
-            f"checkpoint {where} was written by a different run ({listed}){head}; use the same options, or start "
+            f"checkpoint {where} was written by a different run ({listed}); use the same options, or start "
             f"afresh in a new --output-dir (and --checkpoint-dir)"
             + (f" ({', '.join(fixed)} cannot change with {NEW_SETTINGS_FLAG})" if allow_new else ""))
     if not allow_new:
+        # where the LM head's precision differs (auto may choose otherwise than a checkpoint's run did), the option
+        # that continues the checkpoint as it ran
+        head = (f"; --fp8-lm-head {diff['fp8_lm_head'][0]} continues it as it ran"
+                if "fp8_lm_head" in diff else "")
         raise ValueError(
-            f"checkpoint {where} was written with other settings ({listed}); resume with the same options, pass "
-            f"{NEW_SETTINGS_FLAG} to continue from step {step} on the new schedule (see fp8lab.train.resume), "
+            f"checkpoint {where} was written with other settings ({listed}){head}; resume with the same options, "
+            f"pass {NEW_SETTINGS_FLAG} to continue from step {step} with the new ones (see fp8lab.train.resume), "
             "or start afresh in a new --output-dir (and --checkpoint-dir)")
     if current["total_steps"] <= step:
         raise ValueError(f"--steps/--tokens give {current['total_steps']} steps but checkpoint {where} is at step "

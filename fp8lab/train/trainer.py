@@ -321,7 +321,7 @@ class Trainer:
                                        self.resumed_from)
             self.log(f"fp8lab: resuming step {self.resumed_from} with new settings ("
                      + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in new_settings.items())
-                     + "): the new schedule from here on")
+                     + "): the new settings from here on")
 
     def _write_config(self) -> None:
         """config.json and the run's opening lines (the run's record, fp8lab.train.run_record), with what was built."""

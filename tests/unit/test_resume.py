@@ -50,7 +50,8 @@ def test_a_checkpoint_that_recorded_the_request_still_resumes():
 
 def test_a_checkpoint_whose_head_ran_in_bf16_is_continued_by_naming_that():
     """An FP8 run's head follows --fp8-lm-head auto (in FP8 in the fused loss's chunks on an FP8 GPU): a checkpoint
-    written with the head in BF16 is another run, and the refusal names the option that continues it as it ran."""
+    written with the head in BF16 is refused with the option that continues it as it ran, and continues with the
+    head in FP8 under --resume-with-new-settings (only the numerics differ: the head keeps no FP8 state)."""
     from fp8lab.plan.evidence import Evidence
 
     fp8 = dict(FIXED, precision="fp8", fused_loss="on")
@@ -58,7 +59,13 @@ def test_a_checkpoint_whose_head_ran_in_bf16_is_continued_by_naming_that():
     saved = resume.fingerprint(plan_run(TrainConfig(**fp8, fp8_lm_head=False), H200, checked))
     here = resume.fingerprint(plan_run(TrainConfig(**fp8), H200, checked))
     assert (saved["fp8_lm_head"], here["fp8_lm_head"]) == (False, True)
-    with pytest.raises(ValueError, match=r"fp8_lm_head: False there, True here\) \(--fp8-lm-head False continues it"):
+    with pytest.raises(ValueError, match=r"fp8_lm_head: False there, True here\); --fp8-lm-head False continues it "
+                                         r"as it ran.*--resume-with-new-settings"):
         resume.check(saved, here, "step_00000010", 10, allow_new=False)
+    # the head keeps no FP8 state: --resume-with-new-settings continues the checkpoint with the head in FP8
+    assert resume.check(saved, here, "step_00000010", 10, allow_new=True) == {"fp8_lm_head": (False, True)}
+    # beside another layout option it is still another run
+    with pytest.raises(ValueError, match=r"\(seq_len cannot change with --resume-with-new-settings\)"):
+        resume.check(saved, {**here, "seq_len": 64}, "step_00000010", 10, allow_new=True)
     again = resume.fingerprint(plan_run(TrainConfig(**fp8, fp8_lm_head=False), H200, checked))
     assert resume.check(saved, again, "step_00000010", 10, allow_new=False) == {}
