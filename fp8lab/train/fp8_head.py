@@ -72,7 +72,10 @@ class HeadGemms:
     def logits(self, h8, h_inv, dtype):
         import torch
 
-        return torch._scaled_mm(h8, self.w8.t(), scale_a=h_inv, scale_b=self.w_inv, out_dtype=dtype)
+        # fast accumulation in the forward only, as TE's own FP8 GEMMs do it (their gradients' GEMMs promote partial
+        # sums to fp32 more often, as the two below do by default)
+        return torch._scaled_mm(h8, self.w8.t(), scale_a=h_inv, scale_b=self.w_inv, out_dtype=dtype,
+                                use_fast_accum=True)
 
     def grad_input(self, g8, g_inv, dtype):
         """d(loss)/d(h) of the chunk: g (E5M2, tokens x V) @ W."""
