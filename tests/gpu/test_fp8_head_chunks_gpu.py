@@ -94,6 +94,23 @@ def test_the_triton_kernel_writes_the_e5m2_gradient_as_a_cast_of_the_math(gpu_re
     assert same > 0.99 and step <= 2.0 ** -16, (same, step)
 
 
+def test_the_tiled_transpose_is_torchs_copy_on_the_gpu():
+    """fp8lab.train.fp8_transpose's Triton kernel on the GPU: byte for byte x.t().contiguous(), partial tiles too."""
+    te_or_skip()
+    import torch
+
+    from fp8lab.train import ce_kernel, fp8_transpose
+
+    if not ce_kernel.available("cuda"):
+        pytest.skip("Triton does not run here")
+    g = torch.Generator("cuda").manual_seed(3)
+    for shape in ((4096, 128_256), (1000, 2050), (16, 16)):
+        for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            x = torch.randn(*shape, device="cuda", generator=g).to(dtype)
+            y = fp8_transpose.transpose(x)
+            assert y.is_contiguous() and torch.equal(y.view(torch.uint8), x.t().contiguous().view(torch.uint8))
+
+
 TINY = dict(model="llama-tiny", seq_len=128, micro_batch_size=4, grad_accum=2, lr=2e-3, progress="off",
             print_metrics=False, plot=False, device="cuda", backend="te", param_dtype="bf16", save_model=False,
             checkpoint_every=-1, steps=8, val_every=8, val_batches=1, precision="fp8", fused_loss="on")

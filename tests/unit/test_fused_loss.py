@@ -324,6 +324,14 @@ for i, dtype, cols in cases:
     got_loss2, got_g2 = ce_kernel.chunk_math(buf, t, v, scale, out=out)
     assert got_g2.data_ptr() == out.data_ptr() and torch.equal(buf, x)
     assert torch.equal(got_g2, got_g) and float(got_loss2) == float(got_loss)
+# the FP8 head's tiled transpose (fp8lab.train.fp8_transpose), partial tiles at both edges, E4M3 and E5M2
+from fp8lab.train import fp8_transpose
+for shape in ((70, 300), (64, 256), (1, 5)):
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        x = (torch.randn(*shape, generator=g) * 8).to(fp8)
+        y = fp8_transpose.transpose(x)
+        assert y.shape == shape[::-1] and y.is_contiguous()
+        assert torch.equal(y.view(torch.uint8), x.t().contiguous().view(torch.uint8))
 ce_kernel.INTERPRET_CONFIG = 0
 assert fused_loss._kernel_agrees("cpu") is None  # the check at first use, and the one after tuning (bf16)
 assert fused_loss._kernel_agrees("cpu", 40_000, torch.bfloat16, config=None) is None
@@ -335,8 +343,8 @@ def test_the_triton_kernel_is_the_eager_math_in_the_interpreter():
     """fp8lab.train.ce_kernel run by Triton's interpreter on the CPU (TRITON_INTERPRET=1, set before triton is
     imported: a fresh process) against the eager math: rows of several blocks with a partial last one, and rows of
     one block (read once), an ignored target, fp32 and bf16, for each of its configs (the persistent ones with
-    fewer programs than rows), and the gradient written into another buffer (the FP8 head's way). The compiled kernel
-    on the GPU: tests/gpu/test_fused_loss_gpu.py."""
+    fewer programs than rows), and the gradient written into another buffer (the FP8 head's way); and the FP8 head's
+    tiled transpose. The compiled kernels on the GPU: tests/gpu/test_fused_loss_gpu.py, test_fp8_head_chunks_gpu.py."""
     import os
     import subprocess
     import sys
