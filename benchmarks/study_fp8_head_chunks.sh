@@ -11,6 +11,7 @@
 #   S  Llama-3.2-1B, llama-1b and Qwen2.5-1.5B (published configs, random weights): plain BF16, plain FP8 with
 #      --fp8-lm-head True, and plain FP8 with --fp8-lm-head False, one after another (~6 min)
 #   S1 Llama-3.2-1B alone, as in S (~2 min)
+#   S2 Llama-3.2-1B and Qwen2.5-1.5B (the 128K-152K vocabularies), as in S (~4 min)
 #   L  the loss runs: FP8 delayed with the head in FP8 and in BF16, seeds 1234 and 4321, 5M tokens (~6 min;
 #      carry .corpus/linux-6.1.tokens.tar.xz)
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_head_chunks.sh T S
@@ -40,6 +41,8 @@ for part in "$@"; do
       for m in $MODELS/llama-3.2-1b llama-1b $MODELS/qwen2.5-1.5b; do "${H[@]}" --models $m; pack; done ;;
   S1) python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b >> $RES/logs/folders.txt 2>&1
       "${H[@]}" --models $MODELS/llama-3.2-1b; pack ;;
+  S2) python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b >> $RES/logs/folders.txt 2>&1
+      for m in $MODELS/llama-3.2-1b $MODELS/qwen2.5-1.5b; do "${H[@]}" --models $m; pack; done ;;
   L)  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
       python3 benchmarks/study_loss_parity.py --data .corpus/linux-6.1 --out $RES/$DIR --work .study/$DIR --study $DIR \
         --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \
