@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 
+from fp8lab.train import ce_kernel  # (imports neither torch nor triton at load)
+
 TILE = (64, 256)  # rows x columns of the input per program: the fastest of those timed (64x64, 128x128, 64x256)
 
 
@@ -34,8 +36,6 @@ def transpose(x):
     """``x.t().contiguous()`` for a 2-d tensor of one-byte elements (FP8), by the Triton kernel where it runs
     (fp8lab.train.ce_kernel.available: CUDA, or Triton's interpreter), else by PyTorch."""
     import torch
-
-    from fp8lab.train import ce_kernel
 
     if x.dim() != 2 or x.element_size() != 1 or not ce_kernel.available(x.device.type):
         return x.t().contiguous()
