@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Study: the LM head's three GEMMs in FP8 inside the fused loss's chunks (fp8lab.train.fp8_head; `--fp8-lm-head auto`,
-# on by default in a chunked FP8 run on an FP8 GPU), on P5's GPU (one H100 80 GB; benchmarks/studies/fp8_lm_head.md).
+# Study: the LM head's three GEMMs in FP8 inside the fused loss's chunks (fp8lab.train.fp8_head; `--fp8-lm-head auto`
+# runs it once this study's check passes), on P5's GPU (one H100 80 GB; benchmarks/studies/fp8_lm_head.md).
 #   Question: with the head's GEMMs in FP8 (E4M3 forward, E5M2 gradient, a power-of-two scale per tensor), how much
 #   faster is the plain FP8 command than the same with the head in BF16 (the former default), what FP8/BF16 ratio do
 #   the plain commands reach, and is the loss inside the BF16-head runs' seed band (llama-1b, Linux corpus, 5M tokens)?
