@@ -3,7 +3,9 @@
 Times, on one GPU, the chunked loss's forward and backward (fp8lab.train.fused_loss.linear_cross_entropy) at the
 published heads' shapes and the plain commands' micro-batch (32,768 tokens), and each part of an FP8 chunk alone:
 the three GEMMs (BF16 and FP8, with and without fast accumulation), the casts and transposes, and the weight
-gradient's per-chunk fp32 sum. Prints one JSON line per measurement and writes them to --out.
+gradient's per-chunk fp32 sum. Prints one JSON line per measurement and writes them to --out. (The parts that go
+through fp8lab.train.fp8_head time what it runs now: benchmarks/logs/session32/micro-h100.jsonl was measured when
+its transposes were PyTorch's copies, the "g8 transpose copy" line.)
 
     python benchmarks/fp8_head_micro.py --out $OUT/micro.jsonl
 """

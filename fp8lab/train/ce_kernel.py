@@ -5,8 +5,9 @@ For each row of a chunk's logits (one token), the kernel reads the row once for 
 sum of exponentials (the log-sum-exp, in fp32), takes the row's loss (log-sum-exp minus the target's
 logit), and reads the row a second time to write, over the logits themselves, their gradient: (softmax
 minus the one-hot target) times the mean's scale, zero for ignored targets. Two reads and one write of the
-chunk and no second buffer, for what :func:`fp8lab.train.fused_loss._chunk_math_eager` computes, in the logits'
-dtype; one read where a row fits in one block. Its block size, warps and grid are autotuned per vocabulary size
+chunk and no buffer of its own, for what :func:`fp8lab.train.fused_loss._chunk_math_eager` computes, in the logits'
+dtype (or into a second buffer the caller gives, e.g. the FP8 head's E5M2 one); one read where a row fits in one
+block. Its block size, warps and grid are autotuned per vocabulary size
 (CONFIGS) the first time a process runs it; Triton keeps the timings in its cache, so later processes skip them.
 
 Its speed against the compiled math, in whole training steps: benchmarks/studies/fused_loss.md
@@ -180,14 +181,19 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def warm_up(vocab: int, dtype, device, rows: int = 8192) -> None:
+def warm_up(vocab: int, dtype, device, rows: int = 8192, out_dtype=None) -> None:
     """Run the kernel once on ``rows`` random rows of this vocabulary, so that its autotuning (which times every
     config, restoring a copy of the logits between trials) happens now, while memory is free, not inside the first
-    training step at the activations' peak. The rows fill the GPU many times over, as a micro-batch does."""
+    training step at the activations' peak. The rows fill the GPU many times over, as a micro-batch does.
+    ``out_dtype`` (a torch dtype's name): also tune the kernel that writes the gradient into a buffer of that dtype
+    (the FP8 head's "float8_e5m2"), which Triton tunes apart."""
     import torch
 
     x = torch.randn(rows, vocab, device=device, dtype=dtype)
     t = torch.randint(0, vocab, (rows,), device=device)
-    chunk_math(x, t, torch.ones(rows, dtype=torch.bool, device=device), torch.tensor(1.0 / rows, device=device))
+    v, scale = torch.ones(rows, dtype=torch.bool, device=device), torch.tensor(1.0 / rows, device=device)
+    if out_dtype is not None:
+        chunk_math(x, t, v, scale, out=torch.empty(x.shape, device=device, dtype=getattr(torch, out_dtype)))
+    chunk_math(x, t, v, scale)
     del x, t
 

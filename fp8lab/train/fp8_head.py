@@ -14,7 +14,7 @@ at most 1 / count. The chunk math is asked for the gradient times :func:`grad_mu
 FP8 GEMMs take the contracted dimension contiguous in both operands (row-major first, column-major second), and each
 dimension of the second operand a multiple of 16 (:func:`aligned`). So the weight is held twice (W and W.T, one byte
 each, for the step), and the chunk's gradient and hidden states are transposed once for the weight gradient
-(fp8lab.train.fp8_transpose: a tiled kernel, ten times PyTorch's copy of one-byte elements on an H100).
+(fp8lab.train.fp8_transpose: a tiled kernel; PyTorch's copy of the gradient took ten times as long on an H100).
 ``torch._scaled_mm`` runs on CUDA GPUs with FP8 tensor cores and on CPUs (where the tests check it against the same
 math on dequantized tensors). torch is imported inside the functions, as in fp8lab.train.fused_loss: importing this
 module (the plan's rule reads it) loads no torch.

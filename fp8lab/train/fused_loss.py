@@ -255,7 +255,7 @@ def _linear_ce_forward(h2, weight, tgt, dtype, need_grad: bool, chunk: int, igno
         if failed:  # raised outside the handler: no reference cycle keeps this pass's buffers alive
             raise _ChunkMathFailed(failed)
         loss += part
-        del logits  # (the Triton kernel wrote g over it: then g holds the chunk's only buffer)
+        del logits  # (the Triton kernel wrote g over it, or into the E5M2 buffer: then g holds the chunk's buffer)
         if in_fp8:
             g8 = g.to(torch.float8_e5m2)  # (no copy where the kernel wrote E5M2)
             del g
@@ -395,7 +395,7 @@ def install(model, autocast_dtype=None, kernel: str | None = None, fp8: bool = F
     w = head.weight
     if w.device.type != "meta" and kernel_for(w.device.type, kernel) == "triton":  # tune the kernel now, memory free
         dtype = autocast_dtype or w.dtype
-        ce_kernel.warm_up(w.shape[0], dtype, w.device)
+        ce_kernel.warm_up(w.shape[0], dtype, w.device, out_dtype="float8_e5m2" if fp8 else None)
         why = _kernel_agrees(w.device.type, w.shape[0], dtype, config=None)  # the config it picked, checked
         if why:
             _not_used(w.device.type, why)

@@ -14,11 +14,12 @@ only the schedule differs (steps/tokens, --warmup-steps, --lr, --min-lr, --weigh
 --beta1/2, --grad-clip). The schedule is then defined as the new run's: from the checkpoint's step
 ``s`` on, the learning rate is what a fresh run with the new options has at step ``s`` (warm-up,
 then cosine to the new --min-lr at the new last step), and the new AdamW settings apply from the
-next update; weights, AdamW moments and the data position continue from the checkpoint. It may also
-change the LM head's precision (--fp8-lm-head): the head keeps no FP8 state (each step scales from
-the tensors themselves), so the checkpoint holds the same things either way and only the numerics
-from then on differ. Layout and model options (everything else in the fingerprint) cannot change:
-that would be another run.
+next update; weights, AdamW moments and the data position continue from the checkpoint.
+
+It may also change the LM head's precision (--fp8-lm-head) where both runs compute the head in the
+fused loss's chunks: there it keeps no FP8 state (each step scales from the tensors themselves), so
+only the numerics differ. Layout and model options (everything else in the fingerprint) cannot
+change: that would be another run.
 """
 from __future__ import annotations
 
@@ -28,9 +29,12 @@ from fp8lab.core.paths import shareable_text
 from fp8lab.model.user import identity
 from fp8lab.plan import lora as lora_plan
 
-# fingerprint keys that --resume-with-new-settings may change: the schedule, and the head's precision (no state)
+# fingerprint keys that --resume-with-new-settings may change: the schedule, and the head's precision where both
+# runs compute it in the fused loss's chunks (no FP8 state there; over the full logits TE's layer keeps scales)
 SCHEDULE_KEYS = ("total_steps", "warmup_steps", "lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip")
-NEW_SETTINGS_KEYS = SCHEDULE_KEYS + ("fp8_lm_head",)
+HEAD_KEY = "fp8_lm_head"
+# recorded for that rule, not compared: the fused loss holds no state, and runs were never refused over it
+INFO_KEYS = ("fused_loss",)
 NEW_SETTINGS_FLAG = "--resume-with-new-settings"
 
 
@@ -46,7 +50,8 @@ def fingerprint(plan, data: str | None = None) -> dict[str, Any]:
     extra = {} if data is None else {"data": data}
     return {**extra, "model": identity(c.model), "model_overrides": c.model_overrides, "precision": c.precision,
             "backend": plan.backend_label, "recipe": plan.recipe.spec() if plan.recipe_kind else None,
-            "fuse": lora_plan.fuses(c), "fp8_lm_head": plan.fp8_lm_head, "seq_len": lay.seq_len, "seed": c.seed,
+            "fuse": lora_plan.fuses(c), "fp8_lm_head": plan.fp8_lm_head, "fused_loss": plan.fused_loss,
+            "seq_len": lay.seq_len, "seed": c.seed,
             "bf16_edge_blocks": c.bf16_edge_blocks,
             "global_batch": lay.micro_batch_size * lay.grad_accum * plan.world_size,
             "total_steps": plan.total_steps, "warmup_steps": plan.warmup_steps, "lr": c.lr, "min_lr": c.min_lr,
@@ -62,18 +67,21 @@ REQUESTED_BEFORE = ("backend", "recipe")
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """key -> (checkpoint's value, this run's), for keys both know (older checkpoints record fewer)."""
     return {k: (saved[k], v) for k, v in current.items()
-            if k in saved and saved[k] != v and not (k in REQUESTED_BEFORE and saved[k] == "auto")}
+            if k in saved and saved[k] != v and k not in INFO_KEYS
+            and not (k in REQUESTED_BEFORE and saved[k] == "auto")}
 
 
 def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int, allow_new: bool) -> dict[str, tuple]:
-    """Raise ValueError listing the differences unless none, or only NEW_SETTINGS_KEYS with ``allow_new``.
+    """Raise ValueError listing the differences unless none, or only those ``allow_new`` may change (the schedule;
+    the head's precision where both runs chunk the loss).
 
     Returns the differences accepted under ``allow_new`` (empty when the runs agree)."""
     diff = differences(saved, current)
     if not diff:
         return {}
     listed = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
-    fixed = [k for k in diff if k not in NEW_SETTINGS_KEYS]
+    in_chunks = saved.get("fused_loss") is True and current.get("fused_loss") is True
+    fixed = [k for k in diff if k not in SCHEDULE_KEYS and not (k == HEAD_KEY and in_chunks)]
     if "data" in fixed:  # another corpus: that is another run, started in its own folder
         raise ValueError(
             f"checkpoint {where} was trained on other data ({listed}); resume with the same --data, or start "
@@ -86,8 +94,7 @@ def check(saved: dict[str, Any], current: dict[str, Any], where: str, step: int,
     if not allow_new:
         # where the LM head's precision differs (auto may choose otherwise than a checkpoint's run did), the option
         # that continues the checkpoint as it ran
-        head = (f"; --fp8-lm-head {diff['fp8_lm_head'][0]} continues it as it ran"
-                if "fp8_lm_head" in diff else "")
+        head = f"; --fp8-lm-head {diff[HEAD_KEY][0]} continues it as it ran" if HEAD_KEY in diff else ""
         raise ValueError(
             f"checkpoint {where} was written with other settings ({listed}){head}; resume with the same options, "
             f"pass {NEW_SETTINGS_FLAG} to continue from step {step} with the new ones (see fp8lab.train.resume), "

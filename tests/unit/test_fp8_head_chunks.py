@@ -223,3 +223,24 @@ def test_a_frozen_head_gets_no_weight_gradient_and_skips_its_gemm(fp8, monkeypat
     assert torch.equal(hh.grad, gh_full) and w.grad is None
     assert len(returned) == 1 and returned[0][2] is None  # no weight gradient computed at all
     assert len(calls) == (2 if fp8 else 0)  # in FP8: forward and input gradient, no weight-gradient GEMM
+
+
+def test_a_transpose_kernel_that_fails_falls_back_to_pytorchs_copy(monkeypatch):
+    """Where the Triton transpose raises (a compiler or driver problem), a warning says why and PyTorch's copy runs,
+    then and from then on: training goes on with the same result."""
+    from fp8lab.train import ce_kernel, fp8_transpose
+
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(ce_kernel, "available", lambda device_type: True)
+    monkeypatch.setattr(fp8_transpose, "_kernel", broken)
+    monkeypatch.setattr(fp8_transpose, "FAILED", {})
+    x = (torch.randn(20, 48) * 8).to(torch.float8_e4m3fn)
+    with pytest.warns(UserWarning, match=r"the Triton transpose failed \(RuntimeError: no compiler here\)"):
+        y = fp8_transpose.transpose(x)
+    assert torch.equal(y.view(torch.uint8), x.t().contiguous().view(torch.uint8)) and y.is_contiguous()
+    assert torch.equal(fp8_transpose.transpose(x).view(torch.uint8), y.view(torch.uint8)) and calls == [1]

@@ -116,7 +116,8 @@ def test_install_tunes_the_triton_kernel_for_the_trainers_autocast_dtype(monkeyp
     tuned, checked, verdict = [], [], [None]
     monkeypatch.setattr(fused_loss, "_TRITON_OK", {"cpu": True})
     monkeypatch.setattr(fused_loss, "kernel_for", lambda device_type, planned=None: "triton")
-    monkeypatch.setattr(ce_kernel, "warm_up", lambda vocab, dtype, device: tuned.append((vocab, dtype, device.type)))
+    monkeypatch.setattr(ce_kernel, "warm_up", lambda vocab, dtype, device, out_dtype=None: tuned.append(
+        (vocab, dtype, device.type) + ((out_dtype,) if out_dtype else ())))
     monkeypatch.setattr(fused_loss, "_kernel_agrees",
                         lambda device_type, vocab, dtype, config: checked.append((vocab, dtype, config)) or verdict[0])
     for dtype in (torch.bfloat16, None):
@@ -126,6 +127,11 @@ def test_install_tunes_the_triton_kernel_for_the_trainers_autocast_dtype(monkeyp
         assert fused_loss.installed(m)
     assert tuned == [(7, torch.bfloat16, "cpu"), (7, torch.float32, "cpu")]
     assert checked == [(7, torch.bfloat16, None), (7, torch.float32, None)]  # None: the autotuned pick
+    # with the head's GEMMs in FP8, the kernel that writes the E5M2 gradient is tuned too (Triton keys it apart)
+    m16 = torch.nn.Module()
+    m16.lm_head = torch.nn.Linear(16, 32, bias=False)
+    fused_loss.install(m16, torch.bfloat16, fp8=True)
+    assert tuned[-1] == (32, torch.bfloat16, "cpu", "float8_e5m2")
     assert fused_loss._TRITON_OK == {"cpu": True}
     verdict[0] = "its result differs from the eager math"
     with pytest.warns(UserWarning, match="Triton chunk kernel is not used \\(its result differs"):

@@ -51,7 +51,7 @@ def test_a_checkpoint_that_recorded_the_request_still_resumes():
 def test_a_checkpoint_whose_head_ran_in_bf16_is_continued_by_naming_that():
     """An FP8 run's head follows --fp8-lm-head auto (in FP8 in the fused loss's chunks on an FP8 GPU): a checkpoint
     written with the head in BF16 is refused with the option that continues it as it ran, and continues with the
-    head in FP8 under --resume-with-new-settings (only the numerics differ: the head keeps no FP8 state)."""
+    head in FP8 under --resume-with-new-settings where both chunk the loss (there the head keeps no FP8 state)."""
     from fp8lab.plan.evidence import Evidence
 
     fp8 = dict(FIXED, precision="fp8", fused_loss="on")
@@ -64,6 +64,15 @@ def test_a_checkpoint_whose_head_ran_in_bf16_is_continued_by_naming_that():
         resume.check(saved, here, "step_00000010", 10, allow_new=False)
     # the head keeps no FP8 state: --resume-with-new-settings continues the checkpoint with the head in FP8
     assert resume.check(saved, here, "step_00000010", 10, allow_new=True) == {"fp8_lm_head": (False, True)}
+    # over the full logits the head is TE's FP8 layer, which keeps scaling state: there it is another run
+    full = {**here, "fused_loss": False}
+    with pytest.raises(ValueError, match=r"\(fp8_lm_head cannot change with --resume-with-new-settings\)"):
+        resume.check({**saved, "fused_loss": False}, full, "step_00000010", 10, allow_new=True)
+    with pytest.raises(ValueError, match=r"\(fp8_lm_head cannot change with --resume-with-new-settings\)"):
+        resume.check({k: v for k, v in saved.items() if k != "fused_loss"}, here, "step_00000010", 10,
+                     allow_new=True)  # (a checkpoint from before the fused loss was recorded: not known)
+    # the fused loss itself is recorded for that rule, not compared
+    assert resume.differences({**here, "fused_loss": False}, here) == {}
     # beside another layout option it is still another run
     with pytest.raises(ValueError, match=r"\(seq_len cannot change with --resume-with-new-settings\)"):
         resume.check(saved, {**here, "seq_len": 64}, "step_00000010", 10, allow_new=True)
