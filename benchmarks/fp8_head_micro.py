@@ -37,26 +37,19 @@ def timed(fn, reps=10, warmup=3):
 
 
 def _triton_transpose():
-    """A tiled transpose of a 2-d one-byte tensor (x.t().contiguous()), or None without Triton."""
-    try:
-        import torch
-        import triton
-        import triton.language as tl
-    except Exception:  # noqa: BLE001
-        return None
+    """fp8lab.train.fp8_transpose's kernel at a given tile (rows x columns), or None without Triton on this GPU."""
+    import torch
 
-    @triton.jit
-    def kernel(x, y, M, N, BM: tl.constexpr, BN: tl.constexpr):
-        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
-        a = tl.load(x + rm[:, None] * N + rn[None, :], mask=mask)
-        tl.store(y + rn[None, :] * M + rm[:, None], a, mask=mask)
+    from fp8lab.train import ce_kernel, fp8_transpose
+
+    if not ce_kernel.available("cuda"):
+        return None
 
     def run(x, bm, bn):
         M, N = x.shape
         y = torch.empty((N, M), device=x.device, dtype=x.dtype)
-        kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](x.view(torch.uint8), y.view(torch.uint8), M, N, BM=bm, BN=bn)
+        fp8_transpose._kernel()[(-(-M // bm), -(-N // bn))](x.view(torch.uint8), y.view(torch.uint8), M, N,
+                                                             BM=bm, BN=bn)
         return y
 
     return run
