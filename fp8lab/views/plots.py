@@ -556,8 +556,10 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
             color, hatch = _role_style(role)
             v = r["relative_to_best_bf16"]
             ax.bar([x], [v], color=color, hatch=hatch, edgecolor="white", zorder=2)
+            # the head in FP8 is named on its bar: the panel sets it beside runs whose head ran in BF16
+            extra = "\nFP8 head" if "fp8-head" in str(r.get("variant", "")).split() else ""
             _value_label(ax, x, v, f"{v:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n{r['layout']}".replace(
-                ", accum ", " ga"), top)
+                ", accum ", " ga") + extra, top)
         if with_ref:
             x = len(roles)
             if len(ref):

@@ -692,3 +692,23 @@ def test_parity_curves_read_each_step_against_the_bf16_seeds_mean_and_band():
     assert analysis.parity_curves(tight)["band_pct"].min() == pytest.approx(0.5)  # never narrower than 0.5%
     assert analysis.parity_curves(runs[runs["study"] == "t"]).empty
     assert analysis.parity_curves(runs.assign(val_loss=np.nan)).empty  # no validation loss (a user's short runs)
+
+
+def test_a_headline_bar_of_a_run_with_the_lm_head_in_fp8_says_so():
+    """The fastest FP8 run of a model may have run the LM head in FP8 (`--fp8-lm-head True`) while the other bars'
+    runs kept it in BF16: its bar names the FP8 head, and no other bar does."""
+    pytest.importorskip("matplotlib")
+    from fp8lab.views import plots
+
+    base = dict(gpu_name="NVIDIA H100 80GB HBM3", instances=1, world_size=1, study="s", micro_batch_size=8,
+                grad_accum=1, seq_len=2048, tokens=2e7, loss_comparable=False, smoothed_loss=3.0, final_loss=3.0,
+                val_loss=None)
+    base = {**{c: None for c in analysis.load.META_COLUMNS}, "mfu": 0.5, "nonfinite_losses": 0, **base, "model": "m"}
+    rows = [{**base, "run_id": "b", "variant": "bf16 te", "precision": "bf16", "backend": "te",
+             "tokens_per_sec_per_gpu": 10},
+            {**base, "run_id": "h", "variant": "fp8 te delayed fused fp8-head", "precision": "fp8", "backend": "te",
+             "recipe": "delayed", "tokens_per_sec_per_gpu": 14}]
+    fig = plots.headline_figure(analysis.best_runs(pd.DataFrame(rows)))
+    labels = {t.get_text().split("\n")[0]: t.get_text() for ax in fig.axes for t in ax.texts if "x\n" in t.get_text()}
+    assert set(labels) == {"1.00x", "1.40x"}
+    assert labels["1.40x"].endswith("\nFP8 head") and "FP8 head" not in labels["1.00x"]
