@@ -393,8 +393,8 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     if lay is None:
         why = "no layout fits"
     elif more:
-        why = (f"the loss would run in {more[1]} chunks instead of {more[0]} (a precaution: Qwen2.5-1.5B so on one "
-               "H200 was no faster, -1.0%, data/results/fp8-head-chunks-h200)")
+        why = (f"the loss would run in {more[1]} chunks instead of {more[0]} (a precaution: Qwen2.5-1.5B laid out "
+               "so on one H200 was no faster, -1.0%, data/results/fp8-head-chunks-h200)")
     else:
         why = "the layout would change (" + ", ".join(
             f"{k} {a} -> {b}" for k, a, b in zip(SHAPE_FIELDS, _shape(bf16_head), _shape(lay)) if a != b) + ")"
