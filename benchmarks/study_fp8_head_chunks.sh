@@ -14,6 +14,8 @@
 #   S2 Llama-3.2-1B and Qwen2.5-1.5B (the 128K-152K vocabularies), as in S (~4 min)
 #   L  the loss runs: FP8 delayed with the head in FP8 and in BF16, seeds 1234 and 4321, 5M tokens (~6 min;
 #      carry .corpus/linux-6.1.tokens.tar.xz)
+#   LB as L, the BF16-head run of seed 4321 alone (~1.5 min; the rest of L is in data/results/fp8-head-chunks-h100:
+#      run it in a checkout that has those records, and the loss check reads all four)
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_head_chunks.sh T S
 # Results: $OUT/results.tar.gz holds fp8-head-chunks-h100/ (or -h200/, by the GPU; for data/results/) and the logs.
 # Then, here: python benchmarks/fp8_head_check.py data/results/fp8-head-chunks-h100 --tests-log <logs>/tests.txt writes
@@ -43,11 +45,13 @@ for part in "$@"; do
       "${H[@]}" --models $MODELS/llama-3.2-1b; pack ;;
   S2) python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b >> $RES/logs/folders.txt 2>&1
       for m in $MODELS/llama-3.2-1b $MODELS/qwen2.5-1.5b; do "${H[@]}" --models $m; pack; done ;;
-  L)  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
+  L|LB)
+      if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
+      RUNS=headchunks-s1234,headbf16-s1234,headchunks-s4321,headbf16-s4321
+      if [ $part = LB ]; then RUNS=headbf16-s4321; cp data/results/$DIR/llama-1b-te-*-5m-*.jsonl $RES/$DIR/; fi
       python3 benchmarks/study_loss_parity.py --data .corpus/linux-6.1 --out $RES/$DIR --work .study/$DIR --study $DIR \
         --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \
-        --gpus 1 --budget-s 500 --min-left-s 90 --runs headchunks-s1234,headbf16-s1234,headchunks-s4321,headbf16-s4321 \
-        2>&1 | tee -a $RES/logs/loss.log
+        --gpus 1 --budget-s 500 --min-left-s 90 --runs $RUNS 2>&1 | tee -a $RES/logs/loss.log
       python3 benchmarks/memory_modes_loss.py $RES/$DIR te-fp8-delayed-head bf16 > $RES/logs/loss-check.txt 2>&1; pack ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
