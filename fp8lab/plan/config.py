@@ -161,7 +161,7 @@ class TrainConfig:
     fused_loss: str = option(AUTO, "the LM head and cross-entropy chunked over tokens (never the full fp32 logits)",
                              section="kernels", choices=FUSED_LOSS)
     fp8_lm_head: AutoBool = option(AUTO, "the LM head's GEMMs in FP8 too (--precision fp8); auto: in the fused loss's "
-                                   "chunks on an FP8 GPU, once its GPU check is committed", section="fp8",
+                                   "chunks on an FP8 GPU, once its GPU check passes", section="fp8",
                                    check=AUTO_BOOL)
 
     # where users keep runs (fp8lab.train.trackers): metrics.jsonl mirrored into TensorBoard or MLflow

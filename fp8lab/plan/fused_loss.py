@@ -132,7 +132,7 @@ def fp8_head_decide(choice, *, precision: str, fused: bool, fp8_gemms: bool, voc
                     gpu: bool = True) -> tuple[bool, str]:
     """(the LM head's GEMMs run in FP8, why) for ``--fp8-lm-head choice`` (auto | True | False). ``auto``: in an FP8
     run whose loss is chunked (``fused``) on a device with FP8 GEMMs (``fp8_gemms``), where the head's shape suits
-    them (fp8lab.train.fp8_head.aligned); the plan applies it only once its GPU check is committed
+    them (fp8lab.train.fp8_head.aligned); the plan applies it only once its GPU check passes
     (fp8lab.plan.evidence; benchmarks/studies/fp8_lm_head.md). True: also elsewhere in an FP8 run (without the
     chunked loss: the backend's FP8 layer over the full logits, a study's control); refused in the chunks on a GPU
     without FP8 GEMMs (a CPU runs them, slowly: tests) and for a head whose shape they cannot take. The head's

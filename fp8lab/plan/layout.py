@@ -375,7 +375,7 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     Under ``--fp8-lm-head auto`` the layout is the one the head in BF16 gets: where the LM head's GEMMs in FP8 (their
     weight copies and the gradient's E5M2 copy) would change it (a smaller micro-batch, checkpointing, a memory mode)
     or not fit, the head stays in BF16 (``Layout.fp8_head`` False, with the reason): the layout first, then the
-    head's few percent of speed. ``fp8_head_checked`` False (its GPU check not committed: fp8lab.plan.evidence): auto
+    head's few percent of speed. ``fp8_head_checked`` False (its GPU check not passed: fp8lab.plan.evidence): auto
     plans the head in BF16."""
     args = (machine, backend, mcfg, loss_kernel, checked_modes, mode_gaps)
     if c.fp8_lm_head != AUTO:

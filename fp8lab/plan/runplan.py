@@ -332,7 +332,7 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     if lay.fp8_head:  # (else the layout kept it in BF16, and says why: fp8lab.plan.layout.resolve)
         fp8_head, reasons["fp8_lm_head"] = flayout.fp8_head_for(c, machine, mcfg, fused, c.precision)
         if fp8_head and c.fp8_lm_head == AUTO and not evidence.fp8_head:  # (the layout counted it in BF16 too)
-            fp8_head, reasons["fp8_lm_head"] = False, ("auto: off until the FP8 head's GPU check is committed "
+            fp8_head, reasons["fp8_lm_head"] = False, ("auto: off until the FP8 head's GPU check passes "
                                                        "(fp8lab.plan.evidence; --fp8-lm-head True runs it)")
     else:
         fp8_head = False

@@ -162,7 +162,7 @@ def test_a_sagemaker_job_carries_the_fp8_head_and_is_refused_as_the_trainer_woul
     assert spec.plan.fused_loss and spec.plan.fp8_lm_head and hp["fp8-lm-head"] is True and hp["fused-loss"] == "on"
     from fp8lab.plan import evidence as fevidence
 
-    # auto on P5's H100s, once the head's GPU check is committed (fp8lab.plan.evidence)
+    # auto on P5's H100s, once the head's GPU check passes (fp8lab.plan.evidence)
     assert L.JobSpec(model="llama-1b", precision="fp8", **base).plan.fp8_lm_head is fevidence.load().fp8_head
     with pytest.raises(ValueError, match=r"the trainer would refuse this job: --fp8-lm-head True needs --precision fp8"):
         L.JobSpec(model="llama-1b", precision="bf16", options={"fp8_lm_head": True}, **base)
@@ -192,9 +192,9 @@ def test_where_only_the_bf16_head_fits_auto_keeps_it_and_says_why():
         on = plan_run(TrainConfig(model=model, precision="fp8"), h100, checked)
         off = plan_run(TrainConfig(model=model, precision="fp8", fp8_lm_head=False), h100, checked)
         assert on.fp8_lm_head and on.layout.options() == off.layout.options()
-    # until that check is committed auto plans the head in BF16 (and counts it so), saying why
+    # until that check passes auto plans the head in BF16 (and counts it so), saying why
     unchecked = plan_run(TrainConfig(model="llama-1b", precision="fp8"), h100, Evidence())
-    assert not unchecked.fp8_lm_head and "until the FP8 head's GPU check is committed" in unchecked.reasons[
+    assert not unchecked.fp8_lm_head and "until the FP8 head's GPU check passes" in unchecked.reasons[
         "fp8_lm_head"]
     bf16_head = plan_run(TrainConfig(model="llama-1b", precision="fp8", fp8_lm_head=False), h100, Evidence())
     assert unchecked.layout.options() == bf16_head.layout.options()
