@@ -30,6 +30,7 @@ VARIANT_KEYS = ("precision", "compute_dtype", "gpu_name", "backend", "recipe", "
                 "activation_checkpointing", "compile", "cuda_graphs", "fp8_attention", "nvte_fp8_dpa_bwd",
                 "param_dtype",
                 "parallel", "world_size", "fsdp_keep_weights", "fp8_lm_head", "task")
+FP8_HEAD = "fp8-head"  # variant_label's word for a run whose LM head's GEMMs ran in FP8
 
 
 def variant_label(row: dict) -> str:
@@ -62,7 +63,7 @@ def variant_label(row: dict) -> str:
         if str(row.get("nvte_fp8_dpa_bwd")) == "0":  # NVTE_FP8_DPA_BWD=0: its backward in BF16
             parts.append("bf16-attention-backward")
     if fp8 and is_flag(row.get("fp8_lm_head")):
-        parts.append("fp8-head")
+        parts.append(FP8_HEAD)
     if row.get("param_dtype") == "bf16":
         parts.append("bf16-params")
     memory = row.get("memory")

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from fp8lab.analysis.labels import fine_tune_rows
+from fp8lab.analysis.labels import FP8_HEAD, fine_tune_rows
 from fp8lab.analysis.peers import peer_rows
 from fp8lab.analysis import (group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth,
                              variant_kind)
@@ -557,7 +557,7 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
             v = r["relative_to_best_bf16"]
             ax.bar([x], [v], color=color, hatch=hatch, edgecolor="white", zorder=2)
             # the head in FP8 is named on its bar: the panel sets it beside runs whose head ran in BF16
-            extra = "\nFP8 head" if "fp8-head" in str(r.get("variant", "")).split() else ""
+            extra = "\nFP8 head" if FP8_HEAD in str(r.get("variant", "")).split() else ""
             _value_label(ax, x, v, f"{v:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n{r['layout']}".replace(
                 ", accum ", " ga") + extra, top)
         if with_ref:

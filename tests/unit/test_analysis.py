@@ -706,8 +706,9 @@ def test_a_headline_bar_of_a_run_with_the_lm_head_in_fp8_says_so():
     base = {**{c: None for c in analysis.load.META_COLUMNS}, "mfu": 0.5, "nonfinite_losses": 0, **base, "model": "m"}
     rows = [{**base, "run_id": "b", "variant": "bf16 te", "precision": "bf16", "backend": "te",
              "tokens_per_sec_per_gpu": 10},
-            {**base, "run_id": "h", "variant": "fp8 te delayed fused fp8-head", "precision": "fp8", "backend": "te",
-             "recipe": "delayed", "tokens_per_sec_per_gpu": 14}]
+            {**base, "run_id": "h", "precision": "fp8", "backend": "te", "recipe": "delayed", "fuse": True,
+             "fp8_lm_head": True, "tokens_per_sec_per_gpu": 14}]
+    rows[1]["variant"] = analysis.labels.variant_label(rows[1])  # the summary's label of what ran
     fig = plots.headline_figure(analysis.best_runs(pd.DataFrame(rows)))
     labels = {t.get_text().split("\n")[0]: t.get_text() for ax in fig.axes for t in ax.texts if "x\n" in t.get_text()}
     assert set(labels) == {"1.00x", "1.40x"}
