@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 # the modules, not the package (whose Answer plans with these estimates)
-from fp8lab.analysis.labels import fine_tune_rows, group_key, is_flag, is_fp8, layout_label
+from fp8lab.analysis.labels import fine_tune_rows, group_key, is_fp8, layout_label
 from fp8lab.analysis.load import load_runs
 from fp8lab.analysis import scaling
 from fp8lab.analysis.index import committed_summary, is_committed_results
@@ -44,7 +44,7 @@ from fp8lab.model.models import model_flops_per_token
 from fp8lab.plan.flops_estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
-                "seq_len", "tokens_per_sec_per_gpu", "peak_tflops", "micro_batch_size", "grad_accum", "memory", "fp8_head"]
+                "seq_len", "tokens_per_sec_per_gpu", "peak_tflops", "micro_batch_size", "grad_accum", "memory"]
 
 
 def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
@@ -65,8 +65,7 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
              "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
              "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12,
              "micro_batch_size": r.get("micro_batch_size"), "grad_accum": r.get("grad_accum"),
-             "memory": _memory_mode(r.get("memory")),
-             "fp8_head": bool(is_fp8(r["precision"]) and is_flag(r.get("fp8_lm_head")))} for _, r in s.iterrows()]
+             "memory": _memory_mode(r.get("memory"))} for _, r in s.iterrows()]
     return pd.DataFrame(rows, columns=RATE_COLUMNS)
 
 
@@ -136,25 +135,21 @@ class MeasuredEstimate(Estimate):
     # --- the rate of one job ---------------------------------------------------------------------
     def rate(self, model: str, precision: str, *, instance_type: str = "ml.p5.48xlarge", instance_count: int = 1,
              backend: str = "te", recipe: str = "delayed", seq_len: Any = None,
-             run_id: str | None = None, fp8_all_gather: bool = False, memory: str = "plain",
-             fp8_head: bool | None = None) -> dict[str, Any] | None:
+             run_id: str | None = None, fp8_all_gather: bool = False, memory: str = "plain") -> dict[str, Any] | None:
         """Per-GPU tokens/s for a job and what it rests on; None where nothing was measured.
         ``memory``: the job's memory mode; its runs are the basis (a mode is one GPU's way to fit, so its speed is not a
         sharded job's), others only where none was measured in it.
         ``run_id``: rest on that run (one of :func:`measurable_runs`) instead of the fastest match.
-        ``fp8_all_gather``: FSDP2 gathers the block linears' weights in FP8 (the scaling model's traffic).
-        ``fp8_head``: the job runs the LM head's GEMMs in FP8 (True) or in BF16 (False); runs that did the same are
-        the basis, others only where none did; None: either."""
+        ``fp8_all_gather``: FSDP2 gathers the block linears' weights in FP8 (the scaling model's traffic)."""
         key = (model, precision, instance_type, instance_count, backend, recipe, seq_len, run_id, fp8_all_gather,
-               memory, fp8_head)
+               memory)
         memo = self.__dict__.setdefault("_rates", {})  # a plan asks for each job's rate several times
         if key not in memo:
             memo[key] = self._rate(*key)
         return None if memo[key] is None else dict(memo[key])
 
     def _rate(self, model: str, precision: str, instance_type: str, instance_count: int, backend: str, recipe: str,
-              seq_len: Any, run_id: str | None, fp8_all_gather: bool, memory: str,
-              fp8_head: bool | None) -> dict[str, Any] | None:
+              seq_len: Any, run_id: str | None, fp8_all_gather: bool, memory: str) -> dict[str, Any] | None:
         rates, effs = self._measured()
         info = INSTANCES[instance_type]
         kind = str(recipe).partition(":")[0]
@@ -180,9 +175,6 @@ class MeasuredEstimate(Estimate):
         mine = exact if len(exact) else mine
         if run_id is None and "memory" in mine:
             same = mine[mine["memory"] == memory]
-            mine = same if len(same) else mine
-        if run_id is None and fp8_head is not None and "fp8_head" in mine:  # the head's precision is a few % of speed
-            same = mine[mine["fp8_head"] == fp8_head]
             mine = same if len(same) else mine
         if run_id is None:  # measured on the job's GPU (P5's H100) beats projected from another GPU, however fast
             here = mine[[on_instance_gpu(g, instance_type) for g in mine["gpu_name"]]]
@@ -249,7 +241,7 @@ class MeasuredEstimate(Estimate):
         return self.rate(spec.model, spec.precision, instance_type=spec.instance_type,
                          instance_count=spec.instance_count, backend=plan.backend_label,
                          recipe=plan.recipe.kind if plan.recipe else "delayed",
-                         seq_len=plan.seq_len, memory=plan.memory_mode, fp8_head=bool(plan.fp8_lm_head))
+                         seq_len=plan.seq_len, memory=plan.memory_mode)
 
     def seconds(self, spec) -> float:
         r = self.job_rate(spec)

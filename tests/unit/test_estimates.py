@@ -8,7 +8,6 @@ import pytest
 
 from fp8lab import analysis, launch as L
 from fp8lab.analysis import estimates
-from fp8lab.analysis.labels import is_flag
 from fp8lab.views import plots
 from fp8lab.model.models import model_flops_per_token
 from fake_runs import bench as _bench, run_meta, step_records
@@ -35,14 +34,11 @@ def test_default_plan_rests_on_the_fastest_committed_one_gpu_run_of_each_model_a
             mine = mine[(mine["recipe"] == "delayed") & (mine["fuse"] == True)]  # noqa: E712
         if "memory" in mine:  # runs in the job's memory mode (plain: a P5 job shards the states)
             mine = mine[mine["memory"].map(lambda m: not isinstance(m, str) or m == "plain")]
-        head = bool(s.plan.fp8_lm_head)  # runs whose LM head ran in the job's precision first, where there are some
-        same = mine[mine["fp8_lm_head"].map(lambda v: s.precision == "fp8" and is_flag(v)) == head]
-        mine = same if len(same) else mine
         p5 = mine[mine["gpu_name"].str.contains("H100 80GB")]  # a run on P5's GPU first, where one exists
         mine = p5 if len(p5) else mine
         best = mine.loc[mine["tokens_per_sec_per_gpu"].idxmax()]
         assert basis.startswith(f"measured {best['run_id']} ({best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
-        r = plan.estimate.rate(s.model, s.precision, instance_count=s.instance_count, fp8_head=head)
+        r = plan.estimate.rate(s.model, s.precision, instance_count=s.instance_count)
         # issue 32: same peaks, slower HBM: the H100 projection follows the run's kernels, said so
         if "H100" in str(best["gpu_name"]):  # measured on P5's GPU: no projection from another GPU
             assert r["gpu_scale"] == 1.0 and "H100 80GB/H200" not in basis
@@ -120,26 +116,6 @@ def test_a_run_on_the_jobs_gpu_beats_a_faster_run_projected_from_another(tmp_pat
     assert est.rate("llama-1b", "fp8", seq_len=1024, run_id="h200")["run_id"] == "h200"
     b200 = est.rate("llama-1b", "fp8", seq_len=1024, instance_type="ml.p6-b200.48xlarge")  # measured on neither:
     assert b200["run_id"] == "h200"  # the fastest, projected
-
-
-def test_a_job_rests_on_runs_whose_lm_head_ran_as_its_own_will(tmp_path):
-    """A run with the LM head in FP8 (`--fp8-lm-head True`) is faster than the plain FP8 run beside it, but a job
-    whose plan keeps the head in BF16 rests on the run that did too; where only the other kind was measured it rests
-    on that; with no head given, the fastest."""
-    h100 = "NVIDIA H100 80GB HBM3"
-    for run_id, tps, head in (("bf16head", 900.0, False), ("fp8head", 990.0, True)):
-        analysis.write_result_file(tmp_path / f"{run_id}.jsonl",
-                                   run_meta("llama-1b", "fp8", run_id=run_id, variant=run_id, gpu_name=h100,
-                                            fp8_lm_head=head, date="2026-12-07T01:00:00Z"),
-                                   [{**r, "gpu_name": h100} for r in step_records(12, tps, "fp8")])
-    est = estimates.MeasuredEstimate(results=str(tmp_path), node_efficiency=1.0)
-    assert est.rate("llama-1b", "fp8", seq_len=1024, fp8_head=False)["run_id"] == "bf16head"
-    assert est.rate("llama-1b", "fp8", seq_len=1024, fp8_head=True)["run_id"] == "fp8head"
-    assert est.rate("llama-1b", "fp8", seq_len=1024)["run_id"] == "fp8head"
-    (tmp_path / "only").mkdir()
-    (tmp_path / "fp8head.jsonl").rename(tmp_path / "only" / "fp8head.jsonl")
-    only = estimates.MeasuredEstimate(results=str(tmp_path / "only"), node_efficiency=1.0)
-    assert only.rate("llama-1b", "fp8", seq_len=1024, fp8_head=False)["run_id"] == "fp8head"
 
 
 def test_emulated_and_cpu_runs_are_not_measurements(tmp_path):
