@@ -16,6 +16,11 @@
 #      carry .corpus/linux-6.1.tokens.tar.xz)
 #   LB as L, the BF16-head run of seed 4321 alone (~1.5 min; the rest of L is in data/results/fp8-head-chunks-h100:
 #      run it in a checkout that has those records, and the loss check reads all four)
+#   C  the check on the device, after L or LB: loss.json and check.json from the committed records plus this call's
+#      (TESTS_LOG: part T's log, default this call's), then fp8lab/plan/evidence.json re-rendered so part A's plain
+#      commands read the verdict here as they would after `fp8lab report --docs` (~10 s)
+#   A  the plain commands after C: Llama-3.2-1B, Qwen2.5-1.5B and llama-1b, BF16 and FP8 with nothing set, so
+#      --fp8-lm-head auto decides (run ids end in -<gpu>-auto; ~5 min)
 # Run on the device machine:  bash benchmarks/gpu.sh bash benchmarks/study_fp8_head_chunks.sh T S
 # Results: $OUT/results.tar.gz holds fp8-head-chunks-h100/ (or -h200/, by the GPU; for data/results/) and the logs.
 # Then, here: python benchmarks/fp8_head_check.py data/results/fp8-head-chunks-h100 --tests-log <logs>/tests.txt writes
@@ -53,6 +58,16 @@ for part in "$@"; do
         --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \
         --gpus 1 --budget-s 500 --min-left-s 90 --runs $RUNS 2>&1 | tee -a $RES/logs/loss.log
       python3 benchmarks/memory_modes_loss.py $RES/$DIR te-fp8-delayed-head bf16 > $RES/logs/loss-check.txt 2>&1; pack ;;
+  C)  cp $RES/$DIR/llama-1b-te-*-5m-*.jsonl data/results/$DIR/ 2>/dev/null
+      python3 benchmarks/memory_modes_loss.py data/results/$DIR te-fp8-delayed-head bf16 > $RES/logs/loss-check.txt 2>&1
+      python3 benchmarks/fp8_head_check.py data/results/$DIR --tests-log "${TESTS_LOG:-$RES/logs/tests.txt}" \
+        > $RES/logs/check.txt 2>&1; cat $RES/logs/check.txt
+      cp data/results/$DIR/loss.json data/results/$DIR/check.json $RES/$DIR/ 2>/dev/null
+      python3 -c "from fp8lab.plan import evidence; print(evidence.render('data/results'), end='')" > /tmp/evidence.json \
+        && cp /tmp/evidence.json fp8lab/plan/evidence.json && cp /tmp/evidence.json $RES/logs/evidence.json; pack ;;
+  A)  python3 benchmarks/family_folders.py --out $MODELS llama-3.2-1b qwen2.5-1.5b >> $RES/logs/folders.txt 2>&1
+      for m in $MODELS/llama-3.2-1b $MODELS/qwen2.5-1.5b llama-1b; do
+        "${H[@]}" --variants default-bf16,default-fp8 --tag $G-auto --models $m; pack; done ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s" | tee -a $RES/logs/parts.txt

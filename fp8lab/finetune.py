@@ -8,9 +8,9 @@ it. Notebook 06 is a thin page over it::
     p5_cost("llama-1b", tokens=100_000_000)          # the same fine-tunes as SageMaker jobs: hours and dollars
 
 Each method is a pair of :func:`fp8lab.trainpair.run_pair` (same seed, weights and batches for BF16 and FP8) with
-``--task sft`` (answer-only loss, packed rows, a held-out split: fp8lab.data.sft); LoRA adds ``--lora-rank`` and runs
-on the unfused layers (``--fuse False``, which peft's adapters need). On a CPU the FP8 runs are emulated: their loss
-is meaningful, their speed is not.
+``--task sft`` (answer-only loss, packed rows, a held-out split: fp8lab.data.sft); LoRA adds ``--lora-rank`` (its
+adapters on the fused blocks, fp8lab.train.lora). On a CPU the FP8 runs are emulated: their loss is meaningful, their
+speed is not.
 """
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ from fp8lab.records.data_format import SFT, text_files
 from fp8lab.trainpair import PairResult, auto_lr, run_pair
 
 METHODS = ("full", "lora")
-# what LoRA needs of the trainer beside its rank: peft's adapters wrap the unfused layers
-LORA_OPTIONS = {"fuse": False}
 # lora_lr="auto": this many times the full fine-tune's learning rate (the adapters start at zero and are few; LoRA is
 # commonly run at several times a full fine-tune's rate)
 LORA_LR_FACTOR = 5
@@ -83,7 +81,7 @@ def run_fine_tunes(model: str, steps: int, backends: Sequence[str] = ("auto",), 
         lora_lr = LORA_LR_FACTOR * (auto_lr(get_config(model)) if lr == AUTO else lr)
     out = Path(output_dir)
     common = {"task": SFT, **({"data": data} if data is not None else {}), **options}
-    per_method = {"full": {"lr": lr}, "lora": {"lora_rank": lora_rank, "lr": lora_lr, **LORA_OPTIONS}}
+    per_method = {"full": {"lr": lr}, "lora": {"lora_rank": lora_rank, "lr": lora_lr}}
     pairs = {m: run_pair(model, steps, backends, recipe, output_dir=out / m, dry_run=dry_run,
                          **{**common, **per_method[m]}) for m in METHODS}
     rows = []
@@ -191,7 +189,7 @@ def p5_cost(model: str, tokens: int, lora_rank: int = 8, instance_count: int = 1
     base = dict(instance_type=instance_type, tokens=tokens, price_per_hour=price_per_hour, role=PLACEHOLDER_ROLE,
                 bucket=PLACEHOLDER_BUCKET, study="fine-tune", **fields)
     per_method = {"full": dict(options={"task": SFT}),
-                  "lora": dict(options={"task": SFT, "lora_rank": lora_rank}, **LORA_OPTIONS)}
+                  "lora": dict(options={"task": SFT, "lora_rank": lora_rank})}
     frames, plan = [], None
     for method, extra in per_method.items():
         plan = plan_sweep([model], list(PRECISIONS), [instance_count], **{**base, **extra})

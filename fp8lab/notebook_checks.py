@@ -66,16 +66,16 @@ def _train_pair_check(values: dict[str, Any]) -> None:
 
 
 def _fine_tune_check(values: dict[str, Any]) -> None:
-    """A notebook running ``finetune.run_fine_tunes``: its full and its LoRA pairs (``--task sft``; LoRA on the unfused
-    layers at ``lora_lr``) pass the trainer's own checks; ``model=None`` is the tiny folder the notebook makes, and
-    ``tokens`` is the P5 jobs' length (the runs here take ``steps``)."""
+    """A notebook running ``finetune.run_fine_tunes``: its full and its LoRA pairs (``--task sft``; LoRA at
+    ``lora_lr``) pass the trainer's own checks; ``model=None`` is the tiny folder the notebook makes, and ``tokens``
+    is the P5 jobs' length (the runs here take ``steps``)."""
     values = {k: v for k, v in values.items() if not (k in ("model", "data") and v is None) and k != "tokens"}
     lora_lr = values.pop("lora_lr", "auto")
     rank = values.pop("lora_rank", None)
     if not is_int(rank) or rank < 1:  # the trainer's 0 (LoRA off) would make the LoRA pair a second full one
         raise ValueError(f"lora_rank={rank!r} is invalid; allowed: a positive integer, e.g. 8")
     _train_pair_check({**values, "task": "sft"})
-    _train_pair_check({**values, "task": "sft", "lora_rank": rank, "fuse": False, "lr": lora_lr})
+    _train_pair_check({**values, "task": "sft", "lora_rank": rank, "lr": lora_lr})
 
 
 # what a notebook calls -> the check its parameters get (a notebook is known by what it runs, not its file name)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
 
 import torch
@@ -61,6 +61,9 @@ class FusedSpec:
     rope_theta: float | None  # RoPE base; None = learned positions (GPT-Neo)
     tied: bool  # LM head shares the token embedding
     rope_type: str = "default"  # transformers' RoPE variant; its frequencies come from fp8lab.model.rope.HFRope
+    # the MLP as two modules, norm + fc1 and fc2 (SplitMLP), where LayerNormMLP fuses them: LoRA's adapters on the
+    # MLP's projections add their output between the two (FusedCausalLM.split_mlps); the weight map follows
+    split_mlp: bool = False
 
 
 def architecture_of(model: nn.Module) -> str:
@@ -195,11 +198,34 @@ def weight_map(spec: FusedSpec) -> list[Rule]:
     ]
 
 
+# LayerNormMLP's parameters -> SplitMLP's (FusedSpec.split_mlp): the same tensors under the two modules' names
+SPLIT_MLP_NAMES = {"layer_norm_weight": "fc1.layer_norm_weight", "layer_norm_bias": "fc1.layer_norm_bias",
+                   "fc1_weight": "fc1.weight", "fc1_bias": "fc1.bias",
+                   "fc2_weight": "fc2.weight", "fc2_bias": "fc2.bias"}
+
+
+def _split_mlp_rule(rule: Rule) -> Rule:
+    head, sep, name = rule.fused.partition(".mlp.")
+    return Rule(rule.hf, f"{head}.mlp.{SPLIT_MLP_NAMES[name]}") if sep else rule
+
+
+def hf_projection(spec: FusedSpec, name: str) -> str:
+    """The HF module path (``{}``: the layer) of the projection ``name`` (families.PROJECTIONS), from the weight map."""
+    for r in weight_map(spec):
+        for k in r.hf:
+            if k.endswith(f".{name}.weight"):
+                return k[: -len(".weight")]
+    raise ValueError(f"no projection {name!r} in the {spec.family} layout; allowed: "
+                     + ", ".join(families.PROJECTIONS[spec.family]))
+
+
 def expand_rules(spec: FusedSpec) -> list[Rule]:
     """Rules with ``{}`` replaced by every layer index."""
     out = []
     layers = spec.layers
     for r in weight_map(spec):
+        if spec.split_mlp:
+            r = _split_mlp_rule(r)
         if "{}" in r.fused:
             out += [Rule(tuple(k.format(i) for k in r.hf), r.fused.format(i)) for i in range(layers)]
         else:
@@ -254,7 +280,9 @@ def fused_to_hf(fused_sd: dict[str, torch.Tensor], spec: FusedSpec,
 class Parts(Protocol):
     """What a backend provides to build fused blocks (TE modules, or their emulated twins)."""
 
-    def norm_linear(self, spec: FusedSpec, out_features: int) -> nn.Module: ...
+    # norm -> one GEMM; bias None: the Q/K/V bias of the spec; the module's ``return_layernorm_output`` (TE's name),
+    # set True, makes it return (output, the norm's output)
+    def norm_linear(self, spec: FusedSpec, out_features: int, bias: bool | None = None) -> nn.Module: ...
     def linear(self, spec: FusedSpec, in_features: int, out_features: int, bias: bool) -> nn.Module: ...
     def norm_mlp(self, spec: FusedSpec) -> nn.Module: ...
     def attention(self, spec: FusedSpec, window: int | None, layer_number: int) -> nn.Module: ...
@@ -309,6 +337,31 @@ def _caches_weights(parts: Parts) -> bool:
     return bool(getattr(parts, "weight_cache", False))
 
 
+class SplitMLP(nn.Module):
+    """LayerNormMLP's computation as two modules, norm + fc1 and fc2, so that the activation's input and output
+    exist between them (where LoRA's adapters on the MLP's projections add); same parameters, other names."""
+
+    def __init__(self, spec: FusedSpec, parts: Parts):
+        super().__init__()
+        self.activation = spec.activation
+        self.fc1 = parts.norm_linear(spec, (2 if spec.activation == "swiglu" else 1) * spec.ffn, bias=spec.mlp_bias)
+        self.fc2 = parts.linear(spec, spec.ffn, spec.hidden, spec.mlp_bias)
+
+    def sizes(self) -> list[int] | None:
+        """fc1's row blocks: [gate, up] under SwiGLU (gate first, as the weight map concatenates them)."""
+        return [self.fc2.in_features] * 2 if self.activation == "swiglu" else None
+
+    def act(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        if self.activation == "swiglu":
+            return nn.functional.silu(pieces[0]) * pieces[1]
+        return nn.functional.gelu(pieces[0], approximate="tanh")
+
+    def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
+        y = self.fc1(x, **kw)
+        y = y[0] if isinstance(y, tuple) else y
+        return self.fc2(self.act(list(y.split(self.sizes(), -1)) if self.sizes() else [y]), **kw)
+
+
 class FusedBlock(nn.Module):
     def __init__(self, spec: FusedSpec, parts: Parts, layer: int):
         super().__init__()
@@ -322,6 +375,22 @@ class FusedBlock(nn.Module):
         self._hp = parts.high_precision
         self._rope = _rope_of(parts)
         self._weight_cache = _caches_weights(parts)
+        # LoRA (fp8lab.train.lora_fused): modules by HF projection name (families.PROJECTIONS) whose output adds to
+        # that projection's, read from the GEMM's own input (a norm's output where the GEMM has its norm)
+        self.lora: nn.ModuleDict | None = None
+
+    def _project(self, where: str, module: nn.Module, x: torch.Tensor, kw: dict,
+                 sizes: list[int] | None) -> list[torch.Tensor]:
+        """GEMM ``where``'s output as its row blocks (``sizes``; None: one), each with its adapters' output added."""
+        out = module(x, **kw)
+        if isinstance(out, tuple):  # (output, the norm's output): the adapters read what the GEMM read
+            out, x = out
+        pieces = list(out.split(sizes, -1)) if sizes else [out]
+        if self.lora is not None:
+            for name, (gemm, part) in families.PROJECTIONS[self.spec.family].items():
+                if gemm == where and name in self.lora:
+                    pieces[part or 0] = pieces[part or 0] + self.lora[name](x)
+        return pieces
 
     def forward(self, x: torch.Tensor, rope: Any, is_first_microbatch: bool | None = None) -> torch.Tensor:
         # is_first_microbatch (TE): True quantises the weights to FP8 and keeps them, False reuses
@@ -331,13 +400,17 @@ class FusedBlock(nn.Module):
         with nullcontext() if self.fp8 else self._hp():
             s = self.spec
             b, t, _ = x.shape
-            q, k, v = self.qkv(x, **kw).split([s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim],
-                                              -1)
+            sizes = [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim]
+            q, k, v = self._project("qkv", self.qkv, x, kw, sizes)
             q, k, v = (z.reshape(b, t, -1, s.head_dim) for z in (q, k, v))
             if rope is not None:
                 q, k = self._rope.apply(q, rope), self._rope.apply(k, rope)
-            x = x + self.proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous()), **kw)
-            return x + self.mlp(x, **kw)
+            x = x + self._project("proj", self.proj, self.attn(q.contiguous(), k.contiguous(), v.contiguous()), kw,
+                                  None)[0]
+            if not isinstance(self.mlp, SplitMLP):
+                return x + self.mlp(x, **kw)
+            h = self.mlp.act(self._project("fc1", self.mlp.fc1, x, kw, self.mlp.sizes()))
+            return x + self._project("fc2", self.mlp.fc2, h, kw, None)[0]
 
 
 class FusedCausalLM(nn.Module):
@@ -367,7 +440,24 @@ class FusedCausalLM(nn.Module):
         self.supports_weight_cache = _caches_weights(parts)
         self._release_cache = getattr(parts, "release_weight_cache", None)
         self._wgrad_into_main_grad = getattr(parts, "wgrad_into_main_grad", None)
+        self.__dict__["_parts"] = parts  # what split_mlps builds with; not state
         self.__dict__["_block_calls"] = None  # (callables, (batch, seq), pass is_first_microbatch): fp8lab.plan.graphs
+
+    def split_mlps(self) -> None:
+        """Rebuild each block's MLP as a SplitMLP holding the same weights (``spec.split_mlp``: the weight map and
+        checkpoints follow the new names)."""
+        if self.spec.split_mlp:
+            return
+        self.spec = replace(self.spec, split_mlp=True)
+        for blk in self.blocks:
+            old = blk.mlp
+            new = SplitMLP(self.spec, self.__dict__["_parts"])
+            with torch.no_grad():
+                for name, p in old.named_parameters():
+                    target = new.get_parameter(SPLIT_MLP_NAMES[name])
+                    target.data = p.data.to(target.dtype)  # (the same storage: no second copy of the weights)
+                    target.requires_grad_(p.requires_grad)
+            blk.spec, blk.mlp = self.spec, new
 
     def use_block_calls(self, calls, shape: tuple[int, int], pass_first_microbatch: bool) -> None:
         """Replay ``calls`` (CUDA-graphed blocks, fp8lab.plan.graphs) instead of the blocks while training on

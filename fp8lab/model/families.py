@@ -31,6 +31,16 @@ SUPPORTED: dict[str, Family] = {f.model_type: f for f in (
     Family("gpt_neo", "GPTNeoForCausalLM", "GPT-Neo", "gptneo"),
 )}
 
+# Each layout's projections by HF module name, attention then MLP, and where the fused decoder (fp8lab.fp8.fused)
+# computes each: (its GEMM there, which of the GEMM's concatenated row blocks; None: all of it). LoRA's targets are
+# these names, and its adapters on the fused blocks add their output there.
+PROJECTIONS: dict[str, dict[str, tuple[str, int | None]]] = {
+    "llama": {"q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("proj", None),
+              "gate_proj": ("fc1", 0), "up_proj": ("fc1", 1), "down_proj": ("fc2", None)},
+    "gptneo": {"q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "out_proj": ("proj", None),
+               "c_fc": ("fc1", None), "c_proj": ("fc2", None)},
+}
+
 _MOE = "a mixture of experts (a router and many expert MLPs per block); fp8lab's blocks have one dense MLP"
 _GEMMA = ("embeddings scaled by sqrt(hidden_size), RMSNorm weights applied as (1 + w) and a GELU-gated MLP, "
           "none of which fp8lab's decoder has")

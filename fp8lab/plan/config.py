@@ -253,8 +253,8 @@ def _validate(c: TrainConfig) -> None:
         raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
     if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
         raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
-    if (lora := lora_plan.problem(rank=c.lora_rank, targets=c.lora_targets, family=mcfg.family, fuse=lora_plan.fuses(c),
-                                  backend=c.backend, export_merged=c.export_merged)) is not None:
+    if (lora := lora_plan.problem(rank=c.lora_rank, targets=c.lora_targets, family=mcfg.family,
+                                  export_merged=c.export_merged)) is not None:
         raise bad(*lora)
     if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
         raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")

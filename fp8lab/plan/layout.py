@@ -134,6 +134,15 @@ def _act_unit(mcfg) -> int:
     return 7 * mcfg.hidden_size + 3 * kv + k * mcfg.intermediate_size
 
 
+def _lora_fused_bytes(mcfg) -> int:
+    """Activation bytes per token and block that LoRA's adapters on the fused blocks add: they keep the inputs of the
+    four GEMMs (two norms' outputs, the attention's and the activation's outputs) in bf16 where the frozen GEMMs
+    keep none (a byte each beyond the FP8 copies a trained GEMM keeps, which ACT_BYTES counts), and the split MLP's
+    activation keeps gate and up (2 bytes each) beside TE's one copy."""
+    q = mcfg.num_heads * mcfg.head_dim
+    return (2 * mcfg.hidden_size + q + mcfg.intermediate_size) + 2 * mcfg.intermediate_size
+
+
 def _block_linear_params(mcfg) -> int:
     """GEMM weights of all decoder blocks (fp8lab.model.models.block_matmul_params per block)."""
     return mcfg.num_layers * block_matmul_params(mcfg)
@@ -178,6 +187,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     per_layer = ACT_BYTES[kind] * _act_unit(mcfg)
     if backend is None or (backend == "te" and not fuse) or backend == "emulated":
         per_layer *= HF_EAGER_FACTOR
+    elif trainable is not None:  # LoRA on the fused blocks (fp8lab.train.lora): the adapters keep their inputs
+        per_layer += _lora_fused_bytes(mcfg)
     layers = mcfg.num_layers * per_layer
     if activation_checkpointing:  # block inputs kept, one block recomputed at a time
         layers = mcfg.num_layers * 2 * mcfg.hidden_size + per_layer

@@ -14,12 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from fp8lab.core.validate import Check, is_count, is_num
+from fp8lab.model import families
 
 # the projections of each decoder layout (fp8lab.model.config.ModelConfig.family), attention then MLP
-PROJECTIONS: dict[str, tuple[str, ...]] = {
-    "llama": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    "gptneo": ("q_proj", "k_proj", "v_proj", "out_proj", "c_fc", "c_proj"),
-}
+PROJECTIONS: dict[str, tuple[str, ...]] = {layout: tuple(names) for layout, names in families.PROJECTIONS.items()}
 ALL = "all"  # --lora-targets: every projection of the layout (a name of the set, not a decision: the same everywhere)
 RANK_ALLOWED = "an integer >= 0 (0: LoRA off, every weight trains)"
 ALPHA_ALLOWED = "a number > 0 (the adapters' update is scaled by alpha / rank)"
@@ -47,25 +45,18 @@ def parse_targets(value: Any, family: str) -> tuple[str, ...] | None:
 
 
 def fuses(c) -> bool:
-    """``--fuse`` as a run of TrainConfig ``c`` builds it: ``auto`` fuses each block, except under LoRA, whose
-    adapters sit on the model's own projections (the fused blocks merge Q, K and V, and gate and up, into one GEMM)."""
-    return c.fuse if isinstance(c.fuse, bool) else not getattr(c, "lora_rank", 0)
+    """``--fuse`` as a run of TrainConfig ``c`` builds it: ``auto`` fuses each block, under LoRA too (fp8lab's
+    adapters add onto the fused GEMMs; ``--fuse False`` puts peft's on the model's own projections)."""
+    return c.fuse if isinstance(c.fuse, bool) else True
 
 
-def problem(*, rank: int, targets: Any, family: str, fuse: bool, backend: str,
-            export_merged: bool) -> tuple[str, str] | None:
+def problem(*, rank: int, targets: Any, family: str, export_merged: bool) -> tuple[str, str] | None:
     """(option, allowed) for the first LoRA option a run cannot take, else None (checked with the options, after
     each one's own check: RANK, ALPHA, DROPOUT)."""
     if parse_targets(targets, family) is None:
         return "lora_targets", targets_allowed(family)
-    if rank == 0:
-        if export_merged:
-            return "export_merged", "False without --lora-rank (a full fine-tune's model folder is already whole)"
-        return None
-    if fuse and backend != "none":
-        # the fused blocks merge Q, K and V (and gate and up) into one GEMM: the projections peft adapts are gone
-        return "fuse", "auto or False with --lora-rank > 0 (peft adapts the model's own projections, which the " \
-                       "fused blocks merge), or --lora-rank 0"
+    if rank == 0 and export_merged:
+        return "export_merged", "False without --lora-rank (a full fine-tune's model folder is already whole)"
     return None
 
 

@@ -1,7 +1,15 @@
-"""LoRA adapters on the converted model (peft), and their export: the adapter folder and the merged model.
+"""LoRA adapters on the converted model, and their export: the adapter folder and the merged model.
 
-The rule (which projections, how many parameters, what a run may ask) is fp8lab.plan.lora. Here the mechanism:
-peft's ``LoraConfig`` from the run's options, the adapters injected in place (``peft.inject_adapter_in_model``: the
+The rule (which projections, how many parameters, what a run may ask) is fp8lab.plan.lora. Here the mechanism.
+
+On fused blocks (fp8lab.fp8.fused) the adapters are fp8lab's own (``Adapter``): one fused GEMM computes Q, K and V
+(and gate and up) at once, which peft cannot wrap, so each block keeps its adapters by projection name and adds
+their output onto the GEMM's row block; an adapter reads what the GEMM read (the norm's output where the GEMM has
+its norm), and the MLP is split in two where its projections are targets. The parameters carry peft's names and
+initialisation, so the export hands them to peft under the HF model's module names.
+
+On any other model: peft's ``LoraConfig`` from the run's options, the adapters injected in place
+(``peft.inject_adapter_in_model``: the
 model keeps its class and module names, so the conversion's record, the LM head's fused loss, wrapping and
 checkpoints work as for a full fine-tune) and the base frozen. peft wraps what it finds at each target: Transformer
 Engine's ``te.Linear`` through its TE layer (peft >= 0.19) on a GPU, the emulator's ``EmuLinear`` (an ``nn.Linear``)
@@ -20,12 +28,17 @@ with ``--export-merged``, the ``save_pretrained`` of its ``merge_and_unload()`` 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from fp8lab.fp8.convert import hf_state_dict_from
+from fp8lab.fp8.fused import FusedCausalLM, hf_projection
+from fp8lab.model import families
 from fp8lab.model.models import MODEL_CONFIGS, build_model
 from fp8lab.plan import lora as lora_plan
 from fp8lab.records import ownership
@@ -71,14 +84,57 @@ class Adapters:
                 "lora_adapted_modules": self.adapted, "lora_targets": list(self.targets)}
 
 
-def apply(model: torch.nn.Module, plan) -> Adapters:
-    """Inject the plan's LoRA adapters into ``model`` (the converted model, in place) and freeze the rest."""
-    from peft import inject_adapter_in_model
-    from peft.tuners.lora import LoraLayer
+class Adapter(nn.Module):
+    """One projection's LoRA on a fused block, ``(alpha / r) * B A dropout(x)`` added to the projection's output, with
+    peft's parameter names (``lora_A``, ``lora_B``) and initialisation (A Kaiming-uniform, B zero): the export hands
+    them to peft as they are. Computed in the adapters' dtype, as peft's LoRA layer does."""
 
+    def __init__(self, in_features: int, out_features: int, rank: int, alpha: float, dropout: float, device=None):
+        super().__init__()
+        self.lora_A = nn.Linear(in_features, rank, bias=False, device=device, dtype=torch.float32)
+        self.lora_B = nn.Linear(rank, out_features, bias=False, device=device, dtype=torch.float32)
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B.weight)
+        self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.scaling = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lora_B(self.lora_A(self.dropout(x.to(self.lora_A.weight.dtype))))
+        return (y * self.scaling).to(x.dtype)
+
+
+def _inject_fused(model: FusedCausalLM, c, mcfg, targets: tuple[str, ...]) -> int:
+    """Adapters on the fused blocks' GEMMs (peft cannot reach into a GEMM that computes several projections): each
+    block's ``lora`` (fp8lab.fp8.fused.FusedBlock); the MLP split where its projections are targets. Returns how
+    many projections got one."""
+    where = {n: families.PROJECTIONS[mcfg.family][n][0] for n in targets}
+    if {"fc1", "fc2"} & set(where.values()):
+        model.split_mlps()
+    shapes = lora_plan.shapes(mcfg)
+    for blk in model.blocks:
+        device = blk.qkv.weight.device
+        blk.lora = nn.ModuleDict({n: Adapter(*shapes[n], c.lora_rank, c.lora_alpha, c.lora_dropout, device)
+                                  for n in targets})
+        for gemm, module in (("qkv", blk.qkv), ("fc1", getattr(blk.mlp, "fc1", None))):
+            if gemm in where.values():
+                module.return_layernorm_output = True  # the adapters read the norm's output, as the GEMM does
+    return len(targets) * len(model.blocks)
+
+
+def apply(model: torch.nn.Module, plan) -> Adapters:
+    """Put the plan's LoRA adapters on ``model`` (the converted model, in place) and freeze the rest: fp8lab's own on
+    fused blocks, peft's on any other model."""
     c, mcfg = plan.config, plan.model_config
     cfg = lora_config(c, mcfg.family)
-    inject_adapter_in_model(cfg, model, adapter_name=ADAPTER)
+    targets = lora_plan.parse_targets(c.lora_targets, mcfg.family)
+    if isinstance(model, FusedCausalLM):
+        adapted = _inject_fused(model, c, mcfg, targets)
+    else:
+        from peft import inject_adapter_in_model
+        from peft.tuners.lora import LoraLayer
+
+        inject_adapter_in_model(cfg, model, adapter_name=ADAPTER)
+        adapted = sum(isinstance(m, LoraLayer) for m in model.modules())
     params = frozen = 0
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -91,12 +147,23 @@ def apply(model: torch.nn.Module, plan) -> Adapters:
                 if plan.master_weights and p.is_floating_point():  # (FSDP2 keeps fp32 shards, one dtype a unit)
                     p.data = p.data.to(torch.bfloat16)
                 frozen += p.numel()
-    adapted = sum(isinstance(m, LoraLayer) for m in model.modules())
-    return Adapters(cfg, lora_plan.parse_targets(c.lora_targets, mcfg.family), adapted, params, frozen)
+    return Adapters(cfg, targets, adapted, params, frozen)
 
 
-def split_state_dict(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A trained model's state dict as (the base under its HF names, the adapters under peft's names)."""
+def _peft_name(spec, key: str) -> str:
+    """A fused block's adapter key (``blocks.3.lora.q_proj.lora_A.weight``) under peft's name in the HF model
+    (``model.layers.3.self_attn.q_proj.lora_A.default.weight``)."""
+    _, layer, _, name, rest = key.split(".", 4)
+    return f"{hf_projection(spec, name).format(layer)}.{rest.replace('.weight', f'.{ADAPTER}.weight')}"
+
+
+def split_state_dict(sd: dict[str, torch.Tensor], inner: torch.nn.Module | None = None
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A trained model's state dict (of ``inner``, the model that trained) as (the base under its HF names, the
+    adapters under peft's names)."""
+    if isinstance(inner, FusedCausalLM):
+        base = hf_state_dict_from(inner, {k: v for k, v in sd.items() if not is_adapter(k)})
+        return base, {_peft_name(inner.spec, k): v for k, v in sd.items() if is_adapter(k)}
     base, adapters = {}, {}
     for k, v in sd.items():
         if is_adapter(k):
@@ -106,12 +173,12 @@ def split_state_dict(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     return base, adapters
 
 
-def peft_model_from(adapters: Adapters, plan, sd: dict[str, torch.Tensor]):
-    """The plain transformers model of ``plan`` holding the trained base of ``sd``, with peft's LoRA on it holding
-    the trained adapters (a ``peft.PeftModel``, on the CPU)."""
+def peft_model_from(adapters: Adapters, plan, sd: dict[str, torch.Tensor], inner: torch.nn.Module | None = None):
+    """The plain transformers model of ``plan`` holding the trained base of ``sd`` (the state dict of ``inner``),
+    with peft's LoRA on it holding the trained adapters (a ``peft.PeftModel``, on the CPU)."""
     from peft import get_peft_model
 
-    base, trained = split_state_dict(sd)
+    base, trained = split_state_dict(sd, inner)
     name = plan.config.model
     hf = build_model(name, device="meta", config=plan.model_config if name in MODEL_CONFIGS else None)
     # its own copies: the gathered state dict may share the trained model's storage, which merging would change
@@ -134,7 +201,7 @@ def export(adapters: Adapters, model, inner, plan, model_dir: Path, data_dir: Pa
     sd = fexport._export_hf_state_dict(model, inner, None, master)  # the trained weights, masters where kept
     if not env.is_main:
         return
-    peft_model = peft_model_from(adapters, plan, sd)
+    peft_model = peft_model_from(adapters, plan, sd, inner)
     fexport.save_hf_model(model, inner, None, plan, model_dir, data_dir, env, run=run,
                           write=lambda stage: peft_model.save_pretrained(str(stage)))
     if plan.config.export_merged:

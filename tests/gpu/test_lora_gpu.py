@@ -99,3 +99,58 @@ def test_a_lora_run_on_te_exports_adapters_and_merged_model_with_the_trained_log
     assert rel(adapted) < 2e-2 and rel(merged) < 2e-2
     untrained = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
     assert rel(untrained) > rel(merged)  # the adapters trained: the exports are nearer the trained model
+
+
+def test_lora_on_te_fused_blocks_matches_peft_and_trains_the_adapters_under_fp8():
+    """fp8lab's adapters on the fused TE blocks (LayerNormLinear returning its norm's output, the MLP split in two)
+    give the logits of peft's LoRA on the plain transformers model holding the same weights (BF16, no FP8), and under
+    FP8 autocast only the adapters get gradients and a few steps lower the loss."""
+    _need_te()
+    import transformer_engine.pytorch as te
+    from peft import get_peft_model
+
+    from fp8lab.fp8.convert import autocast, convert_model
+    from fp8lab.fp8.fused import SplitMLP
+    from fp8lab.model.models import build_model
+    from fp8lab.train import lora as flora
+
+    c = TrainConfig(model="llama-tiny", precision="fp8", backend="te", lora_rank=8)  # --fuse auto: fused
+    plan = plan_run(c, detect_machine(torch.device("cuda"), 1, 0))
+    assert plan.options()["fuse"] is True
+    model = convert_model(build_model("llama-tiny", device="cuda", seed=0), backend="te", fuse=True)
+    adapters = flora.apply(model, plan)
+    assert adapters.adapted == 7 * plan.model_config.num_layers
+    assert all(isinstance(b.mlp, SplitMLP) and isinstance(b.mlp.fc1, te.LayerNormLinear) for b in model.blocks)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".lora_B" in n:
+                p.normal_(0, 0.05)  # (B starts at zero: a nonzero one makes the comparison see the adapters)
+    x = torch.randint(0, 512, (2, 64), device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+    model.eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        got = model(x).logits.float()
+    base, trained = flora.split_state_dict(model.state_dict(), model)
+    hf = build_model("llama-tiny", device="cuda", seed=1)
+    hf.load_state_dict(base, strict=True)
+    ref = get_peft_model(hf, adapters.config, adapter_name=flora.ADAPTER)
+    result = ref.base_model.model.load_state_dict(trained, strict=False)
+    assert not result.unexpected_keys and not [k for k in result.missing_keys if ".lora_" in k]
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        want = ref.eval()(x).logits.float()
+        with ref.disable_adapter():
+            without = ref(x).logits.float()
+    rel = float((got - want).norm() / want.norm())
+    assert rel < 2e-2 and rel < 0.2 * float((without - want).norm() / want.norm())  # the adapters count, as peft's
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(8):
+        with torch.autocast("cuda", dtype=torch.bfloat16), autocast("te", plan.recipe):
+            loss = model(x, labels=x).loss
+        loss.backward()
+        grads = {n for n, p in model.named_parameters() if p.grad is not None}
+        assert grads and all(".lora_" in n for n in grads)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]

@@ -47,30 +47,39 @@ def logits(model, vocab: int):
         return model(x).logits.float()
 
 
-@pytest.mark.parametrize("kind, precision", [("llama", "bf16"), ("llama", "fp8"), ("qwen2", "fp8")])
-def test_lora_trains_only_the_adapters_and_both_exports_give_the_trained_logits(kind, precision, prepared, tmp_path,
-                                                                                capture_trained):
+@pytest.mark.parametrize("kind, precision, fuse", [("llama", "bf16", "auto"), ("llama", "fp8", "auto"),
+                                                   ("qwen2", "fp8", "auto"), ("llama", "fp8", False)])
+def test_lora_trains_only_the_adapters_and_both_exports_give_the_trained_logits(kind, precision, fuse, prepared,
+                                                                                tmp_path, capture_trained):
     from peft import PeftModel
     from peft.tuners.lora import LoraLayer
     from transformers import AutoModelForCausalLM
 
     from fp8lab.fp8.backends.emulated import EmuLinear
+    from fp8lab.fp8.fused import FusedCausalLM
+    from fp8lab.train import lora as flora
 
     cfg = tiny(kind)
     src = save_folder(tmp_path / kind, cfg)
     out = tmp_path / "run"
-    s = train(TrainConfig(**RUN, precision=precision, model=str(src), data=str(prepared), output_dir=str(out)))
+    s = train(TrainConfig(**RUN, precision=precision, fuse=fuse, model=str(src), data=str(prepared),
+                          output_dir=str(out)))
     assert s["status"] == "completed" and s["steps"] == 3
     trained = capture_trained["inner"]
 
-    # peft's LoRA wraps the emulator's FP8 layers (its default Linear layer around an EmuLinear base)
-    wrapped = [m for m in trained.modules() if isinstance(m, LoraLayer)]
-    assert len(wrapped) == 7 * cfg.num_hidden_layers
-    assert all(isinstance(m.get_base_layer(), EmuLinear) for m in wrapped)
+    if fuse == "auto":  # fp8lab's adapters on the fused blocks' GEMMs (the emulator's FP8 twins of TE's)
+        assert isinstance(trained, FusedCausalLM)
+        assert sum(len(b.lora) for b in trained.blocks) == 7 * cfg.num_hidden_layers
+    else:  # peft's LoRA wraps the emulator's FP8 layers (its default Linear layer around an EmuLinear base)
+        wrapped = [m for m in trained.modules() if isinstance(m, LoraLayer)]
+        assert len(wrapped) == 7 * cfg.num_hidden_layers
+        assert all(isinstance(m.get_base_layer(), EmuLinear) for m in wrapped)
     # only the adapters train; the base is the folder's, bit for bit
     start = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).state_dict()
     sd = trained.state_dict()
-    base = {k.replace(".base_layer.", "."): v for k, v in sd.items() if ".lora_" not in k and "_extra_state" not in k}
+    base, _ = flora.split_state_dict(sd, trained)
+    if cfg.tie_word_embeddings:
+        base.setdefault("lm_head.weight", base["model.embed_tokens.weight"])
     assert set(base) == set(start) and all(torch.equal(base[k], start[k]) for k in start)
     assert [n for n, p in trained.named_parameters() if p.requires_grad] == \
         [n for n in dict(trained.named_parameters()) if ".lora_" in n]

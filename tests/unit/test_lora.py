@@ -29,7 +29,6 @@ LORA = dict(lora_rank=8, fuse=False)
                                                                 "q_proj, k_proj, v_proj, o_proj, gate_proj"),
     ({**LORA, "lora_targets": "q_proj,q_proj"}, "--lora-targets", "comma-separated names"),
     ({**LORA, "model": "gptneo-tiny", "lora_targets": "o_proj"}, "--lora-targets", "out_proj, c_fc, c_proj"),
-    ({"lora_rank": 8, "fuse": True}, "--fuse", "auto or False with --lora-rank > 0"),
     ({"export_merged": True}, "--export-merged", "False without --lora-rank"),
 ])
 def test_bad_lora_options_are_refused_naming_the_option_and_what_is_allowed(kw, flag, allowed):
@@ -56,19 +55,19 @@ def test_lora_options_from_the_command_line_and_a_job():
     assert entry.parse_args([w for k, v in hp.items() for w in (f"--{k}", str(v))]).lora_rank == 16  # as the job reads
     with pytest.raises(ValueError, match=r"lora.rank=-1 is invalid; allowed: an integer >= 0"):
         L.JobSpec(**base, fuse=False, options={"lora_rank": -1})
-    with pytest.raises(ValueError, match=r"--fuse.*allowed: auto or False with --lora-rank > 0"):  # the trainer's
-        L.JobSpec(**base, fuse=True, options={"lora_rank": 16})
+    assert hyperparameters(L.JobSpec(**base, fuse=True, options={"lora_rank": 16}))["fuse"] is True  # fused LoRA
 
 
-def test_fuse_auto_fuses_the_blocks_except_under_lora():
-    """The plain command ``--lora-rank N`` builds the unfused layers peft adapts; without LoRA the fused blocks."""
+def test_fuse_auto_fuses_the_blocks_under_lora_too():
+    """The plain command ``--lora-rank N`` builds the fused blocks (fp8lab's adapters on their GEMMs), as without
+    LoRA; ``--fuse False`` the unfused layers peft adapts."""
     assert TrainConfig().fuse == "auto" and lora_plan.fuses(TrainConfig()) is True
-    c = TrainConfig(lora_rank=8)  # accepted: auto resolves to the unfused layers
-    assert lora_plan.fuses(c) is False
+    assert lora_plan.fuses(TrainConfig(lora_rank=8)) is True
     assert lora_plan.fuses(TrainConfig(lora_rank=8, fuse=False)) is False and lora_plan.fuses(TrainConfig(fuse=False)) is False
     plan = plan_run(TrainConfig(model="llama-1b", precision="fp8", lora_rank=16, task="sft"), H100)
-    assert plan.options()["fuse"] is False
-    assert plan_run(TrainConfig(model="llama-1b", precision="fp8"), H100).options()["fuse"] is True
+    assert plan.options()["fuse"] is True
+    assert plan_run(TrainConfig(model="llama-1b", precision="fp8", lora_rank=16, fuse=False), H100).options()["fuse"] \
+        is False
 
 
 def test_adapter_count_is_rank_times_in_plus_out_per_projection():
@@ -143,3 +142,83 @@ def test_bf16_parameters_keep_a_bf16_frozen_base_and_fp32_adapters():
     dtypes = {(".lora_" in n, p.dtype) for n, p in model.named_parameters()}
     assert dtypes == {(True, torch.float32), (False, torch.bfloat16)}
     assert adapters.built()["lora_targets"] == list(lora_plan.PROJECTIONS["llama"])
+
+
+def _fused_lora(name: str, targets: str):
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.model.models import build_model
+    from fp8lab.train import lora as flora
+
+    plan = plan_run(TrainConfig(model=name, precision="bf16", backend="emulated", compute_dtype="fp32", lora_rank=4,
+                                lora_targets=targets), CPU)
+    model = convert_model(build_model(name, seed=0), backend="emulated", fuse=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    adapters = flora.apply(model, plan)
+    return model, adapters, plan, before
+
+
+@pytest.mark.parametrize("name, targets", [("llama-tiny", "all"), ("llama-tiny", "q_proj,v_proj,down_proj"),
+                                           ("gptneo-tiny", "all"), ("gptneo-tiny", "k_proj,out_proj")])
+def test_adapters_on_the_fused_blocks_give_pefts_lora_on_the_transformers_model(name, targets):
+    """fp8lab's adapters on the fused blocks compute what peft's LoRA computes on the plain transformers model holding
+    the same weights and adapters (the export's mapping), and only they get gradients."""
+    from peft import get_peft_model
+
+    from fp8lab.fp8.fused import SplitMLP
+    from fp8lab.model.models import build_model
+    from fp8lab.train import lora as flora
+
+    model, adapters, plan, before = _fused_lora(name, targets)
+    names = lora_plan.parse_targets(targets, plan.model_config.family)
+    assert adapters.adapted == len(names) * plan.model_config.num_layers
+    assert adapters.params == lora_plan.adapter_params(plan.model_config, 4, names)
+    assert adapters.params + adapters.frozen == sum(p.numel() for p in model.parameters())
+    mlp_targets = {"gate_proj", "up_proj", "down_proj", "c_fc", "c_proj"} & set(names)
+    assert all(isinstance(b.mlp, SplitMLP) == bool(mlp_targets) for b in model.blocks)
+    x = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    model.eval()
+    with torch.no_grad():
+        untouched = model(x).logits  # B starts at zero: the base model's logits
+        for n, p in model.named_parameters():
+            if ".lora_B" in n:
+                p.normal_(0, 0.05)
+        got = model(x).logits
+    base, trained = flora.split_state_dict(model.state_dict(), model)
+    # the base under HF names is the model as built, bit for bit (the MLP split moves no weight)
+    hf = build_model(name, seed=1)
+    hf.load_state_dict(base, strict=True)
+    ref = get_peft_model(hf, adapters.config, adapter_name=flora.ADAPTER)
+    result = ref.base_model.model.load_state_dict(trained, strict=False)
+    assert not result.unexpected_keys and not [k for k in result.missing_keys if ".lora_" in k]
+    with torch.no_grad():
+        want = ref.eval()(x).logits
+        with ref.disable_adapter():
+            plain = ref(x).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(untouched, plain, rtol=1e-4, atol=1e-4)
+    assert (got - plain).abs().max() > 1e-2  # the adapters changed the output
+    model.train()
+    model(x, labels=x).loss.backward()
+    with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert with_grad == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert with_grad and all(".lora_" in n for n in with_grad)
+
+
+def test_the_split_mlp_keeps_the_weights_and_the_weight_map_follows():
+    """Splitting the MLP for adapters moves no weight: the fused model maps to the same transformers state dict."""
+    from fp8lab.fp8.fused import SPLIT_MLP_NAMES
+    from fp8lab.model.models import build_model
+    from fp8lab.train import lora as flora
+
+    model, _, _, before = _fused_lora("llama-tiny", "up_proj")
+    assert model.spec.split_mlp and all(b.spec.split_mlp for b in model.blocks)
+    after = model.state_dict()
+    for k, v in before.items():
+        head, sep, name = k.partition(".mlp.")
+        key = f"{head}.mlp.{SPLIT_MLP_NAMES[name]}" if sep and not name.endswith("_extra_state") else k
+        if not k.endswith("_extra_state"):
+            assert torch.equal(after[key], v), key
+    base, adapters = flora.split_state_dict(after, model)
+    want = build_model("llama-tiny", seed=0).state_dict()
+    assert set(base) == set(want) and all(torch.equal(base[k], want[k]) for k in want)
+    assert set(adapters) == {f"model.layers.{i}.mlp.up_proj.lora_{ab}.default.weight" for i in range(2) for ab in "AB"}

@@ -210,17 +210,21 @@ class EmuNorm(nn.Module):
 class EmuLayerNormLinear(FP8Gemm):
     """Twin of te.LayerNormLinear: norm then one GEMM (parameter names as TE's)."""
 
-    def __init__(self, spec: _fused.FusedSpec, out_features: int, device=None, dtype=None):
+    def __init__(self, spec: _fused.FusedSpec, out_features: int, bias: bool | None = None, device=None, dtype=None):
         super().__init__()
         self.kind, self.eps = spec.normalization, spec.eps
+        self.in_features, self.out_features = spec.hidden, out_features
         self.layer_norm_weight = _param(spec.hidden, device=device, dtype=dtype)
         self.layer_norm_bias = _param(spec.hidden, device=device, dtype=dtype) if self.kind == "LayerNorm" else None
         self.weight = _param(out_features, spec.hidden, device=device, dtype=dtype)
-        self.bias = _param(out_features, device=device, dtype=dtype) if spec.qkv_bias else None
+        self.bias = _param(out_features, device=device, dtype=dtype) if (
+            spec.qkv_bias if bias is None else bias) else None
+        self.return_layernorm_output = False  # True: (output, the norm's output), as TE's LayerNormLinear
 
     def forward(self, x):
-        return self.gemm(_norm(x, self.layer_norm_weight, self.layer_norm_bias, self.kind, self.eps), self.weight,
-                         self.bias)
+        normed = _norm(x, self.layer_norm_weight, self.layer_norm_bias, self.kind, self.eps)
+        out = self.gemm(normed, self.weight, self.bias)
+        return (out, normed) if self.return_layernorm_output else out
 
 
 class EmuLayerNormMLP(nn.Module):
@@ -277,8 +281,8 @@ class EmulatedParts:
     def __init__(self, device=None, dtype=None):
         self.kw = {"device": device, "dtype": dtype}
 
-    def norm_linear(self, spec, out_features):
-        return EmuLayerNormLinear(spec, out_features, **self.kw)
+    def norm_linear(self, spec, out_features, bias=None):
+        return EmuLayerNormLinear(spec, out_features, bias, **self.kw)
 
     def linear(self, spec, in_features, out_features, bias):
         return EmuLinear(in_features, out_features, bias=bias, **self.kw)

@@ -102,8 +102,9 @@ class TEParts:
     def __init__(self, device, dtype):
         self.device, self.dtype = device, dtype
 
-    def norm_linear(self, spec, out_features):
-        return _te().LayerNormLinear(spec.hidden, out_features, eps=spec.eps, bias=spec.qkv_bias,
+    def norm_linear(self, spec, out_features, bias=None):
+        return _te().LayerNormLinear(spec.hidden, out_features, eps=spec.eps,
+                                     bias=spec.qkv_bias if bias is None else bias,
                                      normalization=spec.normalization, params_dtype=self.dtype, device=self.device)
 
     def linear(self, spec, in_features, out_features, bias):
