@@ -56,7 +56,9 @@ for part in "$@"; do
       if [ $part = LB ]; then RUNS=headbf16-s4321; cp data/results/$DIR/llama-1b-te-*-5m-*.jsonl $RES/$DIR/; fi
       python3 benchmarks/study_loss_parity.py --data .corpus/linux-6.1 --out $RES/$DIR --work .study/$DIR --study $DIR \
         --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \
-        --gpus 1 --budget-s 500 --min-left-s 90 --runs $RUNS 2>&1 | tee -a $RES/logs/loss.log
+        --gpus 1 --budget-s 500 --min-left-s 90 --runs $RUNS >> $RES/logs/loss.log 2>&1 &
+      job=$!; while kill -0 $job 2>/dev/null; do sleep 20; pack; done; wait $job  # packed as runs finish: a cut-off
+      tail -5 $RES/logs/loss.log                                                 # call still returns them
       python3 benchmarks/memory_modes_loss.py $RES/$DIR te-fp8-delayed-head bf16 > $RES/logs/loss-check.txt 2>&1; pack ;;
   C)  cp $RES/$DIR/llama-1b-te-*-5m-*.jsonl data/results/$DIR/ 2>/dev/null
       python3 benchmarks/memory_modes_loss.py data/results/$DIR te-fp8-delayed-head bf16 > $RES/logs/loss-check.txt 2>&1

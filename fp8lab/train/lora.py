@@ -99,8 +99,9 @@ class Adapter(nn.Module):
         self.scaling = alpha / rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.lora_B(self.lora_A(self.dropout(x.to(self.lora_A.weight.dtype))))
-        return (y * self.scaling).to(x.dtype)
+        z = self.lora_A(self.dropout(x.to(self.lora_A.weight.dtype)))
+        # scaled at rank width, not at the projection's: one elementwise pass over r columns instead of thousands
+        return self.lora_B(z if self.scaling == 1 else z * self.scaling).to(x.dtype)
 
 
 def _inject_fused(model: FusedCausalLM, c, mcfg, targets: tuple[str, ...]) -> int:
