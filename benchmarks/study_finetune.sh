@@ -12,8 +12,8 @@
 #   C   as F, FP8 with current scaling (--recipe current) (~1 min; needs P on this machine)
 #   Q   as S for Qwen2.5-1.5B from its published config (~4 min)
 #   L8  LoRA rank 16 on Llama-3.1-8B (all 32 layers) from its published config, BF16 and FP8 (~4 min)
-#   LF  LoRA rank 16 on the fused blocks (the plain command: --fuse auto), Llama-3.2-1B, BF16 and FP8, beside peft's
-#       on the unfused layers (--fuse False, as S ran it) in the same call (~4 min)
+#   LF  LoRA rank 16 on the fused blocks (--fuse True: fp8lab's adapters), Llama-3.2-1B, BF16 and FP8, beside peft's
+#       on the unfused layers (--fuse False, what --fuse auto picks under LoRA, as S ran it) in the same call (~4 min)
 #   LF8 as LF for Llama-3.1-8B, the fused blocks only (~3 min)
 #   LFQ as LF for Qwen2.5-1.5B, the fused blocks only (~2 min)
 # Run on the device machine:
@@ -66,15 +66,15 @@ for part in "$@"; do
   L8) "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
         --models data/reference/configs/llama-3.1-8b
       pack ;;
-  LF) for fuse in auto False; do
+  LF) for fuse in True False; do
         "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args "--task sft --lora-rank 16 --fuse $fuse" \
           --tag lora-fuse-$fuse --models data/reference/configs/llama-3.2-1b
         pack
       done ;;
-  LF8) "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16' --tag lora-fuse-auto \
+  LF8) "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse True' --tag lora-fuse-True \
         --models data/reference/configs/llama-3.1-8b
       pack ;;
-  LFQ) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16' --tag lora-fuse-auto \
+  LFQ) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse True' --tag lora-fuse-True \
         --models data/reference/configs/qwen2.5-1.5b
       pack ;;
   C)  for seed in 1234 4321; do  # FP8 with current scaling: no amax history to build up from a BF16 model

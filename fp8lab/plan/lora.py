@@ -45,9 +45,10 @@ def parse_targets(value: Any, family: str) -> tuple[str, ...] | None:
 
 
 def fuses(c) -> bool:
-    """``--fuse`` as a run of TrainConfig ``c`` builds it: ``auto`` fuses each block, under LoRA too (fp8lab's
-    adapters add onto the fused GEMMs; ``--fuse False`` puts peft's on the model's own projections)."""
-    return c.fuse if isinstance(c.fuse, bool) else True
+    """``--fuse`` as a run of TrainConfig ``c`` builds it: ``auto`` fuses each block, except under LoRA, where it keeps
+    peft's adapters on the model's own projections until fp8lab's on the fused GEMMs (``--fuse True``) have run
+    on a GPU."""
+    return c.fuse if isinstance(c.fuse, bool) else not getattr(c, "lora_rank", 0)
 
 
 def problem(*, rank: int, targets: Any, family: str, export_merged: bool) -> tuple[str, str] | None:

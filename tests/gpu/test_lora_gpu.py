@@ -114,7 +114,7 @@ def test_lora_on_te_fused_blocks_matches_peft_and_trains_the_adapters_under_fp8(
     from fp8lab.model.models import build_model
     from fp8lab.train import lora as flora
 
-    c = TrainConfig(model="llama-tiny", precision="fp8", backend="te", lora_rank=8)  # --fuse auto: fused
+    c = TrainConfig(model="llama-tiny", precision="fp8", backend="te", lora_rank=8, fuse=True)
     plan = plan_run(c, detect_machine(torch.device("cuda"), 1, 0))
     assert plan.options()["fuse"] is True
     model = convert_model(build_model("llama-tiny", device="cuda", seed=0), backend="te", fuse=True)
