@@ -375,7 +375,7 @@ class FusedBlock(nn.Module):
         self._hp = parts.high_precision
         self._rope = _rope_of(parts)
         self._weight_cache = _caches_weights(parts)
-        # LoRA (fp8lab.train.lora_fused): modules by HF projection name (families.PROJECTIONS) whose output adds to
+        # LoRA (fp8lab.train.lora): modules by HF projection name (families.PROJECTIONS) whose output adds to
         # that projection's, read from the GEMM's own input (a norm's output where the GEMM has its norm)
         self.lora: nn.ModuleDict | None = None
 

@@ -59,12 +59,13 @@ from typing import Any
 
 from fp8lab.core.hardware import Machine
 from fp8lab.core.validate import AUTO  # "auto": what the resolver picks per machine
+from fp8lab.model import families
 from fp8lab.model.models import block_matmul_params, count_parameters
 from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, chunk_tokens, loss_bytes, no_grad_loss_bytes
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, fp8_head_decide, kernel_for as loss_kernel_for
 from fp8lab.plan import memory_modes
 from fp8lab.plan.lora import fuses
-from fp8lab.plan.lora import trainable_params as lora_trainable
+from fp8lab.plan.lora import adapted as lora_adapted, trainable_params as lora_trainable
 
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
@@ -134,13 +135,19 @@ def _act_unit(mcfg) -> int:
     return 7 * mcfg.hidden_size + 3 * kv + k * mcfg.intermediate_size
 
 
-def _lora_fused_bytes(mcfg) -> int:
-    """Activation bytes per token and block that LoRA's adapters on the fused blocks add: they keep the inputs of the
-    four GEMMs (two norms' outputs, the attention's and the activation's outputs) in bf16 where the frozen GEMMs
-    keep none (a byte each beyond the FP8 copies a trained GEMM keeps, which ACT_BYTES counts), and the split MLP's
-    activation keeps gate and up (2 bytes each) beside TE's one copy."""
-    q = mcfg.num_heads * mcfg.head_dim
-    return (2 * mcfg.hidden_size + q + mcfg.intermediate_size) + 2 * mcfg.intermediate_size
+def _lora_fused_bytes(mcfg, targets: tuple[str, ...], dropout: bool) -> int:
+    """Activation bytes per token and block that LoRA's adapters on the fused blocks add: they keep the inputs of
+    the GEMMs they adapt (norms' outputs, the attention's and the activation's outputs) in bf16 where the frozen
+    GEMMs keep none (a byte each beyond the FP8 copy a trained GEMM keeps, which ACT_BYTES counts), with dropout
+    each adapter its own dropped copy and mask (3 bytes); the split MLP's activation keeps gate and up (2 bytes each)
+    beside TE's one copy."""
+    h, f, q = mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_heads * mcfg.head_dim
+    gemm_input = {"qkv": h, "proj": q, "fc1": h, "fc2": f}
+    where = {families.PROJECTIONS[mcfg.family][n][0] for n in targets}
+    kept = sum(gemm_input[g] for g in where)
+    dropped = 3 * sum(gemm_input[families.PROJECTIONS[mcfg.family][n][0]] for n in targets) if dropout else 0
+    split = 2 * f if {"fc1", "fc2"} & where else 0
+    return kept + dropped + split
 
 
 def _block_linear_params(mcfg) -> int:
@@ -154,12 +161,13 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
                     fused_loss: bool = False, loss_kernel: str = "compiled",
                     memory_mode: str = memory_modes.PLAIN, trainable: int | None = None,
-                    fp8_head: bool = False) -> MemoryEstimate:
+                    fp8_head: bool = False, lora: tuple[tuple[str, ...], bool] | None = None) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
     LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's, held as
     ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS), with ``fp8_head`` its GEMMs in FP8. ``trainable``:
     the parameters that train beside a frozen base (LoRA's adapters, fp8lab.plan.lora), None: every one. A frozen
-    parameter is only its weight (2 or 4 bytes): no gradient, master or AdamW moments."""
+    parameter is only its weight (2 or 4 bytes): no gradient, master or AdamW moments. ``lora``: (the projections
+    adapted, with dropout or not; fp8lab.plan.lora.adapted), whose adapters on TE's fused blocks keep their inputs."""
     n = count_parameters(mcfg).total
     t = n if trainable is None else trainable
     frozen = 0 if trainable is None else n
@@ -187,8 +195,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     per_layer = ACT_BYTES[kind] * _act_unit(mcfg)
     if backend is None or (backend == "te" and not fuse) or backend == "emulated":
         per_layer *= HF_EAGER_FACTOR
-    elif trainable is not None:  # LoRA on the fused blocks (fp8lab.train.lora): the adapters keep their inputs
-        per_layer += _lora_fused_bytes(mcfg)
+    elif lora is not None and backend == "te":  # LoRA on the fused blocks (fp8lab.train.lora): what adapters keep
+        per_layer += _lora_fused_bytes(mcfg, *lora)
     layers = mcfg.num_layers * per_layer
     if activation_checkpointing:  # block inputs kept, one block recomputed at a time
         layers = mcfg.num_layers * 2 * mcfg.hidden_size + per_layer
@@ -371,7 +379,7 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused,
                             loss_kernel=loss_kernel, memory_mode=memory_mode,
-                            trainable=lora_trainable(c, mcfg),
+                            trainable=lora_trainable(c, mcfg), lora=lora_adapted(c, mcfg),
                             fp8_head=fp8_head_for(c, machine, mcfg, fused, p)[0]) for p in precisions]
     return max(ests, key=lambda e: e.peak)
 

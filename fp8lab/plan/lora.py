@@ -77,6 +77,13 @@ def adapter_params(mcfg, rank: int, targets: tuple[str, ...]) -> int:
     return mcfg.num_layers * sum(rank * sum(per_block[n]) for n in targets)
 
 
+def adapted(c, mcfg) -> tuple[tuple[str, ...], bool] | None:
+    """(the projections a run of TrainConfig ``c`` adapts, whether with dropout), None without LoRA."""
+    if not getattr(c, "lora_rank", 0):
+        return None
+    return parse_targets(c.lora_targets, mcfg.family), c.lora_dropout > 0
+
+
 def trainable_params(c, mcfg) -> int | None:
     """What trains in a run of TrainConfig ``c``: the adapters' parameters under LoRA, None (everything) without."""
     if not getattr(c, "lora_rank", 0):  # (a config of another caller may carry no LoRA options)

@@ -252,7 +252,8 @@ def graphs_decision(c: "TrainConfig", machine: Machine, backend: str | None, lay
     return graphs.decide(c.cuda_graphs, mcfg, micro_batch_size=lay.micro_batch_size, memory_problem=memory,
                          precision=c.precision, seq_len=lay.seq_len, device_type=machine.device, backend=backend,
                          fuse=fuses(c), param_dtype=lay.param_dtype, world_size=machine.world_size,
-                         activation_checkpointing=lay.activation_checkpointing, compile=c.compile)
+                         activation_checkpointing=lay.activation_checkpointing, compile=c.compile,
+                         lora=bool(c.lora_rank))
 
 
 def compute_dtype(c: "TrainConfig", machine: Machine) -> tuple[str, str]:
@@ -267,6 +268,8 @@ def fused_wgrad(c: "TrainConfig", machine: Machine, backend: str | None, master_
     (DDP all-reduces .grad through hooks that main_grad would bypass)."""
     if not c.fuse_wgrad_accumulation:
         return False, "--fuse-wgrad-accumulation False"
+    if c.lora_rank:
+        return False, "LoRA: the base is frozen (no weight gradients to add in place)"
     if not (backend == "te" and fuses(c) and master_weights and machine.world_size == 1):
         return False, "needs TE fused layers, --param-dtype bf16 and one process"
     return True, "TE fused layers, bf16 parameters, one process: weight gradients added in place"

@@ -9,11 +9,11 @@ its norm), and the MLP is split in two where its projections are targets. The pa
 initialisation, so the export hands them to peft under the HF model's module names.
 
 On any other model: peft's ``LoraConfig`` from the run's options, the adapters injected in place
-(``peft.inject_adapter_in_model``: the
-model keeps its class and module names, so the conversion's record, the LM head's fused loss, wrapping and
-checkpoints work as for a full fine-tune) and the base frozen. peft wraps what it finds at each target: Transformer
-Engine's ``te.Linear`` through its TE layer (peft >= 0.19) on a GPU, the emulator's ``EmuLinear`` (an ``nn.Linear``)
-through its default LoRA layer, whose base GEMM stays the emulated FP8 one, on a CPU. The adapters' own GEMMs run
+(``peft.inject_adapter_in_model``: the model keeps its class and module names, so the conversion's record, the LM
+head's fused loss, wrapping and checkpoints work as for a full fine-tune) and the base frozen. peft wraps what it
+finds at each target: Transformer Engine's ``te.Linear`` through its TE layer (peft >= 0.19) on a GPU, the
+emulator's ``EmuLinear`` (an ``nn.Linear``) through its default LoRA layer, whose base GEMM stays the emulated FP8
+one, on a CPU. The adapters' own GEMMs run
 in the compute dtype, outside FP8: they are small, and their gradients are what trains.
 
 Precision: the adapters are created in fp32. Where the plan keeps bf16 parameters with fp32 masters

@@ -223,3 +223,28 @@ def test_the_split_mlp_keeps_the_weights_and_the_weight_map_follows():
     want = build_model("llama-tiny", seed=0).state_dict()
     assert set(base) == set(want) and all(torch.equal(base[k], want[k]) for k in want)
     assert set(adapters) == {f"model.layers.{i}.mlp.up_proj.lora_{ab}.default.weight" for i in range(2) for ab in "AB"}
+
+
+def test_fused_lora_memory_follows_the_targets_and_dropout_and_graphs_wgrad_stay_off():
+    """On TE's fused blocks the adapters' kept inputs grow with the GEMMs adapted and with dropout (its own copy
+    per adapter); CUDA graphs and the in-place weight-gradient GEMMs are off under LoRA, each with its reason."""
+    m = get_config("llama-1b")
+    t = lora_plan.adapter_params(m, 16, lora_plan.PROJECTIONS["llama"])
+    kw = dict(precision="fp8", micro_batch_size=4, seq_len=2048, param_dtype="bf16", backend="te", fuse=True,
+              trainable=t)
+    plain = estimate_memory(m, **kw)
+    qv = estimate_memory(m, **kw, lora=(("q_proj", "v_proj"), False))
+    every = estimate_memory(m, **kw, lora=(lora_plan.PROJECTIONS["llama"], False))
+    dropped = estimate_memory(m, **kw, lora=(lora_plan.PROJECTIONS["llama"], True))
+    assert plain.activations < qv.activations < every.activations < dropped.activations
+    tokens, gib = 4 * 2048, 2**30
+    h = m.hidden_size
+    assert qv.activations - plain.activations == pytest.approx(m.num_layers * h * tokens / gib)  # one norm output
+    unfused = estimate_memory(m, **{**kw, "fuse": False}, lora=(lora_plan.PROJECTIONS["llama"], True))
+    assert unfused.activations == estimate_memory(m, **{**kw, "fuse": False}).activations  # peft's: HF's factor
+    plan = plan_run(TrainConfig(model="llama-1b", precision="fp8", lora_rank=16, fuse=True, micro_batch_size=1,
+                                cuda_graphs="auto"), H100)
+    assert plan.graphs.active is False and "LoRA" in plan.graphs.reason
+    assert plan.decisions()["fuse_wgrad_accumulation"] is False
+    with pytest.raises(ValueError, match="--cuda-graphs on: CUDA graphs are not tested with LoRA"):
+        plan_run(TrainConfig(model="llama-1b", precision="fp8", lora_rank=16, fuse=True, cuda_graphs="on"), H100)
