@@ -359,7 +359,8 @@ class SplitMLP(nn.Module):
     def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
         y = self.fc1(x, **kw)
         y = y[0] if isinstance(y, tuple) else y
-        return self.fc2(self.act(list(y.split(self.sizes(), -1)) if self.sizes() else [y]), **kw)
+        sizes = self.sizes()
+        return self.fc2(self.act(list(y.split(sizes, -1)) if sizes else [y]), **kw)
 
 
 class FusedBlock(nn.Module):

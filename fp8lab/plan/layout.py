@@ -143,10 +143,10 @@ def _lora_fused_bytes(mcfg, targets: tuple[str, ...], dropout: bool) -> int:
     beside TE's one copy."""
     h, f, q = mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_heads * mcfg.head_dim
     gemm_input = {"qkv": h, "proj": q, "fc1": h, "fc2": f}
-    where = {families.PROJECTIONS[mcfg.family][n][0] for n in targets}
-    kept = sum(gemm_input[g] for g in where)
-    dropped = 3 * sum(gemm_input[families.PROJECTIONS[mcfg.family][n][0]] for n in targets) if dropout else 0
-    split = 2 * f if {"fc1", "fc2"} & where else 0
+    gemms = [families.PROJECTIONS[mcfg.family][n][0] for n in targets]  # one per adapter
+    kept = sum(gemm_input[g] for g in set(gemms))
+    dropped = 3 * sum(gemm_input[g] for g in gemms) if dropout else 0
+    split = 2 * f if {"fc1", "fc2"} & set(gemms) else 0
     return kept + dropped + split
 
 

@@ -13,8 +13,8 @@ On any other model: peft's ``LoraConfig`` from the run's options, the adapters i
 head's fused loss, wrapping and checkpoints work as for a full fine-tune) and the base frozen. peft wraps what it
 finds at each target: Transformer Engine's ``te.Linear`` through its TE layer (peft >= 0.19) on a GPU, the
 emulator's ``EmuLinear`` (an ``nn.Linear``) through its default LoRA layer, whose base GEMM stays the emulated FP8
-one, on a CPU. The adapters' own GEMMs run
-in the compute dtype, outside FP8: they are small, and their gradients are what trains.
+one, on a CPU. The adapters' own GEMMs run in the compute dtype, outside FP8: they are small, and their gradients
+are what trains.
 
 Precision: the adapters are created in fp32. Where the plan keeps bf16 parameters with fp32 masters
 (``RunPlan.master_weights``) the frozen base is stored in bf16 (it never steps, so it needs no master) and the adapters
