@@ -16,6 +16,10 @@
 #       on the unfused layers (--fuse False, what --fuse auto picks under LoRA, as S ran it) in the same call (~4 min)
 #   LF8 as LF for Llama-3.1-8B, the fused blocks only (~3 min)
 #   LFQ as LF for Qwen2.5-1.5B, the fused blocks only (~2 min)
+#   SS  as S, full SFT only (~2 min)
+#   LF1 as LF, the fused blocks only (~1.5 min)
+#   LM  where the 8B LoRA's memory goes (benchmarks/lora_memory_probe.py): Llama-3.1-8B BF16, fused blocks at
+#       micro-batch 1 and 2, peft's unfused at 2, two steps each (~2 min)
 # Run on the device machine:
 #   bash benchmarks/gpu.sh bash benchmarks/study_finetune.sh S
 # Results: $OUT/results.tar.gz holds finetune-<gpu>/ (for data/results/) and the logs.
@@ -36,6 +40,19 @@ FT="$FT --val-batches 4"
 for part in "$@"; do
   t0=$(date +%s)
   case $part in
+  SS) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft \
+        --models data/reference/configs/llama-3.2-1b
+      pack ;;
+  LF1) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse True' \
+        --tag lora-fuse-True --models data/reference/configs/llama-3.2-1b
+      pack ;;
+  LM) for run in True:1 True:2 False:2; do
+        python3 benchmarks/lora_memory_probe.py --model data/reference/configs/llama-3.1-8b --data $SFT --task sft \
+          --lora-rank 16 --fuse ${run%:*} --micro-batch-size ${run#*:} --grad-accum 1 --seq-len 2048 --steps 2 \
+          --precision bf16 --val-every 0 --checkpoint-every -1 --progress off --plot False \
+          --output-dir /tmp/ft/probe-$run > $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt 2>&1
+        grep -E "\[probe\]|layout|Error" $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt; pack
+      done ;;
   S)  "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft \
         --models data/reference/configs/llama-3.2-1b
       pack
