@@ -8,8 +8,8 @@ it. Notebook 06 is a thin page over it::
     p5_cost("llama-1b", tokens=100_000_000)          # the same fine-tunes as SageMaker jobs: hours and dollars
 
 Each method is a pair of :func:`fp8lab.trainpair.run_pair` (same seed, weights and batches for BF16 and FP8) with
-``--task sft`` (answer-only loss, packed rows, a held-out split: fp8lab.data.sft); LoRA adds ``--lora-rank`` (peft's
-adapters on the unfused layers, what ``--fuse auto`` builds under LoRA). On a CPU the FP8 runs are emulated: their
+``--task sft`` (answer-only loss, packed rows, a held-out split: fp8lab.data.sft); LoRA adds ``--lora-rank``
+(fp8lab's adapters on the fused blocks, what ``--fuse auto`` builds). On a CPU the FP8 runs are emulated: their
 loss is meaningful, their speed is not.
 """
 from __future__ import annotations

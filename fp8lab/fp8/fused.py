@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -239,13 +239,19 @@ def _is_state(key: str) -> bool:
 
 def hf_to_fused(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> dict[str, torch.Tensor]:
     """Fused state dict from an HF one; every HF key must be used exactly once."""
+    return dict(_hf_to_fused_items(hf_sd, spec))
+
+
+def _hf_to_fused_items(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`hf_to_fused` one fused key at a time (the map checked first): a caller that copies each joined weight
+    away before asking for the next holds one of them at a time, not the whole model's."""
     rules = expand_rules(spec)
     needed = {k for r in rules for k in r.hf}
     missing, unused = sorted(needed - set(hf_sd)), sorted(set(hf_sd) - needed)
     if missing or unused:
         raise ValueError(f"HF state dict does not match the {spec.family} map: missing {missing[:5]}, unused "
                          f"{unused[:5]}")
-    return {r.fused: torch.cat([hf_sd[k] for k in r.hf], 0) if len(r.hf) > 1 else hf_sd[r.hf[0]] for r in rules}
+    return ((r.fused, torch.cat([hf_sd[k] for k in r.hf], 0) if len(r.hf) > 1 else hf_sd[r.hf[0]]) for r in rules)
 
 
 def fused_to_hf(fused_sd: dict[str, torch.Tensor], spec: FusedSpec,
@@ -531,18 +537,18 @@ def build_fused(hf_model: nn.Module, parts: Parts, backend: str, device=None,
     fused = FusedCausalLM(spec, parts, hf_model.config, type(hf_model), backend, device=dev, dtype=p.dtype,
                           rope_source=hf_rope(hf_model.config))
     fused.to(dtype=p.dtype)  # TE parts take params_dtype; make the norms and everything else agree
-    sd = hf_to_fused(hf_model.state_dict(), spec)
+    # every key but TE's _extra_state (FP8 metadata); the tensors share the parameters' storage
     target = {k: v for k, v in fused.state_dict().items() if not _is_state(k)}
-    for k, v in sd.items():
-        if k not in target or target[k].shape != v.shape:
-            raise ValueError(f"{k}: HF gives shape {tuple(v.shape)}, fused model expects "
-                             f"{tuple(target[k].shape) if k in target else 'no such key'}")
-    if set(target) != set(sd):
-        raise ValueError(f"fused keys without an HF source: {sorted(set(target) - set(sd))[:5]}")
-    result = fused.load_state_dict(sd, strict=False)  # strict except TE's _extra_state (FP8 metadata)
-    bad = [k for k in result.missing_keys if not _is_state(k)] + list(result.unexpected_keys)
-    if bad:
-        raise ValueError(f"fused model did not load strictly: {bad[:5]}")
+    loaded = set()
+    with torch.no_grad():  # copied key by key: the build holds one joined weight beside the two models, not all
+        for k, v in _hf_to_fused_items(hf_model.state_dict(), spec):
+            if k not in target or target[k].shape != v.shape:
+                raise ValueError(f"{k}: HF gives shape {tuple(v.shape)}, fused model expects "
+                                 f"{tuple(target[k].shape) if k in target else 'no such key'}")
+            target[k].copy_(v)
+            loaded.add(k)
+    if set(target) != loaded:
+        raise ValueError(f"fused keys without an HF source: {sorted(set(target) - loaded)[:5]}")
     if block_filter is not None:
         layers = decoder_layers(hf_model)
         for i, blk in enumerate(fused.blocks):

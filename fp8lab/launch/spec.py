@@ -153,7 +153,7 @@ class JobSpec:
     # auto: 2048; a named Llama shape trains longer from scratch (fp8lab.model.models.sequence_overrides)
     seq_len: int | str = _default("seq_len")
     lr: float = _default("lr")
-    fuse: bool | str = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP); auto: not under LoRA
+    fuse: bool | str = _default("fuse")  # fused TE modules (LayerNormLinear / LayerNormMLP); auto: fused
     compile: bool = _default("compile")  # torch.compile each block
     parallel: str = _default("parallel")  # auto (fsdp on several GPUs, ddp on one: job_parallel) | ddp | fsdp (FSDP2)
     # auto: on where nothing fits without it (fp8lab.plan.layout)

@@ -54,7 +54,8 @@ class TrainConfig:
                          section="fp8")
     bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8", section="fp8")
     fuse: AutoBool = option(AUTO, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False: swap Linear "
-                            "layers; auto: fused, except under --lora-rank", section="kernels", check=AUTO_BOOL)
+                            "layers (under --lora-rank: peft's adapters); auto: fused", section="kernels",
+                            check=AUTO_BOOL)
     steps: int | None = option(None, "optimizer steps; default 100 when --tokens is not given either", section="data",
                                check=optional(STEP_COUNT))
     tokens: int | None = option(None, "or: train this many tokens (all GPUs), rounded up to whole steps",

@@ -23,7 +23,7 @@ On a CPU the small, quick defaults stay (fp32 parameters, sequence 256, micro-ba
 accumulation). A layout whose estimate exceeds the device's memory is refused with the estimate,
 before anything is allocated.
 
-The memory model, per GPU, is the largest of three peaks:
+The memory model, per GPU, is the largest of four peaks:
 
 * forward/backward: model states (16 bytes per parameter: bf16 parameter and gradient, fp32
   master and two AdamW moments, or the fp32 equivalents; under LoRA that for the adapters only, and the frozen
@@ -36,7 +36,9 @@ The memory model, per GPU, is the largest of three peaks:
 * validation: the states + the loss's logits of one micro-batch read in fp32 (with the fused loss, one
   no-grad chunk, cut to a training chunk's memory) + one block's forward. Below the training peak
   wherever the layout fits, it is counted so that the final evaluation never meets a wall the
-  training steps did not (under CUDA graphs, the graphed peaks measured with their evaluation bound it).
+  training steps did not (under CUDA graphs, the graphed peaks measured with their evaluation bound it);
+* the build, before any of them: each rank builds the whole model in fp32 and converts it on its GPU
+  (:func:`build_bytes`). It binds where the states are small beside the weights: LoRA on a 7-8B model.
 
 Activations per token: ``a * L * (7h + 3 kv + k f) + b * V`` bytes, with ``k`` = 3 for SwiGLU
 (gate, up, product) and 2 for GELU, ``kv`` = key/value width; ``a`` and ``b`` were fitted to the
@@ -102,6 +104,7 @@ class MemoryEstimate:
     # validation's working set on top of the states: the loss's logits of one micro-batch (or one no-grad chunk of
     # the fused loss) read in fp32, and one block's forward (nothing is saved for a backward)
     evaluation: float = 0.0
+    build: float = 0.0  # the model's build and conversion, before training allocates anything (build_bytes)
 
     @property
     def train(self) -> float:
@@ -114,13 +117,14 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> float:
-        return max(self.train, self.step + self.workspace, self.validation)
+        return max(self.train, self.step + self.workspace, self.validation, self.build)
 
     def describe(self) -> str:
         return (f"{self.peak:.{0 if self.peak >= 10 else 2}f} GiB (states {self.states:.1f}, activations "
                 f"{self.activations:.1f}"
                 + (f", FP8 weight cache {self.fp8_cache:.1f}" if self.fp8_cache else "")
-                + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "") + ")")
+                + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "")
+                + (f"; the build's peak binds: {self.build:.1f}" if self.build > self.train else "") + ")")
 
 
 def is_sharded(parallel: str, world_size: int) -> bool:
@@ -148,6 +152,23 @@ def _lora_fused_bytes(mcfg, targets: tuple[str, ...], dropout: bool) -> int:
     dropped = 3 * sum(gemm_input[g] for g in gemms) if dropout else 0
     split = 2 * f if {"fc1", "fc2"} & set(gemms) else 0
     return kept + dropped + split
+
+
+def build_bytes(mcfg, *, backend: str | None, fuse: bool) -> int:
+    """Peak bytes of building one rank's model, before training allocates anything: each rank builds the whole
+    model in fp32 on its device (fp8lab.model.build_model) and converts it there. TE's fused blocks are made beside
+    the HF model, which lives until they hold its weights, copied one fused weight at a time (the largest joined one,
+    gate|up or q|k|v, made first); TE's module swap makes each ``te.Linear`` beside the ``nn.Linear`` it replaces,
+    and the old ones stay referenced until the swap ends (measured on one H100, Llama-3.1-8B: 55.95 GiB, this count
+    55.9; finetune-h100 ABOUT.md)."""
+    n = count_parameters(mcfg).total
+    h, f = mcfg.hidden_size, mcfg.intermediate_size
+    if backend == "te" and fuse:
+        qkv = h * (mcfg.num_heads + 2 * mcfg.kv_heads) * mcfg.head_dim if mcfg.family == "llama" else 3 * h * h
+        return 4 * (2 * n + max(qkv, 2 * h * f if mcfg.family == "llama" else 0))
+    if backend == "te":
+        return 4 * (n + _block_linear_params(mcfg))
+    return 4 * n
 
 
 def _block_linear_params(mcfg) -> int:
@@ -215,7 +236,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
         val_loss = NO_GRAD_BYTES_PER_LOGIT * mcfg.vocab_size * tokens * widen
     evaluation = val_loss + per_layer * tokens * widen
     return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib,
-                          evaluation / gib)
+                          evaluation / gib, build_bytes(mcfg, backend=backend, fuse=fuse) / gib)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ def logits(model, vocab: int):
 
 
 @pytest.mark.parametrize("kind, precision, fuse", [("llama", "bf16", True), ("llama", "fp8", True),
-                                                   ("qwen2", "fp8", True), ("llama", "fp8", "auto")])
+                                                   ("qwen2", "fp8", True), ("llama", "fp8", "auto"),
+                                                   ("llama", "fp8", False)])
 def test_lora_trains_only_the_adapters_and_both_exports_give_the_trained_logits(kind, precision, fuse, prepared,
                                                                                 tmp_path, capture_trained):
     from peft import PeftModel
@@ -67,10 +68,10 @@ def test_lora_trains_only_the_adapters_and_both_exports_give_the_trained_logits(
     assert s["status"] == "completed" and s["steps"] == 3
     trained = capture_trained["inner"]
 
-    if fuse is True:  # fp8lab's adapters on the fused blocks' GEMMs (the emulator's FP8 twins of TE's)
+    if fuse is not False:  # auto too: fp8lab's adapters on the fused blocks' GEMMs (the emulator's FP8 twins of TE's)
         assert isinstance(trained, FusedCausalLM)
         assert sum(len(b.lora) for b in trained.blocks) == 7 * cfg.num_hidden_layers
-    else:  # auto: peft's LoRA wraps the emulator's FP8 layers (its default Linear layer around an EmuLinear base)
+    else:  # peft's LoRA wraps the emulator's FP8 layers (its default Linear layer around an EmuLinear base)
         wrapped = [m for m in trained.modules() if isinstance(m, LoraLayer)]
         assert len(wrapped) == 7 * cfg.num_hidden_layers
         assert all(isinstance(m.get_base_layer(), EmuLinear) for m in wrapped)

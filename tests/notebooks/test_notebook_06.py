@@ -41,7 +41,7 @@ def test_defaults_fine_tune_in_full_and_lora_bf16_against_fp8_and_price_p5(tmp_p
         rec = json.loads((runs / folder / "config.json").read_text())
         assert summary["val_loss"] == heldout[key] and summary["first_loss"] == first[key]
         assert rec["task"] == "sft" and rec["data_manifest"]["tokenizer_source"]["name"] == "tiny-llama"
-        assert (rec["lora_rank"], rec["fuse"]) == ((8, False) if key.startswith("lora") else (0, True))
+        assert (rec["lora_rank"], rec["fuse"]) == ((8, True) if key.startswith("lora") else (0, True))
     assert json.loads((runs / "lora/fp32/config.json").read_text())["lr"] == pytest.approx(
         5 * json.loads((runs / "full/fp32/config.json").read_text())["lr"])  # lora_lr "auto": 5 x the full one's
     assert assert_figures_readable_and_saved(res[0].output, tmp_path / NB.stem) == ["heldout_answer_loss.png"]

@@ -344,3 +344,29 @@ def test_bad_fp32_reference_is_named():
     other = build_model("llama-tiny", device="cpu", dtype=torch.float32, seed=0, num_layers=3)
     with pytest.raises(ValueError, match="fp32_reference has 3 blocks, reference 2"):
         check_equivalence(ref, conv, _ids(), per_layer=True, fp32_reference=other)
+
+
+def test_the_fused_build_holds_one_joined_weight_at_a_time(monkeypatch):
+    """build_fused copies each fused weight in before the next is joined (q|k|v, gate|up): the build's peak is the
+    two models and one joined weight (fp8lab.plan.layout.build_bytes), not every joined weight at once."""
+    import weakref
+
+    from fp8lab.fp8 import fused
+
+    real, joined, most_alive = fused._hf_to_fused_items, [], []
+
+    def spy(hf_sd, spec):
+        for key, tensor in real(hf_sd, spec):
+            most_alive.append(sum(ref() is not None for ref in joined))
+            if not any(tensor is v for v in hf_sd.values()):  # made by joining, not one of the HF model's own
+                joined.append(weakref.ref(tensor))
+            yield key, tensor
+
+    monkeypatch.setattr(fused, "_hf_to_fused_items", spy)
+    ref = build_model("llama-tiny", seed=0)
+    conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True)
+    assert len(joined) >= 2 * len(conv.blocks)  # q|k|v and gate|up of each block were joined
+    assert max(most_alive) <= 1  # only the weight just copied in may still be alive when the next is made
+    back = fused.fused_to_hf(conv.state_dict(), conv.spec, {k: v.shape for k, v in ref.state_dict().items()})
+    for k, v in ref.state_dict().items():  # and every weight arrived
+        torch.testing.assert_close(back[k], v, rtol=0, atol=0)
