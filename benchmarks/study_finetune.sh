@@ -18,6 +18,8 @@
 #   LFQ as LF for Qwen2.5-1.5B, the fused blocks only (~2 min)
 #   SS  as S, full SFT only (~2 min)
 #   LF1 as LF, the fused blocks only (~1.5 min)
+#   LA  the plain LoRA command (`--lora-rank 16`, `--fuse auto`: the fused blocks), Llama-3.2-1B and Llama-3.1-8B,
+#       BF16 and FP8, after the GPU tests of LoRA and the fused conversion (~5 min)
 #   LM  where the 8B LoRA's memory goes (benchmarks/lora_memory_probe.py): Llama-3.1-8B BF16, fused blocks at
 #       micro-batch 1 and 2, peft's unfused at 2, two steps each (~2 min)
 # Run on the device machine:
@@ -46,6 +48,13 @@ for part in "$@"; do
   LF1) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse True' \
         --tag lora-fuse-True --models data/reference/configs/llama-3.2-1b
       pack ;;
+  LA) timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_lora_gpu.py tests/gpu/test_convert_gpu.py \
+        > $RES/logs/la-tests.txt 2>&1; tail -1 $RES/logs/la-tests.txt; pack
+      for m in llama-3.2-1b llama-3.1-8b; do
+        "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16' --tag lora-auto \
+          --models data/reference/configs/$m
+        pack
+      done ;;
   LM) for run in True:1 True:2 False:2; do
         python3 benchmarks/lora_memory_probe.py --model data/reference/configs/llama-3.1-8b --data $SFT --task sft \
           --lora-rank 16 --fuse ${run%:*} --micro-batch-size ${run#*:} --grad-accum 1 --seq-len 2048 --steps 2 \

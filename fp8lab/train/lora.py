@@ -87,7 +87,8 @@ class Adapters:
 class Adapter(nn.Module):
     """One projection's LoRA on a fused block, ``(alpha / r) * B A dropout(x)`` added to the projection's output, with
     peft's parameter names (``lora_A``, ``lora_B``) and initialisation (A Kaiming-uniform, B zero): the export hands
-    them to peft as they are. Computed in the adapters' dtype, as peft's LoRA layer does."""
+    them to peft as they are. Computed in the adapters' dtype, as peft's LoRA layer does, or under autocast in its
+    dtype (as the GEMM would cast them)."""
 
     def __init__(self, in_features: int, out_features: int, rank: int, alpha: float, dropout: float, device=None):
         super().__init__()
@@ -99,9 +100,15 @@ class Adapter(nn.Module):
         self.scaling = alpha / rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.lora_A(self.dropout(x.to(self.lora_A.weight.dtype)))
+        dtype = x.dtype
+        # without dropout, under autocast, the GEMM casts its input to the autocast dtype anyway: an fp32 copy of x
+        # first would add two passes over every adapted GEMM's input each way, and a copy kept for backward per
+        # adapter, for the same bits (dropout scales in its input's dtype: there the fp32 copy keeps peft's bits)
+        if isinstance(self.dropout, nn.Dropout) or not torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.lora_A.weight.dtype)
+        z = self.lora_A(self.dropout(x))
         # scaled at rank width, not at the projection's: one elementwise pass over r columns instead of thousands
-        return self.lora_B(z if self.scaling == 1 else z * self.scaling).to(x.dtype)
+        return self.lora_B(z if self.scaling == 1 else z * self.scaling).to(dtype)
 
 
 def _inject_fused(model: FusedCausalLM, c, mcfg, targets: tuple[str, ...]) -> int:

@@ -248,3 +248,36 @@ def test_fused_lora_memory_follows_the_targets_and_dropout_and_graphs_wgrad_stay
     assert plan.decisions()["fuse_wgrad_accumulation"] is False
     with pytest.raises(ValueError, match="--cuda-graphs on: CUDA graphs are not tested with LoRA"):
         plan_run(TrainConfig(model="llama-1b", precision="fp8", lora_rank=16, fuse=True, cuda_graphs="on"), H100)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_an_adapter_under_autocast_gives_the_bits_of_its_input_cast_to_fp32_first(dropout):
+    """Under bf16 autocast (the trainer's on a GPU) an adapter without dropout hands its bf16 input straight to its
+    GEMM, which casts to bf16 anyway: the output is bit for bit that of the input cast to fp32 first (as peft does),
+    and the tensor kept for the backward is the input itself, not a copy per adapter. With dropout it casts first."""
+    from fp8lab.train.lora import Adapter
+
+    torch.manual_seed(0)
+    adapter = Adapter(64, 96, 8, 16.0, dropout)
+    torch.nn.init.normal_(adapter.lora_B.weight)  # (B starts at zero: give the output something to compare)
+    x = torch.randn(4, 10, 64).to(torch.bfloat16).requires_grad_()
+    kept = []
+
+    def pack(t):
+        kept.append(t)
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(1)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = adapter(x)
+        torch.manual_seed(1)  # the same dropout mask for the reference: the input cast to fp32 before its GEMM
+        ref = adapter.lora_B(adapter.lora_A(adapter.dropout(x.float())) * adapter.scaling).to(x.dtype)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    if not dropout:
+        inputs = [t for t in kept if t.numel() == x.numel()]  # what lora_A keeps of its input (a 2-D view)
+        assert inputs and all(t.data_ptr() == x.data_ptr() and t.dtype == torch.bfloat16 for t in inputs)
+    out.float().sum().backward()
+    assert x.grad is not None and adapter.lora_A.weight.grad.dtype == torch.float32
+    outside = Adapter(64, 96, 8, 16.0, 0.0)(x.detach())  # without autocast: in the adapters' fp32, returned in x's dtype
+    assert outside.dtype == torch.bfloat16
