@@ -13,7 +13,7 @@
 #   Q   as S for Qwen2.5-1.5B from its published config (~4 min)
 #   L8  LoRA rank 16 on Llama-3.1-8B (all 32 layers) from its published config, BF16 and FP8 (~4 min)
 #   LF  LoRA rank 16 on the fused blocks (--fuse True: fp8lab's adapters), Llama-3.2-1B, BF16 and FP8, beside peft's
-#       on the unfused layers (--fuse False, what --fuse auto picks under LoRA, as S ran it) in the same call (~4 min)
+#       on the unfused layers (--fuse False, as S runs it) in the same call (~4 min)
 #   LF8 as LF for Llama-3.1-8B, the fused blocks only (~3 min)
 #   LFQ as LF for Qwen2.5-1.5B, the fused blocks only (~2 min)
 #   SS  as S, full SFT only (~2 min)

@@ -547,6 +547,7 @@ def build_fused(hf_model: nn.Module, parts: Parts, backend: str, device=None,
                                  f"{tuple(target[k].shape) if k in target else 'no such key'}")
             target[k].copy_(v)
             loaded.add(k)
+            del v  # a joined weight is freed before the next is made
     if set(target) != loaded:
         raise ValueError(f"fused keys without an HF source: {sorted(set(target) - loaded)[:5]}")
     if block_filter is not None:

@@ -124,7 +124,7 @@ class MemoryEstimate:
                 f"{self.activations:.1f}"
                 + (f", FP8 weight cache {self.fp8_cache:.1f}" if self.fp8_cache else "")
                 + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "")
-                + (f"; the build's peak binds: {self.build:.1f}" if self.build > self.train else "") + ")")
+                + (f"; the build's peak binds: {self.build:.1f}" if self.build >= self.peak else "") + ")")
 
 
 def is_sharded(parallel: str, world_size: int) -> bool:
@@ -156,14 +156,14 @@ def _lora_fused_bytes(mcfg, targets: tuple[str, ...], dropout: bool) -> int:
 
 def build_bytes(mcfg, *, backend: str | None, fuse: bool) -> int:
     """Peak bytes of building one rank's model, before training allocates anything: each rank builds the whole
-    model in fp32 on its device (fp8lab.model.build_model) and converts it there. TE's fused blocks are made beside
-    the HF model, which lives until they hold its weights, copied one fused weight at a time (the largest joined one,
-    gate|up or q|k|v, made first); TE's module swap makes each ``te.Linear`` beside the ``nn.Linear`` it replaces,
-    and the old ones stay referenced until the swap ends (measured on one H100, Llama-3.1-8B: 55.95 GiB, this count
-    55.9; finetune-h100 ABOUT.md)."""
+    model in fp32 on its device (fp8lab.model.build_model) and converts it there. Fused blocks are made beside the
+    HF model, which lives until they hold its weights, copied in one fused weight at a time (each joined one, q|k|v
+    or gate|up, made and freed in turn: the largest counts); TE's module swap makes each ``te.Linear`` beside the
+    ``nn.Linear`` it replaces, and the old ones stay referenced until the swap ends (measured on one H100,
+    Llama-3.1-8B: 55.95 GiB, this count 55.9; finetune-h100 ABOUT.md)."""
     n = count_parameters(mcfg).total
     h, f = mcfg.hidden_size, mcfg.intermediate_size
-    if backend == "te" and fuse:
+    if backend in ("te", "emulated") and fuse:  # the emulator builds its fused blocks the same way
         qkv = h * (mcfg.num_heads + 2 * mcfg.kv_heads) * mcfg.head_dim if mcfg.family == "llama" else 3 * h * h
         return 4 * (2 * n + max(qkv, 2 * h * f if mcfg.family == "llama" else 0))
     if backend == "te":
@@ -289,6 +289,10 @@ def remedies(e: MemoryEstimate, budget: float, *, sharded: bool, ckpt_tried: boo
     states per GPU help (sharding them over more GPUs, a larger GPU); otherwise less activation memory does too."""
     fsdp = ("more GPUs with --parallel fsdp (shards the model states)" if not sharded else "more GPUs (FSDP2 shards "
             "the states over them)")
+    if e.build > budget and e.build >= fixed_gib(e):
+        return (f"building the model alone needs {e.build:.0f} GiB of the {budget:.0f} usable (each GPU builds it "
+                "whole in fp32 and converts it), which no batch layout, sequence length, activation checkpointing "
+                "or sharding changes; allowed: a GPU with more memory")
     if fixed_gib(e) > budget:
         return (f"the model states alone need {fixed_gib(e):.0f} GiB of the {budget:.0f} usable, which no batch "
                 f"layout, sequence length or activation checkpointing changes; allowed: {fsdp}, or a GPU with more "

@@ -2,8 +2,8 @@
 what a LoRA run can be asked (checked with the options, before anything is built).
 
 LoRA (``--lora-rank N``) trains two small matrices ``A`` (N x in) and ``B`` (out x N) beside each targeted
-projection, ``W x + (alpha / N) B A x``; the base weights stay frozen. The adapters are peft's (the mechanism is
-``fp8lab.train.lora``), put on the converted model, so the frozen base GEMMs run on the FP8 layers.
+projection, ``W x + (alpha / N) B A x``; the base weights stay frozen. The adapters (``fp8lab.train.lora``: fp8lab's
+own on fused blocks, peft's on unfused layers) go on the converted model, so the frozen base GEMMs run in FP8.
 
 The names are HF's module names, the same in every family of one decoder layout (Llama, Mistral and Qwen2 share
 ``q_proj ... down_proj``; GPT-Neo has ``out_proj``, ``c_fc`` and ``c_proj``), so a name is checked against the

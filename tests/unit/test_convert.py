@@ -347,26 +347,34 @@ def test_bad_fp32_reference_is_named():
 
 
 def test_the_fused_build_holds_one_joined_weight_at_a_time(monkeypatch):
-    """build_fused copies each fused weight in before the next is joined (q|k|v, gate|up): the build's peak is the
-    two models and one joined weight (fp8lab.plan.layout.build_bytes), not every joined weight at once."""
+    """build_fused copies each fused weight in and frees it before the next is joined (q|k|v, gate|up): the build's
+    peak is the two models and one joined weight (fp8lab.plan.layout.build_bytes), not every joined weight at once."""
     import weakref
 
     from fp8lab.fp8 import fused
 
-    real, joined, most_alive = fused._hf_to_fused_items, [], []
+    real_items, real_cat = fused._hf_to_fused_items, torch.cat
+    joined, alive_at_join, building = [], [], []
 
-    def spy(hf_sd, spec):
-        for key, tensor in real(hf_sd, spec):
-            most_alive.append(sum(ref() is not None for ref in joined))
-            if not any(tensor is v for v in hf_sd.values()):  # made by joining, not one of the HF model's own
-                joined.append(weakref.ref(tensor))
-            yield key, tensor
+    def cat(*a, **k):  # every joined weight: how many joined before it are still alive when it is made
+        out = real_cat(*a, **k)
+        if building:
+            alive_at_join.append(sum(ref() is not None for ref in joined))
+            joined.append(weakref.ref(out))
+        return out
 
-    monkeypatch.setattr(fused, "_hf_to_fused_items", spy)
+    def items(hf_sd, spec):
+        building.append(True)
+        yield from real_items(hf_sd, spec)
+        building.clear()
+
+    monkeypatch.setattr(fused, "_hf_to_fused_items", items)
+    monkeypatch.setattr(torch, "cat", cat)
     ref = build_model("llama-tiny", seed=0)
     conv = convert_model(copy.deepcopy(ref), backend="emulated", fuse=True)
-    assert len(joined) >= 2 * len(conv.blocks)  # q|k|v and gate|up of each block were joined
-    assert max(most_alive) <= 1  # only the weight just copied in may still be alive when the next is made
+    monkeypatch.setattr(torch, "cat", real_cat)
+    assert len(joined) == 2 * len(conv.blocks)  # q|k|v and gate|up of each block were joined
+    assert alive_at_join and max(alive_at_join) == 0  # each freed before the next was made
     back = fused.fused_to_hf(conv.state_dict(), conv.spec, {k: v.shape for k, v in ref.state_dict().items()})
     for k, v in ref.state_dict().items():  # and every weight arrived
         torch.testing.assert_close(back[k], v, rtol=0, atol=0)

@@ -32,7 +32,7 @@ def _measured_te_runs():
                 or run.get("cuda_graphs")):  # eager steps only: graphed runs hold memory in the graphs' own pool
             continue
         if _lora_rank(run) and run["model"] == "llama-3.1-8b":
-            continue  # its peak is the build's, under a copy build_fused no longer makes: test_the_build_count_...
+            continue  # its peak is its build's, whose joined weights test_the_build_count_matches_the_8b_probe counts
         yield f.name, run, max(s["max_mem_gib"] for s in steps)
 
 
@@ -78,9 +78,9 @@ def _lora_terms(run: dict) -> dict:
 
 def test_the_build_count_matches_the_8b_probe():
     """The build's peak (fp8lab.plan.layout.build_bytes) against the 8B's measured one
-    (benchmarks/lora_memory_probe.py on one H100): TE's module swap as counted; the fused build, measured while it
-    still joined every fused weight at once, equals that count's parts (two fp32 models and all joined weights),
-    of which the build now keeps one joined weight."""
+    (benchmarks/lora_memory_probe.py on one H100): TE's module swap as counted; the fused build, measured with every
+    fused weight joined at once, equals the parts of the count (two fp32 models and the joined weights), of which
+    the build keeps one joined weight at a time (tests/unit/test_convert.py); the last two lines pin the formula."""
     import re
 
     logs = RESULTS.parent.parent / "benchmarks" / "logs" / "session35" / "finetune-h100"
@@ -328,3 +328,15 @@ def test_the_estimate_counts_the_validation_pass():
     assert e.peak >= e.validation and e.validation < e.train  # a pass without saved activations stays below training
     plain = fl.estimate_memory(mcfg, precision="bf16", micro_batch_size=16, seq_len=2048)
     assert plain.evaluation > e.evaluation  # the plain loss reads the whole micro-batch's logits in fp32
+
+
+def test_a_build_that_cannot_fit_names_only_a_larger_gpu():
+    """Under LoRA a 7-8B model's training fits a 48 GB GPU's budget but its build (the whole model in fp32, then
+    converted) does not: the refusal names the build and the one remedy that changes it."""
+    gpu = Machine("cuda", "NVIDIA L40S", 44.4, te_usable=True, fp8=True)
+    c = TrainConfig(model=str(FOLDERS / "llama-3.1-8b"), precision="fp8", backend="te", lora_rank=16, task="sft")
+    with pytest.raises(ValueError) as refused:
+        plan_run(c, gpu)
+    msg = str(refused.value)
+    assert "building the model alone needs 60 GiB" in msg and "allowed: a GPU with more memory" in msg
+    assert "--seq-len" not in msg and "--parallel fsdp" not in msg

@@ -272,12 +272,16 @@ def test_an_adapter_under_autocast_gives_the_bits_of_its_input_cast_to_fp32_firs
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = adapter(x)
         torch.manual_seed(1)  # the same dropout mask for the reference: the input cast to fp32 before its GEMM
-        ref = adapter.lora_B(adapter.lora_A(adapter.dropout(x.float())) * adapter.scaling).to(x.dtype)
+        x_ref = x.detach().clone().requires_grad_()
+        ref = adapter.lora_B(adapter.lora_A(adapter.dropout(x_ref.float())) * adapter.scaling).to(x.dtype)
     assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    grads = torch.autograd.grad(ref.float().sum(), [x_ref, adapter.lora_A.weight, adapter.lora_B.weight])
     if not dropout:
         inputs = [t for t in kept if t.numel() == x.numel()]  # what lora_A keeps of its input (a 2-D view)
         assert inputs and all(t.data_ptr() == x.data_ptr() and t.dtype == torch.bfloat16 for t in inputs)
     out.float().sum().backward()
-    assert x.grad is not None and adapter.lora_A.weight.grad.dtype == torch.float32
+    assert adapter.lora_A.weight.grad.dtype == torch.float32
+    for got, want in zip((x.grad, adapter.lora_A.weight.grad, adapter.lora_B.weight.grad), grads):
+        assert torch.equal(got, want)  # the backward's bits too
     outside = Adapter(64, 96, 8, 16.0, 0.0)(x.detach())  # without autocast: in the adapters' fp32, returned in x's dtype
     assert outside.dtype == torch.bfloat16
