@@ -8,6 +8,8 @@
 #   S7  llama-7b, both precisions, --memory bf16-moments (what auto picks there once its loss check holds) (~4 min)
 #   L1  the loss runs of plain and bf16-moments, seeds 1234 and 4321 (~7 min)
 #   L2  the loss runs of fp8-exp-avg, seeds 1234 and 4321 (~3.5 min)
+#   L3  the loss runs of fp32-moments, seeds 1234 and 4321: TE's FusedAdam with fp32 moments, the control that tells
+#       the moments' precision from the rest of the fused path (bf16 gradients, the library's step) (~3.5 min)
 #   S8  Mistral-7B-v0.3 (bf16-moments) and Llama-3.1-8B (fp8-exp-avg) from their published configs, both precisions
 # Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz for L1/L2):
 #   bash benchmarks/gpu.sh bash benchmarks/study_memory_modes.sh T S7
@@ -34,6 +36,7 @@ for part in "$@"; do
   S7) "${H[@]}" --common-args '--memory bf16-moments' --tag h100 --models llama-7b; pack ;;
   L1) loss mem-plain-s1234,mem-plain-s4321,mem-bf16-moments-s1234,mem-bf16-moments-s4321; pack ;;
   L2) loss mem-fp8-exp-avg-s1234,mem-fp8-exp-avg-s4321; pack ;;
+  L3) loss mem-fp32-moments-s1234,mem-fp32-moments-s4321; pack ;;
   S8) "${H[@]}" --common-args '--memory bf16-moments' --tag h100 --models data/reference/configs/mistral-7b-v0.3; pack
       "${H[@]}" --common-args '--memory fp8-exp-avg' --tag h100 --models data/reference/configs/llama-3.1-8b; pack ;;
   *) echo "unknown part $part"; exit 2 ;;

@@ -6,8 +6,11 @@ can train it, in BF16 or FP8. FP8 does not shrink these states: it changes the G
 keeps. The modes below keep less, with Transformer Engine's ``FusedAdam`` (the library's kernels, not fp8lab's):
 
 - ``plain``: fp8lab's own bf16 parameters + fp32 masters + fp32 AdamW (fp8lab.train.master_weights), 16 bytes.
-- ``bf16-moments``: FusedAdam keeps the fp32 master exactly, as the bf16 weight plus its 16 low bits
-  (``store_param_remainders``), and both moments in bf16: 2 + 2 + 2 + 2 + 2 = 10 bytes.
+- ``fp32-moments``: FusedAdam keeps the fp32 master exactly, as the bf16 weight plus its 16 low bits
+  (``store_param_remainders``), and both moments in fp32: 2 + 2 + 2 + 4 + 4 = 14 bytes. It differs from ``plain``
+  only in the optimizer's implementation and the bf16 gradient: its loss check tells that apart from the moments'
+  precision in the modes below.
+- ``bf16-moments``: as ``fp32-moments`` with both moments in bf16: 2 + 2 + 2 + 2 + 2 = 10 bytes.
 - ``fp8-exp-avg``: as ``bf16-moments`` with the first moment in FP8 (E4M3 with a per-tensor scale; the second moment
   stays bf16, whose range FP8 cannot hold): 9 bytes.
 
@@ -44,6 +47,8 @@ class Mode:
 # the order auto tries them in: least lossy first
 MODES = (
     Mode(PLAIN, 16, "fp32", "fp32", "bf16 weights and gradients, fp32 masters and AdamW moments (16 bytes/parameter)"),
+    Mode("fp32-moments", 14, "fp32", "fp32", "TE FusedAdam: exact fp32 masters as bf16 weights + 16-bit remainders, "
+         "fp32 moments (14 bytes/parameter)"),
     Mode("bf16-moments", 10, "bf16", "bf16", "TE FusedAdam: exact fp32 masters as bf16 weights + 16-bit remainders, "
          "bf16 moments (10 bytes/parameter)"),
     Mode("fp8-exp-avg", 9, "fp8", "bf16", "TE FusedAdam: exact fp32 masters as bf16 weights + 16-bit remainders, "

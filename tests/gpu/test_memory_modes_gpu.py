@@ -24,7 +24,7 @@ def _net(seed: int = 0) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
 
 
-@pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
+@pytest.mark.parametrize("mode", ["fp32-moments", "bf16-moments", "fp8-exp-avg"])
 def test_fused_states_step_follows_the_plain_masters(mode):
     """Five steps from the same bf16 weights: the fused mode moves the weights as the plain fp32-state step does (the
     same direction, the same size within a few percent), not merely by a step's rounding."""
@@ -56,7 +56,7 @@ def test_fused_states_step_follows_the_plain_masters(mode):
     assert abs(float(db.norm() / da.norm()) - 1) < 0.05
 
 
-@pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
+@pytest.mark.parametrize("mode", ["fp32-moments", "bf16-moments", "fp8-exp-avg"])
 def test_a_checkpoint_restores_every_fused_state_and_the_next_step(tmp_path, mode):
     """Save after three steps, load into another model and optimizer: every state tensor, every group's step count
     and then the next step's weights are the saved run's, bit for bit."""
@@ -97,7 +97,7 @@ def test_a_checkpoint_restores_every_fused_state_and_the_next_step(tmp_path, mod
     assert not moved, moved
 
 
-@pytest.mark.parametrize("mode", ["bf16-moments", "fp8-exp-avg"])
+@pytest.mark.parametrize("mode", ["fp32-moments", "bf16-moments", "fp8-exp-avg"])
 def test_a_run_in_a_memory_mode_records_it_and_resumes_exactly(prepared, tmp_path, mode):
     _te_or_skip()
     base = dict(**TINY, precision="fp8", backend="te", steps=10, checkpoint_every=5, data=str(prepared),
