@@ -129,7 +129,7 @@ def example(model: str, data: str | None = None, index: int = 0) -> str:
 
 def fine_tune_figure(ft: FineTuneResult):
     """One bar per run: its loss on the held-out answers after the fine-tune, grouped by method (the baseline first,
-    each FP8 run beside it), the value on each bar; a dashed line at the loss of the first training step."""
+    each FP8 run beside it), the value inside each bar's top; a dashed line at the loss of the first training step."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -145,9 +145,12 @@ def fine_tune_figure(ft: FineTuneResult):
         x = np.arange(len(methods)) + (i - (len(labels) - 1) / 2) * width
         bars = ax.bar(x, np.nan_to_num(vals), width * 0.95, color=f"C{i}", hatch=hatches[i % len(hatches)],
                       edgecolor="white", label=label)
-        for bar, v in zip(bars, vals):
-            ax.annotate("-" if v != v else f"{v:.3f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=9)
+        for bar, v in zip(bars, vals):  # inside the bar's top: the step-1 line runs just above the bars
+            inside = v == v
+            ax.annotate(f"{v:.3f}" if inside else "-", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        xytext=(0, -4 if inside else 2), textcoords="offset points", ha="center",
+                        va="top" if inside else "bottom", fontsize=9, color="white" if inside else "black",
+                        fontweight="bold", bbox={"boxstyle": "round,pad=0.15", "fc": f"C{i}", "ec": "none"})
     start = float(t["first_loss"].max())
     ax.axhline(start, color="0.3", lw=1, ls="--")
     ax.annotate(f"step 1: {start:.2f}", (len(methods) - 0.55, start), ha="right", va="bottom", fontsize=8, color="0.3")
