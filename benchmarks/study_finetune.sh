@@ -35,6 +35,9 @@ SFT=data/sft/kjv-qa.jsonl
 H=(python3 benchmarks/throughput.py --out $RES/$STUDY --study $STUDY --work /tmp/ft/bench --timeout 400
    --variants default-bf16,default-fp8)
 pack() { cp /tmp/ft/bench/*.log $RES/logs/ 2>/dev/null; tar -czf "$OUT/results.tar.gz" -C $RES . 2>/dev/null; }
+# a BF16/FP8 pair of a published config on the shipped instruction set: MODEL STEPS TAG ARGS (2 warm-up steps)
+pair() { "${H[@]}" --steps $2 --warmup 2 --data $SFT --common-args "$4" --tag $3 --models data/reference/configs/$1
+         pack; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
 BASE=/tmp/ft/llama-1b-linux-4m
 FT='--task sft --seq-len 1024 --micro-batch-size 4 --grad-accum 1 --lr 5e-5 --warmup-steps 3 --val-every 5'
@@ -42,19 +45,11 @@ FT="$FT --val-batches 4"
 for part in "$@"; do
   t0=$(date +%s)
   case $part in
-  SS) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft \
-        --models data/reference/configs/llama-3.2-1b
-      pack ;;
-  LF1) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse True' \
-        --tag lora-fuse-True --models data/reference/configs/llama-3.2-1b
-      pack ;;
+  SS) pair llama-3.2-1b 6 sft '--task sft' ;;
+  LF1) pair llama-3.2-1b 6 lora-fuse-True '--task sft --lora-rank 16 --fuse True' ;;
   LA) timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_lora_gpu.py tests/gpu/test_convert_gpu.py \
         > $RES/logs/la-tests.txt 2>&1; tail -1 $RES/logs/la-tests.txt; pack
-      for m in llama-3.2-1b llama-3.1-8b; do
-        "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16' --tag lora-auto \
-          --models data/reference/configs/$m
-        pack
-      done ;;
+      for m in llama-3.2-1b llama-3.1-8b; do pair $m 5 lora-auto '--task sft --lora-rank 16'; done ;;
   LM) for run in True:1 True:2 False:2; do
         python3 benchmarks/lora_memory_probe.py --model data/reference/configs/llama-3.1-8b --data $SFT --task sft \
           --lora-rank 16 --fuse ${run%:*} --micro-batch-size ${run#*:} --grad-accum 1 --seq-len 2048 --steps 2 \
@@ -62,12 +57,7 @@ for part in "$@"; do
           --output-dir /tmp/ft/probe-$run > $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt 2>&1
         grep -E "\[probe\]|layout|Error" $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt; pack
       done ;;
-  S)  "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft \
-        --models data/reference/configs/llama-3.2-1b
-      pack
-      "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
-        --models data/reference/configs/llama-3.2-1b
-      pack ;;
+  S)  pair llama-3.2-1b 6 sft '--task sft'; pair llama-3.2-1b 6 lora '--task sft --lora-rank 16 --fuse False' ;;
   P)  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
       python3 -m fp8lab.train --model llama-1b --data .corpus/linux-6.1 --precision bf16 --tokens 4000000 \
         --seq-len 2048 --micro-batch-size 16 --grad-accum 1 --seed 1234 --output-dir /tmp/ft/base --progress off \
@@ -83,26 +73,11 @@ for part in "$@"; do
           --models $BASE --common-args "$FT --fp8-calibrate False"
         pack
       done ;;
-  Q)  "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft' --tag sft \
-        --models data/reference/configs/qwen2.5-1.5b
-      pack
-      "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
-        --models data/reference/configs/qwen2.5-1.5b
-      pack ;;
-  L8) "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse False' --tag lora \
-        --models data/reference/configs/llama-3.1-8b
-      pack ;;
-  LF) for fuse in True False; do
-        "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args "--task sft --lora-rank 16 --fuse $fuse" \
-          --tag lora-fuse-$fuse --models data/reference/configs/llama-3.2-1b
-        pack
-      done ;;
-  LF8) "${H[@]}" --steps 5 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse True' --tag lora-fuse-True \
-        --models data/reference/configs/llama-3.1-8b
-      pack ;;
-  LFQ) "${H[@]}" --steps 6 --warmup 2 --data $SFT --common-args '--task sft --lora-rank 16 --fuse True' --tag lora-fuse-True \
-        --models data/reference/configs/qwen2.5-1.5b
-      pack ;;
+  Q)  pair qwen2.5-1.5b 6 sft '--task sft'; pair qwen2.5-1.5b 6 lora '--task sft --lora-rank 16 --fuse False' ;;
+  L8) pair llama-3.1-8b 5 lora '--task sft --lora-rank 16 --fuse False' ;;
+  LF) for fuse in True False; do pair llama-3.2-1b 6 lora-fuse-$fuse "--task sft --lora-rank 16 --fuse $fuse"; done ;;
+  LF8) pair llama-3.1-8b 5 lora-fuse-True '--task sft --lora-rank 16 --fuse True' ;;
+  LFQ) pair qwen2.5-1.5b 6 lora-fuse-True '--task sft --lora-rank 16 --fuse True' ;;
   C)  for seed in 1234 4321; do  # FP8 with current scaling: no amax history to build up from a BF16 model
         "${H[@]}" --variants default-fp8 --steps 15 --warmup 3 --seed $seed --data $SFT --tag ft-current-s$seed \
           --models $BASE --common-args "$FT --recipe current"

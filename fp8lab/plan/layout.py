@@ -67,7 +67,7 @@ from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, chunk_tokens, loss_b
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, fp8_head_decide, kernel_for as loss_kernel_for
 from fp8lab.plan import memory_modes
 from fp8lab.plan.lora import fuses
-from fp8lab.plan.lora import adapted as lora_adapted, trainable_params as lora_trainable
+from fp8lab.plan.lora import adapted as lora_adapted, shapes as lora_shapes, trainable_params as lora_trainable
 
 GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
@@ -139,18 +139,28 @@ def _act_unit(mcfg) -> int:
     return 7 * mcfg.hidden_size + 3 * kv + k * mcfg.intermediate_size
 
 
+def _fused_gemms(mcfg) -> dict[str, tuple[int, int, int]]:
+    """Each GEMM of a fused block (families.PROJECTIONS): (its input's width, its output rows, how many projections
+    it joins), from the projections' shapes (fp8lab.plan.lora.shapes)."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for name, (gemm, _) in families.PROJECTIONS[mcfg.family].items():
+        width, rows = lora_shapes(mcfg)[name]
+        _, joined_rows, joined = out.get(gemm, (width, 0, 0))
+        out[gemm] = (width, joined_rows + rows, joined + 1)
+    return out
+
+
 def _lora_fused_bytes(mcfg, targets: tuple[str, ...], dropout: bool) -> int:
     """Activation bytes per token and block that LoRA's adapters on the fused blocks add: they keep the inputs of
     the GEMMs they adapt (norms' outputs, the attention's and the activation's outputs) in bf16 where the frozen
     GEMMs keep none (a byte each beyond the FP8 copy a trained GEMM keeps, which ACT_BYTES counts), with dropout
     each adapter its own dropped copy and mask (3 bytes); the split MLP's activation keeps gate and up (2 bytes each)
     beside TE's one copy."""
-    h, f, q = mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_heads * mcfg.head_dim
-    gemm_input = {"qkv": h, "proj": q, "fc1": h, "fc2": f}
+    gemm_input = {g: width for g, (width, _, _) in _fused_gemms(mcfg).items()}
     gemms = [families.PROJECTIONS[mcfg.family][n][0] for n in targets]  # one per adapter
     kept = sum(gemm_input[g] for g in set(gemms))
     dropped = 3 * sum(gemm_input[g] for g in gemms) if dropout else 0
-    split = 2 * f if {"fc1", "fc2"} & set(gemms) else 0
+    split = 2 * mcfg.intermediate_size if {"fc1", "fc2"} & set(gemms) else 0
     return kept + dropped + split
 
 
@@ -162,10 +172,9 @@ def build_bytes(mcfg, *, backend: str | None, fuse: bool) -> int:
     ``nn.Linear`` it replaces, and the old ones stay referenced until the swap ends (measured on one H100,
     Llama-3.1-8B: 55.95 GiB, this count 55.9; finetune-h100 ABOUT.md)."""
     n = count_parameters(mcfg).total
-    h, f = mcfg.hidden_size, mcfg.intermediate_size
     if backend in ("te", "emulated") and fuse:  # the emulator builds its fused blocks the same way
-        qkv = h * (mcfg.num_heads + 2 * mcfg.kv_heads) * mcfg.head_dim if mcfg.family == "llama" else 3 * h * h
-        return 4 * (2 * n + max(qkv, 2 * h * f if mcfg.family == "llama" else 0))
+        joined = max((w * rows for w, rows, parts in _fused_gemms(mcfg).values() if parts > 1), default=0)
+        return 4 * (2 * n + joined)
     if backend == "te":
         return 4 * (n + _block_linear_params(mcfg))
     return 4 * n
