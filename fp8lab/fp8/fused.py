@@ -237,14 +237,9 @@ def _is_state(key: str) -> bool:
     return key.endswith("_extra_state")  # TE's FP8 metadata: not a weight
 
 
-def hf_to_fused(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> dict[str, torch.Tensor]:
-    """Fused state dict from an HF one; every HF key must be used exactly once."""
-    return dict(_hf_to_fused_items(hf_sd, spec))
-
-
 def _hf_to_fused_items(hf_sd: dict[str, torch.Tensor], spec: FusedSpec) -> Iterator[tuple[str, torch.Tensor]]:
-    """:func:`hf_to_fused` one fused key at a time (the map checked first): a caller that copies each joined weight
-    away before asking for the next holds one of them at a time, not the whole model's."""
+    """The fused state dict from an HF one, a key at a time (every HF key used exactly once, checked first): a caller
+    that copies each joined weight away before asking for the next holds one of them at a time, not the model's."""
     rules = expand_rules(spec)
     needed = {k for r in rules for k in r.hf}
     missing, unused = sorted(needed - set(hf_sd)), sorted(set(hf_sd) - needed)
