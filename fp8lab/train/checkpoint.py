@@ -32,7 +32,6 @@ import os
 import pickle
 import random
 import re
-import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -148,7 +147,7 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.O
         named = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name))
                         and ownership.own_checkpoint(p)), reverse=True)
         for _, old in named[keep:]:
-            shutil.rmtree(old, ignore_errors=True)
+            _delete(old, ignore_errors=True)
     return final
 
 
@@ -262,7 +261,20 @@ def _remove_own(path: Path) -> None:
     """Delete a checkpoint folder fp8lab wrote; OSError (the save fails, nothing deleted) for any other."""
     if not ownership.own_checkpoint(path):
         raise FileExistsError(17, f"{path.name} exists and is not a checkpoint fp8lab wrote; it is kept")
-    shutil.rmtree(path)
+    _delete(path)
+
+
+def _delete(path: Path, ignore_errors: bool = False) -> None:
+    """Delete a checkpoint folder of fp8lab's (flat: ownership.own_checkpoint) so that a kill at any moment leaves
+    one that is no longer complete (its metadata goes first) and still says it is fp8lab's (its manifest goes
+    last): a restart neither loads it nor refuses the folder as another job's."""
+    try:
+        for q in sorted(path.iterdir(), key=lambda q: (q.name != METADATA, q.name == MANIFEST)):
+            q.unlink(missing_ok=True)
+        path.rmdir()
+    except OSError:
+        if not ignore_errors:
+            raise
 
 
 def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, env: fdist.DistEnv) -> dict[str, Any]:
@@ -372,7 +384,7 @@ def remove_unfinished(root: str | Path, step: int) -> None:
     """After a failed save: its ``step_NNNNNNNN.tmp`` goes (fp8lab's, by its manifest), freeing the space it took."""
     tmp = step_dir(Path(root), step).with_name(f"step_{step:08d}.tmp")
     if ownership.own_checkpoint(tmp):
-        shutil.rmtree(tmp, ignore_errors=True)
+        _delete(tmp, ignore_errors=True)
 
 
 def foreign_steps(root: str | Path, last_step: int) -> list[str]:
@@ -393,6 +405,6 @@ def remove_partial(root: str | Path) -> list[Path]:
     if root.is_dir():
         for p in root.glob("step_*.tmp"):
             if ownership.own_checkpoint(p):  # only what a checkpoint write leaves
-                shutil.rmtree(p, ignore_errors=True)
+                _delete(p, ignore_errors=True)
                 removed.append(p)
     return removed

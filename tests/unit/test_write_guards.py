@@ -247,6 +247,43 @@ def test_a_step_folder_of_shards_without_fp8labs_manifest_is_another_jobs(tmp_pa
     assert (theirs / "__0_0.distcp").read_bytes() == b"another job's shards"
 
 
+def test_a_save_killed_before_its_manifest_landed_leaves_a_folder_fp8lab_may_remove(tmp_path):
+    tmp = tmp_path / "step_00000012.tmp"  # kill -9 between the folder's mkdir and the manifest's rename
+    tmp.mkdir()
+    assert ownership.own_checkpoint(tmp) and ownership.foreign(tmp_path, "checkpoints") == []
+    (tmp / (ownership.TMP_PREFIX + "abc")).write_text('{"written_by": "fp8')  # the manifest's half-written temporary
+    assert ownership.own_checkpoint(tmp) and fckpt.remove_partial(tmp_path) == [tmp] and not tmp.exists()
+    done = tmp_path / "step_00000012"  # a finished name is never empty by fp8lab's hand: kept as the user's
+    done.mkdir()
+    assert not ownership.own_checkpoint(done)
+
+
+@pytest.mark.parametrize("cut", range(5))  # 5 files: a kill before each unlink
+def test_a_checkpoint_deleted_up_to_a_kill_is_neither_loaded_nor_refused(tmp_path, monkeypatch, cut):
+    ck = tmp_path / "step_00000004"  # an old checkpoint being pruned when the run is killed
+    ck.mkdir()
+    for name in ("__0_0.distcp", "__1_0.distcp", fckpt.METADATA, fckpt.TRAINER_FILE.format(rank=0)):
+        (ck / name).write_bytes(b"x")
+    fckpt._write_manifest(ck, 4)
+    assert fckpt.complete_checkpoints(tmp_path) == [(4, ck)]
+    unlink, done = Path.unlink, []
+
+    def killed_after_cut(self, missing_ok=False):
+        if len(done) == cut:
+            raise KeyboardInterrupt  # the process dies here: nothing after it runs
+        done.append(self.name)
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", killed_after_cut)
+    with pytest.raises(KeyboardInterrupt):
+        fckpt._delete(ck, ignore_errors=True)
+    monkeypatch.undo()
+    assert ownership.own_checkpoint(ck) and fckpt.foreign_steps(tmp_path, 10) == []
+    assert fckpt.complete_checkpoints(tmp_path) == ([(4, ck)] if cut == 0 else [])
+    fckpt._delete(ck)
+    assert not ck.exists()
+
+
 def test_a_checkpoint_folder_lock_is_not_a_foreign_file(tmp_path):
     lock = runlock.acquire("--checkpoint-dir", tmp_path)
     try:
