@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from throughput import REPO, VARIANTS, prepare_once, run_variant  # noqa: E402
+from fp8lab.plan.memory_modes import NAMES as MEMORY_MODES  # noqa: E402
 
 LOSS_VARIANTS: dict[str, list[str]] = {
     "hf-bf16": VARIANTS["hf-bf16"],
@@ -27,8 +28,7 @@ LOSS_VARIANTS: dict[str, list[str]] = {
     "te-fp8-current": VARIANTS["te-fp8-current"],
     "te-fp8-block": VARIANTS["te-fp8-block"],
     # the memory modes (fp8lab.plan.memory_modes), FP8 delayed as in the loss study
-    **{f"te-fp8-delayed-mem-{m}": [*VARIANTS["te-fp8-delayed"], "--memory", m]
-       for m in ("plain", "bf16-moments", "fp8-exp-avg")},
+    **{f"te-fp8-delayed-mem-{m}": [*VARIANTS["te-fp8-delayed"], "--memory", m] for m in MEMORY_MODES},
     "te-fp8-delayed-h16": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed:amax_history_len=16", "--fuse", "True"],
     "te-fp8-delayed-h16-recent": ["--precision", "fp8", "--backend", "te", "--fuse", "True",
                                   "--recipe", "delayed:amax_history_len=16,amax_compute_algo=most_recent"],

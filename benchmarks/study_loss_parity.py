@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from loss_parity import LOSS_VARIANTS  # noqa: E402
+from loss_parity import LOSS_VARIANTS, MEMORY_MODES  # noqa: E402
 from throughput import REPO, _arg_value, collect_variant, variant_command  # noqa: E402
 
 RUNS = {"bf16-s1234": ("te-bf16", 1234), "bf16-s4321": ("te-bf16", 4321),
@@ -49,7 +49,7 @@ FOLLOW_UP = {"bf16-s2025": ("te-bf16", 2025), "bf16-s7777": ("te-bf16", 7777),
 # The memory modes' loss check (fp8lab.plan.memory_modes; benchmarks/study_memory_modes.sh): FP8 delayed in each mode
 # at two seeds, against the plain mode at the same seeds (--tokens 5000000 --study memory-modes-h100)
 MEMORY = {f"mem-{m}-s{seed}": (f"te-fp8-delayed-mem-{m}", seed)
-          for m in ("plain", "fp32-moments", "bf16-moments", "fp8-exp-avg") for seed in (1234, 4321)}
+          for m in MEMORY_MODES for seed in (1234, 4321)}
 # The LM head's GEMMs in FP8 in the fused loss's chunks (benchmarks/studies/fp8_lm_head.md, part two): FP8 delayed with
 # them at two seeds against the same with the head in BF16 (--tokens 5000000 --study fp8-head-chunks-h100)
 HEAD_CHUNKS = {f"head{h}-s{seed}": (f"te-fp8-delayed-head{h}", seed) for h in ("chunks", "bf16") for seed in (1234, 4321)}

@@ -11,6 +11,10 @@
 #   L3  the loss runs of fp32-moments, seeds 1234 and 4321: TE's FusedAdam with fp32 moments, the control that tells
 #       the moments' precision from the rest of the fused path (bf16 gradients, the library's step) (~3.5 min)
 #   S8  Mistral-7B-v0.3 (bf16-moments) and Llama-3.1-8B (fp8-exp-avg) from their published configs, both precisions
+#   L4  the loss runs of offload, seeds 1234 and 4321: plain's states and arithmetic with the masters and moments in
+#       host memory (bit for bit the plain step by its tests; these runs are the loss check auto needs) (~7 min)
+#   O7  llama-7b, both precisions, --memory offload: the layout the plain command plans once L4 holds (~6 min)
+#   O8  Mistral-7B-v0.3 and Llama-3.1-8B from their published configs, both precisions, --memory offload (~12 min)
 # Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz for L1/L2):
 #   bash benchmarks/gpu.sh bash benchmarks/study_memory_modes.sh T S7
 # Results: $OUT/results.tar.gz holds memory-modes-h100/ (for data/results/) and the logs.
@@ -39,6 +43,11 @@ for part in "$@"; do
   L3) loss mem-fp32-moments-s1234,mem-fp32-moments-s4321; pack ;;
   S8) "${H[@]}" --common-args '--memory bf16-moments' --tag h100 --models data/reference/configs/mistral-7b-v0.3; pack
       "${H[@]}" --common-args '--memory fp8-exp-avg' --tag h100 --models data/reference/configs/llama-3.1-8b; pack ;;
+  L4) loss mem-offload-s1234,mem-offload-s4321; pack ;;
+  O7) "${H[@]}" --common-args '--memory offload' --tag h100-offload --models llama-7b; pack ;;
+  O8) for m in mistral-7b-v0.3 llama-3.1-8b; do
+        "${H[@]}" --common-args '--memory offload' --tag h100-offload --models data/reference/configs/$m; pack
+      done ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s" | tee -a $RES/logs/parts.txt

@@ -146,12 +146,25 @@ def gpu_memory_gib(gpu_name: str) -> float | None:
     return gpu_spec(GPU_MEMORY_GIB, gpu_name)
 
 
-def cpu_memory_gib() -> float:
-    """Physical memory of this machine (what a CPU run's tensors compete for)."""
+# a container's memory limit (cgroup v2, then v1): a process is killed past it, whatever the machine has
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def cpu_memory_gib(limits: tuple[str, ...] = CGROUP_LIMITS) -> float:
+    """Memory this process may use: the machine's physical memory, or its container's limit where lower (what a CPU
+    run's tensors, and states kept in host memory, compete for)."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     except (ValueError, OSError, AttributeError):  # not POSIX: assume a laptop
         return 16.0
+    for path in limits:
+        try:
+            text = open(path, encoding="ascii").read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            total = min(total, int(text) / 2**30)
+    return total
 
 
 # A study's choice of the fused loss's chunk kernel on this machine (a control): read by Machine.detect only
@@ -175,6 +188,8 @@ class Machine:
     name: str  # GPU name, or "cpu"
     memory_gib: float
     world_size: int = 1
+    # host memory for each GPU's process (what states kept in host memory can use); None: not known
+    host_memory_gib: float | None = None
     te_usable: bool = False
     fp8: bool = False
     unusable: tuple[tuple[str, str], ...] = ()  # (backend, why it cannot run here), as Machine.detect found them
@@ -207,21 +222,24 @@ class Machine:
         props = torch.cuda.get_device_properties(device)
         total = props.total_memory / 2**30
         te_ok = "te" not in dict(unusable)
-        return cls("cuda", props.name, min(total, memory_gib) if memory_gib else total, world_size,
+        # the processes of one machine share its memory: one per GPU, at most as many as the job has
+        host = cpu_memory_gib() / max(1, min(world_size, torch.cuda.device_count()))
+        return cls("cuda", props.name, min(total, memory_gib) if memory_gib else total, world_size, host,
                    te_usable=te_ok, fp8=has_fp8((props.major, props.minor)), **facts)
 
     @classmethod
     def planned(cls, gpu_name: str, world_size: int, fp8: bool, te_release: str | None = None,
-                te_debug_problem: str | None = None) -> "Machine":
+                te_debug_problem: str | None = None, host_memory_gib: float | None = None) -> "Machine":
         """A GPU this process cannot see (a SageMaker instance's): Transformer Engine installed there, at
         ``te_release`` (the launcher passes the pinned one, what the job installs), with TE's debug API
-        (``te_debug_problem`` None: the job installs nvdlfw-inspect); the loss kernel is the GPU's default."""
+        (``te_debug_problem`` None: the job installs nvdlfw-inspect); the loss kernel is the GPU's default;
+        ``host_memory_gib``: the instance's memory for each GPU's process (InstanceInfo.host_gib_per_gpu)."""
         mem = gpu_memory_gib(gpu_name)
         if mem is None:
             known = ", ".join(k for k, _ in GPU_MEMORY_GIB)
             raise ValueError(f"no memory size known for GPU {gpu_name!r}; known: {known}")
-        return cls("cuda", gpu_name, mem, world_size, te_usable=True, fp8=fp8, te_release=te_release,
-                   te_debug_problem=te_debug_problem)
+        return cls("cuda", gpu_name, mem, world_size, host_memory_gib, te_usable=True, fp8=fp8,
+                   te_release=te_release, te_debug_problem=te_debug_problem)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +254,11 @@ class InstanceInfo:
     gpus: int  # GPUs per instance = torchrun processes per node
     gpu: str
     bf16_tflops: float  # dense BF16 peak per GPU (vendor datasheet), for time estimates
+    host_gib: float  # the instance's memory (EC2's published size), shared by its GPUs' processes
+
+    @property
+    def host_gib_per_gpu(self) -> float:
+        return self.host_gib / self.gpus
 
     @property
     def generation(self) -> str | None:
@@ -252,13 +275,14 @@ class InstanceInfo:
 
 
 INSTANCES: dict[str, InstanceInfo] = {
-    "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", 989.0),
-    "ml.p5.4xlarge": InstanceInfo(1, "H100 80GB", 989.0),  # one H100 of P5: one process, no FSDP (JobSpec's parallel)
-    "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", 989.0),
-    "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", 989.0),
-    "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", 2250.0),
-    "ml.p4d.24xlarge": InstanceInfo(8, "A100 40GB", 312.0),
-    "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", 312.0),
+    "ml.p5.48xlarge": InstanceInfo(8, "H100 80GB", 989.0, 2048.0),
+    # one H100 of P5: one process, no FSDP (JobSpec's parallel)
+    "ml.p5.4xlarge": InstanceInfo(1, "H100 80GB", 989.0, 256.0),
+    "ml.p5e.48xlarge": InstanceInfo(8, "H200 141GB", 989.0, 2048.0),
+    "ml.p5en.48xlarge": InstanceInfo(8, "H200 141GB", 989.0, 2048.0),
+    "ml.p6-b200.48xlarge": InstanceInfo(8, "B200 180GB", 2250.0, 2048.0),
+    "ml.p4d.24xlarge": InstanceInfo(8, "A100 40GB", 312.0, 1152.0),
+    "ml.p4de.24xlarge": InstanceInfo(8, "A100 80GB", 312.0, 1152.0),
 }
 
 # On-demand USD per instance-hour used when no price is passed, with the date each holds for. ASSUMPTIONS, not

@@ -410,7 +410,8 @@ class JobSpec:
         try:
             with _local_model(self) as local:  # the model channel's path exists only inside the job
                 machine = Machine.planned(self.info.gpu, self.world_size, self.info.fp8,
-                                          te_release=te_release(self.install_te, self.framework_version))
+                                          te_release=te_release(self.install_te, self.framework_version),
+                                          host_memory_gib=self.info.host_gib_per_gpu)
                 plan = runplan.plan_run(self.trainer_config(model=local), machine)
         except ValueError as exc:
             raise ValueError(f"JobSpec({self.model_label}, {self.precision}, {self.instance_count} x "

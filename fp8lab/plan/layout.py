@@ -79,6 +79,10 @@ HEADROOM_GIB, HEADROOM_FRACTION = 5.0, 0.05  # kept free: the larger of the two
 WORKSPACE_GIB = 1.0  # cuBLAS/cuDNN workspaces, allocator slack (GPUs only)
 # fp32 gradient bytes converted and stepped at a time by the streamed step (fp8lab.train.master_weights)
 STREAM_CHUNK_BYTES = 1 << 30
+# fp32 gradient bytes of a chunk of the offloaded step (--memory offload): its masters, moments and gradient (16 bytes
+# per parameter) are on the GPU while it steps, the next chunk's arrive meanwhile
+OFFLOAD_CHUNK_BYTES = 1 << 28
+HOST_SHARE = 0.85  # of a process's host memory that offloaded states may take (the process, data and OS need the rest)
 # activation bytes per unit (see the module docstring), by what computes the blocks' GEMMs
 ACT_BYTES = {"bf16": 1.80, "fp8": 1.627}
 LOGIT_BYTES = {"bf16": 16.2, "fp8": 15.6}
@@ -105,6 +109,7 @@ class MemoryEstimate:
     # the fused loss) read in fp32, and one block's forward (nothing is saved for a backward)
     evaluation: float = 0.0
     build: float = 0.0  # the model's build and conversion, before training allocates anything (build_bytes)
+    host: float = 0.0  # host memory the states kept there take (--memory offload), not GPU memory
 
     @property
     def train(self) -> float:
@@ -124,6 +129,7 @@ class MemoryEstimate:
                 f"{self.activations:.1f}"
                 + (f", FP8 weight cache {self.fp8_cache:.1f}" if self.fp8_cache else "")
                 + (f", kept weights {self.kept_weights:.1f}" if self.kept_weights else "")
+                + (f"; in host memory {self.host:.1f}" if self.host else "")
                 + (f"; the build's peak binds: {self.build:.1f}" if self.build >= self.peak else "") + ")")
 
 
@@ -211,6 +217,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
         states += (2 if param_dtype == "bf16" else 4) * t  # DDP's gradient buckets
     if mode.fused_adam:  # FusedAdam steps in place; FP8 moments are read as fp32 one parameter group at a time
         step = states + (STREAM_CHUNK_BYTES if "fp8" in (mode.exp_avg, mode.exp_avg_sq) else 0)
+    elif mode.offloaded:  # two chunks on the GPU (fp32 master, moments, gradient); a single larger tensor is one chunk
+        step = states + 2 * 16 * min(t, max(OFFLOAD_CHUNK_BYTES // 4, mcfg.vocab_size * mcfg.hidden_size))
     else:
         step = (states + 2 * t / shard) if param_dtype == "bf16" else states
     kept = 2 * n if (sharded and keep_weights) else 0.0
@@ -245,7 +253,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
         val_loss = NO_GRAD_BYTES_PER_LOGIT * mcfg.vocab_size * tokens * widen
     evaluation = val_loss + per_layer * tokens * widen
     return MemoryEstimate(states / gib, cache / gib, kept / gib, acts / gib, step / gib, workspace_gib,
-                          evaluation / gib, build_bytes(mcfg, backend=backend, fuse=fuse) / gib)
+                          evaluation / gib, build_bytes(mcfg, backend=backend, fuse=fuse) / gib,
+                          mode.host_bytes * t / gib)
 
 
 @dataclass(frozen=True)
@@ -373,7 +382,7 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
         return False, "--fp8-weight-cache False"
     if (precision or c.precision) != "fp8" or backend != "te" or not fuses(c):
         return False, "only FP8 runs on TE's fused layers cache FP8 weights"
-    if memory_mode != memory_modes.PLAIN:
+    if memory_modes.get(memory_mode).fused_adam:
         return False, f"--memory {memory_mode}: FP8 weights cast per micro-batch (the cache's memory goes first)"
     if grad_accum <= 1:
         return False, "accumulation 1: no later micro-batch to reuse the FP8 weights"
@@ -480,9 +489,9 @@ def _resolve_modes(c, machine: Machine, backend: str | None, mcfg=None, loss_ker
                    checked_modes: tuple[str, ...] = (), mode_gaps: dict[str, float] | None = None) -> Layout:
     mcfg = mcfg or c.model_config
     param_dtype = c.param_dtype if c.param_dtype != AUTO else ("bf16" if machine.gpu else "fp32")
-    modes, why_plain = memory_modes.candidates(c.memory, gpu=machine.gpu, sharded=is_sharded(c.parallel,
-                                               machine.world_size), param_dtype=param_dtype, backend=backend,
-                                               checked=checked_modes)
+    where = dict(gpu=machine.gpu, sharded=is_sharded(c.parallel, machine.world_size), param_dtype=param_dtype,
+                 backend=backend)
+    modes, why_plain = memory_modes.candidates(c.memory, checked=checked_modes, **where)
     refusals = []
     for mode in modes:
         try:
@@ -498,7 +507,8 @@ def _resolve_modes(c, machine: Machine, backend: str | None, mcfg=None, loss_ker
         return lay
     hint = ""
     if c.memory == AUTO and not why_plain:  # a mode whose loss check is not committed, where it would fit
-        fits = [m for m in memory_modes.NAMES if m not in modes and _fits(c, machine, backend, mcfg, loss_kernel, m)]
+        fits = [m for m in memory_modes.NAMES if m not in modes and not memory_modes.problem(m, **where)
+                and _fits(c, machine, backend, mcfg, loss_kernel, m)]
         if fits:
             gap = (mode_gaps or {}).get(fits[0])
             why = (f"its loss check did not pass ({gap:+.2f}% from the plain mode's loss)" if gap is not None
@@ -509,6 +519,23 @@ def _resolve_modes(c, machine: Machine, backend: str | None, mcfg=None, loss_ker
     first = refusals[0][1]
     tried = "; ".join(f"{m}: {msg.split('estimated peak ')[-1].split(';')[0]}" for m, msg in refusals[1:])
     raise ValueError(f"{first} (memory modes tried: {', '.join(m for m, _ in refusals)}; {tried}){hint}")
+
+
+def _check_host(c, machine: Machine, memory_mode: str, e: MemoryEstimate) -> None:
+    """ValueError where the states a mode keeps in host memory do not fit the host's share for this GPU; where that
+    share is not known, ``auto`` does not take the mode (asked for by name, it runs)."""
+    if not e.host:
+        return
+    host = machine.host_memory_gib
+    if host is None:
+        if c.memory == AUTO:
+            raise ValueError(f"--memory {memory_mode}: the host memory of {machine.name} is not known, and its states "
+                             f"take {e.host:.0f} GiB there; auto takes it only where they are known to fit")
+        return
+    if e.host > HOST_SHARE * host:
+        raise ValueError(f"--memory {memory_mode}: its states take {e.host:.0f} GiB of host memory, more than "
+                         f"{HOST_SHARE:.0%} of the {host:.0f} GiB this GPU's process has; remedies: a machine with "
+                         "more host memory, or another --memory mode")
 
 
 def _fits(c, machine: Machine, backend: str | None, mcfg, loss_kernel: str | None, mode: str) -> bool:
@@ -612,6 +639,7 @@ def resolve_mode(c, machine: Machine, backend: str | None, mcfg=None, loss_kerne
     if ckpt and c.activation_checkpointing == AUTO:
         reasons["activation_checkpointing"] = (f"activation checkpointing: {c.model} at {seq} tokens fits "
                                                f"{machine.name} only recomputing each block in backward")
+    _check_host(c, machine, memory_mode, e)
     return Layout(param_dtype, seq, mb, ga, keep, e, machine, reasons, activation_checkpointing=ckpt, sharded=sharded,
                   memory_mode=memory_mode)
 

@@ -61,7 +61,8 @@ FP8_ALL_GATHER = (AUTO, "on", "off")
 FP8_STATS_SOURCES = FP8_STATS_SOURCE_CHOICES
 RECIPES = (AUTO, *KINDS)  # auto = the backend's default
 FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are decided (fp8lab.plan.fused_loss)
-# auto | plain | fp32-moments | bf16-moments | fp8-exp-avg, declared where they are decided (fp8lab.plan.memory_modes)
+# auto | plain | offload | fp32-moments | bf16-moments | fp8-exp-avg, declared where they are decided
+# (fp8lab.plan.memory_modes)
 MEMORY = MEMORY_CHOICES
 
 # types of fields whose text form is special (their annotations name them)

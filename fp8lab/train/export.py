@@ -35,7 +35,7 @@ def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master is not None and full:
-        full = master.model_state_dict(full)
+        full = master.model_state_dict(full, export=True)
     if conversion is None or not full:  # plain HF model, or a rank other than 0
         return full
     return hf_state_dict_from(inner, full)

@@ -26,6 +26,13 @@ time. The step then holds the bf16 gradients plus one chunk (at 7B 13.6 GiB) ins
 copy (25 GiB), which leaves room for the activations the graphs keep resident. The arithmetic is the same as
 the plain step's: the same fp32 upcasts, per-tensor norms and clip factor, and AdamW is elementwise.
 
+Offloaded step (``offload=<the GPU>``, ``--memory offload``): the masters and AdamW moments live in pinned host
+memory, and the GPU keeps only the bf16 parameters and gradients. The step is the streamed one, a chunk of about
+``OFFLOAD_CHUNK_BYTES`` of fp32 gradients at a time, with the chunk's masters and moments copied to the GPU first
+(the next chunk's copy runs on a side stream while this one steps), the same AdamW kernel run there, the bf16
+parameters rounded from the stepped masters, and masters and moments copied back. AdamW is elementwise, so the
+arithmetic and its result are the plain step's, bit for bit; the price is 24 bytes per parameter over PCIe per step.
+
 Checkpoints: :meth:`model_state_dict` puts the fp32 masters where a model state dict has its
 parameters and :meth:`state_dict` is keyed by parameter name like
 ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``, so a checkpoint has the same
@@ -34,12 +41,15 @@ parameters stay fp32 and ``MixedPrecisionPolicy(param_dtype=bf16)`` casts them w
 """
 from __future__ import annotations
 
+import weakref
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from fp8lab.plan.layout import STREAM_CHUNK_BYTES  # read at each construction (tests patch it here)
+# read at each construction (tests patch them here)
+from fp8lab.plan.layout import OFFLOAD_CHUNK_BYTES, STREAM_CHUNK_BYTES
 
 
 
@@ -60,6 +70,44 @@ def trainable_params(module: nn.Module) -> tuple[list[nn.Parameter], list[list[s
     return params, names
 
 
+class HostArena:
+    """The offloaded fp32 states in host memory: per kind (the masters "", each AdamW moment) one allocation holding
+    every master's share as a view, page-locked once (cudaHostRegister) where ``pin``. Not torch's pinned allocator:
+    it rounds each allocation up to a power of two, which at 7B would ask for up to twice the host memory."""
+
+    def __init__(self, shapes: list[torch.Size], pin: bool):
+        self.shapes = shapes
+        self.offsets = [0]
+        for shape in shapes:
+            self.offsets.append(self.offsets[-1] + shape.numel())
+        self.pin = pin
+        self.buffers: dict[str, torch.Tensor] = {}
+        # unlocked when the arena goes, before its buffers are freed (the finalizer holds them until then)
+        weakref.finalize(self, _unregister, self.buffers, pin)
+
+    def has(self, kind: str, i: int, like: torch.Tensor) -> bool:
+        """Whether ``like`` (a state the step made) can live here: fp32, master ``i``'s shape."""
+        return like.dtype == torch.float32 and like.shape == self.shapes[i]
+
+    def view(self, kind: str, i: int) -> torch.Tensor:
+        buf = self.buffers.get(kind)
+        if buf is None:
+            buf = torch.empty(self.offsets[-1], dtype=torch.float32)
+            if self.pin:
+                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
+                if int(err) != 0:
+                    raise RuntimeError(f"--memory offload: cudaHostRegister of {buf.numel() * 4 / 2**30:.1f} GiB of "
+                                       f"host memory failed (CUDA error {int(err)}); another --memory mode avoids it")
+            self.buffers[kind] = buf
+        return buf[self.offsets[i]:self.offsets[i + 1]].view(self.shapes[i])
+
+
+def _unregister(buffers: dict[str, torch.Tensor], pin: bool) -> None:
+    if pin:
+        for buf in buffers.values():
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+
 class MasterWeights:
     """Casts ``module``'s parameters to ``dtype`` in place and steps fp32 copies of them.
 
@@ -68,23 +116,34 @@ class MasterWeights:
     the trainer's parameter groups) over the fp32 masters; an LR scheduler attaches to
     ``.optimizer``. Duck-types the parts of ``torch.optim.Optimizer`` the trainer uses.
     ``streamed``: the streamed step of the module docstring (gradient buffers kept in place).
+    ``offload``: the device the step runs on, with the masters and AdamW states in host memory between steps (the
+    offloaded step of the module docstring; pinned where it is a GPU); implies ``streamed``.
     """
 
     def __init__(self, module: nn.Module, make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 dtype: torch.dtype = torch.bfloat16, streamed: bool = False):
+                 dtype: torch.dtype = torch.bfloat16, streamed: bool = False, offload: torch.device | None = None):
         self.params, self.names = trainable_params(module)  # names: every name of each (tied weights have several)
         if not self.params:
             raise ValueError(f"{type(module).__name__} has no trainable parameters to keep master weights of")
+        self.offload = None if offload is None else torch.device(offload)
+        self._pin = self.offload is not None and self.offload.type == "cuda"
+        self._host = HostArena([p.shape for p in self.params], self._pin) if self.offload is not None else None
         with torch.no_grad():
-            self.masters = [nn.Parameter(p.detach().to(torch.float32, copy=True)) for p in self.params]
+            self.masters = [nn.Parameter(self._host.view("", i).copy_(p.detach()) if self._host is not None
+                                         else p.detach().to(torch.float32, copy=True))
+                            for i, p in enumerate(self.params)]
             for p in self.params:  # the same Parameter objects, now bf16: modules and hooks still see them
                 p.data = p.data.to(dtype)
         self.dtype = dtype
+        self.device = self.offload or self.masters[0].device  # where the step computes
         self.optimizer = make_optimizer(self.masters)
         self._main_grad: set[int] = set()  # parameters whose gradient arrives in p.main_grad (fused accumulation)
-        self.streamed = streamed
-        self._chunks = self._chunk_indices(STREAM_CHUNK_BYTES) if streamed else []
+        self.streamed = streamed or self.offload is not None
+        chunk = OFFLOAD_CHUNK_BYTES if self.offload is not None else STREAM_CHUNK_BYTES
+        self._chunks = self._chunk_indices(chunk) if self.streamed else []
         self._clip_coef: torch.Tensor | None = None  # the streamed step's clip factor, set by clip_grad_norm_
+        # the next chunk's host-to-GPU copies overlap this chunk's step
+        self._copy_stream = torch.cuda.Stream(self.offload) if self._pin else None
 
     def _chunk_indices(self, limit: int) -> list[list[int]]:
         """Parameter indices in order, grouped so each group's fp32 gradients take about ``limit`` bytes."""
@@ -161,8 +220,8 @@ class MasterWeights:
                 norms += torch._foreach_norm(grads, 2.0)
             del grads
         if not norms:  # no gradient at all: the step then changes nothing, as the plain step
-            self._clip_coef = torch.ones((), device=self.masters[0].device)
-            return torch.zeros((), device=self.masters[0].device)
+            self._clip_coef = torch.ones((), device=self.device)
+            return torch.zeros((), device=self.device)
         total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
         self._clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         return total
@@ -188,8 +247,90 @@ class MasterWeights:
         self._clip_coef = None
 
     @torch.no_grad()
+    def _offloaded_step(self, zero: bool = False) -> None:
+        """The streamed step with each chunk's masters and states brought from host memory and taken back (zero: with
+        zero gradients, the parameters' own left alone: :meth:`_ensure_state`)."""
+        if self._clip_coef is None:
+            raise RuntimeError("MasterWeights(offload=...).step() needs clip_grad_norm_() first (it sets the clip "
+                               "factor)")
+        side = self._copy_stream
+        main = torch.cuda.current_stream(self.device) if side is not None else None
+        if side is not None:
+            side.wait_stream(main)  # the gradients, and the last step's copies back to the host
+        ahead = self._bring(self._chunks[0], main)
+        for k, chunk in enumerate(self._chunks):
+            if side is not None:
+                main.wait_stream(side)
+            here = ahead
+            if k + 1 < len(self._chunks):
+                ahead = self._bring(self._chunks[k + 1], main)
+            self._step_here(here, zero)
+            self._take_back(here)
+        if main is not None:
+            main.synchronize()  # the host copies are complete before anything reads them (a checkpoint, the next step)
+        self._clip_coef = None
+
+    def _bring(self, chunk: list[int], main) -> list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+        """(index, host tensors, their copies on the step's device) of each master in ``chunk``: the master under the
+        key "" and its AdamW states under theirs. The copies are made on the side stream, for use on ``main``."""
+        out = []
+        with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else nullcontext():
+            for i in chunk:
+                m = self.masters[i]
+                host = {"": m.data, **{k: v for k, v in self.optimizer.state.get(m, {}).items() if torch.is_tensor(v)}}
+                here = {k: v.to(self.device, non_blocking=True, copy=True) for k, v in host.items()}
+                if main is not None:
+                    for v in here.values():
+                        v.record_stream(main)
+                out.append((i, host, here))
+        return out
+
+    def _step_here(self, here, zero: bool) -> None:
+        """AdamW on one chunk whose masters and states are on the step's device; the bf16 parameters follow."""
+        stepped = []
+        for i, _, dev in here:
+            m = self.masters[i]
+            m.data = dev[""]
+            state = self.optimizer.state.get(m)
+            if state:
+                state.update({k: v for k, v in dev.items() if k})
+            if zero:
+                m.grad = torch.zeros_like(m.data)
+            else:
+                m.grad = self._fp32_grad(self.params[i])
+                self.params[i].grad = None
+            if m.grad is not None:
+                stepped.append(i)
+        if stepped:
+            torch._foreach_mul_([self.masters[i].grad for i in stepped], self._clip_coef)
+            self.optimizer.step()  # parameters without a gradient (the other chunks, in host memory) are not stepped
+            torch._foreach_copy_([self.params[i] for i in stepped], [self.masters[i].data for i in stepped])
+        for i, _, _ in here:
+            self.masters[i].grad = None
+
+    def _take_back(self, here) -> None:
+        """The chunk's masters and states back into host memory (asynchronously where pinned)."""
+        for i, host, dev in here:
+            m = self.masters[i]
+            state = self.optimizer.state.get(m, {})  # (not [m]: a defaultdict would note an empty state)
+            for k, v in list(state.items()):
+                if torch.is_tensor(v) and v is not host.get(k):
+                    h = host.get(k)
+                    if h is None:  # a state the first step made: a moment in the arena, a step count on its own
+                        h = (self._host.view(k, i) if self._host.has(k, i, v) else
+                             torch.empty(v.shape, dtype=v.dtype, device="cpu", pin_memory=self._pin))
+                    h.copy_(v, non_blocking=self._pin)
+                    state[k] = h
+            if m.data is not host[""]:
+                host[""].copy_(m.data, non_blocking=self._pin)
+                m.data = host[""]
+
+    @torch.no_grad()
     def step(self) -> None:
         """AdamW on the fp32 masters, then the bf16 parameters become their rounded copies."""
+        if self.offload is not None:
+            self._offloaded_step()  # rounds each chunk's parameters as it goes
+            return
         if self.streamed:
             self._streamed_step()
         else:
@@ -218,11 +359,13 @@ class MasterWeights:
             self._fresh_main_grads()
 
     # -- checkpoints and export ---------------------------------------------------------------
-    def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+    def model_state_dict(self, state_dict: dict[str, Any], export: bool = False) -> dict[str, Any]:
         """``state_dict`` (the model's, e.g. from get_model_state_dict) with the fp32 masters for the parameters.
 
         On the masters' device the values are the masters themselves (a checkpoint load writes into
-        them in place); elsewhere (``cpu_offload``) copies on that device."""
+        them in place); elsewhere (``cpu_offload``) copies on that device. Offloaded masters: the host masters
+        themselves, which a checkpoint reads and writes in place (a copy on the GPU would not fit); with ``export``
+        copies, since they are views of one buffer (a writer would take them for tied weights)."""
         out = dict(state_dict)
         for names, m in zip(self.names, self.masters):
             present = [n for n in names if n in out]
@@ -230,7 +373,10 @@ class MasterWeights:
                 raise KeyError(f"parameter {names[0]!r} is not in the model state dict (keys like "
                                f"{next(iter(out), None)!r})")
             for n in present:
-                out[n] = m.detach().to(out[n].device)
+                if self.offload is None:
+                    out[n] = m.detach().to(out[n].device)
+                else:
+                    out[n] = m.detach().clone() if export else m.detach()
         return out
 
     def _ensure_state(self) -> None:
@@ -244,11 +390,15 @@ class MasterWeights:
         saved = [m.grad for m in self.masters]
         lrs = [g["lr"] for g in self.optimizer.param_groups]
         with torch.no_grad():
-            for m in self.masters:
-                m.grad = torch.zeros_like(m)
             for g in self.optimizer.param_groups:
                 g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
-            self.optimizer.step()
+            if self.offload is not None:  # through the GPU, chunk by chunk: the states are made there, kept on the host
+                self._clip_coef = torch.ones((), device=self.device)
+                self._offloaded_step(zero=True)
+            else:
+                for m in self.masters:
+                    m.grad = torch.zeros_like(m)
+                self.optimizer.step()
             for g, lr in zip(self.optimizer.param_groups, lrs):
                 g["lr"] = lr
             for st in self.optimizer.state.values():
@@ -291,7 +441,11 @@ class MasterWeights:
     @torch.no_grad()
     def sync_params(self) -> None:
         """The bf16 parameters from the masters (after a load)."""
-        torch._foreach_copy_(self.params, self.masters)
+        if self.offload is not None:
+            for p, m in zip(self.params, self.masters):  # from host memory, one at a time
+                p.copy_(m)
+        else:
+            torch._foreach_copy_(self.params, self.masters)
 
     def master_for(self, name: str) -> torch.Tensor:
         """The fp32 master of the parameter called ``name`` (tests, inspection)."""

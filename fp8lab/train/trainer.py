@@ -252,14 +252,14 @@ class Trainer:
     def _make_master_weights(self, model) -> None:
         """bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype."""
         c, env = self.c, self.env
-        # Under CUDA graphs the streamed step: main_grad buffers zeroed in place (a graph writes to fixed
-        # addresses), and no full fp32 gradient copy at the step, which the graphs' resident activations need
+        # under CUDA graphs the streamed step: main_grad zeroed in place (graphs write there), no whole fp32 copy
         mode = memory_modes.get(self.plan.memory_mode)
         if mode.fused_adam:  # fewer bytes per parameter: TE's FusedAdam keeps the states (fp8lab.plan.memory_modes)
             self.master = FusedStates(model, mode, c)
         else:
-            self.master = MasterWeights(model, lambda params: foptim.make_optimizer(params, c, env.device),
-                                        streamed=self.plan.streamed_step)
+            offload = env.device if mode.offloaded else None  # the masters and moments in host memory between steps
+            self.master = MasterWeights(model, lambda ps: foptim.make_optimizer(ps, c, env.device),
+                                        streamed=self.plan.streamed_step, offload=offload)
         # DDP all-reduces .grad through hooks that main_grad would bypass: one process only (fp8lab.plan.runplan)
         if self.plan.fused_wgrad and hasattr(model, "wgrad_into_main_grad"):
             self.fused_wgrad = model.wgrad_into_main_grad()

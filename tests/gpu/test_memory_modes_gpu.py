@@ -125,3 +125,59 @@ def test_memory_auto_keeps_plain_where_it_fits(prepared, tmp_path):
     assert s["status"] == "completed"
     cfg = json.loads((tmp_path / "r" / "config.json").read_text())
     assert cfg["memory"] == memory_modes.PLAIN and cfg["built"]["adamw_impl"] == "fused"
+
+
+def test_the_offloaded_step_on_cuda_equals_the_plain_step_and_keeps_its_states_in_pinned_host_memory(monkeypatch):
+    """--memory offload on a GPU: the masters and AdamW states stay in pinned host memory between steps, each chunk is
+    copied over (on a side stream for the next chunk) and back, and after five clipped steps the parameters, masters
+    and states are the plain step's, bit for bit."""
+    from fp8lab.train import master_weights, optim as foptim
+    from fp8lab.train.master_weights import MasterWeights
+
+    monkeypatch.setattr(master_weights, "OFFLOAD_CHUNK_BYTES", 1 << 14)  # several chunks even for this net
+    c = Config(lr=1e-3, weight_decay=0.1, device="cpu")
+    a, b = _net(), _net()
+    plain = MasterWeights(a, lambda ps: foptim.make_optimizer(ps, c, torch.device("cuda")))
+    off = MasterWeights(b, lambda ps: foptim.make_optimizer(ps, c, torch.device("cuda")), offload=torch.device("cuda"))
+    assert len(off._chunks) > 1
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        norms = []
+        for net, opt in ((a, plain), (b, off)):
+            net(x).float().square().mean().backward()
+            norms.append(opt.clip_grad_norm_(0.01))
+            opt.step()
+            opt.zero_grad()
+        assert float(norms[0]) > 0.01 and torch.equal(norms[0], norms[1])
+    assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in b.parameters())
+    assert all(m.device.type == "cpu" and m.is_pinned() for m in off.masters)
+    states = off.state_dict()["state"]
+    assert all(st[k].device.type == "cpu" and st[k].is_pinned() for st in states.values()
+               for k in ("exp_avg", "exp_avg_sq", "step"))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(m.cpu(), n) for m, n in zip(plain.masters, off.masters))
+    ref = plain.state_dict()["state"]
+    assert all(torch.equal(ref[n][k].cpu(), states[n][k]) for n in ref for k in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def test_a_run_with_offloaded_states_trains_as_the_plain_run_and_resumes_exactly(prepared, tmp_path):
+    """The trainer with --memory offload: the same losses as --memory plain bit for bit (TE, FP8, the weight cache on
+    in both, no CUDA graphs), recorded in its config, and a resume from its checkpoint continues it (as in the modes'
+    own test above)."""
+    _te_or_skip()
+    base = dict(**TINY, precision="fp8", backend="te", steps=10, checkpoint_every=5, data=str(prepared),
+                save_model=False, cuda_graphs="off", grad_accum=2)
+    runs = {m: tmp_path / m for m in ("plain", "offload")}
+    for mode, out in runs.items():
+        s = train(TrainConfig(**base, memory=mode, output_dir=str(out)))
+        assert s["status"] == "completed" and s["nonfinite_steps"] == 0
+    cfg = json.loads((runs["offload"] / "config.json").read_text())
+    assert cfg["memory"] == "offload" and cfg["plan"]["memory"] == "offload"
+    losses = {m: [r["loss"] for r in fmetrics.read_metrics(out / "metrics.jsonl")] for m, out in runs.items()}
+    assert losses["offload"] == losses["plain"] and losses["offload"][-1] < losses["offload"][0]
+    again = tmp_path / "again"
+    shutil.copytree(runs["offload"], again)
+    shutil.rmtree(again / "checkpoints" / "step_00000010")
+    train(TrainConfig(**base, memory="offload", output_dir=str(again)))
+    resumed = [r["loss"] for r in fmetrics.read_metrics(again / "metrics.jsonl")]
+    assert resumed[:5] == losses["offload"][:5] and resumed[5:] == pytest.approx(losses["offload"][5:], rel=1e-3)

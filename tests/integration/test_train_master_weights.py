@@ -49,11 +49,11 @@ def test_bf16_params_track_fp32_params_and_export_the_fp32_masters(prepared, tmp
     assert (q.to(torch.bfloat16).float() != q).float().mean() > 0.9
 
 
-def _tiny_with_masters(lr=1e-2):
+def _tiny_with_masters(lr=1e-2, offload=None):
     model = build_model("llama-tiny", seed=0)
     fp32 = {n: p.detach().clone() for n, p in model.named_parameters()}
     cfg = TrainConfig(lr=lr, weight_decay=0.1)
-    mw = MasterWeights(model, lambda ps: make_optimizer(ps, cfg, torch.device("cpu")))
+    mw = MasterWeights(model, lambda ps: make_optimizer(ps, cfg, torch.device("cpu")), offload=offload)
     return model, fp32, mw
 
 
@@ -209,8 +209,9 @@ def test_emulated_fp8_with_bf16_params_resumes_exactly_and_exports(prepared, tmp
     assert hf.model.layers[0].self_attn.k_proj.weight.dtype == torch.float32
 
 
-def test_a_parameter_without_gradient_is_not_stepped():
-    model, fp32, mw = _tiny_with_masters()
+@pytest.mark.parametrize("offload", [None, torch.device("cpu")], ids=["plain", "offload"])
+def test_a_parameter_without_gradient_is_not_stepped(offload):
+    model, fp32, mw = _tiny_with_masters(offload=offload)
     _backward(model)
     head = dict(model.named_parameters())["lm_head.weight"]
     head.grad = None  # as if the forward had not used it
@@ -218,6 +219,7 @@ def test_a_parameter_without_gradient_is_not_stepped():
     mw.step()
     mw.zero_grad()
     assert torch.equal(mw.master_for("lm_head.weight"), fp32["lm_head.weight"])
+    assert not mw.optimizer.state.get(mw.master_for("lm_head.weight"))  # no AdamW state made for it either
     assert not torch.equal(mw.master_for("model.norm.weight"), fp32["model.norm.weight"])
     assert all(m.grad is None for m in mw.masters)  # fp32 gradients freed until the next step's copy
     _backward(model, seed=3)
@@ -355,3 +357,78 @@ def test_streamed_step_without_a_norm_first_is_an_error():
     _backward(model)
     with pytest.raises(RuntimeError, match="needs clip_grad_norm_"):
         mw.step()
+
+
+def test_the_offloaded_step_equals_the_plain_step_exactly_and_resumes_from_a_checkpoint(monkeypatch, tmp_path):
+    """--memory offload: masters and AdamW states between steps in host memory, each chunk copied to the step's device
+    and back (here a CPU, so the copies are real but the devices one). Clipping active, several chunks: the same
+    norms, masters, parameters and AdamW states as the plain step, bit for bit; a checkpoint restores them and the
+    next step."""
+    from fp8lab.train import checkpoint as fckpt, master_weights
+    from fp8lab.train.distributed import DistEnv
+
+    monkeypatch.setattr(master_weights, "OFFLOAD_CHUNK_BYTES", 1 << 16)
+    cfg = TrainConfig(lr=1e-2, weight_decay=0.1)
+
+    def pair(offload):
+        model = build_model("llama-tiny", seed=0)
+        return model, MasterWeights(model, lambda ps: make_optimizer(ps, cfg, torch.device("cpu")), offload=offload)
+
+    (ma, a), (mb, b) = pair(None), pair(torch.device("cpu"))
+    assert b.streamed and len(b._chunks) > 3 and sorted(i for c in b._chunks for i in c) == list(range(len(b.params)))
+
+    def step(model, mw, seed):
+        _backward(model, seed=seed)
+        norm = mw.clip_grad_norm_(0.05)
+        mw.step()
+        mw.zero_grad()
+        return norm
+
+    for seed in range(3):
+        na, nb = step(ma, a, seed), step(mb, b, seed)
+        assert float(na) > 0.05 and torch.equal(na, nb)
+    assert all(torch.equal(x, y) for x, y in zip(a.masters, b.masters))
+    assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mb.parameters()))
+    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k][s], sb[k][s]) for k in sa for s in ("exp_avg", "exp_avg_sq", "step"))
+    assert all(m.grad is None for m in b.masters) and all(p.grad is None for p in b.params)
+
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), initialized_here=False)
+    path = fckpt.save(tmp_path, 3, mb, b, {"step": 3}, env, keep=1)
+    mc = build_model("llama-tiny", seed=1)
+    c = MasterWeights(mc, lambda ps: make_optimizer(ps, cfg, torch.device("cpu")), offload=torch.device("cpu"))
+    fckpt.load(path, mc, c, env)
+    assert all(torch.equal(x, y) for x, y in zip(b.masters, c.masters))
+    assert all(torch.equal(x, y) for x, y in zip(mb.parameters(), mc.parameters()))
+    sc = c.state_dict()["state"]
+    assert all(torch.equal(sb[k][s], sc[k][s]) for k in sb for s in ("exp_avg", "exp_avg_sq", "step"))
+    assert torch.equal(step(ma, a, 7), step(mc, c, 7))
+    assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mc.parameters()))
+
+
+def test_a_fresh_offloaded_optimizer_has_zero_states_for_a_checkpoint_to_fill():
+    model = build_model("llama-tiny", seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    mw = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True), offload=torch.device("cpu"))
+    state = mw.state_dict()["state"]
+    assert len(state) == len(mw.masters)
+    assert all(not st["exp_avg"].any() and not st["exp_avg_sq"].any() and float(st["step"]) == 0
+               for st in state.values())
+    assert all(torch.equal(p, q.to(p.dtype)) for p, q in zip(model.parameters(), before))
+    assert all(m.device.type == "cpu" and m.grad is None for m in mw.masters)
+
+
+def test_offloaded_masters_are_views_of_one_host_buffer_and_an_export_gets_copies():
+    """A checkpoint reads and writes the host masters in place; an export (safetensors) would take views of one
+    buffer for tied weights, so it gets a copy of each."""
+    model = build_model("llama-tiny", seed=0)
+    mw = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), offload=torch.device("cpu"))
+    ptrs = {m.untyped_storage().data_ptr() for m in mw.masters}
+    assert len(ptrs) == 1 and sum(m.numel() for m in mw.masters) == mw._host.offsets[-1]
+    sd = {n: p.detach() for n, p in model.named_parameters()}
+    live, copies = mw.model_state_dict(sd), mw.model_state_dict(sd, export=True)
+    first = {names[0]: m for names, m in zip(mw.names, mw.masters)}
+    assert all(live[n] is not None and live[n].data_ptr() == first[n].data_ptr() for n in first)
+    assert len({v.untyped_storage().data_ptr() for v in copies.values()}) == len(copies)
+    assert all(torch.equal(copies[n], first[n]) for n in first)

@@ -125,3 +125,86 @@ def test_a_sagemaker_job_runs_the_mode_its_plan_chose():
                      options={"memory": "bf16-moments"})
     assert spec.plan.memory_mode == "bf16-moments" and spec.layout.activation_checkpointing
     assert L.hyperparameters(spec)["memory"] == "bf16-moments"
+
+
+# ------------------------------------------------------------------------------------ offload: plain's states on the host
+
+P5_GPU = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, host_memory_gib=256.0, te_usable=True, fp8=True)  # ml.p5.4xlarge
+WITH_OFFLOAD = Evidence(memory_modes=("offload", "bf16-moments", "fp8-exp-avg"))
+
+
+def _p5(model, precision="fp8", evidence=WITH_OFFLOAD, machine=P5_GPU, **kw):
+    return plan_run(TrainConfig(model=model, precision=precision, device="cpu", **kw), machine, evidence)
+
+
+def test_offload_keeps_4_bytes_per_parameter_on_the_gpu_and_12_on_the_host():
+    cfg = get_config("llama-7b")
+    n = 6_738_415_616
+    e = fl.estimate_memory(cfg, precision="bf16", micro_batch_size=1, seq_len=2048, memory_mode="offload")
+    assert e.states == pytest.approx(4 * n / 2**30) and e.host == pytest.approx(12 * n / 2**30)
+    staged = 2 * 16 * cfg.vocab_size * cfg.hidden_size / 2**30  # two chunks in flight, the embedding the largest
+    assert e.step == pytest.approx(e.states + staged)
+    assert fl.estimate_memory(cfg, precision="bf16", micro_batch_size=1, seq_len=2048).host == 0
+
+
+@pytest.mark.parametrize("model", ["llama-7b", "data/reference/configs/mistral-7b-v0.3", LLAMA_8B])
+def test_auto_takes_offload_first_where_its_check_holds_and_the_host_holds_its_states(model):
+    bf16, fp8 = _p5(model, "bf16"), _p5(model, "fp8")
+    assert bf16.memory_mode == fp8.memory_mode == "offload" and bf16.layout == fp8.layout
+    assert not fp8.layout.activation_checkpointing  # 4 bytes per parameter leave room for the activations
+    assert fp8.weight_cache  # plain's FP8 weight cache stays: offload changes where states live, not the step
+    assert fp8.layout.memory.peak <= P5_GPU.memory_gib - fl.HEADROOM_GIB
+    assert fp8.layout.memory.host <= fl.HOST_SHARE * P5_GPU.host_memory_gib
+    assert "4 bytes of state per parameter (plain did not fit)" in fp8.reasons["memory"]
+
+
+def test_offload_is_not_taken_where_the_host_memory_is_unknown_or_too_small():
+    assert _p5("llama-7b", machine=H100).memory_mode == "bf16-moments"  # a Machine made by hand: host unknown
+    small = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, host_memory_gib=64.0, te_usable=True, fp8=True)
+    assert _p5("llama-7b", machine=small).memory_mode == "bf16-moments"
+    with pytest.raises(ValueError, match=r"--memory offload: its states take 75 GiB of host memory, more than 85% of "
+                                         r"the 64 GiB this GPU's process has"):
+        _p5("llama-7b", machine=small, memory="offload")
+    assert _p5("llama-7b", machine=H100, memory="offload").memory_mode == "offload"  # by name: the user knows
+
+
+def test_a_refusal_names_offload_where_it_would_fit_and_its_check_is_missing():
+    with pytest.raises(ValueError, match=r"--memory offload fits .*auto uses it once its loss check is committed"):
+        _p5("llama-7b", evidence=Evidence())
+
+
+def test_offload_is_refused_on_a_cpu_naming_what_runs_there():
+    with pytest.raises(ValueError, match=r"--memory offload needs a CUDA GPU .*allowed here: auto \| plain$"):
+        plan_run(TrainConfig(model="llama-tiny", device="cpu", memory="offload"), CPU, WITH_OFFLOAD)
+
+
+def test_a_gpu_without_te_may_offload_but_not_use_fused_adam():
+    no_te = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, host_memory_gib=256.0, fp8=True,
+                    unusable=(("te", "not installed"),))
+    with pytest.raises(ValueError, match=r"--memory bf16-moments needs a CUDA GPU with Transformer Engine.*allowed "
+                                         r"here: auto \| plain \| offload$"):
+        plan_run(TrainConfig(model="llama-tiny", device="cpu", memory="bf16-moments", backend="none"), no_te,
+                 WITH_OFFLOAD)
+    assert plan_run(TrainConfig(model="llama-tiny", device="cpu", memory="offload", backend="none"), no_te,
+                    WITH_OFFLOAD).memory_mode == "offload"
+
+
+def test_a_p5_4xlarge_job_plans_llama_7b_with_its_states_in_the_instances_memory():
+    from fp8lab import launch as L
+    from fp8lab.core.hardware import INSTANCES
+
+    assert INSTANCES["ml.p5.4xlarge"].host_gib_per_gpu == 256 and INSTANCES["ml.p5.48xlarge"].host_gib_per_gpu == 256
+    spec = L.JobSpec(model="llama-7b", precision="fp8", instance_type="ml.p5.4xlarge", steps=100,
+                     role=L.PLACEHOLDER_ROLE, bucket=L.PLACEHOLDER_BUCKET, options={"memory": "offload"})
+    assert spec.plan.memory_mode == "offload" and spec.plan.machine.host_memory_gib == 256
+    assert L.hyperparameters(spec)["memory"] == "offload"
+
+
+def test_the_host_memory_is_the_containers_limit_where_lower(tmp_path):
+    from fp8lab.core.hardware import cpu_memory_gib
+
+    machine = cpu_memory_gib(limits=())
+    (tmp_path / "max").write_text("max\n")
+    (tmp_path / "limit").write_text(str(2**30) + "\n")
+    assert cpu_memory_gib(limits=(str(tmp_path / "max"),)) == machine
+    assert cpu_memory_gib(limits=(str(tmp_path / "none"), str(tmp_path / "limit"))) == 1.0
