@@ -92,14 +92,21 @@ class HostArena:
     def view(self, kind: str, i: int) -> torch.Tensor:
         buf = self.buffers.get(kind)
         if buf is None:
-            buf = torch.empty(self.offsets[-1], dtype=torch.float32)
+            n = self.offsets[-1]
+            raw = torch.empty(n + 2 * _PAGE // 4, dtype=torch.float32)  # room to start and end on page boundaries
+            start = (-raw.data_ptr() % _PAGE) // 4
+            buf = raw[start:start + n]
             if self.pin:
-                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
+                size = -(-4 * n // _PAGE) * _PAGE
+                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), size, 0)
                 if int(err) != 0:
-                    raise RuntimeError(f"--memory offload: cudaHostRegister of {buf.numel() * 4 / 2**30:.1f} GiB of "
-                                       f"host memory failed (CUDA error {int(err)}); another --memory mode avoids it")
+                    raise RuntimeError(f"--memory offload: cudaHostRegister of {size / 2**30:.1f} GiB of host memory "
+                                       f"failed (CUDA error {int(err)}); another --memory mode avoids it")
             self.buffers[kind] = buf
         return buf[self.offsets[i]:self.offsets[i + 1]].view(self.shapes[i])
+
+
+_PAGE = 4096  # cudaHostRegister locks whole pages: each buffer starts on one
 
 
 def _unregister(buffers: dict[str, torch.Tensor], pin: bool) -> None:

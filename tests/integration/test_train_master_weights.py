@@ -426,6 +426,7 @@ def test_offloaded_masters_are_views_of_one_host_buffer_and_an_export_gets_copie
     mw = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), offload=torch.device("cpu"))
     ptrs = {m.untyped_storage().data_ptr() for m in mw.masters}
     assert len(ptrs) == 1 and sum(m.numel() for m in mw.masters) == mw._host.offsets[-1]
+    assert mw._host.buffers[""].data_ptr() % 4096 == 0  # cudaHostRegister locks whole pages
     sd = {n: p.detach() for n, p in model.named_parameters()}
     live, copies = mw.model_state_dict(sd), mw.model_state_dict(sd, export=True)
     first = {names[0]: m for names, m in zip(mw.names, mw.masters)}
