@@ -191,6 +191,15 @@ def _block_linear_params(mcfg) -> int:
     return mcfg.num_layers * block_matmul_params(mcfg)
 
 
+def offload_step_bytes(mcfg, trainable: int) -> int:
+    """GPU bytes the offloaded step adds (fp8lab.train.master_weights): two staging slots of a chunk's fp32 masters and
+    moments (12 bytes per parameter each), the chunk's fp32 gradients (4) and, at the first step, the moments AdamW
+    makes before they go to the host (8). A chunk holds at most OFFLOAD_CHUNK_BYTES of gradients, or the one larger
+    tensor (the embedding: vocabulary x hidden)."""
+    chunk = min(trainable, max(OFFLOAD_CHUNK_BYTES // 4, mcfg.vocab_size * mcfg.hidden_size))
+    return (2 * 12 + 4 + 8) * chunk
+
+
 def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int, param_dtype: str = "bf16",
                     backend: str | None = "te", fuse: bool = True, world_size: int = 1, parallel: str = "ddp",
                     keep_weights: bool = False, weight_cache: bool = False, activation_checkpointing: bool = False,
@@ -217,8 +226,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
         states += (2 if param_dtype == "bf16" else 4) * t  # DDP's gradient buckets
     if mode.fused_adam:  # FusedAdam steps in place; FP8 moments are read as fp32 one parameter group at a time
         step = states + (STREAM_CHUNK_BYTES if "fp8" in (mode.exp_avg, mode.exp_avg_sq) else 0)
-    elif mode.offloaded:  # two chunks on the GPU (fp32 master, moments, gradient); a single larger tensor is one chunk
-        step = states + 2 * 16 * min(t, max(OFFLOAD_CHUNK_BYTES // 4, mcfg.vocab_size * mcfg.hidden_size))
+    elif mode.offloaded:
+        step = states + offload_step_bytes(mcfg, t)
     else:
         step = (states + 2 * t / shard) if param_dtype == "bf16" else states
     kept = 2 * n if (sharded and keep_weights) else 0.0
@@ -332,7 +341,8 @@ def _graphs_base(layout: "Layout") -> float:
     validation pass runs the eager blocks beside the graphs' pools; the measured graphed peaks this rule is checked
     against include each run's final evaluation, within GRAPH_HOLD_FACTOR's margin.)"""
     m = layout.memory
-    return m.states + m.kept_weights + STREAM_CHUNK_BYTES / 2**30 + m.workspace
+    chunk = m.step - m.states if memory_modes.get(layout.memory_mode).offloaded else STREAM_CHUNK_BYTES / 2**30
+    return m.states + m.kept_weights + chunk + m.workspace
 
 
 def _graphs_held(layout: "Layout", mcfg, fp8: bool) -> float:
@@ -526,16 +536,19 @@ def _check_host(c, machine: Machine, memory_mode: str, e: MemoryEstimate) -> Non
     share is not known, ``auto`` does not take the mode (asked for by name, it runs)."""
     if not e.host:
         return
+    # an export (--save-model) copies each master out of the shared buffer beside them: 4 more bytes per parameter
+    need = e.host * (1 + 4 / memory_modes.get(memory_mode).host_bytes) if c.save_model else e.host
     host = machine.host_memory_gib
     if host is None:
         if c.memory == AUTO:
             raise ValueError(f"--memory {memory_mode}: the host memory of {machine.name} is not known, and its states "
-                             f"take {e.host:.0f} GiB there; auto takes it only where they are known to fit")
+                             f"take {need:.0f} GiB there; auto takes it only where they are known to fit")
         return
-    if e.host > HOST_SHARE * host:
-        raise ValueError(f"--memory {memory_mode}: its states take {e.host:.0f} GiB of host memory, more than "
+    if need > HOST_SHARE * host:
+        export = " with the export's copy (--save-model)" if c.save_model else ""
+        raise ValueError(f"--memory {memory_mode}: its states take {need:.0f} GiB of host memory{export}, more than "
                          f"{HOST_SHARE:.0%} of the {host:.0f} GiB this GPU's process has; remedies: a machine with "
-                         "more host memory, or another --memory mode")
+                         "more host memory, or another --memory mode" + (", or --save-model False" if export else ""))
 
 
 def _fits(c, machine: Machine, backend: str | None, mcfg, loss_kernel: str | None, mode: str) -> bool:

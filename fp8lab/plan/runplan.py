@@ -342,7 +342,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     if c.fp8_lm_head is True:
         fp8_lm_head_check(backend, fused)
     return RunPlan(c, machine, backend, recipe, lay, total_steps, warmup, decision, dtype, sharded, master,
-                   master and decision.active and lay.memory_mode == memory_modes.PLAIN, keep, cache, wgrad, mcfg,
+                   master and (decision.active and lay.memory_mode == memory_modes.PLAIN
+                               or memory_modes.get(lay.memory_mode).offloaded), keep, cache, wgrad, mcfg,
                    reasons, fp8_attention=attn,
                    fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused,

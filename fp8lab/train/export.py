@@ -35,10 +35,12 @@ def _export_hf_state_dict(model, inner, conversion, master=None) -> dict:
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if master is not None and full:
-        full = master.model_state_dict(full, export=True)
-    if conversion is None or not full:  # plain HF model, or a rank other than 0
+        full = master.model_state_dict(full)  # (the bf16 copies go as the name is rebound: host memory, at 7B)
+    if not full:  # a rank other than 0
         return full
-    return hf_state_dict_from(inner, full)
+    if conversion is None:  # plain HF model: each weight its own tensor, not a view of --memory offload's one buffer
+        return {k: v.clone() if v.untyped_storage().nbytes() > v.nbytes else v for k, v in full.items()}
+    return hf_state_dict_from(inner, full)  # (copies every tensor)
 
 
 def save_hf_model(model, inner, conversion, plan, model_dir: Path, data_dir: Path, env, master=None,

@@ -132,9 +132,8 @@ class FusedStates:
                 p.grad.zero_()
 
     # -- checkpoints and export ---------------------------------------------------------------
-    def model_state_dict(self, state_dict: dict[str, Any], export: bool = False) -> dict[str, Any]:
-        """``state_dict`` with each parameter as fp32 values of its bf16 weight (the remainders are the optimizer's);
-        always copies (``export``: MasterWeights' interface)."""
+    def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict`` with each parameter as fp32 values of its bf16 weight (the remainders are the optimizer's)."""
         out = dict(state_dict)
         for names, p in zip(self.names, self.params):
             for n in names:

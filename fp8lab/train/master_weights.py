@@ -41,6 +41,7 @@ parameters stay fp32 and ``MixedPrecisionPolicy(param_dtype=bf16)`` casts them w
 """
 from __future__ import annotations
 
+import mmap
 import weakref
 from contextlib import nullcontext
 from typing import Any, Callable
@@ -70,10 +71,15 @@ def trainable_params(module: nn.Module) -> tuple[list[nn.Parameter], list[list[s
     return params, names
 
 
+KINDS = ("", "exp_avg", "exp_avg_sq")  # what the offloaded step keeps in host memory: the masters, AdamW's moments
+
+
 class HostArena:
-    """The offloaded fp32 states in host memory: per kind (the masters "", each AdamW moment) one allocation holding
-    every master's share as a view, page-locked once (cudaHostRegister) where ``pin``. Not torch's pinned allocator:
-    it rounds each allocation up to a power of two, which at 7B would ask for up to twice the host memory."""
+    """The offloaded fp32 states in host memory: per kind (:data:`KINDS`) one buffer holding every master's share, in
+    parameter order (so a chunk of consecutive masters is one slice of it), page-locked once (cudaHostRegister) where
+    ``pin``. Each buffer is an anonymous memory map: page-aligned, with the tensor's storage starting where the map
+    does (so ``is_pinned`` sees it). Not torch's pinned allocator: it rounds each allocation up to a power of two,
+    which at 7B would ask for up to twice the host memory."""
 
     def __init__(self, shapes: list[torch.Size], pin: bool):
         self.shapes = shapes
@@ -84,29 +90,25 @@ class HostArena:
         self.buffers: dict[str, torch.Tensor] = {}
         # unlocked when the arena goes, before its buffers are freed (the finalizer holds them until then)
         weakref.finalize(self, _unregister, self.buffers, pin)
+        for kind in KINDS:
+            self.buffers[kind] = self._allocate()
 
-    def has(self, kind: str, i: int, like: torch.Tensor) -> bool:
-        """Whether ``like`` (a state the step made) can live here: fp32, master ``i``'s shape."""
-        return like.dtype == torch.float32 and like.shape == self.shapes[i]
+    def _allocate(self) -> torch.Tensor:
+        n = self.offsets[-1]
+        buf = torch.frombuffer(mmap.mmap(-1, 4 * n), dtype=torch.float32, count=n)  # zero-filled by the OS
+        if self.pin:  # portable: locked for every device and context, as torch's own registration does
+            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), 4 * n, 1)
+            if int(err) != 0:
+                raise RuntimeError(f"--memory offload: cudaHostRegister of {4 * n / 2**30:.1f} GiB of host memory "
+                                   f"failed (CUDA error {int(err)}); another --memory mode avoids it")
+        return buf
 
     def view(self, kind: str, i: int) -> torch.Tensor:
-        buf = self.buffers.get(kind)
-        if buf is None:
-            n = self.offsets[-1]
-            raw = torch.empty(n + 2 * _PAGE // 4, dtype=torch.float32)  # room to start and end on page boundaries
-            start = (-raw.data_ptr() % _PAGE) // 4
-            buf = raw[start:start + n]
-            if self.pin:
-                size = -(-4 * n // _PAGE) * _PAGE
-                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), size, 0)
-                if int(err) != 0:
-                    raise RuntimeError(f"--memory offload: cudaHostRegister of {size / 2**30:.1f} GiB of host memory "
-                                       f"failed (CUDA error {int(err)}); another --memory mode avoids it")
-            self.buffers[kind] = buf
-        return buf[self.offsets[i]:self.offsets[i + 1]].view(self.shapes[i])
+        return self.buffers[kind][self.offsets[i]:self.offsets[i + 1]].view(self.shapes[i])
 
-
-_PAGE = 4096  # cudaHostRegister locks whole pages: each buffer starts on one
+    def span(self, kind: str, chunk: list[int]) -> torch.Tensor:
+        """The flat slice of ``kind`` holding the consecutive masters ``chunk``."""
+        return self.buffers[kind][self.offsets[chunk[0]]:self.offsets[chunk[-1] + 1]]
 
 
 def _unregister(buffers: dict[str, torch.Tensor], pin: bool) -> None:
@@ -254,55 +256,70 @@ class MasterWeights:
         self._clip_coef = None
 
     @torch.no_grad()
-    def _offloaded_step(self, zero: bool = False) -> None:
-        """The streamed step with each chunk's masters and states brought from host memory and taken back (zero: with
-        zero gradients, the parameters' own left alone: :meth:`_ensure_state`)."""
+    def _offloaded_step(self, zero: set[int] | None = None) -> None:
+        """The streamed step with each chunk's masters and moments brought from host memory into one of two staging
+        slots on the step's device and taken back: chunk k+1 arrives (on the side stream) while chunk k steps, and
+        a slot is refilled only after its last chunk has gone back (events, so the host never waits).
+        ``zero``: the ids of masters to step with zero gradients, the others not at all (:meth:`_ensure_state`)."""
         if self._clip_coef is None:
             raise RuntimeError("MasterWeights(offload=...).step() needs clip_grad_norm_() first (it sets the clip "
                                "factor)")
+        chunks = self._chunks if zero is None else [
+            c for c in self._chunks if any(id(self.masters[i]) in zero for i in c)]
         side = self._copy_stream
+        size = max(self._host.offsets[c[-1] + 1] - self._host.offsets[c[0]] for c in chunks) if chunks else 0
+        slots = [{k: torch.empty(size, dtype=torch.float32, device=self.device) for k in KINDS} for _ in range(2)]
+        freed: list[Any] = [None, None]
         main = torch.cuda.current_stream(self.device) if side is not None else None
         if side is not None:
-            side.wait_stream(main)  # the gradients, and the last step's copies back to the host
-        ahead = self._bring(self._chunks[0], main)
-        for k, chunk in enumerate(self._chunks):
-            if side is not None:
-                main.wait_stream(side)
-            here = ahead
-            if k + 1 < len(self._chunks):
-                ahead = self._bring(self._chunks[k + 1], main)
-            self._step_here(here, zero)
-            self._take_back(here)
+            side.wait_stream(main)  # the gradients; the slots were made on main
+
+        def bring(k: int):
+            slot = slots[k % 2]
+            with torch.cuda.stream(side) if side is not None else nullcontext():
+                if freed[k % 2] is not None:
+                    side.wait_event(freed[k % 2])
+                n = self._host.offsets[chunks[k][-1] + 1] - self._host.offsets[chunks[k][0]]
+                for kind in KINDS:
+                    slot[kind][:n].copy_(self._host.span(kind, chunks[k]), non_blocking=self._pin)
+                if side is None:
+                    return None
+                loaded = torch.cuda.Event()
+                loaded.record(side)
+                return loaded
+
+        loaded = bring(0) if chunks else None
+        for k, chunk in enumerate(chunks):
+            if loaded is not None:
+                main.wait_event(loaded)
+            loaded = bring(k + 1) if k + 1 < len(chunks) else None  # overlaps this chunk's step
+            placed = self._step_here(chunk, slots[k % 2], zero)
+            self._take_back(chunk, slots[k % 2], placed)
+            if main is not None:
+                freed[k % 2] = torch.cuda.Event()
+                freed[k % 2].record(main)
         if main is not None:
             main.synchronize()  # the host copies are complete before anything reads them (a checkpoint, the next step)
         self._clip_coef = None
 
-    def _bring(self, chunk: list[int], main) -> list[tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-        """(index, host tensors, their copies on the step's device) of each master in ``chunk``: the master under the
-        key "" and its AdamW states under theirs. The copies are made on the side stream, for use on ``main``."""
-        out = []
-        with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else nullcontext():
-            for i in chunk:
-                m = self.masters[i]
-                host = {"": m.data, **{k: v for k, v in self.optimizer.state.get(m, {}).items() if torch.is_tensor(v)}}
-                here = {k: v.to(self.device, non_blocking=True, copy=True) for k, v in host.items()}
-                if main is not None:
-                    for v in here.values():
-                        v.record_stream(main)
-                out.append((i, host, here))
-        return out
+    def _placed(self, chunk: list[int], slot: dict[str, torch.Tensor], i: int, kind: str) -> torch.Tensor:
+        """Master ``i``'s share of ``kind`` in ``slot``, which holds ``chunk``."""
+        start = self._host.offsets[chunk[0]]
+        return slot[kind][self._host.offsets[i] - start:self._host.offsets[i + 1] - start].view(self._host.shapes[i])
 
-    def _step_here(self, here, zero: bool) -> None:
-        """AdamW on one chunk whose masters and states are on the step's device; the bf16 parameters follow."""
-        stepped = []
-        for i, _, dev in here:
+    def _step_here(self, chunk: list[int], slot: dict[str, torch.Tensor], zero: set[int] | None) -> dict:
+        """AdamW on one chunk, its masters and moments in ``slot``; the bf16 parameters follow. Returns the moment
+        tensors placed in the optimizer's state, by (master, kind)."""
+        placed, stepped = {}, []
+        for i in chunk:
             m = self.masters[i]
-            m.data = dev[""]
+            m.data = self._placed(chunk, slot, i, "")
             state = self.optimizer.state.get(m)
-            if state:
-                state.update({k: v for k, v in dev.items() if k})
-            if zero:
-                m.grad = torch.zeros_like(m.data)
+            for kind in KINDS[1:]:
+                if state and kind in state:
+                    state[kind] = placed[i, kind] = self._placed(chunk, slot, i, kind)
+            if zero is not None:
+                m.grad = torch.zeros_like(m.data) if id(m) in zero else None
             else:
                 m.grad = self._fp32_grad(self.params[i])
                 self.params[i].grad = None
@@ -312,25 +329,27 @@ class MasterWeights:
             torch._foreach_mul_([self.masters[i].grad for i in stepped], self._clip_coef)
             self.optimizer.step()  # parameters without a gradient (the other chunks, in host memory) are not stepped
             torch._foreach_copy_([self.params[i] for i in stepped], [self.masters[i].data for i in stepped])
-        for i, _, _ in here:
+        for i in chunk:
             self.masters[i].grad = None
+        return placed
 
-    def _take_back(self, here) -> None:
-        """The chunk's masters and states back into host memory (asynchronously where pinned)."""
-        for i, host, dev in here:
+    def _take_back(self, chunk: list[int], slot: dict[str, torch.Tensor], placed: dict) -> None:
+        """The chunk's masters and moments back into host memory, one copy per kind (asynchronously where pinned); the
+        optimizer's state and the masters point there again."""
+        for i in chunk:
             m = self.masters[i]
             state = self.optimizer.state.get(m, {})  # (not [m]: a defaultdict would note an empty state)
-            for k, v in list(state.items()):
-                if torch.is_tensor(v) and v is not host.get(k):
-                    h = host.get(k)
-                    if h is None:  # a state the first step made: a moment in the arena, a step count on its own
-                        h = (self._host.view(k, i) if self._host.has(k, i, v) else
-                             torch.empty(v.shape, dtype=v.dtype, device="cpu", pin_memory=self._pin))
-                    h.copy_(v, non_blocking=self._pin)
-                    state[k] = h
-            if m.data is not host[""]:
-                host[""].copy_(m.data, non_blocking=self._pin)
-                m.data = host[""]
+            for kind in KINDS[1:]:
+                v = state.get(kind)
+                if v is None:
+                    continue
+                if v is not placed.get((i, kind)):  # made by this step (the first): into the slot, to go back with it
+                    self._placed(chunk, slot, i, kind).copy_(v)
+                state[kind] = self._host.view(kind, i)
+            m.data = self._host.view("", i)
+        n = self._host.offsets[chunk[-1] + 1] - self._host.offsets[chunk[0]]
+        for kind in KINDS:
+            self._host.span(kind, chunk).copy_(slot[kind][:n], non_blocking=self._pin)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -366,13 +385,13 @@ class MasterWeights:
             self._fresh_main_grads()
 
     # -- checkpoints and export ---------------------------------------------------------------
-    def model_state_dict(self, state_dict: dict[str, Any], export: bool = False) -> dict[str, Any]:
+    def model_state_dict(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """``state_dict`` (the model's, e.g. from get_model_state_dict) with the fp32 masters for the parameters.
 
         On the masters' device the values are the masters themselves (a checkpoint load writes into
         them in place); elsewhere (``cpu_offload``) copies on that device. Offloaded masters: the host masters
-        themselves, which a checkpoint reads and writes in place (a copy on the GPU would not fit); with ``export``
-        copies, since they are views of one buffer (a writer would take them for tied weights)."""
+        themselves, which a checkpoint reads and writes in place (a copy on the GPU would not fit), views of one
+        buffer (fp8lab.train.export copies them before a writer would take them for tied weights)."""
         out = dict(state_dict)
         for names, m in zip(self.names, self.masters):
             present = [n for n in names if n in out]
@@ -380,35 +399,36 @@ class MasterWeights:
                 raise KeyError(f"parameter {names[0]!r} is not in the model state dict (keys like "
                                f"{next(iter(out), None)!r})")
             for n in present:
-                if self.offload is None:
-                    out[n] = m.detach().to(out[n].device)
-                else:
-                    out[n] = m.detach().clone() if export else m.detach()
+                out[n] = m.detach() if self.offload is not None else m.detach().to(out[n].device)
         return out
 
     def _ensure_state(self) -> None:
-        """Create the AdamW states (zero moments, step 0) so a checkpoint load has tensors to fill.
+        """Create the AdamW states (zero moments, step 0) of the masters that have none, so a checkpoint load has
+        tensors to fill.
 
-        As torch.distributed.checkpoint does for a fresh optimizer: one step with lr 0 and zero
-        gradients, which leaves the masters unchanged; the step counters are then reset to 0, so the
-        next real step is exactly a first step."""
-        if len(self.optimizer.state) == len(self.masters):
+        As torch.distributed.checkpoint does for a fresh optimizer: a step with lr 0 and zero gradients of those
+        masters alone (the others are not stepped, so their states stay as they are), which leaves them unchanged;
+        their step counters are then reset to 0, so their next real step is exactly a first step."""
+        missing = [m for m in self.masters if not self.optimizer.state.get(m)]
+        if not missing:
             return
+        ids = {id(m) for m in missing}
         saved = [m.grad for m in self.masters]
         lrs = [g["lr"] for g in self.optimizer.param_groups]
         with torch.no_grad():
             for g in self.optimizer.param_groups:
                 g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
-            if self.offload is not None:  # through the GPU, chunk by chunk: the states are made there, kept on the host
+            if self.offload is not None:  # through the step's device: the states are made there, kept on the host
                 self._clip_coef = torch.ones((), device=self.device)
-                self._offloaded_step(zero=True)
+                self._offloaded_step(zero=ids)
             else:
                 for m in self.masters:
-                    m.grad = torch.zeros_like(m)
+                    m.grad = torch.zeros_like(m) if id(m) in ids else None
                 self.optimizer.step()
             for g, lr in zip(self.optimizer.param_groups, lrs):
                 g["lr"] = lr
-            for st in self.optimizer.state.values():
+            for m in missing:
+                st = self.optimizer.state[m]
                 if isinstance(st.get("step"), torch.Tensor):
                     st["step"].zero_()
                 elif "step" in st:

@@ -422,14 +422,38 @@ def test_a_fresh_offloaded_optimizer_has_zero_states_for_a_checkpoint_to_fill():
 def test_offloaded_masters_are_views_of_one_host_buffer_and_an_export_gets_copies():
     """A checkpoint reads and writes the host masters in place; an export (safetensors) would take views of one
     buffer for tied weights, so it gets a copy of each."""
+    from fp8lab.train.export import _export_hf_state_dict
+
     model = build_model("llama-tiny", seed=0)
     mw = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=1e-2), offload=torch.device("cpu"))
     ptrs = {m.untyped_storage().data_ptr() for m in mw.masters}
     assert len(ptrs) == 1 and sum(m.numel() for m in mw.masters) == mw._host.offsets[-1]
-    assert mw._host.buffers[""].data_ptr() % 4096 == 0  # cudaHostRegister locks whole pages
+    assert all(b.data_ptr() % 4096 == 0 and b.untyped_storage().data_ptr() == b.data_ptr()
+               for b in mw._host.buffers.values())  # cudaHostRegister locks whole pages; is_pinned reads the storage
     sd = {n: p.detach() for n, p in model.named_parameters()}
-    live, copies = mw.model_state_dict(sd), mw.model_state_dict(sd, export=True)
+    live = mw.model_state_dict(sd)
     first = {names[0]: m for names, m in zip(mw.names, mw.masters)}
-    assert all(live[n] is not None and live[n].data_ptr() == first[n].data_ptr() for n in first)
-    assert len({v.untyped_storage().data_ptr() for v in copies.values()}) == len(copies)
-    assert all(torch.equal(copies[n], first[n]) for n in first)
+    assert all(live[n].data_ptr() == first[n].data_ptr() for n in first)
+    exported = _export_hf_state_dict(model, model, None, mw)
+    assert len({v.untyped_storage().data_ptr() for v in exported.values()}) == len(exported)
+    assert all(torch.equal(exported[n], first[n]) for n in first)
+
+
+@pytest.mark.parametrize("offload", [None, torch.device("cpu")], ids=["plain", "offload"])
+def test_a_checkpoint_of_a_run_with_an_unstepped_parameter_leaves_the_others_states_alone(offload):
+    """state_dict() (what a checkpoint save calls) makes the missing states with an lr-0 step of zero gradients: of the
+    masters without a state alone. Stepping every master there would multiply each moment by its beta and reset every
+    step count."""
+    model, _, mw = _tiny_with_masters(offload=offload)
+    _backward(model)
+    dict(model.named_parameters())["lm_head.weight"].grad = None  # as if the forward had not used it
+    mw.clip_grad_norm_(1.0)
+    mw.step()
+    mw.zero_grad()
+    head = mw.master_for("lm_head.weight")
+    before = {id(m): {k: v.clone() for k, v in mw.optimizer.state[m].items()} for m in mw.masters if m is not head}
+    state = mw.state_dict()["state"]
+    assert float(state["lm_head.weight"]["step"]) == 0 and not state["lm_head.weight"]["exp_avg"].any()
+    after = {id(m): mw.optimizer.state[m] for m in mw.masters if m is not head}
+    assert all(torch.equal(before[k][s], after[k][s]) for k in before for s in ("step", "exp_avg", "exp_avg_sq"))
+    assert all(float(after[k]["step"]) == 1 for k in after)

@@ -142,7 +142,9 @@ def test_offload_keeps_4_bytes_per_parameter_on_the_gpu_and_12_on_the_host():
     n = 6_738_415_616
     e = fl.estimate_memory(cfg, precision="bf16", micro_batch_size=1, seq_len=2048, memory_mode="offload")
     assert e.states == pytest.approx(4 * n / 2**30) and e.host == pytest.approx(12 * n / 2**30)
-    staged = 2 * 16 * cfg.vocab_size * cfg.hidden_size / 2**30  # two chunks in flight, the embedding the largest
+    # two staging slots (12 bytes each), the gradients (4) and the first step's new moments (8); the embedding the
+    # largest chunk
+    staged = 36 * cfg.vocab_size * cfg.hidden_size / 2**30
     assert e.step == pytest.approx(e.states + staged)
     assert fl.estimate_memory(cfg, precision="bf16", micro_batch_size=1, seq_len=2048).host == 0
 
@@ -162,10 +164,21 @@ def test_offload_is_not_taken_where_the_host_memory_is_unknown_or_too_small():
     assert _p5("llama-7b", machine=H100).memory_mode == "bf16-moments"  # a Machine made by hand: host unknown
     small = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, host_memory_gib=64.0, te_usable=True, fp8=True)
     assert _p5("llama-7b", machine=small).memory_mode == "bf16-moments"
-    with pytest.raises(ValueError, match=r"--memory offload: its states take 75 GiB of host memory, more than 85% of "
-                                         r"the 64 GiB this GPU's process has"):
+    with pytest.raises(ValueError, match=r"--memory offload: its states take 100 GiB of host memory with the export's "
+                                         r"copy \(--save-model\), more than 85% of the 64 GiB this GPU's process has"):
         _p5("llama-7b", machine=small, memory="offload")
+    with pytest.raises(ValueError, match=r"take 75 GiB of host memory, more than 85% of the 64 GiB"):
+        _p5("llama-7b", machine=small, memory="offload", save_model=False)
     assert _p5("llama-7b", machine=H100, memory="offload").memory_mode == "offload"  # by name: the user knows
+
+
+def test_the_exports_copy_of_the_masters_counts_against_the_host():
+    """One H100 of the device's machines has 128 GiB of host memory: llama-7b's 75 GiB of states and its export's 25
+    fit in 85%; Llama-3.1-8B's 90 + 30 do not, unless the run saves no model."""
+    device = Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, host_memory_gib=128.0, te_usable=True, fp8=True)
+    assert _p5("llama-7b", machine=device).memory_mode == "offload"
+    assert _p5(LLAMA_8B, machine=device).memory_mode == "fp8-exp-avg"  # (bf16-moments does not fit one H100 there)
+    assert _p5(LLAMA_8B, machine=device, save_model=False).memory_mode == "offload"
 
 
 def test_a_refusal_names_offload_where_it_would_fit_and_its_check_is_missing():
