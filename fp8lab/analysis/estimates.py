@@ -196,7 +196,7 @@ class MeasuredEstimate(Estimate):
                 "layout": r["layout"], "gpu_name": r["gpu_name"], "seq_scale": seq_scale,
                 "target_gpu": info.gpu, "node_efficiency": node_eff, "node_efficiency_from": node_from,
                 "internode_efficiency": inter, "instances": n, "gpus_per_instance": info.gpus,
-                "exact_match": bool(len(exact)), **model}
+                "exact_match": bool(len(exact)), "memory": _memory_mode(r.get("memory")), "job_memory": memory, **model}
 
     def _scaling(self, run: pd.Series, instance_type: str, instances: int, fp8_all_gather: bool) -> dict[str, Any]:
         """The scaling model's GPU projection and multi-node factor for a job resting on ``run``."""
@@ -300,6 +300,8 @@ def _basis_text(r: dict[str, Any]) -> str:
              f"{r['gpu_name']})"]
     if not r["exact_match"]:
         parts.append(f"nearest variant: {r['variant']}")
+    if r.get("memory", "plain") != r.get("job_memory", "plain"):  # a mode's speed stands in for another's
+        parts.append(f"measured in --memory {r['memory']}: no run in the job's {r['job_memory']} yet")
     if abs(r["seq_scale"] - 1) > 1e-9:
         parts.append(f"x{r['seq_scale']:.3f} for the job's sequence length")
     parts.append(f"x{r['gpu_scale']:.2f} {r['target_gpu']}/{gpu_label(r['gpu_name'])} (kernels of "

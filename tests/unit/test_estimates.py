@@ -61,6 +61,19 @@ def test_default_plan_rests_on_the_fastest_committed_one_gpu_run_of_each_model_a
     assert "0.95 per doubling" not in text
 
 
+def test_a_job_in_a_memory_mode_without_runs_says_whose_speed_it_borrows():
+    """llama-7b on one ml.p5.4xlarge in --memory offload: no run was measured in that mode, so the committed
+    bf16-moments runs on P5's GPU stand in, and the basis says so; a plain-mode job's basis says nothing of modes."""
+    plan = L.plan_sweep(["llama-7b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9,
+                        instance_type="ml.p5.4xlarge", options={"memory": "offload"})
+    for j in plan.jobs:
+        basis = plan.estimate.basis(j.spec)
+        assert j.spec.plan.memory_mode == "offload"
+        assert "measured in --memory bf16-moments: no run in the job's offload yet" in basis
+    sharded = L.plan_sweep(["llama-7b"], ["fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9)
+    assert "--memory" not in sharded.estimate.basis(sharded.jobs[0].spec)
+
+
 def test_node_efficiency_is_the_measured_two_gpu_median_of_the_same_layout():
     summary, _ = _committed()
     sc = analysis.scaling_table(summary, by="world_size")
