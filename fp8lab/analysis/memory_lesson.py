@@ -42,12 +42,12 @@ def peak_memory(answer, summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def states_by_mode(model: str) -> pd.DataFrame:
-    """Per memory mode (fp8lab.plan.memory_modes): bytes of state per parameter on the GPU and in host memory, and what
-    ``model``'s states take there, in GiB, before any activation or FP8 weight."""
+    """Per memory mode (fp8lab.plan.memory_modes), its index: bytes of state per parameter on the GPU and in host
+    memory, and what ``model``'s states take there, in GiB, before any activation or FP8 weight."""
     n = count_parameters(get_config(model)).total
-    return pd.DataFrame([{"mode": m.name, "bytes_per_parameter": m.state_bytes, "states_gib": m.state_bytes * n / GIB,
-                          "host_bytes_per_parameter": m.host_bytes, "host_gib": m.host_bytes * n / GIB,
-                          "moments": f"{m.exp_avg} / {m.exp_avg_sq}"} for m in memory_modes.MODES])
+    return pd.DataFrame([{"mode": m.name, "gpu_bytes": m.state_bytes, "host_bytes": m.host_bytes,
+                          "gpu_gib": m.state_bytes * n / GIB, "host_gib": m.host_bytes * n / GIB,
+                          "moments": f"{m.exp_avg} / {m.exp_avg_sq}"} for m in memory_modes.MODES]).set_index("mode")
 
 
 def measured_by_mode(summary: pd.DataFrame) -> pd.DataFrame:

@@ -75,10 +75,10 @@ def test_the_answer_states_the_time_to_the_same_loss():
 def test_the_states_per_mode_say_what_stays_on_the_gpu_and_what_goes_to_the_host():
     from fp8lab.analysis.memory_lesson import states_by_mode
 
-    t = states_by_mode("llama-7b").set_index("mode")
+    t = states_by_mode("llama-7b")
     n = 6_738_415_616
     assert list(t.index) == ["plain", "offload", "fp32-moments", "bf16-moments", "fp8-exp-avg"]
-    assert t.loc["plain", "bytes_per_parameter"] == 16 and t.loc["plain", "host_gib"] == 0
-    assert t.loc["offload", "bytes_per_parameter"] + t.loc["offload", "host_bytes_per_parameter"] == 16
-    assert t.loc["offload", "states_gib"] * 2**30 == 4 * n and t.loc["offload", "host_gib"] * 2**30 == 12 * n
-    assert t.loc["bf16-moments", "states_gib"] * 2**30 == 10 * n
+    assert t.loc["plain", "gpu_bytes"] == 16 and t.loc["plain", "host_gib"] == 0
+    assert t.loc["offload", "gpu_bytes"] + t.loc["offload", "host_bytes"] == 16
+    assert t.loc["offload", "gpu_gib"] * 2**30 == 4 * n and t.loc["offload", "host_gib"] * 2**30 == 12 * n
+    assert t.loc["bf16-moments", "gpu_gib"] * 2**30 == 10 * n
