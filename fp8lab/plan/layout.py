@@ -79,8 +79,7 @@ HEADROOM_GIB, HEADROOM_FRACTION = 5.0, 0.05  # kept free: the larger of the two
 WORKSPACE_GIB = 1.0  # cuBLAS/cuDNN workspaces, allocator slack (GPUs only)
 # fp32 gradient bytes converted and stepped at a time by the streamed step (fp8lab.train.master_weights)
 STREAM_CHUNK_BYTES = 1 << 30
-# fp32 gradient bytes of a chunk of the offloaded step (--memory offload): its masters, moments and gradient (16 bytes
-# per parameter) are on the GPU while it steps, the next chunk's arrive meanwhile
+# fp32 gradient bytes of a chunk of the offloaded step (--memory offload; what it holds on the GPU: offload_step_bytes)
 OFFLOAD_CHUNK_BYTES = 1 << 28
 HOST_SHARE = 0.85  # of a process's host memory that offloaded states may take (the process, data and OS need the rest)
 # activation bytes per unit (see the module docstring), by what computes the blocks' GEMMs

@@ -3,7 +3,8 @@
 A run with bf16 parameters keeps, per parameter, the bf16 weight and its bf16 gradient (2 + 2 bytes), an fp32 master
 copy (4) and AdamW's two moments (4 + 4): 16 bytes, so a 7B model's states alone take about 100 GiB and no H100 80 GB
 can train it, in BF16 or FP8. FP8 does not shrink these states: it changes the GEMMs' inputs, not what the optimizer
-keeps. The modes below keep less, with Transformer Engine's ``FusedAdam`` (the library's kernels, not fp8lab's):
+keeps. The modes below keep less on the GPU: ``offload`` moves the plain states to host memory, the others keep fewer
+bytes with Transformer Engine's ``FusedAdam`` (the library's kernels, not fp8lab's):
 
 - ``plain``: fp8lab's own bf16 parameters + fp32 masters + fp32 AdamW (fp8lab.train.master_weights), 16 bytes.
 - ``offload``: ``plain``'s states and arithmetic, with the fp32 masters and AdamW moments (12 bytes) in pinned host
