@@ -202,15 +202,17 @@ def _owned_file(folder: Path, name: str, m: dict[str, Any]) -> bool:
 def own_checkpoint(path: Path) -> bool:
     """``path`` is a checkpoint folder fp8lab wrote, holding only the files a checkpoint has and fp8lab's
     manifest: a ``step_NNNNNNNN``, an unfinished ``step_NNNNNNNN.tmp`` (the manifest is written first, its
-    digest when the save completes; one killed before the manifest landed is empty or holds only fp8lab's
-    temporary files, so removing it loses nothing), or a node's share of a checkpoint on a disk rank 0 does
-    not write (shards and the node's own manifest, no metadata). Shards without the manifest are another job's."""
+    digest when the save completes), or a node's share of a checkpoint on a disk rank 0 does not write (shards and
+    the node's own manifest, no metadata). Shards without the manifest are another job's. A step folder that is
+    empty or holds only fp8lab's temporary files (a save killed before its manifest landed, a deletion killed after
+    its last file) is fp8lab's too: removing it loses nothing."""
     if path.is_symlink() or not path.is_dir() or not (_STEP.fullmatch(path.name) or _STEP_TMP.fullmatch(path.name)):
         return False
     if not _checkpoint_shaped(path):
         return False
-    if _STEP_TMP.fullmatch(path.name) and all(q.name.startswith(TMP_PREFIX) for q in path.iterdir()):
-        return True  # a save killed before its manifest landed: nothing of anyone's to lose
+    if all(q.name.startswith(TMP_PREFIX) for q in path.iterdir()):
+        # a save killed before its manifest landed, or a deletion after its last file: nothing of anyone's to lose
+        return True
     m = _json_file(path / CHECKPOINT_MANIFEST)
     return m.get("written_by") == "fp8lab"  # its digests are checked when it loads (fp8lab.train.checkpoint.verify)
 

@@ -194,13 +194,18 @@ def test_ctrl_c_twice_in_training_is_one_line_and_the_same_command_resumes(prepa
     step = int(last.split("resumes from step ")[1])
     first = os.stat(out / "metrics.jsonl").st_ino  # the resumed run writes its metrics.jsonl anew (a new file)
     again = start(cmd)
+    resumed = None
     try:
         deadline = time.time() + 300
         while time.time() < deadline and again.poll() is None and os.stat(out / "metrics.jsonl").st_ino == first:
             time.sleep(0.1)
         wait_for_steps(out, step + 1, again)
+    except AssertionError as exc:
+        resumed = str(exc)
     finally:
         stdout, stderr = finish(again)
+    assert resumed is None, f"{resumed}; the first run said: {last}; the resumed run said: {stderr[-3000:]}; " \
+        f"checkpoints: {sorted(p.name for p in (out / 'checkpoints').iterdir())}"
     assert again.returncode == 0, stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == step
     assert not list((out / "checkpoints").glob("*.tmp"))

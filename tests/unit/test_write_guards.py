@@ -247,15 +247,17 @@ def test_a_step_folder_of_shards_without_fp8labs_manifest_is_another_jobs(tmp_pa
     assert (theirs / "__0_0.distcp").read_bytes() == b"another job's shards"
 
 
-def test_a_save_killed_before_its_manifest_landed_leaves_a_folder_fp8lab_may_remove(tmp_path):
+def test_a_save_or_deletion_killed_midway_leaves_a_folder_fp8lab_may_remove(tmp_path):
     tmp = tmp_path / "step_00000012.tmp"  # kill -9 between the folder's mkdir and the manifest's rename
     tmp.mkdir()
     assert ownership.own_checkpoint(tmp) and ownership.foreign(tmp_path, "checkpoints") == []
     (tmp / (ownership.TMP_PREFIX + "abc")).write_text('{"written_by": "fp8')  # the manifest's half-written temporary
     assert ownership.own_checkpoint(tmp) and fckpt.remove_partial(tmp_path) == [tmp] and not tmp.exists()
-    done = tmp_path / "step_00000012"  # a finished name is never empty by fp8lab's hand: kept as the user's
+    done = tmp_path / "step_00000010"  # a deletion killed between its last file and the folder
     done.mkdir()
-    assert not ownership.own_checkpoint(done)
+    assert ownership.own_checkpoint(done) and fckpt.foreign_steps(tmp_path, 20) == []
+    (done / "notes.txt").write_text("the user's")  # anything else in it: not fp8lab's, never removed
+    assert not ownership.own_checkpoint(done) and fckpt.foreign_steps(tmp_path, 20) == ["step_00000010"]
 
 
 @pytest.mark.parametrize("cut", range(5))  # 5 files: a kill before each unlink
