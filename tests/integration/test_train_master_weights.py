@@ -297,6 +297,17 @@ def _tiny_pair_plain_and_streamed(monkeypatch, chunk_bytes):
     return pair
 
 
+def _assert_same_step(ma, a, mb, b) -> None:
+    """Models ``ma``, ``mb`` stepped by master weights ``a``, ``b``: the same masters, parameters and AdamW states, bit
+    for bit, and no gradient left in ``b``."""
+    assert all(torch.equal(x, y) for x, y in zip(a.masters, b.masters))
+    assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mb.parameters()))
+    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k][s], sb[k][s]) for k in sa for s in ("exp_avg", "exp_avg_sq", "step"))
+    assert all(m.grad is None for m in b.masters) and all(p.grad is None for p in b.params)
+
+
 def test_streamed_step_equals_the_plain_step_exactly(monkeypatch):
     """What the trainer uses under CUDA graphs: chunks of ~64 KiB of fp32 gradients (several chunks
     even for the tiny model), clipping active (norm above max_norm): the same norms, masters,
@@ -313,12 +324,7 @@ def test_streamed_step_equals_the_plain_step_exactly(monkeypatch):
             mw.step()
             mw.zero_grad()
         assert float(norms[0]) > 0.05 and torch.equal(norms[0], norms[1])
-    assert all(torch.equal(x, y) for x, y in zip(a.masters, b.masters))
-    assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mb.parameters()))
-    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
-    assert sa.keys() == sb.keys()
-    assert all(torch.equal(sa[k][s], sb[k][s]) for k in sa for s in ("exp_avg", "exp_avg_sq", "step"))
-    assert all(m.grad is None for m in b.masters) and all(p.grad is None for p in b.params)
+    _assert_same_step(ma, a, mb, b)
 
 
 def test_streamed_step_keeps_main_grad_buffers_in_place(monkeypatch):
@@ -387,22 +393,14 @@ def test_the_offloaded_step_equals_the_plain_step_exactly_and_resumes_from_a_che
     for seed in range(3):
         na, nb = step(ma, a, seed), step(mb, b, seed)
         assert float(na) > 0.05 and torch.equal(na, nb)
-    assert all(torch.equal(x, y) for x, y in zip(a.masters, b.masters))
-    assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mb.parameters()))
-    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
-    assert sa.keys() == sb.keys()
-    assert all(torch.equal(sa[k][s], sb[k][s]) for k in sa for s in ("exp_avg", "exp_avg_sq", "step"))
-    assert all(m.grad is None for m in b.masters) and all(p.grad is None for p in b.params)
+    _assert_same_step(ma, a, mb, b)
 
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), initialized_here=False)
     path = fckpt.save(tmp_path, 3, mb, b, {"step": 3}, env, keep=1)
     mc = build_model("llama-tiny", seed=1)
     c = MasterWeights(mc, lambda ps: make_optimizer(ps, cfg, torch.device("cpu")), offload=torch.device("cpu"))
     fckpt.load(path, mc, c, env)
-    assert all(torch.equal(x, y) for x, y in zip(b.masters, c.masters))
-    assert all(torch.equal(x, y) for x, y in zip(mb.parameters(), mc.parameters()))
-    sc = c.state_dict()["state"]
-    assert all(torch.equal(sb[k][s], sc[k][s]) for k in sb for s in ("exp_avg", "exp_avg_sq", "step"))
+    _assert_same_step(mb, b, mc, c)
     assert torch.equal(step(ma, a, 7), step(mc, c, 7))
     assert all(torch.equal(x, y) for x, y in zip(ma.parameters(), mc.parameters()))
 
