@@ -638,33 +638,44 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
     'docs/results.md': text, 'docs/headline.png': the figure}, from ``sources`` (default: data/results/); for the
     committed results also 'data/results-index.json', the index planning reads (:mod:`fp8lab.analysis.index`), and
     'fp8lab/plan/evidence.json', the committed GPU checks' values the plan's ``auto`` rules follow."""
-    runs = analysis.load_runs(sources)
-    a = Analysed.of(runs, config)
-    summary, headline = a.summary, a.headline
-    main = analysis.answer.main_gpu(headline)  # the README's table and figure: one row per model, on P5's GPU
-    out = {RESULTS_MD: render_results_doc(runs, config, analysed=a),
-           HEADLINE_PNG: plots.headline_figure(analysis.answer.on_main_gpu(analysis.best_runs(summary), headline),
-                                               a.reference)}
-    if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), from the same read
-        out[evidence.DOC] = evidence.render(RESULTS_DIR)  # the values the plan's auto rules follow (package data)
-        settings = {"warmup_steps": config.warmup_steps, "smoothing": config.smoothing,
-                    "smoothing_span": config.smoothing_span}  # the summary too, where made at the index's settings
-        out[INDEX_DOC] = render_index(runs=runs, summary=summary if settings == SUMMARY_DEFAULTS else None)
-    if readme is not None:
-        if README_BEGIN not in readme or README_END not in readme:
-            raise ValueError("README.md: the results block markers are missing; add the two lines\n"
-                             f"{README_BEGIN}\n{README_END}")
-        gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
-        head, rest = readme.split(README_BEGIN, 1)
-        tail = rest.split(README_END, 1)[1]
-
-        loss_runs, _ = analysis.headline_runs(runs, summary, headline)
-        same = [f"{r['model']}: {sentence(r)}" for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
-        blog = blog_gap.sentence(blog_gap.blog_gap_table(summary, a.reference))
-        out["README.md"] = head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens,
-                                                same, main, blog, peers_sentence(summary, RESULTS_MD),
-                                                a.answer.price) + tail
+    with Counter("fp8lab report: the docs", "part", total=5) as bar:
+        runs = analysis.load_runs(sources)
+        a = Analysed.of(runs, config)
+        bar.tick()
+        summary, headline = a.summary, a.headline
+        main = analysis.answer.main_gpu(headline)  # the README's table and figure: one row per model, on P5's GPU
+        out = {RESULTS_MD: render_results_doc(runs, config, analysed=a)}
+        bar.tick()
+        out[HEADLINE_PNG] = plots.headline_figure(analysis.answer.on_main_gpu(analysis.best_runs(summary), headline),
+                                                  a.reference)
+        bar.tick()
+        if is_committed_results(sources):  # the index of the committed runs (fp8lab.analysis.index), one read
+            out[evidence.DOC] = evidence.render(RESULTS_DIR)  # the values the plan's auto rules follow (package data)
+            settings = {"warmup_steps": config.warmup_steps, "smoothing": config.smoothing,
+                        "smoothing_span": config.smoothing_span}  # the summary too, where made at the index's settings
+            out[INDEX_DOC] = render_index(runs=runs, summary=summary if settings == SUMMARY_DEFAULTS else None)
+        bar.tick()
+        if readme is not None:
+            out["README.md"] = _readme(readme, runs, a, main, config)
+        bar.tick()
     return out
+
+
+def _readme(readme: str, runs, a: "Analysed", main, config: ReportConfig) -> str:
+    """The README with its results block regenerated (``readme``: its current text)."""
+    summary, headline = a.summary, a.headline
+    if README_BEGIN not in readme or README_END not in readme:
+        raise ValueError("README.md: the results block markers are missing; add the two lines\n"
+                         f"{README_BEGIN}\n{README_END}")
+    gpus = ", ".join(sorted(map(str, summary["gpu_name"].dropna().unique()))) or "no GPU"
+    head, rest = readme.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+
+    loss_runs, _ = analysis.headline_runs(runs, summary, headline)
+    same = [f"{r['model']}: {sentence(r)}" for _, r in time_to_loss(a.answer, loss_runs).iterrows()]
+    blog = blog_gap.sentence(blog_gap.blog_gap_table(summary, a.reference))
+    return head + _readme_block(headline, int(summary["run_id"].nunique()), gpus, config.tokens, same, main,
+                                blog, peers_sentence(summary, RESULTS_MD), a.answer.price) + tail
 
 
 def write_docs(root: str | Path | None = None, sources: object = None,
