@@ -242,18 +242,28 @@ class MasterWeights:
             raise RuntimeError("MasterWeights(streamed=True).step() needs clip_grad_norm_() first (it sets the clip "
                                "factor)")
         for chunk in self._chunks:
-            stepped = []
-            for i in chunk:
-                self.masters[i].grad = self._fp32_grad(self.params[i])
-                self.params[i].grad = None
-                if self.masters[i].grad is not None:
-                    stepped.append(self.masters[i])
-            if stepped:
-                torch._foreach_mul_([m.grad for m in stepped], self._clip_coef)
-                self.optimizer.step()  # parameters without a gradient (the other chunks) are not stepped
-            for m in stepped:
-                m.grad = None
+            self._step_chunk(chunk, None)
         self._clip_coef = None
+
+    def _step_chunk(self, chunk: list[int], zero: set[int] | None) -> None:
+        """AdamW on the masters of ``chunk`` that have a gradient (their fp32 gradients made here, clipped, then
+        freed); their bf16 parameters become the rounded masters. ``zero``: as in :meth:`_offloaded_step`."""
+        stepped = []
+        for i in chunk:
+            m = self.masters[i]
+            if zero is not None:
+                m.grad = torch.zeros_like(m.data) if id(m) in zero else None
+            else:
+                m.grad = self._fp32_grad(self.params[i])
+                self.params[i].grad = None
+            if m.grad is not None:
+                stepped.append(i)
+        if stepped:
+            torch._foreach_mul_([self.masters[i].grad for i in stepped], self._clip_coef)
+            self.optimizer.step()  # masters without a gradient (the other chunks) are not stepped
+            torch._foreach_copy_([self.params[i] for i in stepped], [self.masters[i].data for i in stepped])
+        for i in chunk:
+            self.masters[i].grad = None
 
     @torch.no_grad()
     def _offloaded_step(self, zero: set[int] | None = None) -> None:
@@ -310,7 +320,7 @@ class MasterWeights:
     def _step_here(self, chunk: list[int], slot: dict[str, torch.Tensor], zero: set[int] | None) -> dict:
         """AdamW on one chunk, its masters and moments in ``slot``; the bf16 parameters follow. Returns the moment
         tensors placed in the optimizer's state, by (master, kind)."""
-        placed, stepped = {}, []
+        placed = {}
         for i in chunk:
             m = self.masters[i]
             m.data = self._placed(chunk, slot, i, "")
@@ -318,19 +328,7 @@ class MasterWeights:
             for kind in KINDS[1:]:
                 if state and kind in state:
                     state[kind] = placed[i, kind] = self._placed(chunk, slot, i, kind)
-            if zero is not None:
-                m.grad = torch.zeros_like(m.data) if id(m) in zero else None
-            else:
-                m.grad = self._fp32_grad(self.params[i])
-                self.params[i].grad = None
-            if m.grad is not None:
-                stepped.append(i)
-        if stepped:
-            torch._foreach_mul_([self.masters[i].grad for i in stepped], self._clip_coef)
-            self.optimizer.step()  # parameters without a gradient (the other chunks, in host memory) are not stepped
-            torch._foreach_copy_([self.params[i] for i in stepped], [self.masters[i].data for i in stepped])
-        for i in chunk:
-            self.masters[i].grad = None
+        self._step_chunk(chunk, zero)
         return placed
 
     def _take_back(self, chunk: list[int], slot: dict[str, torch.Tensor], placed: dict) -> None:
@@ -358,9 +356,9 @@ class MasterWeights:
             self._offloaded_step()  # rounds each chunk's parameters as it goes
             return
         if self.streamed:
-            self._streamed_step()
-        else:
-            self.optimizer.step()
+            self._streamed_step()  # rounds each chunk's parameters as it goes
+            return
+        self.optimizer.step()
         torch._foreach_copy_(self.params, self.masters)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
