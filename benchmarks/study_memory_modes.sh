@@ -15,6 +15,8 @@
 #       host memory (bit for bit the plain step by its tests; these runs are the loss check auto needs) (~7 min)
 #   O7  llama-7b, both precisions, --memory offload: the layout the plain command plans once L4 holds (~6 min)
 #   O8  Mistral-7B-v0.3 and Llama-3.1-8B from their published configs, both precisions, --memory offload (~12 min)
+#   OS  what one offloaded optimizer step of llama-7b costs beside the pinned copy rates (benchmarks/offload_step.py;
+#       ~1 min; skipped when the call has less than 2 min left of its 10)
 # Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz for L1/L2):
 #   bash benchmarks/gpu.sh bash benchmarks/study_memory_modes.sh T S7
 # Results: $OUT/results.tar.gz holds memory-modes-h100/ (for data/results/) and the logs.
@@ -32,6 +34,7 @@ loss() {
     --gpus 1 --budget-s 470 --min-left-s 90 --runs "$1" 2>&1 | tee -a $RES/logs/loss.log
   python3 benchmarks/memory_modes_loss.py $RES/memory-modes-h100 > $RES/logs/loss-check.txt 2>&1
 }
+START=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $RES/gpu.txt
 for part in "$@"; do
   t0=$(date +%s)
@@ -48,6 +51,10 @@ for part in "$@"; do
   O8) for m in mistral-7b-v0.3 llama-3.1-8b; do
         "${H[@]}" --common-args '--memory offload' --tag h100-offload --models data/reference/configs/$m; pack
       done ;;
+  OS) if [ $(( $(date +%s) - START )) -lt 480 ]; then
+        python3 benchmarks/offload_step.py --model llama-7b --out $RES/logs/offload-step.jsonl > $RES/logs/offload-step.log 2>&1
+        tail -4 $RES/logs/offload-step.log
+      else echo "part OS skipped: the call's time is nearly spent"; fi; pack ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
   echo "part $part: $(( $(date +%s) - t0 )) s" | tee -a $RES/logs/parts.txt
