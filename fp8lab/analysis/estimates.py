@@ -41,6 +41,7 @@ from fp8lab.analysis.summary import scaling_table, summarize_runs
 from fp8lab.core.hardware import HBM_BANDWIDTH, INSTANCES, gpu_label, gpu_spec, on_instance_gpu, peak_bf16_flops
 from fp8lab.core.prices import price_of
 from fp8lab.model.models import model_flops_per_token
+from fp8lab.plan import memory_modes
 from fp8lab.plan.flops_estimate import Estimate
 
 RATE_COLUMNS = ["model", "precision", "backend", "recipe", "run_id", "source", "variant", "layout", "gpu_name",
@@ -72,6 +73,15 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
 def _memory_mode(value: Any) -> str:
     """A run's memory mode (fp8lab.plan.memory_modes): records from before the modes were plain."""
     return value if isinstance(value, str) and value else "plain"
+
+
+def _mode_kind(name: str) -> str:
+    """Where a memory mode keeps its states and who steps them: the modes of one kind run at about one speed."""
+    try:
+        mode = memory_modes.get(name)
+    except (KeyError, ValueError):
+        return name
+    return "fused-adam" if mode.fused_adam else "offload" if mode.offloaded else "plain"
 
 
 def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
@@ -173,8 +183,10 @@ class MeasuredEstimate(Estimate):
         else:
             exact = mine[mine["backend"] == backend]
         mine = exact if len(exact) else mine
-        if run_id is None and "memory" in mine:
+        if run_id is None and "memory" in mine:  # the job's mode, else one that keeps its states alike
             same = mine[mine["memory"] == memory]
+            if not len(same):
+                same = mine[mine["memory"].map(_mode_kind) == _mode_kind(memory)]
             mine = same if len(same) else mine
         if run_id is None:  # measured on the job's GPU (P5's H100) beats projected from another GPU, however fast
             here = mine[[on_instance_gpu(g, instance_type) for g in mine["gpu_name"]]]

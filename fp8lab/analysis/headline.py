@@ -15,6 +15,7 @@ from fp8lab.analysis.labels import (fine_tune_rows, group_key, is_flag, is_fp8, 
 from fp8lab.analysis.load import reference_for
 from fp8lab.analysis.peers import peer_rows
 from fp8lab.analysis.summary import compare_precisions
+from fp8lab.plan import memory_modes
 
 # What a reader needs first, per model: the plain `transformers` BF16 run a user starts from, the
 # best BF16 fp8lab measured, the best FP8 (overall and per recipe), the loss gap of the loss study,
@@ -53,9 +54,21 @@ def _same_sequence(g: pd.DataFrame) -> pd.DataFrame:
     return g[g["seq_len"] == min(both)] if both else g
 
 
+def _same_memory(g: pd.DataFrame) -> pd.DataFrame:
+    """The runs in one memory mode (fp8lab.plan.memory_modes), so best BF16 and best FP8 keep their states alike: the
+    first mode in ``--memory``'s order (plain, then the least lossy) in which both precisions ran (all of ``g`` where
+    none). Records from before the modes are plain."""
+    if "memory" not in g:
+        return g
+    mode = g["memory"].map(lambda m: m if isinstance(m, str) and m else memory_modes.PLAIN)
+    bf16, fp8 = g["precision"] == "bf16", g["precision"].map(is_fp8)
+    both = [m for m in memory_modes.NAMES if (bf16 & (mode == m)).any() and (fp8 & (mode == m)).any()]
+    return g[mode == both[0]] if both else g
+
+
 def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
-    """(model, GPU) groups at their smallest measured scale (one GPU where measured) and at one sequence
-    length (:func:`_same_sequence`), smallest model first."""
+    """(model, GPU) groups at their smallest measured scale (one GPU where measured), in one memory mode
+    (:func:`_same_memory`) and at one sequence length (:func:`_same_sequence`), smallest model first."""
     s = summary[summary["tokens_per_sec_per_gpu"].notna()] if len(summary) else summary
     if len(s):  # a peer's runs (fp8lab.analysis.peers) are not fp8lab's: their own table shows them
         s = s[~peer_rows(s)]
@@ -66,7 +79,7 @@ def _headline_groups(summary: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
         inst = g["instances"].fillna(1)
         g = g[inst == inst.min()]
         ws = g["world_size"].fillna(1)
-        out.append(((model, gpu), _same_sequence(g[ws == ws.min()])))
+        out.append(((model, gpu), _same_sequence(_same_memory(g[ws == ws.min()]))))
     return sorted(out, key=lambda kg: (np.nan_to_num(model_size_b(kg[0][0]), nan=np.inf), str(kg[0][0]), str(kg[0][1])))
 
 

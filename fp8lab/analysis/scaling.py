@@ -337,18 +337,20 @@ def _full(source: Any) -> str:
 def instance_table(estimate: Any, model: str, instance_counts: list[int], tokens: float, *,
                    instance_type: str = "ml.p5.48xlarge", price_per_hour: float, backend: str = "te",
                    recipe: str = "delayed", threshold: float = GAIN_THRESHOLD,
-                   runs: Mapping[str, str] | None = None) -> pd.DataFrame:
+                   runs: Mapping[str, str] | None = None, memory: Mapping[int, str] | None = None) -> pd.DataFrame:
     """Per instance count: per-GPU rate, hours and cost of BF16, FP8 and FP8 with FP8 all-gather (priced for
     the torchao backend only, where the trainer can run it; on ``backend`` the row says so), FP8's gain,
     and what would help where the gain falls below ``threshold``. ``estimate``: a MeasuredEstimate;
-    ``runs``: precision -> the run id to rest on (the Answer's chosen runs) instead of the fastest."""
+    ``runs``: precision -> the run id to rest on (the Answer's chosen runs) instead of the fastest;
+    ``memory``: instance count -> the jobs' memory mode (plain where not given), whose runs the rate rests on."""
     rows = []
     gpus = hw.INSTANCES[instance_type].gpus
     for n in instance_counts:
         per, mine = {}, []
         for mode, prec, ag in (("bf16", "bf16", False), ("fp8", "fp8", False), ("fp8 + fp8 all-gather", "fp8", True)):
             r = estimate.rate(model, prec, instance_type=instance_type, instance_count=n, backend=backend,
-                              recipe=recipe, fp8_all_gather=ag, run_id=(runs or {}).get(prec))
+                              recipe=recipe, fp8_all_gather=ag, run_id=(runs or {}).get(prec),
+                              memory=(memory or {}).get(n, "plain"))
             if r is None:
                 continue
             per[mode] = r["tokens_per_sec_per_gpu"]
@@ -380,9 +382,10 @@ def plan_lines(plan: Any) -> str:
            "tokens/s/GPU | hours | USD:"]
     for model in dict.fromkeys(j.spec.model for j in plan.jobs):
         backend = first.plan.backend_label
+        modes = {j.spec.instance_count: j.spec.plan.memory_mode for j in plan.jobs if j.spec.model == model}
         t = instance_table(est, model, counts, float(first.tokens), instance_type=first.instance_type,
                            price_per_hour=plan.price_per_hour, backend=backend,
-                           recipe=first.plan.recipe.kind if first.plan.recipe else "delayed")
+                           recipe=first.plan.recipe.kind if first.plan.recipe else "delayed", memory=modes)
         if not len(t):
             continue
         for n, g in t.groupby("instances"):

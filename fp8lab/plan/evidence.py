@@ -26,7 +26,9 @@ DOC = "fp8lab/plan/" + FILE  # its path in the checkout that `fp8lab report --do
 FP8_ATTENTION_STUDY = "long-context-h200"  # crossover.json (speed by sequence length), loss.json (the loss check)
 FP8_ALL_GATHER_STUDY = "fp8-all-gather-h200"  # check.json (benchmarks/fp8_all_gather_check.py)
 TE_DEBUG_STUDY = "fp8stats-sources"  # check.json (benchmarks/fp8stats_overhead.py --check)
-MEMORY_MODES_STUDY = "memory-modes-h100"  # loss.json (benchmarks/study_memory_modes.py): each mode's loss check
+# loss.json (benchmarks/memory_modes_loss.py): each mode's loss check against the plain runs of its own folder (the
+# same code); a later folder's verdict on a mode replaces an earlier one's
+MEMORY_MODES_STUDIES = ("memory-modes-h100", "memory-offload-h100")
 FP8_HEAD_STUDY = "fp8-head-chunks-h100"  # check.json (benchmarks/fp8_head_check.py): GPU tests, speed and loss
 
 
@@ -76,7 +78,9 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
     loss = _read(results / FP8_ATTENTION_STUDY / "loss.json")
     gather = _read(results / FP8_ALL_GATHER_STUDY / "check.json") or {}
     debug = _read(results / TE_DEBUG_STUDY / "check.json")
-    modes = _read(results / MEMORY_MODES_STUDY / "loss.json") or {}
+    modes: dict[str, dict] = {}
+    for study in MEMORY_MODES_STUDIES:
+        modes.update((_read(results / study / "loss.json") or {}).get("modes") or {})
     head = _read(results / FP8_HEAD_STUDY / "check.json")
     return {
         "fp8_attention": {
@@ -90,9 +94,9 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
                      "passed": (debug or {}).get("passed") is True,
                      "problems": [str(p) for p in (debug or {}).get("problems") or []],
                      "transformer_engine": (debug or {}).get("transformer_engine")},
-        "memory_modes": {"study": MEMORY_MODES_STUDY,
-                         "holds": sorted(m for m, r in (modes.get("modes") or {}).items() if r.get("holds") is True),
-                         "gap_pct": {m: round(float(r["gap_pct"]), 2) for m, r in (modes.get("modes") or {}).items()
+        "memory_modes": {"studies": list(MEMORY_MODES_STUDIES),
+                         "holds": sorted(m for m, r in modes.items() if r.get("holds") is True),
+                         "gap_pct": {m: round(float(r["gap_pct"]), 2) for m, r in modes.items()
                                      if r.get("gap_pct") is not None}},
         "fp8_head": {"study": FP8_HEAD_STUDY, "committed": head is not None,
                      "passed": (head or {}).get("passed") is True},

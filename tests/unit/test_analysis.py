@@ -673,6 +673,27 @@ def test_the_headline_compares_best_bf16_and_best_fp8_at_one_sequence_length():
     assert row["speedup"] == pytest.approx(29047.97 / 21911.80, rel=1e-3)
 
 
+def test_the_headline_pairs_best_bf16_and_best_fp8_in_one_memory_mode():
+    """llama-7b on one H100 ran in two memory modes: the fastest BF16 in bf16-moments, the fastest FP8 in offload.
+    The headline pairs the runs of the first mode in --memory's order where both precisions ran (offload); without
+    the offload BF16 run it pairs bf16-moments' runs."""
+    from fp8lab import analysis
+
+    runs = analysis.load_runs()
+    h100 = "NVIDIA H100 80GB HBM3"
+
+    def row(r):
+        head = analysis.headline_table(analysis.summarize_runs(r))
+        return head[(head["model"] == "llama-7b") & (head["gpu_name"] == h100)].iloc[0]
+
+    both = row(runs)
+    assert (both["bf16_run"], both["fp8_run"]) == ("llama-7b-default-bf16-h100-offload",
+                                                   "llama-7b-default-fp8-h100-offload")
+    assert both["speedup"] == pytest.approx(15260.82 / 11267.0, rel=1e-3)
+    fused = row(runs[runs["run_id"] != "llama-7b-default-bf16-h100-offload"])
+    assert (fused["bf16_run"], fused["fp8_run"]) == ("llama-7b-default-bf16-h100", "llama-7b-default-fp8-ckpt-h100")
+
+
 def test_parity_curves_read_each_step_against_the_bf16_seeds_mean_and_band():
     """Issue 31's band per validation step: max(0.5%, the BF16 seeds' spread), each run's gap to their mean; a study
     with one BF16 seed has no band and gives no rows."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fp8lab import analysis, launch as L
-from fp8lab.analysis import estimates
+from fp8lab.analysis import estimates, scaling
 from fp8lab.views import plots
 from fp8lab.model.models import model_flops_per_token
 from fake_runs import bench as _bench, run_meta, step_records
@@ -61,17 +61,35 @@ def test_default_plan_rests_on_the_fastest_committed_one_gpu_run_of_each_model_a
     assert "0.95 per doubling" not in text
 
 
-def test_a_job_in_a_memory_mode_without_runs_says_whose_speed_it_borrows():
-    """llama-7b on one ml.p5.4xlarge in --memory offload: no run was measured in that mode, so the committed
-    bf16-moments runs on P5's GPU stand in, and the basis says so; a plain-mode job's basis says nothing of modes."""
+def test_a_job_in_a_memory_mode_without_runs_borrows_a_like_modes_speed_and_says_so():
+    """llama-7b on one ml.p5.4xlarge in --memory fp8-exp-avg: no run was measured in that mode, so both precisions
+    rest on the committed runs of bf16-moments (TE's FusedAdam too, on P5's GPU), not on offload's, and the basis
+    says so; a plain-mode job's basis says nothing of modes."""
     plan = L.plan_sweep(["llama-7b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9,
-                        instance_type="ml.p5.4xlarge", options={"memory": "offload"})
+                        instance_type="ml.p5.4xlarge", options={"memory": "fp8-exp-avg"})
     for j in plan.jobs:
         basis = plan.estimate.basis(j.spec)
-        assert j.spec.plan.memory_mode == "offload"
-        assert "measured in --memory bf16-moments: no run in the job's offload yet" in basis
+        assert j.spec.plan.memory_mode == "fp8-exp-avg"
+        assert "measured in --memory bf16-moments: no run in the job's fp8-exp-avg yet" in basis
     sharded = L.plan_sweep(["llama-7b"], ["fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9)
     assert "--memory" not in sharded.estimate.basis(sharded.jobs[0].spec)
+
+
+def test_llama_7b_on_one_p5_gpu_plans_offload_and_both_sections_rest_on_its_runs():
+    """The plain plan for one ml.p5.4xlarge takes --memory offload (its loss check is committed) and prices it from
+    the offload runs on P5's GPU, in the job table and in the scaling model's one-instance row alike."""
+    plan = L.plan_sweep(["llama-7b"], ["bf16", "fp8"], [1], role=ROLE, bucket=BUCKET, tokens=10**9,
+                        instance_type="ml.p5.4xlarge")
+    rates = {}
+    for j in plan.jobs:
+        assert j.spec.plan.memory_mode == "offload"
+        basis = plan.estimate.basis(j.spec)
+        assert basis.startswith(f"measured llama-7b-default-{j.spec.precision}-h100-offload (") and "--memory" not in basis
+        rates[j.spec.precision] = plan.estimate.rate("llama-7b", j.spec.precision, instance_type="ml.p5.4xlarge",
+                                                     memory="offload")["tokens_per_sec_per_gpu"]
+    row = next(line for line in scaling.plan_lines(plan).splitlines() if line.strip().startswith("llama-7b x1:"))
+    assert f"bf16 {rates['bf16']:,.0f} |" in row and f"fp8 {rates['fp8']:,.0f} |" in row
+    assert f"({rates['fp8'] / rates['bf16']:.2f}x)" in row
 
 
 def test_node_efficiency_is_the_measured_two_gpu_median_of_the_same_layout():
