@@ -65,8 +65,7 @@ from fp8lab.train import resume as fresume
 from fp8lab.train import run_paths as frun_paths
 from fp8lab.train.components import stopping_at_once
 from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult,
-                                     StopFlag,
-                                     TrainState)
+                                     StopFlag, TrainState)
 from fp8lab.train.master_weights import MasterWeights
 from fp8lab.train.fused_states import FusedStates
 from fp8lab.plan import memory_modes
@@ -256,10 +255,13 @@ class Trainer:
         mode = memory_modes.get(self.plan.memory_mode)
         if mode.fused_adam:  # fewer bytes per parameter: TE's FusedAdam keeps the states (fp8lab.plan.memory_modes)
             self.master = FusedStates(model, mode, c)
-        else:
-            offload = env.device if mode.offloaded else None  # the masters and moments in host memory between steps
+        else:  # offload: the masters and moments in host memory between steps (pinning it takes a while at 7B)
+            if mode.offloaded:
+                self.log(f"fp8lab: --memory offload: pinning {self.plan.layout.memory.host:.1f} GiB of host memory for "
+                         "the fp32 master weights and AdamW moments")
             self.master = MasterWeights(model, lambda ps: foptim.make_optimizer(ps, c, env.device),
-                                        streamed=self.plan.streamed_step, offload=offload)
+                                        streamed=self.plan.streamed_step,
+                                        offload=env.device if mode.offloaded else None)
         # DDP all-reduces .grad through hooks that main_grad would bypass: one process only (fp8lab.plan.runplan)
         if self.plan.fused_wgrad and hasattr(model, "wgrad_into_main_grad"):
             self.fused_wgrad = model.wgrad_into_main_grad()
@@ -298,10 +300,8 @@ class Trainer:
                             peak, flops, p.tokens_per_step)
         self.metrics = StepMetrics(c, env, self.paths.output_dir, self.info)
         self.fingerprint = fresume.fingerprint(p, data=fdata.identity(self.manifest))
-        self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer,
-                                         {"train_state": self.state, "scheduler": self.scheduler,
-                                          "loader": self.loader},
-                                         self.fingerprint, self.log)
+        self.checkpointer = Checkpointer(c, env, self.paths, self.model, self.optimizer, {
+            "train_state": self.state, "scheduler": self.scheduler, "loader": self.loader}, self.fingerprint, self.log)
         # FP8 health statistics (rank 0 samples its own micro-batch; fp8lab.fp8.stats)
         if self.te_debug is not None:
             self.health = te_debug.attach(self.inner, self.te_debug)
@@ -407,8 +407,7 @@ class Trainer:
         packed = torch.stack([loss_sum / accum, torch.tensor(float(self.stop.set), device=env.device)])
         fdist.all_reduce_sum(packed, env)
         result = StepResult(loss=float(packed[0]) / self.plan.world_size, grad_norm=float(grad_norm), lr=lr,
-                            skipped=False,
-                            stop=bool(packed[1] > 0))
+                            skipped=False, stop=bool(packed[1] > 0))
         result.skipped = self.guard.skip(result.loss, result.grad_norm)
         if not result.skipped:  # the FP8 overflow guard drops the update and keeps the weights
             self.optimizer.step()

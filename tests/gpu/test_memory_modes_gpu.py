@@ -161,7 +161,7 @@ def test_the_offloaded_step_on_cuda_equals_the_plain_step_and_keeps_its_states_i
     assert all(torch.equal(ref[n][k].cpu(), states[n][k].cpu()) for n in ref for k in ("exp_avg", "exp_avg_sq", "step"))
 
 
-def test_a_run_with_offloaded_states_trains_as_the_plain_run_and_resumes_exactly(prepared, tmp_path):
+def test_a_run_with_offloaded_states_trains_as_the_plain_run_and_resumes_exactly(prepared, tmp_path, capsys):
     """The trainer with --memory offload: the same losses as --memory plain bit for bit (TE, FP8, the weight cache on
     in both, no CUDA graphs), recorded in its config, and a resume from its checkpoint continues it (as in the modes'
     own test above)."""
@@ -169,9 +169,12 @@ def test_a_run_with_offloaded_states_trains_as_the_plain_run_and_resumes_exactly
     base = dict(**TINY, precision="fp8", backend="te", steps=10, checkpoint_every=5, data=str(prepared),
                 save_model=False, cuda_graphs="off", grad_accum=2)
     runs = {m: tmp_path / m for m in ("plain", "offload")}
+    said = {}
     for mode, out in runs.items():
         s = train(TrainConfig(**base, memory=mode, output_dir=str(out)))
         assert s["status"] == "completed" and s["nonfinite_steps"] == 0
+        said[mode] = capsys.readouterr().out
+    assert "--memory offload: pinning" in said["offload"] and "pinning" not in said["plain"]  # a silent wait at 7B
     cfg = json.loads((runs["offload"] / "config.json").read_text())
     assert cfg["memory"] == "offload" and cfg["plan"]["memory"] == "offload"
     losses = {m: [r["loss"] for r in fmetrics.read_metrics(out / "metrics.jsonl")] for m, out in runs.items()}
