@@ -95,7 +95,15 @@ class HostArena:
 
     def _allocate(self) -> torch.Tensor:
         n = self.offsets[-1]
-        buf = torch.frombuffer(mmap.mmap(-1, 4 * n), dtype=torch.float32, count=n)  # zero-filled by the OS
+        region = mmap.mmap(-1, 4 * n)  # zero-filled by the OS
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            # huge pages where the kernel allows them: 512 times fewer pages to fault in and lock (a 7B model's 75 GiB
+            # took 51 s to register in small pages)
+            try:
+                region.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # transparent huge pages compiled out: small pages work too
+                pass
+        buf = torch.frombuffer(region, dtype=torch.float32, count=n)
         if self.pin:  # portable: locked for every device and context, as torch's own registration does
             err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), 4 * n, 1)
             if int(err) != 0:
