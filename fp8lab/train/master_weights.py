@@ -97,8 +97,8 @@ class HostArena:
         n = self.offsets[-1]
         region = mmap.mmap(-1, 4 * n)  # zero-filled by the OS
         if hasattr(mmap, "MADV_HUGEPAGE"):
-            # huge pages where the kernel allows them: 512 times fewer pages to fault in and lock (a 7B model's 75 GiB
-            # took 51 s to register in small pages)
+            # huge pages where the kernel allows them: 512 times fewer pages to fault in and lock (setting up a 7B
+            # model's 75 GiB took 51 s in small pages, copies included)
             try:
                 region.madvise(mmap.MADV_HUGEPAGE)
             except OSError:  # transparent huge pages compiled out: small pages work too
