@@ -391,7 +391,7 @@ class FusedBlock(nn.Module):
         if self.lora is not None:
             for name, (gemm, part) in families.PROJECTIONS[self.spec.family].items():
                 if gemm == where and name in self.lora:
-                    pieces[part or 0] = pieces[part or 0] + self.lora[name](x)
+                    pieces[part or 0] = self.lora[name].add_to(pieces[part or 0], x)
         return pieces
 
     def forward(self, x: torch.Tensor, rope: Any, is_first_microbatch: bool | None = None) -> torch.Tensor:

@@ -110,6 +110,18 @@ class Adapter(nn.Module):
         # scaled at rank width, not at the projection's: one elementwise pass over r columns instead of thousands
         return self.lora_B(z if self.scaling == 1 else z * self.scaling).to(dtype)
 
+    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out + self(x)``: the projection's output with this adapter's added. Under autocast without dropout one
+        GEMM adds B's product onto ``out`` (addmm, the scaling as its alpha, one rounding), so the projection-wide
+        product is not written and read back for the sum: for an MLP projection that is the widest tensor of the
+        block, each micro-batch."""
+        if isinstance(self.dropout, nn.Dropout) or not torch.is_autocast_enabled(x.device.type):
+            return out + self(x)
+        z = self.lora_A(x)
+        flat = out.reshape(-1, out.shape[-1])
+        return torch.addmm(flat, z.reshape(-1, z.shape[-1]), self.lora_B.weight.t(),
+                           alpha=self.scaling).view(out.shape)
+
 
 def _inject_fused(model: FusedCausalLM, c, mcfg, targets: tuple[str, ...]) -> int:
     """Adapters on the fused blocks' GEMMs (peft cannot reach into a GEMM that computes several projections): each

@@ -285,3 +285,37 @@ def test_an_adapter_under_autocast_gives_the_bits_of_its_input_cast_to_fp32_firs
         assert torch.equal(got, want)  # the backward's bits too
     outside = Adapter(64, 96, 8, 16.0, 0.0)(x.detach())  # without autocast: in the adapters' fp32, returned in x's dtype
     assert outside.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("autocast,dropout", [(True, 0.0), (True, 0.1), (False, 0.0)])
+def test_an_adapter_adds_onto_its_projections_output_in_one_gemm_under_autocast(autocast, dropout):
+    """``add_to(out, x)`` is ``out + adapter(x)``: under bf16 autocast without dropout computed as one addmm (one
+    rounding instead of two: equal to bf16 precision, gradients included); with dropout or without autocast the same
+    bits as the sum."""
+    from fp8lab.train.lora import Adapter
+
+    torch.manual_seed(0)
+    adapter = Adapter(64, 96, 8, 16.0, dropout)
+    torch.nn.init.normal_(adapter.lora_B.weight, std=0.05)
+    wide = torch.randn(4, 10, 160).to(torch.bfloat16)
+    x = torch.randn(4, 10, 64).to(torch.bfloat16)
+    results = []
+    for fused in (True, False):
+        out_in = wide[..., 32:128].detach().clone().requires_grad_()  # a projection's columns of a fused GEMM
+        x_in = x.detach().clone().requires_grad_()
+        adapter.zero_grad()
+        torch.manual_seed(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            got = adapter.add_to(out_in, x_in) if fused else out_in + adapter(x_in)
+        (got.float() * torch.linspace(-1, 1, got.numel()).view(got.shape)).sum().backward()
+        results.append((got, out_in.grad, x_in.grad, adapter.lora_A.weight.grad.clone(),
+                        adapter.lora_B.weight.grad.clone()))
+    (one_gemm, *grads), (summed, *want) = results
+    assert one_gemm.shape == summed.shape and one_gemm.dtype == summed.dtype == torch.bfloat16
+    if autocast and not dropout:
+        assert not torch.equal(one_gemm, summed)  # one rounding, not two: the fused path did run
+        torch.testing.assert_close(one_gemm.float(), summed.float(), rtol=1.6e-2, atol=1e-2)
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)
+    else:
+        assert torch.equal(one_gemm, summed) and all(torch.equal(g, w) for g, w in zip(grads, want))
