@@ -66,22 +66,13 @@ def measurable_runs(summary: pd.DataFrame) -> pd.DataFrame:
              "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"],
              "peak_tflops": peak_bf16_flops(r["gpu_name"]) / 1e12,
              "micro_batch_size": r.get("micro_batch_size"), "grad_accum": r.get("grad_accum"),
-             "memory": _memory_mode(r.get("memory"))} for _, r in s.iterrows()]
+             "memory": memory_modes.of_record(r.get("memory"))} for _, r in s.iterrows()]
     return pd.DataFrame(rows, columns=RATE_COLUMNS)
 
 
-def _memory_mode(value: Any) -> str:
-    """A run's memory mode (fp8lab.plan.memory_modes): records from before the modes were plain."""
-    return value if isinstance(value, str) and value else "plain"
-
-
 def _mode_kind(name: str) -> str:
-    """Where a memory mode keeps its states and who steps them: the modes of one kind run at about one speed."""
-    try:
-        mode = memory_modes.get(name)
-    except (KeyError, ValueError):
-        return name
-    return "fused-adam" if mode.fused_adam else "offload" if mode.offloaded else "plain"
+    """:attr:`fp8lab.plan.memory_modes.Mode.kind`, or the name itself for a mode fp8lab does not know."""
+    return memory_modes.get(name).kind if name in memory_modes.BY_NAME else name
 
 
 def measured_rates(summary: pd.DataFrame) -> pd.DataFrame:
@@ -208,7 +199,8 @@ class MeasuredEstimate(Estimate):
                 "layout": r["layout"], "gpu_name": r["gpu_name"], "seq_scale": seq_scale,
                 "target_gpu": info.gpu, "node_efficiency": node_eff, "node_efficiency_from": node_from,
                 "internode_efficiency": inter, "instances": n, "gpus_per_instance": info.gpus,
-                "exact_match": bool(len(exact)), "memory": _memory_mode(r.get("memory")), "job_memory": memory, **model}
+                "exact_match": bool(len(exact)), "memory": memory_modes.of_record(r.get("memory")),
+                "job_memory": memory, **model}
 
     def _scaling(self, run: pd.Series, instance_type: str, instances: int, fp8_all_gather: bool) -> dict[str, Any]:
         """The scaling model's GPU projection and multi-node factor for a job resting on ``run``."""

@@ -57,10 +57,10 @@ def _same_sequence(g: pd.DataFrame) -> pd.DataFrame:
 def _same_memory(g: pd.DataFrame) -> pd.DataFrame:
     """The runs in one memory mode (fp8lab.plan.memory_modes), so best BF16 and best FP8 keep their states alike: the
     first mode in ``--memory``'s order (plain, then the least lossy) in which both precisions ran (all of ``g`` where
-    none). Records from before the modes are plain."""
+    none)."""
     if "memory" not in g:
         return g
-    mode = g["memory"].map(lambda m: m if isinstance(m, str) and m else memory_modes.PLAIN)
+    mode = g["memory"].map(memory_modes.of_record)
     bf16, fp8 = g["precision"] == "bf16", g["precision"].map(is_fp8)
     both = [m for m in memory_modes.NAMES if (bf16 & (mode == m)).any() and (fp8 & (mode == m)).any()]
     return g[mode == both[0]] if both else g

@@ -57,7 +57,7 @@ def measured_by_mode(summary: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["model", "gpu_name", "memory", "precision", "variant", "tokens_per_sec_per_gpu",
                                      "max_mem_gib"])
     s = summary.drop_duplicates("run_id")
-    s = s[s["memory"].map(lambda m: isinstance(m, str) and m not in ("", "plain"))]
+    s = s[s["memory"].map(memory_modes.of_record) != memory_modes.PLAIN]
     cols = ["model", "gpu_name", "memory", "precision", "variant", "micro_batch_size", "grad_accum",
             "tokens_per_sec_per_gpu", "max_mem_gib"]
     return s[[c for c in cols if c in s]].sort_values(["model", "variant"]).reset_index(drop=True)

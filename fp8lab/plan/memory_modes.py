@@ -56,6 +56,11 @@ class Mode:
         """fp8lab's master weights with their states in host memory (fp8lab.train.master_weights)."""
         return self.host_bytes > 0
 
+    @property
+    def kind(self) -> str:
+        """Where the states live and what steps them: the modes of one kind run at about one speed."""
+        return "fused-adam" if self.fused_adam else OFFLOAD if self.offloaded else PLAIN
+
 
 # the order auto tries them in: least lossy first
 MODES = (
@@ -77,6 +82,11 @@ CHOICES = (AUTO, *NAMES)
 
 def get(name: str) -> Mode:
     return BY_NAME[name]
+
+
+def of_record(value: object) -> str:
+    """A run record's mode: records from before the modes (no value) trained in plain."""
+    return value if isinstance(value, str) and value else PLAIN
 
 
 def candidates(requested: str, *, gpu: bool, sharded: bool, param_dtype: str, backend: str | None,

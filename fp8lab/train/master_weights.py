@@ -424,13 +424,12 @@ class MasterWeights:
         with torch.no_grad():
             for g in self.optimizer.param_groups:
                 g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+            coef, self._clip_coef = self._clip_coef, torch.ones((), device=self.device)
             if self.offload is not None:  # through the step's device: the states are made there, kept on the host
-                self._clip_coef = torch.ones((), device=self.device)
                 self._offloaded_step(zero=ids)
             else:
-                for m in self.masters:
-                    m.grad = torch.zeros_like(m) if id(m) in ids else None
-                self.optimizer.step()
+                self._step_chunk(list(range(len(self.masters))), ids)
+            self._clip_coef = coef
             for g, lr in zip(self.optimizer.param_groups, lrs):
                 g["lr"] = lr
             for m in missing:

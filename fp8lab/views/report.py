@@ -643,7 +643,6 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
         a = Analysed.of(runs, config)
         bar.tick()
         summary, headline = a.summary, a.headline
-        main = analysis.answer.main_gpu(headline)  # the README's table and figure: one row per model, on P5's GPU
         out = {RESULTS_MD: render_results_doc(runs, config, analysed=a)}
         bar.tick()
         out[HEADLINE_PNG] = plots.headline_figure(analysis.answer.on_main_gpu(analysis.best_runs(summary), headline),
@@ -656,14 +655,15 @@ def render_docs(sources: object = None, config: ReportConfig = ReportConfig(), r
             out[INDEX_DOC] = render_index(runs=runs, summary=summary if settings == SUMMARY_DEFAULTS else None)
         bar.tick()
         if readme is not None:
-            out["README.md"] = _readme(readme, runs, a, main, config)
+            out["README.md"] = _readme(readme, runs, a, config)
         bar.tick()
     return out
 
 
-def _readme(readme: str, runs, a: "Analysed", main, config: ReportConfig) -> str:
+def _readme(readme: str, runs, a: "Analysed", config: ReportConfig) -> str:
     """The README with its results block regenerated (``readme``: its current text)."""
     summary, headline = a.summary, a.headline
+    main = analysis.answer.main_gpu(headline)  # the README's table: one row per model, on P5's GPU
     if README_BEGIN not in readme or README_END not in readme:
         raise ValueError("README.md: the results block markers are missing; add the two lines\n"
                          f"{README_BEGIN}\n{README_END}")
