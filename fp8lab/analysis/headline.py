@@ -37,7 +37,8 @@ HEADLINE_COLUMNS = [
     "source_model_size", "source_speedup", "source_loss_gap_pct",
 ]
 BEST_RUN_COLUMNS = ["model", "gpu_name", "world_size", "role", "run_id", "variant", "layout", "precision", "backend",
-                    "recipe", "study", "tokens_per_sec_per_gpu", "mfu", "relative_to_best_bf16", "hardware_fp8"]
+                    "recipe", "study", "tokens_per_sec_per_gpu", "mfu", "relative_to_best_bf16", "hardware_fp8",
+                    "memory"]
 
 
 def _is_plain_hf(row) -> bool:
@@ -112,7 +113,8 @@ def best_runs(summary: pd.DataFrame) -> pd.DataFrame:
                          "precision": r["precision"], "backend": r["backend"], "recipe": r["recipe"],
                          "study": r["study"], "tokens_per_sec_per_gpu": r["tokens_per_sec_per_gpu"], "mfu": r["mfu"],
                          "relative_to_best_bf16": r["tokens_per_sec_per_gpu"] / ref,
-                         "hardware_fp8": is_hardware_fp8(r) if is_fp8(r["precision"]) else np.nan})
+                         "hardware_fp8": is_hardware_fp8(r) if is_fp8(r["precision"]) else np.nan,
+                         "memory": memory_modes.of_record(r.get("memory"))})
     return pd.DataFrame(rows, columns=BEST_RUN_COLUMNS)
 
 

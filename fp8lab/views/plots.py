@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from fp8lab.analysis.labels import FP8_HEAD, fine_tune_rows
 from fp8lab.analysis.peers import peer_rows
+from fp8lab.plan.memory_modes import PLAIN
 from fp8lab.analysis import (group_key, is_false, is_fp8, model_size_b, reference_for, scaling_axis, smooth,
                              variant_kind)
 from fp8lab.analysis.summary import same_seed
@@ -558,6 +559,8 @@ def headline_figure(best: pd.DataFrame, reference: pd.DataFrame | None = None,
             ax.bar([x], [v], color=color, hatch=hatch, edgecolor="white", zorder=2)
             # the head in FP8 is named on its bar: the panel sets it beside runs whose head ran in BF16
             extra = "\nFP8 head" if FP8_HEAD in str(r.get("variant", "")).split() else ""
+            if r.get("memory", PLAIN) != PLAIN:  # a memory mode is how the model fits this GPU: the bar says so
+                extra += f"\n--memory {r['memory']}"
             _value_label(ax, x, v, f"{v:.2f}x\n{r['tokens_per_sec_per_gpu'] / 1000:,.1f}k\n{r['layout']}".replace(
                 ", accum ", " ga") + extra, top)
         if with_ref:

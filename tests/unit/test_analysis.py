@@ -692,6 +692,10 @@ def test_the_headline_pairs_best_bf16_and_best_fp8_in_one_memory_mode():
     assert both["speedup"] == pytest.approx(15260.82 / 11267.0, rel=1e-3)
     fused = row(runs[runs["run_id"] != "llama-7b-default-bf16-h100-offload"])
     assert (fused["bf16_run"], fused["fp8_run"]) == ("llama-7b-default-bf16-h100", "llama-7b-default-fp8-ckpt-h100")
+    best = analysis.best_runs(analysis.summarize_runs(runs))
+    seven = best[(best["model"] == "llama-7b") & (best["gpu_name"] == h100)]
+    assert set(seven["memory"]) == {"offload"}  # the headline figure names the mode on these bars
+    assert set(best[best["model"] == "llama-1b"]["memory"]) == {"plain"}
 
 
 def test_parity_curves_read_each_step_against_the_bf16_seeds_mean_and_band():
