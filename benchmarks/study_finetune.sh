@@ -20,6 +20,13 @@
 #   LF1 as LF, the fused blocks only (~1.5 min)
 #   LA  the plain LoRA command (`--lora-rank 16`, `--fuse auto`: the fused blocks), Llama-3.2-1B and Llama-3.1-8B,
 #       BF16 and FP8, after the GPU tests of LoRA and the fused conversion (~5 min)
+#   FB  the loss study again, larger: after P, the instruction set prepared with the base's tokenizer and a quarter
+#       held out (60 examples), then BF16, FP8 delayed (the default) and FP8 current over seeds 1234, 4321 and 2025,
+#       into finetune-heldout-<gpu>/ (~6 min with P; needs P on this machine)
+#   LP  where LoRA's step time goes (the trainer's --profile-steps: kernel time by category): Llama-3.2-1B at the
+#       plain layout, full SFT and LoRA rank 16, BF16 and FP8, one profiled step each (~3 min)
+#   CA  the plain commands for sft once --recipe auto took current scaling there: full SFT and LoRA rank 16 on
+#       Llama-3.2-1B, BF16 and FP8 (~3 min)
 #   LM  where the 8B LoRA's memory goes (benchmarks/lora_memory_probe.py): Llama-3.1-8B BF16, fused blocks at
 #       micro-batch 1 and 2, peft's unfused at 2, two steps each (~2 min)
 # Run on the device machine:
@@ -57,6 +64,15 @@ for part in "$@"; do
           --output-dir /tmp/ft/probe-$run > $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt 2>&1
         grep -E "\[probe\]|layout|Error" $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt; pack
       done ;;
+  CA) pair llama-3.2-1b 6 sft-current '--task sft'; pair llama-3.2-1b 6 lora-current '--task sft --lora-rank 16' ;;
+  LP) for run in bf16:sft fp8:sft bf16:lora fp8:lora; do
+        prec=${run%:*} kind=${run#*:}; lora=; [ $kind = lora ] && lora='--lora-rank 16'
+        python3 -m fp8lab.train --model data/reference/configs/llama-3.2-1b --data $SFT --task sft $lora \
+          --precision $prec --steps 5 --profile-steps 4 --output-dir /tmp/ft/prof-$run --progress off --plot False \
+          --val-every 0 --checkpoint-every -1 --save-model False > $RES/logs/profile-$prec-$kind.txt 2>&1
+        cp /tmp/ft/prof-$run/profile.json $RES/logs/profile-$prec-$kind.json 2>/dev/null
+        grep -A12 "ms of cuda" $RES/logs/profile-$prec-$kind.txt | head -13; pack
+      done ;;
   S)  pair llama-3.2-1b 6 sft '--task sft'; pair llama-3.2-1b 6 lora '--task sft --lora-rank 16 --fuse False' ;;
   P)  if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
       python3 -m fp8lab.train --model llama-1b --data .corpus/linux-6.1 --precision bf16 --tokens 4000000 \
@@ -78,6 +94,15 @@ for part in "$@"; do
   LF) for fuse in True False; do pair llama-3.2-1b 6 lora-fuse-$fuse "--task sft --lora-rank 16 --fuse $fuse"; done ;;
   LF8) pair llama-3.1-8b 5 lora-fuse-True '--task sft --lora-rank 16 --fuse True' ;;
   LFQ) pair qwen2.5-1.5b 6 lora-fuse-True '--task sft --lora-rank 16 --fuse True' ;;
+  FB) HELD=/tmp/ft/kjv-qa-held25
+      python3 -m fp8lab prepare-data --task sft --model $BASE --source $SFT --val-fraction 0.25 $HELD \
+        > $RES/logs/prepare-held25.txt 2>&1; tail -1 $RES/logs/prepare-held25.txt
+      HB=("${H[@]}" --out $RES/finetune-heldout-${GPU:-gpu} --study finetune-heldout-${GPU:-gpu} --steps 15 --warmup 3
+          --data $HELD --models $BASE)
+      for seed in 1234 4321 2025; do
+        "${HB[@]}" --seed $seed --tag ft-s$seed --common-args "$FT"; pack
+        "${HB[@]}" --seed $seed --tag ft-current-s$seed --variants default-fp8 --common-args "$FT --recipe current"; pack
+      done ;;
   C)  for seed in 1234 4321; do  # FP8 with current scaling: no amax history to build up from a BF16 model
         "${H[@]}" --variants default-fp8 --steps 15 --warmup 3 --seed $seed --data $SFT --tag ft-current-s$seed \
           --models $BASE --common-args "$FT --recipe current"

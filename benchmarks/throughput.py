@@ -36,6 +36,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -139,7 +140,9 @@ def _harness_command(args) -> str:
     for m in getattr(args, "models", "").split(","):
         if model_label(m.strip()) != m.strip():
             line = line.replace(str(Path(m.strip()).parent), "<models>")
-    return line.replace(str(args.work), "<work>")
+    line = line.replace(str(args.work), "<work>")
+    # a folder given twice (the later one wins in argparse) keeps its first spelling: no temp path may stay
+    return line.replace(tempfile.gettempdir().rstrip("/") + "/", "<tmp>/")
 
 
 def model_label(model: str) -> str:
