@@ -76,14 +76,17 @@ class RunRecord:
         return fpaths.shareable_path(self.plan.config.model, self.paths.output_dir)
 
     def plan_lines(self) -> None:
-        """The plan's lines, first thing: the layout, CUDA graphs, a named shape's raised max_seq_len, FP8 attention
-        and the fused loss (each where there is a decision to show). With FP8 attention on, TE's NVTE_FP8_DPA_BWD is
-        set to fp8lab's default where the environment does not set it (TE reads it at each attention call)."""
+        """The plan's lines, first thing: the layout, CUDA graphs, the FP8 recipe, a named shape's raised max_seq_len,
+        FP8 attention and the fused loss (each where there is a decision to show). With FP8 attention on, TE's
+        NVTE_FP8_DPA_BWD is set to fp8lab's default where the environment does not set it (TE reads it at each
+        attention call)."""
         p, c, log = self.plan, self.plan.config, self.log
         reasons, gpu = p.reasons, p.machine.gpu
         log(f"fp8lab: {p.layout.header()}")
         if gpu or c.cuda_graphs != "auto":  # on a CPU auto is always off: nothing to say
             log(f"fp8lab: {p.graphs.describe()}")
+        if p.fp8 and p.backend:
+            log(f"fp8lab: FP8 recipe {p.recipe.kind}: {reasons['recipe']}")
         if "max_seq_len" in reasons:
             log(f"fp8lab: {reasons['max_seq_len']}")
         if p.fp8_attention:  # set before anything runs; the user's value wins

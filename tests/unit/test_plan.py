@@ -49,6 +49,19 @@ def test_the_plan_owns_each_decision_with_its_reason_and_leaves_the_request_as_i
     assert b.differences(p) == {"fp8_weight_cache": (True, False)}
 
 
+def test_auto_scales_a_fine_tune_by_each_tensors_current_amax_and_keeps_te_s_history_for_pretraining():
+    sft = plan_run(TrainConfig(model="llama-1b", precision="fp8", task="sft"), H200)
+    assert sft.recipe.kind == "current" and sft.all_reasons()["recipe"].startswith("auto: current scaling for --task sft")
+    pre = plan_run(TrainConfig(model="llama-1b", precision="fp8"), H200)
+    assert pre.recipe.kind == "delayed" and pre.all_reasons()["recipe"] == "auto: te's default, delayed scaling"
+    assert plan_run(TrainConfig(precision="fp8", task="sft"), CPU).recipe.kind == "current"  # the emulator too
+    kept = plan_run(TrainConfig(model="llama-1b", precision="fp8", task="sft", recipe="delayed"), H200)
+    assert kept.recipe.kind == "delayed" and kept.all_reasons()["recipe"] == "--recipe delayed"
+    # the same fine-tune's layout otherwise: the recipe changes nothing else the plan decides
+    assert sft.differences(plan_run(TrainConfig(model="llama-1b", precision="fp8", task="sft", recipe="delayed"),
+                                    H200)).keys() == {"recipe"}
+
+
 def test_backend_selection_is_one_function_of_the_request_and_the_machine():
     assert select_backend(TrainConfig(precision="fp8"), CPU)[0] == "emulated"
     assert select_backend(TrainConfig(precision="bf16"), CPU)[0] is None
