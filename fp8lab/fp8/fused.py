@@ -338,6 +338,29 @@ def _caches_weights(parts: Parts) -> bool:
     return bool(getattr(parts, "weight_cache", False))
 
 
+class SwiGLU(torch.autograd.Function):
+    """``silu(gate) * up`` of ``[gate, up]`` (the last dimension's halves, as fc1's weight joins them), the same
+    values and gradients as autograd's but with the gradient written straight into one ``[d gate, d up]`` tensor:
+    autograd would write the halves' gradients apart and then join them, two more passes over the widest tensor
+    of the block, each way, every micro-batch."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
+        gate, up = y.chunk(2, -1)
+        s = nn.functional.silu(gate)
+        ctx.save_for_backward(gate, up, s)
+        return s * up
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor) -> torch.Tensor:
+        gate, up, s = ctx.saved_tensors
+        dy = torch.empty(gate.shape[:-1] + (2 * gate.shape[-1],), dtype=gate.dtype, device=gate.device)
+        dgate, dup = dy.chunk(2, -1)
+        torch.mul(dh, s, out=dup)
+        torch.ops.aten.silu_backward.grad_input(dh * up, gate, grad_input=dgate)
+        return dy
+
+
 class SplitMLP(nn.Module):
     """LayerNormMLP's computation as two modules, norm + fc1 and fc2, so that the activation's input and output
     exist between them (where LoRA's adapters on the MLP's projections add); same parameters, other names."""
@@ -352,16 +375,15 @@ class SplitMLP(nn.Module):
         """fc1's row blocks: [gate, up] under SwiGLU (gate first, as the weight map concatenates them)."""
         return [self.fc2.in_features] * 2 if self.activation == "swiglu" else None
 
-    def act(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+    def act(self, y: torch.Tensor) -> torch.Tensor:
+        """The activation of fc1's whole output ``y`` (gate and up side by side under SwiGLU)."""
         if self.activation == "swiglu":
-            return nn.functional.silu(pieces[0]) * pieces[1]
-        return nn.functional.gelu(pieces[0], approximate="tanh")
+            return SwiGLU.apply(y)
+        return nn.functional.gelu(y, approximate="tanh")
 
     def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:
         y = self.fc1(x, **kw)
-        y = y[0] if isinstance(y, tuple) else y
-        sizes = self.sizes()
-        return self.fc2(self.act(list(y.split(sizes, -1)) if sizes else [y]), **kw)
+        return self.fc2(self.act(y[0] if isinstance(y, tuple) else y), **kw)
 
 
 class FusedBlock(nn.Module):
@@ -377,22 +399,17 @@ class FusedBlock(nn.Module):
         self._hp = parts.high_precision
         self._rope = _rope_of(parts)
         self._weight_cache = _caches_weights(parts)
-        # LoRA (fp8lab.train.lora): modules by HF projection name (families.PROJECTIONS) whose output adds to
-        # that projection's, read from the GEMM's own input (a norm's output where the GEMM has its norm)
+        # LoRA (fp8lab.train.lora.BlockAdapters): adapters by HF projection name (families.PROJECTIONS) whose
+        # output adds to that projection's, read from the GEMM's own input (a norm's output where it has its norm)
         self.lora: nn.ModuleDict | None = None
 
     def _project(self, where: str, module: nn.Module, x: torch.Tensor, kw: dict,
-                 sizes: list[int] | None) -> list[torch.Tensor]:
-        """GEMM ``where``'s output as its row blocks (``sizes``; None: one), each with its adapters' output added."""
+                 sizes: list[int] | None) -> torch.Tensor:
+        """GEMM ``where``'s output, whole, with its adapters' outputs added onto their row blocks (``sizes``)."""
         out = module(x, **kw)
         if isinstance(out, tuple):  # (output, the norm's output): the adapters read what the GEMM read
             out, x = out
-        pieces = list(out.split(sizes, -1)) if sizes else [out]
-        if self.lora is not None:
-            for name, (gemm, part) in families.PROJECTIONS[self.spec.family].items():
-                if gemm == where and name in self.lora:
-                    pieces[part or 0] = self.lora[name].add_to(pieces[part or 0], x)
-        return pieces
+        return out if self.lora is None else self.lora.onto(where, out, x, sizes)
 
     def forward(self, x: torch.Tensor, rope: Any, is_first_microbatch: bool | None = None) -> torch.Tensor:
         # is_first_microbatch (TE): True quantises the weights to FP8 and keeps them, False reuses
@@ -403,16 +420,16 @@ class FusedBlock(nn.Module):
             s = self.spec
             b, t, _ = x.shape
             sizes = [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim]
-            q, k, v = self._project("qkv", self.qkv, x, kw, sizes)
+            q, k, v = self._project("qkv", self.qkv, x, kw, sizes).split(sizes, -1)
             q, k, v = (z.reshape(b, t, -1, s.head_dim) for z in (q, k, v))
             if rope is not None:
                 q, k = self._rope.apply(q, rope), self._rope.apply(k, rope)
             x = x + self._project("proj", self.proj, self.attn(q.contiguous(), k.contiguous(), v.contiguous()), kw,
-                                  None)[0]
+                                  None)
             if not isinstance(self.mlp, SplitMLP):
                 return x + self.mlp(x, **kw)
             h = self.mlp.act(self._project("fc1", self.mlp.fc1, x, kw, self.mlp.sizes()))
-            return x + self._project("fc2", self.mlp.fc2, h, kw, None)[0]
+            return x + self._project("fc2", self.mlp.fc2, h, kw, None)
 
 
 class FusedCausalLM(nn.Module):

@@ -110,17 +110,52 @@ class Adapter(nn.Module):
         # scaled at rank width, not at the projection's: one elementwise pass over r columns instead of thousands
         return self.lora_B(z if self.scaling == 1 else z * self.scaling).to(dtype)
 
-    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``out + self(x)``: the projection's output with this adapter's added. Under autocast without dropout one
-        GEMM adds B's product onto ``out`` (addmm, the scaling as its alpha, one rounding), so the projection-wide
-        product is not written and read back for the sum: for an MLP projection that is the widest tensor of the
-        block, each micro-batch."""
-        if isinstance(self.dropout, nn.Dropout) or not torch.is_autocast_enabled(x.device.type):
-            return out + self(x)
-        z = self.lora_A(x)
+    def fast(self, x: torch.Tensor) -> bool:
+        """Whether this adapter may join its GEMM's others in one product (:class:`BlockAdapters`): under autocast
+        without dropout, where the GEMMs cast their inputs to the autocast dtype anyway (dropout draws a mask per
+        adapter, and without autocast each adapter computes in its own dtype, as peft's layer does)."""
+        return not isinstance(self.dropout, nn.Dropout) and torch.is_autocast_enabled(x.device.type)
+
+
+class BlockAdapters(nn.ModuleDict):
+    """One fused block's adapters by HF projection name (families.PROJECTIONS: which GEMM, which row block), added
+    onto the GEMMs' outputs. The adapters of one GEMM read the same input, so under autocast without dropout they
+    make one GEMM of their A's (the input read once) and one addmm of their B's, block-diagonal with their scalings,
+    onto the whole output: the output is never split and joined again, and the input's gradient comes from one
+    product. The same sums as each adapter on its own, in another order of the rank terms."""
+
+    def __init__(self, adapters: dict[str, Adapter], family: str):
+        super().__init__(adapters)
+        self.where = {name: families.PROJECTIONS[family][name] for name in adapters}
+
+    def onto(self, gemm: str, out: torch.Tensor, x: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+        """GEMM ``gemm``'s output ``out`` (row blocks ``sizes``; None: one) with its adapters' products added, from
+        the GEMM's input ``x``."""
+        mine = {part or 0: self[name] for name, (g, part) in self.where.items() if g == gemm}
+        if not mine:
+            return out
+        widths = sizes or [out.shape[-1]]
+        if not all(a.fast(x) for a in mine.values()):
+            pieces = list(out.split(widths, -1))
+            for i, a in mine.items():
+                pieces[i] = pieces[i] + a(x)
+            return torch.cat(pieces, -1) if len(pieces) > 1 else pieces[0]
+        order = sorted(mine)
+        a_all = torch.cat([mine[i].lora_A.weight for i in order])
+        rank = a_all.shape[0]
+        one = len({mine[i].scaling for i in order}) == 1  # one config, one scaling: the addmm's alpha
+        alpha = mine[order[0]].scaling if one else 1.0
+        rows, col = [], 0
+        for i, width in enumerate(widths):
+            if i not in mine:
+                rows.append(a_all.new_zeros(width, rank))
+                continue
+            b = mine[i].lora_B.weight if one else mine[i].lora_B.weight * mine[i].scaling
+            rows.append(nn.functional.pad(b, (col, rank - col - b.shape[1])))
+            col += b.shape[1]
+        z = nn.functional.linear(x, a_all)
         flat = out.reshape(-1, out.shape[-1])
-        return torch.addmm(flat, z.reshape(-1, z.shape[-1]), self.lora_B.weight.t(),
-                           alpha=self.scaling).view(out.shape)
+        return torch.addmm(flat, z.reshape(-1, rank), torch.cat(rows).t(), alpha=alpha).view(out.shape)
 
 
 def _inject_fused(model: FusedCausalLM, c, mcfg, targets: tuple[str, ...]) -> int:
@@ -133,8 +168,8 @@ def _inject_fused(model: FusedCausalLM, c, mcfg, targets: tuple[str, ...]) -> in
     shapes = lora_plan.shapes(mcfg)
     for blk in model.blocks:
         device = blk.qkv.weight.device
-        blk.lora = nn.ModuleDict({n: Adapter(*shapes[n], c.lora_rank, c.lora_alpha, c.lora_dropout, device)
-                                  for n in targets})
+        blk.lora = BlockAdapters({n: Adapter(*shapes[n], c.lora_rank, c.lora_alpha, c.lora_dropout, device)
+                                  for n in targets}, mcfg.family)
         for gemm, module in (("qkv", blk.qkv), ("fc1", getattr(blk.mlp, "fc1", None))):
             if gemm in where.values():
                 module.return_layernorm_output = True  # the adapters read the norm's output, as the GEMM does

@@ -198,6 +198,10 @@ def test_adapters_on_the_fused_blocks_give_pefts_lora_on_the_transformers_model(
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(untouched, plain, rtol=1e-4, atol=1e-4)
     assert (got - plain).abs().max() > 1e-2  # the adapters changed the output
+    # under bf16 autocast a GEMM's adapters join in one product (BlockAdapters.onto): peft's logits to bf16 precision
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fast, slow = model(x).logits.float(), ref(x).logits.float()
+    torch.testing.assert_close(fast, slow, rtol=3e-2, atol=3e-2)
     model.train()
     model(x, labels=x).loss.backward()
     with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
@@ -288,34 +292,63 @@ def test_an_adapter_under_autocast_gives_the_bits_of_its_input_cast_to_fp32_firs
 
 
 @pytest.mark.parametrize("autocast,dropout", [(True, 0.0), (True, 0.1), (False, 0.0)])
-def test_an_adapter_adds_onto_its_projections_output_in_one_gemm_under_autocast(autocast, dropout):
-    """``add_to(out, x)`` is ``out + adapter(x)``: under bf16 autocast without dropout computed as one addmm (one
-    rounding instead of two: equal to bf16 precision, gradients included); with dropout or without autocast the same
-    bits as the sum."""
-    from fp8lab.train.lora import Adapter
+@pytest.mark.parametrize("names", [("q_proj", "k_proj", "v_proj"), ("q_proj", "v_proj")])
+def test_a_gemms_adapters_add_onto_its_whole_output_in_one_product_under_autocast(autocast, dropout, names):
+    """``BlockAdapters.onto`` adds each adapter's product onto its row block of a fused GEMM's output (here q, k and v
+    of one GEMM, or q and v alone): under bf16 autocast without dropout one GEMM of the A's and one addmm of the B's
+    (equal to bf16 precision, gradients included); with dropout or without autocast the same bits as each adapter's
+    own sum on its block."""
+    from fp8lab.train.lora import Adapter, BlockAdapters
 
     torch.manual_seed(0)
-    adapter = Adapter(64, 96, 8, 16.0, dropout)
-    torch.nn.init.normal_(adapter.lora_B.weight, std=0.05)
-    wide = torch.randn(4, 10, 160).to(torch.bfloat16)
-    x = torch.randn(4, 10, 64).to(torch.bfloat16)
+    sizes, order = [64, 16, 16], ("q_proj", "k_proj", "v_proj")
+    block = BlockAdapters({n: Adapter(48, w, 8, 16.0, dropout) for n, w in zip(order, sizes) if n in names}, "llama")
+    for adapter in block.values():
+        torch.nn.init.normal_(adapter.lora_B.weight, std=0.05)
+    out = torch.randn(4, 10, sum(sizes)).to(torch.bfloat16)
+    x = torch.randn(4, 10, 48).to(torch.bfloat16)
     results = []
     for fused in (True, False):
-        out_in = wide[..., 32:128].detach().clone().requires_grad_()  # a projection's columns of a fused GEMM
-        x_in = x.detach().clone().requires_grad_()
-        adapter.zero_grad()
+        out_in, x_in = out.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        block.zero_grad()
         torch.manual_seed(1)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            got = adapter.add_to(out_in, x_in) if fused else out_in + adapter(x_in)
+            if fused:
+                got = block.onto("qkv", out_in, x_in, sizes)
+            else:
+                pieces = list(out_in.split(sizes, -1))
+                for i, name in enumerate(order):
+                    if name in block:
+                        pieces[i] = pieces[i] + block[name](x_in)
+                got = torch.cat(pieces, -1)
         (got.float() * torch.linspace(-1, 1, got.numel()).view(got.shape)).sum().backward()
-        results.append((got, out_in.grad, x_in.grad, adapter.lora_A.weight.grad.clone(),
-                        adapter.lora_B.weight.grad.clone()))
+        results.append((got, out_in.grad, x_in.grad, *(p.grad.clone() for p in block.parameters())))
     (one_gemm, *grads), (summed, *want) = results
-    assert one_gemm.shape == summed.shape and one_gemm.dtype == summed.dtype == torch.bfloat16
+    assert one_gemm.shape == summed.shape == out.shape and one_gemm.dtype == summed.dtype == torch.bfloat16
+    assert len(grads) == 2 + 2 * len(names)
     if autocast and not dropout:
-        assert not torch.equal(one_gemm, summed)  # one rounding, not two: the fused path did run
+        assert not torch.equal(one_gemm, summed)  # one rounding, not two: the joined path did run
         torch.testing.assert_close(one_gemm.float(), summed.float(), rtol=1.6e-2, atol=1e-2)
         for g, w in zip(grads, want):
             torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)
     else:
         assert torch.equal(one_gemm, summed) and all(torch.equal(g, w) for g, w in zip(grads, want))
+    assert block.onto("fc1", out, x, None) is out  # a GEMM none of them adapts: its output as it is
+
+
+def test_the_split_mlps_swiglu_gives_autograds_values_and_gradients_bit_for_bit():
+    """fc1's output [gate, up] -> silu(gate) * up through fp8lab.fp8.fused.SwiGLU, whose backward writes the gradient
+    as one tensor: the same bits as autograd's formula, forward and backward, in bf16 and fp32."""
+    from fp8lab.fp8.fused import SwiGLU
+
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        y = torch.randn(3, 7, 2 * 40).to(dtype)
+        mine, ref = y.clone().requires_grad_(), y.clone().requires_grad_()
+        gate, up = ref.chunk(2, -1)
+        h_mine, h_ref = SwiGLU.apply(mine), torch.nn.functional.silu(gate) * up
+        dh = torch.randn_like(h_ref)
+        h_mine.backward(dh)
+        h_ref.backward(dh)
+        assert h_mine.dtype == dtype and torch.equal(h_mine, h_ref)
+        assert mine.grad.dtype == dtype and torch.equal(mine.grad, ref.grad)
