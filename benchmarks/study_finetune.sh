@@ -19,14 +19,15 @@
 #   SS  as S, full SFT only (~2 min)
 #   LF1 as LF, the fused blocks only (~1.5 min)
 #   LA  the plain LoRA command (`--lora-rank 16`, `--fuse auto`: the fused blocks), Llama-3.2-1B and Llama-3.1-8B,
-#       BF16 and FP8, after the GPU tests of LoRA and the fused conversion (~5 min)
+#       BF16 and FP8, after the GPU tests of LoRA and the fused conversion (~5 min; tag lora-v2: session 38's
+#       lora-auto runs were before the joined adapters and current scaling for sft)
 #   FB  the loss study again, larger: after P, the instruction set prepared with the base's tokenizer and a quarter
 #       held out (60 examples), then BF16, FP8 delayed (the default) and FP8 current over seeds 1234, 4321 and 2025,
 #       into finetune-heldout-<gpu>/ (~6 min with P; needs P on this machine)
 #   LP  where LoRA's step time goes (the trainer's --profile-steps: kernel time by category): Llama-3.2-1B at the
 #       plain layout, full SFT and LoRA rank 16, BF16 and FP8, one profiled step each (~3 min)
-#   CA  the plain commands for sft once --recipe auto took current scaling there: full SFT and LoRA rank 16 on
-#       Llama-3.2-1B, BF16 and FP8 (~3 min)
+#   CA  the plain full-SFT command once --recipe auto took current scaling for sft: Llama-3.2-1B, BF16 and FP8
+#       (~1.5 min)
 #   LM  where the 8B LoRA's memory goes (benchmarks/lora_memory_probe.py): Llama-3.1-8B BF16, fused blocks at
 #       micro-batch 1 and 2, peft's unfused at 2, two steps each (~2 min)
 # Run on the device machine:
@@ -56,7 +57,7 @@ for part in "$@"; do
   LF1) pair llama-3.2-1b 6 lora-fuse-True '--task sft --lora-rank 16 --fuse True' ;;
   LA) timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_lora_gpu.py tests/gpu/test_convert_gpu.py \
         > $RES/logs/la-tests.txt 2>&1; tail -1 $RES/logs/la-tests.txt; pack
-      for m in llama-3.2-1b llama-3.1-8b; do pair $m 5 lora-auto '--task sft --lora-rank 16'; done ;;
+      for m in llama-3.2-1b llama-3.1-8b; do pair $m 5 lora-v2 '--task sft --lora-rank 16'; done ;;
   LM) for run in True:1 True:2 False:2; do
         python3 benchmarks/lora_memory_probe.py --model data/reference/configs/llama-3.1-8b --data $SFT --task sft \
           --lora-rank 16 --fuse ${run%:*} --micro-batch-size ${run#*:} --grad-accum 1 --seq-len 2048 --steps 2 \
@@ -64,7 +65,7 @@ for part in "$@"; do
           --output-dir /tmp/ft/probe-$run > $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt 2>&1
         grep -E "\[probe\]|layout|Error" $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt; pack
       done ;;
-  CA) pair llama-3.2-1b 6 sft-current '--task sft'; pair llama-3.2-1b 6 lora-current '--task sft --lora-rank 16' ;;
+  CA) pair llama-3.2-1b 6 sft-current '--task sft' ;;
   LP) for run in bf16:sft fp8:sft bf16:lora fp8:lora; do
         prec=${run%:*} kind=${run#*:}; lora=; [ $kind = lora ] && lora='--lora-rank 16'
         python3 -m fp8lab.train --model data/reference/configs/llama-3.2-1b --data $SFT --task sft $lora \

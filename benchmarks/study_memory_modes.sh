@@ -14,7 +14,8 @@
 #   L4  the loss runs of offload, seeds 1234 and 4321: plain's states and arithmetic with the masters and moments in
 #       host memory (bit for bit the plain step by its tests; these runs are the loss check auto needs) (~7 min)
 #   O7  llama-7b, both precisions, --memory offload: the layout the plain command plans once L4 holds (~6 min)
-#   O8  Mistral-7B-v0.3 and Llama-3.1-8B from their published configs, both precisions, --memory offload (~12 min)
+#   O8  Mistral-7B-v0.3 and Llama-3.1-8B from their published configs (or O8_MODELS), both precisions, --memory
+#       offload (~12 min)
 #   OS  what one offloaded optimizer step of llama-7b costs beside the pinned copy rates (benchmarks/offload_step.py;
 #       ~1 min; skipped when the call has less than 2 min left of its 10)
 # Run on the device machine (carry .corpus/linux-6.1.tokens.tar.xz for L1/L2):
@@ -48,7 +49,7 @@ for part in "$@"; do
       "${H[@]}" --common-args '--memory fp8-exp-avg' --tag h100 --models data/reference/configs/llama-3.1-8b; pack ;;
   L4) loss mem-offload-s1234,mem-offload-s4321; pack ;;
   O7) "${H[@]}" --common-args '--memory offload' --tag h100-offload --models llama-7b; pack ;;
-  O8) for m in mistral-7b-v0.3 llama-3.1-8b; do
+  O8) for m in ${O8_MODELS:-mistral-7b-v0.3 llama-3.1-8b}; do
         "${H[@]}" --common-args '--memory offload' --tag h100-offload --models data/reference/configs/$m; pack
       done ;;
   OS) if [ $(( $(date +%s) - START )) -lt 480 ]; then
