@@ -50,8 +50,8 @@ class TrainConfig:
     precision: str = option("bf16", "the precision of the block GEMMs", section="fp8", choices=PRECISIONS)
     backend: str = option("auto", "the layers that run: none (the plain HF model) | " + " | ".join(FP8_BACKENDS),
                           section="fp8", choices=BACKENDS)
-    recipe: str = option("auto", "FP8 scaling: " + " | ".join(KINDS) + ", optionally kind:key=value,...",
-                         section="fp8")
+    recipe: str = option("auto", "FP8 scaling: " + " | ".join(KINDS) + ", optionally kind:key=value,...; auto: "
+                         "the backend's default (sft: current)", section="fp8")
     bf16_edge_blocks: int = option(0, "keep the first N and the last N decoder blocks out of FP8", section="fp8")
     fuse: AutoBool = option(AUTO, "fused blocks (LayerNormLinear / LayerNormMLP, one QKV GEMM); False: swap Linear "
                             "layers (under --lora-rank: peft's adapters); auto: fused", section="kernels",
