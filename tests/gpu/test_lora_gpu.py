@@ -154,3 +154,20 @@ def test_lora_on_te_fused_blocks_matches_peft_and_trains_the_adapters_under_fp8(
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss))
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+def test_the_split_mlps_swiglu_gives_autograds_bits_on_cuda():
+    """fp8lab.fp8.fused.SwiGLU on the GPU, bf16 at a block's width: autograd's values and gradients bit for bit (its
+    backward writes both halves of the gradient into one tensor through strided outputs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fp8lab.fp8.fused import SwiGLU
+
+    y = torch.randn(2, 256, 2 * 1024, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+    mine, ref = y.bfloat16().requires_grad_(), y.bfloat16().requires_grad_()
+    gate, up = ref.chunk(2, -1)
+    h_mine, h_ref = SwiGLU.apply(mine), torch.nn.functional.silu(gate) * up
+    dh = torch.randn_like(h_ref)
+    h_mine.backward(dh)
+    h_ref.backward(dh)
+    assert torch.equal(h_mine, h_ref) and torch.equal(mine.grad, ref.grad)
