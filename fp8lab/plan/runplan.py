@@ -215,11 +215,13 @@ def auto_recipe(task: str, backend: str) -> tuple[Recipe, str]:
     return default, f"auto: {backend}'s default, {default.kind} scaling"
 
 
-def recipe_for(c: "TrainConfig", backend: str | None) -> Recipe | None:
-    """The FP8 recipe: ``--recipe``, or for ``auto`` the backend's default (:func:`auto_recipe`)."""
+def recipe_for(c: "TrainConfig", backend: str | None) -> tuple[Recipe | None, str]:
+    """(the FP8 recipe, why): ``--recipe``, or for ``auto`` the backend's default (:func:`auto_recipe`); None without
+    a backend."""
     if backend is None:
-        return None
-    recipe = auto_recipe(c.task, backend)[0] if c.recipe == "auto" else Recipe.parse(c.recipe)
+        return None, f"--recipe {c.recipe}: no FP8 backend"
+    recipe, why = auto_recipe(c.task, backend) if c.recipe == "auto" else (Recipe.parse(c.recipe),
+                                                                           f"--recipe {c.recipe}")
     if c.precision == "fp8":  # refused here, before anything is built: a kind the backend has no recipe for
         if backend == "te":
             if recipe.row.te_class is None:
@@ -230,7 +232,7 @@ def recipe_for(c: "TrainConfig", backend: str | None) -> Recipe | None:
                              " | ".join(kinds_where(lambda r: r.torchao is not None))
                              + f" (torchao scales dynamically, per tensor or per row); {recipe.kind!r} runs on "
                              "--backend te")
-    return recipe
+    return recipe, why
 
 
 def fsdp_te_problem(c: "TrainConfig", backend: str | None, distributed: bool,
@@ -307,7 +309,7 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     on the first call); see the module doc. ValueError if it cannot run."""
     evidence = fevidence.load() if evidence is None else evidence
     backend, why_backend = select_backend(c, machine)
-    recipe = recipe_for(c, backend)
+    recipe, why_recipe = recipe_for(c, backend)
     if c.backend == "auto":  # an explicit backend was checked with the options (TrainConfig)
         fused_check(c, backend)
     mcfg = c.model_config  # made once, when the options were validated
@@ -328,8 +330,7 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     wgrad, why_wgrad = fused_wgrad(c, machine, backend, master)
     dtype, why_dtype = compute_dtype(c, machine)
     reasons = {"backend": why_backend, "cuda_graphs": decision.reason,
-               "recipe": (auto_recipe(c.task, backend)[1] if c.recipe == "auto" and backend
-                          else f"--recipe {c.recipe}"),
+               "recipe": why_recipe,
                "fp8_weight_cache": why_cache,
                "fuse_wgrad_accumulation": why_wgrad, "compute_dtype": why_dtype,
                "memory": (lay.reasons.get("memory")

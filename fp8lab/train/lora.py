@@ -104,7 +104,7 @@ class Adapter(nn.Module):
         # without dropout, under autocast, the GEMM casts its input to the autocast dtype anyway: an fp32 copy of x
         # first would add two passes over every adapted GEMM's input each way, and a copy kept for backward per
         # adapter, for the same bits (dropout scales in its input's dtype: there the fp32 copy keeps peft's bits)
-        if isinstance(self.dropout, nn.Dropout) or not torch.is_autocast_enabled(x.device.type):
+        if not self.fast(x):
             x = x.to(self.lora_A.weight.dtype)
         z = self.lora_A(self.dropout(x))
         # scaled at rank width, not at the projection's: one elementwise pass over r columns instead of thousands
