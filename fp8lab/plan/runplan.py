@@ -219,7 +219,7 @@ def recipe_for(c: "TrainConfig", backend: str | None) -> tuple[Recipe | None, st
     """(the FP8 recipe, why): ``--recipe``, or for ``auto`` the backend's default (:func:`auto_recipe`); None without
     a backend."""
     if backend is None:
-        return None, f"--recipe {c.recipe}: no FP8 backend"
+        return None, f"--recipe {c.recipe}"
     recipe, why = auto_recipe(c.task, backend) if c.recipe == "auto" else (Recipe.parse(c.recipe),
                                                                            f"--recipe {c.recipe}")
     if c.precision == "fp8":  # refused here, before anything is built: a kind the backend has no recipe for
