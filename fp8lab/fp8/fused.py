@@ -289,8 +289,9 @@ class Parts(Protocol):
     def attention(self, spec: FusedSpec, window: int | None, layer_number: int) -> nn.Module: ...
     def norm(self, spec: FusedSpec) -> nn.Module: ...
     def high_precision(self) -> Any: ...  # context manager that turns FP8 off inside an FP8 region
-    # optional: ``rope`` (a RoPE implementation like ``TorchRope``; default ``TorchRope()``) and
-    # ``weight_cache = True`` when the modules accept ``is_first_microbatch`` (TE's FP8 weight cache)
+    # optional: ``rope`` (a RoPE implementation like ``TorchRope``; default ``TorchRope()``),
+    # ``weight_cache = True`` when the modules accept ``is_first_microbatch`` (TE's FP8 weight cache), and
+    # ``swiglu(y)``: a split MLP's SwiGLU of fc1's whole output (default ``SwiGLU.apply``), e.g. a fused kernel
 
 
 def rope_angles(seq_len: int, head_dim: int, theta: float | torch.Tensor, device) -> torch.Tensor:
@@ -368,6 +369,7 @@ class SplitMLP(nn.Module):
     def __init__(self, spec: FusedSpec, parts: Parts):
         super().__init__()
         self.activation = spec.activation
+        self._swiglu = getattr(parts, "swiglu", None) or SwiGLU.apply  # (a function, not state)
         self.fc1 = parts.norm_linear(spec, (2 if spec.activation == "swiglu" else 1) * spec.ffn, bias=spec.mlp_bias)
         self.fc2 = parts.linear(spec, spec.ffn, spec.hidden, spec.mlp_bias)
 
@@ -378,7 +380,7 @@ class SplitMLP(nn.Module):
     def act(self, y: torch.Tensor) -> torch.Tensor:
         """The activation of fc1's whole output ``y`` (gate and up side by side under SwiGLU)."""
         if self.activation == "swiglu":
-            return SwiGLU.apply(y)
+            return self._swiglu(y)
         return nn.functional.gelu(y, approximate="tanh")
 
     def forward(self, x: torch.Tensor, **kw: Any) -> torch.Tensor:

@@ -58,11 +58,33 @@ class TERope(_fused.TorchRope):
         return apply_rotary_pos_emb(x, tables, tensor_format="bshd", fused=True)
 
 
+class TESwiGLU(torch.autograd.Function):
+    """SwiGLU of ``[gate, up]`` through TE's kernels, the ones its LayerNormMLP runs: one pass over fc1's output
+    forward and one backward, fp32 math inside, and only fc1's output kept for backward (the plain-PyTorch
+    ``_fused.SwiGLU`` runs three kernels each way and keeps ``silu(gate)`` as well)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor) -> torch.Tensor:
+        import transformer_engine_torch as tex
+
+        y = y.contiguous()
+        ctx.save_for_backward(y)
+        return tex.swiglu(y, None)
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor) -> torch.Tensor:
+        import transformer_engine_torch as tex
+
+        (y,) = ctx.saved_tensors
+        return tex.dswiglu(dh.contiguous(), y, None)
+
+
 class TEParts:
     """The fused pieces (``_fused.Parts``) as Transformer Engine modules."""
 
     weight_cache = True  # TE modules take is_first_microbatch: FP8 weights cast once per optimizer step
     rope = TERope()
+    swiglu = staticmethod(TESwiGLU.apply)  # a split MLP's (LoRA on the MLP) activation: LayerNormMLP's kernels
 
     @staticmethod
     def release_weight_cache(model: nn.Module) -> None:
