@@ -153,9 +153,35 @@ class BlockAdapters(nn.ModuleDict):
             b = mine[i].lora_B.weight if one else mine[i].lora_B.weight * mine[i].scaling
             rows.append(nn.functional.pad(b, (col, rank - col - b.shape[1])))
             col += b.shape[1]
-        z = nn.functional.linear(x, a_all)
-        flat = out.reshape(-1, out.shape[-1])
-        return torch.addmm(flat, z.reshape(-1, rank), torch.cat(rows).t(), alpha=alpha).view(out.shape)
+        return AddLowRank.apply(out, nn.functional.linear(x, a_all), torch.cat(rows), alpha)
+
+
+class AddLowRank(torch.autograd.Function):
+    """``out + alpha * z @ b.T`` written into ``out``'s own memory (one GEMM that reads and writes it once): an
+    out-of-place addmm first copies the whole output, a pass over the block's widest tensors each micro-batch. The
+    gradients are addmm's, in the same order of operations. ``out`` is a GEMM's fresh output that nothing else
+    reads; were it saved for a backward, that backward would stop with autograd's in-place error."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, z: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+        res = out.detach()
+        if not res.is_contiguous():
+            res = res.contiguous()
+        z2, bt = z.reshape(-1, z.shape[-1]).to(res.dtype), b.to(res.dtype).t()
+        res.view(-1, res.shape[-1]).addmm_(z2, bt, alpha=alpha)
+        ctx.save_for_backward(z2, bt)
+        ctx.alpha, ctx.z_meta, ctx.b_dtype = alpha, (z.shape, z.dtype), b.dtype
+        return res
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        z2, bt = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        dz, dbt = g2.mm(bt.t()), z2.t().mm(g2)
+        if ctx.alpha != 1:
+            dz, dbt = dz * ctx.alpha, dbt * ctx.alpha
+        shape, dtype = ctx.z_meta
+        return g, dz.view(shape).to(dtype), dbt.t().to(ctx.b_dtype), None
 
 
 def _inject_fused(model: FusedCausalLM, c, mcfg, targets: tuple[str, ...]) -> int:

@@ -167,10 +167,10 @@ def test_the_split_mlps_swiglu_gives_autograds_bits_on_cuda():
     assert_swiglu_is_autograds(torch.randn(2, 256, 2 * 1024, device="cuda").bfloat16())
 
 
-def test_te_swiglu_of_a_split_mlp_is_layernormmlps_and_as_close_to_fp32_as_autograds():
+def test_te_swiglu_of_a_split_mlp_is_layernormmlps_and_fp32s_to_bf16_rounding():
     """A split MLP on TE runs TE's SwiGLU kernels (fp8lab.fp8.backends.te.TESwiGLU): in BF16 the split MLP gives
-    LayerNormMLP's output from the same weights, and the values and gradient are at least as close to fp32's as
-    autograd's bf16 ``silu(gate) * up``."""
+    LayerNormMLP's output from the same weights, and its values and gradient are fp32's to bf16 rounding, as
+    autograd's bf16 ``silu(gate) * up`` are (norm-wise: the largest error may be either's)."""
     _need_te()
     from fp8lab.fp8.backends.te import TESwiGLU
     from fp8lab.fp8.convert import convert_model
@@ -178,11 +178,11 @@ def test_te_swiglu_of_a_split_mlp_is_layernormmlps_and_as_close_to_fp32_as_autog
     from fp8lab.model.models import build_model
 
     torch.manual_seed(0)
-    y = torch.randn(2, 256, 2 * 1024, device="cuda")
+    y = torch.randn(2, 256, 2 * 1024, device="cuda").bfloat16().float()  # bf16 values: the reference sees no rounding
     ref = y.clone().requires_grad_()
     gate, up = ref.chunk(2, -1)
     h_ref = torch.nn.functional.silu(gate) * up
-    dh = torch.randn_like(h_ref)
+    dh = torch.randn_like(h_ref).bfloat16().float()
     h_ref.backward(dh)
     errors = {}
     for name, fn in (("te", TESwiGLU.apply), ("autograd", lambda t: torch.nn.functional.silu(t.chunk(2, -1)[0])
@@ -191,14 +191,15 @@ def test_te_swiglu_of_a_split_mlp_is_layernormmlps_and_as_close_to_fp32_as_autog
         h = fn(mine)
         h.backward(dh.bfloat16())
         assert h.dtype == mine.grad.dtype == torch.bfloat16
-        errors[name] = (float((h.float() - h_ref).abs().max()), float((mine.grad.float() - ref.grad).abs().max()))
-    assert errors["te"][0] <= errors["autograd"][0] and errors["te"][1] <= errors["autograd"][1], errors
+        errors[name] = (float((h.float() - h_ref).norm() / h_ref.norm()),
+                        float((mine.grad.float() - ref.grad).norm() / ref.grad.norm()))
+    assert all(e < 2 ** -8 for pair in errors.values() for e in pair), errors  # bf16 keeps 8 significant bits
 
     model = convert_model(build_model("llama-tiny", device="cuda", seed=0), backend="te", fuse=True)
     blk = model.blocks[0]
     fused = blk.mlp
     model.split_mlps()
-    assert isinstance(blk.mlp, SplitMLP) and blk.mlp._swiglu is TESwiGLU.apply
+    assert isinstance(blk.mlp, SplitMLP) and blk.mlp._swiglu == TESwiGLU.apply
     x = torch.randn(2, 64, model.spec.hidden, device="cuda", dtype=next(fused.parameters()).dtype)
     with torch.no_grad():
         want, got = fused(x).float(), blk.mlp(x).float()

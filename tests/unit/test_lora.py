@@ -344,3 +344,27 @@ def test_the_split_mlps_swiglu_gives_autograds_values_and_gradients_bit_for_bit(
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         assert_swiglu_is_autograds(torch.randn(3, 7, 2 * 40).to(dtype))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 2.0])
+def test_the_low_rank_sum_is_written_into_the_gemms_output_with_addmms_bits_and_gradients(alpha):
+    """``AddLowRank`` (BlockAdapters' last product): out-of-place addmm's values and gradients bit for bit under bf16
+    autocast, written into the GEMM output's own memory (no copy of the whole output first)."""
+    from fp8lab.train.lora import AddLowRank
+
+    torch.manual_seed(0)
+    out, z, b = torch.randn(4, 10, 96).bfloat16(), torch.randn(4, 10, 24).bfloat16(), torch.randn(96, 24) * 0.05
+    results = []
+    for mine in (True, False):
+        o, zz, bb = (t.clone().requires_grad_() for t in (out, z, b))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fresh = o * 1  # a GEMM's output: not a leaf, nothing saves it
+            if mine:
+                y = AddLowRank.apply(fresh, zz, bb, alpha)
+                assert y.data_ptr() == fresh.data_ptr()
+            else:
+                y = torch.addmm(fresh.reshape(-1, 96), zz.reshape(-1, 24), bb.t(), alpha=alpha).view(fresh.shape)
+        (y.float() * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+        results.append((y.detach(), o.grad, zz.grad, bb.grad))
+    assert [t.dtype for t in results[0]] == [torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32]
+    assert all(torch.equal(m, w) for m, w in zip(*results))
