@@ -19,9 +19,9 @@
 #   SS  as S, full SFT only (~2 min)
 #   LF1 as LF, the fused blocks only (~1.5 min)
 #   LA  the plain LoRA command (`--lora-rank 16`, `--fuse auto`: the fused blocks), Llama-3.2-1B and Llama-3.1-8B,
-#       BF16 and FP8, after the GPU tests of LoRA and the fused conversion (~5 min; tag lora-v2: session 38's
-#       lora-auto runs were before the joined adapters, TE's SwiGLU kernels in the split MLP and current scaling
-#       for sft; LA_MODELS picks the models)
+#       BF16 and FP8, after the GPU tests of LoRA and the fused conversion (~5 min; tag lora-v3: the adapters'
+#       sum written into the GEMM's output; lora-v2 was before it, with the joined adapters, TE's SwiGLU kernels in
+#       the split MLP and current scaling for sft; session 38's lora-auto before those; LA_MODELS picks the models)
 #   FB  the loss study again, larger: after P, the instruction set prepared with the base's tokenizer and a quarter
 #       held out (60 examples), then BF16, FP8 delayed (the default) and FP8 current over seeds 1234, 4321 and 2025,
 #       into finetune-heldout-<gpu>/ (~6 min with P; needs P on this machine)
@@ -58,7 +58,7 @@ for part in "$@"; do
   LF1) pair llama-3.2-1b 6 lora-fuse-True '--task sft --lora-rank 16 --fuse True' ;;
   LA) timeout 240 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/gpu/test_lora_gpu.py tests/gpu/test_convert_gpu.py \
         > $RES/logs/la-tests.txt 2>&1; tail -1 $RES/logs/la-tests.txt; pack
-      for m in ${LA_MODELS:-llama-3.2-1b llama-3.1-8b}; do pair $m 5 lora-v2 '--task sft --lora-rank 16'; done ;;
+      for m in ${LA_MODELS:-llama-3.2-1b llama-3.1-8b}; do pair $m 5 lora-v3 '--task sft --lora-rank 16'; done ;;
   LM) for run in True:1 True:2 False:2; do
         python3 benchmarks/lora_memory_probe.py --model data/reference/configs/llama-3.1-8b --data $SFT --task sft \
           --lora-rank 16 --fuse ${run%:*} --micro-batch-size ${run#*:} --grad-accum 1 --seq-len 2048 --steps 2 \
