@@ -39,6 +39,7 @@ OUT=${OUT:-/tmp/out}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E "h100|h200" | tr 'H' 'h')
 RES=/tmp/res-ft
 STUDY=finetune-${GPU:-gpu}
+rm -rf $RES /tmp/ft/bench  # a warm machine may keep an earlier call's results and logs: pack only this call's
 mkdir -p $RES/$STUDY $RES/logs /tmp/ft
 SFT=data/sft/kjv-qa.jsonl
 H=(python3 benchmarks/throughput.py --out $RES/$STUDY --study $STUDY --work /tmp/ft/bench --timeout 400

@@ -24,6 +24,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 RES=/tmp/res
+rm -rf $RES /tmp/bench  # a warm machine may keep an earlier call's results and logs: pack only this call's
 mkdir -p $RES/memory-modes-h100 $RES/logs
 H=(python3 benchmarks/throughput.py --out $RES/memory-modes-h100 --study memory-modes-h100 --work /tmp/bench
    --timeout 400 --steps 6 --warmup 2 --variants default-bf16,default-fp8)
