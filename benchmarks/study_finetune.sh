@@ -29,8 +29,8 @@
 #       plain layout, full SFT and LoRA rank 16, BF16 and FP8, one profiled step each (~3 min)
 #   CA  the plain full-SFT command once --recipe auto took current scaling for sft: Llama-3.2-1B, BF16 and FP8
 #       (~1.5 min)
-#   LC  as LA for Llama-3.1-8B without the FP8 weight cache (--fp8-weight-cache False): the frozen base's 13 GiB of
-#       cached FP8 weights traded for micro-batch 4 instead of 2, both precisions (~3 min)
+#   LC  as LA for Llama-3.1-8B at micro-batch 2, the layout before the memory estimate stopped counting LoRA's
+#       bf16 inputs twice in BF16 (auto now takes 4) (~3 min)
 #   LM  where the 8B LoRA's memory goes (benchmarks/lora_memory_probe.py): Llama-3.1-8B BF16, fused blocks at
 #       micro-batch 1 and 2, peft's unfused at 2, two steps each (~2 min)
 # Run on the device machine:
@@ -70,7 +70,7 @@ for part in "$@"; do
         grep -E "\[probe\]|layout|Error" $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt; pack
       done ;;
   CA) pair llama-3.2-1b 6 sft-current '--task sft' ;;
-  LC) pair llama-3.1-8b 5 lora-v3-nocache '--task sft --lora-rank 16 --fp8-weight-cache False' ;;
+  LC) pair llama-3.1-8b 5 lora-v3-mb2 '--task sft --lora-rank 16 --micro-batch-size 2' ;;
   LP) for run in bf16:sft fp8:sft bf16:lora fp8:lora; do
         prec=${run%:*} kind=${run#*:}; lora=; [ $kind = lora ] && lora='--lora-rank 16'
         python3 -m fp8lab.train --model data/reference/configs/llama-3.2-1b --data $SFT --task sft $lora \

@@ -155,18 +155,18 @@ def _fused_gemms(mcfg) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _lora_fused_bytes(mcfg, targets: tuple[str, ...], dropout: bool) -> int:
-    """Activation bytes per token and block that LoRA's adapters on the fused blocks add: they keep the inputs of
-    the GEMMs they adapt (norms' outputs, the attention's and the activation's outputs) in bf16 where the frozen
-    GEMMs keep none (a byte each beyond the FP8 copy a trained GEMM keeps, which ACT_BYTES counts), with dropout
-    each adapter its own dropped copy and mask (3 bytes); the split MLP's activation keeps gate and up (2 bytes each)
-    beside TE's one copy."""
+def _lora_fused_bytes(mcfg, targets: tuple[str, ...], dropout: bool, kind: str) -> int:
+    """Activation bytes per token and block that LoRA's adapters on the fused blocks add (``kind``: the GEMMs'
+    precision, ACT_BYTES's key). The adapters keep the inputs of the GEMMs they adapt (norms' outputs, the
+    attention's and the activation's outputs) in bf16 where the frozen GEMMs keep none: in FP8 a byte each beyond the
+    FP8 copy a trained GEMM keeps (which ACT_BYTES counts), in BF16 nothing beyond the bf16 copy it keeps. With
+    dropout each adapter keeps its own dropped copy and mask (3 bytes). The split MLP's SwiGLU (TE's kernels) keeps
+    fc1's output alone, as LayerNormMLP does."""
     gemm_input = {g: width for g, (width, _, _) in _fused_gemms(mcfg).items()}
     gemms = [families.PROJECTIONS[mcfg.family][n][0] for n in targets]  # one per adapter
-    kept = sum(gemm_input[g] for g in set(gemms))
+    kept = sum(gemm_input[g] for g in set(gemms)) if kind == "fp8" else 0
     dropped = 3 * sum(gemm_input[g] for g in gemms) if dropout else 0
-    split = 2 * mcfg.intermediate_size if {"fc1", "fc2"} & set(gemms) else 0
-    return kept + dropped + split
+    return kept + dropped
 
 
 def build_bytes(mcfg, *, backend: str | None, fuse: bool) -> int:
@@ -242,7 +242,7 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
     if backend is None or (backend == "te" and not fuse) or backend == "emulated":
         per_layer *= HF_EAGER_FACTOR
     elif lora is not None and backend == "te":  # LoRA on the fused blocks (fp8lab.train.lora): what adapters keep
-        per_layer += _lora_fused_bytes(mcfg, *lora)
+        per_layer += _lora_fused_bytes(mcfg, *lora, kind)
     layers = mcfg.num_layers * per_layer
     if activation_checkpointing:  # block inputs kept, one block recomputed at a time
         layers = mcfg.num_layers * 2 * mcfg.hidden_size + per_layer
