@@ -368,3 +368,40 @@ def test_the_low_rank_sum_is_written_into_the_gemms_output_with_addmms_bits_and_
         results.append((y.detach(), o.grad, zz.grad, bb.grad))
     assert [t.dtype for t in results[0]] == [torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32]
     assert all(torch.equal(m, w) for m, w in zip(*results))
+
+
+def test_the_low_rank_sum_goes_into_a_custom_functions_view_output_with_its_gradients():
+    """TE's modules return their outputs as views made inside an autograd Function, which autograd forbids modifying
+    in place; ``AddLowRank`` still writes into that memory and every gradient (through the Function's own backward
+    included) equals an out-of-place addmm's."""
+    from fp8lab.train.lora import AddLowRank
+
+    class GemmReturningViews(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return (x.reshape(-1, x.shape[-1]) @ w.t()).view(*x.shape[:-1], w.shape[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            g2 = g.reshape(-1, g.shape[-1])
+            return (g2 @ w).view(x.shape), g2.t() @ x.reshape(-1, x.shape[-1])
+
+    torch.manual_seed(0)
+    inputs = torch.randn(2, 5, 8), torch.randn(12, 8), torch.randn(2, 5, 4), torch.randn(12, 4)
+    results = []
+    for mine in (True, False):
+        x, w, z, b = (t.clone().requires_grad_() for t in inputs)
+        out = GemmReturningViews.apply(x, w)
+        assert out._is_view()
+        if mine:
+            with pytest.raises(RuntimeError, match="view"):
+                out.add_(1.0)  # what autograd forbids
+            y = AddLowRank.apply(out, z, b, 2.0)
+            assert y.data_ptr() == out.data_ptr()
+        else:
+            y = torch.addmm(out.reshape(-1, 12), z.reshape(-1, 4), b.t(), alpha=2.0).view(out.shape)
+        (y * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+        results.append((y.detach(), x.grad, w.grad, z.grad, b.grad))
+    assert all(torch.allclose(m, r) for m, r in zip(*results))
