@@ -14,7 +14,8 @@ The policy, on a GPU:
 * micro-batch: the largest power of two, up to ``MICRO_BATCH_TOKENS`` tokens per GPU, whose
   estimated peak memory (:func:`estimate_memory`, the larger of the BF16 and FP8 estimates, so
   both precisions get the *same* layout) fits the GPU's memory less a head-room;
-* gradient accumulation: ``TOKENS_PER_GPU_STEP`` tokens per GPU per optimizer step, with at most
+* gradient accumulation: ``TOKENS_PER_GPU_STEP`` tokens per GPU per optimizer step (twice that under
+  ``--memory offload``, whose host copies cost the same per step), with at most
   ``MAX_GLOBAL_TOKENS_PER_STEP`` over all GPUs and at most ``MAX_GRAD_ACCUM`` micro-batches;
 * FSDP2 keeps the weights gathered for the whole step when they fit (``--fsdp-keep-weights``);
 * activation checkpointing off, unless no micro-batch fits without it (``--activation-checkpointing``).
@@ -73,6 +74,9 @@ GPU_SEQ_LEN = 2048
 CPU_SEQ_LEN, CPU_MICRO_BATCH = 256, 4  # quick CPU defaults (tests, notebooks on a laptop)
 MICRO_BATCH_TOKENS = 32_768  # largest micro-batch considered, tokens per GPU (16 x 2048: GEMMs are large by then)
 TOKENS_PER_GPU_STEP = 131_072  # target tokens per optimizer step per GPU (the best measured 1B layout: 16 x 2048 x 4)
+# --memory offload moves its states over PCIe once per step (~24 bytes per parameter: ~2 s at 7B, whatever the tokens):
+# twice the tokens per step halve that fixed cost's share, still far below Llama 2's batch
+OFFLOAD_TOKENS_PER_GPU_STEP = 2 * TOKENS_PER_GPU_STEP
 MAX_GLOBAL_TOKENS_PER_STEP = 4 * 2**20  # at most ~4M tokens per optimizer step over all GPUs (Llama 2's batch)
 MAX_GRAD_ACCUM = 32  # short sequences or tiny micro-batches do not get hundreds of micro-steps
 HEADROOM_GIB, HEADROOM_FRACTION = 5.0, 0.05  # kept free: the larger of the two
@@ -580,6 +584,7 @@ def resolve_mode(c, machine: Machine, backend: str | None, mcfg=None, loss_kerne
     sharded = is_sharded(c.parallel, machine.world_size)
     ga_auto, keep_auto, mb_auto = c.grad_accum == AUTO, c.fsdp_keep_weights == AUTO, c.micro_batch_size == AUTO
     budget = _budget(machine)
+    step_tokens = OFFLOAD_TOKENS_PER_GPU_STEP if memory_modes.get(memory_mode).offloaded else TOKENS_PER_GPU_STEP
 
     def accum_for(mb: int) -> int:
         if not ga_auto:
@@ -588,7 +593,7 @@ def resolve_mode(c, machine: Machine, backend: str | None, mcfg=None, loss_kerne
             return 1
         per_micro = mb * seq
         cap = MAX_GLOBAL_TOKENS_PER_STEP // (per_micro * machine.world_size)
-        return max(1, min(TOKENS_PER_GPU_STEP // per_micro, cap, MAX_GRAD_ACCUM))
+        return max(1, min(step_tokens // per_micro, cap, MAX_GRAD_ACCUM))
 
     def keep_for(ga: int) -> bool:
         if not keep_auto:
@@ -645,7 +650,9 @@ def resolve_mode(c, machine: Machine, backend: str | None, mcfg=None, loss_kerne
                 f"{machine.memory_gib:.0f} GiB of {machine.name}; "
                 + remedies(e, machine.memory_gib, sharded=sharded, ckpt_tried=ckpt, explicit_batch=True))
     if ga_auto and gpu:
-        reasons["grad_accum"] = f"accumulation {ga}: {ga * mb * seq:,} tokens/GPU/step (target {TOKENS_PER_GPU_STEP:,})"
+        why = (", twice the usual: offload's host copies cost the same per step"
+               if step_tokens > TOKENS_PER_GPU_STEP else "")
+        reasons["grad_accum"] = f"accumulation {ga}: {ga * mb * seq:,} tokens/GPU/step (target {step_tokens:,}{why})"
     if keep_auto and keep:
         reasons["fsdp_keep_weights"] = "FSDP2 keeps weights gathered: one all-gather per step"
     if ckpt and c.activation_checkpointing == AUTO:

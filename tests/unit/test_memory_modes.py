@@ -176,6 +176,22 @@ def test_auto_takes_offload_first_where_its_check_holds_and_the_host_holds_its_s
 
 
 @pytest.mark.parametrize("model", ["llama-7b", "data/reference/configs/mistral-7b-v0.3", LLAMA_8B])
+def test_offload_accumulates_twice_the_tokens_per_step_its_host_copies_cost_the_same_per_step(model):
+    lay = _p5(model).layout
+    # at most MAX_GRAD_ACCUM micro-batches: the 8B's 128K-vocabulary logits leave room for micro-batch 2 only
+    want = 131_072 if model == LLAMA_8B else 262_144
+    assert lay.micro_batch_size * lay.seq_len * lay.grad_accum == want
+    assert lay.grad_accum == min(fl.OFFLOAD_TOKENS_PER_GPU_STEP // (lay.micro_batch_size * 2048), fl.MAX_GRAD_ACCUM)
+    assert "twice the usual" in lay.reasons["grad_accum"]
+    big = Machine("cuda", "a 192 GB GPU", 178.0, host_memory_gib=256.0, te_usable=True, fp8=True)
+    plain = _p5(model, machine=big).layout  # fits plain: the usual target, the same reasons line as ever
+    assert plain.memory_mode == "plain" and "twice" not in plain.reasons["grad_accum"]
+    assert plain.micro_batch_size * plain.seq_len * plain.grad_accum == fl.TOKENS_PER_GPU_STEP
+    named = _p5(model, memory="offload", grad_accum=8).layout  # an explicit accumulation wins
+    assert named.grad_accum == 8
+
+
+@pytest.mark.parametrize("model", ["llama-7b", "data/reference/configs/mistral-7b-v0.3", LLAMA_8B])
 def test_with_the_committed_evidence_the_plain_commands_train_the_7_8b_models_on_one_p5_gpu(model):
     """`fp8lab train --model M --precision bf16|fp8` and nothing else, on one H100 with P5's host memory per GPU."""
     committed = fevidence.load()
