@@ -31,6 +31,11 @@
 #       (~1.5 min)
 #   LC  as LA for Llama-3.1-8B at micro-batch 2, the layout before the memory estimate stopped counting LoRA's
 #       bf16 inputs twice in BF16 (auto now takes 4) (~3 min)
+#   LD  as LA with --recipe delayed (the frozen base's weight scales never change; full SFT's FP8 ran 5% faster
+#       delayed than current in session 30): what the LoRA ratio would be if its loss check allowed delayed (~5 min)
+#   LL  the loss check LD needs: after P, LoRA rank 16 on the pretrained base, the instruction set with a quarter held
+#       out, BF16, FP8 delayed and FP8 current over seeds 1234, 4321 and 2025, into finetune-lora-heldout-<gpu>/
+#       (~5 min; needs P on this machine)
 #   LM  where the 8B LoRA's memory goes (benchmarks/lora_memory_probe.py): Llama-3.1-8B BF16, fused blocks at
 #       micro-batch 1 and 2, peft's unfused at 2, two steps each (~2 min)
 # Run on the device machine:
@@ -70,6 +75,20 @@ for part in "$@"; do
         grep -E "\[probe\]|layout|Error" $RES/logs/probe-fuse-${run%:*}-mb${run#*:}.txt; pack
       done ;;
   CA) pair llama-3.2-1b 6 sft-current '--task sft' ;;
+  LD) for m in ${LA_MODELS:-llama-3.2-1b llama-3.1-8b}; do
+        pair $m 5 lora-v3-delayed '--task sft --lora-rank 16 --recipe delayed'
+      done ;;
+  LL) HELD=/tmp/ft/kjv-qa-held25
+      python3 -m fp8lab prepare-data --task sft --model $BASE --source $SFT --val-fraction 0.25 $HELD \
+        > $RES/logs/prepare-held25.txt 2>&1; tail -1 $RES/logs/prepare-held25.txt
+      LORA="${FT/--lr 5e-5/--lr 2e-4} --lora-rank 16"
+      HL=("${H[@]}" --out $RES/finetune-lora-heldout-${GPU:-gpu} --study finetune-lora-heldout-${GPU:-gpu} --steps 15
+          --warmup 3 --data $HELD --models $BASE)
+      for seed in 1234 4321 2025; do
+        "${HL[@]}" --seed $seed --tag lora-delayed-s$seed --common-args "$LORA --recipe delayed"; pack
+        "${HL[@]}" --seed $seed --tag lora-current-s$seed --variants default-fp8 --common-args "$LORA --recipe current"
+        pack
+      done ;;
   LC) pair llama-3.1-8b 5 lora-v3-mb2 '--task sft --lora-rank 16 --micro-batch-size 2' ;;
   LP) for run in bf16:sft fp8:sft bf16:lora fp8:lora; do
         prec=${run%:*} kind=${run#*:}; lora=; [ $kind = lora ] && lora='--lora-rank 16'
