@@ -6,7 +6,7 @@ code from the folder), so the token ids mean what they meant to the checkpoint. 
 tokenizer files use fp8lab's BPE tokenizer (``fp8lab.data.tokens``), as before.
 
 The choice is recorded as the manifest's ``tokenizer_source`` (``BPE_SOURCE``, or the folder's name and a digest of its
-tokenizer files), so a token cache made with one tokenizer is never reused for another and the data's identity (a
+tokenizer files and chat template), so a token cache made with one tokenizer is never reused for another and the data's identity (a
 checkpoint's fingerprint) differs between them.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def source(model: str | None) -> dict[str, Any]:
     if where is None:
         return dict(BPE_SOURCE)
     h = hashlib.sha256()
-    names = [n for n in user_model.TOKENIZER_FILES if (where / n).is_file()]
+    names = [n for n in user_model.TOKENIZER_FOLDER_FILES if (where / n).is_file()]  # a new template: new tokens
     for n in names:
         h.update(n.encode() + b"\0" + (where / n).read_bytes() + b"\0")
     return {"kind": "model", "name": model if model.startswith(user_model.HF_PREFIX) else where.name,

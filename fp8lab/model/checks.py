@@ -237,6 +237,13 @@ def check_tokenizer_files(folder: Path, root: Path, names: tuple[str, ...]) -> N
                                  "the files save_pretrained writes, or remove it") from None
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"--model: tokenizer file {name!r} cannot be read ({type(exc).__name__})") from None
+        if name.endswith(".jinja"):
+            try:
+                p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"--model: chat template {name!r} cannot be read as UTF-8 text "
+                                 f"({type(exc).__name__}); allowed: the file save_pretrained writes, or remove it"
+                                 ) from None
         if name == "tokenizer.json":
             why = tokenizer_problem(p)
             if why:

@@ -57,7 +57,11 @@ SUPPORTED = {k: f"{f.hf_class} ({f.label})" for k, f in families.SUPPORTED.items
 # files of a tokenizer that save_pretrained/from_pretrained read; copied to the exported folder
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json")
-HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", *TOKENIZER_FILES]
+# where save_pretrained keeps the chat template beside them (recent transformers no longer inside
+# tokenizer_config.json): copied, hashed and fetched with them, but a template alone is no tokenizer
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+TOKENIZER_FOLDER_FILES = TOKENIZER_FILES + CHAT_TEMPLATE_FILES
+HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", *TOKENIZER_FOLDER_FILES]
 CONNECT_TIMEOUT_S = 3.0
 
 
@@ -207,7 +211,7 @@ def _load(folder: str, mtime_ns: int) -> tuple[Any, str]:
 @functools.lru_cache(maxsize=32)
 def _check_folder(folder: str, root: str, mtime_ns: int, files: tuple) -> None:
     """Weights and tokenizer files (fp8lab.model.checks), once per version of the folder's files."""
-    model_checks.check_folder(Path(folder), Path(root), _load(folder, mtime_ns)[0], TOKENIZER_FILES)
+    model_checks.check_folder(Path(folder), Path(root), _load(folder, mtime_ns)[0], TOKENIZER_FOLDER_FILES)
 
 
 def _root(spec: str, folder: Path) -> Path:
@@ -259,7 +263,7 @@ def describe(spec: str) -> dict[str, Any]:
         "config_sha256": config_sha256(spec),
         "weights": "loaded (from_pretrained)" if model_checks.has_weights(folder) else "random init from config.json",
         # exported with the model when present; they tokenize the run's text unless --data is prepared already
-        "tokenizer_files": [n for n in TOKENIZER_FILES if (folder / n).is_file()],
+        "tokenizer_files": [n for n in TOKENIZER_FOLDER_FILES if (folder / n).is_file()],
     }
 
 
@@ -304,7 +308,8 @@ def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
         return []
     folder = folder_of(spec)
     copied = []
-    for name in TOKENIZER_FILES:  # checked at the start (model_checks); a link leaving the folder is never copied
+    # checked at the start (model_checks); a link leaving the folder is never copied
+    for name in TOKENIZER_FOLDER_FILES:
         if (folder / name).is_file() and fpaths.is_inside(folder / name, _root(spec, folder)):
             shutil.copyfile(folder / name, model_dir / name)
             copied.append(name)

@@ -36,6 +36,7 @@ def save_folder(path, cfg):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(str(path))
     tok = PreTrainedTokenizerFast(tokenizer_file=str(fdata.shipped_tokenizer_path(512)), eos_token=fdata.EOS_TOKEN)
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     tok.save_pretrained(str(path))
     return path
 
@@ -109,6 +110,12 @@ def test_lora_trains_only_the_adapters_and_both_exports_give_the_trained_logits(
     assert not any(".lora_" in k or "base_layer" in k for k in merged.state_dict())
     torch.testing.assert_close(logits(merged, cfg.vocab_size), want, rtol=1e-4, atol=1e-4)
     assert (adapter_dir / "merged" / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    # both chat with the template the run was trained on (save_pretrained keeps it in chat_template.jinja)
+    from transformers import AutoTokenizer
+
+    template = AutoTokenizer.from_pretrained(str(src)).chat_template
+    assert template and all(AutoTokenizer.from_pretrained(str(d)).chat_template == template
+                            for d in (adapter_dir, adapter_dir / "merged"))
 
 
 def test_a_finished_lora_run_is_kept_and_its_folder_reused(prepared, tmp_path):

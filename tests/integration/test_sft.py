@@ -76,6 +76,20 @@ def test_a_folder_with_tokenizer_files_tokenizes_the_data_with_it(folders, tmp_p
     assert "the model's own tokenizer (qwen2" in run_data.notes(out, m, 64)[0]
 
 
+def test_the_chat_template_is_part_of_the_tokenizer_s_identity(folders, tmp_path):
+    """A changed template renders other tokens: a token cache made with the old one is never reused."""
+    import shutil
+
+    folder = shutil.copytree(folders["llama"], tmp_path / "llama")
+    template = folder / "chat_template.jinja"
+    before = model_tokenizer.source(str(folder))
+    assert template.is_file() and "chat_template.jinja" in before["files"]
+    template.write_text(template.read_text() + "{# edited #}")
+    assert model_tokenizer.source(str(folder))["sha256"] != before["sha256"]
+    template.unlink()  # a template alone is no tokenizer; without one the folder still has its tokenizer
+    assert model_tokenizer.folder(str(folder)) == folder
+
+
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
     folder = model_folder(tmp_path / "small", "llama", vocab_size=300)
     with pytest.raises(ValueError, match=r"its tokenizer has 400 tokens \(ids 0..399\) but its config.json has "
