@@ -261,6 +261,10 @@ def foreign(folder: str | Path, kind: str) -> list[str]:
 
 def refuse_foreign(option: str, folder: str | Path, kind: str) -> None:
     """ValueError naming ``option`` when ``folder`` holds files fp8lab did not write."""
+    m = _marker(Path(folder)) if Path(folder).is_dir() else None
+    if m is not None and m["kind"] != kind:  # fp8lab's own folder, of another kind: say so, not "files not ours"
+        raise ValueError(f"{option}={str(folder)!r} is an fp8lab {m['kind']} folder, not a {kind} folder; fp8lab "
+                         f"never mixes them; allowed: a new or empty folder, or an fp8lab {kind} folder")
     bad = foreign(folder, kind)
     if bad:
         shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")

@@ -56,6 +56,9 @@ def test_a_hard_link_or_a_marker_of_another_kind_is_not_fp8labs(tmp_path):
     os.link(tokens / "manifest.json", tmp_path / "elsewhere.json")  # the same bytes under a second name
     assert ownership.foreign(tokens, "tokens") == ["manifest.json"]
     assert ownership.foreign(tokens, "model") == [".fp8lab-owner.json (an fp8lab tokens folder, not a model folder)"]
+    with pytest.raises(ValueError, match=r"^--model-dir='.*tokens' is an fp8lab tokens folder, not a model folder; "
+                                         r".*allowed: a new or empty folder, or an fp8lab model folder$"):
+        ownership.refuse_foreign("--model-dir", tokens, "model")
 
 
 def test_remove_own_deletes_only_unchanged_files_fp8lab_wrote(tmp_path):
