@@ -6,8 +6,8 @@ code from the folder), so the token ids mean what they meant to the checkpoint. 
 tokenizer files use fp8lab's BPE tokenizer (``fp8lab.data.tokens``), as before.
 
 The choice is recorded as the manifest's ``tokenizer_source`` (``BPE_SOURCE``, or the folder's name and a digest of its
-tokenizer files and chat template), so a token cache made with one tokenizer is never reused for another and the data's identity (a
-checkpoint's fingerprint) differs between them.
+tokenizer files and chat template), so a token cache made with one tokenizer (or template) is never reused for
+another and the data's identity (a checkpoint's fingerprint) differs between them.
 """
 from __future__ import annotations
 
