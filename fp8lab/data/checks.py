@@ -70,6 +70,41 @@ def _open_binary(path: Path):
     return open(path, "rb")
 
 
+def not_utf8(who: str, exc: UnicodeDecodeError, line_no: int) -> ValueError:
+    """The one line for a file that is not UTF-8: its first bad byte and line. A UTF-16 file (its byte-order mark)
+    gets its own iconv hint: converting it as Latin-1 would garble every character."""
+    utf16 = line_no == 1 and exc.start == 0 and bytes(exc.object[:2]) in (b"\xff\xfe", b"\xfe\xff")
+    return ValueError(f"{who} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line_no}"
+                      f"{', a UTF-16 byte-order mark' if utf16 else ''}); allowed: UTF-8 text (convert it first, e.g. "
+                      f"iconv -f {'utf-16' if utf16 else 'latin1'} -t utf-8)")
+
+
+def unreadable_archive(who: str, path: Path, exc: BaseException, files: str = "text files") -> ValueError:
+    """The one line for a damaged (or mislabelled) .xz / .gz file, ``exc`` being its reader's error."""
+    return ValueError(f"{who} is not a readable {path.suffix} archive ({exc}); allowed: {files}, optionally compressed "
+                      "with xz or gzip")
+
+
+def utf8_lines(path: Path, who: str, files: str = "text files"):
+    """The lines of a file (an .xz / .gz one decompressed), bounded (:func:`bounded_lines`) and decoded as UTF-8: a
+    damaged archive, a byte that is not UTF-8 or a file that cannot be read is a ValueError naming ``who`` and, for a
+    decode error, the line, worded as :func:`scan_text_file` words them (``files``: what its "allowed" names)."""
+    line_no = 0
+    try:
+        with _open_binary(path) as fh:
+            for raw in bounded_lines(fh, who):
+                line_no += 1
+                try:
+                    text = raw.decode("utf-8")  # whole lines: a multi-byte character never spans two
+                except UnicodeDecodeError as exc:
+                    raise not_utf8(who, exc, line_no) from None
+                yield text
+    except ARCHIVE_ERRORS as exc:
+        raise unreadable_archive(who, path, exc, files) from None
+    except OSError as exc:
+        raise ValueError(f"{who} cannot be read ({exc.strerror or exc})") from None
+
+
 def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) -> int:
     """Documents (blank-line separated blocks) in the first ``limit`` bytes; ValueError if not UTF-8 text."""
     who = f"{option}: file {path.name!r}"
@@ -90,8 +125,7 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
                 try:
                     text = decoder.decode(raw)
                 except UnicodeDecodeError as exc:
-                    raise ValueError(f"{who} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line_no}); "
-                                     "allowed: UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)") from None
+                    raise not_utf8(who, exc, line_no) from None
                 if text.strip():
                     docs += jsonl or not in_doc
                     in_doc = True
@@ -106,8 +140,7 @@ def scan_text_file(path: Path, option: str = "--data", limit: int = SCAN_BYTES) 
                 raise ValueError(f"{who} is not UTF-8 text (it ends inside a multi-byte character); "
                                  "allowed: UTF-8 text") from None
     except ARCHIVE_ERRORS as exc:
-        raise ValueError(f"{who} is not a readable {path.suffix} archive ({exc}); "
-                         "allowed: text files, optionally compressed with xz or gzip") from None
+        raise unreadable_archive(who, path, exc) from None
     except OSError as exc:
         raise ValueError(f"{who} cannot be read ({exc.strerror or exc})") from None
     if docs == 0:

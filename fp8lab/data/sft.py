@@ -7,12 +7,13 @@ Each line of a ``.jsonl`` file is one example, either a conversation or a prompt
     {"prompt": "...", "response": "...", "system": "..."}          # "system" optional
 
 Roles are ``system``, ``user`` and ``assistant``; every assistant turn is an answer the model is trained on, and a
-user turn comes before the first one. The text is the tokenizer's chat template (``apply_chat_template``) where the
-tokenizer has one, else :data:`PLAIN_TEMPLATE` (docs/own-model.md shows it). An answer's tokens are found by
-rendering the conversation up to each assistant turn (its prompt with the generation prompt, then with the answer):
-the characters between the two, trailing whitespace left out, are the answer and its end-of-turn marker, and the
-tokens that start there carry the loss; every other token's label is the ignore index (-100,
-fp8lab.plan.fused_loss.IGNORE_INDEX), so the mean loss is over answer tokens only.
+user turn comes before the first one; answers and user turns are non-empty, and a record has one form, not both. The
+text is the tokenizer's chat template (``apply_chat_template``) where the tokenizer has one, else
+:data:`PLAIN_TEMPLATE` (docs/own-model.md shows it). An answer's tokens are found by rendering the conversation up
+to each assistant turn (its prompt with the generation prompt, then with the answer): the characters between the
+two, trailing whitespace left out, are the answer and its end-of-turn marker, and the tokens that start there carry
+the loss; every other token's label is the ignore index (-100, fp8lab.plan.fused_loss.IGNORE_INDEX), so the mean
+loss is over answer tokens only.
 
 :func:`prepare` tokenizes once into a prepared folder (the manifest's ``task`` is ``sft``): per split the token ids
 (``<split>_00000.bin``), a loss mask (``<split>_mask_00000.bin``, 1 on answer tokens) and the examples' record
@@ -27,7 +28,9 @@ none``) is given a per-example mask or positions restarting per example, so an e
 before it in its row as context (:data:`PACKING_NOTE`, said in the run's log), alike in BF16 and FP8 runs; its
 loss is still only its own answer tokens.
 
-Bad records are refused before anything is tokenized (:func:`check_source`), one line naming the record and field.
+Bad records are refused before anything is tokenized (:func:`check_source`), one line naming the record and field,
+as is a damaged prepared folder when it is opened (:func:`check_prepared`); a chat template that refuses a record is
+named with that record when it is rendered, before a model is built.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import numpy as np
 
 from fp8lab.core.paths import shipped_path
 from fp8lab.core.probes import check_member
+from fp8lab.core.validate import is_count
 from fp8lab.data import checks as data_checks
 from fp8lab.data import tokens as fdata
 from fp8lab.plan.fused_loss import IGNORE_INDEX
@@ -76,12 +80,24 @@ def _kind(v: Any) -> str:
             str: "a string"}.get(type(v), "null")
 
 
-def _text(obj: dict, key: str, where: str, field: str, nonempty: bool) -> str:
+# what an empty turn of each role is refused with (None: it may be empty). An empty user turn is refused in both
+# record forms: the answer would follow no question, which is almost always a conversion that lost the prompt
+NONEMPTY = {"user": "a non-empty prompt (the user turn the answer follows)",
+            "assistant": "a non-empty answer (the text trained on)", "system": None}
+
+
+def _text(obj: dict, key: str, where: str, field: str, role: str) -> str:
     v = obj[key]
     if not isinstance(v, str):
         raise ValueError(f"{where}: field {field} is {_kind(v)}, not a string; allowed: {RECORD_FORMS}")
-    if nonempty and not v.strip():
-        raise ValueError(f"{where}: field {field} is empty; allowed: a non-empty answer (the text trained on)")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a \ud800-style escape without its pair: no tokenizer can encode it
+        raise ValueError(f"{where}: field {field} is not valid Unicode text (a lone surrogate, "
+                         f"\\u{ord(v[exc.start]):04x} at character {exc.start}); allowed: valid Unicode text (a "
+                         "\\ud800-\\udbff escape followed by its \\udc00-\\udfff pair)") from None
+    if NONEMPTY[role] and not v.strip():
+        raise ValueError(f"{where}: field {field} is empty; allowed: {NONEMPTY[role]}")
     return v
 
 
@@ -91,6 +107,10 @@ def to_messages(obj: Any, where: str) -> list[dict[str, str]]:
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is {_kind(obj)}, not a JSON object; allowed: {RECORD_FORMS}")
     if "messages" in obj:
+        both = [k for k in ("prompt", "response", "system") if k in obj]
+        if both:  # only one of the two conversations would be trained on
+            raise ValueError(f"{where}: fields messages and {' / '.join(both)} are both given (one form would be "
+                             f"dropped unseen); allowed: one form per record, {RECORD_FORMS}")
         msgs = obj["messages"]
         if not isinstance(msgs, list) or not msgs:
             raise ValueError(f"{where}: field messages is {'an empty list' if msgs == [] else _kind(msgs)}; allowed: "
@@ -103,8 +123,7 @@ def to_messages(obj: Any, where: str) -> list[dict[str, str]]:
                                  f"{RECORD_FORMS}")
             if m["role"] not in ROLES:
                 raise ValueError(f"{where}: field {field}.role is {m['role']!r}; allowed: " + " | ".join(ROLES))
-            out.append({"role": m["role"], "content": _text(m, "content", where, f"{field}.content",
-                                                            m["role"] == "assistant")})
+            out.append({"role": m["role"], "content": _text(m, "content", where, f"{field}.content", m["role"])})
         roles = [m["role"] for m in out]
         if "assistant" not in roles:
             raise ValueError(f"{where}: field messages has no assistant turn; allowed: at least one (the answer "
@@ -117,46 +136,56 @@ def to_messages(obj: Any, where: str) -> list[dict[str, str]]:
     if missing:
         raise ValueError(f"{where}: field {missing[0]} is missing (and there is no messages list); allowed: "
                          f"{RECORD_FORMS}")
-    out = [{"role": "user", "content": _text(obj, "prompt", where, "prompt", True)},
-           {"role": "assistant", "content": _text(obj, "response", where, "response", True)}]
+    out = [{"role": "user", "content": _text(obj, "prompt", where, "prompt", "user")},
+           {"role": "assistant", "content": _text(obj, "response", where, "response", "assistant")}]
     if "system" in obj:
-        out.insert(0, {"role": "system", "content": _text(obj, "system", where, "system", False)})
+        out.insert(0, {"role": "system", "content": _text(obj, "system", where, "system", "system")})
     return out
 
 
 def records(files: list[Path], option: str = "--data") -> Iterator[tuple[int, list[dict[str, str]]]]:
     """(record number, messages) of every non-blank line of the files, numbered from 1 across them; a bad record
     is a ValueError naming the file, the record (and its line) and the field."""
+    for n, _, msgs in _records(files, option):
+        yield n, msgs
+
+
+def _records(files: list[Path], option: str) -> Iterator[tuple[int, str, list[dict[str, str]]]]:
+    """:func:`records` with each record's name in errors (file, record, line), for the errors found later (render)."""
     n = 0
     for path in files:
         if not path.name.endswith(JSONL_SUFFIXES):
             raise ValueError(f"{option}: file {path.name!r} is not JSON lines; with --task sft allowed: .jsonl files "
                              f"of {RECORD_FORMS}")
         who = f"{option}: file {path.name!r}"
-        with fdata._open_text(path) as fh:
-            for line_no, line in enumerate(data_checks.bounded_lines(fh, who), 1):
-                if not line.strip():
-                    continue
-                n += 1
-                where = f"{who} record {n} (line {line_no})"
-                try:
-                    obj = json.loads(line.rstrip("\r\n"))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{where} is not JSON ({exc.msg} at column {exc.colno}); allowed: "
-                                     f"{RECORD_FORMS}") from None
-                yield n, to_messages(obj, where)
+        for line_no, line in enumerate(data_checks.utf8_lines(path, who, ".jsonl files"), 1):
+            if not line.strip():
+                continue
+            n += 1
+            where = f"{who} record {n} (line {line_no})"
+            try:
+                obj = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where} is not JSON ({exc.msg} at column {exc.colno}); allowed: "
+                                 f"{RECORD_FORMS}") from None
+            except (ValueError, RecursionError) as exc:  # valid JSON past Python's limits: digits, nesting depth
+                why = "lists or objects nested too deeply" if isinstance(exc, RecursionError) else \
+                    str(exc).split(";")[0]
+                raise ValueError(f"{where} is JSON that Python's json cannot read ({why}); allowed: "
+                                 f"{RECORD_FORMS}") from None
+            yield n, where, to_messages(obj, where)
 
 
 def check_source(source: Any, option: str = "--data") -> int:
     """Every record of a ``--task sft`` source (None: the shipped set) is valid, before anything is tokenized;
     returns how many there are (at least 2: one held out). A prepared folder is checked as ``--data`` (fp8lab.data.
-    checks) and must have been prepared for sft."""
+    checks) and by :func:`check_prepared`, and must have been prepared for sft."""
     if isinstance(source, (str, Path)) and fdata.is_prepared(source):
         m = data_checks.check_prepared_folder(Path(source), option, scan_tokens=False)
         if m.get("task") != SFT:
             raise ValueError(f"{option}={str(source)!r} holds tokens prepared for --task {m.get('task', 'pretrain')}; "
                              "allowed with --task sft: a .jsonl file or a folder from fp8lab prepare-data --task sft")
-        return m["documents"]
+        return check_prepared(Path(source), m, option)
     files = _files(source, option)
     count = sum(1 for _ in records(files, option))
     if count < 2:
@@ -182,15 +211,29 @@ def template_of(tokenizer) -> tuple[str, str]:
     return PLAIN_TEMPLATE, "plain"
 
 
+def _template_name(tokenizer) -> str:
+    """The template in errors: the model folder's (named by ``--model``, which brought it) or fp8lab's plain one."""
+    if template_of(tokenizer)[1] == "plain":
+        return "fp8lab's plain chat template"
+    folder = Path(getattr(tokenizer, "name_or_path", "") or "").name
+    return f"--model's chat template ({folder!r})" if folder else "--model's chat template"
+
+
 def render(tokenizer, messages: list[dict[str, str]], where: str = "record") -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of one conversation: 1 on the tokens of each assistant answer and its end-of-turn
-    marker, 0 elsewhere (module doc). A template that does not render the earlier turns as a prefix of the later
-    ones cannot show where an answer starts: a ValueError naming the record."""
+    marker, 0 elsewhere (module doc). A template that refuses the conversation, or does not render the earlier turns
+    as a prefix of the later ones (so cannot show where an answer starts), is a ValueError naming the record."""
     template, _ = template_of(tokenizer)
 
     def text(msgs, prompt=False):
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=prompt,
-                                             chat_template=template)
+        try:
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=prompt,
+                                                 chat_template=template)
+        except Exception as exc:  # noqa: BLE001 - the template is the model folder's code: any failure is one line
+            said = " ".join(str(exc).split())[:200]
+            raise ValueError(f"{where}: {_template_name(tokenizer)} fails on it ({type(exc).__name__}: {said}); "
+                             "allowed: records that template accepts (many refuse a system turn, or turns that do "
+                             "not alternate user / assistant), or a --model whose template renders them") from None
 
     full = text(messages)
     spans = []
@@ -199,9 +242,9 @@ def render(tokenizer, messages: list[dict[str, str]], where: str = "record") -> 
             continue
         before, upto = text(messages[:i], prompt=True), text(messages[:i + 1])
         if not (upto.startswith(before) and full.startswith(upto)):
-            raise ValueError(f"{where}: the chat template does not render the conversation's earlier turns as the "
-                             f"start of the later ones (turn {i}), so the answer's tokens cannot be found; allowed: a "
-                             "template that appends each turn")
+            raise ValueError(f"{where}: {_template_name(tokenizer)} does not render the conversation's earlier turns "
+                             f"as the start of the later ones (turn {i}), so the answer's tokens cannot be found; "
+                             "allowed: a template that appends each turn (or another --model)")
         spans.append((len(before), len(upto.rstrip())))
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     starts = [a for a, _ in enc["offset_mapping"]]
@@ -223,8 +266,8 @@ def prepare(source: Any, out_dir: str | Path, tokenizer, *, tokenizer_source: di
             val_fraction: float = 0.05, option: str = "--data") -> dict[str, Any]:
     """Tokenize the instruction records of ``source`` (None: the shipped set) with ``tokenizer`` (a transformers fast
     tokenizer: fp8lab.data.model_tokenizer.load) into ``out_dir``; returns the manifest (module doc)."""
-    if not isinstance(val_fraction, (int, float)) or isinstance(val_fraction, bool) or not 0 < val_fraction < 0.5:
-        raise ValueError(f"val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
+    if not fdata.VAL_FRACTION(val_fraction):
+        raise ValueError(f"--val-fraction={val_fraction!r} is invalid; allowed: {fdata.VAL_FRACTION.allowed}")
     files = _files(source, option)
     count = check_source(source, option)
     out = Path(out_dir)
@@ -245,8 +288,8 @@ def _prepare_into(out: Path, files, count, tokenizer, tokenizer_source, val_frac
     held = split_of(count, val_fraction)
     examples: dict[str, list[list[int]]] = {"train": [], "val": []}
     try:
-        for n, msgs in records(files, option):
-            ids, mask = render(tokenizer, msgs, f"{option} record {n}")
+        for n, where, msgs in _records(files, option):
+            ids, mask = render(tokenizer, msgs, where)
             split = "val" if held[n - 1] else "train"
             writers[split].write(np.asarray(ids, dtype=np.int64))
             masks[split].write(np.asarray(mask, dtype=np.uint8))
@@ -286,13 +329,53 @@ def _mask_sum(folder: Path, name: str) -> int:
 
 # ----------------------------------------------------------------------------- reading
 
-def _examples(data_dir: Path, manifest: dict[str, Any], split: str) -> list[list[int]]:
+PREPARED = "allowed: a folder written by fp8lab prepare-data --task sft (prepare it again)"
+
+
+def _examples(data_dir: Path, manifest: dict[str, Any], split: str, option: str = "--data") -> list[list[int]]:
     name = manifest["splits"][split]["examples"]
     try:
-        return json.loads(check_member(data_dir, name).read_text())
+        return json.loads(check_member(data_dir, name, option).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--data: {name!r} in {data_dir.name!r} is missing or unreadable ({type(exc).__name__}); "
-                         "re-create the folder with fp8lab prepare-data --task sft") from None
+        raise ValueError(f"{option}: {name!r} in {data_dir.name!r} is missing or unreadable ({type(exc).__name__}); "
+                         f"{PREPARED}") from None
+
+
+def check_prepared(folder: Path, manifest: dict[str, Any], option: str = "--data") -> int:
+    """A prepared sft folder's own files agree with its manifest and its token shards (already checked by fp8lab.data.
+    checks.check_prepared_folder): each split's loss-mask shards are there, one byte per token, and its examples list
+    one (record, length) pair per example, the lengths adding up to the split's tokens. Checked when the folder is
+    opened, so a damaged one is named before a model is built, not by the loader mid-run; returns how many records."""
+    def bad(name: Any, what: str) -> ValueError:
+        return ValueError(f"{option}: {name!r} in {folder.name!r} {what}; {PREPARED}")
+
+    try:  # what the loader and the run's lines (describe) read
+        kind, count = manifest["template"]["kind"], int(manifest["documents"])
+        splits = {s: (int(sp["tokens"]), int(sp["documents"]), int(sp["answer_tokens"]), sp["examples"],
+                      [(m["file"], int(m["tokens"])) for m in sp["mask_shards"]])
+                  for s, sp in ((s, manifest["splits"][s]) for s in ("train", "val"))}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad(fdata.MANIFEST, f"lacks {exc} or has a wrong type there (no sft manifest)") from None
+    if kind not in ("chat_template", "plain"):
+        raise bad(fdata.MANIFEST, f"has template kind {kind!r}, not chat_template or plain")
+    for split, (tokens, documents, _, name, masks) in splits.items():
+        for shard, n in masks:
+            path = check_member(folder, shard, option)
+            size = path.stat().st_size if path.is_file() else None
+            if size != n:
+                raise bad(shard, "is missing" if size is None else
+                          f"holds {size} mask bytes, not the {n} (one per token) its manifest says")
+        if sum(n for _, n in masks) != tokens:
+            raise bad(fdata.MANIFEST, f"lists {sum(n for _, n in masks)} loss-mask bytes for the {split} split's "
+                      f"{tokens} tokens")
+        examples = _examples(folder, manifest, split, option)
+        if not isinstance(examples, list) or not all(
+                isinstance(e, list) and len(e) == 2 and all(is_count(v) for v in e) for e in examples):
+            raise bad(name, "is not a list of [record, length] pairs of positive integers")
+        if len(examples) != documents or sum(n for _, n in examples) != tokens:
+            raise bad(name, f"lists {len(examples)} examples of {sum(n for _, n in examples)} tokens, but the "
+                      f"manifest's {split} split has {documents} of {tokens}")
+    return count
 
 
 def check_lengths(data_dir: str | Path, manifest: dict[str, Any], seq_len: int, option: str = "--data") -> None:
@@ -300,7 +383,8 @@ def check_lengths(data_dir: str | Path, manifest: dict[str, Any], seq_len: int, 
     labels), else a ValueError naming the first record that does not: before anything is built."""
     files = manifest.get("source", {}).get("files") or []
     of = f" of {', '.join(map(repr, files[:3]))}" if files else ""
-    for record, n in sorted(e for split in ("train", "val") for e in _examples(Path(data_dir), manifest, split)):
+    for record, n in sorted(e for split in ("train", "val") for e in _examples(Path(data_dir), manifest, split,
+                                                                                 option)):
         if n > seq_len + 1:
             raise ValueError(f"{option}: record {record}{of} is {n} tokens with its template, longer than one "
                              f"sequence of --seq-len {seq_len} (+1); allowed: examples of at most {seq_len + 1} "

@@ -258,12 +258,14 @@ def _sha256(path: Path) -> str:
 SHARD_TOKENS = Check(lambda v: is_count(v, 1000) and v <= 1 << 40,
                      "an integer from 1000 to 2**40 (tokens per shard file)")
 VOCAB_SIZE = Check(lambda v: is_count(v, 257) and v <= 1 << 22, "an integer from 257 to 4194304 (2**22)")
+VAL_FRACTION = Check(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 0.5,
+                     "a number in (0, 0.5) (val_fraction: the share held out for the validation loss)")
 
 
 def _check_prepare_args(val_fraction: Any, shard_tokens: Any) -> None:
     """Reject a ``val_fraction`` outside (0, 0.5) or a ``shard_tokens`` that is not a positive integer."""
-    if not isinstance(val_fraction, (int, float)) or isinstance(val_fraction, bool) or not 0 < val_fraction < 0.5:
-        raise ValueError(f"val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
+    if not VAL_FRACTION(val_fraction):
+        raise ValueError(f"--val-fraction={val_fraction!r} is invalid; allowed: {VAL_FRACTION.allowed}")
     if not SHARD_TOKENS(shard_tokens):
         raise ValueError(f"--shard-tokens={shard_tokens!r} is invalid; allowed: {SHARD_TOKENS.allowed}")
 
