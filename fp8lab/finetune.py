@@ -24,6 +24,7 @@ from fp8lab.core.validate import AUTO, is_num
 from fp8lab.data import model_tokenizer, sft
 from fp8lab.launch.plan import plan_sweep
 from fp8lab.model.models import get_config
+from fp8lab.plan.config import LORA_DEFAULTS
 from fp8lab.plan.options import PRECISIONS
 from fp8lab.records.data_format import SFT, text_files
 from fp8lab.trainpair import PairResult, auto_lr, run_pair
@@ -66,7 +67,8 @@ def run_fine_tunes(model: str, steps: int, backends: Sequence[str] = ("auto",), 
     """A full fine-tune and a LoRA fine-tune of ``model`` (a folder with its tokenizer, or a named shape), each in BF16
     and in FP8 per backend, on ``data`` (instruction JSONL; None: the shipped set). ``lr``: the full fine-tune's
     ("auto": fp8lab.trainpair.auto_lr); ``lora_lr``: LoRA's ("auto": :data:`LORA_LR_FACTOR` times the full one's).
-    ``options`` go to every run (TrainConfig's names); the runs go to ``output_dir``/full and ``output_dir``/lora."""
+    ``options`` go to every run (TrainConfig's names; the LoRA ones, e.g. ``lora_alpha``, to the LoRA runs only); the
+    runs go to ``output_dir``/full and ``output_dir``/lora."""
     import pandas as pd  # pandas loads only when runs are made
 
     for own in ("task", "lora_rank", "data"):
@@ -80,8 +82,10 @@ def run_fine_tunes(model: str, steps: int, backends: Sequence[str] = ("auto",), 
     if lora_lr == AUTO:
         lora_lr = LORA_LR_FACTOR * (auto_lr(get_config(model)) if lr == AUTO else lr)
     out = Path(output_dir)
-    common = {"task": SFT, **({"data": data} if data is not None else {}), **options}
-    per_method = {"full": {"lr": lr}, "lora": {"lora_rank": lora_rank, "lr": lora_lr}}
+    lora_only = {k: v for k, v in options.items() if k in LORA_DEFAULTS}  # a full fine-tune refuses them
+    common = {"task": SFT, **({"data": data} if data is not None else {}),
+              **{k: v for k, v in options.items() if k not in lora_only}}
+    per_method = {"full": {"lr": lr}, "lora": {"lora_rank": lora_rank, "lr": lora_lr, **lora_only}}
     pairs = {m: run_pair(model, steps, backends, recipe, output_dir=out / m, dry_run=dry_run,
                          **{**common, **per_method[m]}) for m in METHODS}
     rows = []

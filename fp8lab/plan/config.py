@@ -15,7 +15,7 @@ from fp8lab.plan import lora as lora_plan
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
                             FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS, MEMORY,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TASKS, TRACKERS, AutoBool, AutoInt,
-                            Steps, check_fields, check_schema, flag, option)
+                            Steps, check_fields, check_schema, flag, option, section_of)
 from fp8lab.fp8.backends import fused_problem
 from fp8lab.model import user as user_model
 from fp8lab.model.models import MODEL_CONFIGS, get_config, sequence_overrides
@@ -202,6 +202,10 @@ class TrainConfig:
 
 
 check_schema(TrainConfig)
+# the LoRA options but the rank, at their declared defaults: without --lora-rank a changed one would be ignored, so
+# it is refused (fp8lab.plan.lora.problem); JobSpec and the notebooks pass the defaults, which stay accepted
+LORA_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+                  if section_of(f) == "lora" and f.name != "lora_rank"}
 
 
 def option_problem(name: str, value: Any) -> str | None:
@@ -254,8 +258,7 @@ def _validate(c: TrainConfig) -> None:
         raise bad("warmup_steps", f"fewer than --steps ({c.steps})")
     if not is_num(c.min_lr) or not 0 <= c.min_lr <= c.lr:
         raise bad("min_lr", f"a number in [0, --lr={c.lr}]")
-    if (lora := lora_plan.problem(rank=c.lora_rank, targets=c.lora_targets, family=mcfg.family,
-                                  export_merged=c.export_merged)) is not None:
+    if (lora := lora_plan.problem(c, mcfg, LORA_DEFAULTS)) is not None:  # a huge rank: here, not in the memory plan
         raise bad(*lora)
     if c.data is not None and not c.data.startswith("hf:") and not Path(c.data).exists():
         raise bad("data", "an existing folder or file (prepared tokens or text), or hf:<dataset name>")

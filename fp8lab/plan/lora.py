@@ -51,13 +51,37 @@ def fuses(c) -> bool:
     return c.fuse if isinstance(c.fuse, bool) else True
 
 
-def problem(*, rank: int, targets: Any, family: str, export_merged: bool) -> tuple[str, str] | None:
-    """(option, allowed) for the first LoRA option a run cannot take, else None (checked with the options, after
-    each one's own check: RANK, ALPHA, DROPOUT)."""
-    if parse_targets(targets, family) is None:
-        return "lora_targets", targets_allowed(family)
-    if rank == 0 and export_merged:
-        return "export_merged", "False without --lora-rank (a full fine-tune's model folder is already whole)"
+# why a LoRA option other than the rank is refused at a value not its default while --lora-rank is 0 (LoRA off: the
+# run would ignore it, a full fine-tune that the user did not ask for); options not named here: the general reason
+WITHOUT_RANK = {"export_merged": "a full fine-tune's model folder is already whole"}
+OFF = "LoRA is off without it: the option would be ignored"
+
+
+def problem(c, mcfg, defaults: dict[str, Any]) -> tuple[str, str] | None:
+    """(option, allowed) for the first LoRA option a run of TrainConfig ``c`` on ``mcfg`` (its ModelConfig) cannot
+    take, else None (checked with the options, after each one's own check: RANK, ALPHA, DROPOUT; before the layout
+    and memory plan, which a huge rank would otherwise fail on, blaming the batch). ``defaults``: the LoRA options
+    but the rank, at their declared defaults (TrainConfig's fields): without a rank, a changed one is refused."""
+    targets = parse_targets(c.lora_targets, mcfg.family)
+    if targets is None:
+        return "lora_targets", targets_allowed(mcfg.family)
+    if not c.lora_rank:
+        for name, default in defaults.items():
+            if getattr(c, name) != default:
+                return name, (f"{default!r} without --lora-rank, or --lora-rank N to train adapters "
+                              f"({WITHOUT_RANK.get(name, OFF)})")
+        return None
+    # B A has rank at most min(in, out) of its projection: a larger rank adds parameters and no capacity
+    per_block = shapes(mcfg)
+    name = min(targets, key=lambda n: min(per_block[n]))
+    most = min(per_block[name])
+    if c.lora_rank > most:
+        return "lora_rank", (f"{RANK_ALLOWED}, at most {most} for --model {c.model}: the smallest in or out "
+                             f"features of the adapted projections ({name}: {per_block[name][0]} -> "
+                             f"{per_block[name][1]})")
+    if c.export_merged and not c.save_model:  # else the run ends with neither the model folder nor the merged one
+        return "export_merged", ("False with --save-model False (the merged model is written into the model folder, "
+                                 "beside the adapters), or --save-model True")
     return None
 
 

@@ -2,6 +2,8 @@
 plan's rates (fp8lab.analysis.labels.is_fine_tune)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -105,3 +107,24 @@ def test_the_training_loss_figure_draws_pretraining_only(tmp_path):
     fig = plots.loss_figure(analysis.load_runs(paths))
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["llama-tiny"]
+
+
+def test_run_fine_tunes_gives_the_lora_options_to_the_lora_runs_only(tmp_path, monkeypatch):
+    """A full fine-tune refuses a LoRA option it would ignore (fp8lab.plan.lora.problem): run_fine_tunes passes
+    ``lora_alpha`` and its kind to the LoRA pair alone, and every other option to both (each pair planned for real)."""
+    from fp8lab import finetune
+
+    given = {}
+
+    def spy(model, steps, backends, recipe, **kw):
+        given[Path(kw["output_dir"]).name] = kw
+        return real(model, steps, backends, recipe, **kw)
+
+    real = finetune.run_pair
+    monkeypatch.setattr(finetune, "run_pair", spy)
+    ft = finetune.run_fine_tunes("llama-tiny", 2, lora_rank=4, lora_alpha=32.0, output_dir=tmp_path, dry_run=True,
+                                 seq_len=64)
+    assert set(given) == {"full", "lora"} and all(len(p.table) == 2 for p in ft.pairs.values())  # BF16 and FP8
+    assert "lora_alpha" not in given["full"] and "lora_rank" not in given["full"]
+    assert given["lora"]["lora_alpha"] == 32.0 and given["lora"]["lora_rank"] == 4
+    assert given["full"]["seq_len"] == given["lora"]["seq_len"] == 64
