@@ -9,9 +9,11 @@ the tokenizer and the task are the same), the checks on it, and its loader; and 
 """
 from __future__ import annotations
 
+import shutil
 import sys
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fp8lab.core.probes import check_writable_dir
 from fp8lab.core.validate import OneLineParser, parse_count
@@ -47,17 +49,53 @@ def check_source(source: Any, task: str, model: str | None, vocab_size: int, opt
 
 
 def ensure_prepared(data: Any, cache_dir: str | Path, vocab_size: int, *, model: str | None = None,
-                    task: str = PRETRAIN, val_fraction: float = 0.05) -> Path:
+                    task: str = PRETRAIN, val_fraction: float = 0.05,
+                    accept: Callable[[Path], None] | None = None) -> Path:
     """The prepared folder a run reads: ``data`` itself when prepared, else ``cache_dir``, reused when it holds the
-    same source, tokenizer and task, else prepared there (fp8lab's own files replaced, nobody else's)."""
+    same source, tokenizer and task, else prepared there (fp8lab's own files replaced, nobody else's).
+
+    ``accept``: where the cache holds another preparation, the new tokens are written into a temporary folder beside
+    it and ``accept(folder)`` is called (a ValueError refuses them); only then do they replace the cache's, so a run
+    refused for its data (another corpus than its checkpoint's, an example too long) leaves the cache as it was."""
     if data is not None and is_prepared(data):
         return Path(data)
+    cache = Path(cache_dir)
+    if accept is None or not is_prepared(cache):
+        return _prepare_or_reuse(data, cache, vocab_size, model, task, val_fraction)
+    if _reusable(data, cache, vocab_size, model, task):  # (the source's digest read once)
+        return cache
+    staged = cache.with_name(f"{ownership.TMP_PREFIX}{cache.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        _prepare_or_reuse(data, staged, vocab_size, model, task, val_fraction)
+        accept(staged)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)  # made here and now: nothing in it is anyone else's
+        raise
+    _swap_in(staged, cache)
+    return cache
+
+
+def _reusable(data: Any, cache: Path, vocab_size: int, model: str | None, task: str) -> bool:
+    """``cache`` holds ``data``'s tokens for this task and the model's tokenizer (the rule of :func:`_prepare_or_reuse`
+    and fp8lab.data.tokens.ensure_prepared, which reuse it then)."""
+    m = fdata.read_manifest(cache)
+    return (m.get("tokenizer_source", fdata.BPE_SOURCE) == model_tokenizer.source(model) and task_of(m) == task
+            and m["vocab_size"] <= vocab_size and m["source"] == fdata.describe_source(_files(data, task)))
+
+
+def _files(data: Any, task: str) -> Any:
+    """What a source is read as: a Hugging Face dataset (``hf:``) as named, else its text files (None: the shipped
+    corpus, or for sft the shipped instruction set)."""
+    hub = isinstance(data, str) and data.startswith("hf:")  # a Hugging Face dataset: read by prepare_data itself
+    return data if hub else fdata.text_files(sft.shipped() if task == SFT and data is None else data)
+
+
+def _prepare_or_reuse(data: Any, cache: Path, vocab_size: int, model: str | None, task: str,
+                      val_fraction: float) -> Path:
     wanted = model_tokenizer.source(model)
     if task == PRETRAIN and wanted == fdata.BPE_SOURCE:
-        return fdata.ensure_prepared(data, cache_dir, vocab_size)
-    cache = Path(cache_dir)
-    hub = isinstance(data, str) and data.startswith("hf:")  # a Hugging Face dataset: read by prepare_data itself
-    files = data if hub else fdata.text_files(sft.shipped() if task == SFT and data is None else data)
+        return fdata.ensure_prepared(data, cache, vocab_size)
+    files = _files(data, task)
     if is_prepared(cache):
         m = fdata.read_manifest(cache)
         if (m.get("tokenizer_source") == wanted and task_of(m) == task and m["vocab_size"] <= vocab_size
@@ -70,6 +108,20 @@ def ensure_prepared(data: Any, cache_dir: str | Path, vocab_size: int, *, model:
     else:
         fdata.prepare_data(files, cache, tok, val_fraction, tokenizer_source=wanted)
     return cache
+
+
+def _swap_in(staged: Path, cache: Path) -> None:
+    """Put the accepted tokens of ``staged`` in ``cache``'s place by two renames (a kill between them leaves no cache,
+    which the next run prepares again, never a half-replaced one); the earlier tokens then go, fp8lab's own files
+    only (the run's folder check refused a cache holding anyone else's)."""
+    old = cache.with_name(f"{ownership.TMP_PREFIX}{cache.name}-old-{uuid.uuid4().hex[:8]}")
+    cache.rename(old)
+    staged.rename(cache)
+    ownership.remove_own(old, "tokens")
+    left = [p for p in old.iterdir() if p.name not in (ownership.MARKER, ownership.LOCK)
+            and not p.name.startswith(ownership.TMP_PREFIX)]
+    if not left:  # else kept, under a temporary name fp8lab never reads: it deletes nothing it did not write
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_prepared(data_dir: str | Path, manifest: dict[str, Any], seq_len: int, task: str,
@@ -91,12 +143,16 @@ def loader(data_dir: str | Path, split: str, seq_len: int, micro_batch_size: int
     return cls(data_dir, split, seq_len, micro_batch_size, **kw)
 
 
-def notes(data_dir: str | Path, manifest: dict[str, Any], seq_len: int) -> list[str]:
-    """The run's lines about its data beyond fp8lab.data.tokens.describe: a model's own tokenizer, and for sft the
-    examples, the template and what packing does to attention."""
+def notes(data_dir: str | Path, manifest: dict[str, Any], seq_len: int, model: str | None = None) -> list[str]:
+    """The run's lines about its data beyond fp8lab.data.tokens.describe: a model's own tokenizer (or a trained
+    ``model`` folder without one), and for sft the examples, the template and what packing does to attention."""
     out = []
     if manifest.get("tokenizer_source", fdata.BPE_SOURCE) != fdata.BPE_SOURCE:
         out.append(f"tokenized with {describe_tokenizer(manifest)}")
+    elif model_tokenizer.foreign_ids(model):
+        out.append(f"note: --model {model!r} holds trained weights but no tokenizer files, so its data is tokenized "
+                   "with fp8lab's BPE, whose ids mean nothing to those weights (a new vocabulary, not a fine-tune); "
+                   "save the model's tokenizer beside it (tokenizer.save_pretrained) to fine-tune it")
     if task_of(manifest) == SFT:
         out.append(sft.describe(data_dir, seq_len))
     return out

@@ -305,6 +305,16 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, e
         return torch.load(mine, map_location="cpu", weights_only=True)
 
 
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
+    """Rank 0's trainer state of checkpoint ``path`` (its fingerprint, config and step) without loading any weights:
+    what a re-run is compared with before it tokenizes or builds anything. Checked as :func:`load` checks it (fp8lab's
+    manifest, then ``torch.load(weights_only=True)``); ValueError or torch's error when it does not read."""
+    path = Path(path)
+    verify(path)
+    with _weights_only_trainer_state():
+        return torch.load(path / TRAINER_FILE.format(rank=0), map_location="cpu", weights_only=True)
+
+
 def _extra_states(path: Path, reader: Any, model: nn.Module, model_sd: dict[str, Any],
                   env: fdist.DistEnv) -> dict[str, Any]:
     """The model's tensor ``_extra_state`` entries read from checkpoint ``path``, Transformer Engine's

@@ -115,10 +115,12 @@ class Checkpointer:
 
     def failure_message(self, step: int, why: str) -> str:
         done = [s for s, _ in fckpt.complete_checkpoints(self.root)] if self.env.is_main else []
+        # with nothing to resume, only --resume False starts over where metrics.jsonl holds steps (train.rerun)
+        over = "" if done else ": with --resume False in this --output-dir (replacing them), or in another --output-dir"
         return (f"fp8lab: stopped at step {step}: writing its checkpoint to --checkpoint-dir "
                 f"{fpaths.shareable_path(str(self.root), self.output_dir)!r} failed ({why}). "
                 f"metrics.jsonl and summary.json are written; a restart with a writable checkpoint folder "
-                f"resumes from {f'step {done[0]}' if done else 'the start (no complete checkpoint)'}.")
+                f"resumes from {f'step {done[0]}' if done else 'the start (no complete checkpoint)'}{over}.")
 
     def resume(self) -> tuple[int, dict[str, tuple]] | None:
         """Load the newest complete checkpoint that loads (older ones if it does not) into the model,

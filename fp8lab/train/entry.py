@@ -200,12 +200,18 @@ def write_failure(exc: OSError, config) -> str:
 
 def _kept(config) -> str:
     """What an interrupted or failed run leaves: its newest complete checkpoint, which the same command resumes from."""
-    from fp8lab.train import checkpoint as fckpt  # torch: loaded already when a run was under way
+    from fp8lab.records import metrics as fmetrics  # (with the line below: only a stopped run needs them)
+    from fp8lab.train import checkpoint as fckpt, rerun  # torch: loaded already when a run was under way
 
     p = resolve_paths(config)
     done = ([s for s, _ in fckpt.complete_checkpoints(p.checkpoint_dir)]
             if config.resume or config.checkpoint_every >= 0 else [])
     if not done:
+        # steps in metrics.jsonl and nothing to resume: the same command is refused (rerun.refuse_replacing)
+        if config.resume and (p.output_dir / "metrics.jsonl").is_file() and fmetrics.read_metrics(
+                p.output_dir / "metrics.jsonl"):
+            return ("the files written so far are kept; no checkpoint is complete, so a restart starts over: "
+                    + rerun.START_OVER)
         return "the files written so far are kept; no checkpoint is complete, so the same command starts again"
     return (f"the files written so far and checkpoint step_{done[0]:08d} are kept: the same command resumes from "
             f"step {done[0]}")

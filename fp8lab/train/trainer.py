@@ -61,6 +61,7 @@ from fp8lab.train import export as fexport
 from fp8lab.train import fused_loss
 from fp8lab.train import lora as flora
 from fp8lab.train import optim as foptim
+from fp8lab.train import rerun
 from fp8lab.train import resume as fresume
 from fp8lab.train import run_paths as frun_paths
 from fp8lab.train.components import stopping_at_once
@@ -93,6 +94,7 @@ class Trainer:
         # the backend object and its FP8 region, looked up once (not per micro-batch)
         self.fp8_backend = get_backend(plan.backend) if plan.backend else None
         self.finished: dict[str, Any] | None = None  # summary.json of a run already complete (setup)
+        self.resumes: tuple | None = None  # (fingerprint, folder, step) of the resumed checkpoint (rerun.py)
         # the output and checkpoint folders' run locks (fp8lab.records.runlock), rank 0, to close()
         self.locks: list = []
         self.te_debug = None  # TE's debug API session (--fp8-stats-source te-debug), from _build_model to close()
@@ -132,40 +134,56 @@ class Trainer:
 
     def _prepare_data(self) -> None:
         """Tokenized once per node (deterministic, so every node gets the same shards), then checked."""
-        c, env, mcfg = self.c, self.env, self.plan.model_config
+        c, env = self.c, self.env
         source = frun_paths.data_source(c)
         if env.local_rank == 0:
             self.paths.output_dir.mkdir(parents=True, exist_ok=True)
             if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
                 self.locks.append(runlock.acquire("--output-dir", self.paths.output_dir))
                 self._lock_checkpoints()
-                self._keep_an_ended_run()
+                rerun.refuse_replacing(c, self.paths)
+                self.resumes = rerun.resumed_checkpoint(c, self.paths, self.plan)
                 if source is not None and fdata.is_prepared(source):  # prepare-data is refused it while the run reads
                     self.locks.append(runlock.acquire_shared("--data", source))
             ownership.claim(self.paths.output_dir, "run")
             self.data_dir = self._ensure_prepared(source)
         fdist.barrier(env)
+        # the checkpoint rank 0 read (rerun.resumed_checkpoint): every rank compares its data with it, refusing alike
+        self.resumes = fdist.broadcast_object(self.resumes, env)
         if env.local_rank != 0:
             self.data_dir = self._ensure_prepared(source)
         self.manifest = m = fdata.read_manifest(self.data_dir)
-        run_data.check_prepared(self.data_dir, m, self.plan.seq_len, c.task)
-        for line in run_data.notes(self.data_dir, m, self.plan.seq_len):
+        self._check_tokens(self.data_dir, m)
+        for line in run_data.notes(self.data_dir, m, self.plan.seq_len, c.model):
             self.log(f"fp8lab: {line}")
         if c.save_model and env.is_main and user_tokenizer_differs(c.model, self.data_dir / m["tokenizer"]):
             self.log(f"fp8lab: note: --model's tokenizer maps tokens to other ids than --data's; the run learns "
                      "--data's ids, so the export ships --data's tokenizer (the folder's would decode its outputs "
                      "wrongly)")
+
+    def _check_tokens(self, folder, m) -> None:
+        """The prepared tokens serve this run: its task and sequence length, the model's vocabulary and the data of
+        the checkpoint it resumes (``self.resumes``); new tokens are checked before they replace the cache's."""
+        c, mcfg = self.c, self.plan.model_config
+        run_data.check_prepared(folder, m, self.plan.seq_len, c.task)
         if m["vocab_size"] > mcfg.vocab_size:
             fix = (f"use --model-override vocab_size={m['vocab_size']}" if c.model in MODEL_CONFIGS else
                    f"use a model whose config.json has vocab_size >= {m['vocab_size']}")
             raise ValueError(
                 f"--data: its tokenizer has {m['vocab_size']} tokens but {c.model} has vocab_size "
                 f"{mcfg.vocab_size}; {fix} or data prepared with a smaller tokenizer")
+        if self.resumes is not None:  # the data's identity needs the tokens: compared as soon as they exist
+            saved, where, step = self.resumes
+            fresume.check(saved, fresume.fingerprint(self.plan, data=fdata.identity(m)), where, step,
+                          c.resume_with_new_settings)
 
     def _ensure_prepared(self, source):
-        """The run's prepared folder for its task and its model's tokenizer (fp8lab.data.run_data)."""
+        """The run's prepared folder for its task and model's tokenizer (fp8lab.data.run_data); new tokens are checked
+        in a folder beside the cache first, so a refused re-run leaves the run's prepared data as they were."""
+        accept = (lambda staged: self._check_tokens(staged, fdata.read_manifest(staged))) if (
+            self.env.local_rank == 0) else None  # (the node's other ranks find the tokens it prepared)
         return run_data.ensure_prepared(source, self.paths.data_cache, self.plan.model_config.vocab_size,
-                                        model=self.c.model, task=self.c.task)
+                                        model=self.c.model, task=self.c.task, accept=accept)
 
     def _lock_checkpoints(self) -> None:
         """One run per checkpoint folder too: it rotates and removes what it wrote there, so a second run sharing
@@ -182,25 +200,6 @@ class Trainer:
                 raise ValueError(f"--checkpoint-dir={str(root)!r} holds {', '.join(theirs[:3])}, not written by "
                                  f"fp8lab, where this run of {self.plan.total_steps} steps may save its own; fp8lab "
                                  "never replaces it; allowed: another --checkpoint-dir, or move that folder away")
-
-    def _keep_an_ended_run(self) -> None:
-        """A run that would start afresh (``--resume False``, or nothing to resume) in an output folder holding
-        the summary of a completed run is refused: its metrics.jsonl, summary.json and model would be replaced."""
-        c, out = self.c, self.paths.output_dir
-        if c.resume and fckpt.complete_checkpoints(self.paths.checkpoint_dir):
-            return  # it resumes (or keeps a finished run as it is: finish)
-        summary = out / "summary.json"
-        try:  # a regular file only (a FIFO would wait for a writer; check_run_folders refused one already)
-            ended = json.loads(summary.read_text()).get("status") if summary.is_file() else None
-        except (OSError, ValueError, AttributeError):
-            return
-        if ended != "completed" or ownership.foreign(out, "run"):
-            return  # a run that stopped early starts again; not fp8lab's summary: check_run_folders refused the folder
-        why = "with --resume False" if not c.resume else "with no checkpoint to resume from"
-        raise ValueError(f"--output-dir={str(out)!r} holds a completed run (its metrics.jsonl, summary.json"
-                         f"{' and model' if (self.paths.model_dir / 'config.json').is_file() else ''}); starting "
-                         f"afresh {why} would replace them; allowed: a new --output-dir, or the same command with "
-                         "--resume True and its checkpoints")
 
     def _build_model(self) -> None:
         """build -> convert -> activation checkpointing -> compile -> master weights -> wrap."""
@@ -511,16 +510,15 @@ class Trainer:
                 if r.stop:
                     status = "interrupted"
                     message = (f"fp8lab: {self.stop.name} received: checkpoint written at step {step}; exiting (a "
-                               "restart resumes here)")
+                               "restart resumes here)" if self.checkpointer.every >= 0 else
+                               rerun.unsaved_stop(self.stop.name, step, c, self.paths, self.env.is_main))
                 if failed:
                     status, message = "checkpoint_failed", self.checkpointer.failure_message(step, failed)
                 if r.stop or failed:
                     break
             if status == "completed" and self.val_error is not None and self.last_val is None:
                 status = "eval_failed"
-                message = (f"fp8lab: the final evaluation failed ({self.val_error}); the training is kept: the last "
-                           f"checkpoint and the exported model are written, summary.json has no val_loss. Re-running "
-                           f"the same command evaluates again without training (e.g. with a smaller --val-batches)")
+                message = rerun.eval_failed(self.val_error, c, self.checkpointer.every >= 0)
         finally:
             profiler.close()
             self.metrics.close()
