@@ -17,6 +17,7 @@ from typing import Any
 
 from fp8lab.data import tokens as fdata
 from fp8lab.data.tokens import BPE_SOURCE
+from fp8lab.model import checks as model_checks
 from fp8lab.model import user as user_model
 
 
@@ -26,6 +27,13 @@ def folder(model: str | None) -> Path | None:
         return None
     where = user_model.folder_of(model)
     return where if any((where / n).is_file() for n in user_model.TOKENIZER_FILES) else None
+
+
+def foreign_ids(model: str | None) -> bool:
+    """``model`` is a folder with trained weights but no tokenizer: fp8lab's BPE tokenizes its data, with ids that
+    mean nothing to those weights (a new vocabulary learnt over them, not a fine-tune)."""
+    return (model is not None and user_model.is_user_model(model) and folder(model) is None
+            and model_checks.has_weights(user_model.folder_of(model)))
 
 
 def source(model: str | None) -> dict[str, Any]:

@@ -90,6 +90,26 @@ def test_the_chat_template_is_part_of_the_tokenizer_s_identity(folders, tmp_path
     assert model_tokenizer.folder(str(folder)) == folder
 
 
+def test_trained_weights_without_a_tokenizer_are_named_in_the_run_s_lines(folders, tmp_path):
+    """fp8lab's BPE then tokenizes the data: its ids mean nothing to the weights, which the run says."""
+    import shutil
+
+    from fp8lab.model.user import TOKENIZER_FOLDER_FILES
+
+    folder = shutil.copytree(folders["llama"], tmp_path / "weights-only")
+    for name in TOKENIZER_FOLDER_FILES:
+        (folder / name).unlink(missing_ok=True)
+    text = tmp_path / "t.txt"
+    text.write_text("\n\n".join(r["prompt"] if "prompt" in r else r["messages"][-2]["content"] for r in RECORDS))
+    out = run_data.ensure_prepared(str(text), tmp_path / "cache", 512, model=str(folder))
+    m = fdata.read_manifest(out)
+    assert m["tokenizer_source"] == fdata.BPE_SOURCE
+    said = run_data.notes(out, m, 64, str(folder))
+    assert any("holds trained weights but no tokenizer files" in line for line in said)
+    assert not any("no tokenizer files" in line for line in run_data.notes(out, m, 64, "llama-tiny"))  # a shape
+    assert not any("no tokenizer files" in line for line in run_data.notes(out, m, 64, str(folders["llama"])))
+
+
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
     folder = model_folder(tmp_path / "small", "llama", vocab_size=300)
     with pytest.raises(ValueError, match=r"its tokenizer has 400 tokens \(ids 0..399\) but its config.json has "
