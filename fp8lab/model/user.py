@@ -307,6 +307,8 @@ def copy_tokenizer(spec: str, model_dir: Path) -> list[str]:
     if not is_user_model(spec):
         return []
     folder = folder_of(spec)
+    if not any((folder / n).is_file() for n in TOKENIZER_FILES):
+        return []  # a template alone is no tokenizer: the export ships the data's instead
     copied = []
     # checked at the start (model_checks); a link leaving the folder is never copied
     for name in TOKENIZER_FOLDER_FILES:

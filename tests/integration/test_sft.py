@@ -86,8 +86,14 @@ def test_the_chat_template_is_part_of_the_tokenizer_s_identity(folders, tmp_path
     assert template.is_file() and "chat_template.jinja" in before["files"]
     template.write_text(template.read_text() + "{# edited #}")
     assert model_tokenizer.source(str(folder))["sha256"] != before["sha256"]
-    template.unlink()  # a template alone is no tokenizer; without one the folder still has its tokenizer
-    assert model_tokenizer.folder(str(folder)) == folder
+    from fp8lab.model.user import TOKENIZER_FILES, copy_tokenizer
+
+    out = tmp_path / "export"
+    out.mkdir()
+    assert "chat_template.jinja" in copy_tokenizer(str(folder), out) and (out / "chat_template.jinja").is_file()
+    for name in TOKENIZER_FILES:  # a template alone is no tokenizer: nothing is copied, the export ships the data's
+        (folder / name).unlink(missing_ok=True)
+    assert model_tokenizer.folder(str(folder)) is None and copy_tokenizer(str(folder), tmp_path) == []
 
 
 def test_trained_weights_without_a_tokenizer_are_named_in_the_run_s_lines(folders, tmp_path):
