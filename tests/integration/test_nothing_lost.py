@@ -12,14 +12,13 @@ import hashlib
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from interrupted import interrupt_after  # tests/helpers
 from refusals import refused  # tests/helpers
 from fp8lab.train import checkpoint as fckpt
 from fp8lab.data import tokens as fdata
@@ -278,18 +277,8 @@ def test_ctrl_c_writes_a_checkpoint_and_a_summary(prepared, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "fp8lab.train", *argv("--steps", "100000", "--save-model", "False",
                                                         "--data", str(prepared), "--output-dir", str(out))]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and len(fmetrics.read_metrics(out / "metrics.jsonl")
-                                             if (out / "metrics.jsonl").exists() else []) < 3:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0 and "KeyboardInterrupt" not in stderr, stderr[-2000:]
+    code, stdout, stderr = interrupt_after(cmd, ENV, out / "metrics.jsonl", steps=3)
+    assert code == 0 and "KeyboardInterrupt" not in stderr, stderr[-2000:]
     step = int(stdout.split("SIGINT received: checkpoint written at step ")[1].split(";")[0])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] == step

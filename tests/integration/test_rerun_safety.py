@@ -6,14 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from interrupted import interrupt_after  # tests/helpers
 from refusals import refused  # tests/helpers
 from fp8lab.core.paths import REPO_ROOT
 from fp8lab.data import sft, tiny_model
@@ -91,19 +89,9 @@ def test_ctrl_c_without_checkpoints_says_so_and_a_rerun_keeps_its_metrics(tmp_pa
     data, out = text(tmp_path / "corpus.txt", 1), tmp_path / "run"
     base = ["--model", "llama-tiny", "--seq-len", "32", "--micro-batch-size", "2", "--save-model", "False",
             "--checkpoint-every", "-1", *QUIET, "--output-dir", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "fp8lab.train", *base, "--steps", "100000", "--data", str(data)],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None and not (
-                (out / "metrics.jsonl").is_file() and fmetrics.read_metrics(out / "metrics.jsonl")):
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0 and "Traceback" not in stderr, stderr[-2000:]
+    code, stdout, stderr = interrupt_after([sys.executable, "-m", "fp8lab.train", *base, "--steps", "100000",
+                                            "--data", str(data)], ENV, out / "metrics.jsonl")
+    assert code == 0 and "Traceback" not in stderr, stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     step = summary["steps"]
     assert summary["status"] == "interrupted" and step >= 1
