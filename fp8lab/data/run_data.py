@@ -76,8 +76,8 @@ def ensure_prepared(data: Any, cache_dir: str | Path, vocab_size: int, *, model:
 
 
 def _reusable(data: Any, cache: Path, vocab_size: int, model: str | None, task: str) -> bool:
-    """``cache`` holds ``data``'s tokens for this task and the model's tokenizer (the rule of :func:`_prepare_or_reuse`
-    and fp8lab.data.tokens.ensure_prepared, which reuse it then)."""
+    """``cache`` holds ``data``'s tokens for this task and the model's tokenizer: reused as it is (the rule
+    fp8lab.data.tokens.ensure_prepared keeps for fp8lab's BPE too)."""
     m = fdata.read_manifest(cache)
     return (m.get("tokenizer_source", fdata.BPE_SOURCE) == model_tokenizer.source(model) and task_of(m) == task
             and m["vocab_size"] <= vocab_size and m["source"] == fdata.describe_source(_files(data, task)))
@@ -96,11 +96,8 @@ def _prepare_or_reuse(data: Any, cache: Path, vocab_size: int, model: str | None
     if task == PRETRAIN and wanted == fdata.BPE_SOURCE:
         return fdata.ensure_prepared(data, cache, vocab_size)
     files = _files(data, task)
-    if is_prepared(cache):
-        m = fdata.read_manifest(cache)
-        if (m.get("tokenizer_source") == wanted and task_of(m) == task and m["vocab_size"] <= vocab_size
-                and m["source"] == fdata.describe_source(files)):
-            return cache
+    if is_prepared(cache) and _reusable(data, cache, vocab_size, model, task):
+        return cache
     tok = model_tokenizer.load(model, vocab_size)
     model_tokenizer.check_fits(model, tok, vocab_size)
     if task == SFT:
