@@ -15,6 +15,8 @@
 #       host memory (bit for bit the plain step by its tests; these runs are the loss check auto needs) (~7 min)
 #   O7  llama-7b, both precisions, --memory offload: the layout the plain command plans once L4 holds; tag
 #       h100-offload-262k since offload accumulates 262,144 tokens per step (h100-offload: 131,072) (~8 min)
+#   O7P as O7 with --fp8-weights primary (the blocks' weights only in FP8; tag h100-offload-262k-fp8w); O7F: O7's FP8
+#       run alone (~3 min each run)
 #   O8  Mistral-7B-v0.3 and Llama-3.1-8B from their published configs (or O8_MODELS), both precisions, --memory
 #       offload (~12 min)
 #   OS  what one offloaded optimizer step of llama-7b costs beside the pinned copy rates (benchmarks/offload_step.py;
@@ -51,6 +53,10 @@ for part in "$@"; do
       "${H[@]}" --common-args '--memory fp8-exp-avg' --tag h100 --models data/reference/configs/llama-3.1-8b; pack ;;
   L4) loss mem-offload-s1234,mem-offload-s4321; pack ;;
   O7) "${H[@]}" --steps 5 --warmup 1 --common-args '--memory offload' --tag h100-offload-262k --models llama-7b; pack ;;
+  O7P) "${H[@]}" --steps 5 --warmup 1 --common-args '--memory offload --fp8-weights primary' \
+        --tag h100-offload-262k-fp8w --models llama-7b; pack ;;
+  O7F) "${H[@]}" --steps 5 --warmup 1 --common-args '--memory offload' --tag h100-offload-262k --models llama-7b \
+        --variants default-fp8; pack ;;
   O8) for m in ${O8_MODELS:-mistral-7b-v0.3 llama-3.1-8b}; do
         "${H[@]}" --common-args '--memory offload' --tag h100-offload --models data/reference/configs/$m; pack
       done ;;

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from fp8lab.plan import lora as lora_plan
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_ALL_GATHER,  # noqa: F401
                             FP8_ATTENTION, FP8_BACKENDS, FP8_LM_HEAD_BACKENDS, FP8_STATS_SOURCES, FUSED_LOSS, MEMORY,
+                            FP8_WEIGHTS,
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, TASKS, TRACKERS, AutoBool, AutoInt,
                             Steps, check_fields, check_schema, flag, option, section_of)
 from fp8lab.fp8.backends import fused_problem
@@ -111,6 +112,9 @@ class TrainConfig:
     memory: str = option(AUTO, "model-state memory per parameter (fp8lab.plan.memory_modes): auto keeps plain where "
                          "the run fits, else the least lossy mode that fits and passed its loss check",
                          section="optimiser", choices=MEMORY)
+    fp8_weights: str = option(AUTO, "FP8 runs: the blocks' weights as bf16 cast to FP8 (cast) or kept only in FP8, "
+                              "written from the fp32 masters (primary; needs --memory offload)", section="fp8",
+                              choices=FP8_WEIGHTS)
     fp8_weight_cache: bool = option(True, "with --grad-accum > 1 on TE fused layers: cast weights to FP8 once per step",
                                     section="fp8", check=BOOL)
     fp8_calibrate: bool = option(True, "delayed scaling, a new run: one forward and backward before step 1 (no update) "

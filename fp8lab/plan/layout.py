@@ -66,7 +66,7 @@ from fp8lab.model import families
 from fp8lab.model.models import block_matmul_params, count_parameters
 from fp8lab.plan.fused_loss import NO_GRAD_BYTES_PER_LOGIT, chunk_tokens, loss_bytes, no_grad_loss_bytes
 from fp8lab.plan.fused_loss import decide as fused_loss_decide, fp8_head_decide, kernel_for as loss_kernel_for
-from fp8lab.plan import memory_modes
+from fp8lab.plan import fp8_weights, memory_modes
 from fp8lab.plan.lora import fuses
 from fp8lab.plan.lora import adapted as lora_adapted, shapes as lora_shapes, trainable_params as lora_trainable
 
@@ -209,13 +209,15 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
                     fp32_activations: bool = False, workspace_gib: float = WORKSPACE_GIB,
                     fused_loss: bool = False, loss_kernel: str = "compiled",
                     memory_mode: str = memory_modes.PLAIN, trainable: int | None = None,
-                    fp8_head: bool = False, lora: tuple[tuple[str, ...], bool] | None = None) -> MemoryEstimate:
+                    fp8_head: bool = False, lora: tuple[tuple[str, ...], bool] | None = None,
+                    fp8_primary: bool = False) -> MemoryEstimate:
     """Peak memory of one rank for this layout (see the module docstring for the model); ``fused_loss``: the
     LM head's loss chunked (fp8lab.train.fused_loss), so a chunk's logits instead of the micro-batch's, held as
     ``loss_kernel`` holds them (fp8lab.plan.fused_loss.KERNELS), with ``fp8_head`` its GEMMs in FP8. ``trainable``:
     the parameters that train beside a frozen base (LoRA's adapters, fp8lab.plan.lora), None: every one. A frozen
     parameter is only its weight (2 or 4 bytes): no gradient, master or AdamW moments. ``lora``: (the projections
-    adapted, with dropout or not; fp8lab.plan.lora.adapted), whose adapters on TE's fused blocks keep their inputs."""
+    adapted, with dropout or not; fp8lab.plan.lora.adapted), whose adapters on TE's fused blocks keep their inputs.
+    ``fp8_primary``: the blocks' weights kept only in FP8 (fp8lab.plan.fp8_weights), a byte each instead of two."""
     n = count_parameters(mcfg).total
     t = n if trainable is None else trainable
     frozen = 0 if trainable is None else n
@@ -235,6 +237,8 @@ def estimate_memory(mcfg, *, precision: str, micro_batch_size: int, seq_len: int
         step = (states + 2 * t / shard) if param_dtype == "bf16" else states
     kept = 2 * n if (sharded and keep_weights) else 0.0
     fp8 = precision == "fp8" and backend == "te"
+    if fp8 and fp8_primary:  # the transposes a backward makes are dropped after it, as the activations go
+        states -= _block_linear_params(mcfg) / shard
     cache = 2 * _block_linear_params(mcfg) if (fp8 and weight_cache and (keep_weights or not sharded)) else 0.0
     if fp8 and mode.fused_adam and not activation_checkpointing:
         # no cache in a memory mode, but each block's FP8 weights (and transposes) are saved for its backward: all of
@@ -386,7 +390,8 @@ def graphs_memory_problem(layout: "Layout", machine: Machine, mcfg, fp8: bool) -
 
 
 def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep_weights: bool,
-                 precision: str | None = None, memory_mode: str = memory_modes.PLAIN) -> tuple[bool, str]:
+                 precision: str | None = None, memory_mode: str = memory_modes.PLAIN,
+                 fp8_primary: bool = False) -> tuple[bool, str]:
     """(whether TE's FP8 weight cache is built, why): the one rule the trainer (fp8lab.plan.runplan) and the memory
     estimate follow. The first micro-batch of a step quantises the weights, the others reuse them (they
     cannot change before the optimizer step); under FSDP2 only with the weights kept gathered for the
@@ -395,6 +400,8 @@ def weight_cache(c, backend: str | None, *, grad_accum: int, sharded: bool, keep
         return False, "--fp8-weight-cache False"
     if (precision or c.precision) != "fp8" or backend != "te" or not fuses(c):
         return False, "only FP8 runs on TE's fused layers cache FP8 weights"
+    if fp8_primary:
+        return False, "the blocks' weights are FP8 already (--fp8-weights primary): nothing to cast or cache"
     if memory_modes.get(memory_mode).fused_adam:
         return False, f"--memory {memory_mode}: FP8 weights cast per micro-batch (the cache's memory goes first)"
     if grad_accum <= 1:
@@ -426,17 +433,24 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
     the fused loss, decided by vocabulary and tokens alone, is the same for both)."""
     fused = fused_loss_for(c, machine, mcfg, mb * seq)[0]
     precisions = ("bf16", "fp8") if (both_precisions and backend == "te") else (c.precision,)
+
+    def primary(p: str) -> bool:
+        return fp8_weights.applies(c.fp8_weights, precision=p, backend=backend, fuse=fuses(c),
+                                   memory_mode=memory_mode, lora=bool(c.lora_rank))
+
     ests = [estimate_memory(mcfg, precision=p, micro_batch_size=mb, seq_len=seq, param_dtype=param_dtype,
                             backend=backend, fuse=fuses(c), world_size=machine.world_size, parallel=c.parallel,
                             keep_weights=keep,
                             weight_cache=weight_cache(c, backend, grad_accum=ga, sharded=sharded, keep_weights=keep,
-                                                      precision=p, memory_mode=memory_mode)[0],
+                                                      precision=p, memory_mode=memory_mode,
+                                                      fp8_primary=primary(p))[0],
                             activation_checkpointing=activation_checkpointing,
                             fp32_activations=not machine.gpu or c.compute_dtype == "fp32",
                             workspace_gib=WORKSPACE_GIB if machine.gpu else 0.0, fused_loss=fused,
                             loss_kernel=loss_kernel, memory_mode=memory_mode,
                             trainable=lora_trainable(c, mcfg), lora=lora_adapted(c, mcfg),
-                            fp8_head=fp8_head_for(c, machine, mcfg, fused, p)[0]) for p in precisions]
+                            fp8_head=fp8_head_for(c, machine, mcfg, fused, p)[0], fp8_primary=primary(p))
+            for p in precisions]
     return max(ests, key=lambda e: e.peak)
 
 

@@ -32,6 +32,7 @@ from fp8lab.fp8.backends import (  # noqa: F401 (the vocabulary, re-exported)
 )
 from fp8lab.plan.fp8attn import CHOICES as FP8_ATTENTION_CHOICES
 from fp8lab.fp8.stats import SOURCES as FP8_STATS_SOURCE_CHOICES
+from fp8lab.plan.fp8_weights import CHOICES as FP8_WEIGHTS_CHOICES
 from fp8lab.plan.fused_loss import CHOICES as FUSED_LOSS_CHOICES
 from fp8lab.plan.graphs import CHOICES as GRAPH_CHOICES
 from fp8lab.plan.memory_modes import CHOICES as MEMORY_CHOICES
@@ -64,6 +65,7 @@ FUSED_LOSS = FUSED_LOSS_CHOICES  # auto | on | off, declared where they are deci
 # auto | plain | offload | fp32-moments | bf16-moments | fp8-exp-avg, declared where they are decided
 # (fp8lab.plan.memory_modes)
 MEMORY = MEMORY_CHOICES
+FP8_WEIGHTS = FP8_WEIGHTS_CHOICES  # auto | cast | primary, declared where they are decided (fp8lab.plan.fp8_weights)
 
 # types of fields whose text form is special (their annotations name them)
 AutoInt = Union[int, str]  # an integer, or "auto" (the layout resolver picks it)

@@ -40,7 +40,7 @@ from fp8lab.core.validate import AUTO
 from fp8lab.plan import evidence as fevidence
 from fp8lab.plan.evidence import FP8_ALL_GATHER_STUDY, Evidence
 from fp8lab.fp8.recipe import Recipe, kinds_where
-from fp8lab.plan import memory_modes
+from fp8lab.plan import fp8_weights, memory_modes
 
 if TYPE_CHECKING:
     from fp8lab.model.config import ModelConfig
@@ -86,6 +86,7 @@ class RunPlan:
     fused_loss: bool = False
     fused_loss_kernel: str | None = None
     fp8_lm_head: bool = False  # the LM head's GEMMs in FP8 (fp8lab.plan.fused_loss.fp8_head_decide)
+    fp8_primary_weights: bool = False  # the blocks' weights kept only in FP8 (fp8lab.plan.fp8_weights)
 
     # the layout's values, read where the trainer needs them
     @property
@@ -137,7 +138,8 @@ class RunPlan:
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "memory": self.memory_mode, "compute_dtype": self.compute_dtype,
-                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}
+                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather,
+                "fp8_weights": fp8_weights.PRIMARY if self.fp8_primary_weights else fp8_weights.CAST}
 
     def options(self) -> dict[str, Any]:
         """Every option the plan decides, spelled as the option (config.json's flat keys hold these values: what
@@ -148,7 +150,8 @@ class RunPlan:
                 "cuda_graphs": onoff[bool(self.graphs.active)], "fp8_attention": onoff[self.fp8_attention],
                 "fp8_all_gather": onoff[self.fp8_all_gather], "fp8_stats_every": self.fp8_stats_every,
                 "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss],
-                "memory": self.memory_mode, "fuse": fuses(self.config), "fp8_lm_head": self.fp8_lm_head}
+                "memory": self.memory_mode, "fuse": fuses(self.config), "fp8_lm_head": self.fp8_lm_head,
+                "fp8_weights": fp8_weights.PRIMARY if self.fp8_primary_weights else fp8_weights.CAST}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""
@@ -325,13 +328,16 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     decision = graphs_decision(c, machine, backend, lay, mcfg)  # --cuda-graphs on that cannot be captured: refused
     master = lay.param_dtype == "bf16" and not sharded
     keep = bool(sharded and lay.fsdp_keep_weights and lay.grad_accum > 1)
+    primary, why_primary = fp8_weights.decide(c.fp8_weights, precision=c.precision, backend=backend, fuse=fuses(c),
+                                              memory_mode=lay.memory_mode, lora=bool(c.lora_rank),
+                                              graphs=bool(decision.active))
     cache, why_cache = flayout.weight_cache(c, backend, grad_accum=lay.grad_accum, sharded=sharded, keep_weights=keep,
-                                            memory_mode=lay.memory_mode)
+                                            memory_mode=lay.memory_mode, fp8_primary=primary)
     wgrad, why_wgrad = fused_wgrad(c, machine, backend, master)
     dtype, why_dtype = compute_dtype(c, machine)
     reasons = {"backend": why_backend, "cuda_graphs": decision.reason,
                "recipe": why_recipe,
-               "fp8_weight_cache": why_cache,
+               "fp8_weight_cache": why_cache, "fp8_weights": why_primary,
                "fuse_wgrad_accumulation": why_wgrad, "compute_dtype": why_dtype,
                "memory": (lay.reasons.get("memory")
                           or f"--memory {c.memory}: {memory_modes.get(lay.memory_mode).summary}"),
@@ -368,7 +374,7 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
                    reasons, fp8_attention=attn,
                    fp8_all_gather=fp8_ag,
                    fp8_stats_every=stats_every, fp8_stats_source=stats_source, fused_loss=fused,
-                   fused_loss_kernel=kernel if fused else None, fp8_lm_head=fp8_head)
+                   fused_loss_kernel=kernel if fused else None, fp8_lm_head=fp8_head, fp8_primary_weights=primary)
 
 
 # FP8 all-gather under FSDP2 ---------------------------------------------------------------------

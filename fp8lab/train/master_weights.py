@@ -155,6 +155,7 @@ class MasterWeights:
         self.device = self.offload or self.masters[0].device  # where the step computes
         self.optimizer = make_optimizer(self.masters)
         self._main_grad: set[int] = set()  # parameters whose gradient arrives in p.main_grad (fused accumulation)
+        self._quantized: set[int] = set()  # indices of parameters kept in FP8 (replace_param)
         self.streamed = streamed or self.offload is not None
         chunk = OFFLOAD_CHUNK_BYTES if self.offload is not None else STREAM_CHUNK_BYTES
         self._chunks = self._chunk_indices(chunk) if self.streamed else []
@@ -191,7 +192,8 @@ class MasterWeights:
         with torch.no_grad():
             for p in self.params:
                 if id(p) in self._main_grad and getattr(p, "main_grad", None) is None:
-                    p.main_grad = torch.zeros_like(p)
+                    # (not zeros_like: an FP8 parameter's gradient is a plain tensor of the parameters' dtype)
+                    p.main_grad = torch.zeros(p.shape, dtype=self.dtype, device=p.device)
 
     # -- what the trainer calls ---------------------------------------------------------------
     @property
@@ -269,7 +271,7 @@ class MasterWeights:
         if stepped:
             torch._foreach_mul_([self.masters[i].grad for i in stepped], self._clip_coef)
             self.optimizer.step()  # masters without a gradient (the other chunks) are not stepped
-            torch._foreach_copy_([self.params[i] for i in stepped], [self.masters[i].data for i in stepped])
+            self._write_params(stepped)
         for i in chunk:
             self.masters[i].grad = None
 
@@ -357,6 +359,31 @@ class MasterWeights:
         for kind in KINDS:
             self._host.span(kind, chunk).copy_(slot[kind][:n], non_blocking=self._pin)
 
+    def _write_params(self, indices: list[int]) -> None:
+        """Parameters ``indices`` become their masters rounded to bf16; an FP8 parameter (fp8lab.train.fp8_weights)
+        is quantized from that bf16 rounding, the value a bf16 weight cast to FP8 would have."""
+        plain = [i for i in indices if i not in self._quantized]
+        if plain:
+            torch._foreach_copy_([self.params[i] for i in plain], [self.masters[i].data for i in plain])
+        for i in indices:
+            if i in self._quantized:
+                self.params[i].quantize_(self.masters[i].data.to(device=self.params[i].device, dtype=self.dtype))
+
+    def replace_param(self, old: nn.Parameter, new: nn.Parameter) -> None:
+        """``new`` (an FP8 tensor with ``quantize_``, of ``old``'s shape) stands for ``old`` from now on: its
+        gradient steps ``old``'s master, and each step writes the master into it."""
+        i = next((k for k, p in enumerate(self.params) if p is old), None)
+        if i is None:
+            raise ValueError("replace_param: the parameter is not among this optimizer's parameters")
+        if new.shape != old.shape or not hasattr(new, "quantize_"):
+            raise ValueError(f"replace_param: a {tuple(old.shape)} parameter needs a quantized tensor of that shape "
+                             f"(got {type(new).__name__} {tuple(new.shape)})")
+        if id(old) in self._main_grad:  # TE adds the weight gradients into the new parameter's buffer instead
+            self._main_grad = (self._main_grad - {id(old)}) | {id(new)}
+            new.main_grad = old.main_grad
+        self.params[i] = new
+        self._quantized.add(i)
+
     @torch.no_grad()
     def step(self) -> None:
         """AdamW on the fp32 masters, then the bf16 parameters become their rounded copies."""
@@ -367,7 +394,7 @@ class MasterWeights:
             self._streamed_step()  # rounds each chunk's parameters as it goes
             return
         self.optimizer.step()
-        torch._foreach_copy_(self.params, self.masters)
+        self._write_params(list(range(len(self.params))))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the bf16 gradients (if any are left) and the fp32 master gradients (their memory is freed).
@@ -474,10 +501,13 @@ class MasterWeights:
     def sync_params(self) -> None:
         """The bf16 parameters from the masters (after a load)."""
         if self.offload is not None:
-            for p, m in zip(self.params, self.masters):  # from host memory, one at a time
-                p.copy_(m)
+            for i, (p, m) in enumerate(zip(self.params, self.masters)):  # from host memory, one at a time
+                if i in self._quantized:
+                    self._write_params([i])
+                else:
+                    p.copy_(m)
         else:
-            torch._foreach_copy_(self.params, self.masters)
+            self._write_params(list(range(len(self.params))))
 
     def master_for(self, name: str) -> torch.Tensor:
         """The fp32 master of the parameter called ``name`` (tests, inspection)."""

@@ -1,8 +1,15 @@
-"""The optimizer of a run and its learning-rate schedule: AdamW, linear warm-up, then cosine decay."""
+"""The optimizer of a run and its learning-rate schedule: AdamW, linear warm-up, then cosine decay; with bf16
+parameters, the master weights that keep their fp32 copies (and, under ``--fp8-weights primary``, write FP8 ones)."""
 from __future__ import annotations
 
 import math
 from typing import Any, Callable
+
+from fp8lab.fp8.fused import decoder_layers
+from fp8lab.plan import memory_modes
+from fp8lab.train import fp8_weights
+from fp8lab.train.fused_states import FusedStates
+from fp8lab.train.master_weights import MasterWeights
 
 
 def lr_lambda(c, total_steps: int, warmup: int) -> Callable[[int], float]:
@@ -33,3 +40,29 @@ def make_optimizer(model, c, device, sharded: bool = False):
     if device.type == "cuda":
         kw = {"foreach": True} if sharded else {"fused": True}
     return torch.optim.AdamW(groups, lr=c.lr, betas=(c.beta1, c.beta2), **kw)
+
+
+def master_weights(model, plan, c, device) -> tuple[Any, list, list]:
+    """(the master weights, the parameters whose gradients TE adds into ``main_grad``, the blocks' FP8 weights) of a
+    run with bf16 parameters: TE's FusedAdam in its memory modes, else fp8lab's fp32 masters (in host memory under
+    ``--memory offload``; stepped a chunk at a time under CUDA graphs, where graphs write main_grad in place)."""
+    mode = memory_modes.get(plan.memory_mode)
+    if mode.fused_adam:  # fewer bytes per parameter: TE's FusedAdam keeps the states (fp8lab.plan.memory_modes)
+        master = FusedStates(model, mode, c)
+    else:
+        master = MasterWeights(model, lambda ps: make_optimizer(ps, c, device), streamed=plan.streamed_step,
+                               offload=device if mode.offloaded else None)
+    fused_wgrad = []
+    # DDP all-reduces .grad through hooks that main_grad would bypass: one process only (fp8lab.plan.runplan)
+    if plan.fused_wgrad and hasattr(model, "wgrad_into_main_grad"):
+        fused_wgrad = model.wgrad_into_main_grad()
+        if fused_wgrad:
+            master.use_main_grad(fused_wgrad)
+    made = []
+    if plan.fp8_primary_weights:  # from here on the blocks' weights exist only in FP8 (fp8lab.train.fp8_weights)
+        weights = fp8_weights.block_weights([b for _, b in decoder_layers(model)])
+        old = {id(getattr(m, n)): k for k, (m, n) in enumerate(weights)}
+        made = fp8_weights.make_primary(weights, master, fp8_weights.te_quantizer(plan.recipe.to_te()))
+        # (no reference to a bf16 weight may stay: each is freed as it is replaced)
+        fused_wgrad = [made[old[id(p)]] if id(p) in old else p for p in fused_wgrad]
+    return master, fused_wgrad, made

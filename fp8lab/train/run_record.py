@@ -95,6 +95,8 @@ class RunRecord:
             log(f"fp8lab: FP8 attention on: {reasons['fp8_attention']}{bwd}")
         elif p.fp8 and (gpu or c.fp8_attention != "auto"):
             log(f"fp8lab: FP8 attention off: {reasons['fp8_attention']}")
+        if p.fp8 and (p.fp8_primary_weights or c.fp8_weights != "auto"):
+            log(f"fp8lab: FP8 weights: {reasons['fp8_weights']}")
         if p.fused_loss or gpu or c.fused_loss != "auto":  # a CPU's auto: nothing to say
             log(f"fp8lab: fused loss {'on' if p.fused_loss else 'off'}: {reasons['fused_loss']}")
 

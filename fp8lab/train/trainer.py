@@ -58,6 +58,7 @@ from fp8lab.records import ownership, runlock
 from fp8lab.train import checkpoint as fckpt
 from fp8lab.train import distributed as fdist
 from fp8lab.train import export as fexport
+from fp8lab.train import fp8_weights as fp8w
 from fp8lab.train import fused_loss
 from fp8lab.train import lora as flora
 from fp8lab.train import optim as foptim
@@ -67,8 +68,6 @@ from fp8lab.train import run_paths as frun_paths
 from fp8lab.train.components import stopping_at_once
 from fp8lab.train.components import (Checkpointer, NonFiniteGuard, RunInfo, StepMetrics, StepProfiler, StepResult,
                                      StopFlag, TrainState)
-from fp8lab.train.master_weights import MasterWeights
-from fp8lab.train.fused_states import FusedStates
 from fp8lab.plan import memory_modes
 from fp8lab.train.run_record import RunRecord, adamw_impl
 
@@ -225,7 +224,7 @@ class Trainer:
         if p.fused_loss:  # the LM head computes the loss chunk by chunk (fp8lab.train.fused_loss)
             fused_loss.install(model, self._autocast_dtype(), kernel=p.fused_loss_kernel, fp8=p.fp8_lm_head)
         self.inner = model
-        self.master, self.fused_wgrad = None, []
+        self.master, self.fused_wgrad, self.fp8_params = None, [], []
         if p.master_weights:
             self._make_master_weights(model)
         self.model = fdist.wrap(model, env, c.parallel, param_dtype=p.param_dtype)
@@ -248,24 +247,13 @@ class Trainer:
             self.log(f"fp8lab: FP8 health statistics: {p.reasons['fp8_stats']}")
 
     def _make_master_weights(self, model) -> None:
-        """bf16 parameters, fp32 masters in the optimizer; before DDP, which buckets gradients by dtype."""
-        c, env = self.c, self.env
-        # under CUDA graphs the streamed step: main_grad zeroed in place (graphs write there), no whole fp32 copy
-        mode = memory_modes.get(self.plan.memory_mode)
-        if mode.fused_adam:  # fewer bytes per parameter: TE's FusedAdam keeps the states (fp8lab.plan.memory_modes)
-            self.master = FusedStates(model, mode, c)
-        else:  # offload: the masters and moments in host memory between steps (pinning it takes a while at 7B)
-            if mode.offloaded:
-                self.log(f"fp8lab: --memory offload: pinning {self.plan.layout.memory.host:.1f} GiB of host memory for "
-                         "the fp32 master weights and AdamW moments")
-            self.master = MasterWeights(model, lambda ps: foptim.make_optimizer(ps, c, env.device),
-                                        streamed=self.plan.streamed_step,
-                                        offload=env.device if mode.offloaded else None)
-        # DDP all-reduces .grad through hooks that main_grad would bypass: one process only (fp8lab.plan.runplan)
-        if self.plan.fused_wgrad and hasattr(model, "wgrad_into_main_grad"):
-            self.fused_wgrad = model.wgrad_into_main_grad()
-            if self.fused_wgrad:
-                self.master.use_main_grad(self.fused_wgrad)
+        """bf16 parameters, fp32 masters in the optimizer (fp8lab.train.optim.master_weights); before DDP, which
+        buckets gradients by dtype."""
+        if memory_modes.get(self.plan.memory_mode).offloaded:  # (pinning it takes a while at 7B)
+            self.log(f"fp8lab: --memory offload: pinning {self.plan.layout.memory.host:.1f} GiB of host memory for "
+                     "the fp32 master weights and AdamW moments")
+        self.master, self.fused_wgrad, self.fp8_params = foptim.master_weights(model, self.plan, self.c,
+                                                                               self.env.device)
 
     def _capture_graphs(self) -> None:
         """Capture the decoder blocks as CUDA graphs where ``--cuda-graphs`` resolved to on (fp8lab.plan.graphs)."""
@@ -367,6 +355,7 @@ class Trainer:
         if step in self.c.inject_nan_at_steps and self.env.is_main and micro == 0:
             loss = loss * float("nan")  # test hook: what an FP8 overflow does to a step
         (loss / self.plan.grad_accum).backward()
+        fp8w.drop_transposes(self.fp8_params)  # (--fp8-weights primary: the next forward needs only their rows)
         return loss
 
     def calibrate_fp8(self) -> None:
@@ -381,6 +370,7 @@ class Trainer:
         with fdist.gradient_sync(self.model, True, self.keep_weights):
             # scaled as a step's micro-batch is: the gradients' amax is what step 1's will be
             (self._loss(x, y, True if self.weight_cache else None) / self.plan.grad_accum).backward()
+        fp8w.drop_transposes(self.fp8_params)
         if self.weight_cache:
             self.inner.release_weight_cache()
         self.optimizer.zero_grad(set_to_none=True)

@@ -18,7 +18,7 @@ USER_OPTIONS = {
                   "max_bad_steps"],
     "layout": ["micro_batch_size", "grad_accum", "seq_len", "activation_checkpointing", "parallel", "param_dtype",
                "fsdp_keep_weights", "device", "gpu_memory_gib"],
-    "fp8": ["precision", "backend", "recipe", "bf16_edge_blocks", "fp8_weight_cache", "fp8_calibrate", "fp8_attention",
+    "fp8": ["precision", "backend", "recipe", "bf16_edge_blocks", "fp8_weights", "fp8_weight_cache", "fp8_calibrate", "fp8_attention",
             "fp8_all_gather", "fp8_stats_every", "fp8_stats_source", "fp8_lm_head"],
     "kernels": ["fuse", "compile", "cuda_graphs", "compute_dtype", "fuse_wgrad_accumulation", "fused_loss"],
     "lora": ["lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "export_merged"],
