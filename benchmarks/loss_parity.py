@@ -29,6 +29,9 @@ LOSS_VARIANTS: dict[str, list[str]] = {
     "te-fp8-block": VARIANTS["te-fp8-block"],
     # the memory modes (fp8lab.plan.memory_modes), FP8 delayed as in the loss study
     **{f"te-fp8-delayed-mem-{m}": [*VARIANTS["te-fp8-delayed"], "--memory", m] for m in MEMORY_MODES},
+    # the blocks' weights cast from bf16 or kept only in FP8 (fp8lab.plan.fp8_weights), both under --memory offload
+    **{f"te-fp8-delayed-fp8w-{w}": [*VARIANTS["te-fp8-delayed"], "--memory", "offload", "--fp8-weights", w]
+       for w in ("cast", "primary")},
     "te-fp8-delayed-h16": ["--precision", "fp8", "--backend", "te", "--recipe", "delayed:amax_history_len=16", "--fuse", "True"],
     "te-fp8-delayed-h16-recent": ["--precision", "fp8", "--backend", "te", "--fuse", "True",
                                   "--recipe", "delayed:amax_history_len=16,amax_compute_algo=most_recent"],

@@ -53,7 +53,11 @@ MEMORY = {f"mem-{m}-s{seed}": (f"te-fp8-delayed-mem-{m}", seed)
 # The LM head's GEMMs in FP8 in the fused loss's chunks (benchmarks/studies/fp8_lm_head.md, part two): FP8 delayed with
 # them at two seeds against the same with the head in BF16 (--tokens 5000000 --study fp8-head-chunks-h100)
 HEAD_CHUNKS = {f"head{h}-s{seed}": (f"te-fp8-delayed-head{h}", seed) for h in ("chunks", "bf16") for seed in (1234, 4321)}
-ALL_RUNS = {**RUNS, **FOLLOW_UP, **MEMORY, **HEAD_CHUNKS}
+# --fp8-weights primary (fp8lab.plan.fp8_weights): FP8 delayed with the blocks' weights only in FP8 against the cast
+# weights, both under --memory offload, at two seeds (--tokens 5000000 --study fp8-weights-h100)
+FP8_WEIGHTS = {f"fp8w{w}-s{seed}": (f"te-fp8-delayed-fp8w-{w}", seed) for w in ("cast", "primary")
+               for seed in (1234, 4321)}
+ALL_RUNS = {**RUNS, **FOLLOW_UP, **MEMORY, **HEAD_CHUNKS, **FP8_WEIGHTS}
 CPU_VARIANTS = {"te-bf16": ["--precision", "bf16", "--backend", "emulated"],  # the same script path on a CPU
                 "te-fp8-delayed": ["--precision", "fp8", "--backend", "emulated", "--recipe", "delayed"],
                 "te-fp8-current": ["--precision", "fp8", "--backend", "emulated", "--recipe", "current"],

@@ -17,6 +17,8 @@
 #       h100-offload-262k since offload accumulates 262,144 tokens per step (h100-offload: 131,072) (~8 min)
 #   O7P as O7 with --fp8-weights primary (the blocks' weights only in FP8; tag h100-offload-262k-fp8w); O7F: O7's FP8
 #       run alone (~3 min each run)
+#   L5  the loss check of --fp8-weights primary: FP8 delayed under --memory offload, the blocks' weights only in FP8
+#       against the cast ones, seeds 1234 and 4321 (L5_RUNS: a subset; ~3.5 min a run) into fp8-weights-h100/
 #   O8  Mistral-7B-v0.3 and Llama-3.1-8B from their published configs (or O8_MODELS), both precisions, --memory
 #       offload (~12 min)
 #   OS  what one offloaded optimizer step of llama-7b costs beside the pinned copy rates (benchmarks/offload_step.py;
@@ -52,6 +54,13 @@ for part in "$@"; do
   S8) "${H[@]}" --common-args '--memory bf16-moments' --tag h100 --models data/reference/configs/mistral-7b-v0.3; pack
       "${H[@]}" --common-args '--memory fp8-exp-avg' --tag h100 --models data/reference/configs/llama-3.1-8b; pack ;;
   L4) loss mem-offload-s1234,mem-offload-s4321; pack ;;
+  L5) mkdir -p $RES/fp8-weights-h100
+      if [ ! -f .corpus/linux-6.1/manifest.json ]; then tar -xJf .corpus/linux-6.1.tokens.tar.xz -C .corpus; fi
+      python3 benchmarks/study_loss_parity.py --data .corpus/linux-6.1 --out $RES/fp8-weights-h100 --work .study/fp8w \
+        --study fp8-weights-h100 --tag-prefix 5m --tokens 5000000 --common-args '--seq-len 2048 --micro-batch-size 16 --grad-accum 1 --fp8-stats-every 0' \
+        --gpus 1 --budget-s 470 --min-left-s 90 --runs ${L5_RUNS:-fp8wcast-s1234,fp8wprimary-s1234,fp8wcast-s4321,fp8wprimary-s4321} 2>&1 | tee -a $RES/logs/loss.log
+      python3 benchmarks/memory_modes_loss.py $RES/fp8-weights-h100 te-fp8-delayed-fp8w- cast > $RES/logs/fp8w-check.txt 2>&1
+      pack ;;
   O7) "${H[@]}" --steps 5 --warmup 1 --common-args '--memory offload' --tag h100-offload-262k --models llama-7b; pack ;;
   O7P) "${H[@]}" --steps 5 --warmup 1 --common-args '--memory offload --fp8-weights primary' \
         --tag h100-offload-262k-fp8w --models llama-7b; pack ;;
