@@ -9,11 +9,15 @@ the tokenizer and the task are the same), the checks on it, and its loader; and 
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import shutil
+import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from fp8lab.core.probes import check_writable_dir
 from fp8lab.core.validate import OneLineParser, parse_count
@@ -56,15 +60,19 @@ def ensure_prepared(data: Any, cache_dir: str | Path, vocab_size: int, *, model:
 
     ``accept``: where the cache holds another preparation, the new tokens are written into a temporary folder beside
     it and ``accept(folder)`` is called (a ValueError refuses them); only then do they replace the cache's, so a run
-    refused for its data (another corpus than its checkpoint's, an example too long) leaves the cache as it was."""
+    refused for its data (another corpus than its checkpoint's, an example too long) leaves the cache as it was.
+
+    Such temporary folders beside ``cache`` that a process of this host left when it died (a kill -9 mid-way) are
+    removed first, fp8lab's own files in them (_remove_stale_temp_folders); those of a live process are kept."""
     if data is not None and is_prepared(data):
         return Path(data)
     cache = Path(cache_dir)
+    _remove_stale_temp_folders(cache)
     if accept is None or not is_prepared(cache):
         return _prepare_or_reuse(data, cache, vocab_size, model, task, val_fraction)
     if _reusable(data, cache, vocab_size, model, task):  # (the source's digest read once)
         return cache
-    staged = cache.with_name(f"{ownership.TMP_PREFIX}{cache.name}-{uuid.uuid4().hex[:8]}")
+    staged = _temp_folder(cache, "")
     try:
         _prepare_or_reuse(data, staged, vocab_size, model, task, val_fraction)
         accept(staged)
@@ -76,11 +84,10 @@ def ensure_prepared(data: Any, cache_dir: str | Path, vocab_size: int, *, model:
 
 
 def _reusable(data: Any, cache: Path, vocab_size: int, model: str | None, task: str) -> bool:
-    """``cache`` holds ``data``'s tokens for this task and the model's tokenizer: reused as it is (the rule
-    fp8lab.data.tokens.ensure_prepared keeps for fp8lab's BPE too)."""
-    m = fdata.read_manifest(cache)
-    return (m.get("tokenizer_source", fdata.BPE_SOURCE) == model_tokenizer.source(model) and task_of(m) == task
-            and m["vocab_size"] <= vocab_size and m["source"] == fdata.describe_source(_files(data, task)))
+    """``cache`` holds ``data``'s tokens for this task and the model's tokenizer: reused as it is (by the rule
+    fp8lab.data.tokens.reusable_cache, which its ensure_prepared applies to fp8lab's BPE too)."""
+    return fdata.reusable_cache(cache, _files(data, task), vocab_size, tokenizer_source=model_tokenizer.source(model),
+                                task=task)
 
 
 def _files(data: Any, task: str) -> Any:
@@ -96,7 +103,7 @@ def _prepare_or_reuse(data: Any, cache: Path, vocab_size: int, model: str | None
     if task == PRETRAIN and wanted == fdata.BPE_SOURCE:
         return fdata.ensure_prepared(data, cache, vocab_size)
     files = _files(data, task)
-    if is_prepared(cache) and _reusable(data, cache, vocab_size, model, task):
+    if _reusable(data, cache, vocab_size, model, task):
         return cache
     tok = model_tokenizer.load(model, vocab_size)
     model_tokenizer.check_fits(model, tok, vocab_size)
@@ -111,14 +118,72 @@ def _swap_in(staged: Path, cache: Path) -> None:
     """Put the accepted tokens of ``staged`` in ``cache``'s place by two renames (a kill between them leaves no cache,
     which the next run prepares again, never a half-replaced one); the earlier tokens then go, fp8lab's own files
     only (the run's folder check refused a cache holding anyone else's)."""
-    old = cache.with_name(f"{ownership.TMP_PREFIX}{cache.name}-old-{uuid.uuid4().hex[:8]}")
+    old = _temp_folder(cache, "old-")
     cache.rename(old)
     staged.rename(cache)
-    ownership.remove_own(old, "tokens")
-    left = [p for p in old.iterdir() if p.name not in (ownership.MARKER, ownership.LOCK)
+    _remove_own_folder(old)
+
+
+def _remove_own_folder(folder: Path) -> None:
+    """fp8lab's own token files in ``folder`` go, then the folder when nothing else is left in it."""
+    ownership.remove_own(folder, "tokens")
+    left = [p for p in folder.iterdir() if p.name not in (ownership.MARKER, ownership.LOCK)
             and not p.name.startswith(ownership.TMP_PREFIX)]
     if not left:  # else kept, under a temporary name fp8lab never reads: it deletes nothing it did not write
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- temporary folders beside a cache
+
+def _host_tag(host: str) -> str:
+    """A host name as 8 hex digits: any host fits a folder name, and hosts sharing a disk tell theirs apart."""
+    return hashlib.sha256(host.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _temp_folder(cache: Path, role: str) -> Path:
+    """A new temporary folder's path beside ``cache`` (``role``: "" for staged tokens, "old-" for the tokens being
+    replaced), named with this process's pid and host so that the next preparation can tell whether its maker still
+    lives (_stale_temp_folders)."""
+    tag = f"{os.getpid()}-{_host_tag(socket.gethostname())}-{uuid.uuid4().hex[:8]}"
+    return cache.with_name(f"{ownership.TMP_PREFIX}{cache.name}-{role}{tag}")
+
+
+def _stale_temp_folders(names: Iterable[str], cache_name: str, host: str, alive: Callable[[int], bool]) -> list[str]:
+    """Of ``names`` (entries beside the cache ``cache_name``), the temporary folders (_temp_folder) that a process
+    of ``host`` made and that is gone (``alive(pid)`` false). A pid is only known on its own host, so another host's
+    folder (a disk shared by nodes) is never stale here, nor a name without pid and host (made by an earlier fp8lab,
+    whose maker is unknown)."""
+    shape = re.compile(re.escape(f"{ownership.TMP_PREFIX}{cache_name}-") + r"(?:old-)?([1-9][0-9]{0,9})-"
+                       + re.escape(_host_tag(host)) + r"-[0-9a-f]{8}")
+    return [n for n in names if (hit := shape.fullmatch(n)) and not alive(int(hit.group(1)))]
+
+
+def _alive(pid: int) -> bool:
+    """A process ``pid`` runs on this host (one of another user's included: signalling it is refused, not absent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # EPERM: it exists; a pid past the platform's range: kept, as undecidable
+        return True
+    return True
+
+
+def _remove_stale_temp_folders(cache: Path) -> None:
+    """Remove the temporary folders beside ``cache`` that a dead process of this host left (killed while it staged
+    new tokens or swapped them in): fp8lab's own files in them, as that process would have (_remove_own_folder)."""
+    try:
+        names = [p.name for p in cache.parent.iterdir() if p.name.startswith(ownership.TMP_PREFIX)]
+    except OSError:  # no parent folder yet (a first run) or none readable: nothing was left there
+        return
+    for name in _stale_temp_folders(names, cache.name, socket.gethostname(), _alive):
+        folder = cache.parent / name
+        if folder.is_symlink() or not folder.is_dir():
+            continue  # not a folder fp8lab made: never followed or removed
+        try:
+            _remove_own_folder(folder)
+        except (OSError, ValueError):  # removed by another rank at once, or not removable now: tried next time
+            pass
 
 
 def check_prepared(data_dir: str | Path, manifest: dict[str, Any], seq_len: int, task: str,

@@ -626,14 +626,25 @@ def ensure_prepared(data: str | Path | None, cache_dir: str | Path, vocab_size: 
     if data is not None and is_prepared(data):
         return Path(data)
     cache = Path(cache_dir)
-    vocab = min(vocab_size, DEFAULT_VOCAB)
-    if is_prepared(cache):
-        m = read_manifest(cache)
-        if (m["vocab_size"] <= vocab_size and m["source"] == describe_source(data)
-                and m.get("tokenizer_source", BPE_SOURCE) == BPE_SOURCE and m.get("task", PRETRAIN) == PRETRAIN):
-            return cache
-    prepare_data(data, cache, None, vocab_size=vocab)
+    if reusable_cache(cache, data, vocab_size):
+        return cache
+    prepare_data(data, cache, None, vocab_size=min(vocab_size, DEFAULT_VOCAB))
     return cache
+
+
+def reusable_cache(cache: str | Path, source: Any, vocab_size: int, *, tokenizer_source: dict[str, Any] | None = None,
+                   task: str = PRETRAIN) -> bool:
+    """``cache`` is a prepared folder holding ``source``'s tokens (the same content digest, or the same Hugging Face
+    dataset) for ``task``, made by the tokenizer ``tokenizer_source`` (None: fp8lab's BPE) with at most
+    ``vocab_size`` tokens: reused as it is. The one rule for every prepared cache (fp8lab's BPE here, a model's own
+    tokenizer or instruction data in fp8lab.data.run_data), so the two never disagree on when a cache is stale. The
+    source is compared last: its digest costs a pass over its bytes."""
+    if not is_prepared(cache):
+        return False
+    m = read_manifest(cache)
+    wanted = BPE_SOURCE if tokenizer_source is None else tokenizer_source
+    return (m.get("tokenizer_source", BPE_SOURCE) == wanted and m.get("task", PRETRAIN) == task
+            and m["vocab_size"] <= vocab_size and m["source"] == describe_source(source))
 
 
 def tokens_per_epoch(data_dir: str | Path, split: str = "train") -> int:
