@@ -1,8 +1,8 @@
 """The measured evidence ``auto`` decisions follow, as values the plan is given.
 
 Some ``auto`` rules wait for a GPU check before they turn a feature on: FP8 attention (its crossover and its loss
-check), torchao's FP8 all-gather under FSDP2, Transformer Engine's debug API as the FP8 health source, and the LM
-head's GEMMs in FP8 in the fused loss's chunks. Their
+check), torchao's FP8 all-gather under FSDP2, Transformer Engine's debug API as the FP8 health source, the LM
+head's GEMMs in FP8 in the fused loss's chunks, and the blocks' weights kept only in FP8. Their
 outcomes are a few values, kept in ``evidence.json`` beside this module (package data: a wheel, a checkout and a
 SageMaker job's code channel carry the same file). ``fp8lab report --docs`` writes it from ``data/results/``
 (:func:`render`), and a test ties the committed copy to those files.
@@ -30,6 +30,8 @@ TE_DEBUG_STUDY = "fp8stats-sources"  # check.json (benchmarks/fp8stats_overhead.
 # same code); a later folder's verdict on a mode replaces an earlier one's
 MEMORY_MODES_STUDIES = ("memory-modes-h100", "memory-offload-h100")
 FP8_HEAD_STUDY = "fp8-head-chunks-h100"  # check.json (benchmarks/fp8_head_check.py): GPU tests, speed and loss
+# loss.json (benchmarks/memory_modes_loss.py <folder> te-fp8-delayed-fp8w- cast): --fp8-weights primary against cast
+FP8_WEIGHTS_STUDY = "fp8-weights-h100"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Evidence:
     memory_modes: tuple[str, ...] = ()  # the memory modes whose loss stayed inside the seeds' band (auto may use them)
     memory_mode_gaps: tuple[tuple[str, float], ...] = ()  # each checked mode's loss gap to plain, percent
     fp8_head: bool = False  # the LM head's FP8 GEMMs in the loss's chunks passed their GPU check (tests, speed, loss)
+    fp8_weights: bool = False  # --fp8-weights primary's loss stayed inside the cast weights' seed band
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Evidence":
@@ -59,7 +62,8 @@ class Evidence:
                    memory_modes=tuple(str(m) for m in (data.get("memory_modes") or {}).get("holds") or ()),
                    memory_mode_gaps=tuple(sorted((str(m), float(g)) for m, g in
                                                  ((data.get("memory_modes") or {}).get("gap_pct") or {}).items())),
-                   fp8_head=(data.get("fp8_head") or {}).get("passed") is True)
+                   fp8_head=(data.get("fp8_head") or {}).get("passed") is True,
+                   fp8_weights=(data.get("fp8_weights") or {}).get("passed") is True)
 
 
 def _read(path: Path) -> dict | None:
@@ -82,6 +86,7 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
     for study in MEMORY_MODES_STUDIES:
         modes.update((_read(results / study / "loss.json") or {}).get("modes") or {})
     head = _read(results / FP8_HEAD_STUDY / "check.json")
+    primary = ((_read(results / FP8_WEIGHTS_STUDY / "loss.json") or {}).get("modes") or {}).get("primary")
     return {
         "fp8_attention": {
             "study": FP8_ATTENTION_STUDY,
@@ -100,6 +105,8 @@ def from_results(results_dir: str | Path) -> dict[str, Any]:
                                      if r.get("gap_pct") is not None}},
         "fp8_head": {"study": FP8_HEAD_STUDY, "committed": head is not None,
                      "passed": (head or {}).get("passed") is True},
+        "fp8_weights": {"study": FP8_WEIGHTS_STUDY, "committed": primary is not None,
+                        "passed": (primary or {}).get("holds") is True},
     }
 
 

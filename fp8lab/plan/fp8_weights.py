@@ -14,7 +14,8 @@ bf16-rounded master under current scaling (a per-tensor scale from the weight's 
 ``cast`` scales weights from an amax history and ``primary`` from the weight's own amax, a difference its loss check
 measures.
 
-``auto`` takes ``cast`` until ``primary``'s loss check is committed.
+``auto`` takes ``primary`` where it can run once its loss check against ``cast`` holds (fp8lab.plan.evidence), and
+``cast`` until then.
 """
 from __future__ import annotations
 
@@ -45,16 +46,25 @@ def problem(*, precision: str, backend: str | None, fuse: bool, memory_mode: str
 
 def applies(requested: str, *, precision: str, backend: str | None, fuse: bool, memory_mode: str,
             lora: bool) -> bool:
-    """Whether this run keeps the blocks' weights only in FP8 (the memory estimate's rule; never raises)."""
+    """Whether a run asking for ``requested`` (``auto`` resolved: :func:`resolved`) keeps the blocks' weights only in
+    FP8 (the memory estimate's rule; never raises)."""
     return requested == PRIMARY and problem(precision=precision, backend=backend, fuse=fuse, memory_mode=memory_mode,
                                             lora=lora) is None
 
 
+def resolved(requested: str, checked: bool) -> str:
+    """What ``--fp8-weights requested`` asks for where it can run: ``auto`` is ``primary`` once its loss check holds
+    (``checked``, fp8lab.plan.evidence), else ``cast``."""
+    if requested != AUTO:
+        return requested
+    return PRIMARY if checked else CAST
+
+
 def decide(requested: str, *, precision: str, backend: str | None, fuse: bool, memory_mode: str,
-           lora: bool, graphs: bool = False) -> tuple[bool, str]:
-    """(the blocks' weights are kept only in FP8, why) for ``--fp8-weights requested``. ValueError for ``primary``
-    in an FP8 run where it cannot run, naming why and what can; a BF16 run (the other half of a pair) keeps bf16
-    weights whatever was asked."""
+           lora: bool, checked: bool, graphs: bool = False) -> tuple[bool, str]:
+    """(the blocks' weights are kept only in FP8, why) for ``--fp8-weights requested``; ``checked``: primary's loss
+    check is committed and holds (fp8lab.plan.evidence). ValueError for ``primary`` in an FP8 run where it cannot
+    run, naming why and what can; a BF16 run (the other half of a pair) keeps bf16 weights whatever was asked."""
     why_not = problem(precision=precision, backend=backend, fuse=fuse, memory_mode=memory_mode, lora=lora,
                       graphs=graphs)
     if precision != "fp8":
@@ -68,5 +78,8 @@ def decide(requested: str, *, precision: str, backend: str | None, fuse: bool, m
         return False, f"--fp8-weights {CAST}: bf16 weights cast to FP8"
     if why_not:
         return False, f"auto: bf16 weights cast to FP8 ({why_not})"
+    if checked:
+        return True, ("auto: the blocks' weights only in FP8 (1 byte each, no bf16 copy, no FP8 cache; its loss "
+                      "check against the cast weights holds)")
     return False, (f"auto: bf16 weights cast to FP8 (--fp8-weights {PRIMARY} keeps them only in FP8; auto takes it "
                    "once its loss check is committed)")

@@ -456,7 +456,7 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
 
 def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: str | None = None,
             checked_modes: tuple[str, ...] = (), mode_gaps: dict[str, float] | None = None,
-            fp8_head_checked: bool = True) -> Layout:
+            fp8_head_checked: bool = True, fp8_weights_checked: bool = False) -> Layout:
     """:func:`resolve_mode` for each memory mode ``--memory`` allows, in order (fp8lab.plan.memory_modes.candidates;
     ``checked_modes``: the modes whose loss check holds; ``mode_gaps``: each checked mode's measured loss gap to plain,
     in percent): the first layout that fits. Raises ValueError when none does, naming the modes tried.
@@ -465,7 +465,10 @@ def resolve(c, machine: Machine, backend: str | None, mcfg=None, loss_kernel: st
     weight copies and the gradient's E5M2 copy) would change it (a smaller micro-batch, checkpointing, a memory mode)
     or not fit, the head stays in BF16 (``Layout.fp8_head`` False, with the reason): the layout first, then the
     head's few percent of speed. ``fp8_head_checked`` False (its GPU check not passed: fp8lab.plan.evidence): auto
-    plans the head in BF16."""
+    plans the head in BF16. ``fp8_weights_checked``: ``--fp8-weights auto`` counts the blocks' weights only in FP8
+    where they can be (fp8lab.plan.fp8_weights.resolved)."""
+    if c.fp8_weights == AUTO and fp8_weights_checked:  # (the layout keeps no config: the plan records "auto")
+        c = dataclasses.replace(c, fp8_weights=fp8_weights.resolved(AUTO, fp8_weights_checked))
     args = (machine, backend, mcfg, loss_kernel, checked_modes, mode_gaps)
     if c.fp8_lm_head != AUTO:
         return _resolve_modes(c, *args)

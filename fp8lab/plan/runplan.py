@@ -319,7 +319,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     kernel = loss_kernel_for(machine)  # the fused loss's chunk kernel: read once, its memory counted by the layout
     # "auto" options -> this machine's layout, the memory mode included (auto uses the modes whose loss check holds)
     lay = flayout.resolve(c, machine, backend, mcfg=mcfg, loss_kernel=kernel, checked_modes=evidence.memory_modes,
-                           mode_gaps=dict(evidence.memory_mode_gaps), fp8_head_checked=evidence.fp8_head)
+                           mode_gaps=dict(evidence.memory_mode_gaps), fp8_head_checked=evidence.fp8_head,
+                           fp8_weights_checked=evidence.fp8_weights)
     sharded = lay.sharded  # the layout's (fp8lab.plan.layout.is_sharded)
     problem = fsdp_te_problem(c, backend, machine.world_size > 1, lay.param_dtype)
     if problem:
@@ -330,7 +331,7 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     keep = bool(sharded and lay.fsdp_keep_weights and lay.grad_accum > 1)
     primary, why_primary = fp8_weights.decide(c.fp8_weights, precision=c.precision, backend=backend, fuse=fuses(c),
                                               memory_mode=lay.memory_mode, lora=bool(c.lora_rank),
-                                              graphs=bool(decision.active))
+                                              checked=evidence.fp8_weights, graphs=bool(decision.active))
     cache, why_cache = flayout.weight_cache(c, backend, grad_accum=lay.grad_accum, sharded=sharded, keep_weights=keep,
                                             memory_mode=lay.memory_mode, fp8_primary=primary)
     wgrad, why_wgrad = fused_wgrad(c, machine, backend, master)

@@ -52,6 +52,30 @@ def test_auto_keeps_the_cast_weights_until_primarys_loss_check_is_committed():
     assert _plan("llama-1b").weight_cache == _plan("llama-1b", fp8_weights="cast").weight_cache
 
 
+def test_auto_takes_primary_where_it_runs_once_its_loss_check_holds(tmp_path):
+    """The evidence (fp8lab.plan.evidence) reads primary's verdict from its loss.json; with it, auto keeps the 7B's
+    FP8 weights only in FP8 under offload, and every run that fits in plain keeps its cast weights."""
+    import json
+
+    from fp8lab.plan import evidence as fevidence
+
+    folder = tmp_path / fevidence.FP8_WEIGHTS_STUDY
+    folder.mkdir()
+    (folder / "loss.json").write_text(json.dumps({"modes": {"primary": {"holds": True, "gap_pct": 0.1}}}))
+    checked = Evidence.from_dict(fevidence.from_results(tmp_path))
+    assert checked.fp8_weights and not Evidence.from_dict(fevidence.from_results(tmp_path / "none")).fp8_weights
+
+    def plan(model, **kw):
+        return plan_run(TrainConfig(model=model, precision="fp8", device="cpu", **kw), H100, checked)
+
+    p = plan("llama-7b", memory="offload")
+    assert p.fp8_primary_weights and p.reasons["fp8_weights"].startswith("auto: the blocks' weights only in FP8")
+    assert p.layout.memory.peak < _plan(memory="offload").layout.memory.peak  # the estimate counted it
+    assert not plan("llama-7b", memory="offload", fp8_weights="cast").fp8_primary_weights
+    small = plan("llama-1b")
+    assert not small.fp8_primary_weights and small.layout == _plan("llama-1b").layout
+
+
 @pytest.mark.parametrize("kw,why", [
     (dict(model="llama-1b"), "--memory offload"),
     (dict(memory="offload", backend="emulated"), "Transformer Engine's fused blocks"),
