@@ -16,7 +16,7 @@
 #   O7  llama-7b, both precisions, --memory offload: the layout the plain command plans once L4 holds; tag
 #       h100-offload-262k since offload accumulates 262,144 tokens per step (h100-offload: 131,072) (~8 min)
 #   O7P as O7 with --fp8-weights primary (the blocks' weights only in FP8; tag h100-offload-262k-fp8w); O7F: O7's FP8
-#       run alone (~3 min each run; O7_STEPS=3 for a shorter O7P)
+#       run alone (~3 min each run; O7_STEPS=3 for a shorter O7P, O7_VARIANTS=default-fp8 for its FP8 run alone)
 #   L5  the loss check of --fp8-weights primary: FP8 delayed under --memory offload, the blocks' weights only in FP8
 #       against the cast ones, seeds 1234 and 4321 (L5_RUNS: a subset; ~3.5 min a run) into fp8-weights-h100/
 #   O8  Mistral-7B-v0.3 and Llama-3.1-8B from their published configs (or O8_MODELS), both precisions, --memory
@@ -63,7 +63,7 @@ for part in "$@"; do
       pack ;;
   O7) "${H[@]}" --steps 5 --warmup 1 --common-args '--memory offload' --tag h100-offload-262k --models llama-7b; pack ;;
   O7P) "${H[@]}" --steps ${O7_STEPS:-5} --warmup 1 --common-args '--memory offload --fp8-weights primary' \
-        --tag h100-offload-262k-fp8w --models llama-7b; pack ;;
+        --tag h100-offload-262k-fp8w --models llama-7b ${O7_VARIANTS:+--variants $O7_VARIANTS}; pack ;;
   O7F) "${H[@]}" --steps 5 --warmup 1 --common-args '--memory offload' --tag h100-offload-262k --models llama-7b \
         --variants default-fp8; pack ;;
   O8) for m in ${O8_MODELS:-mistral-7b-v0.3 llama-3.1-8b}; do
