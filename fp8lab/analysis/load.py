@@ -44,6 +44,7 @@ META_COLUMNS = [
     "fp8_lm_head",  # the LM head's GEMMs in FP8 too (--fp8-lm-head: in the fused loss's chunks, or over full logits)
     "fused_loss",  # the LM head's loss chunked over tokens (fp8lab.train.fused_loss)
     "memory",  # bytes of state per parameter (fp8lab.plan.memory_modes); missing: plain
+    "fp8_weights",  # an FP8 run's block weights: cast from bf16, or primary (only in FP8); missing: cast
     "task",  # what the run trained: pretrain (a record without it too), sft, sft-lora (labels.task_label)
     "peer",  # true: a peer's run (benchmarks/peers.py), not fp8lab's; shown beside it (fp8lab.analysis.peers)
 ] + [  # provenance: what software ran, when, by which command

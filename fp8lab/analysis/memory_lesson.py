@@ -58,6 +58,10 @@ def measured_by_mode(summary: pd.DataFrame) -> pd.DataFrame:
                                      "max_mem_gib"])
     s = summary.drop_duplicates("run_id")
     s = s[s["memory"].map(memory_modes.of_record) != memory_modes.PLAIN]
-    cols = ["model", "gpu_name", "memory", "precision", "variant", "micro_batch_size", "grad_accum",
+    cols = ["model", "gpu_name", "memory", "precision", "fp8_weights", "variant", "micro_batch_size", "grad_accum",
             "tokens_per_sec_per_gpu", "max_mem_gib"]
-    return s[[c for c in cols if c in s]].sort_values(["model", "variant"]).reset_index(drop=True)
+    s = s[[c for c in cols if c in s]].sort_values(["model", "variant"]).reset_index(drop=True)
+    if "fp8_weights" in s:  # (runs from before --fp8-weights cast their weights; a BF16 run has none)
+        s["fp8_weights"] = s["fp8_weights"].where(s["precision"] == "fp8").fillna("cast").where(
+            s["precision"] == "fp8", "-")
+    return s

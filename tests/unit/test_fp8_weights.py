@@ -168,3 +168,22 @@ def test_replace_param_moves_a_fused_gradient_buffer_and_refuses_a_stranger():
         mw.replace_param(nn.Parameter(torch.zeros(3)), nn.Parameter(_E4M3.of(torch.zeros(3))))
     with pytest.raises(ValueError, match="quantized tensor of that shape"):
         mw.replace_param(net[2].weight, nn.Parameter(torch.zeros(16, 32)))
+
+
+def test_the_memory_lesson_tells_primary_runs_from_cast_ones():
+    """notebook 05's table of the runs measured in a memory mode: an FP8 run's weights, "cast" for records from before
+    the option, "-" for BF16 runs; a plain run is not among them."""
+    import pandas as pd
+
+    from fp8lab.analysis.memory_lesson import measured_by_mode
+
+    base = dict(model="llama-7b", gpu_name="NVIDIA H100 80GB HBM3", micro_batch_size=4, grad_accum=32,
+                tokens_per_sec_per_gpu=1.0, max_mem_gib=50.0)
+    summary = pd.DataFrame([
+        {**base, "run_id": "a", "variant": "bf16", "precision": "bf16", "memory": "offload"},
+        {**base, "run_id": "b", "variant": "fp8-old", "precision": "fp8", "memory": "offload"},
+        {**base, "run_id": "c", "variant": "fp8-w", "precision": "fp8", "memory": "offload", "fp8_weights": "primary"},
+        {**base, "run_id": "d", "variant": "fp8-plain", "precision": "fp8", "memory": "plain"},
+    ])
+    table = measured_by_mode(summary)
+    assert dict(zip(table["variant"], table["fp8_weights"])) == {"bf16": "-", "fp8-old": "cast", "fp8-w": "primary"}
