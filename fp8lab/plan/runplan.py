@@ -94,6 +94,13 @@ class RunPlan:
         return self.config.precision == "fp8"
 
     @property
+    def fp8_weights(self) -> str | None:
+        """How an FP8 run keeps its blocks' weights (fp8lab.plan.fp8_weights); None for a BF16 run."""
+        if not self.fp8:
+            return None
+        return fp8_weights.PRIMARY if self.fp8_primary_weights else fp8_weights.CAST
+
+    @property
     def memory_mode(self) -> str:
         """Bytes of state per parameter (fp8lab.plan.memory_modes): the layout's."""
         return self.layout.memory_mode
@@ -139,6 +146,7 @@ class RunPlan:
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "memory": self.memory_mode, "compute_dtype": self.compute_dtype,
                 "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather,
+                # (compared between plans: a BF16 run's bf16 weights are its FP8 twin's "cast" ones)
                 "fp8_weights": fp8_weights.PRIMARY if self.fp8_primary_weights else fp8_weights.CAST}
 
     def options(self) -> dict[str, Any]:
@@ -151,7 +159,7 @@ class RunPlan:
                 "fp8_all_gather": onoff[self.fp8_all_gather], "fp8_stats_every": self.fp8_stats_every,
                 "fp8_stats_source": self.fp8_stats_source, "fused_loss": onoff[self.fused_loss],
                 "memory": self.memory_mode, "fuse": fuses(self.config), "fp8_lm_head": self.fp8_lm_head,
-                "fp8_weights": fp8_weights.PRIMARY if self.fp8_primary_weights else fp8_weights.CAST}
+                "fp8_weights": self.fp8_weights}
 
     def record(self) -> dict[str, Any]:
         """The plan as config.json keeps it: the decisions, why, the machine and the memory estimate."""

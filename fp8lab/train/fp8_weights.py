@@ -24,10 +24,11 @@ def is_te_module(module: nn.Module) -> bool:
     return type(module).__module__.startswith("transformer_engine.")
 
 
-def block_weights(blocks: list[nn.Module], owns: Callable[[nn.Module], bool] = is_te_module
+def block_weights(blocks: list[nn.Module], owns: Callable[[nn.Module], bool] | None = None
                   ) -> list[tuple[nn.Module, str]]:
-    """(module, parameter name) of every trainable 2-d weight held directly by a module ``owns`` accepts inside
-    ``blocks`` (norm weights are 1-d; biases too)."""
+    """(module, parameter name) of every trainable 2-d weight held directly by a module ``owns`` accepts (default:
+    :func:`is_te_module`) inside ``blocks`` (norm weights are 1-d; biases too)."""
+    owns = owns or is_te_module
     found = []
     for block in blocks:
         for module in block.modules():

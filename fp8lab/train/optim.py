@@ -61,8 +61,11 @@ def master_weights(model, plan, c, device) -> tuple[Any, list, list]:
     made = []
     if plan.fp8_primary_weights:  # from here on the blocks' weights exist only in FP8 (fp8lab.train.fp8_weights)
         weights = fp8_weights.block_weights([b for _, b in decoder_layers(model)])
-        old = {id(getattr(m, n)): k for k, (m, n) in enumerate(weights)}
+        where = {id(getattr(m, n)): k for k, (m, n) in enumerate(weights)}
+        # which of them the fused list holds, by position: it lets go of them, so each bf16 weight is freed as it
+        # is replaced (at 7B, 12 GiB never held beside the FP8 ones)
+        slots = [(where.get(id(p)), None if id(p) in where else p) for p in fused_wgrad]
+        fused_wgrad = []
         made = fp8_weights.make_primary(weights, master, fp8_weights.te_quantizer(plan.recipe.to_te()))
-        # (no reference to a bf16 weight may stay: each is freed as it is replaced)
-        fused_wgrad = [made[old[id(p)]] if id(p) in old else p for p in fused_wgrad]
+        fused_wgrad = [p if k is None else made[k] for k, p in slots]
     return master, fused_wgrad, made

@@ -187,3 +187,45 @@ def test_the_memory_lesson_tells_primary_runs_from_cast_ones():
     ])
     table = measured_by_mode(summary)
     assert dict(zip(table["variant"], table["fp8_weights"])) == {"bf16": "-", "fp8-old": "cast", "fp8-w": "primary"}
+
+
+def test_a_primary_runs_master_weights_replace_every_block_weight_and_free_the_bf16_ones(monkeypatch):
+    """fp8lab.train.optim.master_weights on the emulated fused blocks (TE's layout of modules; the stand-in FP8 tensor
+    for TE's): every block linear's weight becomes an FP8 parameter, the fused accumulation's list and buffers follow
+    the new parameters, no bf16 block weight stays alive, and a step trains through them."""
+    import gc
+    import types
+    import weakref
+
+    from fp8lab.fp8.convert import convert_model
+    from fp8lab.fp8.fused import decoder_layers
+    from fp8lab.model.models import build_model
+    from fp8lab.train import fp8_weights as fp8w, optim as foptim
+
+    monkeypatch.setattr(fp8w, "is_te_module", lambda m: type(m).__module__.endswith(".emulated"))
+    monkeypatch.setattr(fp8w, "te_quantizer", lambda recipe: _E4M3.of)
+    model = convert_model(build_model("llama-tiny"), backend="emulated", fuse=True).to(torch.bfloat16)
+    blocks = [b for _, b in decoder_layers(model)]
+    olds = [getattr(m, n) for m, n in fp8w.block_weights(blocks)]
+    assert len(olds) == 4 * len(blocks)  # qkv, proj, fc1, fc2
+    other = model.lm_head.weight
+    handed = [olds[0], other]  # (given up when asked for, as the model keeps no list of its own)
+    monkeypatch.setattr(model, "wgrad_into_main_grad", lambda: [handed.pop(0) for _ in range(2)])
+    refs = [weakref.ref(w) for w in olds]
+    plan = types.SimpleNamespace(memory_mode="offload", streamed_step=False, fused_wgrad=True,
+                                 fp8_primary_weights=True, recipe=types.SimpleNamespace(to_te=lambda: None))
+    c = TrainConfig(lr=1e-2, device="cpu")
+    del olds
+    master, fused, made = foptim.master_weights(model, plan, c, torch.device("cpu"))
+    gc.collect()
+    assert not any(r() is not None for r in refs)  # every bf16 block weight is gone
+    assert [getattr(m, n) for m, n in fp8w.block_weights(blocks)] == made
+    assert all(isinstance(p, _E4M3) for p in made)
+    assert fused[0] is made[0] and fused[1] is other and made[0].main_grad.dtype == torch.bfloat16
+    x = torch.randint(0, model.config.vocab_size, (2, 32))
+    before = [p.data.clone() for p in made]
+    model(input_ids=x, labels=x).loss.backward()
+    master.clip_grad_norm_(1.0)
+    master.step()
+    master.zero_grad()
+    assert all(not torch.equal(p.data, b) for p, b in zip(made, before))
