@@ -59,7 +59,7 @@ from typing import Any
 
 from fp8lab.core import validate as fvalidate
 from fp8lab.core.paths import shareable_path
-from fp8lab.core.errors import OptionError
+from fp8lab.core.errors import OptionError, RefusedOnRankZero
 from fp8lab.plan.options import (BACKENDS, COMPUTE_DTYPES, CUDA_GRAPHS, DEVICES, EMULATED, FP8_BACKENDS,  # noqa: F401
                             PARALLEL, PARAM_DTYPES, PRECISIONS, PROGRESS, RECIPES, AutoBool, AutoInt, Steps,
                             STUDY, add_arguments, check_fields, check_schema, flag, from_text, option, section_of,
@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None, *, planned: dict[str, Any] | None = None
     try:
         summary = train(config, argv=argv, planned=planned, replayed_from=source)
     except OptionError as exc:  # environment checks (device, backend, data, resume) before training
-        print(f"fp8lab train: error: {exc}", file=sys.stderr)
+        if not isinstance(exc, RefusedOnRankZero):  # (said once, by rank 0)
+            print(f"fp8lab train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_OPTIONS
     except KeyboardInterrupt as exc:  # a second Ctrl-C in a step, or Ctrl-C or SIGTERM in the export: stopped at once
         sig = str(exc.args[0]) if exc.args and str(exc.args[0]).startswith("SIG") else None

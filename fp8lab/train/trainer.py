@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8lab.core import paths as fpaths
-from fp8lab.core.errors import OptionError
+from fp8lab.core.errors import OptionError, RefusedOnRankZero
 from fp8lab.data import checks as data_checks
 from fp8lab.data import run_data
 from fp8lab.data import tokens as fdata
@@ -135,20 +135,28 @@ class Trainer:
         """Tokenized once per node (deterministic, so every node gets the same shards), then checked."""
         c, env = self.c, self.env
         source = frun_paths.data_source(c)
+        refusal = None
         if env.local_rank == 0:
-            self.paths.output_dir.mkdir(parents=True, exist_ok=True)
-            if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
-                self.locks.append(runlock.acquire("--output-dir", self.paths.output_dir))
-                self._lock_checkpoints()
-                rerun.refuse_replacing(c, self.paths)
-                self.resumes = rerun.resumed_checkpoint(c, self.paths, self.plan)
-                if source is not None and fdata.is_prepared(source):  # prepare-data is refused it while the run reads
-                    self.locks.append(runlock.acquire_shared("--data", source))
-            ownership.claim(self.paths.output_dir, "run")
-            self.data_dir = self._ensure_prepared(source)
-        fdist.barrier(env)
+            try:
+                self.paths.output_dir.mkdir(parents=True, exist_ok=True)
+                if env.is_main:  # one run per output folder (a second one is refused here, before it writes)
+                    self.locks.append(runlock.acquire("--output-dir", self.paths.output_dir))
+                    self._lock_checkpoints()
+                    rerun.refuse_replacing(c, self.paths)
+                    self.resumes = rerun.resumed_checkpoint(c, self.paths, self.plan)
+                    if source is not None and fdata.is_prepared(source):  # prepare-data is refused it meanwhile
+                        self.locks.append(runlock.acquire_shared("--data", source))
+                ownership.claim(self.paths.output_dir, "run")
+                self.data_dir = self._ensure_prepared(source)
+            except ValueError as exc:
+                if not (env.distributed and env.is_main):
+                    raise
+                refusal = str(exc)  # told to every rank below, which then all end alike (not on a broken barrier)
+        fdist.barrier(env)  # every node's tokens are ready before its other ranks read them
         # the checkpoint rank 0 read (rerun.resumed_checkpoint): every rank compares its data with it, refusing alike
-        self.resumes = fdist.broadcast_object(self.resumes, env)
+        refusal, self.resumes = fdist.broadcast_object((refusal, self.resumes), env)
+        if refusal is not None:
+            raise (OptionError if env.is_main else RefusedOnRankZero)(refusal)
         if env.local_rank != 0:
             self.data_dir = self._ensure_prepared(source)
         self.manifest = m = fdata.read_manifest(self.data_dir)
