@@ -28,14 +28,16 @@ CHOICES = (AUTO, CAST, PRIMARY)
 
 
 def problem(*, precision: str, backend: str | None, fuse: bool, memory_mode: str, lora: bool,
-            graphs: bool = False) -> str | None:
-    """Why the blocks' weights cannot be kept only in FP8 in this run (None: they can)."""
+            graphs: bool = False, ranks: int = 1) -> str | None:
+    """Why the blocks' weights cannot be kept only in FP8 in this run (None: they can); ``ranks``: its processes."""
     if precision != "fp8":
         return "only an FP8 run keeps FP8 weights"
     if backend != "te" or not fuse:
         return "needs Transformer Engine's fused blocks (--backend te, --fuse auto)"
     if lora:
         return "LoRA's frozen base keeps no fp32 masters to write the FP8 weights from"
+    if ranks > 1:
+        return "runs in one process (DDP broadcasts and buckets plain tensors, not FP8 ones)"
     if graphs:
         return "CUDA graphs replay the backward's transposes at fixed addresses, which this frees after each backward"
     if not memory_modes.get(memory_mode).offloaded:
@@ -45,11 +47,11 @@ def problem(*, precision: str, backend: str | None, fuse: bool, memory_mode: str
 
 
 def applies(requested: str, *, precision: str, backend: str | None, fuse: bool, memory_mode: str,
-            lora: bool) -> bool:
+            lora: bool, ranks: int = 1) -> bool:
     """Whether a run asking for ``requested`` (``auto`` resolved: :func:`resolved`) keeps the blocks' weights only in
     FP8 (the memory estimate's rule; never raises)."""
     return requested == PRIMARY and problem(precision=precision, backend=backend, fuse=fuse, memory_mode=memory_mode,
-                                            lora=lora) is None
+                                            lora=lora, ranks=ranks) is None
 
 
 def resolved(requested: str, checked: bool) -> str:
@@ -61,12 +63,12 @@ def resolved(requested: str, checked: bool) -> str:
 
 
 def decide(requested: str, *, precision: str, backend: str | None, fuse: bool, memory_mode: str,
-           lora: bool, checked: bool, graphs: bool = False) -> tuple[bool, str]:
+           lora: bool, checked: bool, graphs: bool = False, ranks: int = 1) -> tuple[bool, str]:
     """(the blocks' weights are kept only in FP8, why) for ``--fp8-weights requested``; ``checked``: primary's loss
     check is committed and holds (fp8lab.plan.evidence). ValueError for ``primary`` in an FP8 run where it cannot
     run, naming why and what can; a BF16 run (the other half of a pair) keeps bf16 weights whatever was asked."""
     why_not = problem(precision=precision, backend=backend, fuse=fuse, memory_mode=memory_mode, lora=lora,
-                      graphs=graphs)
+                      graphs=graphs, ranks=ranks)
     if precision != "fp8":
         return False, f"bf16 weights ({why_not})"
     if requested == PRIMARY:

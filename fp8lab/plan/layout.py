@@ -436,7 +436,7 @@ def _estimate_for(mcfg, c, machine: Machine, backend: str | None, param_dtype: s
 
     def primary(p: str) -> bool:
         return fp8_weights.applies(c.fp8_weights, precision=p, backend=backend, fuse=fuses(c),
-                                   memory_mode=memory_mode, lora=bool(c.lora_rank))
+                                   memory_mode=memory_mode, lora=bool(c.lora_rank), ranks=machine.world_size)
 
     ests = [estimate_memory(mcfg, precision=p, micro_batch_size=mb, seq_len=seq, param_dtype=param_dtype,
                             backend=backend, fuse=fuses(c), world_size=machine.world_size, parallel=c.parallel,

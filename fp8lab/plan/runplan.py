@@ -339,7 +339,8 @@ def plan_run(c: "TrainConfig", machine: Machine, evidence: Evidence | None = Non
     keep = bool(sharded and lay.fsdp_keep_weights and lay.grad_accum > 1)
     primary, why_primary = fp8_weights.decide(c.fp8_weights, precision=c.precision, backend=backend, fuse=fuses(c),
                                               memory_mode=lay.memory_mode, lora=bool(c.lora_rank),
-                                              checked=evidence.fp8_weights, graphs=bool(decision.active))
+                                              checked=evidence.fp8_weights, graphs=bool(decision.active),
+                                              ranks=machine.world_size)
     cache, why_cache = flayout.weight_cache(c, backend, grad_accum=lay.grad_accum, sharded=sharded, keep_weights=keep,
                                             memory_mode=lay.memory_mode, fp8_primary=primary)
     wgrad, why_wgrad = fused_wgrad(c, machine, backend, master)

@@ -81,11 +81,14 @@ def test_auto_takes_primary_where_it_runs_once_its_loss_check_holds(tmp_path):
     (dict(memory="offload", backend="emulated"), "Transformer Engine's fused blocks"),
     (dict(memory="offload", lora_rank=8, task="sft"), "LoRA"),
     (dict(model="llama-1b", memory="offload", cuda_graphs="on"), "CUDA graphs"),
+    (dict(memory="offload", machine=Machine("cuda", "NVIDIA H100 80GB HBM3", 79.2, te_usable=True, fp8=True,
+                                           world_size=2)), "one process"),
 ])
 def test_primary_where_it_cannot_run_is_refused_naming_the_option_why_and_what_can(kw, why):
     kw = {"model": "llama-7b", **kw}
+    machine = kw.pop("machine", H100)
     with pytest.raises(ValueError) as e:
-        _plan(fp8_weights="primary", **kw)
+        plan_run(TrainConfig(precision="fp8", device="cpu", fp8_weights="primary", **kw), machine, Evidence())
     assert "--fp8-weights primary" in str(e.value) and why in str(e.value) and "auto | cast" in str(e.value)
 
 
