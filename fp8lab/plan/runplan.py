@@ -145,9 +145,7 @@ class RunPlan:
                 "cuda_graphs": self.graphs.active, "fp8_weight_cache": self.weight_cache,
                 "fuse_wgrad_accumulation": self.fused_wgrad, "master_weights": self.master_weights,
                 "streamed_step": self.streamed_step, "memory": self.memory_mode, "compute_dtype": self.compute_dtype,
-                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather,
-                # (compared between plans: a BF16 run's bf16 weights are its FP8 twin's "cast" ones)
-                "fp8_weights": fp8_weights.PRIMARY if self.fp8_primary_weights else fp8_weights.CAST}
+                "fp8_attention": self.fp8_attention, "fp8_all_gather": self.fp8_all_gather}
 
     def options(self) -> dict[str, Any]:
         """Every option the plan decides, spelled as the option (config.json's flat keys hold these values: what
@@ -170,6 +168,8 @@ class RunPlan:
                 # launch's value as --fused-loss on|off (fp8lab.launch.spec) and re-plans nothing of it
                 "fused_loss": self.fused_loss, "tokens_per_step": self.tokens_per_step,
                 "fused_loss_kernel": self.fused_loss_kernel,  # its chunks' kernel
+                # not among decisions() either (that 512): a job re-plans it from the same options and evidence
+                "fp8_weights": self.fp8_weights,
                 "reasons": self.all_reasons(), "gpu_name": m.name, "world_size": m.world_size,
                 "memory_gib": m.memory_gib, "memory_estimate_peak_gib": self.layout.memory.peak,
                 "memory_estimate_gib": dataclasses.asdict(self.layout.memory)}

@@ -30,8 +30,8 @@ def test_primary_keeps_the_layout_drops_the_cache_and_puts_fp8_ten_percent_below
     assert primary.layout.grad_accum == cast.layout.grad_accum
     assert primary.fp8_primary_weights and not primary.weight_cache and cast.weight_cache
     assert not bf16.fp8_primary_weights  # the other half of a pair keeps bf16 weights
-    assert primary.decisions()["fp8_weights"] == primary.options()["fp8_weights"] == "primary"
-    assert cast.decisions()["fp8_weights"] == "cast"
+    assert primary.record()["fp8_weights"] == primary.options()["fp8_weights"] == "primary"
+    assert cast.record()["fp8_weights"] == "cast" and bf16.record()["fp8_weights"] is None
     assert primary.reasons["fp8_weights"].startswith("--fp8-weights primary")
     assert "FP8 already" in primary.reasons["fp8_weight_cache"]
     kw = dict(precision="fp8", micro_batch_size=4, seq_len=2048, memory_mode="offload")
