@@ -103,7 +103,7 @@ def _prepare_or_reuse(data: Any, cache: Path, vocab_size: int, model: str | None
     if task == PRETRAIN and wanted == fdata.BPE_SOURCE:
         return fdata.ensure_prepared(data, cache, vocab_size)
     files = _files(data, task)
-    if _reusable(data, cache, vocab_size, model, task):
+    if fdata.reusable_cache(cache, files, vocab_size, tokenizer_source=wanted, task=task):  # (as _reusable)
         return cache
     tok = model_tokenizer.load(model, vocab_size)
     model_tokenizer.check_fits(model, tok, vocab_size)

@@ -37,6 +37,7 @@ from fp8lab.records import metrics as fmetrics
 from fp8lab.records import ownership
 from fp8lab.core import paths as fpaths
 from fp8lab.train import resume as fresume
+from fp8lab.train import rerun
 from fp8lab.train import trackers as ftrackers
 
 
@@ -116,7 +117,7 @@ class Checkpointer:
     def failure_message(self, step: int, why: str) -> str:
         done = [s for s, _ in fckpt.complete_checkpoints(self.root)] if self.env.is_main else []
         # with nothing to resume, only --resume False starts over where metrics.jsonl holds steps (train.rerun)
-        over = "" if done else ": with --resume False in this --output-dir (replacing them), or in another --output-dir"
+        over = "" if done else f": with {rerun.START_OVER}"
         return (f"fp8lab: stopped at step {step}: writing its checkpoint to --checkpoint-dir "
                 f"{fpaths.shareable_path(str(self.root), self.output_dir)!r} failed ({why}). "
                 f"metrics.jsonl and summary.json are written; a restart with a writable checkpoint folder "
